@@ -1,0 +1,37 @@
+# Two commands for a newcomer: `make demo` (the main job) and `make test` (the suite .ci/run calls).
+# Both create the virtual environment on first use from the pinned lock file.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test benchmark lock clean
+
+$(STAMP): requirements/lock.txt setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet pip==24.3.1 setuptools==75.8.0 wheel==0.45.1
+	# Every package is pinned in the lock file, so no resolver runs: a fresh machine gets this exact set.
+	$(BIN)/pip install --quiet --no-deps -r requirements/lock.txt
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/ledger_demo.sh
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+benchmark: $(STAMP)
+	$(BIN)/python benchmarks/ledger.py
+
+# Regenerate the lock from requirements/direct.txt and requirements/nodeps.txt (needs the registry).
+lock:
+	rm -rf .lockenv && $(PYTHON) -m venv .lockenv
+	.lockenv/bin/pip install --quiet pip==24.3.1
+	.lockenv/bin/pip install --quiet -r requirements/direct.txt
+	.lockenv/bin/pip install --quiet --no-deps -r requirements/nodeps.txt
+	.lockenv/bin/pip freeze --exclude-editable > requirements/lock.txt
+	rm -rf .lockenv
+
+clean:
+	rm -rf $(VENV)

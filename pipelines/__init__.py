@@ -1,0 +1,1 @@
+"""Pipeline builders and the privacy-adaptive training driver (see DESIGN.md)."""

@@ -1,0 +1,212 @@
+"""How a block's budget is accounted: basic composition or a Rényi-DP filter.
+
+A block's state is a budget *vector*: `[epsilon, delta]` under basic composition, or one RDP value
+per order under the Rényi filter. Both accountings answer the same three questions, so the ledger,
+the allocation policy and the CLI never branch on the mode:
+
+* `capacity(epsilon_g, delta_g)`: the vector a fresh block may spend;
+* `demand(request)`: the vector a grant charges;
+* `fits(used, demand, limit)`: may `used + demand` be spent against `limit`?
+
+Neighbouring relation: add-or-remove-one record (Sage Appendix A.1). A request states its
+(epsilon, delta) or RDP curve already in that relation; mechanisms analysed under replace-one must
+convert before asking (see DESIGN.md).
+
+Basic composition (Sage Theorem 4.3, proof in Appendix A.2)
+-----------------------------------------------------------
+AdaptiveStreamBlockCompose is (epsilon_g, delta_g)-DP if, for every block, the epsilons and the
+deltas of all queries that used the block each sum to at most the ceiling, even when blocks and
+parameters are chosen adaptively (the proof conditions on the history and applies a union bound
+over the queries). So `fits` is component-wise: `used + demand <= limit` for both entries.
+
+Rényi-DP filter
+---------------
+Each block keeps `spent[a] = sum_i rho_i(a)` over a fixed set of orders A. A grant is admitted on
+the block only if, with the new curve included, some order a in A still satisfies
+`spent[a] <= capacity[a]`, where `capacity[a]` is the largest RDP value at order a that converts
+to (epsilon_g, delta_g / |A|)-DP.
+
+Why this is valid although every rho_i is chosen adaptively (after seeing earlier outputs):
+Feldman & Zrnic, "Individual Privacy Accounting via a Rényi Filter" (NeurIPS 2021, Thm 3.1/4.5)
+show that for a fixed order a, with L_t the privacy loss of the first t outputs,
+M_t = exp((a - 1) * (L_t - sum_{i<=t} rho_i(a))) is a non-negative supermartingale (each rho_i is
+fixed before step i runs, and the step's Rényi divergence at a is at most rho_i(a)); hence
+E[M_T] <= 1 at any stopping time T. Our filter keeps running while *some* order is within
+capacity, so a single order's sum may exceed its capacity. We therefore split the outcomes:
+every transcript the ledger allows has, at the end, at least one order a* whose final sum is within
+capacity (the order that admitted the last grant; sums only grow). Assign each transcript to one
+such order; on the part A_a assigned to a, E[exp((a-1) L) 1{A_a}] <= exp((a-1) capacity[a]) by the
+supermartingale bound. The hockey-stick divergence splits over the partition, and on each part the
+argument of Canonne, Kamath & Steinke ("The Discrete Gaussian for DP", Prop. 12), which uses only
+that exponential moment, bounds it by delta_g / |A|. Summing over |A| orders gives delta_g.
+(Lécuyer, "Practical Privacy Filters and Odometers with Rényi DP", 2021, applies RDP filters to
+Sage's block composition; we take the union bound over orders explicitly rather than rely on a
+tighter multi-order argument. It costs log(|A|) / (a - 1) of epsilon at order a.)
+
+The per-order conversion is dp-accounting's (`rdp_privacy_accountant.compute_epsilon`, the
+Canonne-Kamath-Steinke bound); `capacity` inverts it in closed form and a test checks the round
+trip against dp-accounting. dp-accounting's extra KL shortcut (epsilon 0 for curves below delta^2)
+is not a tail bound, so the filter never relies on it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from sage_tfx.sage_access.errors import BadRequest
+
+# A fixed grid: every block's curve and every request's curve live on these orders.
+# Few orders keep the union bound's cost small (log 16 / (a - 1)); the range covers the
+# DP-SGD regime (large orders for small epsilons) and Laplace-style requests (small orders).
+DEFAULT_RDP_ORDERS: tuple[float, ...] = (
+    1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 32.0, 48.0, 64.0, 128.0)
+
+
+def _check_epsilon(value: float, what: str) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise BadRequest(f"{what} must be a positive finite number, got {value!r}")
+    return value
+
+
+def _check_delta(value: float, what: str) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or value >= 1:
+        raise BadRequest(f"{what} must be in [0, 1), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class BudgetRequest:
+    """What a pipeline asks to spend: (epsilon, delta), or an RDP curve on the ledger's orders.
+
+    With an RDP curve under basic composition, `delta` is required: the curve is converted to
+    (epsilon, delta) for that delta.
+    """
+
+    epsilon: Optional[float] = None
+    delta: Optional[float] = None
+    rdp_curve: Optional[tuple[float, ...]] = None
+
+    def __post_init__(self):
+        if self.rdp_curve is None:
+            if self.epsilon is None or self.delta is None:
+                raise BadRequest("a request needs epsilon and delta, or an rdp_curve")
+            object.__setattr__(self, "epsilon", _check_epsilon(self.epsilon, "epsilon"))
+            object.__setattr__(self, "delta", _check_delta(self.delta, "delta"))
+            return
+        if self.epsilon is not None:
+            raise BadRequest("give either epsilon or an rdp_curve, not both")
+        curve = tuple(float(v) for v in self.rdp_curve)
+        if not curve or any(not math.isfinite(v) or v < 0 for v in curve):
+            raise BadRequest(f"rdp_curve must be non-empty, finite and non-negative, got {curve!r}")
+        object.__setattr__(self, "rdp_curve", curve)
+        if self.delta is not None:
+            object.__setattr__(self, "delta", _check_delta(self.delta, "delta"))
+
+
+class BasicComposition:
+    """Sage Theorem 4.3: per block, epsilons and deltas each sum to at most the ceiling."""
+
+    name = "basic"
+    # RDP curves of requests are given on these orders and converted on arrival.
+    orders: tuple[float, ...] = DEFAULT_RDP_ORDERS
+
+    def capacity(self, epsilon_g: float, delta_g: float) -> np.ndarray:
+        return np.array([_check_epsilon(epsilon_g, "epsilon ceiling"),
+                         _check_delta(delta_g, "delta ceiling")])
+
+    def demand(self, request: BudgetRequest) -> np.ndarray:
+        if request.rdp_curve is None:
+            return np.array([request.epsilon, request.delta])
+        if request.delta is None or request.delta == 0:
+            raise BadRequest("under basic composition an rdp_curve request needs a delta > 0 "
+                             "to convert the curve to (epsilon, delta)")
+        orders = self.orders
+        if len(request.rdp_curve) != len(orders):
+            raise BadRequest(f"rdp_curve has {len(request.rdp_curve)} values; the ledger's "
+                             f"orders are {list(orders)}")
+        from dp_accounting.rdp import rdp_privacy_accountant
+
+        # One mechanism, parameters fixed before it runs: the standard conversion applies.
+        epsilon, _ = rdp_privacy_accountant.compute_epsilon(orders, request.rdp_curve, request.delta)
+        if not math.isfinite(epsilon):
+            raise BadRequest("the rdp_curve does not convert to a finite epsilon")
+        return np.array([float(epsilon), request.delta])
+
+    def zero(self) -> np.ndarray:
+        return np.zeros(2)
+
+    def fits(self, used: np.ndarray, demand: np.ndarray, limit: np.ndarray) -> bool:
+        # The ledger stores exactly `used + demand`, so this comparison is what bounds the ceiling.
+        return bool(np.all(used + demand <= limit))
+
+    def guarantee(self, spent: np.ndarray, epsilon_g: float, delta_g: float) -> tuple[float, float]:
+        """The (epsilon, delta) the block has given up so far."""
+        return float(spent[0]), float(spent[1])
+
+
+class RenyiFilter:
+    """A Rényi-DP filter per block; see the module docstring for why it is valid."""
+
+    name = "rdp"
+
+    def __init__(self, orders: Sequence[float] = DEFAULT_RDP_ORDERS):
+        self.orders = tuple(float(a) for a in orders)
+        if any(a <= 1.01 for a in self.orders):
+            raise BadRequest("RDP orders must be > 1.01 (the conversion is unstable near 1)")
+
+    def _conversion_offset(self, delta_g: float) -> np.ndarray:
+        """Per order a, dp-accounting's conversion is epsilon = rho + offset[a] at delta_g / |A|:
+        offset[a] = log1p(-1/a) - log(delta * a) / (a - 1)  (Canonne-Kamath-Steinke, Prop. 12)."""
+        a = np.array(self.orders)
+        per_order_delta = delta_g / len(self.orders)
+        return np.log1p(-1.0 / a) - np.log(per_order_delta * a) / (a - 1.0)
+
+    def capacity(self, epsilon_g: float, delta_g: float) -> np.ndarray:
+        epsilon_g = _check_epsilon(epsilon_g, "epsilon ceiling")
+        delta_g = _check_delta(delta_g, "delta ceiling")
+        if delta_g == 0:
+            raise BadRequest("an RDP ledger needs a delta ceiling > 0")
+        return np.maximum(0.0, epsilon_g - self._conversion_offset(delta_g))
+
+    def demand(self, request: BudgetRequest) -> np.ndarray:
+        if request.rdp_curve is not None:
+            if len(request.rdp_curve) != len(self.orders):
+                raise BadRequest(f"rdp_curve has {len(request.rdp_curve)} values; the ledger's "
+                                 f"orders are {list(self.orders)}")
+            return np.array(request.rdp_curve)
+        if request.delta > 0:
+            raise BadRequest("an RDP ledger cannot charge an (epsilon, delta>0) request: such a "
+                             "guarantee has no finite RDP curve; pass the mechanism's rdp_curve")
+        return pure_dp_rdp_curve(request.epsilon, self.orders)
+
+    def zero(self) -> np.ndarray:
+        return np.zeros(len(self.orders))
+
+    def fits(self, used: np.ndarray, demand: np.ndarray, limit: np.ndarray) -> bool:
+        return bool(np.any(used + demand <= limit))
+
+    def guarantee(self, spent: np.ndarray, epsilon_g: float, delta_g: float) -> tuple[float, float]:
+        """The (epsilon, delta_g) the block's filter certifies so far; (0, 0) before any charge."""
+        if not np.any(spent > 0):
+            return 0.0, 0.0
+        return float(max(0.0, np.min(spent + self._conversion_offset(delta_g)))), float(delta_g)
+
+
+def pure_dp_rdp_curve(epsilon: float, orders: Sequence[float]) -> np.ndarray:
+    """RDP curve of any pure epsilon-DP mechanism: (epsilon^2 / 2)-zCDP (Bun & Steinke 2016,
+    Prop. 3.3) gives a * epsilon^2 / 2 at order a, and a Rényi divergence never exceeds epsilon."""
+    a = np.asarray(orders, dtype=float)
+    return np.minimum(epsilon, a * epsilon ** 2 / 2.0)
+
+
+def accounting_for(name: str) -> BasicComposition | RenyiFilter:
+    if name == "basic":
+        return BasicComposition()
+    if name == "rdp":
+        return RenyiFilter()
+    raise BadRequest(f"unknown accounting mode {name!r}; use 'basic' or 'rdp'")

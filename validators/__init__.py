@@ -1,0 +1,1 @@
+"""SLAed validation tests and the SLAedValidator component (see DESIGN.md)."""
