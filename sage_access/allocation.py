@@ -1,0 +1,97 @@
+"""A block's budget state and Sage's allocation policy (§3.3), as pure functions.
+
+Nothing here touches storage: the ledger reads `BlockState`s, applies these functions and writes
+the results back in one transaction. That keeps the rules testable on their own.
+
+The policy:
+* When a block arrives, its capacity is split evenly among the pipelines waiting at that time and
+  reserved for them; with nobody waiting, all of it is free.
+* A waiting pipeline draws on its reservation first, then on the block's free budget
+  (capacity - spent - sum of the remaining reservations); any other grant (no pipeline, or a
+  pipeline that is not waiting) draws on the free budget only. Nobody draws on another
+  pipeline's reservation.
+* When a pipeline is accepted or abandoned, its unused reservation returns and is re-split evenly
+  among the pipelines still waiting (or becomes free when none is).
+* Whatever the policy says, a charge is admitted only if the block's own accounting still fits:
+  the reservations are a fairness policy, the block's ceiling is the privacy guarantee.
+* After a charge, a block that cannot pay the stream's minimum request is retired for good.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BlockState:
+    block_id: str
+    epsilon_ceiling: float
+    delta_ceiling: float
+    capacity: np.ndarray
+    spent: np.ndarray
+    # Remaining reserved budget of each waiting pipeline that holds a reservation on this block.
+    reservations: Mapping[str, np.ndarray] = field(default_factory=dict)
+    retired: bool = False
+    charges: int = 0
+    start: Optional[str] = None
+    end: Optional[str] = None
+
+
+def new_block(block_id: str, epsilon_ceiling: float, delta_ceiling: float, capacity: np.ndarray,
+              zero: np.ndarray, waiting: Sequence[str], start: Optional[str] = None,
+              end: Optional[str] = None) -> BlockState:
+    share = capacity / len(waiting) if waiting else None
+    return BlockState(block_id=block_id, epsilon_ceiling=epsilon_ceiling,
+                      delta_ceiling=delta_ceiling, capacity=capacity, spent=zero.copy(),
+                      reservations={name: share.copy() for name in waiting}, start=start, end=end)
+
+
+def free_budget(block: BlockState) -> np.ndarray:
+    reserved = sum((np.maximum(r, 0.0) for r in block.reservations.values()),
+                   np.zeros_like(block.capacity))
+    return block.capacity - block.spent - reserved
+
+
+def available_to(block: BlockState, pipeline: Optional[str]) -> np.ndarray:
+    reserved = block.reservations.get(pipeline) if pipeline is not None else None
+    if reserved is None:
+        return free_budget(block)
+    return np.maximum(reserved, 0.0) + free_budget(block)
+
+
+def can_pay(block: BlockState, demand: np.ndarray, pipeline: Optional[str], accounting) -> bool:
+    if block.retired:
+        return False
+    return (accounting.fits(block.spent, demand, block.capacity)
+            and accounting.fits(np.zeros_like(demand), demand, available_to(block, pipeline)))
+
+
+def charge(block: BlockState, demand: np.ndarray, pipeline: Optional[str], accounting,
+           min_demand: np.ndarray) -> BlockState:
+    """The block after paying `demand`; the caller has checked `can_pay`."""
+    reservations = dict(block.reservations)
+    if pipeline is not None and pipeline in reservations:
+        # Take from the reservation first; what it cannot cover comes out of the free budget
+        # (which shrinks by itself as `spent` grows).
+        reserved = reservations[pipeline]
+        reservations[pipeline] = reserved - np.minimum(demand, np.maximum(reserved, 0.0))
+    spent = block.spent + demand
+    retired = not accounting.fits(spent, min_demand, block.capacity)
+    return replace(block, spent=spent, reservations=reservations, retired=retired,
+                   charges=block.charges + 1)
+
+
+def release(block: BlockState, pipeline: str, still_waiting: Sequence[str]) -> BlockState:
+    """Return `pipeline`'s unused reservation and re-split it among `still_waiting`."""
+    if pipeline not in block.reservations:
+        return block
+    reservations = dict(block.reservations)
+    returned = np.maximum(reservations.pop(pipeline), 0.0)
+    others = [name for name in still_waiting if name != pipeline]
+    if others and not block.retired:
+        share = returned / len(others)
+        for name in others:
+            reservations[name] = reservations.get(name, np.zeros_like(share)) + share
+    return replace(block, reservations=reservations)

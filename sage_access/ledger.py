@@ -1,0 +1,517 @@
+"""The BlockLedger: Sage Access Control (§3.2) persisted in ML Metadata.
+
+Records in MLMD (custom properties only, so Kubeflow V2 accepts the types):
+
+* `sage_tfx.Ledger` context, one per ledger context (Sage §3.2: independent ledgers for contexts
+  assumed not to collude). Everything below is attributed to it.
+* `sage_tfx.LedgerState` artifact: accounting mode, minimum request, waiting pipelines, version.
+* `sage_tfx.Block` artifact per block: ceilings and the *materialised* balance (spent, reservations,
+  retired, version), so reading a balance never scans the charge history.
+* `sage_tfx.BlockVersion` artifact per change of a block (registration, charge, release), named
+  `<context>/<block>/v<version>`: the append-only history. A charge's record is linked to the
+  `sage_tfx.Grant` execution that spent it, and that execution to the pipeline run's context.
+
+Concurrency and crashes. ML Metadata has no multi-call transactions, and read-modify-write of a
+property loses updates (STACK.md). Every ledger change is therefore a single `put_execution` call,
+which MLMD commits atomically, and which creates a record with a *unique name* for every state it
+replaces: the next `BlockVersion` of each block it charges (and the next `LedgerVersion` for
+changes of the ledger state). Two writers that read the same version both try to create the same
+name; MLMD rejects the second call as a whole (AlreadyExistsError, rolled back), and the loser
+re-reads and re-checks. This is optimistic concurrency control with the name as compare-and-swap:
+no lost update, and a process killed at any point leaves each grant whole or absent.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Sequence, TypeVar
+
+import numpy as np
+from ml_metadata import errors as mlmd_errors
+from ml_metadata.metadata_store import metadata_store
+from ml_metadata.proto import metadata_store_pb2 as pb
+
+from sage_tfx.sage_access import allocation
+from sage_tfx.sage_access.accounting import BudgetRequest, accounting_for
+from sage_tfx.sage_access.allocation import BlockState
+from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
+from sage_tfx.sage_access.store import StoreSpec, connect
+
+LEDGER_CONTEXT_TYPE = "sage_tfx.Ledger"
+RUN_CONTEXT_TYPE = "sage_tfx.PipelineRun"
+TFX_RUN_CONTEXT_TYPE = "pipeline_run"  # the context TFX's orchestrators create per run
+STATE_TYPE = "sage_tfx.LedgerState"
+LEDGER_VERSION_TYPE = "sage_tfx.LedgerVersion"
+BLOCK_TYPE = "sage_tfx.Block"
+BLOCK_VERSION_TYPE = "sage_tfx.BlockVersion"
+GRANT_TYPE = "sage_tfx.Grant"
+UPDATE_TYPE = "sage_tfx.LedgerUpdate"
+
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
+_MAX_ATTEMPTS = 400
+_MAX_WAIT_SECONDS = 60.0
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BlockIds:
+    """Select these blocks, by id."""
+    ids: tuple[str, ...]
+
+    def __init__(self, ids: Iterable[str]):
+        object.__setattr__(self, "ids", tuple(ids))
+
+
+@dataclass(frozen=True)
+class RecentWindow:
+    """Select the most recent `size` live blocks (by arrival) that can still pay the request."""
+    size: int
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What the ledger granted: the blocks charged and the budget, in the ledger's relation."""
+    grant_id: str
+    context: str
+    blocks: tuple[str, ...]
+    epsilon: Optional[float]
+    delta: Optional[float]
+    rdp_curve: Optional[tuple[float, ...]]
+    pipeline: Optional[str]
+    execution_id: int
+
+    def to_json(self) -> dict:
+        return {"granted": True, "grant_id": self.grant_id, "context": self.context,
+                "blocks": list(self.blocks), "epsilon": self.epsilon, "delta": self.delta,
+                "rdp_curve": list(self.rdp_curve) if self.rdp_curve else None,
+                "pipeline": self.pipeline}
+
+
+class _Conflict(Exception):
+    """Another writer committed first; re-read and retry."""
+
+
+def _is_lock_error(error: Exception) -> bool:
+    # SQLite reports a concurrent writer as a busy/locked database.
+    text = str(error).lower()
+    return "locked" in text or "busy" in text
+
+
+def _check_name(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _NAME_PATTERN.match(value):
+        raise BadRequest(f"{what} {value!r} must be 1-128 characters of letters, digits and ._:+- "
+                         "(starting with a letter or digit)")
+    return value
+
+
+def _props(node, values: dict) -> None:
+    for key, value in values.items():
+        if value is None:
+            continue
+        target = node.custom_properties[key]
+        if isinstance(value, bool):
+            target.int_value = int(value)
+        elif isinstance(value, int):
+            target.int_value = value
+        elif isinstance(value, float):
+            target.double_value = value
+        else:
+            target.string_value = str(value)
+
+
+def _get(node, key: str, default=None):
+    if key not in node.custom_properties:
+        return default
+    value = node.custom_properties[key]
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else default
+
+
+def _vector(values: np.ndarray) -> str:
+    return json.dumps([float(v) for v in values])
+
+
+class BlockLedger:
+    """Per-block privacy budgets of one ledger context, persisted in ML Metadata."""
+
+    def __init__(self, store: StoreSpec, context: str = "default"):
+        self._store = connect(store)
+        self.store_spec = store
+        self.context = _check_name(context, "ledger context")
+        self._register_types()
+        contexts = self._store.get_contexts_by_type(LEDGER_CONTEXT_TYPE)
+        matches = [c for c in contexts if c.name == context]
+        if not matches:
+            raise BadRequest(f"no ledger context {context!r} in this store; run `init` first")
+        self._context_node = matches[0]
+        state = self._read_state()
+        self.accounting = accounting_for(_get(state, "accounting"))
+        self.min_request_epsilon = _get(state, "min_request_epsilon")
+        self._min_demand = self.accounting.demand(
+            BudgetRequest(epsilon=self.min_request_epsilon, delta=0.0))
+
+    # ----------------------------------------------------------------- creation
+    @classmethod
+    def create(cls, store: StoreSpec, context: str = "default", accounting: str = "basic",
+               min_request_epsilon: float = 0.01) -> "BlockLedger":
+        """Create a ledger context; BadRequest if it exists already."""
+        _check_name(context, "ledger context")
+        mode = accounting_for(accounting)
+        BudgetRequest(epsilon=min_request_epsilon, delta=0.0)  # validates the number
+        mlmd = connect(store)
+        _register_types(mlmd)
+        state = pb.Artifact(type_id=mlmd.get_artifact_type(STATE_TYPE).id,
+                            name=f"{context}/state", external_id=f"state:{context}")
+        _props(state, {"ledger": context, "accounting": mode.name,
+                       "orders": json.dumps(list(mode.orders)),
+                       "min_request_epsilon": float(min_request_epsilon),
+                       "waiting": "[]", "version": 1})
+        ledger_context = pb.Context(type_id=mlmd.get_context_type(LEDGER_CONTEXT_TYPE).id,
+                                    name=context)
+        execution = pb.Execution(type_id=mlmd.get_execution_type(UPDATE_TYPE).id,
+                                 last_known_state=pb.Execution.COMPLETE)
+        _props(execution, {"kind": "init", "ledger": context})
+        try:
+            mlmd.put_execution(execution, [(state, _event(pb.Event.OUTPUT))], [ledger_context])
+        except mlmd_errors.AlreadyExistsError:
+            raise BadRequest(f"ledger context {context!r} already exists in this store") from None
+        ledger = cls(mlmd, context)
+        ledger.store_spec = store
+        return ledger
+
+    def _register_types(self) -> None:
+        _register_types(self._store)
+        self._types = {
+            name: self._store.get_artifact_type(name).id
+            for name in (STATE_TYPE, LEDGER_VERSION_TYPE, BLOCK_TYPE, BLOCK_VERSION_TYPE)}
+        self._types[GRANT_TYPE] = self._store.get_execution_type(GRANT_TYPE).id
+        self._types[UPDATE_TYPE] = self._store.get_execution_type(UPDATE_TYPE).id
+
+    # ----------------------------------------------------------------- reading
+    @property
+    def orders(self) -> tuple[float, ...]:
+        """RDP orders on which grants give their curves."""
+        return self.accounting.orders
+
+    def _read_state(self) -> pb.Artifact:
+        found = self._store.get_artifacts_by_external_ids([f"state:{self.context}"])
+        if not found:
+            raise BadRequest(f"ledger context {self.context!r} has no state record")
+        return found[0]
+
+    def waiting_pipelines(self) -> list[str]:
+        return json.loads(_get(self._read_state(), "waiting"))
+
+    def _to_state(self, artifact: pb.Artifact) -> BlockState:
+        epsilon_g = _get(artifact, "epsilon_ceiling")
+        delta_g = _get(artifact, "delta_ceiling")
+        return BlockState(
+            block_id=_get(artifact, "block_id"), epsilon_ceiling=epsilon_g, delta_ceiling=delta_g,
+            capacity=self.accounting.capacity(epsilon_g, delta_g),
+            spent=np.array(json.loads(_get(artifact, "spent"))),
+            reservations={k: np.array(v) for k, v in json.loads(_get(artifact, "reservations")).items()},
+            retired=bool(_get(artifact, "retired")), charges=_get(artifact, "charges"),
+            start=_get(artifact, "start"), end=_get(artifact, "end"))
+
+    def _write_state(self, artifact: pb.Artifact, block: BlockState) -> pb.Artifact:
+        updated = pb.Artifact()
+        updated.CopyFrom(artifact)
+        epsilon_spent, delta_spent = self.accounting.guarantee(
+            block.spent, block.epsilon_ceiling, block.delta_ceiling)
+        _props(updated, {
+            "spent": _vector(block.spent),
+            "reservations": json.dumps({k: [float(x) for x in v]
+                                        for k, v in block.reservations.items()}),
+            "retired": block.retired, "charges": block.charges,
+            "epsilon_spent": epsilon_spent, "delta_spent": delta_spent,
+            "version": _get(artifact, "version") + 1})
+        return updated
+
+    def _block_artifacts(self, block_ids: Sequence[str]) -> list[pb.Artifact]:
+        external = [f"block:{self.context}/{b}" for b in block_ids]
+        found = {_get(a, "block_id"): a for a in self._store.get_artifacts_by_external_ids(external)}
+        unknown = [b for b in block_ids if b not in found]
+        if unknown:
+            raise BadRequest(f"unknown block(s) in ledger {self.context!r}: {', '.join(unknown)}")
+        return [found[b] for b in block_ids]
+
+    def _live_blocks_newest_first(self, page: int) -> Iterable[pb.Artifact]:
+        """Non-retired blocks, most recent arrival first, read page by page."""
+        last_id = None
+        while True:
+            query = (f"type = '{BLOCK_TYPE}' AND custom_properties.ledger.string_value = "
+                     f"'{self.context}' AND custom_properties.retired.int_value = 0")
+            if last_id is not None:
+                query += f" AND id < {last_id}"
+            batch = self._store.get_artifacts(list_options=metadata_store.ListOptions(
+                limit=page, order_by=metadata_store.OrderByField.ID, is_asc=False,
+                filter_query=query))
+            yield from batch
+            if len(batch) < page:
+                return
+            last_id = batch[-1].id
+
+    def block(self, block_id: str) -> BlockState:
+        return self._to_state(self._block_artifacts([block_id])[0])
+
+    def blocks(self) -> list[BlockState]:
+        """Every block of this ledger, in arrival order (retired ones included)."""
+        query = (f"type = '{BLOCK_TYPE}' AND "
+                 f"custom_properties.ledger.string_value = '{self.context}'")
+        artifacts = self._store.get_artifacts(list_options=metadata_store.ListOptions(
+            order_by=metadata_store.OrderByField.ID, is_asc=True, filter_query=query))
+        return [self._to_state(a) for a in artifacts]
+
+    def remaining(self, block: BlockState, pipeline: Optional[str] = None) -> str:
+        """A readable account of what a block has left (for errors and the CLI)."""
+        epsilon_spent, delta_spent = self.accounting.guarantee(
+            block.spent, block.epsilon_ceiling, block.delta_ceiling)
+        text = (f"spent ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
+                f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g})")
+        if self.accounting.name == "basic":
+            free = allocation.available_to(block, pipeline)
+            text += f", available to {pipeline or 'unallocated grants'}: ({free[0]:.6g}, {free[1]:.3g})"
+        if block.retired:
+            text += ", retired"
+        return text
+
+    # ----------------------------------------------------------------- writing
+    def _commit(self, kind: str, execution_props: dict,
+                artifact_and_events: list[tuple[pb.Artifact, pb.Event]],
+                extra_contexts: Sequence[pb.Context] = ()) -> int:
+        execution = pb.Execution(type_id=self._types[kind], last_known_state=pb.Execution.COMPLETE)
+        _props(execution, dict(execution_props, ledger=self.context))
+        try:
+            execution_id, _, _ = self._store.put_execution(
+                execution, artifact_and_events, [self._context_node, *extra_contexts],
+                reuse_context_if_already_exist=True)
+        except mlmd_errors.AlreadyExistsError as error:
+            raise _Conflict(str(error)) from None
+        return execution_id
+
+    def _retrying(self, attempt: Callable[[], T]) -> T:
+        """Run read-check-commit until it commits without a conflicting writer."""
+        deadline = time.monotonic() + _MAX_WAIT_SECONDS
+        for tries in range(_MAX_ATTEMPTS):
+            try:
+                return attempt()
+            except _Conflict:
+                pass
+            except mlmd_errors.StatusError as error:
+                if not _is_lock_error(error):
+                    raise
+            if time.monotonic() > deadline:
+                break
+            time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(tries, 6))))
+        raise LedgerBusy(f"ledger {self.context!r}: gave up after repeated conflicts with "
+                         "concurrent writers; nothing was charged")
+
+    def _version_record(self, block: str, version: int, kind: str, **props) -> pb.Artifact:
+        record = pb.Artifact(type_id=self._types[BLOCK_VERSION_TYPE],
+                             name=f"{self.context}/{block}/v{version}")
+        _props(record, dict(props, ledger=self.context, block_id=block, kind=kind, version=version))
+        return record
+
+    def _ledger_version(self, state: pb.Artifact, kind: str, **changes) -> list:
+        """The updated LedgerState plus its unique version record (the compare-and-swap)."""
+        version = _get(state, "version") + 1
+        updated = pb.Artifact()
+        updated.CopyFrom(state)
+        _props(updated, dict(changes, version=version))
+        record = pb.Artifact(type_id=self._types[LEDGER_VERSION_TYPE],
+                             name=f"{self.context}/ledger/v{version}")
+        _props(record, {"ledger": self.context, "kind": kind, "version": version})
+        return [(updated, _event(pb.Event.OUTPUT)), (record, _event(pb.Event.OUTPUT))]
+
+    def add_block(self, block_id: str, epsilon: float, delta: float,
+                  start: Optional[str] = None, end: Optional[str] = None) -> BlockState:
+        """Register a new block with ceiling (epsilon, delta); its budget is split evenly among the
+        pipelines waiting now and reserved for them (Sage §3.3)."""
+        _check_name(block_id, "block id")
+        capacity = self.accounting.capacity(epsilon, delta)
+        for value, what in ((start, "start"), (end, "end")):
+            if value is not None and not isinstance(value, str):
+                raise BadRequest(f"block {what} must be an ISO string, got {value!r}")
+
+        def attempt() -> BlockState:
+            state = self._read_state()
+            waiting = json.loads(_get(state, "waiting"))
+            block = allocation.new_block(block_id, float(epsilon), float(delta), capacity,
+                                         self.accounting.zero(), waiting, start, end)
+            artifact = pb.Artifact(type_id=self._types[BLOCK_TYPE], name=f"{self.context}/{block_id}",
+                                   external_id=f"block:{self.context}/{block_id}")
+            _props(artifact, {"ledger": self.context, "block_id": block_id, "start": start,
+                              "end": end, "epsilon_ceiling": float(epsilon),
+                              "delta_ceiling": float(delta), "version": 0})
+            artifact = self._write_state(artifact, block)
+            record = self._version_record(block_id, 1, "register",
+                                          reservations=json.dumps(sorted(waiting)))
+            try:
+                self._commit(UPDATE_TYPE, {"kind": "add_block", "block_id": block_id},
+                             [(artifact, _event(pb.Event.OUTPUT)), (record, _event(pb.Event.OUTPUT)),
+                              *self._ledger_version(state, "add_block")])
+            except _Conflict:
+                if self._store.get_artifacts_by_external_ids([f"block:{self.context}/{block_id}"]):
+                    raise BadRequest(f"block {block_id!r} already exists in ledger "
+                                     f"{self.context!r}") from None
+                raise
+            return block
+
+        return self._retrying(attempt)
+
+    def register_pipeline(self, pipeline: str) -> None:
+        """Mark a pipeline as waiting: blocks arriving from now on reserve a share for it."""
+        _check_name(pipeline, "pipeline")
+
+        def attempt() -> None:
+            state = self._read_state()
+            waiting = json.loads(_get(state, "waiting"))
+            if pipeline in waiting:
+                return
+            self._commit(UPDATE_TYPE, {"kind": "register_pipeline", "pipeline": pipeline},
+                         self._ledger_version(state, "register_pipeline",
+                                              waiting=json.dumps(waiting + [pipeline])))
+
+        self._retrying(attempt)
+
+    def finish_pipeline(self, pipeline: str) -> None:
+        """The pipeline was accepted or abandoned: its unused reservations return and are re-split
+        evenly among the pipelines still waiting."""
+        _check_name(pipeline, "pipeline")
+
+        def attempt() -> None:
+            state = self._read_state()
+            waiting = json.loads(_get(state, "waiting"))
+            if pipeline not in waiting:
+                raise BadRequest(f"pipeline {pipeline!r} is not waiting in ledger {self.context!r}")
+            still_waiting = [p for p in waiting if p != pipeline]
+            changes = self._ledger_version(state, "finish_pipeline",
+                                           waiting=json.dumps(still_waiting))
+            for artifact in self._live_blocks_newest_first(page=500):
+                block = self._to_state(artifact)
+                if pipeline not in block.reservations:
+                    continue
+                released = allocation.release(block, pipeline, still_waiting)
+                version = _get(artifact, "version") + 1
+                changes.append((self._write_state(artifact, released), _event(pb.Event.INPUT)))
+                changes.append((self._version_record(block.block_id, version, "release",
+                                                     pipeline=pipeline), _event(pb.Event.OUTPUT)))
+            self._commit(UPDATE_TYPE, {"kind": "finish_pipeline", "pipeline": pipeline}, changes)
+
+        self._retrying(attempt)
+
+    def request(self, selector: BlockIds | RecentWindow, epsilon: Optional[float] = None,
+                delta: Optional[float] = None, rdp_curve: Optional[Sequence[float]] = None,
+                pipeline: Optional[str] = None, run_id: Optional[str] = None) -> Grant:
+        """Grant (epsilon, delta) or an RDP curve on the selected blocks, all or nothing.
+
+        Raises BadRequest for malformed input (nothing charged) and BudgetExhausted when the
+        blocks cannot pay (nothing charged; the error names each block and what it has left).
+        `run_id` links the charge to the pipeline run that spends it (TFX's `pipeline_run`
+        context of that name when it is in the same store).
+        """
+        budget = BudgetRequest(epsilon=epsilon, delta=delta,
+                               rdp_curve=tuple(rdp_curve) if rdp_curve is not None else None)
+        demand = self.accounting.demand(budget)
+        if pipeline is not None:
+            _check_name(pipeline, "pipeline")
+        if isinstance(selector, BlockIds):
+            if not selector.ids:
+                raise BadRequest("the block selector is empty")
+            for block_id in selector.ids:
+                _check_name(block_id, "block id")
+            if len(set(selector.ids)) != len(selector.ids):
+                raise BadRequest(f"the block selector names a block twice: {list(selector.ids)}")
+        elif isinstance(selector, RecentWindow):
+            if not isinstance(selector.size, int) or selector.size < 1:
+                raise BadRequest(f"window size must be a positive integer, got {selector.size!r}")
+        else:
+            raise BadRequest(f"unknown selector {selector!r}")
+        run_contexts = self._run_contexts(run_id)
+
+        def attempt() -> Grant:
+            chosen = self._choose(selector, demand, pipeline)
+            grant_id = uuid.uuid4().hex
+            changes = []
+            for artifact in chosen:
+                block = self._to_state(artifact)
+                version = _get(artifact, "version") + 1
+                charged = allocation.charge(block, demand, pipeline, self.accounting,
+                                            self._min_demand)
+                changes.append((self._write_state(artifact, charged), _event(pb.Event.INPUT)))
+                changes.append((self._version_record(
+                    block.block_id, version, "charge", grant_id=grant_id, pipeline=pipeline,
+                    demand=_vector(demand), retired=charged.retired), _event(pb.Event.OUTPUT)))
+            block_ids = tuple(_get(a, "block_id") for a in chosen)
+            if budget.epsilon is not None:
+                granted_epsilon = budget.epsilon
+            else:  # an RDP curve: basic accounting charged its (epsilon, delta) conversion
+                granted_epsilon = float(demand[0]) if self.accounting.name == "basic" else None
+            execution_id = self._commit(GRANT_TYPE, {
+                "grant_id": grant_id, "pipeline": pipeline, "run_id": run_id,
+                "blocks": json.dumps(list(block_ids)), "epsilon": granted_epsilon,
+                "delta": budget.delta, "rdp_curve": json.dumps(list(budget.rdp_curve))
+                if budget.rdp_curve else None}, changes, run_contexts)
+            return Grant(grant_id=grant_id, context=self.context, blocks=block_ids,
+                         epsilon=granted_epsilon, delta=budget.delta, rdp_curve=budget.rdp_curve,
+                         pipeline=pipeline, execution_id=execution_id)
+
+        return self._retrying(attempt)
+
+    def _choose(self, selector, demand: np.ndarray, pipeline: Optional[str]) -> list[pb.Artifact]:
+        if isinstance(selector, BlockIds):
+            chosen = self._block_artifacts(selector.ids)
+            retired = [_get(a, "block_id") for a in chosen if _get(a, "retired")]
+            if retired:
+                raise BadRequest(f"retired block(s) in ledger {self.context!r} are never offered "
+                                 f"again: {', '.join(retired)}")
+            short = {}
+            for artifact in chosen:
+                block = self._to_state(artifact)
+                if not allocation.can_pay(block, demand, pipeline, self.accounting):
+                    short[block.block_id] = self.remaining(block, pipeline)
+            if short:
+                raise BudgetExhausted(
+                    f"denied: {len(short)} of {len(chosen)} block(s) cannot pay the request; "
+                    + "; ".join(f"{b}: {text}" for b, text in short.items()), short)
+            return chosen
+        chosen = []
+        for artifact in self._live_blocks_newest_first(page=max(2 * selector.size, 64)):
+            if allocation.can_pay(self._to_state(artifact), demand, pipeline, self.accounting):
+                chosen.append(artifact)
+                if len(chosen) == selector.size:
+                    return chosen
+        raise BudgetExhausted(f"denied: only {len(chosen)} live block(s) in ledger {self.context!r} "
+                              f"can pay the request; the window needs {selector.size}",
+                              {_get(a, "block_id"): "can pay" for a in chosen})
+
+    def _run_contexts(self, run_id: Optional[str]) -> list[pb.Context]:
+        if run_id is None:
+            return []
+        _check_name(run_id, "run id")
+        try:
+            tfx_run = self._store.get_context_by_type_and_name(TFX_RUN_CONTEXT_TYPE, run_id)
+        except mlmd_errors.NotFoundError:
+            tfx_run = None
+        if tfx_run is not None:
+            return [tfx_run]
+        return [pb.Context(type_id=self._store.get_context_type(RUN_CONTEXT_TYPE).id, name=run_id)]
+
+
+def _event(kind) -> pb.Event:
+    return pb.Event(type=kind)
+
+
+def _register_types(mlmd: metadata_store.MetadataStore) -> None:
+    for name in (STATE_TYPE, LEDGER_VERSION_TYPE, BLOCK_TYPE, BLOCK_VERSION_TYPE):
+        mlmd.put_artifact_type(pb.ArtifactType(name=name))
+    for name in (GRANT_TYPE, UPDATE_TYPE):
+        mlmd.put_execution_type(pb.ExecutionType(name=name))
+    for name in (LEDGER_CONTEXT_TYPE, RUN_CONTEXT_TYPE):
+        mlmd.put_context_type(pb.ContextType(name=name))
