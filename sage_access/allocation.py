@@ -37,15 +37,17 @@ class BlockState:
     charges: int = 0
     start: Optional[str] = None
     end: Optional[str] = None
+    data_uri: Optional[str] = None
 
 
 def new_block(block_id: str, epsilon_ceiling: float, delta_ceiling: float, capacity: np.ndarray,
               zero: np.ndarray, waiting: Sequence[str], start: Optional[str] = None,
-              end: Optional[str] = None) -> BlockState:
+              end: Optional[str] = None, data_uri: Optional[str] = None) -> BlockState:
     share = capacity / len(waiting) if waiting else None
     return BlockState(block_id=block_id, epsilon_ceiling=epsilon_ceiling,
                       delta_ceiling=delta_ceiling, capacity=capacity, spent=zero.copy(),
-                      reservations={name: share.copy() for name in waiting}, start=start, end=end)
+                      reservations={name: share.copy() for name in waiting}, start=start, end=end,
+                      data_uri=data_uri)
 
 
 def free_budget(block: BlockState) -> np.ndarray:

@@ -120,7 +120,9 @@ def _props(node, values: dict) -> None:
         elif isinstance(value, int):
             target.int_value = value
         elif isinstance(value, float):
-            target.double_value = value
+            # ML Metadata 1.17's SQLite backend keeps only 6 decimal places of a double_value
+            # (1e-7 reads back as 0), so budgets are stored as exact decimal strings.
+            target.string_value = repr(value)
         else:
             target.string_value = str(value)
 
@@ -131,6 +133,11 @@ def _get(node, key: str, default=None):
     value = node.custom_properties[key]
     kind = value.WhichOneof("value")
     return getattr(value, kind) if kind else default
+
+
+def _get_float(node, key: str) -> Optional[float]:
+    value = _get(node, key)
+    return None if value is None else float(value)
 
 
 def _vector(values: np.ndarray) -> str:
@@ -152,7 +159,7 @@ class BlockLedger:
         self._context_node = matches[0]
         state = self._read_state()
         self.accounting = accounting_for(_get(state, "accounting"))
-        self.min_request_epsilon = _get(state, "min_request_epsilon")
+        self.min_request_epsilon = _get_float(state, "min_request_epsilon")
         self._min_demand = self.accounting.demand(
             BudgetRequest(epsilon=self.min_request_epsilon, delta=0.0))
 
@@ -209,15 +216,16 @@ class BlockLedger:
         return json.loads(_get(self._read_state(), "waiting"))
 
     def _to_state(self, artifact: pb.Artifact) -> BlockState:
-        epsilon_g = _get(artifact, "epsilon_ceiling")
-        delta_g = _get(artifact, "delta_ceiling")
+        epsilon_g = _get_float(artifact, "epsilon_ceiling")
+        delta_g = _get_float(artifact, "delta_ceiling")
         return BlockState(
             block_id=_get(artifact, "block_id"), epsilon_ceiling=epsilon_g, delta_ceiling=delta_g,
             capacity=self.accounting.capacity(epsilon_g, delta_g),
             spent=np.array(json.loads(_get(artifact, "spent"))),
             reservations={k: np.array(v) for k, v in json.loads(_get(artifact, "reservations")).items()},
             retired=bool(_get(artifact, "retired")), charges=_get(artifact, "charges"),
-            start=_get(artifact, "start"), end=_get(artifact, "end"))
+            start=_get(artifact, "start"), end=_get(artifact, "end"),
+            data_uri=_get(artifact, "data_uri"))
 
     def _write_state(self, artifact: pb.Artifact, block: BlockState) -> pb.Artifact:
         updated = pb.Artifact()
@@ -284,8 +292,9 @@ class BlockLedger:
     # ----------------------------------------------------------------- writing
     def _commit(self, kind: str, execution_props: dict,
                 artifact_and_events: list[tuple[pb.Artifact, pb.Event]],
-                extra_contexts: Sequence[pb.Context] = ()) -> int:
-        execution = pb.Execution(type_id=self._types[kind], last_known_state=pb.Execution.COMPLETE)
+                extra_contexts: Sequence[pb.Context] = (), name: Optional[str] = None) -> int:
+        execution = pb.Execution(type_id=self._types[kind], last_known_state=pb.Execution.COMPLETE,
+                                 name=name)
         _props(execution, dict(execution_props, ledger=self.context))
         try:
             execution_id, _, _ = self._store.put_execution(
@@ -330,9 +339,11 @@ class BlockLedger:
         return [(updated, _event(pb.Event.OUTPUT)), (record, _event(pb.Event.OUTPUT))]
 
     def add_block(self, block_id: str, epsilon: float, delta: float,
-                  start: Optional[str] = None, end: Optional[str] = None) -> BlockState:
+                  start: Optional[str] = None, end: Optional[str] = None,
+                  data_uri: Optional[str] = None) -> BlockState:
         """Register a new block with ceiling (epsilon, delta); its budget is split evenly among the
-        pipelines waiting now and reserved for them (Sage §3.3)."""
+        pipelines waiting now and reserved for them (Sage §3.3). `data_uri` is where the block's
+        Examples live (BlockExampleGen sets it; the BlockLedger component reads it)."""
         _check_name(block_id, "block id")
         capacity = self.accounting.capacity(epsilon, delta)
         for value, what in ((start, "start"), (end, "end")):
@@ -343,11 +354,11 @@ class BlockLedger:
             state = self._read_state()
             waiting = json.loads(_get(state, "waiting"))
             block = allocation.new_block(block_id, float(epsilon), float(delta), capacity,
-                                         self.accounting.zero(), waiting, start, end)
+                                         self.accounting.zero(), waiting, start, end, data_uri)
             artifact = pb.Artifact(type_id=self._types[BLOCK_TYPE], name=f"{self.context}/{block_id}",
                                    external_id=f"block:{self.context}/{block_id}")
             _props(artifact, {"ledger": self.context, "block_id": block_id, "start": start,
-                              "end": end, "epsilon_ceiling": float(epsilon),
+                              "end": end, "data_uri": data_uri, "epsilon_ceiling": float(epsilon),
                               "delta_ceiling": float(delta), "version": 0})
             artifact = self._write_state(artifact, block)
             record = self._version_record(block_id, 1, "register",
@@ -457,7 +468,7 @@ class BlockLedger:
                 "grant_id": grant_id, "pipeline": pipeline, "run_id": run_id,
                 "blocks": json.dumps(list(block_ids)), "epsilon": granted_epsilon,
                 "delta": budget.delta, "rdp_curve": json.dumps(list(budget.rdp_curve))
-                if budget.rdp_curve else None}, changes, run_contexts)
+                if budget.rdp_curve else None}, changes, run_contexts, name=f"grant-{grant_id}")
             return Grant(grant_id=grant_id, context=self.context, blocks=block_ids,
                          epsilon=granted_epsilon, delta=budget.delta, rdp_curve=budget.rdp_curve,
                          pipeline=pipeline, execution_id=execution_id)
@@ -490,6 +501,19 @@ class BlockLedger:
         raise BudgetExhausted(f"denied: only {len(chosen)} live block(s) in ledger {self.context!r} "
                               f"can pay the request; the window needs {selector.size}",
                               {_get(a, "block_id"): "can pay" for a in chosen})
+
+    def find_grant(self, grant_id: str) -> Grant:
+        """The grant recorded under `grant_id`; BadRequest if this ledger never issued it."""
+        execution = self._store.get_execution_by_type_and_name(GRANT_TYPE, f"grant-{grant_id}")
+        if execution is None or _get(execution, "ledger") != self.context:
+            raise BadRequest(f"ledger {self.context!r} has no grant {grant_id!r}")
+        curve = _get(execution, "rdp_curve")
+        return Grant(grant_id=grant_id, context=self.context,
+                     blocks=tuple(json.loads(_get(execution, "blocks"))),
+                     epsilon=_get_float(execution, "epsilon"),
+                     delta=_get_float(execution, "delta"),
+                     rdp_curve=tuple(json.loads(curve)) if curve else None,
+                     pipeline=_get(execution, "pipeline"), execution_id=execution.id)
 
     def _run_contexts(self, run_id: Optional[str]) -> list[pb.Context]:
         if run_id is None:

@@ -1,0 +1,4 @@
+"""BlockExampleGen: new data as Sage blocks, registered in the BlockLedger."""
+from sage_tfx.components.block_example_gen.component import BlockExampleGen
+
+__all__ = ["BlockExampleGen"]

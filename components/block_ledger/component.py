@@ -1,0 +1,57 @@
+"""BlockLedger component: a grant from the Sage ledger, emitted with the granted Examples."""
+from __future__ import annotations
+
+import json
+from typing import Mapping, Optional, Sequence
+
+from tfx.dsl.components.base import base_component, executor_spec
+from tfx.types import channel, component_spec, standard_artifacts
+
+from sage_tfx.components.block_ledger import executor
+from sage_tfx.components.privacy_grant import PrivacyGrant
+
+
+class BlockLedgerSpec(component_spec.ComponentSpec):
+    PARAMETERS = {
+        "ledger_store": component_spec.ExecutionParameter(type=str),
+        "ledger_context": component_spec.ExecutionParameter(type=str),
+        "epsilon": component_spec.ExecutionParameter(type=float),
+        "delta": component_spec.ExecutionParameter(type=float),
+        "window": component_spec.ExecutionParameter(type=int, optional=True),
+        "block_ids": component_spec.ExecutionParameter(type=str, optional=True),
+        "split": component_spec.ExecutionParameter(type=str),
+        "pipeline_name": component_spec.ExecutionParameter(type=str, optional=True),
+    }
+    INPUTS = {
+        # Only orders the DAG (grant after ingestion); the data comes from the ledger's blocks.
+        "new_blocks": component_spec.ChannelParameter(type=standard_artifacts.Examples,
+                                                      optional=True),
+    }
+    OUTPUTS = {
+        "grant": component_spec.ChannelParameter(type=PrivacyGrant),
+        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+    }
+
+
+class BlockLedger(base_component.BaseComponent):
+    """Requests (epsilon, delta) from the ledger on the most recent `window` blocks that can pay
+    (or on explicit `block_ids`), split among the iteration's DP steps by `split`
+    ({step: fraction}, fractions summing to at most 1). Outputs the PrivacyGrant and one Examples
+    artifact (train/test) holding exactly the granted blocks. The charge is linked in MLMD to this
+    pipeline run when the ledger lives in the pipeline's metadata store.
+    """
+
+    SPEC_CLASS = BlockLedgerSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
+
+    def __init__(self, ledger_store: str, epsilon: float, delta: float,
+                 window: Optional[int] = None, block_ids: Optional[Sequence[str]] = None,
+                 split: Optional[Mapping[str, float]] = None, ledger_context: str = "default",
+                 pipeline_name: Optional[str] = None, new_blocks: Optional[channel.Channel] = None):
+        super().__init__(spec=BlockLedgerSpec(
+            ledger_store=ledger_store, ledger_context=ledger_context, epsilon=epsilon, delta=delta,
+            window=window, block_ids=json.dumps(list(block_ids)) if block_ids else None,
+            split=json.dumps(dict(split or {"all": 1.0})), pipeline_name=pipeline_name,
+            new_blocks=new_blocks,
+            grant=channel.Channel(type=PrivacyGrant),
+            examples=channel.Channel(type=standard_artifacts.Examples)))

@@ -1,0 +1,74 @@
+"""BlockLedger component's executor: obtain a grant, then release the granted blocks' Examples.
+
+Order matters (DESIGN.md, "charge before release"): the ledger charges every selected block
+(all or nothing) before a single record is copied to the output. A denied or malformed request
+fails the component with nothing charged and nothing written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+from absl import logging
+from tfx.dsl.components.base import base_executor
+from tfx.types import artifact_utils
+
+from sage_tfx.components.privacy_grant import check_split, mark_examples, write_grant
+from sage_tfx.sage_access.errors import BadRequest
+from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
+from sage_tfx.sage_access.store import parse
+
+SPLITS = ("train", "test")
+
+
+def _selector(exec_properties: dict[str, Any]):
+    window = exec_properties.get("window") or 0
+    block_ids = json.loads(exec_properties.get("block_ids") or "[]")
+    if bool(window) == bool(block_ids):
+        raise BadRequest("give exactly one selector: window (most recent W blocks) or block_ids")
+    return RecentWindow(int(window)) if window else BlockIds(block_ids)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+class Executor(base_executor.BaseExecutor):
+
+    def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
+           exec_properties: dict[str, Any]) -> None:
+        split = check_split(json.loads(exec_properties["split"]))
+        selector = _selector(exec_properties)
+        store = exec_properties["ledger_store"]
+        ledger = BlockLedger(parse(store), exec_properties["ledger_context"])
+        pipeline = exec_properties.get("pipeline_name") or (
+            self._context.pipeline_info.id if self._context and self._context.pipeline_info else None)
+        run_id = self._context.pipeline_run_id if self._context else None
+
+        grant = ledger.request(selector, epsilon=float(exec_properties["epsilon"]),
+                               delta=float(exec_properties["delta"]), pipeline=pipeline,
+                               run_id=run_id)
+        logging.info("BlockLedger: grant %s charged (%s, %s) on blocks %s for pipeline %s",
+                     grant.grant_id, grant.epsilon, grant.delta, ", ".join(grant.blocks), pipeline)
+
+        examples = artifact_utils.get_single_instance(output_dict["examples"])
+        examples.split_names = artifact_utils.encode_split_names(list(SPLITS))
+        for block_id in grant.blocks:
+            data_uri = ledger.block(block_id).data_uri
+            if not data_uri:
+                raise BadRequest(f"block {block_id!r} has no Examples registered (it was added "
+                                 "without data); the grant stays charged")
+            for split in SPLITS:
+                source_dir = os.path.join(data_uri, f"Split-{split}")
+                target_dir = os.path.join(examples.uri, f"Split-{split}")
+                os.makedirs(target_dir, exist_ok=True)
+                for name in sorted(os.listdir(source_dir)):
+                    _link_or_copy(os.path.join(source_dir, name),
+                                  os.path.join(target_dir, f"{block_id}-{name}"))
+        mark_examples(examples, grant, grant.blocks)
+        write_grant(artifact_utils.get_single_instance(output_dict["grant"]), grant, store, split)

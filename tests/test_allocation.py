@@ -1,0 +1,82 @@
+"""Property tests of the allocation policy and retirement (pure functions, basic accounting)."""
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sage_tfx.sage_access import allocation
+from sage_tfx.sage_access.accounting import BasicComposition
+
+BASIC = BasicComposition()
+PIPELINES = ["p0", "p1", "p2"]
+TOLERANCE = 1e-9
+
+operations = st.lists(st.one_of(
+    st.tuples(st.just("charge"), st.sampled_from(PIPELINES + [None]),
+              st.floats(0.01, 0.6), st.floats(0, 3e-7)),
+    st.tuples(st.just("release"), st.sampled_from(PIPELINES)),
+), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(waiting=st.lists(st.sampled_from(PIPELINES), unique=True), ops=operations,
+       min_epsilon=st.floats(0.01, 0.3))
+def test_policy_invariants_hold_for_any_sequence(waiting, ops, min_epsilon):
+    capacity = BASIC.capacity(1.0, 1e-6)
+    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), waiting)
+    min_demand = np.array([min_epsilon, 0.0])
+    waiting = list(waiting)
+    if waiting:  # an arriving block is split evenly among the waiting pipelines
+        for share in block.reservations.values():
+            assert np.allclose(share, capacity / len(waiting))
+    for op in ops:
+        before = block
+        if op[0] == "charge":
+            _, pipeline, epsilon, delta = op
+            demand = np.array([epsilon, delta])
+            if not allocation.can_pay(block, demand, pipeline, BASIC):
+                continue
+            block = allocation.charge(block, demand, pipeline, BASIC, min_demand)
+            assert np.allclose(block.spent, before.spent + demand)
+            # Nobody draws on another pipeline's reservation.
+            for other, share in before.reservations.items():
+                if other != pipeline:
+                    assert np.array_equal(block.reservations[other], share)
+        else:
+            pipeline = op[1]
+            if pipeline not in waiting:
+                continue
+            waiting.remove(pipeline)
+            block = allocation.release(block, pipeline, waiting)
+            assert pipeline not in block.reservations
+            returned = np.maximum(before.reservations.get(pipeline, BASIC.zero()), 0)
+            total_before = sum(np.maximum(r, 0) for r in before.reservations.values()) + BASIC.zero()
+            total_after = sum(np.maximum(r, 0) for r in block.reservations.values()) + BASIC.zero()
+            if waiting and not block.retired:  # re-split: the total reserved is unchanged
+                assert np.allclose(total_after, total_before)
+            else:  # nobody waiting: it becomes free
+                assert np.allclose(total_after, total_before - returned)
+        # The ceiling is never exceeded, and reservations never promise more than is left.
+        assert np.all(block.spent <= capacity)
+        assert np.all(allocation.free_budget(block) >= -TOLERANCE)
+        assert block.retired or not before.retired  # retirement is permanent
+        assert block.retired == (not BASIC.fits(block.spent, min_demand, capacity)) or \
+            op[0] == "release"
+
+
+def test_retired_block_never_pays_again():
+    capacity = BASIC.capacity(1.0, 1e-6)
+    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), [])
+    block = allocation.charge(block, np.array([0.95, 0.0]), None, BASIC, np.array([0.1, 0.0]))
+    assert block.retired
+    assert not allocation.can_pay(block, np.array([0.01, 0.0]), None, BASIC)
+
+
+def test_reservation_then_free_budget_for_a_waiting_pipeline():
+    capacity = BASIC.capacity(1.0, 1e-6)
+    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), ["p0", "p1"])
+    small = np.array([0.1, 0.0])
+    block = allocation.release(block, "p1", ["p0"])  # p1 leaves: p0 gets everything
+    assert np.allclose(block.reservations["p0"], capacity)
+    # A pipeline that is not waiting only sees the free budget, which is now empty.
+    assert not allocation.can_pay(block, small, "p9", BASIC)
+    assert allocation.can_pay(block, small, "p0", BASIC)

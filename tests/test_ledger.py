@@ -1,0 +1,208 @@
+"""The BlockLedger on real ML Metadata (SQLite file and in-memory)."""
+import json
+
+import numpy as np
+import pytest
+from ml_metadata.metadata_store import metadata_store
+from ml_metadata.proto import metadata_store_pb2 as pb
+
+from sage_tfx.sage_access import (BadRequest, BlockIds, BlockLedger, BudgetExhausted,
+                                  RecentWindow, connect)
+from sage_tfx.sage_access import ledger as ledger_module
+
+
+def make_ledger(store=":memory:", blocks=4, accounting="basic", min_request=0.05, **kwargs):
+    ledger = BlockLedger.create(store, accounting=accounting, min_request_epsilon=min_request,
+                                **kwargs)
+    for index in range(blocks):
+        ledger.add_block(f"b{index}", 1.0, 1e-6, start=f"2024-0{index + 1}-01")
+    return ledger
+
+
+def snapshot(ledger):
+    return [(b.block_id, tuple(b.spent), b.charges, b.retired,
+             {k: tuple(v) for k, v in b.reservations.items()}) for b in ledger.blocks()]
+
+
+def test_new_blocks_start_with_nothing_spent(store_path):
+    ledger = make_ledger(store_path)
+    for block in ledger.blocks():
+        assert np.all(block.spent == 0) and block.charges == 0 and not block.retired
+
+
+def test_grant_charges_every_selected_block_and_persists(store_path):
+    ledger = make_ledger(store_path)
+    grant = ledger.request(BlockIds(["b0", "b2"]), epsilon=0.3, delta=1e-7)
+    assert grant.blocks == ("b0", "b2")
+    reopened = BlockLedger(store_path)
+    spent = {b.block_id: tuple(b.spent) for b in reopened.blocks()}
+    assert spent == {"b0": (0.3, 1e-7), "b1": (0.0, 0.0), "b2": (0.3, 1e-7), "b3": (0.0, 0.0)}
+
+
+def test_window_takes_the_most_recent_blocks_that_can_still_pay():
+    ledger = make_ledger()
+    ledger.request(BlockIds(["b3"]), epsilon=0.9, delta=0)  # b3 can no longer pay 0.5
+    grant = ledger.request(RecentWindow(2), epsilon=0.5, delta=0)
+    assert grant.blocks == ("b2", "b1")
+
+
+def test_denied_grant_charges_nothing_and_names_what_remains():
+    ledger = make_ledger()
+    ledger.request(BlockIds(["b1"]), epsilon=0.8, delta=0)
+    before = snapshot(ledger)
+    with pytest.raises(BudgetExhausted) as denied:
+        ledger.request(BlockIds(["b0", "b1"]), epsilon=0.5, delta=0)
+    assert set(denied.value.remaining) == {"b1"}
+    assert "b1" in str(denied.value) and "0.8" in str(denied.value)
+    assert snapshot(ledger) == before
+    with pytest.raises(BudgetExhausted, match="window needs 5"):
+        ledger.request(RecentWindow(5), epsilon=0.1, delta=0)
+    assert snapshot(ledger) == before
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(selector=BlockIds(["b0"]), epsilon=-1.0, delta=0), "epsilon"),
+    (dict(selector=BlockIds(["b0"]), epsilon=float("nan"), delta=0), "epsilon"),
+    (dict(selector=BlockIds(["b0"]), epsilon=float("inf"), delta=0), "epsilon"),
+    (dict(selector=BlockIds(["b0"]), epsilon=0.1, delta=1.0), "delta"),
+    (dict(selector=BlockIds(["b0"]), epsilon=0.1, delta=-1e-9), "delta"),
+    (dict(selector=BlockIds(["b0", "nope"]), epsilon=0.1, delta=0), "unknown block.*nope"),
+    (dict(selector=BlockIds([]), epsilon=0.1, delta=0), "empty"),
+    (dict(selector=BlockIds(["b0", "b0"]), epsilon=0.1, delta=0), "twice"),
+    (dict(selector=RecentWindow(0), epsilon=0.1, delta=0), "window size"),
+])
+def test_bad_input_is_refused_with_nothing_charged(kwargs, match):
+    ledger = make_ledger()
+    before = snapshot(ledger)
+    selector = kwargs.pop("selector")
+    with pytest.raises(BadRequest, match=match):
+        ledger.request(selector, **kwargs)
+    assert snapshot(ledger) == before
+
+
+def test_block_that_cannot_pay_the_minimum_request_is_retired_for_good():
+    ledger = make_ledger(min_request=0.1)
+    ledger.request(BlockIds(["b0"]), epsilon=0.95, delta=0)
+    assert ledger.block("b0").retired
+    with pytest.raises(BadRequest, match="retired.*b0"):
+        ledger.request(BlockIds(["b0"]), epsilon=0.01, delta=0)
+    grant = ledger.request(RecentWindow(4 - 1), epsilon=0.01, delta=0)
+    assert "b0" not in grant.blocks
+
+
+def test_duplicate_block_and_bad_ceilings_are_refused():
+    ledger = make_ledger(blocks=1)
+    with pytest.raises(BadRequest, match="already exists"):
+        ledger.add_block("b0", 1.0, 1e-6)
+    with pytest.raises(BadRequest, match="epsilon ceiling"):
+        ledger.add_block("x", 0.0, 1e-6)
+    with pytest.raises(BadRequest, match="block id"):
+        ledger.add_block("has/slash", 1.0, 1e-6)
+    assert [b.block_id for b in ledger.blocks()] == ["b0"]
+
+
+def test_contexts_are_independent_ledgers(store_path):
+    first = make_ledger(store_path, blocks=1)
+    second = BlockLedger.create(store_path, context="geo-eu")
+    second.add_block("b0", 1.0, 1e-6)
+    first.request(BlockIds(["b0"]), epsilon=0.9, delta=0)
+    assert np.all(second.block("b0").spent == 0)
+    second.request(BlockIds(["b0"]), epsilon=0.9, delta=0)
+    with pytest.raises(BadRequest, match="already exists"):
+        BlockLedger.create(store_path, context="geo-eu")
+    with pytest.raises(BadRequest, match="no ledger context"):
+        BlockLedger(store_path, context="missing")
+
+
+def test_allocation_policy_reserves_splits_and_returns_budget():
+    ledger = make_ledger(blocks=1)  # b0 arrived with nobody waiting: all free
+    ledger.register_pipeline("p1")
+    ledger.register_pipeline("p2")
+    ledger.add_block("b1", 1.0, 1e-6)
+    block = ledger.block("b1")
+    assert np.allclose(block.reservations["p1"], [0.5, 5e-7])
+    assert np.allclose(block.reservations["p2"], [0.5, 5e-7])
+    assert ledger.block("b0").reservations == {}
+    # p1 draws on its reservation; an unallocated grant finds no free budget on b1.
+    ledger.request(BlockIds(["b1"]), epsilon=0.2, delta=0, pipeline="p1")
+    with pytest.raises(BudgetExhausted):
+        ledger.request(BlockIds(["b1"]), epsilon=0.1, delta=0)
+    # p1 is accepted: its unused 0.3 is re-split to p2, the only one still waiting.
+    ledger.finish_pipeline("p1")
+    assert ledger.waiting_pipelines() == ["p2"]
+    assert np.allclose(ledger.block("b1").reservations["p2"], [0.8, 1e-6])
+    ledger.finish_pipeline("p2")
+    assert ledger.block("b1").reservations == {}
+    ledger.request(BlockIds(["b1"]), epsilon=0.8, delta=0)  # now all free
+    with pytest.raises(BadRequest, match="not waiting"):
+        ledger.finish_pipeline("p2")
+
+
+def test_rdp_ledger_admits_while_dp_accounting_conversion_stays_within_ceiling():
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    ledger = make_ledger(blocks=1, accounting="rdp", min_request=0.01)
+    curve = [a / (2 * 20.0 ** 2) for a in ledger.orders]  # a Gaussian, sigma = 20
+    granted = 0
+    while True:
+        try:
+            ledger.request(BlockIds(["b0"]), rdp_curve=curve)
+        except BudgetExhausted:
+            break
+        except BadRequest as error:
+            assert "retired" in str(error)
+            break
+        granted += 1
+    spent = ledger.block("b0").spent
+    assert np.allclose(spent, np.array(curve) * granted)
+    epsilon, _ = rdp_privacy_accountant.compute_epsilon(ledger.orders, spent, 1e-6 / len(ledger.orders))
+    assert epsilon <= 1.0
+    over, _ = rdp_privacy_accountant.compute_epsilon(
+        ledger.orders, spent + np.array(curve), 1e-6 / len(ledger.orders))
+    assert over > 1.0
+    # Basic composition of each query's own (epsilon, delta / |A|) conversion would allow 4.
+    single, _ = rdp_privacy_accountant.compute_epsilon(ledger.orders, curve, 1e-6 / len(ledger.orders))
+    assert int(1.0 / single) == 4
+    assert granted >= 2 * int(1.0 / single)
+
+
+def test_charge_lineage_in_mlmd(store_path):
+    ledger = make_ledger(store_path, blocks=2)
+    grant = ledger.request(BlockIds(["b0", "b1"]), epsilon=0.2, delta=1e-7, pipeline="taxi",
+                           run_id="run-42")
+    store = connect(store_path)
+    execution = store.get_executions_by_id([grant.execution_id])[0]
+    assert execution.custom_properties["grant_id"].string_value == grant.grant_id
+    events = store.get_events_by_execution_ids([grant.execution_id])
+    artifacts = {a.id: a for a in store.get_artifacts_by_id([e.artifact_id for e in events])}
+    inputs = sorted(artifacts[e.artifact_id].name for e in events if e.type == pb.Event.INPUT)
+    records = [artifacts[e.artifact_id] for e in events if e.type == pb.Event.OUTPUT]
+    assert inputs == ["default/b0", "default/b1"]
+    assert sorted(r.name for r in records) == ["default/b0/v2", "default/b1/v2"]
+    assert all(r.custom_properties["grant_id"].string_value == grant.grant_id for r in records)
+    contexts = store.get_contexts_by_execution(grant.execution_id)
+    assert {(c.name) for c in contexts} == {"default", "run-42"}
+    assert ledger.find_grant(grant.grant_id) == grant
+    with pytest.raises(BadRequest, match="no grant"):
+        ledger.find_grant("0" * 32)
+
+
+def test_conflicting_writer_is_detected_not_lost(store_path, monkeypatch):
+    """Two ledgers read the same version; the second commit conflicts and re-checks."""
+    first = make_ledger(store_path, blocks=1)
+    second = BlockLedger(store_path)
+    original_choose = BlockLedger._choose
+    interleaved = {"done": False}
+
+    def choose_then_let_other_writer_commit(self, *args):
+        chosen = original_choose(self, *args)
+        if self is second and not interleaved["done"]:
+            interleaved["done"] = True
+            first.request(BlockIds(["b0"]), epsilon=0.6, delta=0)  # commits in between
+        return chosen
+
+    monkeypatch.setattr(BlockLedger, "_choose", choose_then_let_other_writer_commit)
+    with pytest.raises(BudgetExhausted):  # on retry, 0.6 + 0.6 > 1 is seen
+        second.request(BlockIds(["b0"]), epsilon=0.6, delta=0)
+    assert np.allclose(first.block("b0").spent, [0.6, 0.0])
+    assert ledger_module.BlockLedger(store_path).block("b0").charges == 1
