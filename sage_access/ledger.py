@@ -207,10 +207,16 @@ class BlockLedger:
         return self.accounting.orders
 
     def _read_state(self) -> pb.Artifact:
-        found = self._store.get_artifacts_by_external_ids([f"state:{self.context}"])
+        found = self._by_external_ids([f"state:{self.context}"])
         if not found:
             raise BadRequest(f"ledger context {self.context!r} has no state record")
         return found[0]
+
+    def _by_external_ids(self, external_ids: list[str]) -> list[pb.Artifact]:
+        try:
+            return self._store.get_artifacts_by_external_ids(external_ids)
+        except mlmd_errors.NotFoundError:  # MLMD raises instead of returning nothing
+            return []
 
     def waiting_pipelines(self) -> list[str]:
         return json.loads(_get(self._read_state(), "waiting"))
@@ -243,7 +249,7 @@ class BlockLedger:
 
     def _block_artifacts(self, block_ids: Sequence[str]) -> list[pb.Artifact]:
         external = [f"block:{self.context}/{b}" for b in block_ids]
-        found = {_get(a, "block_id"): a for a in self._store.get_artifacts_by_external_ids(external)}
+        found = {_get(a, "block_id"): a for a in self._by_external_ids(external)}
         unknown = [b for b in block_ids if b not in found]
         if unknown:
             raise BadRequest(f"unknown block(s) in ledger {self.context!r}: {', '.join(unknown)}")
@@ -368,7 +374,7 @@ class BlockLedger:
                              [(artifact, _event(pb.Event.OUTPUT)), (record, _event(pb.Event.OUTPUT)),
                               *self._ledger_version(state, "add_block")])
             except _Conflict:
-                if self._store.get_artifacts_by_external_ids([f"block:{self.context}/{block_id}"]):
+                if self._by_external_ids([f"block:{self.context}/{block_id}"]):
                     raise BadRequest(f"block {block_id!r} already exists in ledger "
                                      f"{self.context!r}") from None
                 raise
@@ -514,6 +520,48 @@ class BlockLedger:
                      delta=_get_float(execution, "delta"),
                      rdp_curve=tuple(json.loads(curve)) if curve else None,
                      pipeline=_get(execution, "pipeline"), execution_id=execution.id)
+
+    def audit(self) -> list[str]:
+        """Re-derive every balance from the append-only history; return the inconsistencies found.
+
+        Checks: each block's materialised spending equals the sum of its charge records, no block
+        is above its ceiling, and every grant has a charge record on every block it names (grants
+        are whole). Reads the whole history: for tests and operators, never on the grant path.
+        """
+        problems = []
+        charged: dict[str, list[np.ndarray]] = {}
+        by_grant: dict[str, set[str]] = {}
+        records = self._store.get_artifacts(list_options=metadata_store.ListOptions(
+            filter_query=f"type = '{BLOCK_VERSION_TYPE}' AND "
+                         f"custom_properties.ledger.string_value = '{self.context}'"))
+        for record in records:
+            if _get(record, "kind") == "charge":
+                block_id = _get(record, "block_id")
+                charged.setdefault(block_id, []).append(np.array(json.loads(_get(record, "demand"))))
+                by_grant.setdefault(_get(record, "grant_id"), set()).add(block_id)
+        for block in self.blocks():
+            history = charged.get(block.block_id, [])
+            total = sum(history, self.accounting.zero())
+            if not np.allclose(total, block.spent, rtol=1e-9, atol=0):
+                problems.append(f"block {block.block_id}: spent {list(block.spent)} but its charge "
+                                f"records sum to {list(total)}")
+            if len(history) != block.charges:
+                problems.append(f"block {block.block_id}: {block.charges} charges counted, "
+                                f"{len(history)} charge records")
+            if not self.accounting.fits(self.accounting.zero(), block.spent, block.capacity):
+                problems.append(f"block {block.block_id}: spent {list(block.spent)} is above its "
+                                "ceiling")
+        grants = self._store.get_executions(list_options=metadata_store.ListOptions(
+            filter_query=f"type = '{GRANT_TYPE}' AND "
+                         f"custom_properties.ledger.string_value = '{self.context}'"))
+        for execution in grants:
+            grant_id = _get(execution, "grant_id")
+            named = set(json.loads(_get(execution, "blocks")))
+            if by_grant.pop(grant_id, set()) != named:
+                problems.append(f"grant {grant_id}: not charged on exactly its blocks {sorted(named)}")
+        for grant_id in by_grant:
+            problems.append(f"charge records of grant {grant_id} have no grant execution")
+        return problems
 
     def _run_contexts(self, run_id: Optional[str]) -> list[pb.Context]:
         if run_id is None:
