@@ -42,7 +42,7 @@ class Executor(base_executor.BaseExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:
-        split = check_split(json.loads(exec_properties["split"]))
+        budget_split = check_split(json.loads(exec_properties["split"]))
         selector = _selector(exec_properties)
         store = exec_properties["ledger_store"]
         ledger = BlockLedger(parse(store), exec_properties["ledger_context"])
@@ -71,4 +71,5 @@ class Executor(base_executor.BaseExecutor):
                     _link_or_copy(os.path.join(source_dir, name),
                                   os.path.join(target_dir, f"{block_id}-{name}"))
         mark_examples(examples, grant, grant.blocks)
-        write_grant(artifact_utils.get_single_instance(output_dict["grant"]), grant, store, split)
+        write_grant(artifact_utils.get_single_instance(output_dict["grant"]), grant, store,
+                    budget_split)
