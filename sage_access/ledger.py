@@ -327,11 +327,15 @@ class BlockLedger:
         raise LedgerBusy(f"ledger {self.context!r}: gave up after repeated conflicts with "
                          "concurrent writers; nothing was charged")
 
-    def _version_record(self, block: str, version: int, kind: str, **props) -> pb.Artifact:
-        record = pb.Artifact(type_id=self._types[BLOCK_VERSION_TYPE],
-                             name=f"{self.context}/{block}/v{version}")
-        _props(record, dict(props, ledger=self.context, block_id=block, kind=kind, version=version))
-        return record
+    def _version_record(self, block: str, version: int) -> pb.Artifact:
+        """The unique-named record of a block's next version: the compare-and-swap token.
+
+        Deliberately without properties (each costs a row per write on the grant path); what
+        changed is on the execution that created it (a Grant's blocks and demand, or an update's
+        kind), linked by an OUTPUT event.
+        """
+        return pb.Artifact(type_id=self._types[BLOCK_VERSION_TYPE],
+                           name=f"{self.context}/{block}/v{version}")
 
     def _ledger_version(self, state: pb.Artifact, kind: str, **changes) -> list:
         """The updated LedgerState plus its unique version record (the compare-and-swap)."""
@@ -367,8 +371,7 @@ class BlockLedger:
                               "end": end, "data_uri": data_uri, "epsilon_ceiling": float(epsilon),
                               "delta_ceiling": float(delta), "version": 0})
             artifact = self._write_state(artifact, block)
-            record = self._version_record(block_id, 1, "register",
-                                          reservations=json.dumps(sorted(waiting)))
+            record = self._version_record(block_id, 1)
             try:
                 self._commit(UPDATE_TYPE, {"kind": "add_block", "block_id": block_id},
                              [(artifact, _event(pb.Event.OUTPUT)), (record, _event(pb.Event.OUTPUT)),
@@ -417,8 +420,8 @@ class BlockLedger:
                 released = allocation.release(block, pipeline, still_waiting)
                 version = _get(artifact, "version") + 1
                 changes.append((self._write_state(artifact, released), _event(pb.Event.INPUT)))
-                changes.append((self._version_record(block.block_id, version, "release",
-                                                     pipeline=pipeline), _event(pb.Event.OUTPUT)))
+                changes.append((self._version_record(block.block_id, version),
+                                _event(pb.Event.OUTPUT)))
             self._commit(UPDATE_TYPE, {"kind": "finish_pipeline", "pipeline": pipeline}, changes)
 
         self._retrying(attempt)
@@ -462,9 +465,8 @@ class BlockLedger:
                 charged = allocation.charge(block, demand, pipeline, self.accounting,
                                             self._min_demand)
                 changes.append((self._write_state(artifact, charged), _event(pb.Event.INPUT)))
-                changes.append((self._version_record(
-                    block.block_id, version, "charge", grant_id=grant_id, pipeline=pipeline,
-                    demand=_vector(demand), retired=charged.retired), _event(pb.Event.OUTPUT)))
+                changes.append((self._version_record(block.block_id, version),
+                                _event(pb.Event.OUTPUT)))
             block_ids = tuple(_get(a, "block_id") for a in chosen)
             if budget.epsilon is not None:
                 granted_epsilon = budget.epsilon
@@ -472,7 +474,8 @@ class BlockLedger:
                 granted_epsilon = float(demand[0]) if self.accounting.name == "basic" else None
             execution_id = self._commit(GRANT_TYPE, {
                 "grant_id": grant_id, "pipeline": pipeline, "run_id": run_id,
-                "blocks": json.dumps(list(block_ids)), "epsilon": granted_epsilon,
+                "blocks": json.dumps(list(block_ids)), "demand": _vector(demand),
+                "epsilon": granted_epsilon,
                 "delta": budget.delta, "rdp_curve": json.dumps(list(budget.rdp_curve))
                 if budget.rdp_curve else None}, changes, run_contexts, name=f"grant-{grant_id}")
             return Grant(grant_id=grant_id, context=self.context, blocks=block_ids,
@@ -524,43 +527,44 @@ class BlockLedger:
     def audit(self) -> list[str]:
         """Re-derive every balance from the append-only history; return the inconsistencies found.
 
-        Checks: each block's materialised spending equals the sum of its charge records, no block
-        is above its ceiling, and every grant has a charge record on every block it names (grants
-        are whole). Reads the whole history: for tests and operators, never on the grant path.
+        Checks: each block's materialised spending equals the sum of the demands of the grants
+        that name it, no block is above its ceiling, and every grant created the next version of
+        each block it names (grants are whole). Reads the whole history: for tests and operators,
+        never on the grant path.
         """
         problems = []
         charged: dict[str, list[np.ndarray]] = {}
-        by_grant: dict[str, set[str]] = {}
-        records = self._store.get_artifacts(list_options=metadata_store.ListOptions(
-            filter_query=f"type = '{BLOCK_VERSION_TYPE}' AND "
+        grants = self._store.get_executions(list_options=metadata_store.ListOptions(
+            filter_query=f"type = '{GRANT_TYPE}' AND "
                          f"custom_properties.ledger.string_value = '{self.context}'"))
-        for record in records:
-            if _get(record, "kind") == "charge":
-                block_id = _get(record, "block_id")
-                charged.setdefault(block_id, []).append(np.array(json.loads(_get(record, "demand"))))
-                by_grant.setdefault(_get(record, "grant_id"), set()).add(block_id)
+        events = self._store.get_events_by_execution_ids([g.id for g in grants]) if grants else []
+        outputs: dict[int, list[int]] = {}
+        for event in events:
+            if event.type == pb.Event.OUTPUT:
+                outputs.setdefault(event.execution_id, []).append(event.artifact_id)
+        records = {a.id: a.name for a in self._store.get_artifacts_by_id(
+            [i for ids in outputs.values() for i in ids])} if outputs else {}
+        for execution in grants:
+            named = json.loads(_get(execution, "blocks"))
+            demand = np.array(json.loads(_get(execution, "demand")))
+            versioned = sorted(records[i].split("/")[1] for i in outputs.get(execution.id, []))
+            if versioned != sorted(named):
+                problems.append(f"grant {_get(execution, 'grant_id')}: versioned blocks {versioned} "
+                                f"but names {sorted(named)}")
+            for block_id in named:
+                charged.setdefault(block_id, []).append(demand)
         for block in self.blocks():
             history = charged.get(block.block_id, [])
             total = sum(history, self.accounting.zero())
             if not np.allclose(total, block.spent, rtol=1e-9, atol=0):
-                problems.append(f"block {block.block_id}: spent {list(block.spent)} but its charge "
-                                f"records sum to {list(total)}")
+                problems.append(f"block {block.block_id}: spent {list(block.spent)} but its grants "
+                                f"sum to {list(total)}")
             if len(history) != block.charges:
                 problems.append(f"block {block.block_id}: {block.charges} charges counted, "
-                                f"{len(history)} charge records")
+                                f"{len(history)} grants name it")
             if not self.accounting.fits(self.accounting.zero(), block.spent, block.capacity):
                 problems.append(f"block {block.block_id}: spent {list(block.spent)} is above its "
                                 "ceiling")
-        grants = self._store.get_executions(list_options=metadata_store.ListOptions(
-            filter_query=f"type = '{GRANT_TYPE}' AND "
-                         f"custom_properties.ledger.string_value = '{self.context}'"))
-        for execution in grants:
-            grant_id = _get(execution, "grant_id")
-            named = set(json.loads(_get(execution, "blocks")))
-            if by_grant.pop(grant_id, set()) != named:
-                problems.append(f"grant {grant_id}: not charged on exactly its blocks {sorted(named)}")
-        for grant_id in by_grant:
-            problems.append(f"charge records of grant {grant_id} have no grant execution")
         return problems
 
     def _run_contexts(self, run_id: Optional[str]) -> list[pb.Context]:

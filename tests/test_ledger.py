@@ -179,7 +179,7 @@ def test_charge_lineage_in_mlmd(store_path):
     records = [artifacts[e.artifact_id] for e in events if e.type == pb.Event.OUTPUT]
     assert inputs == ["default/b0", "default/b1"]
     assert sorted(r.name for r in records) == ["default/b0/v2", "default/b1/v2"]
-    assert all(r.custom_properties["grant_id"].string_value == grant.grant_id for r in records)
+    assert json.loads(execution.custom_properties["demand"].string_value) == [0.2, 1e-7]
     contexts = store.get_contexts_by_execution(grant.execution_id)
     assert {(c.name) for c in contexts} == {"default", "run-42"}
     assert ledger.find_grant(grant.grant_id) == grant
