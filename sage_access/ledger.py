@@ -23,7 +23,6 @@ no lost update, and a process killed at any point leaves each grant whole or abs
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 import time

@@ -3,7 +3,6 @@ import json
 
 import numpy as np
 import pytest
-from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.sage_access import (BadRequest, BlockIds, BlockLedger, BudgetExhausted,

@@ -7,7 +7,6 @@ import os
 import sys
 
 import pytest
-from ml_metadata.metadata_store import metadata_store
 from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
@@ -78,7 +77,7 @@ def test_block_pipeline_links_the_charge_to_the_run(tmp_path):
     assert checker_runs[0].last_known_state == checker_runs[0].COMPLETE
 
     # Each block's Examples hold only that block's months; the granted Examples hold both.
-    from tfx.types import artifact_utils, standard_artifacts
+    from tfx.types import artifact_utils
     examples = [artifact_utils.deserialize_artifact(store.get_artifact_type("Examples"), a)
                 for a in store.get_artifacts_by_type("Examples")]
     granted = [e for e in examples if e.get_string_custom_property("sage_grant_id") == grant_id]
