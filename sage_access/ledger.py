@@ -151,11 +151,9 @@ class BlockLedger:
         self.store_spec = store
         self.context = _check_name(context, "ledger context")
         self._register_types()
-        contexts = self._store.get_contexts_by_type(LEDGER_CONTEXT_TYPE)
-        matches = [c for c in contexts if c.name == context]
-        if not matches:
+        self._context_node = self._store.get_context_by_type_and_name(LEDGER_CONTEXT_TYPE, context)
+        if self._context_node is None:
             raise BadRequest(f"no ledger context {context!r} in this store; run `init` first")
-        self._context_node = matches[0]
         state = self._read_state()
         self.accounting = accounting_for(_get(state, "accounting"))
         self.min_request_epsilon = _get_float(state, "min_request_epsilon")
@@ -458,15 +456,14 @@ class BlockLedger:
             chosen = self._choose(selector, demand, pipeline)
             grant_id = uuid.uuid4().hex
             changes = []
-            for artifact in chosen:
-                block = self._to_state(artifact)
+            for artifact, block in chosen:
                 version = _get(artifact, "version") + 1
                 charged = allocation.charge(block, demand, pipeline, self.accounting,
                                             self._min_demand)
                 changes.append((self._write_state(artifact, charged), _event(pb.Event.INPUT)))
                 changes.append((self._version_record(block.block_id, version),
                                 _event(pb.Event.OUTPUT)))
-            block_ids = tuple(_get(a, "block_id") for a in chosen)
+            block_ids = tuple(block.block_id for _, block in chosen)
             if budget.epsilon is not None:
                 granted_epsilon = budget.epsilon
             else:  # an RDP curve: basic accounting charged its (epsilon, delta) conversion
@@ -483,18 +480,17 @@ class BlockLedger:
 
         return self._retrying(attempt)
 
-    def _choose(self, selector, demand: np.ndarray, pipeline: Optional[str]) -> list[pb.Artifact]:
+    def _choose(self, selector, demand: np.ndarray,
+                pipeline: Optional[str]) -> list[tuple[pb.Artifact, BlockState]]:
+        """The selected blocks (artifact and decoded state) that can all pay, or an error."""
         if isinstance(selector, BlockIds):
-            chosen = self._block_artifacts(selector.ids)
-            retired = [_get(a, "block_id") for a in chosen if _get(a, "retired")]
+            chosen = [(a, self._to_state(a)) for a in self._block_artifacts(selector.ids)]
+            retired = [block.block_id for _, block in chosen if block.retired]
             if retired:
                 raise BadRequest(f"retired block(s) in ledger {self.context!r} are never offered "
                                  f"again: {', '.join(retired)}")
-            short = {}
-            for artifact in chosen:
-                block = self._to_state(artifact)
-                if not allocation.can_pay(block, demand, pipeline, self.accounting):
-                    short[block.block_id] = self.remaining(block, pipeline)
+            short = {block.block_id: self.remaining(block, pipeline) for _, block in chosen
+                     if not allocation.can_pay(block, demand, pipeline, self.accounting)}
             if short:
                 raise BudgetExhausted(
                     f"denied: {len(short)} of {len(chosen)} block(s) cannot pay the request; "
@@ -502,13 +498,14 @@ class BlockLedger:
             return chosen
         chosen = []
         for artifact in self._live_blocks_newest_first(page=max(2 * selector.size, 64)):
-            if allocation.can_pay(self._to_state(artifact), demand, pipeline, self.accounting):
-                chosen.append(artifact)
+            block = self._to_state(artifact)
+            if allocation.can_pay(block, demand, pipeline, self.accounting):
+                chosen.append((artifact, block))
                 if len(chosen) == selector.size:
                     return chosen
         raise BudgetExhausted(f"denied: only {len(chosen)} live block(s) in ledger {self.context!r} "
                               f"can pay the request; the window needs {selector.size}",
-                              {_get(a, "block_id"): "can pay" for a in chosen})
+                              {block.block_id: "can pay" for _, block in chosen})
 
     def find_grant(self, grant_id: str) -> Grant:
         """The grant recorded under `grant_id`; BadRequest if this ledger never issued it."""
