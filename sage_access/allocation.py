@@ -50,24 +50,29 @@ def new_block(block_id: str, epsilon_ceiling: float, delta_ceiling: float, capac
                       data_uri=data_uri)
 
 
+def _reserved_for_others(block: BlockState, pipeline: Optional[str]) -> np.ndarray:
+    return sum((np.maximum(r, 0.0) for name, r in block.reservations.items() if name != pipeline),
+               np.zeros_like(block.capacity))
+
+
 def free_budget(block: BlockState) -> np.ndarray:
-    reserved = sum((np.maximum(r, 0.0) for r in block.reservations.values()),
-                   np.zeros_like(block.capacity))
-    return block.capacity - block.spent - reserved
+    return block.capacity - block.spent - _reserved_for_others(block, None)
 
 
 def available_to(block: BlockState, pipeline: Optional[str]) -> np.ndarray:
-    reserved = block.reservations.get(pipeline) if pipeline is not None else None
-    if reserved is None:
-        return free_budget(block)
-    return np.maximum(reserved, 0.0) + free_budget(block)
+    """What `pipeline` may still draw: its own reservation plus the free budget."""
+    return block.capacity - block.spent - _reserved_for_others(block, pipeline)
 
 
 def can_pay(block: BlockState, demand: np.ndarray, pipeline: Optional[str], accounting) -> bool:
+    # One comparison, `spent + others' reservations + demand <= capacity`, computed in the same
+    # order as the retirement test in `charge`: a block that passes the retirement test can pay
+    # the minimum request, and one that cannot is retired (the two must never disagree by a
+    # rounding error, or a block would be neither usable nor retired).
     if block.retired:
         return False
-    return (accounting.fits(block.spent, demand, block.capacity)
-            and accounting.fits(np.zeros_like(demand), demand, available_to(block, pipeline)))
+    return accounting.fits(block.spent + _reserved_for_others(block, pipeline), demand,
+                           block.capacity)
 
 
 def charge(block: BlockState, demand: np.ndarray, pipeline: Optional[str], accounting,

@@ -1,5 +1,8 @@
 """A process that grants random overlapping requests on a shared ledger (used by the stress and
-crash tests). Prints one JSON line per grant it committed."""
+crash tests). Prints one JSON line per grant it committed.
+
+After its random requests, a worker drains: it requests the minimum epsilon from each block until
+the ledger refuses, so when all workers are done every block must be retired."""
 import json
 import random
 import sys
@@ -7,25 +10,34 @@ import sys
 from sage_tfx.sage_access import BlockIds, BlockLedger, BudgetExhausted, RecentWindow
 
 
+def try_request(ledger: BlockLedger, selector, epsilon: float, delta: float, pipeline: str) -> bool:
+    try:
+        grant = ledger.request(selector, epsilon=epsilon, delta=delta, pipeline=pipeline)
+    except BudgetExhausted:
+        return False
+    except Exception as error:  # retired blocks are chosen at random too
+        if "retired" not in str(error):
+            raise
+        return False
+    print(json.dumps({"grant_id": grant.grant_id, "blocks": grant.blocks,
+                      "epsilon": grant.epsilon, "delta": grant.delta}), flush=True)
+    return True
+
+
 def main(store: str, seed: int, requests: int, blocks: int) -> None:
     rng = random.Random(seed)
     ledger = BlockLedger(store)
+    block_ids = [f"b{i:02d}" for i in range(blocks)]
+    pipeline = f"worker{seed}"
     for _ in range(requests):
         if rng.random() < 0.2:
             selector = RecentWindow(rng.randint(1, 5))
         else:
-            selector = BlockIds(rng.sample([f"b{i:02d}" for i in range(blocks)], rng.randint(1, 6)))
-        try:
-            grant = ledger.request(selector, epsilon=rng.choice([0.05, 0.1, 0.2]),
-                                   delta=rng.choice([0.0, 1e-8]), pipeline=f"worker{seed}")
-        except BudgetExhausted:
-            continue
-        except Exception as error:  # retired blocks are chosen at random too
-            if "retired" not in str(error):
-                raise
-            continue
-        print(json.dumps({"grant_id": grant.grant_id, "blocks": grant.blocks,
-                          "epsilon": grant.epsilon, "delta": grant.delta}), flush=True)
+            selector = BlockIds(rng.sample(block_ids, rng.randint(1, 6)))
+        try_request(ledger, selector, rng.choice([0.05, 0.1, 0.2]), rng.choice([0.0, 1e-8]), pipeline)
+    for block_id in rng.sample(block_ids, blocks):
+        while try_request(ledger, BlockIds([block_id]), ledger.min_request_epsilon, 0.0, pipeline):
+            pass
 
 
 if __name__ == "__main__":

@@ -58,8 +58,8 @@ def test_eight_processes_two_hundred_requests_each_never_overspend(tmp_path):
     for block_id, block in blocks.items():
         assert np.allclose(block.spent, expected[block_id], rtol=1e-9, atol=1e-15)
     assert len(committed) > 50
-    # The contention was real: most blocks were driven to their ceiling.
-    assert sum(b.retired for b in blocks.values()) >= BLOCKS // 2
+    # Every worker drained every block at the end, so all of them reached retirement.
+    assert all(b.retired for b in blocks.values())
 
 
 @pytest.mark.slow
