@@ -1,0 +1,65 @@
+"""What sampling ran: the descriptor that travels with the samples to the trainer.
+
+It describes the layout the trainer reads (epochs one after another, each `slots_per_epoch`
+slots long) and everything the accountant needs. It is stored as custom properties of the
+samples' Examples artifact (strings for floats: ML Metadata's SQLite backend rounds doubles).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Mapping, Optional
+
+SCHEMES = ("swo", "poisson", "shuffle")
+
+
+@dataclass(frozen=True)
+class SamplingDescriptor:
+    scheme: str
+    n: int  # records sampled from
+    epochs: int
+    # Steps the trainer runs per epoch: one per sample. For Poisson it is the fixed
+    # floor(1 / gamma); samples that did not fit (probability <= truncation_probability)
+    # are run as empty, noise-only steps so the number of steps never depends on the data.
+    samples_per_epoch: int
+    slots_per_epoch: int  # layout length of one epoch, dummies included
+    sample_size: Optional[int] = None  # m, for swo and shuffle
+    gamma: Optional[float] = None  # for poisson
+    truncation_probability: float = 0.0  # per epoch, Poisson only
+
+    def __post_init__(self):
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"unknown sampling scheme {self.scheme!r}; use one of {SCHEMES}")
+        if (self.gamma is None) != (self.scheme != "poisson"):
+            raise ValueError("gamma is given exactly for the poisson scheme")
+        if (self.sample_size is None) != (self.scheme == "poisson"):
+            raise ValueError("sample_size is given exactly for the swo and shuffle schemes")
+
+    @property
+    def steps(self) -> int:
+        return self.samples_per_epoch * self.epochs
+
+    @property
+    def expected_batch_size(self) -> float:
+        """What the trainer divides a noisy gradient sum by (for Poisson the expected size, as
+        the actual size is private; paper §5)."""
+        return self.gamma * self.n if self.scheme == "poisson" else float(self.sample_size)
+
+    def to_properties(self) -> dict[str, str | int]:
+        return {f"sampling_{key}": (repr(value) if isinstance(value, float) else
+                                    "" if value is None else value)
+                for key, value in asdict(self).items()}
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, object]) -> "SamplingDescriptor":
+        def value(key: str):
+            raw = properties.get(f"sampling_{key}")
+            if raw is None:
+                raise ValueError(f"the samples carry no sampling descriptor field {key!r}")
+            return raw
+        gamma, size = value("gamma"), value("sample_size")
+        return cls(scheme=str(value("scheme")), n=int(value("n")), epochs=int(value("epochs")),
+                   samples_per_epoch=int(value("samples_per_epoch")),
+                   slots_per_epoch=int(value("slots_per_epoch")),
+                   sample_size=None if size in ("", None) else int(size),
+                   gamma=None if gamma in ("", None) else float(gamma),
+                   truncation_probability=float(value("truncation_probability")))

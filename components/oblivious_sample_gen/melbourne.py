@@ -1,0 +1,167 @@
+"""Oblivious routing in the style of the Melbourne shuffle (Ohrimenko et al., ICALP 2014), as a
+vectorized TensorFlow op. The oblivious shuffle and both samplers are instances of it.
+
+Threat model (the paper's §2). Records live in external memory; an adversary sees which
+positions are read and written and in what order, not the (encrypted) contents. The algorithm
+has a private memory of one input bucket (s_in = ceil(n_in / B) records) plus one block of
+B * c slots, where any access pattern is allowed. Guarantee: the sequence of external positions
+read and written depends only on public parameters (n_in, n_out, B, c), never on the secret
+routing or on the data. TensorFlow on a CPU is not an enclave: we claim the external-memory
+pattern, which `AccessTrace` records, and not the cache behaviour of TensorFlow's kernels
+inside a bucket. Why not a sorting network: a bitonic network moves every record O(log^2 n)
+times (210 passes at n = 10^6). Here each record is moved twice.
+
+`route(records, source_of_slot)` produces output[slot] = records[source_of_slot[slot]] for
+n_out slots. A record may feed several slots (that is how samplers replicate) or none. It
+runs in two phases:
+
+1. distribute: for each input bucket a, read it in full; put a copy of each record into the
+   chunk of block a that belongs to each output bucket needing it. Every chunk has the same
+   public size c and is padded with dummies. Write block a in full.
+2. collect: for each output bucket b, read chunk b of every block (B * c slots), keep the
+   real copies, put them in slot order, and write output bucket b in full.
+
+When the routing is random enough, no chunk overflows except with tiny probability. Output
+slots come in groups: a whole shuffle is one group, each sample is one group. Within a group the
+sources are distinct and uniformly random, and groups are independent. Then the number of
+copies sent from input bucket a to output bucket b is a sum of independent hypergeometrics,
+one per group: group g puts x_g of its slots in bucket b and draws them from n_in positions,
+of which at most s_in lie in bucket a. Hoeffding (1963, Thm. 4) shows each hypergeometric's
+moment generating function is at most the binomial's. The sum is therefore dominated, in
+Chernoff's sense, by Binomial(s_out, p) with p = s_in / n_in, so
+    P[count >= c] <= exp(-s_out * KL(c / s_out || p)).
+We pick the smallest c with B^2 times that bound <= 2^-40 (a union bound over all bucket
+pairs). We add B - 1 slots of slack for padding slots, which are routed deterministically.
+
+If a chunk does overflow, we raise `RouteOverflow`. The caller's trace would then differ from
+every other run, so this event can leak; it has probability at most 2^-40 per pass. It is
+never retried silently.
+"""
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
+
+OVERFLOW_PROBABILITY = 2.0 ** -40
+# Private memory holds one bucket: 16 buckets keep the dummy overhead near 13% at n = 10^6.
+DEFAULT_BUCKETS = 16
+
+
+class RouteOverflow(RuntimeError):
+    """A chunk overflowed (probability <= 2^-40 per pass for the routings used here)."""
+
+
+def secret_rng(seed: Optional[int] = None) -> np.random.Generator:
+    """The samplers' generator: seeded from the OS CSPRNG unless a test passes a seed."""
+    return np.random.Generator(np.random.PCG64DXSM(secrets.randbits(128) if seed is None
+                                                   else seed))
+
+
+def _binary_kl(q: float, p: float) -> float:
+    if q >= 1.0:
+        return -math.log(p)
+    return q * math.log(q / p) + (1 - q) * math.log((1 - q) / (1 - p))
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """Public parameters of one routing pass from n_in records to n_out slots."""
+    n_in: int
+    n_out: int
+    buckets: int
+    in_bucket: int
+    out_bucket: int
+    chunk: int
+
+    @classmethod
+    def for_sizes(cls, n_in: int, n_out: int, buckets: int = DEFAULT_BUCKETS) -> "RoutePlan":
+        if n_in <= 0 or n_out <= 0:
+            raise ValueError(f"cannot route {n_in} records to {n_out} slots; need at least one")
+        buckets = max(1, min(buckets, math.isqrt(min(n_in, n_out))))
+        in_bucket, out_bucket = -(-n_in // buckets), -(-n_out // buckets)
+        p = in_bucket / n_in
+        chunk = out_bucket
+        if buckets > 1 and p < 1.0:
+            log_target = math.log(OVERFLOW_PROBABILITY / buckets ** 2)
+            chunk = math.ceil(out_bucket * p)
+            while (chunk < out_bucket
+                   and -out_bucket * _binary_kl(chunk / out_bucket, p) > log_target):
+                chunk += 1
+        return cls(n_in, n_out, buckets, in_bucket, out_bucket,
+                   min(out_bucket, chunk + buckets - 1))
+
+    @property
+    def padded_out(self) -> int:
+        return self.buckets * self.out_bucket
+
+    def record(self, trace: Optional[AccessTrace], source: str, middle: str,
+               target: str) -> None:
+        """Append this pass's external-memory accesses; they depend on the plan only."""
+        if trace is None:
+            return
+        s_in, s_out, c, buckets = self.in_bucket, self.out_bucket, self.chunk, self.buckets
+        for a in range(buckets):
+            trace.read(source, np.arange(a * s_in, min((a + 1) * s_in, self.n_in)))
+            trace.write(middle, np.arange(a * buckets * c, (a + 1) * buckets * c))
+        block_starts = np.arange(buckets) * buckets * c
+        for b in range(buckets):
+            trace.read(middle, (block_starts[:, None] + b * c + np.arange(c)).ravel())
+            trace.write(target, np.arange(b * s_out, (b + 1) * s_out))
+
+
+def _route_maps(plan: RoutePlan, source_of_slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Private-memory bookkeeping of one pass: which input record each block slot copies
+    (-1: dummy), and which block slot each output slot is collected from."""
+    buckets, c = plan.buckets, plan.chunk
+    padding = np.arange(plan.padded_out - plan.n_out) % plan.n_in
+    sources = np.concatenate([source_of_slot, padding]).astype(np.int64)
+    slots = np.arange(plan.padded_out)
+    pair = (sources // plan.in_bucket) * buckets + slots // plan.out_bucket
+    # Fewer than 2^16 bucket pairs: numpy's stable sort is then a radix sort.
+    order = np.argsort(pair.astype(np.uint16 if buckets <= 256 else np.int64), kind="stable")
+    counts = np.bincount(pair, minlength=buckets * buckets)
+    if counts.max() > c:
+        raise RouteOverflow(f"a chunk received {counts.max()} copies, more than its {c} slots")
+    first_of_pair = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    sorted_pair = pair[order]
+    block_slot = np.empty(plan.padded_out, dtype=np.int64)
+    block_slot[order] = sorted_pair * c + (slots - first_of_pair[sorted_pair])
+    block_source = np.full(buckets * buckets * c, -1, dtype=np.int64)
+    block_source[block_slot] = sources
+    return block_source, block_slot[:plan.n_out]
+
+
+def route(records: tf.Tensor, source_of_slot: np.ndarray, plan: RoutePlan,
+          trace: Optional[AccessTrace] = None, names: tuple[str, str, str] = (
+              "input", "blocks", "output")) -> tf.Tensor:
+    """output[slot] = records[source_of_slot[slot]], through the two oblivious phases.
+
+    `source_of_slot` must have the randomness described in the module docstring; it never
+    leaves private memory."""
+    block_source, block_slot = _route_maps(plan, source_of_slot)
+    # Dummy block slots copy record 0: their content is never collected.
+    blocks = tf.gather(records, np.maximum(block_source, 0))
+    output = tf.gather(blocks, block_slot)
+    plan.record(trace, *names)
+    return output
+
+
+def oblivious_shuffle(records, seed: Optional[int] = None, trace: Optional[AccessTrace] = None,
+                      buckets: int = DEFAULT_BUCKETS) -> tuple[tf.Tensor, np.ndarray]:
+    """Apply a secret uniformly random permutation to the rows of `records` (any n >= 1).
+
+    Returns (shuffled, source) with shuffled[q] = records[source[q]]. The permutation is
+    returned for tests and for callers composing passes. It must stay in private memory.
+    `seed` is for tests only; by default the OS CSPRNG seeds the generator."""
+    records = tf.convert_to_tensor(records)
+    n = int(records.shape[0]) if records.shape.rank else 0
+    plan = RoutePlan.for_sizes(n, n, buckets)
+    source = secret_rng(seed).permutation(n)
+    return route(records, source, plan, trace), source

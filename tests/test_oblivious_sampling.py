@@ -1,0 +1,193 @@
+"""Oblivious samplers: equal traces across secrets and data, the right sampling distributions,
+and accounting for what ran.
+
+Statistical checks use fixed seeds. Each states its false-failure rate: the probability that
+a correct sampler fails it with a fresh seed.
+"""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from sage_tfx.components.oblivious_sample_gen import accounting
+from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
+from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
+from sage_tfx.components.oblivious_sample_gen.melbourne import (RoutePlan, RouteOverflow,
+                                                                 oblivious_shuffle, route)
+from sage_tfx.components.oblivious_sample_gen.sampling import (poisson_layout, samples_poisson,
+                                                               samples_swo, shuffle_and_split)
+from sage_tfx.components.oblivious_sample_gen.trace import dataset
+
+
+def ids_of(samples) -> list[np.ndarray]:
+    return [batch.numpy()[:, 0].astype(int) for batch in samples.batches()]
+
+
+def trace_of(sampler, n, parameter, seed, data_seed):
+    trace = AccessTrace()
+    samples = sampler(dataset(n, data_seed), parameter, seed=seed, trace=trace)
+    return trace.sha256(), ids_of(samples)
+
+
+@pytest.mark.parametrize("sampler,n,parameter", [
+    (samples_swo, 1000, 32), (samples_swo, 97, 10), (samples_swo, 500, [100, 250, 150]),
+    (samples_poisson, 1000, 0.03), (samples_poisson, 97, 0.2)])
+def test_trace_is_identical_across_secret_seeds_and_datasets_while_samples_differ(
+        sampler, n, parameter):
+    runs = [trace_of(sampler, n, parameter, seed, data_seed)
+            for seed, data_seed in [(0, 0), (1, 0), (2, 5), (3, 77)]]
+    assert len({digest for digest, _ in runs}) == 1
+    first_samples = {tuple(map(tuple, samples)) for _, samples in runs}
+    assert len(first_samples) == len(runs)
+
+
+def test_baseline_trace_reveals_the_permutation():
+    hashes = {trace_of(shuffle_and_split, 200, 10, seed, 0)[0] for seed in range(3)}
+    assert len(hashes) == 3
+
+
+def test_trace_depends_only_on_n_and_the_layout_length():
+    # m = 10 and m = 20 both fill 200 slots from 200 records: one trace; m = 30 fills 180.
+    assert trace_of(samples_swo, 200, 10, 0, 0)[0] == trace_of(samples_swo, 200, 20, 1, 1)[0]
+    assert trace_of(samples_swo, 200, 10, 0, 0)[0] != trace_of(samples_swo, 200, 30, 0, 0)[0]
+    assert trace_of(samples_swo, 200, 10, 0, 0)[0] != trace_of(samples_swo, 201, 10, 0, 0)[0]
+
+
+def test_trace_command_prints_equal_hashes_and_different_samples():
+    command = [sys.executable, "-m", "sage_tfx.components.oblivious_sample_gen.trace",
+               "--scheme", "poisson", "--n", "300", "--gamma", "0.05", "--seed", "4",
+               "--data-seed", "9", "--repeat", "3", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    draws = json.loads(result.stdout)["draws"]
+    assert len({d["trace_sha256"] for d in draws}) == 1
+    assert len({json.dumps(d["samples"]) for d in draws}) == 3
+    assert all(len(d["samples"]) == 20 for d in draws)
+
+
+def test_oblivious_shuffle_is_a_permutation_for_any_n():
+    for n in (1, 2, 3, 17, 256, 1001):
+        records = np.column_stack([np.arange(n), np.arange(n) * 10])
+        shuffled, source = oblivious_shuffle(records, seed=n)
+        assert np.array_equal(shuffled.numpy(), records[source])
+        assert np.array_equal(np.sort(source), np.arange(n))
+
+
+def test_oblivious_shuffle_is_uniform_over_permutations():
+    # 4! = 24 permutations, 4,800 draws. Chi-square at p < 1e-4: false-failure rate 1e-4.
+    counts = {}
+    for seed in range(4800):
+        shuffled, _ = oblivious_shuffle(np.arange(4), seed=seed)
+        key = tuple(shuffled.numpy())
+        counts[key] = counts.get(key, 0) + 1
+    assert len(counts) == 24
+    assert stats.chisquare(list(counts.values())).pvalue > 1e-4
+
+
+def test_route_refuses_a_routing_that_overflows_its_chunks():
+    plan = RoutePlan.for_sizes(10_000, 10_000)
+    with pytest.raises(RouteOverflow):
+        route(np.arange(10_000), np.zeros(10_000, dtype=np.int64), plan)
+
+
+def test_swo_samples_have_distinct_records_and_inclusion_probability_m_over_n():
+    n, m, epochs = 100, 10, 400
+    samples = ids_of(samples_swo(dataset(n, 0), m, seed=11, epochs=epochs))
+    assert len(samples) == epochs * (n // m)
+    assert all(len(s) == m and len(set(s)) == m for s in samples)
+    # Each record is in each of 4,000 independent samples w.p. 0.1: Binomial(4000, 0.1),
+    # mean 400, sd 19. Five sd per record, 100 records: false-failure rate < 1e-4.
+    counts = np.bincount(np.concatenate(samples), minlength=n)
+    assert np.all(np.abs(counts - 400) <= 5 * 19)
+
+
+def test_swo_samples_are_independent_across_samples():
+    n, m, epochs = 100, 10, 400
+    samples = ids_of(samples_swo(dataset(n, 1), m, seed=12, epochs=epochs))
+    per_epoch = [samples[e * 10:(e + 1) * 10] for e in range(epochs)]
+    # Independent samples overlap like Hypergeometric(100, 10, 10): mean 1, variance 0.818.
+    overlaps = np.array([len(set(e[0]) & set(e[1])) for e in per_epoch]
+                        + [len(set(e[2]) & set(e[7])) for e in per_epoch])
+    expected = stats.hypergeom(n, m, m)
+    # Mean of 800 overlaps, sd 0.032; five sd: false-failure rate < 1e-6.
+    assert abs(overlaps.mean() - expected.mean()) <= 5 * np.sqrt(expected.var() / overlaps.size)
+    # Shape: chi-square on overlap 0, 1, 2, >=3 at p < 1e-4 (false-failure rate 1e-4).
+    observed = np.bincount(np.minimum(overlaps, 3), minlength=4)
+    probabilities = [expected.pmf(0), expected.pmf(1), expected.pmf(2), expected.sf(2)]
+    assert stats.chisquare(observed, np.array(probabilities) * overlaps.size).pvalue > 1e-4
+    # The baseline's batches partition each epoch: never independent (overlap always 0).
+    baseline = ids_of(shuffle_and_split(dataset(n, 1), m, seed=12, epochs=20))
+    assert all(not set(baseline[2 * i]) & set(baseline[2 * i + 1]) for i in range(10))
+
+
+def test_poisson_sizes_are_binomial_and_inclusion_probability_is_gamma():
+    n, gamma, epochs = 200, 0.05, 200
+    result = samples_poisson(dataset(n, 2), gamma, seed=13, epochs=epochs)
+    samples = ids_of(result)
+    assert len(samples) == epochs * 20
+    assert all(len(set(s)) == len(s) for s in samples)
+    sizes = np.array([len(s) for s in samples])
+    binomial = stats.binom(n, gamma)
+    # Chi-square of 4,000 sizes against Binomial(200, 0.05), tails pooled; p < 1e-4:
+    # false-failure rate 1e-4.
+    edges = np.arange(4, 17)
+    observed = np.array([np.sum(sizes <= 4)] + [np.sum(sizes == k) for k in edges[1:]]
+                        + [np.sum(sizes > 16)])
+    expected = np.array([binomial.cdf(4)] + [binomial.pmf(k) for k in edges[1:]]
+                        + [binomial.sf(16)]) * sizes.size
+    assert stats.chisquare(observed, expected).pvalue > 1e-4
+    # Inclusion per record: Binomial(4000, 0.05), mean 200, sd 13.8; five sd over 200 records:
+    # false-failure rate < 1.2e-4.
+    counts = np.bincount(np.concatenate(samples), minlength=n)
+    assert np.all(np.abs(counts - 200) <= 5 * 13.8)
+    # Dummies pad every epoch to the public layout length.
+    slots = result.descriptor.slots_per_epoch
+    assert result.records.shape[0] == epochs * slots
+    assert np.sum(result.sample_ids == 0) == epochs * slots - sizes.sum()
+
+
+def test_poisson_layout_is_padded_so_truncation_is_negligible():
+    k, slots = poisson_layout(1_000_000, 256 / 1_000_000)
+    assert k == 3906 and 1_000_000 <= slots < 1_012_000
+    # Exact binomial tail at the chosen length: within the Chernoff bound we used.
+    assert stats.binom.sf(slots, k * 1_000_000, 256 / 1_000_000) <= 2.0 ** -60
+    assert poisson_layout(10, 1.0) == (1, 10)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: samples_swo(np.arange(10), 11), "m=11"),
+    (lambda: samples_swo(np.arange(10), 0), "m=0"),
+    (lambda: samples_swo(np.arange(10), [5, 6]), "sum to at most n=10"),
+    (lambda: samples_poisson(np.arange(10), 0.0), "gamma"),
+    (lambda: samples_poisson(np.arange(10), 1.5), "gamma"),
+    (lambda: samples_poisson(np.zeros((0, 3)), 0.1), "empty"),
+    (lambda: samples_swo(np.zeros((0, 3)), 1), "empty"),
+    (lambda: samples_swo(np.arange(10), 2, epochs=0), "epochs"),
+])
+def test_bad_input_gets_a_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_descriptor_round_trips_through_artifact_properties():
+    result = samples_poisson(dataset(50, 0), 0.1, seed=1, epochs=2)
+    properties = result.descriptor.to_properties()
+    assert all(isinstance(v, (str, int)) for v in properties.values())
+    assert SamplingDescriptor.from_properties(properties) == result.descriptor
+
+
+def test_accounting_orders_poisson_below_swo_below_shuffle_in_the_papers_mnist_setting():
+    # Seed Table 2: n = 60,000, m = 600 (gamma = 0.01), sigma = 6, 100 epochs, delta = 1e-5.
+    common = dict(n=60_000, epochs=100, samples_per_epoch=100, slots_per_epoch=60_000)
+    poisson = SamplingDescriptor("poisson", gamma=0.01, truncation_probability=2.0 ** -60,
+                                 **common)
+    swo = SamplingDescriptor("swo", sample_size=600, **common)
+    shuffle = SamplingDescriptor("shuffle", sample_size=600, **common)
+    eps = {d.scheme: accounting.epsilon(d, 6.0, 1e-5) for d in (poisson, swo, shuffle)}
+    assert eps["poisson"] < eps["swo"] < eps["shuffle"]
+    # dp-accounting's reference for Poisson (STACK.md): 0.659; truncation costs ~nothing.
+    assert eps["poisson"] == pytest.approx(0.659, abs=0.01)
+    assert accounting.neighboring_relation(swo).name == "REPLACE_ONE"
