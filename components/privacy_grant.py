@@ -104,6 +104,12 @@ def mark_examples(examples: artifact.Artifact, grant, blocks: Sequence[str]) -> 
     examples.set_string_custom_property(EXAMPLES_CONTEXT, grant.context)
 
 
+def carry_grant(source: artifact.Artifact, target: artifact.Artifact) -> None:
+    """Mark Examples derived from granted Examples (e.g. samples) with the same grant."""
+    for key in (EXAMPLES_GRANT_ID, EXAMPLES_BLOCKS, EXAMPLES_CONTEXT):
+        target.set_string_custom_property(key, source.get_string_custom_property(key))
+
+
 def _single(artifacts, what: str) -> artifact.Artifact:
     if isinstance(artifacts, artifact.Artifact):
         return artifacts

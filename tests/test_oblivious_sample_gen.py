@@ -1,0 +1,110 @@
+"""ObliviousSampleGen on LocalDagRunner after BlockExampleGen -> BlockLedger: samples of the
+granted training records, descriptor in MLMD, AES-GCM storage, refusal of ungranted data."""
+import base64
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tfx.orchestration import metadata, pipeline
+from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+from tfx.types import artifact_utils
+
+from sage_tfx.components.block_example_gen import BlockExampleGen
+from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
+from sage_tfx.components.oblivious_sample_gen import ObliviousSampleGen
+from sage_tfx.components.oblivious_sample_gen import executor as sample_executor
+from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
+from sage_tfx.components.oblivious_sample_gen.samples_io import read_samples
+from sage_tfx.components.privacy_grant import GrantError
+from sage_tfx.sage_access import BlockLedger, connect
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_pipeline import write_csv  # noqa: E402
+
+KEY_VARIABLE = "SAGE_TEST_SAMPLES_KEY"
+
+
+def trip_seconds(serialized: bytes) -> int:
+    return tf.train.Example.FromString(serialized).features.feature["trip_seconds"].int64_list.value[0]
+
+
+@pytest.mark.slow
+def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch):
+    key = os.urandom(32)
+    monkeypatch.setenv(KEY_VARIABLE, base64.b64encode(key).decode())
+    root = str(tmp_path)
+    store_path = os.path.join(root, "metadata.sqlite")
+    write_csv(os.path.join(root, "data"))
+    BlockLedger.create(store_path, min_request_epsilon=0.05)
+    gen = BlockExampleGen(input_base=os.path.join(root, "data"), block_key="trip_start_timestamp",
+                          block_by="month", ledger_store=store_path, block_epsilon=1.0,
+                          block_delta=1e-6)
+    grant = BlockLedgerComponent(ledger_store=store_path, window=2, epsilon=0.4, delta=1e-7,
+                                 new_blocks=gen.outputs["examples"])
+    swo = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                             scheme="swo", sample_size=8, epochs=2, seed=1).with_id("swo")
+    poisson = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                                 scheme="poisson", gamma=0.1, epochs=3,
+                                 encryption_key_env=KEY_VARIABLE, seed=2).with_id("poisson")
+    LocalDagRunner().run(pipeline.Pipeline(
+        pipeline_name="sampling", pipeline_root=os.path.join(root, "pipeline"),
+        components=[gen, grant, swo, poisson],
+        metadata_connection_config=metadata.sqlite_metadata_connection_config(store_path)))
+
+    store = connect(store_path)
+    examples_type = store.get_artifact_type("Examples")
+    examples = [artifact_utils.deserialize_artifact(examples_type, a)
+                for a in store.get_artifacts_by_type("Examples")]
+    [granted] = [e for e in examples if e.get_string_custom_property("sage_grant_id")
+                 and not e.get_int_custom_property("sampling_n")]
+    sampled = {e.get_string_custom_property("sampling_scheme"): e for e in examples
+               if e.get_int_custom_property("sampling_n")}
+    granted_train = [trip_seconds(r) for r in sample_executor.read_split(granted.uri, "train").numpy()]
+
+    for scheme, artifact in sampled.items():
+        props = {name: artifact.mlmd_artifact.custom_properties[name]
+                 for name in artifact.mlmd_artifact.custom_properties}
+        flat = {name: (value.string_value if value.HasField("string_value") else value.int_value)
+                for name, value in props.items()}
+        descriptor = SamplingDescriptor.from_properties(flat)
+        assert descriptor.n == len(granted_train)
+        # The samples carry the grant of the Examples they came from.
+        assert flat["sage_grant_id"] == granted.get_string_custom_property("sage_grant_id")
+        encrypted = bool(flat["sampling_encrypted"])
+        directory = os.path.join(artifact.uri, "Split-train")
+        if encrypted:
+            with pytest.raises(ValueError, match="encrypted"):
+                read_samples(directory, descriptor, flat["sampling_record_width"])
+            blobs = list(tf.data.TFRecordDataset(os.path.join(directory, "samples.enc.tfrecord"))
+                         .as_numpy_iterator())
+            assert len({len(b) for b in blobs}) == 1  # every ciphertext has the same length
+            assert not any(b"trip_seconds" in b for b in blobs)
+        records, ids = read_samples(directory, descriptor, flat["sampling_record_width"],
+                                    key if encrypted else None)
+        assert len(records) == descriptor.epochs * descriptor.slots_per_epoch
+        real = [trip_seconds(r) for r, i in zip(records, ids) if i > 0]
+        assert set(real) <= set(granted_train)
+        assert all(r == b"" for r, i in zip(records, ids) if i == 0)
+    assert set(sampled) == {"swo", "poisson"}
+    assert sampled["swo"].get_int_custom_property("sampling_samples_per_epoch") == len(granted_train) // 8
+    assert sampled["poisson"].get_int_custom_property("sampling_encrypted") == 1
+
+    # Examples of a single block were never granted as such: the executor refuses them.
+    per_block = [e for e in examples if e.get_string_custom_property("block_id")]
+    grant_artifact = artifact_utils.deserialize_artifact(
+        store.get_artifact_type("sage_tfx.PrivacyGrant"),
+        store.get_artifacts_by_type("sage_tfx.PrivacyGrant")[0])
+    out = artifact_utils.deserialize_artifact(examples_type, store.get_artifacts_by_type("Examples")[0])
+    with pytest.raises(GrantError, match="without a grant"):
+        sample_executor.Executor().Do({"examples": [per_block[0]], "grant": [grant_artifact]},
+                                      {"samples": [out]}, {"scheme": "swo", "sample_size": 4,
+                                                           "epochs": 1})
+
+
+def test_bad_component_parameters_are_refused():
+    with pytest.raises(ValueError, match="gamma"):
+        ObliviousSampleGen(examples=None, grant=None, scheme="poisson", sample_size=3)
+    with pytest.raises(ValueError, match="unknown scheme"):
+        ObliviousSampleGen(examples=None, grant=None, scheme="bernoulli", gamma=0.1)
