@@ -4,24 +4,21 @@ import base64
 import os
 import sys
 
-import numpy as np
 import pytest
 import tensorflow as tf
 from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 from tfx.types import artifact_utils
 
-from sage_tfx.components.block_example_gen import BlockExampleGen
-from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.components.oblivious_sample_gen import ObliviousSampleGen
 from sage_tfx.components.oblivious_sample_gen import executor as sample_executor
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
 from sage_tfx.components.oblivious_sample_gen.samples_io import read_samples
 from sage_tfx.components.privacy_grant import GrantError
-from sage_tfx.sage_access import BlockLedger, connect
+from sage_tfx.sage_access import connect
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_pipeline import write_csv  # noqa: E402
+from test_pipeline import ingest_and_grant  # noqa: E402
 
 KEY_VARIABLE = "SAGE_TEST_SAMPLES_KEY"
 
@@ -36,13 +33,7 @@ def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_VARIABLE, base64.b64encode(key).decode())
     root = str(tmp_path)
     store_path = os.path.join(root, "metadata.sqlite")
-    write_csv(os.path.join(root, "data"))
-    BlockLedger.create(store_path, min_request_epsilon=0.05)
-    gen = BlockExampleGen(input_base=os.path.join(root, "data"), block_key="trip_start_timestamp",
-                          block_by="month", ledger_store=store_path, block_epsilon=1.0,
-                          block_delta=1e-6)
-    grant = BlockLedgerComponent(ledger_store=store_path, window=2, epsilon=0.4, delta=1e-7,
-                                 new_blocks=gen.outputs["examples"])
+    gen, grant = ingest_and_grant(root, store_path)
     swo = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                              scheme="swo", sample_size=8, epochs=2, seed=1).with_id("swo")
     poisson = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],

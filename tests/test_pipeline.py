@@ -34,19 +34,25 @@ def write_csv(directory):
                 writer.writerow([int(moment.timestamp()), 300 + trip, 1.5 + month_index])
 
 
-@pytest.mark.slow
-def test_block_pipeline_links_the_charge_to_the_run(tmp_path):
-    root = str(tmp_path)
-    store_path = os.path.join(root, "metadata.sqlite")
+def ingest_and_grant(root: str, store_path: str, **grant_options):
+    """The first two steps of every sage pipeline on three monthly blocks: BlockExampleGen
+    registers the blocks, BlockLedger grants (0.4, 1e-7) on the two most recent."""
     write_csv(os.path.join(root, "data"))
     BlockLedger.create(store_path, min_request_epsilon=0.05)
-
     gen = BlockExampleGen(input_base=os.path.join(root, "data"), block_key="trip_start_timestamp",
                           block_by="month", ledger_store=store_path, block_epsilon=1.0,
                           block_delta=1e-6)
     grant = BlockLedgerComponent(ledger_store=store_path, window=2, epsilon=0.4, delta=1e-7,
-                                 split={"training": 0.75, "validation": 0.25},
-                                 new_blocks=gen.outputs["examples"])
+                                 new_blocks=gen.outputs["examples"], **grant_options)
+    return gen, grant
+
+
+@pytest.mark.slow
+def test_block_pipeline_links_the_charge_to_the_run(tmp_path):
+    root = str(tmp_path)
+    store_path = os.path.join(root, "metadata.sqlite")
+    gen, grant = ingest_and_grant(root, store_path,
+                                  split={"training": 0.75, "validation": 0.25})
     checker = GrantChecker(grant=grant.outputs["grant"], examples=grant.outputs["examples"])
     LocalDagRunner().run(pipeline.Pipeline(
         pipeline_name="blocks", pipeline_root=os.path.join(root, "pipeline"),
