@@ -23,6 +23,7 @@ test: $(STAMP)
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/ledger.py
+	$(BIN)/python benchmarks/oblivious_sampling.py --n 1000000 --json
 
 # Regenerate the lock from requirements/direct.txt and requirements/nodeps.txt (needs the registry).
 lock:
