@@ -62,7 +62,7 @@ def test_trace_command_prints_equal_hashes_and_different_samples():
                "--data-seed", "9", "--repeat", "3", "--json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    draws = json.loads(result.stdout)["draws"]
+    draws = json.loads(result.stdout)
     assert len({d["trace_sha256"] for d in draws}) == 1
     assert len({json.dumps(d["samples"]) for d in draws}) == 3
     assert all(len(d["samples"]) == 20 for d in draws)

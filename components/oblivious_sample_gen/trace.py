@@ -6,7 +6,7 @@
 The dataset has N records with random features drawn from D and an id column. The samples are
 drawn with secret seed S (draw r uses S + r). For each draw the command prints the SHA-256 of
 the external-memory trace and the record ids of every sample, read back from the moved
-records. The hash must be the same for every S and D at equal N and M/G; the samples differ.
+records: one JSON object, or with --repeat a JSON list of R of them. The hash must be the same for every S and D at equal N and M/G; the samples differ.
 """
 from __future__ import annotations
 
@@ -60,12 +60,11 @@ def main(argv=None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    result = ({"n": args.n, "scheme": args.scheme, "draws": draws} if args.repeat
-              else {"n": args.n, "scheme": args.scheme, **draws[0]})
+    # One draw: its object. With --repeat: a list of R draw objects.
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(draws if args.repeat else draws[0]))
     else:
-        for index, one in enumerate(result.get("draws", [result])):
+        for index, one in enumerate(draws):
             print(f"draw {index}: trace_sha256={one['trace_sha256']} "
                   f"samples={len(one['samples'])} sizes={[len(s) for s in one['samples']][:10]}...")
     return 0
