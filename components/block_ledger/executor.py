@@ -50,6 +50,13 @@ class Executor(base_executor.BaseExecutor):
             self._context.pipeline_info.id if self._context and self._context.pipeline_info else None)
         run_id = self._context.pipeline_run_id if self._context else None
 
+        if isinstance(selector, BlockIds):
+            # Explicit blocks can be checked for data before anything is charged.
+            without_data = [block_id for block_id in selector.ids
+                            if not ledger.block(block_id).data_uri]
+            if without_data:
+                raise BadRequest(f"block(s) {', '.join(without_data)} have no Examples registered "
+                                 "(added without data); nothing was charged")
         grant = ledger.request(selector, epsilon=float(exec_properties["epsilon"]),
                                delta=float(exec_properties["delta"]), pipeline=pipeline,
                                run_id=run_id)
