@@ -7,6 +7,7 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.oblivious_sample_gen import executor
+from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
 
@@ -47,8 +48,8 @@ class ObliviousSampleGen(base_component.BaseComponent):
                  sample_size: Optional[int] = None, gamma: Optional[float] = None,
                  epochs: int = 1, encryption_key_env: Optional[str] = None,
                  seed: Optional[int] = None):
-        if scheme not in ("swo", "poisson", "shuffle"):
-            raise ValueError(f"unknown scheme {scheme!r}; use swo, poisson or shuffle")
+        if scheme not in SCHEMES:
+            raise ValueError(f"unknown scheme {scheme!r}; use one of {SCHEMES}")
         if (gamma is None) == (scheme == "poisson") or (sample_size is None) == (scheme != "poisson"):
             raise ValueError("give gamma for scheme 'poisson' and sample_size for 'swo'/'shuffle'")
         super().__init__(spec=ObliviousSampleGenSpec(

@@ -13,6 +13,7 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components.oblivious_sample_gen import samples_io
+from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
 from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
                                                                shuffle_and_split)
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
@@ -41,8 +42,8 @@ def sample(records: tf.Tensor, exec_properties: dict[str, Any]):
         if gamma is None:
             raise ValueError("scheme 'poisson' needs gamma")
         return samples_poisson(records, float(gamma), **common)
-    if scheme not in ("swo", "shuffle"):
-        raise ValueError(f"unknown scheme {scheme!r}; use swo, poisson or shuffle")
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; use one of {SCHEMES}")
     sample_size = exec_properties.get("sample_size")
     if sample_size is None:
         raise ValueError(f"scheme {scheme!r} needs sample_size")

@@ -64,10 +64,25 @@ def secret_rng(seed: Optional[int] = None) -> np.random.Generator:
                                                    else seed))
 
 
-def _binary_kl(q: float, p: float) -> float:
-    if q >= 1.0:
-        return -math.log(p)
-    return q * math.log(q / p) + (1 - q) * math.log((1 - q) / (1 - p))
+def chernoff_threshold(trials: int, p: float, log_probability: float, low: int) -> int:
+    """The smallest c >= low (c <= trials) with exp(-trials * KL(c / trials || p)) <=
+    exp(log_probability): a count that Binomial(trials, p), or anything it dominates, reaches
+    with at most that probability (Chernoff). The bound decreases in c above the mean, so a
+    binary search finds it."""
+    def log_bound(c: int) -> float:
+        q = c / trials
+        if q >= 1.0:
+            return math.log(p) * trials
+        return -trials * (q * math.log(q / p) + (1 - q) * math.log((1 - q) / (1 - p)))
+
+    high = trials
+    while low < high:
+        middle = (low + high) // 2
+        if log_bound(middle) <= log_probability:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 @dataclass(frozen=True)
@@ -89,11 +104,9 @@ class RoutePlan:
         p = in_bucket / n_in
         chunk = out_bucket
         if buckets > 1 and p < 1.0:
-            log_target = math.log(OVERFLOW_PROBABILITY / buckets ** 2)
-            chunk = math.ceil(out_bucket * p)
-            while (chunk < out_bucket
-                   and -out_bucket * _binary_kl(chunk / out_bucket, p) > log_target):
-                chunk += 1
+            chunk = chernoff_threshold(out_bucket, p,
+                                       math.log(OVERFLOW_PROBABILITY / buckets ** 2),
+                                       math.ceil(out_bucket * p))
         return cls(n_in, n_out, buckets, in_bucket, out_bucket,
                    min(out_bucket, chunk + buckets - 1))
 

@@ -40,7 +40,8 @@ import tensorflow as tf
 
 from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
-from sage_tfx.components.oblivious_sample_gen.melbourne import RoutePlan, route, secret_rng
+from sage_tfx.components.oblivious_sample_gen.melbourne import (RoutePlan, chernoff_threshold,
+                                                                 route, secret_rng)
 
 # Per epoch, the probability that Poisson samples do not all fit in the padded layout.
 # It enters delta through the accountant (accounting.py); 2^-60 keeps that term below 1e-12.
@@ -162,20 +163,9 @@ def poisson_layout(n: int, gamma: float) -> tuple[int, int]:
     trials = samples_per_epoch * n
     if gamma >= 1.0:
         return samples_per_epoch, n
-    log_target = math.log(POISSON_TRUNCATION_PROBABILITY)
-    # The bound decreases in L above the mean: binary search for the smallest L meeting it.
-    low, high = max(n, math.ceil(trials * gamma)), trials
-    while low < high:
-        middle = (low + high) // 2
-        if -trials * _kl(middle / trials, gamma) <= log_target:
-            high = middle
-        else:
-            low = middle + 1
-    return samples_per_epoch, low
-
-
-def _kl(q: float, p: float) -> float:
-    return q * math.log(q / p) + (1 - q) * math.log((1 - q) / (1 - p))
+    return samples_per_epoch, chernoff_threshold(trials, gamma,
+                                                 math.log(POISSON_TRUNCATION_PROBABILITY),
+                                                 max(n, math.ceil(trials * gamma)))
 
 
 def samples_poisson(records, gamma: float, seed: Optional[int] = None,
