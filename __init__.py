@@ -4,5 +4,12 @@ Everything is imported from this namespace: `sage_tfx.sage_access` (the BlockLed
 `sage_tfx.components` (TFX components), `sage_tfx.validators`, `sage_tfx.pipelines`.
 This module stays import-light: the ledger CLI must start without TensorFlow.
 """
+import os
+
+# tensorflow-privacy 0.9 (DPTrainer) works with Keras 2 only (`tf_keras`). TensorFlow picks the
+# Keras behind `tf.keras` once, when it is first imported, from this variable. Setting it here
+# covers every process that imports sage_tfx before TensorFlow; other entry points (a TFX
+# container) set it in their environment. dp_trainer checks it and names the fix if not.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 __version__ = "0.1.0"

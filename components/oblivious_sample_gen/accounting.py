@@ -29,6 +29,7 @@ reserves that term out of delta.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import dp_accounting
 from dp_accounting import rdp
@@ -62,27 +63,40 @@ def dp_event(descriptor: SamplingDescriptor, noise_multiplier: float) -> dp_acco
     return dp_accounting.SelfComposedDpEvent(replace_one_gaussian, descriptor.epochs)
 
 
-def _rdp_epsilon(descriptor: SamplingDescriptor, noise_multiplier: float,
-                 delta: float) -> float:
+def rdp_epsilon(descriptor: SamplingDescriptor, noise_multiplier: float, delta: float) -> float:
+    """Epsilon at `delta` of the exact (untruncated) mechanism, with the RDP accountant."""
     accountant = rdp.RdpAccountant(list(RDP_ORDERS), neighboring_relation(descriptor))
     accountant.compose(dp_event(descriptor, noise_multiplier))
     return float(accountant.get_epsilon(delta))
 
 
-def epsilon(descriptor: SamplingDescriptor, noise_multiplier: float, delta: float) -> float:
+def truncation_delta(descriptor: SamplingDescriptor, epsilon_cap: float) -> float:
+    """The delta that pays for Poisson truncation when epsilon is at most `epsilon_cap`:
+    (1 + e^eps) * E * t (module docstring); 0 for schemes that never truncate."""
+    truncation = descriptor.epochs * descriptor.truncation_probability
+    return 0.0 if truncation == 0.0 else (1.0 + math.exp(min(epsilon_cap, 700.0))) * truncation
+
+
+def epsilon(descriptor: SamplingDescriptor, noise_multiplier: float, delta: float,
+            epsilon_cap: Optional[float] = None) -> float:
     """The epsilon at `delta` of DP-SGD that ran with this sampling (RDP accountant).
 
-    For Poisson, part of delta pays for truncation: epsilon is computed at
-    delta' = delta - (1 + e^eps0) * E * t, where eps0 is the epsilon at delta / 2. If delta'
-    >= delta / 2, the result is at most eps0 and the total delta stays <= delta."""
+    Part of delta pays for Poisson truncation: epsilon is computed at
+    delta' = delta - truncation_delta(epsilon_cap). That is sound whenever the result is at most
+    the cap, which is checked. The default cap is the epsilon at delta / 2, which bounds the
+    result as long as delta' >= delta / 2. Calibration passes its target epsilon as the cap."""
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    truncation = descriptor.epochs * descriptor.truncation_probability
-    if truncation == 0.0:
-        return _rdp_epsilon(descriptor, noise_multiplier, delta)
-    eps_half = _rdp_epsilon(descriptor, noise_multiplier, delta / 2.0)
-    reserved = (1.0 + math.exp(min(eps_half, 700.0))) * truncation
+    if descriptor.truncation_probability == 0.0:
+        return rdp_epsilon(descriptor, noise_multiplier, delta)
+    if epsilon_cap is None:
+        epsilon_cap = rdp_epsilon(descriptor, noise_multiplier, delta / 2.0)
+    reserved = truncation_delta(descriptor, epsilon_cap)
     if reserved > delta / 2.0:
         raise ValueError(f"delta={delta} is too small to cover Poisson truncation "
                          f"({reserved:.3g}); use a larger delta")
-    return _rdp_epsilon(descriptor, noise_multiplier, delta - reserved)
+    result = rdp_epsilon(descriptor, noise_multiplier, delta - reserved)
+    if result > epsilon_cap:
+        raise ValueError(f"epsilon {result} exceeds the cap {epsilon_cap} its truncation "
+                         "reserve was computed for")
+    return result

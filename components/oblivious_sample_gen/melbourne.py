@@ -40,7 +40,6 @@ never retried silently.
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass
 from typing import Optional
 
@@ -48,6 +47,7 @@ import numpy as np
 import tensorflow as tf
 
 from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
+from sage_tfx.randomness import secret_rng
 
 OVERFLOW_PROBABILITY = 2.0 ** -40
 # Private memory holds one bucket: 16 buckets keep the dummy overhead near 13% at n = 10^6.
@@ -56,12 +56,6 @@ DEFAULT_BUCKETS = 16
 
 class RouteOverflow(RuntimeError):
     """A chunk overflowed (probability <= 2^-40 per pass for the routings used here)."""
-
-
-def secret_rng(seed: Optional[int] = None) -> np.random.Generator:
-    """The samplers' generator: seeded from the OS CSPRNG unless a test passes a seed."""
-    return np.random.Generator(np.random.PCG64DXSM(secrets.randbits(128) if seed is None
-                                                   else seed))
 
 
 def chernoff_threshold(trials: int, p: float, log_probability: float, low: int) -> int:

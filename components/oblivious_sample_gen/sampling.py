@@ -39,9 +39,10 @@ import numpy as np
 import tensorflow as tf
 
 from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
-from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
+from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES, SamplingDescriptor
 from sage_tfx.components.oblivious_sample_gen.melbourne import (RoutePlan, chernoff_threshold,
-                                                                 route, secret_rng)
+                                                                 route)
+from sage_tfx.randomness import secret_rng
 
 # Per epoch, the probability that Poisson samples do not all fit in the padded layout.
 # It enters delta through the accountant (accounting.py); 2^-60 keeps that term below 1e-12.
@@ -143,9 +144,9 @@ def samples_swo(records, m: int | Sequence[int], seed: Optional[int] = None,
     parts = [_route_samples(records, _distinct_keys(rng, n, sizes), trace)
              for _ in range(epochs)]
     uniform = bool(np.all(sizes == sizes[0]))
-    descriptor = SamplingDescriptor(
+    descriptor = plan("swo", n, epochs, sample_size=int(sizes[0])) if uniform else SamplingDescriptor(
         scheme="swo", n=n, epochs=epochs, samples_per_epoch=int(sizes.size),
-        slots_per_epoch=int(sizes.sum()), sample_size=int(sizes[0]) if uniform else int(sizes.max()))
+        slots_per_epoch=int(sizes.sum()), sample_size=int(sizes.max()))
     return Samples(tf.concat(parts, axis=0), np.tile(sample_ids, epochs), descriptor)
 
 
@@ -196,11 +197,8 @@ def samples_poisson(records, gamma: float, seed: Optional[int] = None,
                                     np.zeros(dummies, dtype=np.int64)])
         parts.append(_route_samples(records, keys, trace))
         ids.append(epoch_ids)
-    descriptor = SamplingDescriptor(
-        scheme="poisson", n=n, epochs=epochs, samples_per_epoch=samples_per_epoch,
-        slots_per_epoch=slots, gamma=float(gamma),
-        truncation_probability=POISSON_TRUNCATION_PROBABILITY)
-    return Samples(tf.concat(parts, axis=0), np.concatenate(ids), descriptor)
+    return Samples(tf.concat(parts, axis=0), np.concatenate(ids),
+                   plan("poisson", n, epochs, gamma=float(gamma)))
 
 
 def shuffle_and_split(records, m: int, seed: Optional[int] = None,
@@ -223,9 +221,31 @@ def shuffle_and_split(records, m: int, seed: Optional[int] = None,
             trace.write("samples", np.arange(k * m))
         parts.append(tf.gather(records, permutation))
     ids = np.tile(np.repeat(np.arange(1, k + 1), m), epochs)
-    descriptor = SamplingDescriptor(scheme="shuffle", n=n, epochs=epochs, samples_per_epoch=k,
-                                    slots_per_epoch=k * m, sample_size=m)
-    return Samples(tf.concat(parts, axis=0), ids, descriptor)
+    return Samples(tf.concat(parts, axis=0), ids, plan("shuffle", n, epochs, sample_size=m))
+
+
+def plan(scheme: str, n: int, epochs: int, sample_size: Optional[int] = None,
+         gamma: Optional[float] = None) -> SamplingDescriptor:
+    """The descriptor a sampler produces for n records, before it runs: the trainer's
+    calibration uses it ahead of sampling, and checks samples against it."""
+    if not (isinstance(n, (int, np.integer)) and n >= 1):
+        raise ValueError(f"n={n!r} must be a positive integer")
+    _check_epochs(epochs)
+    if scheme == "poisson":
+        if not (isinstance(gamma, (float, int)) and 0.0 < gamma <= 1.0):
+            raise ValueError(f"gamma={gamma!r} must be in (0, 1]")
+        samples_per_epoch, slots = poisson_layout(n, gamma)
+        return SamplingDescriptor(scheme=scheme, n=n, epochs=epochs,
+                                  samples_per_epoch=samples_per_epoch, slots_per_epoch=slots,
+                                  gamma=gamma, truncation_probability=POISSON_TRUNCATION_PROBABILITY)
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown sampling scheme {scheme!r}; use one of {SCHEMES}")
+    if not (isinstance(sample_size, (int, np.integer)) and 0 < sample_size <= n):
+        raise ValueError(f"sample size {sample_size!r} must be in [1, n={n}]")
+    samples_per_epoch = n // sample_size
+    return SamplingDescriptor(scheme=scheme, n=n, epochs=epochs, samples_per_epoch=samples_per_epoch,
+                              slots_per_epoch=samples_per_epoch * sample_size,
+                              sample_size=sample_size)
 
 
 def _check_epochs(epochs: int) -> None:

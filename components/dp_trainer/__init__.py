@@ -1,0 +1,4 @@
+"""DPTrainer: DP-SGD on oblivious samples, calibrated to the budget the ledger granted."""
+from sage_tfx.components.dp_trainer.component import DPTrainer
+
+__all__ = ["DPTrainer"]

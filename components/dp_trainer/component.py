@@ -1,0 +1,81 @@
+"""DPTrainer component: DP-SGD on oblivious samples (or AdaSSP linear regression), with noise
+calibrated to the grant's training share."""
+from __future__ import annotations
+
+from typing import Optional
+
+from tfx.dsl.components.base import base_component, executor_spec
+from tfx.types import channel, component_spec, standard_artifacts
+
+from sage_tfx.components.dp_trainer import executor
+from sage_tfx.components.privacy_grant import PrivacyGrant
+
+
+class DPTrainerSpec(component_spec.ComponentSpec):
+    PARAMETERS = {
+        "module_file": component_spec.ExecutionParameter(type=str),
+        "mode": component_spec.ExecutionParameter(type=str),
+        "grant_step": component_spec.ExecutionParameter(type=str),
+        "epochs": component_spec.ExecutionParameter(type=int, optional=True),
+        "l2_norm_clip": component_spec.ExecutionParameter(type=float, optional=True),
+        "learning_rate": component_spec.ExecutionParameter(type=float, optional=True),
+        "max_noise_multiplier": component_spec.ExecutionParameter(type=float, optional=True),
+        "feature_bound": component_spec.ExecutionParameter(type=float, optional=True),
+        "label_bound": component_spec.ExecutionParameter(type=float, optional=True),
+        "encryption_key_env": component_spec.ExecutionParameter(type=str, optional=True),
+        "seed": component_spec.ExecutionParameter(type=int, optional=True),
+    }
+    INPUTS = {
+        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "grant": component_spec.ChannelParameter(type=PrivacyGrant),
+        "transform_graph": component_spec.ChannelParameter(
+            type=standard_artifacts.TransformGraph, optional=True),
+    }
+    OUTPUTS = {
+        "model": component_spec.ChannelParameter(type=standard_artifacts.Model),
+        "model_run": component_spec.ChannelParameter(type=standard_artifacts.ModelRun),
+    }
+
+
+class DPTrainer(base_component.BaseComponent):
+    """Trains the model of `module_file` (see user_module.py) under the grant's `grant_step`
+    share of (epsilon, delta).
+
+    mode 'dp_sgd': `examples` are ObliviousSampleGen's samples; the noise multiplier is
+    calibrated so that the accounted (epsilon, delta) of the sampling that ran, for the steps
+    that will run (`epochs`, default all the samples hold), equals the share; it refuses to
+    start if that needs a noise multiplier above `max_noise_multiplier`.
+    mode 'adassp': `examples` are the granted Examples; DP linear regression with public
+    bounds `feature_bound` (row norm, intercept included) and `label_bound`.
+
+    Outputs a Model (SavedModel under Format-Serving with a serving signature over serialized
+    tf.Examples; custom properties dp_epsilon, dp_delta, noise_multiplier, l2_norm_clip, steps,
+    sampling_scheme, blocks, grant_id) and a ModelRun with TensorBoard logs (epsilon per epoch;
+    the training loss there is not DP and stays inside the platform).
+    """
+
+    SPEC_CLASS = DPTrainerSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
+
+    def __init__(self, examples: channel.Channel, grant: channel.Channel, module_file: str,
+                 mode: str = "dp_sgd", grant_step: str = "training", epochs: Optional[int] = None,
+                 l2_norm_clip: Optional[float] = None, learning_rate: Optional[float] = None,
+                 max_noise_multiplier: Optional[float] = None,
+                 feature_bound: Optional[float] = None, label_bound: Optional[float] = None,
+                 transform_graph: Optional[channel.Channel] = None,
+                 encryption_key_env: Optional[str] = None, seed: Optional[int] = None):
+        if mode not in executor.MODES:
+            raise ValueError(f"unknown trainer mode {mode!r}; use one of {executor.MODES}")
+        needed = (("l2_norm_clip", l2_norm_clip), ("learning_rate", learning_rate)) \
+            if mode == "dp_sgd" else (("feature_bound", feature_bound), ("label_bound", label_bound))
+        missing = [name for name, value in needed if value is None]
+        if missing:
+            raise ValueError(f"mode {mode!r} needs {missing}")
+        super().__init__(spec=DPTrainerSpec(
+            module_file=module_file, mode=mode, grant_step=grant_step, epochs=epochs,
+            l2_norm_clip=l2_norm_clip, learning_rate=learning_rate,
+            max_noise_multiplier=max_noise_multiplier, feature_bound=feature_bound,
+            label_bound=label_bound, encryption_key_env=encryption_key_env, seed=seed,
+            examples=examples, grant=grant, transform_graph=transform_graph,
+            model=channel.Channel(type=standard_artifacts.Model),
+            model_run=channel.Channel(type=standard_artifacts.ModelRun)))

@@ -1,0 +1,209 @@
+"""DPTrainer executor: check the grant and the samples, calibrate noise to the training share,
+train (DP-SGD or AdaSSP), and write a SavedModel with a serving signature."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from tensorflow.core.framework import summary_pb2
+from tfx.dsl.components.base import base_executor
+from tfx.types import artifact_utils
+from tfx.utils import path_utils
+
+from sage_tfx.components.dp_trainer import adassp as adassp_lib
+from sage_tfx.components.dp_trainer import dp_sgd
+from sage_tfx.components.dp_trainer.calibrate import DEFAULT_MAX_NOISE_MULTIPLIER, calibrate
+from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
+from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
+from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
+from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT, read_split
+from sage_tfx.components.oblivious_sample_gen.sampling import plan
+from sage_tfx.components.privacy_grant import require_grant
+
+MODES = ("dp_sgd", "adassp")
+
+
+class SamplesMismatch(ValueError):
+    """The samples do not have the layout their sampling descriptor states."""
+
+
+def read_descriptor(samples) -> SamplingDescriptor:
+    props = samples.mlmd_artifact.custom_properties
+    flat = {name: (value.string_value if value.HasField("string_value") else value.int_value)
+            for name, value in props.items()}
+    if "sampling_scheme" not in flat:
+        raise SamplesMismatch(f"the Examples at {samples.uri} carry no sampling descriptor; "
+                              "DP-SGD trains on ObliviousSampleGen's output")
+    descriptor = SamplingDescriptor.from_properties(flat)
+    expected = plan(descriptor.scheme, descriptor.n, descriptor.epochs,
+                    sample_size=descriptor.sample_size, gamma=descriptor.gamma)
+    if descriptor != expected:
+        raise SamplesMismatch(f"sampling descriptor {descriptor} is not what {descriptor.scheme} "
+                              f"sampling of n={descriptor.n} produces ({expected})")
+    return descriptor
+
+
+def check_layout(sample_ids: np.ndarray, descriptor: SamplingDescriptor) -> None:
+    """The slots match the descriptor: count, sample ids, and fixed sizes for SWO/shuffling."""
+    expected_slots = descriptor.epochs * descriptor.slots_per_epoch
+    if len(sample_ids) != expected_slots:
+        raise SamplesMismatch(f"the samples hold {len(sample_ids)} slots; the descriptor says "
+                              f"{descriptor.epochs} epoch(s) x {descriptor.slots_per_epoch}")
+    if sample_ids.min() < 0 or sample_ids.max() > descriptor.samples_per_epoch:
+        raise SamplesMismatch(f"sample ids outside [0, {descriptor.samples_per_epoch}]")
+    if descriptor.scheme != "poisson":
+        for epoch_ids in sample_ids.reshape(descriptor.epochs, -1):
+            counts = np.bincount(epoch_ids, minlength=descriptor.samples_per_epoch + 1)[1:]
+            if np.any(counts != descriptor.sample_size):
+                raise SamplesMismatch(f"a {descriptor.scheme} sample does not hold exactly "
+                                      f"{descriptor.sample_size} records")
+
+
+def _float_property(artifact, name: str, value: float) -> None:
+    # Exact decimal strings: ML Metadata's SQLite backend rounds doubles to 6 places.
+    artifact.set_string_custom_property(name, repr(float(value)))
+
+
+def write_scalar(tag: str, value: float) -> None:
+    """A TensorBoard scalar, written with TensorFlow's own summary op: `tf.summary.scalar` needs
+    the tensorboard package, which the platform does not install (TensorBoard reads the logs)."""
+    metadata = summary_pb2.SummaryMetadata()
+    metadata.plugin_data.plugin_name = "scalars"
+    tf.summary.write(tag, tf.constant(value, tf.float32), metadata=metadata)
+
+
+class _Serving(tf.Module):
+    """What the SavedModel holds: the model, the transform layer, and the serving signature
+    (serialized tf.Examples -> {"outputs": predictions})."""
+
+    def __init__(self, model: tf.keras.Model, decoder: RecordDecoder):
+        super().__init__()
+        self.model = model
+        self.decoder = decoder
+        self.transform_layer = decoder.transform_layer
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+    def serve(self, examples):
+        return {"outputs": self.model(self.decoder.serving_inputs(examples))}
+
+
+def save_model(model: tf.keras.Model, decoder: RecordDecoder, model_uri: str) -> str:
+    path = path_utils.serving_model_path(model_uri)
+    module = _Serving(model, decoder)
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    return path
+
+
+class Executor(base_executor.BaseExecutor):
+
+    def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
+           exec_properties: dict[str, Any]) -> None:
+        mode = exec_properties.get("mode") or "dp_sgd"
+        if mode not in MODES:
+            raise ValueError(f"unknown trainer mode {mode!r}; use one of {MODES}")
+        examples = artifact_utils.get_single_instance(input_dict["examples"])
+        grant = require_grant(input_dict["grant"], [examples])
+        epsilon, delta = grant.share(exec_properties.get("grant_step") or "training")
+        module = UserModule.load(exec_properties.get("module_file"), mode)
+        transform_output = None
+        if input_dict.get("transform_graph"):
+            import tensorflow_transform as tft
+            transform_output = tft.TFTransformOutput(
+                artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
+        decoder = RecordDecoder(module, transform_output)
+        model = artifact_utils.get_single_instance(output_dict["model"])
+        model_run = artifact_utils.get_single_instance(output_dict["model_run"])
+
+        if mode == "adassp":
+            keras_model, properties = self._adassp(examples, decoder, epsilon, delta,
+                                                   exec_properties)
+        else:
+            keras_model, properties = self._dp_sgd(examples, module, decoder, epsilon, delta,
+                                                   exec_properties, model_run.uri)
+        save_model(keras_model, decoder, model.uri)
+        properties.update(grant_id=grant.grant_id, blocks=json.dumps(list(grant.blocks)),
+                          trainer_mode=mode)
+        for name, value in properties.items():
+            if isinstance(value, float):
+                _float_property(model, name, value)
+            elif isinstance(value, int):
+                model.set_int_custom_property(name, value)
+            else:
+                model.set_string_custom_property(name, value)
+
+    def _dp_sgd(self, samples, module: UserModule, decoder: RecordDecoder, epsilon: float,
+                delta: float, exec_properties: dict[str, Any], log_dir: str):
+        descriptor = read_descriptor(samples)
+        epochs = int(exec_properties.get("epochs") or descriptor.epochs)
+        if not 1 <= epochs <= descriptor.epochs:
+            raise ValueError(f"epochs={epochs}: the samples hold {descriptor.epochs} epoch(s)")
+        run = dataclasses.replace(descriptor, epochs=epochs)
+        # Calibrate before reading any record: a grant too small refuses here.
+        calibration = calibrate(run, epsilon, delta, float(
+            exec_properties.get("max_noise_multiplier") or DEFAULT_MAX_NOISE_MULTIPLIER))
+        config = dp_sgd.DPSGDConfig(calibration.noise_multiplier,
+                                    float(exec_properties["l2_norm_clip"]),
+                                    float(exec_properties["learning_rate"]))
+        key_variable = exec_properties.get("encryption_key_env")
+        encrypted = bool(samples.get_int_custom_property("sampling_encrypted"))
+        if encrypted and not key_variable:
+            raise ValueError("the samples are encrypted; pass encryption_key_env")
+        records, sample_ids = samples_io.read_samples(
+            os.path.join(samples.uri, f"Split-{TRAIN_SPLIT}"), descriptor,
+            samples.get_int_custom_property("sampling_record_width"),
+            samples_io.key_from_env(key_variable) if encrypted else None)
+        check_layout(sample_ids, descriptor)
+        used = epochs * descriptor.slots_per_epoch
+        inputs, labels = decoder.decode([r for r, i in zip(records[:used], sample_ids[:used])
+                                         if i > 0])
+        step_plan = dp_sgd.StepPlan.from_samples(sample_ids[:used], run)
+
+        # Epsilon after each epoch depends only on public parameters; computed up front.
+        epsilon_after = [accounting.epsilon(dataclasses.replace(run, epochs=e),
+                                            config.noise_multiplier, delta, epsilon_cap=epsilon)
+                         for e in range(1, epochs + 1)]
+        writer = tf.summary.create_file_writer(log_dir)
+
+        def on_epoch(epoch: int, training_loss: float) -> None:
+            logging.info("DPTrainer epoch %d/%d: training loss %.4g (not DP, stays on this host), "
+                         "epsilon spent %.4g of %.4g", epoch, epochs, training_loss,
+                         epsilon_after[epoch - 1], epsilon)
+            with writer.as_default(step=epoch):
+                write_scalar("epsilon", epsilon_after[epoch - 1])
+                write_scalar("training_loss_not_dp", training_loss)
+
+        keras_model = module.build_model()
+        dp_sgd.train(keras_model, module.loss(), inputs, labels, step_plan, config,
+                     seed=exec_properties.get("seed"), on_epoch=on_epoch)
+        writer.flush()
+        return keras_model, {
+            "dp_epsilon": calibration.epsilon, "dp_delta": delta,
+            "noise_multiplier": config.noise_multiplier, "l2_norm_clip": config.l2_norm_clip,
+            "learning_rate": config.learning_rate, "steps": calibration.steps, "epochs": epochs,
+            "sampling_scheme": descriptor.scheme}
+
+    def _adassp(self, examples, decoder: RecordDecoder, epsilon: float, delta: float,
+                exec_properties: dict[str, Any]):
+        for bound in ("feature_bound", "label_bound"):
+            if exec_properties.get(bound) is None:
+                raise ValueError(f"mode 'adassp' needs {bound}")
+        inputs, labels = decoder.decode(list(read_split(examples.uri, TRAIN_SPLIT).numpy()))
+        result = adassp_lib.adassp(inputs.numpy(), labels.numpy().reshape(-1), epsilon, delta,
+                                   float(exec_properties["feature_bound"]),
+                                   float(exec_properties["label_bound"]),
+                                   seed=exec_properties.get("seed"))
+        dimension = int(inputs.shape[1])
+        keras_model = tf.keras.Sequential([tf.keras.Input((dimension,)), tf.keras.layers.Dense(1)])
+        keras_model.layers[-1].set_weights([result.weights[:-1].reshape(dimension, 1).astype(np.float32),
+                                            result.weights[-1:].astype(np.float32)])
+        logging.info("DPTrainer AdaSSP: noise multiplier %.4g, ridge %.4g", result.noise_multiplier,
+                     result.ridge)
+        return keras_model, {"dp_epsilon": epsilon, "dp_delta": delta,
+                             "noise_multiplier": result.noise_multiplier,
+                             "feature_bound": float(exec_properties["feature_bound"]),
+                             "label_bound": float(exec_properties["label_bound"])}

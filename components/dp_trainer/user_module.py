@@ -1,0 +1,79 @@
+"""The user's module file, like TFX Trainer's `run_fn` module, and how records become tensors.
+
+A module defines:
+    LABEL_KEY = "trip_seconds"
+    def feature_spec() -> dict[str, tf.io.FixedLenFeature]   # raw features, label included
+    def model_inputs(features: dict[str, tf.Tensor]) -> tf.Tensor   # [batch, d] float32
+    def build_model() -> tf.keras.Model   # dp_sgd: trainable layers Dense/Embedding
+    def loss() -> tf.keras.losses.Loss    # dp_sgd: per-example loss of the task
+With a TransformGraph, records are parsed with its raw feature spec and transformed first;
+`model_inputs` then receives the transformed features (the label is taken from them when
+present, otherwise from the raw features).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+REQUIRED = {"dp_sgd": ("LABEL_KEY", "feature_spec", "model_inputs", "build_model", "loss"),
+            "adassp": ("LABEL_KEY", "feature_spec", "model_inputs")}
+
+
+@dataclass(frozen=True)
+class UserModule:
+    label_key: str
+    feature_spec: Callable[[], dict]
+    model_inputs: Callable[[dict], tf.Tensor]
+    build_model: Optional[Callable[[], tf.keras.Model]]
+    loss: Optional[Callable[[], tf.keras.losses.Loss]]
+
+    @classmethod
+    def load(cls, path: str, mode: str) -> "UserModule":
+        if not path or not os.path.isfile(path):
+            raise ValueError(f"module file {path!r} does not exist")
+        spec = importlib.util.spec_from_file_location(
+            f"sage_user_module_{abs(hash(path))}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        missing = [name for name in REQUIRED[mode] if not hasattr(module, name)]
+        if missing:
+            raise ValueError(f"module file {path} lacks {missing} (needed for mode {mode!r})")
+        return cls(module.LABEL_KEY, module.feature_spec, module.model_inputs,
+                   getattr(module, "build_model", None), getattr(module, "loss", None))
+
+
+class RecordDecoder:
+    """Serialized tf.Examples -> (model inputs, labels), optionally through a TransformGraph."""
+
+    def __init__(self, module: UserModule, transform_output=None):
+        self.module = module
+        self.transform_output = transform_output
+        raw_spec = (transform_output.raw_feature_spec() if transform_output is not None
+                    else module.feature_spec())
+        if module.label_key not in raw_spec:
+            raise ValueError(f"the feature spec has no label {module.label_key!r}")
+        self.raw_spec = raw_spec
+        self.serving_spec = {k: v for k, v in raw_spec.items() if k != module.label_key}
+        self.transform_layer = (transform_output.transform_features_layer()
+                                if transform_output is not None else None)
+
+    def _inputs(self, raw: dict) -> tuple[tf.Tensor, dict]:
+        features = dict(raw)
+        if self.transform_layer is not None:
+            features = self.transform_layer(raw)
+        return tf.cast(self.module.model_inputs(features), tf.float32), features
+
+    def decode(self, serialized: list[bytes]) -> tuple[tf.Tensor, tf.Tensor]:
+        if not serialized:
+            raise ValueError("there are no records to train on")
+        raw = tf.io.parse_example(tf.constant(serialized), self.raw_spec)
+        inputs, features = self._inputs(raw)
+        label = features.get(self.module.label_key, raw[self.module.label_key])
+        return inputs, tf.cast(label, tf.float32)
+
+    def serving_inputs(self, serialized: tf.Tensor) -> tf.Tensor:
+        return self._inputs(tf.io.parse_example(serialized, self.serving_spec))[0]

@@ -1,0 +1,216 @@
+"""DPTrainer: calibration, the component on LocalDagRunner after the sampler, its refusals,
+DP-SGD on the real taxi sample, and AdaSSP against least squares."""
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tfx
+from tfx.orchestration import metadata, pipeline
+from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+from tfx.types import artifact_utils, standard_artifacts
+
+from sage_tfx.components.dp_trainer import DPTrainer, dp_sgd
+from sage_tfx.components.dp_trainer import executor as trainer_executor
+from sage_tfx.components.dp_trainer.adassp import adassp
+from sage_tfx.components.dp_trainer.calibrate import (CalibrationError, calibrate,
+                                                       plan_for_batch)
+from sage_tfx.components.oblivious_sample_gen import ObliviousSampleGen, accounting
+from sage_tfx.components.oblivious_sample_gen.sampling import samples_swo
+from sage_tfx.components.privacy_grant import GrantError
+from sage_tfx.sage_access import connect
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_pipeline import ingest_and_grant  # noqa: E402
+
+MODULE = os.path.join(os.path.dirname(__file__), "trip_module.py")
+
+
+@pytest.mark.parametrize("scheme", ["poisson", "swo", "shuffle"])
+def test_calibration_spends_the_target_and_no_more(scheme):
+    descriptor = plan_for_batch(scheme, n=10_000, batch=100, epochs=5)
+    result = calibrate(descriptor, epsilon=2.0, delta=1e-6)
+    assert result.steps == 500
+    assert 0.98 * 2.0 <= result.epsilon <= 2.0
+    # Round trip: the accountant at the calibrated noise gives the reported epsilon.
+    assert accounting.epsilon(descriptor, result.noise_multiplier, 1e-6, epsilon_cap=2.0) \
+        == pytest.approx(result.epsilon)
+    # Slightly less noise would overspend.
+    assert accounting.epsilon(descriptor, result.noise_multiplier * 0.99, 1e-6,
+                              epsilon_cap=10.0) > 2.0
+
+
+def test_calibrate_command_prints_the_contract():
+    out = subprocess.run(
+        [sys.executable, "-m", "sage_tfx.components.dp_trainer.calibrate", "--scheme", "poisson",
+         "--n", "60000", "--batch", "600", "--epochs", "100", "--epsilon", "1.0",
+         "--delta", "1e-5", "--json"], capture_output=True, text=True, check=True).stdout
+    result = json.loads(out)
+    assert set(result) == {"noise_multiplier", "steps", "epsilon"}
+    assert result["steps"] == 10_000
+    assert 0.98 <= result["epsilon"] <= 1.0
+    bad = subprocess.run(
+        [sys.executable, "-m", "sage_tfx.components.dp_trainer.calibrate", "--scheme", "swo",
+         "--n", "100", "--batch", "1000", "--epochs", "1", "--epsilon", "1", "--delta", "1e-5"],
+        capture_output=True, text=True)
+    assert bad.returncode == 2 and "sample size" in bad.stderr
+
+
+def test_calibration_refuses_a_budget_too_small_for_one_step():
+    descriptor = plan_for_batch("swo", n=1000, batch=1000, epochs=1)
+    with pytest.raises(CalibrationError, match="cannot pay for 1 DP-SGD step"):
+        calibrate(descriptor, epsilon=1e-4, delta=1e-7)
+    with pytest.raises(CalibrationError, match="delta"):
+        calibrate(descriptor, epsilon=1.0, delta=0.0)
+
+
+def _artifacts(store, type_name, cls):
+    artifact_type = store.get_artifact_type(type_name)
+    return [artifact_utils.deserialize_artifact(artifact_type, a)
+            for a in store.get_artifacts_by_type(type_name)]
+
+
+@pytest.mark.slow
+def test_trainer_pipeline_and_refusals(tmp_path):
+    root = str(tmp_path)
+    store_path = os.path.join(root, "metadata.sqlite")
+    gen, grant = ingest_and_grant(root, store_path, split={"training": 0.5, "validation": 0.5})
+    sampler = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                                 scheme="swo", sample_size=8, epochs=3, seed=3)
+    trainer = DPTrainer(examples=sampler.outputs["samples"], grant=grant.outputs["grant"],
+                        module_file=MODULE, l2_norm_clip=1.0, learning_rate=0.05, seed=4)
+    linear = DPTrainer(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                       module_file=MODULE, mode="adassp", feature_bound=5.0, label_bound=400.0,
+                       seed=5).with_id("linear")
+    LocalDagRunner().run(pipeline.Pipeline(
+        pipeline_name="training", pipeline_root=os.path.join(root, "pipeline"),
+        components=[gen, grant, sampler, trainer, linear],
+        metadata_connection_config=metadata.sqlite_metadata_connection_config(store_path)))
+
+    store = connect(store_path)
+    models = {m.get_string_custom_property("trainer_mode"): m
+              for m in _artifacts(store, "Model", standard_artifacts.Model)}
+    model = models["dp_sgd"]
+    props = {k: v.string_value or v.int_value for k, v in model.mlmd_artifact.custom_properties.items()}
+    # The grant is (0.4, 1e-7), half of it for training.
+    assert 0.98 * 0.2 <= float(props["dp_epsilon"]) <= 0.2
+    assert float(props["dp_delta"]) == pytest.approx(0.5e-7)
+    assert props["sampling_scheme"] == "swo"
+    [samples] = [e for e in _artifacts(store, "Examples", standard_artifacts.Examples)
+                 if e.get_string_custom_property("sampling_scheme")]
+    assert props["steps"] == 3 * (samples.get_int_custom_property("sampling_n") // 8)
+    assert json.loads(props["blocks"]) == ["2024-03", "2024-02"]
+    assert float(props["noise_multiplier"]) > 0 and float(props["l2_norm_clip"]) == 1.0
+
+    # The SavedModel serves serialized tf.Examples without the label.
+    loaded = tf.saved_model.load(os.path.join(model.uri, "Format-Serving"))
+    example = tf.train.Example(features=tf.train.Features(feature={
+        "trip_miles": tf.train.Feature(float_list=tf.train.FloatList(value=[2.5]))}))
+    outputs = loaded.signatures["serving_default"](
+        examples=tf.constant([example.SerializeToString()]))["outputs"]
+    assert outputs.shape == (1, 1) and np.isfinite(outputs.numpy()).all()
+    # AdaSSP spends the same training share; its linear model serves the same way.
+    assert float(models["adassp"].get_string_custom_property("dp_epsilon")) == pytest.approx(0.2)
+    linear_model = tf.saved_model.load(os.path.join(models["adassp"].uri, "Format-Serving"))
+    assert np.isfinite(linear_model.signatures["serving_default"](
+        examples=tf.constant([example.SerializeToString()]))["outputs"].numpy()).all()
+    model_runs = _artifacts(store, "ModelRun", standard_artifacts.ModelRun)
+    assert any(name.startswith("events.out.tfevents") for model_run in model_runs
+               for name in os.listdir(model_run.uri))
+
+    [granted] = [e for e in _artifacts(store, "Examples", standard_artifacts.Examples)
+                 if e.get_string_custom_property("sage_grant_id")
+                 and not e.get_string_custom_property("sampling_scheme")]
+    [grant_artifact] = _artifacts(store, "sage_tfx.PrivacyGrant", None)
+    outputs = {"model": [standard_artifacts.Model()], "model_run": [standard_artifacts.ModelRun()]}
+    for artifact_list in outputs.values():
+        artifact_list[0].uri = os.path.join(root, "refused", artifact_list[0].TYPE_NAME)
+    base = {"module_file": MODULE, "l2_norm_clip": 1.0, "learning_rate": 0.05}
+
+    def run(examples, **overrides):
+        trainer_executor.Executor().Do({"examples": [examples], "grant": [grant_artifact]},
+                                       outputs, dict(base, **overrides))
+
+    # A training share too small for one step.
+    with pytest.raises(CalibrationError, match="cannot pay"):
+        run(samples, max_noise_multiplier=0.5)
+    # Examples without a grant (a single block's Examples, never granted as such).
+    per_block = [e for e in _artifacts(store, "Examples", standard_artifacts.Examples)
+                 if e.get_string_custom_property("block_id")]
+    with pytest.raises(GrantError, match="without a grant"):
+        run(per_block[0])
+    # Granted Examples that were never sampled.
+    with pytest.raises(trainer_executor.SamplesMismatch, match="no sampling descriptor"):
+        run(granted)
+    # A descriptor that does not match the data.
+    n = samples.get_int_custom_property("sampling_n")
+    samples.set_int_custom_property("sampling_n", n + 8)  # claims one more sample per epoch
+    samples.set_int_custom_property("sampling_samples_per_epoch", (n + 8) // 8)
+    samples.set_int_custom_property("sampling_slots_per_epoch", (n + 8) // 8 * 8)
+    with pytest.raises(trainer_executor.SamplesMismatch, match="slots"):
+        run(samples)
+    samples.set_int_custom_property("sampling_samples_per_epoch", n // 8)  # inconsistent with n
+    with pytest.raises(trainer_executor.SamplesMismatch, match="is not what swo sampling"):
+        run(samples)
+    assert not os.path.exists(outputs["model"][0].uri)  # nothing written by a refused run
+
+
+def taxi_trips():
+    """(features [miles, hour/23], seconds/1000) of the real Chicago taxi sample in tfx."""
+    path = os.path.join(os.path.dirname(tfx.__file__), "examples", "chicago_taxi_pipeline",
+                        "data", "simple", "data.csv")
+    features, labels = [], []
+    with open(path) as handle:
+        for row in csv.DictReader(handle):
+            if row["trip_miles"] and row["trip_seconds"]:
+                miles, seconds = float(row["trip_miles"]), float(row["trip_seconds"])
+                if 0 < miles <= 30 and 0 < seconds <= 7200:
+                    features.append([miles / 10.0, float(row["trip_start_hour"]) / 23.0])
+                    labels.append([seconds / 1000.0])
+    return np.asarray(features, np.float32), np.asarray(labels, np.float32)
+
+
+@pytest.mark.slow
+def test_dp_sgd_on_the_taxi_sample_beats_the_naive_model():
+    features, labels = taxi_trips()
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(labels))
+    test, train = order[:3000], order[3000:]
+    # Rows stand in for records: SWO samples of row indices, as ObliviousSampleGen lays them out.
+    samples = samples_swo(tf.constant(train.astype(np.int64)), 256, seed=5, epochs=5)
+    rows = samples.records.numpy()
+    train_x, train_y = tf.constant(features[rows]), tf.constant(labels[rows])
+    calibration = calibrate(samples.descriptor, epsilon=8.0, delta=1e-6)
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(16, activation="relu"),
+                                 tf.keras.layers.Dense(1)])
+    losses = []
+    dp_sgd.train(model, tf.keras.losses.MeanSquaredError(), train_x, train_y,
+                 dp_sgd.StepPlan.from_samples(samples.sample_ids, samples.descriptor),
+                 dp_sgd.DPSGDConfig(calibration.noise_multiplier, 1.0, 0.5), seed=6,
+                 on_epoch=lambda epoch, loss: losses.append(loss))
+    assert len(losses) == 5
+    test_mse = float(np.mean((model(features[test]).numpy() - labels[test]) ** 2))
+    naive_mse = float(np.mean((labels[train].mean() - labels[test]) ** 2))
+    # Trip distance explains much of the duration: the DP model clearly beats the mean.
+    print(f"taxi DP-SGD test MSE {test_mse:.4f}, naive {naive_mse:.4f}")
+    assert test_mse < 0.75 * naive_mse, (test_mse, naive_mse)  # measured: 0.51
+
+
+def test_adassp_approaches_least_squares_as_epsilon_grows():
+    rng = np.random.default_rng(0)
+    features = rng.uniform(-1, 1, size=(4000, 3))
+    labels = features @ np.array([1.0, -2.0, 0.5]) + 0.3 + rng.normal(0, 0.1, size=4000)
+    ols = np.linalg.lstsq(np.hstack([features, np.ones((4000, 1))]), labels, rcond=None)[0]
+    errors = [np.linalg.norm(adassp(features, labels, eps, 1e-6, feature_bound=2.0,
+                                    label_bound=5.0, seed=seed).weights - ols)
+              for eps in (0.3, 10.0, 1e4) for seed in range(3)]
+    low, middle, high = (np.mean(errors[i:i + 3]) for i in (0, 3, 6))
+    assert low > middle > high
+    assert high < 1e-2
+    with pytest.raises(ValueError, match="delta"):
+        adassp(features, labels, 1.0, 0.0, feature_bound=2.0, label_bound=5.0)
