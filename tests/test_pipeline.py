@@ -22,28 +22,33 @@ from pipeline_consumer import GrantChecker  # noqa: E402
 MONTHS = ["2024-01", "2024-02", "2024-03"]
 
 
-def write_csv(directory):
+def write_csv(directory, trips_per_month=40):
     os.makedirs(directory)
     with open(os.path.join(directory, "trips.csv"), "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["trip_start_timestamp", "trip_seconds", "trip_miles"])
-        for month_index, month in enumerate(MONTHS):
+        for month in MONTHS:
             first = dt.datetime.fromisoformat(f"{month}-01T00:00:00+00:00")
-            for trip in range(40):
-                moment = first + dt.timedelta(hours=7 * trip + 1)
-                writer.writerow([int(moment.timestamp()), 300 + trip, 1.5 + month_index])
+            for trip in range(trips_per_month):
+                moment = first + dt.timedelta(minutes=(7 * 60 * 40 // trips_per_month) * trip + 60)
+                # Duration grows with distance (200 s a mile) plus up to 10 s of jitter.
+                miles = 0.5 + (trip % 40) / 10
+                writer.writerow([int(moment.timestamp()), 100 + int(200 * miles) + trip * 7 % 11,
+                                 miles])
 
 
-def ingest_and_grant(root: str, store_path: str, **grant_options):
+def ingest_and_grant(root: str, store_path: str, trips_per_month: int = 40, **grant_options):
     """The first two steps of every sage pipeline on three monthly blocks: BlockExampleGen
-    registers the blocks, BlockLedger grants (0.4, 1e-7) on the two most recent."""
-    write_csv(os.path.join(root, "data"))
+    registers the blocks, BlockLedger grants (0.4, 1e-7) on the two most recent unless
+    grant_options say otherwise."""
+    write_csv(os.path.join(root, "data"), trips_per_month)
     BlockLedger.create(store_path, min_request_epsilon=0.05)
     gen = BlockExampleGen(input_base=os.path.join(root, "data"), block_key="trip_start_timestamp",
                           block_by="month", ledger_store=store_path, block_epsilon=1.0,
                           block_delta=1e-6)
-    grant = BlockLedgerComponent(ledger_store=store_path, window=2, epsilon=0.4, delta=1e-7,
-                                 new_blocks=gen.outputs["examples"], **grant_options)
+    options = {"window": 2, "epsilon": 0.4, "delta": 1e-7, **grant_options}
+    grant = BlockLedgerComponent(ledger_store=store_path, new_blocks=gen.outputs["examples"],
+                                 **options)
     return gen, grant
 
 

@@ -154,13 +154,32 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     return step
 
 
-def train(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
-          labels: tf.Tensor, plan: StepPlan, config: DPSGDConfig, seed: Optional[int] = None,
-          on_epoch: Optional[Callable[[int, float], None]] = None) -> None:
+def make_nondp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
+                    labels: tf.Tensor, learning_rate: float, normaliser: float) -> Callable:
+    """The non-private reference (no clipping, no noise) with the same interface, plan and
+    normaliser, for benchmarks and the accuracy table; never used on granted data."""
+    optimizer = tf.keras.optimizers.SGD(learning_rate)
+    per_example = type(loss).from_config(dict(loss.get_config(),
+                                              reduction=tf.keras.losses.Reduction.NONE))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int32),
+                                  tf.TensorSpec([None], tf.float32)])
+    def step(rows, weights):
+        batch_features, batch_labels = tf.gather(features, rows), tf.gather(labels, rows)
+        with tf.GradientTape() as tape:
+            losses = per_example(batch_labels, model(batch_features, training=True)) * weights
+            objective = tf.reduce_sum(losses) / normaliser
+        gradients = tape.gradient(objective, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return tf.reduce_sum(losses), tf.reduce_sum(weights)
+
+    return step
+
+
+def run_steps(step: Callable, plan: StepPlan,
+              on_epoch: Optional[Callable[[int, float], None]] = None) -> None:
     """Run every step of `plan` in order; after each epoch, on_epoch(epoch, mean training loss)
     (1-based epoch; the loss is not DP, see the module docstring)."""
-    step = make_dp_step(model, loss, features, labels, config, plan.normaliser,
-                        noise_generator(seed))
     steps_per_epoch = plan.steps // plan.epochs
     for epoch in range(plan.epochs):
         # Summed as tensors: converting each step's loss would wait for every step to finish.
@@ -172,3 +191,11 @@ def train(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor
             weight_sums.append(batch_weight)
         if on_epoch is not None:
             on_epoch(epoch + 1, float(tf.add_n(loss_sums)) / max(float(tf.add_n(weight_sums)), 1.0))
+
+
+def train(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
+          labels: tf.Tensor, plan: StepPlan, config: DPSGDConfig, seed: Optional[int] = None,
+          on_epoch: Optional[Callable[[int, float], None]] = None) -> None:
+    """DP-SGD: every step of `plan`, in order (see run_steps)."""
+    run_steps(make_dp_step(model, loss, features, labels, config, plan.normaliser,
+                           noise_generator(seed)), plan, on_epoch)

@@ -19,30 +19,33 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+# What each use of a module needs: the trainer's two modes and the SLAedValidator's metrics.
 REQUIRED = {"dp_sgd": ("LABEL_KEY", "feature_spec", "model_inputs", "build_model", "loss"),
-            "adassp": ("LABEL_KEY", "feature_spec", "model_inputs")}
+            "adassp": ("LABEL_KEY", "feature_spec", "model_inputs"),
+            "loss": ("LABEL_KEY", "feature_spec", "loss"),
+            "accuracy": ("LABEL_KEY", "feature_spec")}
 
 
 @dataclass(frozen=True)
 class UserModule:
     label_key: str
     feature_spec: Callable[[], dict]
-    model_inputs: Callable[[dict], tf.Tensor]
+    model_inputs: Optional[Callable[[dict], tf.Tensor]]
     build_model: Optional[Callable[[], tf.keras.Model]]
     loss: Optional[Callable[[], tf.keras.losses.Loss]]
 
     @classmethod
-    def load(cls, path: str, mode: str) -> "UserModule":
+    def load(cls, path: str, purpose: str) -> "UserModule":
         if not path or not os.path.isfile(path):
             raise ValueError(f"module file {path!r} does not exist")
         spec = importlib.util.spec_from_file_location(
             f"sage_user_module_{abs(hash(path))}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        missing = [name for name in REQUIRED[mode] if not hasattr(module, name)]
+        missing = [name for name in REQUIRED[purpose] if not hasattr(module, name)]
         if missing:
-            raise ValueError(f"module file {path} lacks {missing} (needed for mode {mode!r})")
-        return cls(module.LABEL_KEY, module.feature_spec, module.model_inputs,
+            raise ValueError(f"module file {path} lacks {missing} (needed for {purpose!r})")
+        return cls(module.LABEL_KEY, module.feature_spec, getattr(module, "model_inputs", None),
                    getattr(module, "build_model", None), getattr(module, "loss", None))
 
 

@@ -1,0 +1,60 @@
+"""SLAedValidator component: DP validation of a trained model on the grant's test split, with
+a standard ModelBlessing (blessed only on ACCEPT)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from tfx.dsl.components.base import base_component, executor_spec
+from tfx.types import channel, component_spec, standard_artifacts
+
+from sage_tfx.components.privacy_grant import PrivacyGrant
+from sage_tfx.validators import executor
+
+
+class SLAedValidatorSpec(component_spec.ComponentSpec):
+    PARAMETERS = {
+        "module_file": component_spec.ExecutionParameter(type=str),
+        "metric": component_spec.ExecutionParameter(type=str),
+        "target": component_spec.ExecutionParameter(type=float),
+        "confidence": component_spec.ExecutionParameter(type=float),
+        "loss_bound": component_spec.ExecutionParameter(type=float, optional=True),
+        "grant_step": component_spec.ExecutionParameter(type=str),
+        "seed": component_spec.ExecutionParameter(type=int, optional=True),
+    }
+    INPUTS = {
+        "model": component_spec.ChannelParameter(type=standard_artifacts.Model),
+        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "grant": component_spec.ChannelParameter(type=PrivacyGrant),
+    }
+    OUTPUTS = {
+        "blessing": component_spec.ChannelParameter(type=standard_artifacts.ModelBlessing),
+    }
+
+
+class SLAedValidator(base_component.BaseComponent):
+    """Validates `model` on the test split of the granted `examples`, spending the grant's
+    `grant_step` share of epsilon (Laplace; no delta).
+
+    metric 'loss': the module's `loss()` per example, clipped to [0, loss_bound]; ACCEPT only if
+    the expected loss is <= target with probability >= 1 - (1 - confidence) / 2.
+    metric 'accuracy': ACCEPT only if the expected accuracy is >= target. The predicted class is
+    the argmax of the outputs, or outputs >= 0.5 for one output (a module may define
+    `predicted_class(outputs)` instead).
+    Output: a ModelBlessing with `blessed` = 1 only on ACCEPT (TFX's Pusher reads it), and the
+    custom properties outcome, metric, dp_metric, lower_bound, upper_bound, target,
+    confidence, epsilon_used.
+    """
+
+    SPEC_CLASS = SLAedValidatorSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
+
+    def __init__(self, model: channel.Channel, examples: channel.Channel, grant: channel.Channel,
+                 module_file: str, metric: str, target: float, confidence: float = 0.95,
+                 loss_bound: Optional[float] = None, grant_step: str = "validation",
+                 seed: Optional[int] = None):
+        executor.check_parameters(metric, target, confidence, loss_bound)
+        super().__init__(spec=SLAedValidatorSpec(
+            module_file=module_file, metric=metric, target=target, confidence=confidence,
+            loss_bound=loss_bound, grant_step=grant_step, seed=seed, model=model,
+            examples=examples, grant=grant,
+            blessing=channel.Channel(type=standard_artifacts.ModelBlessing)))

@@ -1,0 +1,114 @@
+"""SLAedValidator executor: predictions of the SavedModel on the granted test split, one SLAed
+test, and the ModelBlessing."""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from tfx.dsl.components.base import base_executor
+from tfx.types import artifact_utils
+from tfx.utils import io_utils, path_utils
+
+from sage_tfx.components.dp_trainer.user_module import UserModule
+from sage_tfx.components.oblivious_sample_gen.executor import read_split
+from sage_tfx.components.privacy_grant import require_grant
+from sage_tfx.randomness import secret_rng
+from sage_tfx.validators.slaed import ACCEPT, accuracy_validator, loss_validator
+
+METRICS = ("loss", "accuracy")
+TEST_SPLIT = "test"
+_PREDICTION_BATCH = 4096
+
+
+def check_parameters(metric: str, target: float, confidence: float,
+                     loss_bound: Optional[float]) -> None:
+    """Refuse bad parameters when the pipeline is built, before anything runs or is charged."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; use one of {METRICS}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if metric == "loss":
+        if loss_bound is None or not loss_bound > 0:
+            raise ValueError(f"metric 'loss' needs loss_bound B > 0, got {loss_bound}")
+        if not 0.0 <= target <= loss_bound:
+            raise ValueError(f"target loss {target} is outside [0, B={loss_bound}]")
+    elif not 0.0 <= target <= 1.0:
+        raise ValueError(f"target accuracy {target} is outside [0, 1]")
+
+
+def predictions(model_uri: str, serialized: np.ndarray) -> np.ndarray:
+    """The serving signature's outputs for every serialized test example."""
+    serve = tf.saved_model.load(path_utils.serving_model_path(model_uri)).signatures[
+        "serving_default"]
+    return np.concatenate([serve(examples=tf.constant(serialized[i:i + _PREDICTION_BATCH]))
+                           ["outputs"].numpy()
+                           for i in range(0, len(serialized), _PREDICTION_BATCH)])
+
+
+def per_example_metric(metric: str, module: UserModule, labels: np.ndarray,
+                       outputs: np.ndarray) -> np.ndarray:
+    """Per-example loss, or 1.0/0.0 for correct/incorrect. Non-finite outputs give a NaN loss
+    (the validator counts it as B) or an incorrect prediction."""
+    finite = np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1)
+    if metric == "loss":
+        loss = module.loss()
+        per_example = type(loss).from_config(dict(loss.get_config(),
+                                                  reduction=tf.keras.losses.Reduction.NONE))
+        values = per_example(tf.constant(labels, tf.float32),
+                             tf.constant(np.nan_to_num(outputs), tf.float32)).numpy().reshape(-1)
+        return np.where(finite, values, np.nan)
+    predicted_class = getattr(module, "predicted_class", None)
+    if predicted_class is not None:
+        predicted = np.asarray(predicted_class(outputs)).reshape(-1)
+    elif outputs.ndim == 2 and outputs.shape[1] > 1:
+        predicted = np.argmax(np.nan_to_num(outputs), axis=1)
+    else:
+        predicted = (outputs.reshape(-1) >= 0.5).astype(np.int64)
+    return np.where(finite & (predicted == labels.reshape(-1)), 1.0, 0.0)
+
+
+class Executor(base_executor.BaseExecutor):
+
+    def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
+           exec_properties: dict[str, Any]) -> None:
+        metric, target = exec_properties["metric"], float(exec_properties["target"])
+        confidence = float(exec_properties["confidence"])
+        loss_bound = exec_properties.get("loss_bound")
+        check_parameters(metric, target, confidence, loss_bound)
+        examples = artifact_utils.get_single_instance(input_dict["examples"])
+        grant = require_grant(input_dict["grant"], [examples])
+        epsilon, _ = grant.share(exec_properties.get("grant_step") or "validation")
+        module = UserModule.load(exec_properties.get("module_file"), metric)
+        model = artifact_utils.get_single_instance(input_dict["model"])
+
+        serialized = read_split(examples.uri, TEST_SPLIT).numpy()
+        label_spec = {module.label_key: module.feature_spec()[module.label_key]}
+        labels = tf.io.parse_example(tf.constant(serialized), label_spec)[module.label_key].numpy()
+        values = per_example_metric(metric, module, labels, predictions(model.uri, serialized))
+        seed = exec_properties.get("seed")
+        rng = secret_rng(None if seed is None else int(seed))
+        if metric == "loss":
+            result = loss_validator(values, target, epsilon, confidence, float(loss_bound), rng)
+        else:
+            result = accuracy_validator(values, target, epsilon, confidence, rng)
+
+        blessing = artifact_utils.get_single_instance(output_dict["blessing"])
+        blessed = result.outcome == ACCEPT
+        io_utils.write_string_file(os.path.join(blessing.uri, "BLESSED" if blessed
+                                                else "NOT_BLESSED"), "")
+        blessing.set_int_custom_property("blessed", int(blessed))
+        blessing.set_string_custom_property("current_model", model.uri)
+        blessing.set_int_custom_property("current_model_id", model.id)
+        blessing.set_string_custom_property("outcome", result.outcome)
+        blessing.set_string_custom_property("metric", metric)
+        # Exact decimal strings: ML Metadata's SQLite backend rounds doubles to 6 places.
+        for name, value in (("dp_metric", result.dp_estimate), ("lower_bound", result.lower_bound),
+                            ("upper_bound", result.upper_bound), ("target", target),
+                            ("confidence", confidence), ("epsilon_used", epsilon)):
+            blessing.set_string_custom_property(name, repr(float(value)))
+        logging.info("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
+                     "confidence %.3g, epsilon %.3g)", result.outcome, metric, result.dp_estimate,
+                     metric, result.lower_bound, result.upper_bound, confidence, epsilon)

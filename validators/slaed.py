@@ -1,0 +1,226 @@
+"""SLAed validation tests (Sage §3.3, Listing 2, Appendix B): ACCEPT / REJECT / RETRY with a DP
+release and a statistical guarantee. numpy only.
+
+Setting. The test set holds n i.i.d. draws from the data distribution D. A validator spends
+`epsilon` (add/remove-one, the ledger's relation) on two Laplace releases made once and shared by
+its Accept and Reject tests (everything after the releases is post-processing):
+    n_dp = n + Lap(2 / epsilon)          (count, sensitivity 1, epsilon / 2)
+    S_dp = S + Lap(2 R / epsilon)        (sum of values clipped to [0, R], sensitivity R, epsilon / 2)
+With eta = (1 - confidence) / 2 per test, each test splits eta in three: a third for each
+Laplace correction and a third for the concentration bound (union bound).
+
+Laplace tails. For X ~ Lap(b): P[X > t] = exp(-t / b) / 2. So
+    one-sided at probability p:  t = b ln(1 / (2p));  two-sided: t = b ln(1 / p).
+Listing 2's "2 log(3 / (2 eta)) / epsilon" is the one-sided t at p = eta / 3 with b = 2 / epsilon.
+
+Bernstein bounds for the mean mu of values in [0, R] (Shalev-Shwartz & Ben-David, Lemma B.10,
+scaled from [0, 1] to [0, R]; the variance of such a value is at most R mu):
+  upper:  mu <= m + sqrt(2 R m L / n) + 4 R L / n     with probability >= 1 - p, L = ln(1/p).
+    Listing 2 writes the last term as 4 L / n: that is the [0, 1] form, and it is too small by a
+    factor R when R > 1, so the test would over-accept. We use 4 R L / n.
+  lower:  from Bernstein's inequality P[m - mu >= t] <= exp(-n t^2 / (2 R mu + 2 R t / 3)):
+    with probability >= 1 - p, m <= mu + sqrt(2 R mu L / n) + 2 R L / (3 n). Solving for
+    x = sqrt(mu): mu >= x_-^2 where x_- = (-a + sqrt(a^2 + 4 c)) / 2, a = sqrt(2 R L / n),
+    c = max(0, m - 2 R L / (3 n)).
+The upper bound grows with m and shrinks with n; the lower bound grows with m and with n. So
+plugging a DP upper estimate of m (sum corrected up, count corrected down) into the upper
+bound, or a DP lower estimate of m with the count corrected down into the lower bound, keeps
+each bound valid on the event that the corrections hold.
+
+Guarantees (each with probability >= 1 - eta over the test set and the noise):
+  loss:      ACCEPT only if E_D[loss] <= target;  REJECT only if E_D[loss] > target.
+  accuracy:  the loss test on the error indicator (R = 1) with target 1 - target accuracy.
+  sum statistic (mean of values in [lo, hi]): ACCEPT only if |released DP mean - E_D[value]|
+    <= target_abs_error. The error is (a) the DP error, |S_dp/n_dp - S/n| = |X n - S Y| /
+    (n n_dp) <= (t_S + R t_n) / n_dp when |X| <= t_S, |Y| <= t_n (X, Y the sum and count noise,
+    S <= R n), plus (b) the sampling error, Hoeffding: R sqrt(ln(2/p) / (2 n)), at n >= n_min.
+    More data always shrinks this bound, so the test never REJECTs: RETRY means "more data".
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from sage_tfx.randomness import secret_rng
+
+ACCEPT, REJECT, RETRY = "ACCEPT", "REJECT", "RETRY"
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    outcome: str
+    dp_estimate: float  # the DP metric: S_dp / n_dp (as a mean of the metric)
+    lower_bound: Optional[float]  # on the population metric (None if the test had no bound)
+    upper_bound: Optional[float]
+    target: float
+    epsilon: float
+    confidence: float
+    dp_count: float
+    details: dict = field(default_factory=dict)
+
+
+def laplace_tail(scale: float, probability: float, two_sided: bool = False) -> float:
+    """t with P[Lap(scale) > t] = probability (or P[|Lap(scale)| > t] when two_sided)."""
+    return scale * math.log((1.0 if two_sided else 0.5) / probability)
+
+
+def bernstein_upper(mean: float, n: float, probability: float, value_range: float) -> float:
+    """Upper confidence bound on the population mean of values in [0, value_range]."""
+    if n <= 0:
+        return math.inf
+    log_term = math.log(1.0 / probability)
+    mean = max(mean, 0.0)
+    return (mean + math.sqrt(2.0 * value_range * mean * log_term / n)
+            + 4.0 * value_range * log_term / n)
+
+
+def bernstein_lower(mean: float, n: float, probability: float, value_range: float) -> float:
+    """Lower confidence bound on the population mean of values in [0, value_range]."""
+    if n <= 0:
+        return 0.0
+    log_term = math.log(1.0 / probability)
+    slope = math.sqrt(2.0 * value_range * log_term / n)
+    excess = max(0.0, mean - 2.0 * value_range * log_term / (3.0 * n))
+    root = (-slope + math.sqrt(slope * slope + 4.0 * excess)) / 2.0
+    return root * root
+
+
+def _check_common(epsilon: float, confidence: float) -> float:
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
+    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    return (1.0 - confidence) / 2.0
+
+
+def _as_vector(values, name: str) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    if array.size == 0:
+        raise ValueError(f"{name} is empty: nothing to validate on")
+    return array
+
+
+@dataclass(frozen=True)
+class DPMeanRelease:
+    """The two Laplace releases every validator makes: count and clipped sum."""
+    dp_count: float
+    dp_sum: float
+    value_range: float
+    epsilon: float
+
+    @classmethod
+    def of(cls, clipped: np.ndarray, value_range: float, epsilon: float,
+           rng: Optional[np.random.Generator]) -> "DPMeanRelease":
+        rng = secret_rng() if rng is None else rng
+        scale = 2.0 / epsilon
+        return cls(clipped.size + rng.laplace(0.0, scale),
+                   float(clipped.sum()) + rng.laplace(0.0, value_range * scale),
+                   value_range, epsilon)
+
+    @property
+    def count_scale(self) -> float:
+        return 2.0 / self.epsilon
+
+    @property
+    def sum_scale(self) -> float:
+        return 2.0 * self.value_range / self.epsilon
+
+    @property
+    def dp_mean(self) -> float:
+        return self.dp_sum / self.dp_count if self.dp_count > 0 else math.nan
+
+
+def mean_upper_bound(release: DPMeanRelease, eta: float) -> float:
+    """Accept side: with probability >= 1 - eta, >= the population mean (Listing 2, corrected)."""
+    count_low = release.dp_count - laplace_tail(release.count_scale, eta / 3.0)
+    sum_high = release.dp_sum + laplace_tail(release.sum_scale, eta / 3.0)
+    if count_low <= 0:
+        return math.inf
+    return bernstein_upper(sum_high / count_low, count_low, eta / 3.0, release.value_range)
+
+
+def mean_lower_bound(release: DPMeanRelease, eta: float) -> float:
+    """Reject side: with probability >= 1 - eta, <= the population mean."""
+    count_slack = laplace_tail(release.count_scale, eta / 3.0, two_sided=True)
+    count_low, count_high = release.dp_count - count_slack, release.dp_count + count_slack
+    sum_low = release.dp_sum - laplace_tail(release.sum_scale, eta / 3.0)
+    if count_low <= 0:
+        return 0.0
+    return bernstein_lower(max(sum_low, 0.0) / count_high, count_low, eta / 3.0,
+                           release.value_range)
+
+
+def _check_target(target: float, low: float, high: float, name: str) -> None:
+    if not (isinstance(target, (int, float)) and low <= target <= high and math.isfinite(target)):
+        raise ValueError(f"target {target!r} is outside the {name} range [{low}, {high}]")
+
+
+def loss_validator(per_example_losses, target: float, epsilon: float, confidence: float = 0.95,
+                   loss_bound: float = 1.0, rng: Optional[np.random.Generator] = None
+                   ) -> ValidationResult:
+    """ACCEPT only if the expected loss is <= target, REJECT only if it is > target, each with
+    probability >= 1 - (1 - confidence) / 2. Losses are clipped to [0, loss_bound]; NaN or
+    infinite losses (bad predictions) count as loss_bound."""
+    eta = _check_common(epsilon, confidence)
+    if not (isinstance(loss_bound, (int, float)) and math.isfinite(loss_bound) and loss_bound > 0):
+        raise ValueError(f"loss_bound B must be a positive number, got {loss_bound!r}")
+    _check_target(target, 0.0, loss_bound, "loss")
+    losses = _as_vector(per_example_losses, "per_example_losses")
+    clipped = np.clip(np.where(np.isfinite(losses), losses, loss_bound), 0.0, loss_bound)
+    release = DPMeanRelease.of(clipped, loss_bound, epsilon, rng)
+    upper, lower = mean_upper_bound(release, eta), mean_lower_bound(release, eta)
+    outcome = ACCEPT if upper <= target else REJECT if lower > target else RETRY
+    return ValidationResult(outcome, release.dp_mean, lower, upper, target, epsilon, confidence,
+                            release.dp_count, {"loss_bound": loss_bound, "eta": eta})
+
+
+def accuracy_validator(correct, target: float, epsilon: float, confidence: float = 0.95,
+                       rng: Optional[np.random.Generator] = None) -> ValidationResult:
+    """ACCEPT only if the expected accuracy is >= target, REJECT only if it is < target, each
+    with probability >= 1 - (1 - confidence) / 2: the loss test on the error indicator."""
+    _check_target(target, 0.0, 1.0, "accuracy")
+    correct = _as_vector(correct, "correct")
+    errors = np.where(np.isfinite(correct), 1.0 - np.clip(correct, 0.0, 1.0), 1.0)
+    result = loss_validator(errors, 1.0 - target, epsilon, confidence, 1.0, rng)
+    # An error rate strictly above 1 - target is an accuracy strictly below target.
+    return ValidationResult(result.outcome, 1.0 - result.dp_estimate, 1.0 - result.upper_bound,
+                            1.0 - result.lower_bound, target, epsilon, confidence,
+                            result.dp_count, result.details)
+
+
+def sum_statistic_validator(values, target_abs_error: float, epsilon: float,
+                            confidence: float = 0.95, value_range: tuple[float, float] = (0.0, 1.0),
+                            rng: Optional[np.random.Generator] = None) -> ValidationResult:
+    """Releases the DP mean of `values` (clipped to value_range) and ACCEPTs only if its
+    absolute error against the population mean is <= target_abs_error, with probability
+    >= 1 - (1 - confidence) / 2; otherwise RETRY (module docstring). For a variance, pass the
+    squared deviations from a public centre; for a proportion (a count over n), 0/1 values.
+    The released estimate is clamped into value_range, which only moves it towards the
+    population mean, so the bound still holds."""
+    eta = _check_common(epsilon, confidence)
+    low, high = (float(v) for v in value_range)
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"value_range must be finite with low < high, got {value_range!r}")
+    width = high - low
+    _check_target(target_abs_error, 0.0, width, "absolute error")
+    values = _as_vector(values, "values")
+    if np.isnan(values).any():
+        raise ValueError("values contain NaN; a statistic of them is undefined")
+    release = DPMeanRelease.of(np.clip(values, low, high) - low, width, epsilon, rng)
+    sum_slack = laplace_tail(release.sum_scale, eta / 3.0, two_sided=True)
+    count_slack = laplace_tail(release.count_scale, eta / 3.0, two_sided=True)
+    count_low = release.dp_count - count_slack
+    if count_low <= 0:
+        error_bound = math.inf
+    else:
+        dp_error = (sum_slack + width * count_slack) / release.dp_count
+        sampling_error = width * math.sqrt(math.log(2.0 / (eta / 3.0)) / (2.0 * count_low))
+        error_bound = dp_error + sampling_error
+    estimate = low + min(max(release.dp_mean, 0.0), width) if release.dp_count > 0 else math.nan
+    outcome = ACCEPT if error_bound <= target_abs_error else RETRY
+    return ValidationResult(outcome, estimate, estimate - error_bound, estimate + error_bound,
+                            target_abs_error, epsilon, confidence, release.dp_count,
+                            {"error_bound": error_bound, "value_range": (low, high), "eta": eta})
