@@ -1,0 +1,144 @@
+"""SLAed validation tests: their guarantees hold at the edge, they decide when the evidence is
+clear, their noise has the stated scale, and bad input gets a clear error.
+
+Statistical tests: R independent validations at a fixed seed; a test fails only if the number
+of wrong decisions exceeds the 1 - 1e-4 quantile of Binomial(R, eta), the worst case the
+guarantee allows. False-failure rate <= 1e-4 per assertion."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from sage_tfx.validators import (ACCEPT, REJECT, RETRY, accuracy_validator, loss_validator,
+                                 sum_statistic_validator)
+from sage_tfx.validators.slaed import DPMeanRelease, bernstein_lower, bernstein_upper
+
+RUNS = 1500
+FALSE_FAILURE = 1e-4
+
+
+def allowed_errors(eta: float) -> int:
+    return int(stats.binom.ppf(1.0 - FALSE_FAILURE, RUNS, eta))
+
+
+def wrong_decisions(decide, draw, rng) -> int:
+    return sum(decide(draw(rng), rng) for _ in range(RUNS))
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95])
+def test_loss_accept_and_reject_guarantees_hold_at_the_edge(confidence):
+    eta = (1 - confidence) / 2
+    rng = np.random.default_rng(1)
+    # Losses B * Beta(2, 5): mean B * 2/7. Targets a hair on either side of the mean, where a
+    # validator without its DP correction errs often.
+    bound, n = 2.0, 400
+    mean = bound * 2 / 7
+
+    def draw(rng):
+        return bound * rng.beta(2, 5, size=n)
+
+    accepted_above = wrong_decisions(
+        lambda losses, rng: loss_validator(losses, mean - 0.01, 1.0, confidence, bound,
+                                           rng).outcome == ACCEPT, draw, rng)
+    # The setting can tell: accepting on the DP estimate alone ("No SLA") errs far more often.
+    naive_accepted_above = wrong_decisions(
+        lambda losses, rng: loss_validator(losses, mean - 0.01, 1.0, confidence, bound,
+                                           rng).dp_estimate <= mean - 0.01, draw, rng)
+    assert naive_accepted_above > 3 * allowed_errors(eta)
+    rejected_below = wrong_decisions(
+        lambda losses, rng: loss_validator(losses, mean + 0.01, 1.0, confidence, bound,
+                                           rng).outcome == REJECT, draw, rng)
+    assert accepted_above <= allowed_errors(eta)
+    assert rejected_below <= allowed_errors(eta)
+
+
+def test_loss_validator_decides_when_the_evidence_is_clear():
+    rng = np.random.default_rng(2)
+    losses = rng.beta(2, 5, size=20_000)  # mean 0.286
+    good = loss_validator(losses, 0.35, 1.0, 0.95, 1.0, rng)
+    bad = loss_validator(losses, 0.22, 1.0, 0.95, 1.0, rng)
+    unsure = loss_validator(losses[:50], 0.35, 1.0, 0.95, 1.0, rng)
+    assert (good.outcome, bad.outcome, unsure.outcome) == (ACCEPT, REJECT, RETRY)
+    assert good.lower_bound <= 0.286 <= good.upper_bound <= 0.35
+    assert abs(good.dp_estimate - losses.mean()) < 0.01
+
+
+def test_accuracy_guarantees_and_decisions():
+    eta = 0.025
+    rng = np.random.default_rng(3)
+    accuracy, n = 0.8, 600
+
+    def draw(rng):
+        return rng.random(n) < accuracy
+
+    accepted_below = wrong_decisions(
+        lambda correct, rng: accuracy_validator(correct, accuracy + 0.01, 1.0, 0.95,
+                                                rng).outcome == ACCEPT, draw, rng)
+    rejected_above = wrong_decisions(
+        lambda correct, rng: accuracy_validator(correct, accuracy - 0.01, 1.0, 0.95,
+                                                rng).outcome == REJECT, draw, rng)
+    assert accepted_below <= allowed_errors(eta)
+    assert rejected_above <= allowed_errors(eta)
+    correct = rng.random(20_000) < accuracy
+    result = accuracy_validator(correct, 0.75, 1.0, 0.95, rng)
+    assert result.outcome == ACCEPT and result.lower_bound >= 0.75
+    assert accuracy_validator(correct, 0.85, 1.0, 0.95, rng).outcome == REJECT
+
+
+def test_sum_statistic_error_bound_holds_and_accepts_with_data():
+    eta = 0.025
+    rng = np.random.default_rng(4)
+    low, high = 0.0, 60.0  # speeds in mph, population mean 30
+
+    def violated(values, rng):
+        result = sum_statistic_validator(values, 3.0, 1.0, 0.95, (low, high), rng)
+        return result.outcome == ACCEPT and abs(result.dp_estimate - 30.0) > 3.0
+
+    assert wrong_decisions(violated, lambda rng: rng.uniform(low, high, size=1500),
+                           rng) <= allowed_errors(eta)
+    many = sum_statistic_validator(rng.uniform(low, high, 20_000), 1.5, 1.0, 0.95, (low, high), rng)
+    assert many.outcome == ACCEPT and abs(many.dp_estimate - 30.0) <= 1.5
+    few = sum_statistic_validator(rng.uniform(low, high, 30), 1.5, 1.0, 0.95, (low, high), rng)
+    assert few.outcome == RETRY  # never REJECT: more data always tightens the bound
+
+
+def test_noise_has_the_stated_laplace_scales():
+    rng = np.random.default_rng(5)
+    releases = [DPMeanRelease.of(np.full(100, 0.5), 4.0, 0.5, rng) for _ in range(20_000)]
+    counts = np.array([r.dp_count for r in releases]) - 100
+    sums = np.array([r.dp_sum for r in releases]) - 50
+    # Kolmogorov-Smirnov against Lap(2/eps) and Lap(2B/eps); false-failure rate 1e-4 each.
+    assert stats.kstest(counts, stats.laplace(scale=2 / 0.5).cdf).pvalue > FALSE_FAILURE
+    assert stats.kstest(sums, stats.laplace(scale=2 * 4.0 / 0.5).cdf).pvalue > FALSE_FAILURE
+
+
+def test_bernstein_bounds_bracket_the_mean():
+    assert bernstein_lower(0.3, 1000, 0.01, 1.0) < 0.3 < bernstein_upper(0.3, 1000, 0.01, 1.0)
+    # The upper bound's last term scales with the range B (Listing 2 omits the factor).
+    assert bernstein_upper(0.0, 100, 0.01, 5.0) == pytest.approx(4 * 5.0 * math.log(100) / 100)
+
+
+def test_bad_input_gets_a_clear_error_and_bad_predictions_do_not_crash():
+    losses = np.array([0.1, 0.2])
+    with pytest.raises(ValueError, match="target"):
+        loss_validator(losses, 1.5, 1.0, 0.95, loss_bound=1.0)
+    with pytest.raises(ValueError, match="target"):
+        accuracy_validator([1, 0], -0.1, 1.0)
+    with pytest.raises(ValueError, match="confidence"):
+        loss_validator(losses, 0.5, 1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="loss_bound"):
+        loss_validator(losses, 0.5, 1.0, 0.95, 0.0)
+    with pytest.raises(ValueError, match="empty"):
+        loss_validator([], 0.5, 1.0, 0.95, 1.0)
+    with pytest.raises(ValueError, match="epsilon"):
+        sum_statistic_validator([1.0], 0.5, 0.0, 0.95, (0.0, 1.0))
+    with pytest.raises(ValueError, match="value_range"):
+        sum_statistic_validator([1.0], 0.5, 1.0, 0.95, (1.0, 1.0))
+    # NaN and infinite losses count as B: all-bad predictions can never be accepted.
+    rng = np.random.default_rng(6)
+    broken = loss_validator(np.full(5000, np.nan), 0.5, 1.0, 0.95, 1.0, rng)
+    assert broken.outcome == REJECT and broken.lower_bound > 0.9
+    mixed = loss_validator(np.r_[np.zeros(5000), np.full(5000, np.inf)], 0.3, 1.0, 0.95, 1.0, rng)
+    assert mixed.outcome == REJECT
+    assert accuracy_validator(np.full(5000, np.nan), 0.5, 1.0, 0.95, rng).outcome == REJECT
