@@ -1,5 +1,6 @@
 """DPTrainer: calibration, the component on LocalDagRunner after the sampler, its refusals,
 DP-SGD on the real taxi sample, and AdaSSP against least squares."""
+import base64
 import csv
 import dataclasses
 import json
@@ -21,7 +22,7 @@ from sage_tfx.components.dp_trainer.adassp import adassp
 from sage_tfx.components.dp_trainer.calibrate import (CalibrationError, calibrate,
                                                        plan_for_batch)
 from sage_tfx.components.oblivious_sample_gen import ObliviousSampleGen, accounting
-from sage_tfx.components.oblivious_sample_gen.sampling import samples_swo
+from sage_tfx.components.oblivious_sample_gen.sampling import samples_poisson, samples_swo
 from sage_tfx.components.privacy_grant import GrantError
 from sage_tfx.sage_access import connect
 
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_pipeline import ingest_and_grant  # noqa: E402
 
 MODULE = os.path.join(os.path.dirname(__file__), "trip_module.py")
+KEY_VARIABLE = "SAGE_TEST_TRAINER_KEY"
 
 
 @pytest.mark.parametrize("scheme", ["poisson", "swo", "shuffle"])
@@ -76,7 +78,8 @@ def _artifacts(store, type_name, cls):
 
 
 @pytest.mark.slow
-def test_trainer_pipeline_and_refusals(tmp_path):
+def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
+    monkeypatch.setenv(KEY_VARIABLE, base64.b64encode(os.urandom(32)).decode())
     root = str(tmp_path)
     store_path = os.path.join(root, "metadata.sqlite")
     gen, grant = ingest_and_grant(root, store_path, split={"training": 0.5, "validation": 0.5})
@@ -84,25 +87,34 @@ def test_trainer_pipeline_and_refusals(tmp_path):
                                  scheme="swo", sample_size=8, epochs=3, seed=3)
     trainer = DPTrainer(examples=sampler.outputs["samples"], grant=grant.outputs["grant"],
                         module_file=MODULE, l2_norm_clip=1.0, learning_rate=0.05, seed=4)
+    poisson = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                                 scheme="poisson", gamma=0.125, epochs=2,
+                                 encryption_key_env=KEY_VARIABLE, seed=6).with_id("poisson")
+    poisson_trainer = DPTrainer(examples=poisson.outputs["samples"], grant=grant.outputs["grant"],
+                                module_file=MODULE, l2_norm_clip=1.0, learning_rate=0.05,
+                                encryption_key_env=KEY_VARIABLE, seed=7).with_id("poisson_trainer")
     linear = DPTrainer(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                        module_file=MODULE, mode="adassp", feature_bound=5.0, label_bound=400.0,
                        seed=5).with_id("linear")
     LocalDagRunner().run(pipeline.Pipeline(
         pipeline_name="training", pipeline_root=os.path.join(root, "pipeline"),
-        components=[gen, grant, sampler, trainer, linear],
+        components=[gen, grant, sampler, trainer, poisson, poisson_trainer, linear],
         metadata_connection_config=metadata.sqlite_metadata_connection_config(store_path)))
 
     store = connect(store_path)
-    models = {m.get_string_custom_property("trainer_mode"): m
+    models = {m.get_string_custom_property("sampling_scheme") or "adassp": m
               for m in _artifacts(store, "Model", standard_artifacts.Model)}
-    model = models["dp_sgd"]
+    # Poisson samples, stored encrypted: floor(1 / gamma) = 8 steps per epoch whatever n is.
+    assert models["poisson"].get_int_custom_property("steps") == 16
+    assert 0.98 * 0.2 <= float(models["poisson"].get_string_custom_property("dp_epsilon")) <= 0.2
+    model = models["swo"]
     props = {k: v.string_value or v.int_value for k, v in model.mlmd_artifact.custom_properties.items()}
     # The grant is (0.4, 1e-7), half of it for training.
     assert 0.98 * 0.2 <= float(props["dp_epsilon"]) <= 0.2
     assert float(props["dp_delta"]) == pytest.approx(0.5e-7)
     assert props["sampling_scheme"] == "swo"
     [samples] = [e for e in _artifacts(store, "Examples", standard_artifacts.Examples)
-                 if e.get_string_custom_property("sampling_scheme")]
+                 if e.get_string_custom_property("sampling_scheme") == "swo"]
     assert props["steps"] == 3 * (samples.get_int_custom_property("sampling_n") // 8)
     assert json.loads(props["blocks"]) == ["2024-03", "2024-02"]
     assert float(props["noise_multiplier"]) > 0 and float(props["l2_norm_clip"]) == 1.0
@@ -158,6 +170,22 @@ def test_trainer_pipeline_and_refusals(tmp_path):
     with pytest.raises(trainer_executor.SamplesMismatch, match="is not what swo sampling"):
         run(samples)
     assert not os.path.exists(outputs["model"][0].uri)  # nothing written by a refused run
+
+
+def test_poisson_step_plan_has_public_width_and_masks_padding():
+    samples = samples_poisson(tf.range(2000), 0.05, seed=8, epochs=2)
+    plan = dp_sgd.StepPlan.from_samples(samples.sample_ids, samples.descriptor)
+    assert plan.steps == 2 * 20 and plan.normaliser == pytest.approx(100.0)
+    # Every step has the same width, fixed by (n, gamma) alone; weights mark the real records.
+    assert plan.rows.shape[1] == dp_sgd.StepPlan.from_samples(
+        samples_poisson(tf.range(2000), 0.05, seed=9).sample_ids,
+        samples_poisson(tf.range(2000), 0.05, seed=9).descriptor).rows.shape[1]
+    sizes = [int(np.sum(samples.sample_ids[e * samples.descriptor.slots_per_epoch:
+                                           (e + 1) * samples.descriptor.slots_per_epoch] == s))
+             for e in range(2) for s in range(1, 21)]
+    assert plan.weights.sum(axis=1).tolist() == sizes
+    real = int(np.sum(samples.sample_ids > 0))
+    assert set(plan.rows[plan.weights > 0].tolist()) == set(range(real))
 
 
 def taxi_trips():
