@@ -279,6 +279,10 @@ class BlockLedger:
             order_by=metadata_store.OrderByField.ID, is_asc=True, filter_query=query))
         return [self._to_state(a) for a in artifacts]
 
+    def live_blocks(self, page: int = 256) -> list[BlockState]:
+        """Blocks not yet retired, most recent arrival first (what a window can draw on)."""
+        return [self._to_state(a) for a in self._live_blocks_newest_first(page)]
+
     def remaining(self, block: BlockState, pipeline: Optional[str] = None) -> str:
         """A readable account of what a block has left (for errors and the CLI)."""
         epsilon_spent, delta_spent = self.accounting.guarantee(

@@ -1,0 +1,327 @@
+"""Multi-pipeline workloads on the real BlockLedger (Sage §3.2, §5.4, Fig. 8).
+
+A discrete-time simulation, one step per hour:
+  1. `samples_per_hour` new samples arrive as one block with budget (block_epsilon, block_delta).
+  2. Pipelines arrive with Gamma inter-arrival times (mean 1 / arrival rate). Each one needs a
+     number of samples that depends on the epsilon it trains with (`SampleComplexity`).
+  3. Every waiting pipeline makes up to `attempts_per_hour` attempts: the strategy asks the
+     ledger for a grant, and the pipeline is released (ACCEPT) if the granted data suffices at the granted
+     epsilon. Otherwise the budget stays spent (RETRY) and the pipeline tries again, or waits
+     for new blocks when the ledger cannot pay what it asks for.
+
+All budget goes through `sage_tfx.sage_access.BlockLedger` (MLMD's in-memory store). The ledger
+enforces the ceilings, splits new blocks among waiting pipelines and returns the reservations of
+finished ones. The strategies only decide what to ask for:
+
+* query: query-level composition. The whole stream is one database with one budget, so every
+  grant charges the single `stream` block, whatever data it uses. Pipelines train on all data
+  so far and double epsilon on RETRY (doubling data means waiting for it).
+* streaming: streaming composition. Each sample is used once, by one pipeline. Unused blocks
+  go to the oldest waiting pipeline until it holds enough of them to train at the full block
+  budget. That grant spends those blocks entirely.
+* block_aggressive: block composition, and a pipeline spends everything the ledger lets it
+  draw: every block that still has budget for it, at the least allowance among them. On RETRY
+  it waits until twice as many blocks can pay.
+* block_conserve: block composition with Sage's privacy-adaptive training (§3.3, and §6:
+  "we use as much data as is available ... with the lowest privacy budget"). Start at
+  `initial_epsilon` on every block that can pay it. On RETRY, double epsilon if as many blocks
+  can pay the double, otherwise wait until twice as many blocks can pay.
+
+Release time is the release hour minus the arrival hour. A pipeline not released by the end of
+the simulation counts as unreleased, and as released at the last hour (the horizon).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+import numpy as np
+
+from sage_tfx.sage_access import BlockIds, BlockLedger, BudgetExhausted, RecentWindow
+from sage_tfx.sage_access.allocation import free_budget
+
+STRATEGIES = ("query", "streaming", "block_aggressive", "block_conserve")
+RELEASED, RETRY, WAIT = "released", "retry", "wait"
+
+
+class SampleComplexity(Protocol):
+    def samples_needed(self, epsilon: float) -> float:
+        """Samples with which the pipeline is ACCEPTed when trained at `epsilon`."""
+
+
+@dataclass(frozen=True)
+class InverseEpsilonComplexity:
+    """n(eps) = nonprivate_samples * (1 + epsilon_scale / eps). The DP error term of the
+    Laplace/Gaussian mechanisms and of DP-SGD shrinks like 1 / (eps n), so the samples needed
+    grow like 1 / eps at small epsilon and approach the non-private need at large epsilon.
+    Replace it with curves measured on the taxi pipelines."""
+    nonprivate_samples: float
+    epsilon_scale: float = 0.1
+
+    def samples_needed(self, epsilon: float) -> float:
+        return self.nonprivate_samples * (1.0 + self.epsilon_scale / epsilon)
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    arrival_rate_per_hour: float
+    samples_per_hour: int = 16_000  # Sage §5.4: about an hour of NYC taxi rides
+    block_epsilon: float = 1.0
+    block_delta: float = 1e-6
+    arrival_hours: int = 400  # pipelines arrive during these hours ...
+    drain_hours: int = 200  # ... and the simulation runs this much longer
+    gamma_shape: float = 2.0
+    # Power-law (Pareto) non-private sample complexities, truncated to [min, max].
+    complexity_alpha: float = 1.5
+    complexity_min_samples: float = 10_000
+    complexity_max_samples: float = 2_000_000
+    # At epsilon 1 a pipeline needs 10% more data than without DP, at 0.1 twice as much.
+    epsilon_scale: float = 0.1
+    initial_epsilon: float = 0.05
+    min_request_epsilon: float = 0.01
+    # Iterations a pipeline may run within one hour. Training time is not modelled below the
+    # hour: a pipeline retries until it is released or must wait for new blocks.
+    attempts_per_hour: int = 16
+
+    @property
+    def horizon(self) -> int:
+        return self.arrival_hours + self.drain_hours
+
+
+@dataclass
+class Pipeline:
+    name: str
+    arrival_hour: int
+    complexity: SampleComplexity
+    epsilon: float = 0.0
+    window: int = 0  # blocks (query: samples) the next attempt needs at least
+    released_hour: Optional[int] = None
+    attempts: int = 0
+    blocks: list[str] = field(default_factory=list)  # streaming: fresh blocks held
+
+    def accepts(self, samples: float, epsilon: float) -> bool:
+        return samples >= self.complexity.samples_needed(epsilon)
+
+
+def draw_pipelines(config: WorkloadConfig, rng: np.random.Generator) -> list[Pipeline]:
+    pipelines, time = [], 0.0
+    scale = 1.0 / (config.arrival_rate_per_hour * config.gamma_shape)
+    while True:
+        time += rng.gamma(config.gamma_shape, scale)
+        if time >= config.arrival_hours:
+            return pipelines
+        pareto = config.complexity_min_samples * (1.0 - rng.random()) ** (-1.0 / config.complexity_alpha)
+        complexity = InverseEpsilonComplexity(min(pareto, config.complexity_max_samples),
+                                              config.epsilon_scale)
+        pipelines.append(Pipeline(f"p{len(pipelines):05d}", int(time), complexity,
+                                  config.initial_epsilon))
+
+
+class Strategy:
+    """How pipelines ask the ledger for budget; the ledger decides what is granted."""
+
+    def __init__(self, ledger: BlockLedger, config: WorkloadConfig):
+        self.ledger, self.config = ledger, config
+        self.waiting: list[Pipeline] = []
+
+    def new_block(self, hour: int) -> None:
+        self.ledger.add_block(f"h{hour:06d}", epsilon=self.config.block_epsilon,
+                              delta=self.config.block_delta)
+
+    def arrive(self, pipeline: Pipeline) -> None:
+        self.waiting.append(pipeline)
+
+    def attempt(self, pipeline: Pipeline, hour: int) -> str:
+        """One try: RELEASED, RETRY (budget spent, may try again) or WAIT (for new blocks)."""
+        raise NotImplementedError
+
+    def step(self, hour: int) -> None:
+        for pipeline in list(self.waiting):
+            for _ in range(self.config.attempts_per_hour):
+                outcome = self.attempt(pipeline, hour)
+                if outcome == RELEASED:
+                    pipeline.released_hour = hour
+                    self.waiting.remove(pipeline)
+                    self.released(pipeline)
+                if outcome != RETRY:
+                    break
+
+    def released(self, pipeline: Pipeline) -> None:
+        pass
+
+    def _grant(self, selector, epsilon: float, pipeline: Optional[str]) -> bool:
+        try:
+            self.ledger.request(selector, epsilon=epsilon, delta=0.0, pipeline=pipeline)
+        except BudgetExhausted:
+            return False
+        return True
+
+
+class QueryComposition(Strategy):
+    STREAM = "stream"
+
+    def new_block(self, hour: int) -> None:
+        if hour == 0:  # one database, one budget, however much data arrives later
+            self.ledger.add_block(self.STREAM, epsilon=self.config.block_epsilon,
+                                  delta=self.config.block_delta)
+
+    def attempt(self, pipeline: Pipeline, hour: int) -> str:
+        samples = (hour + 1) * self.config.samples_per_hour
+        if pipeline.window and samples < pipeline.window:
+            return WAIT  # at its largest epsilon: waits until the data has doubled
+        if self.ledger.block(self.STREAM).retired:
+            return WAIT  # the stream's budget is gone for good
+        if not self._grant(BlockIds([self.STREAM]), pipeline.epsilon, None):
+            return WAIT
+        if pipeline.accepts(samples, pipeline.epsilon):
+            return RELEASED
+        if pipeline.epsilon * 2 <= self.config.block_epsilon:
+            pipeline.epsilon *= 2
+        else:
+            pipeline.window = 2 * samples
+        return RETRY
+
+
+class StreamingComposition(Strategy):
+
+    def __init__(self, ledger: BlockLedger, config: WorkloadConfig):
+        super().__init__(ledger, config)
+        self.unused: list[str] = []
+
+    def new_block(self, hour: int) -> None:
+        super().new_block(hour)
+        self.unused.append(f"h{hour:06d}")
+
+    def attempt(self, pipeline: Pipeline, hour: int) -> str:
+        epsilon = self.config.block_epsilon
+        # Unused data goes to the oldest waiting pipeline first (step() visits them in order).
+        while self.unused and not pipeline.accepts(
+                len(pipeline.blocks) * self.config.samples_per_hour, epsilon):
+            pipeline.blocks.append(self.unused.pop(0))
+        samples = len(pipeline.blocks) * self.config.samples_per_hour
+        if not pipeline.blocks or not pipeline.accepts(samples, epsilon):
+            return WAIT
+        return RELEASED if self._grant(BlockIds(pipeline.blocks), epsilon, None) else WAIT
+
+
+class BlockStrategy(Strategy):
+    """Block composition: pipelines register with the ledger, whose allocation policy splits
+    each new block among the waiting ones, and finish when released."""
+
+    def __init__(self, ledger: BlockLedger, config: WorkloadConfig):
+        super().__init__(ledger, config)
+        self._live = None  # the ledger's live blocks, re-read after every change
+
+    def new_block(self, hour: int) -> None:
+        super().new_block(hour)
+        self._live = None
+
+    def arrive(self, pipeline: Pipeline) -> None:
+        super().arrive(pipeline)
+        self.ledger.register_pipeline(pipeline.name)
+        self._live = None
+
+    def released(self, pipeline: Pipeline) -> None:
+        self.ledger.finish_pipeline(pipeline.name)
+        self._live = None
+
+    def _grant(self, selector, epsilon: float, pipeline: Optional[str]) -> bool:
+        self._live = None
+        return super()._grant(selector, epsilon, pipeline)
+
+    def allowances(self, pipeline: Pipeline) -> list[float]:
+        """Epsilon the pipeline may draw from each live block, newest first: its own
+        reservation plus the block's free budget (as allocation.available_to, epsilon part)."""
+        if self._live is None:
+            self._live = [(float(free_budget(block)[0]),
+                           {name: max(float(reserved[0]), 0.0)
+                            for name, reserved in block.reservations.items()})
+                          for block in self.ledger.live_blocks()]
+        return [free + reserved.get(pipeline.name, 0.0) for free, reserved in self._live]
+
+    def train(self, pipeline: Pipeline, epsilon: float, allowances: list[float]) -> str:
+        """Train on every block that can pay `epsilon` (Sage §6: "as much data as is available
+        ..."), unless that is no more than the last RETRY had: then wait for more data."""
+        window = sum(allowance >= epsilon for allowance in allowances)
+        if window == 0 or window < pipeline.window:
+            return WAIT
+        if not self._grant(RecentWindow(window), epsilon, pipeline.name):
+            return WAIT
+        if pipeline.accepts(window * self.config.samples_per_hour, epsilon):
+            return RELEASED
+        self.next_request(pipeline, epsilon, window)
+        return RETRY
+
+    def next_request(self, pipeline: Pipeline, spent: float, window: int) -> None:
+        pipeline.window = 2 * window  # double the data: wait for new blocks
+
+
+class BlockAggressive(BlockStrategy):
+
+    def attempt(self, pipeline: Pipeline, hour: int) -> str:
+        # All the budget it may draw, on all the blocks that still have some for it.
+        usable = [a for a in self.allowances(pipeline) if a >= self.config.min_request_epsilon]
+        return self.train(pipeline, min(usable), usable) if usable else WAIT
+
+
+class BlockConserve(BlockStrategy):
+
+    def attempt(self, pipeline: Pipeline, hour: int) -> str:
+        # When many pipelines wait, a block's share can fall below the planned epsilon; asking
+        # for more than the blocks offer would wait forever, so the plan shrinks to what the
+        # data the pipeline needs (its window) can pay.
+        allowances = self.allowances(pipeline)
+        usable = sorted((a for a in allowances if a >= self.config.min_request_epsilon),
+                        reverse=True)
+        needed = max(pipeline.window, 1)
+        if len(usable) < needed:
+            return WAIT
+        return self.train(pipeline, min(pipeline.epsilon, usable[needed - 1]), allowances)
+
+    def next_request(self, pipeline: Pipeline, spent: float, window: int) -> None:
+        """Double epsilon if the allocation can pay it on as much data, else double the data."""
+        doubled = 2 * spent
+        payable = sum(allowance >= doubled for allowance in self.allowances(pipeline))
+        if doubled <= self.config.block_epsilon and payable >= window:
+            pipeline.epsilon = doubled
+            pipeline.window = window
+        else:
+            super().next_request(pipeline, spent, window)
+
+
+STRATEGY_CLASSES = {"query": QueryComposition, "streaming": StreamingComposition,
+                    "block_aggressive": BlockAggressive, "block_conserve": BlockConserve}
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    strategy: str
+    pipelines: int
+    mean_release_hours: float
+    unreleased_fraction: float
+    ledger: BlockLedger
+
+
+def simulate(strategy: str, config: WorkloadConfig, seed: int) -> WorkloadResult:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; use one of {STRATEGIES}")
+    if not config.arrival_rate_per_hour > 0:
+        raise ValueError(f"arrival rate must be > 0, got {config.arrival_rate_per_hour}")
+    pipelines = draw_pipelines(config, np.random.default_rng(seed))
+    ledger = BlockLedger.create(":memory:", min_request_epsilon=config.min_request_epsilon)
+    runner = STRATEGY_CLASSES[strategy](ledger, config)
+    arriving = {}
+    for pipeline in pipelines:
+        arriving.setdefault(pipeline.arrival_hour, []).append(pipeline)
+    for hour in range(config.horizon):
+        runner.new_block(hour)
+        for pipeline in arriving.get(hour, []):
+            runner.arrive(pipeline)
+        runner.step(hour)
+    delays = [(p.released_hour if p.released_hour is not None else config.horizon) - p.arrival_hour
+              for p in pipelines]
+    unreleased = sum(p.released_hour is None for p in pipelines)
+    return WorkloadResult(strategy, len(pipelines),
+                          float(np.mean(delays)) if delays else math.nan,
+                          unreleased / len(pipelines) if pipelines else math.nan, ledger)

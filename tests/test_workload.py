@@ -1,0 +1,69 @@
+"""The workload simulator drives the real ledger: budgets are conserved, and the strategies
+order as Sage §5.4 says at a fixed seed."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sage_tfx.pipelines.workload import (STRATEGIES, InverseEpsilonComplexity, WorkloadConfig,
+                                         draw_pipelines, simulate)
+
+CONFIG = WorkloadConfig(0.6, arrival_hours=60, drain_hours=30)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_no_block_exceeds_its_ceiling_and_reservations_add_up(strategy):
+    result = simulate(strategy, CONFIG, seed=3)
+    assert result.pipelines > 0
+    ledger = result.ledger
+    assert ledger.audit() == []  # every balance re-derived from the history matches
+    for block in ledger.blocks():
+        reserved = sum((np.maximum(r, 0.0) for r in block.reservations.values()),
+                       np.zeros(2))
+        assert block.spent[0] <= block.epsilon_ceiling + 1e-9, block
+        # (epsilon, delta): what is spent plus what is promised stays within the capacity.
+        assert np.all(block.spent + reserved <= block.capacity + 1e-9), block
+    if strategy.startswith("block"):
+        # Released pipelines returned their reservations: only waiting ones still hold some.
+        waiting = set(ledger.waiting_pipelines())
+        holders = {name for block in ledger.blocks() for name, r in block.reservations.items()
+                   if r[0] > 1e-12}
+        assert holders <= waiting
+
+
+def test_strategies_order_as_in_sage_at_a_fixed_seed():
+    config = WorkloadConfig(0.7, arrival_hours=120, drain_hours=60)
+    release = {s: simulate(s, config, seed=1) for s in STRATEGIES}
+    hours = {s: r.mean_release_hours for s, r in release.items()}
+    assert hours["block_conserve"] == min(hours.values()), hours
+    assert hours["block_conserve"] < 24.0, hours
+    assert hours["query"] > 2 * hours["block_aggressive"], hours
+    assert release["query"].unreleased_fraction > 0.5  # the one stream budget runs out
+    assert release["block_conserve"].unreleased_fraction == 0.0
+
+
+def test_complexity_and_arrivals_are_as_configured():
+    assert InverseEpsilonComplexity(10_000, 0.1).samples_needed(0.1) == pytest.approx(20_000)
+    pipelines = draw_pipelines(WorkloadConfig(2.0, arrival_hours=500), np.random.default_rng(0))
+    # Gamma inter-arrivals with mean 1/2 hour: about 1,000 arrivals (Poisson-like spread).
+    assert 900 <= len(pipelines) <= 1100
+    needs = [p.complexity.nonprivate_samples for p in pipelines]
+    assert min(needs) >= 10_000 and max(needs) <= 2_000_000
+    with pytest.raises(ValueError, match="unknown strategy"):
+        simulate("fifo", CONFIG, seed=0)
+
+
+@pytest.mark.slow
+def test_benchmark_quick_prints_the_contract(tmp_path):
+    plot = tmp_path / "fig8.png"
+    out = subprocess.run([sys.executable, "benchmarks/workload.py", "--quick", "--json",
+                          "--plot", str(plot)], capture_output=True, text=True, check=True,
+                         cwd=__file__.rsplit("/tests/", 1)[0]).stdout
+    result = json.loads(out)
+    rates = result["arrival_rates_per_hour"]
+    assert set(result["strategies"]) == set(STRATEGIES)
+    for row in result["strategies"].values():
+        assert len(row["mean_release_hours"]) == len(row["unreleased_fraction"]) == len(rates)
+    assert plot.stat().st_size > 0
