@@ -12,6 +12,7 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
+from sage_tfx.components.dp_trainer.dp_sgd import with_reduction
 from sage_tfx.components.dp_trainer.user_module import UserModule
 from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
@@ -54,9 +55,7 @@ def per_example_metric(metric: str, module: UserModule, labels: np.ndarray,
     (the validator counts it as B) or an incorrect prediction."""
     finite = np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1)
     if metric == "loss":
-        loss = module.loss()
-        per_example = type(loss).from_config(dict(loss.get_config(),
-                                                  reduction=tf.keras.losses.Reduction.NONE))
+        per_example = with_reduction(module.loss(), tf.keras.losses.Reduction.NONE)
         values = per_example(tf.constant(labels, tf.float32),
                              tf.constant(np.nan_to_num(outputs), tf.float32)).numpy().reshape(-1)
         return np.where(finite, values, np.nan)

@@ -115,10 +115,10 @@ def _public_width(descriptor: SamplingDescriptor) -> int:
                               mean)
 
 
-def summed_loss(loss: tf.keras.losses.Loss) -> tf.keras.losses.Loss:
-    """The same loss with SUM reduction: sum_i w_i * loss_i, the clipped-gradient objective."""
-    config = dict(loss.get_config(), reduction=tf.keras.losses.Reduction.SUM)
-    return type(loss).from_config(config)
+def with_reduction(loss: tf.keras.losses.Loss, reduction: str) -> tf.keras.losses.Loss:
+    """The same loss with another reduction: SUM gives sum_i w_i * loss_i (the clipped-gradient
+    objective), NONE the per-example losses."""
+    return type(loss).from_config(dict(loss.get_config(), reduction=reduction))
 
 
 def noise_generator(seed: Optional[int] = None) -> tf.random.Generator:
@@ -133,9 +133,8 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     model.compile(loss=loss)  # fast clipping derives per-example losses from model.loss
     optimizer = tf.keras.optimizers.SGD(config.learning_rate)
     registry = layer_registry.make_default_layer_registry()
-    clipping_loss = summed_loss(loss)
-    per_example = type(loss).from_config(dict(loss.get_config(),
-                                              reduction=tf.keras.losses.Reduction.NONE))
+    clipping_loss = with_reduction(loss, tf.keras.losses.Reduction.SUM)
+    per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
     noise_std = config.noise_multiplier * config.l2_norm_clip
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int32),
@@ -159,8 +158,7 @@ def make_nondp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features:
     """The non-private reference (no clipping, no noise) with the same interface, plan and
     normaliser, for benchmarks and the accuracy table; never used on granted data."""
     optimizer = tf.keras.optimizers.SGD(learning_rate)
-    per_example = type(loss).from_config(dict(loss.get_config(),
-                                              reduction=tf.keras.losses.Reduction.NONE))
+    per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int32),
                                   tf.TensorSpec([None], tf.float32)])
