@@ -177,10 +177,8 @@ def samples_poisson(records, gamma: float, seed: Optional[int] = None,
     sizes, boundaries and the number of samples that fit are never visible in the trace."""
     records = _as_records(records)
     n = int(records.shape[0])
-    if not (isinstance(gamma, (float, int)) and 0.0 < gamma <= 1.0):
-        raise ValueError(f"gamma={gamma!r} must be in (0, 1]")
-    _check_epochs(epochs)
-    samples_per_epoch, slots = poisson_layout(n, float(gamma))
+    descriptor = plan("poisson", n, epochs, gamma=gamma)  # also checks gamma and epochs
+    samples_per_epoch, slots = descriptor.samples_per_epoch, descriptor.slots_per_epoch
     rng = secret_rng(seed)
     parts, ids = [], []
     for _ in range(epochs):
@@ -197,8 +195,7 @@ def samples_poisson(records, gamma: float, seed: Optional[int] = None,
                                     np.zeros(dummies, dtype=np.int64)])
         parts.append(_route_samples(records, keys, trace))
         ids.append(epoch_ids)
-    return Samples(tf.concat(parts, axis=0), np.concatenate(ids),
-                   plan("poisson", n, epochs, gamma=float(gamma)))
+    return Samples(tf.concat(parts, axis=0), np.concatenate(ids), descriptor)
 
 
 def shuffle_and_split(records, m: int, seed: Optional[int] = None,
@@ -208,11 +205,9 @@ def shuffle_and_split(records, m: int, seed: Optional[int] = None,
     n // m batches of m. Not oblivious; here for comparison."""
     records = _as_records(records)
     n = int(records.shape[0])
-    if not 0 < m <= n:
-        raise ValueError(f"sample size m={m} must be in [1, n={n}]")
-    _check_epochs(epochs)
+    descriptor = plan("shuffle", n, epochs, sample_size=m)  # also checks m and epochs
     rng = secret_rng(seed)
-    k = n // m
+    k = descriptor.samples_per_epoch
     parts = []
     for _ in range(epochs):
         permutation = rng.permutation(n)[:k * m]
@@ -221,7 +216,7 @@ def shuffle_and_split(records, m: int, seed: Optional[int] = None,
             trace.write("samples", np.arange(k * m))
         parts.append(tf.gather(records, permutation))
     ids = np.tile(np.repeat(np.arange(1, k + 1), m), epochs)
-    return Samples(tf.concat(parts, axis=0), ids, plan("shuffle", n, epochs, sample_size=m))
+    return Samples(tf.concat(parts, axis=0), ids, descriptor)
 
 
 def plan(scheme: str, n: int, epochs: int, sample_size: Optional[int] = None,
@@ -237,7 +232,8 @@ def plan(scheme: str, n: int, epochs: int, sample_size: Optional[int] = None,
         samples_per_epoch, slots = poisson_layout(n, gamma)
         return SamplingDescriptor(scheme=scheme, n=n, epochs=epochs,
                                   samples_per_epoch=samples_per_epoch, slots_per_epoch=slots,
-                                  gamma=gamma, truncation_probability=POISSON_TRUNCATION_PROBABILITY)
+                                  gamma=float(gamma),
+                                  truncation_probability=POISSON_TRUNCATION_PROBABILITY)
     if scheme not in SCHEMES:
         raise ValueError(f"unknown sampling scheme {scheme!r}; use one of {SCHEMES}")
     if not (isinstance(sample_size, (int, np.integer)) and 0 < sample_size <= n):
