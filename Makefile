@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test benchmark lock clean
+.PHONY: demo ledger-demo test benchmark lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(BIN)/python -m sage_tfx.examples.taxi.run --workdir out/taxi-demo
+
+ledger-demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/ledger_demo.sh
 
 test: $(STAMP)

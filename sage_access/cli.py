@@ -158,22 +158,24 @@ def ledger_table(ledger) -> dict:
             "waiting_pipelines": ledger.waiting_pipelines(), "blocks": blocks}
 
 
-def _show(args) -> int:
-    table = ledger_table(_open(args))
-    if args.json:
-        print(json.dumps(table, indent=2))
-        return 0
-    print(f"ledger {table['context']!r}: {table['accounting']} accounting, minimum request "
-          f"epsilon {table['min_request_epsilon']}, waiting pipelines: "
-          f"{', '.join(table['waiting_pipelines']) or 'none'}")
+def format_table(table: dict) -> str:
+    """`show`'s text view of a `ledger_table`."""
+    lines = [f"ledger {table['context']!r}: {table['accounting']} accounting, minimum request "
+             f"epsilon {table['min_request_epsilon']}, waiting pipelines: "
+             f"{', '.join(table['waiting_pipelines']) or 'none'}"]
     header = f"{'block':<20} {'eps spent':>10} {'eps ceiling':>11} {'delta spent':>11} " \
              f"{'delta ceil':>10} {'charges':>7}  state"
-    print(header)
-    print("-" * len(header))
+    lines += [header, "-" * len(header)]
     for row in table["blocks"]:
-        print(f"{row['id']:<20} {row['epsilon_spent']:>10.4f} {row['epsilon_ceiling']:>11.4f} "
-              f"{row['delta_spent']:>11.3g} {row['delta_ceiling']:>10.3g} {row['charges']:>7}  "
-              f"{'retired' if row['retired'] else 'live'}")
+        lines.append(f"{row['id']:<20} {row['epsilon_spent']:>10.4f} {row['epsilon_ceiling']:>11.4f} "
+                     f"{row['delta_spent']:>11.3g} {row['delta_ceiling']:>10.3g} "
+                     f"{row['charges']:>7}  {'retired' if row['retired'] else 'live'}")
+    return "\n".join(lines)
+
+
+def _show(args) -> int:
+    table = ledger_table(_open(args))
+    print(json.dumps(table, indent=2) if args.json else format_table(table))
     return 0
 
 

@@ -283,6 +283,13 @@ class BlockLedger:
         """Blocks not yet retired, most recent arrival first (what a window can draw on)."""
         return [self._to_state(a) for a in self._live_blocks_newest_first(page)]
 
+    def payable_blocks(self, epsilon: float, delta: float, pipeline: Optional[str] = None) -> int:
+        """How many live blocks could pay (epsilon, delta) for `pipeline` now: the most a
+        RecentWindow request of that budget can cover (planning only; nothing is charged)."""
+        demand = self.accounting.demand(BudgetRequest(epsilon=epsilon, delta=delta))
+        return sum(allocation.can_pay(block, demand, pipeline, self.accounting)
+                   for block in self.live_blocks())
+
     def remaining(self, block: BlockState, pipeline: Optional[str] = None) -> str:
         """A readable account of what a block has left (for errors and the CLI)."""
         epsilon_spent, delta_spent = self.accounting.guarantee(

@@ -25,6 +25,8 @@ class SLAedValidatorSpec(component_spec.ComponentSpec):
         "model": component_spec.ChannelParameter(type=standard_artifacts.Model),
         "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
+        "transform_graph": component_spec.ChannelParameter(
+            type=standard_artifacts.TransformGraph, optional=True),
     }
     OUTPUTS = {
         "blessing": component_spec.ChannelParameter(type=standard_artifacts.ModelBlessing),
@@ -40,6 +42,8 @@ class SLAedValidator(base_component.BaseComponent):
     metric 'accuracy': ACCEPT only if the expected accuracy is >= target. The predicted class is
     the argmax of the outputs, or outputs >= 0.5 for one output (a module may define
     `predicted_class(outputs)` instead).
+    With `transform_graph` (the one the model was trained with), the labels are taken from the
+    transformed features when the transform outputs the label, as in DPTrainer.
     Output: a ModelBlessing with `blessed` = 1 only on ACCEPT (TFX's Pusher reads it), and the
     custom properties outcome, metric, dp_metric, lower_bound, upper_bound, target,
     confidence, epsilon_used.
@@ -51,10 +55,11 @@ class SLAedValidator(base_component.BaseComponent):
     def __init__(self, model: channel.Channel, examples: channel.Channel, grant: channel.Channel,
                  module_file: str, metric: str, target: float, confidence: float = 0.95,
                  loss_bound: Optional[float] = None, grant_step: str = "validation",
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None,
+                 transform_graph: Optional[channel.Channel] = None):
         executor.check_parameters(metric, target, confidence, loss_bound)
         super().__init__(spec=SLAedValidatorSpec(
             module_file=module_file, metric=metric, target=target, confidence=confidence,
             loss_bound=loss_bound, grant_step=grant_step, seed=seed, model=model,
-            examples=examples, grant=grant,
+            examples=examples, grant=grant, transform_graph=transform_graph,
             blessing=channel.Channel(type=standard_artifacts.ModelBlessing)))

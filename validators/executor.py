@@ -13,7 +13,7 @@ from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
 from sage_tfx.components.dp_trainer.dp_sgd import with_reduction
-from sage_tfx.components.dp_trainer.user_module import UserModule
+from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
 from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.randomness import secret_rng
@@ -83,9 +83,13 @@ class Executor(base_executor.BaseExecutor):
         module = UserModule.load(exec_properties.get("module_file"), metric)
         model = artifact_utils.get_single_instance(input_dict["model"])
 
+        transform_output = None
+        if input_dict.get("transform_graph"):
+            import tensorflow_transform as tft
+            transform_output = tft.TFTransformOutput(
+                artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
         serialized = read_split(examples.uri, TEST_SPLIT).numpy()
-        label_spec = {module.label_key: module.feature_spec()[module.label_key]}
-        labels = tf.io.parse_example(tf.constant(serialized), label_spec)[module.label_key].numpy()
+        labels = RecordDecoder(module, transform_output).labels(serialized).numpy()
         values = per_example_metric(metric, module, labels, predictions(model.uri, serialized))
         seed = exec_properties.get("seed")
         rng = secret_rng(None if seed is None else int(seed))

@@ -22,6 +22,7 @@ class DPTrainerSpec(component_spec.ComponentSpec):
         "max_noise_multiplier": component_spec.ExecutionParameter(type=float, optional=True),
         "feature_bound": component_spec.ExecutionParameter(type=float, optional=True),
         "label_bound": component_spec.ExecutionParameter(type=float, optional=True),
+        "label_offset": component_spec.ExecutionParameter(type=float, optional=True),
         "encryption_key_env": component_spec.ExecutionParameter(type=str, optional=True),
         "seed": component_spec.ExecutionParameter(type=int, optional=True),
     }
@@ -46,7 +47,8 @@ class DPTrainer(base_component.BaseComponent):
     that will run (`epochs`, default all the samples hold), equals the share; it refuses to
     start if that needs a noise multiplier above `max_noise_multiplier`.
     mode 'adassp': `examples` are the granted Examples; DP linear regression with public
-    bounds `feature_bound` (row norm, intercept included) and `label_bound`.
+    bounds `feature_bound` (row norm, intercept included) and `label_bound` (on the label minus
+    the public `label_offset`, default 0, toward which the ridge shrinks predictions).
 
     Outputs a Model (SavedModel under Format-Serving with a serving signature over serialized
     tf.Examples; custom properties dp_epsilon, dp_delta, noise_multiplier, l2_norm_clip, steps,
@@ -62,6 +64,7 @@ class DPTrainer(base_component.BaseComponent):
                  l2_norm_clip: Optional[float] = None, learning_rate: Optional[float] = None,
                  max_noise_multiplier: Optional[float] = None,
                  feature_bound: Optional[float] = None, label_bound: Optional[float] = None,
+                 label_offset: Optional[float] = None,
                  transform_graph: Optional[channel.Channel] = None,
                  encryption_key_env: Optional[str] = None, seed: Optional[int] = None):
         if mode not in executor.MODES:
@@ -75,7 +78,8 @@ class DPTrainer(base_component.BaseComponent):
             module_file=module_file, mode=mode, grant_step=grant_step, epochs=epochs,
             l2_norm_clip=l2_norm_clip, learning_rate=learning_rate,
             max_noise_multiplier=max_noise_multiplier, feature_bound=feature_bound,
-            label_bound=label_bound, encryption_key_env=encryption_key_env, seed=seed,
+            label_bound=label_bound, label_offset=label_offset,
+            encryption_key_env=encryption_key_env, seed=seed,
             examples=examples, grant=grant, transform_graph=transform_graph,
             model=channel.Channel(type=standard_artifacts.Model),
             model_run=channel.Channel(type=standard_artifacts.ModelRun)))

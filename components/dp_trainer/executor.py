@@ -196,7 +196,8 @@ class Executor(base_executor.BaseExecutor):
         result = adassp_lib.adassp(inputs.numpy(), labels.numpy().reshape(-1), epsilon, delta,
                                    float(exec_properties["feature_bound"]),
                                    float(exec_properties["label_bound"]),
-                                   seed=exec_properties.get("seed"))
+                                   seed=exec_properties.get("seed"),
+                                   label_offset=float(exec_properties.get("label_offset") or 0.0))
         dimension = int(inputs.shape[1])
         keras_model = tf.keras.Sequential([tf.keras.Input((dimension,)), tf.keras.layers.Dense(1)])
         keras_model.layers[-1].set_weights([result.weights[:-1].reshape(dimension, 1).astype(np.float32),
@@ -206,4 +207,5 @@ class Executor(base_executor.BaseExecutor):
         return keras_model, {"dp_epsilon": epsilon, "dp_delta": delta,
                              "noise_multiplier": result.noise_multiplier,
                              "feature_bound": float(exec_properties["feature_bound"]),
-                             "label_bound": float(exec_properties["label_bound"])}
+                             "label_bound": float(exec_properties["label_bound"]),
+                             "label_offset": float(exec_properties.get("label_offset") or 0.0)}

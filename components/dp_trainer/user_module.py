@@ -70,13 +70,21 @@ class RecordDecoder:
             features = self.transform_layer(raw)
         return tf.cast(self.module.model_inputs(features), tf.float32), features
 
+    def _label(self, raw: dict, features: dict) -> tf.Tensor:
+        return tf.cast(features.get(self.module.label_key, raw[self.module.label_key]), tf.float32)
+
     def decode(self, serialized: list[bytes]) -> tuple[tf.Tensor, tf.Tensor]:
         if not serialized:
             raise ValueError("there are no records to train on")
         raw = tf.io.parse_example(tf.constant(serialized), self.raw_spec)
         inputs, features = self._inputs(raw)
-        label = features.get(self.module.label_key, raw[self.module.label_key])
-        return inputs, tf.cast(label, tf.float32)
+        return inputs, self._label(raw, features)
+
+    def labels(self, serialized) -> tf.Tensor:
+        """The labels the model was trained on (transformed, when the transform outputs them)."""
+        raw = tf.io.parse_example(tf.constant(serialized), self.raw_spec)
+        features = self.transform_layer(raw) if self.transform_layer is not None else raw
+        return self._label(raw, features)
 
     def serving_inputs(self, serialized: tf.Tensor) -> tf.Tensor:
         return self._inputs(tf.io.parse_example(serialized, self.serving_spec))[0]

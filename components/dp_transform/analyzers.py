@@ -1,0 +1,230 @@
+"""DP analyzers for a tensorflow_transform `preprocessing_fn`, run by the DPTransform component.
+
+A user's preprocessing_fn calls these instead of TFT's analyzers (Sage Listing 1):
+
+    from sage_tfx.components.dp_transform import analyzers as dp
+
+    def preprocessing_fn(inputs):
+        speed = dp.scale_with_bounds(inputs["speed"], 0.0, 100.0)           # no budget: public bounds
+        hour_speed = dp.dp_group_by_mean(inputs["hour"], speed, num_keys=24,
+                                         value_range=(0.0, 1.0), budget_share=0.8)
+        trips = dp.dp_count(inputs["hour"], budget_share=0.2)
+        return {"hour_speed": hour_speed, ...}
+
+Each analyzer spends `budget_share` of the epsilon that the grant allots to the transform step;
+DPTransform refuses a preprocessing_fn whose shares sum above 1, or that uses any analyzer not
+defined here (TFT's own analyzers publish exact statistics of the data in the TransformGraph).
+
+Guarantees (add-or-remove-one neighbours, the ledger's relation; pure epsilon-DP, no delta):
+
+* dp_count: the number of records, plus Laplace(1/eps). One record changes it by 1.
+* dp_group_by_mean over public keys 0..K-1: each record is clipped to value_range [lo, hi] and
+  adds (1, value) to its key's (count, sum); a record whose key is outside 0..K-1 adds nothing.
+  Adding or removing one record changes one key's count by 1 and its sum by at most
+  max(|lo|, |hi|), and no other key (parallel composition across keys, McSherry's PINQ), so
+  Laplace(2/eps) on every count and Laplace(2·max(|lo|, |hi|)/eps) on every sum give eps/2 + eps/2.
+  Listing 1 writes the sum's scale as value_range·2/eps without clipping; that is the same bound
+  only for values in [0, value_range], so the values are clipped here. The released per-key mean
+  is dp_sum / max(dp_count, 1) clipped to [lo, hi] (post-processing); keys must be public, which
+  is why num_keys is a parameter and not read from the data.
+* dp_mean: dp_group_by_mean with one key.
+All noise is drawn once, after the whole dataset is aggregated, from a CSPRNG-seeded generator.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+import apache_beam as beam
+import numpy as np
+import tensorflow as tf
+import tensorflow_transform as tft
+
+from sage_tfx.randomness import secret_rng
+
+
+class DPTransformError(ValueError):
+    """A preprocessing_fn DPTransform cannot run under its budget."""
+
+
+@dataclass
+class _TransformBudget:
+    """The transform step's epsilon while a preprocessing_fn is traced.
+
+    TFT traces a preprocessing_fn more than once (analysis, then the saved transform graph), so
+    shares are counted per trace: every trace must spend the same shares, and each at most 1.
+    """
+    epsilon: float
+    seed: Optional[int]
+    traces: list = field(default_factory=list)
+
+    def spend(self, analyzer: str, share: float) -> tuple[float, Optional[int]]:
+        if not (math.isfinite(share) and 0 < share <= 1):
+            raise DPTransformError(f"{analyzer}: budget_share must be in (0, 1], got {share!r}")
+        current = self.traces[-1]
+        current.append((analyzer, share))
+        total = sum(s for _, s in current)
+        if total > 1 + 1e-9:
+            raise DPTransformError(
+                f"the preprocessing_fn's DP analyzers spend {total:g} of the transform budget "
+                f"(shares {[s for _, s in current]}); they must sum to at most 1")
+        # A distinct seed per analyzer call, so that tests with a seed do not reuse noise.
+        seed = None if self.seed is None else self.seed * 1000 + len(current)
+        return self.epsilon * share, seed
+
+    def wrap(self, preprocessing_fn: Callable) -> Callable:
+        def traced(inputs):
+            self.traces.append([])
+            return preprocessing_fn(inputs)
+        return traced
+
+    def spent_shares(self) -> list[tuple[str, float]]:
+        if not self.traces:
+            return []
+        if any(trace != self.traces[0] for trace in self.traces):
+            raise DPTransformError("the preprocessing_fn spent different shares on different "
+                                   "traces; its DP analyzers must not depend on tracing state")
+        return list(self.traces[0])
+
+
+_active: list[_TransformBudget] = []
+
+
+@contextlib.contextmanager
+def transform_budget(epsilon: float, seed: Optional[int] = None) -> Iterator[_TransformBudget]:
+    """DPTransform's executor runs the preprocessing_fn inside this."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise DPTransformError(f"the transform budget must be a positive epsilon, got {epsilon!r}")
+    budget = _TransformBudget(epsilon, seed)
+    _active.append(budget)
+    try:
+        yield budget
+    finally:
+        _active.pop()
+
+
+def _spend(analyzer: str, share: float) -> tuple[float, Optional[int]]:
+    if not _active:
+        raise DPTransformError(f"{analyzer} runs only inside DPTransform, which holds the grant")
+    return _active[-1].spend(analyzer, share)
+
+
+class _NoisyGroupSums(beam.PTransform):
+    """Batches of (keys, values) -> one array [K] of DP means (or one DP count, if count_only)."""
+
+    def __init__(self, num_keys: int, lower: float, upper: float, epsilon: float,
+                 seed: Optional[int], count_only: bool = False):
+        super().__init__()
+        self.num_keys, self.lower, self.upper = num_keys, lower, upper
+        self.epsilon, self.seed, self.count_only = epsilon, seed, count_only
+
+    def _batch_sums(self, batch) -> np.ndarray:
+        keys, values = (np.ravel(column) for column in batch)
+        inside = (keys >= 0) & (keys < self.num_keys)
+        keys = keys[inside].astype(np.int64)
+        values = np.clip(values[inside].astype(np.float64), self.lower, self.upper)
+        return np.stack([np.bincount(keys, minlength=self.num_keys),
+                         np.bincount(keys, weights=values, minlength=self.num_keys)])
+
+    def _release(self, sums: np.ndarray) -> np.ndarray:
+        rng = secret_rng(self.seed)
+        counts, value_sums = sums if np.ndim(sums) == 2 else np.zeros((2, self.num_keys))
+        if self.count_only:
+            return np.float32(counts.sum() + rng.laplace(0.0, 1.0 / self.epsilon))
+        sensitivity = max(abs(self.lower), abs(self.upper))
+        dp_counts = counts + rng.laplace(0.0, 2.0 / self.epsilon, self.num_keys)
+        dp_sums = value_sums + rng.laplace(0.0, 2.0 * sensitivity / self.epsilon, self.num_keys)
+        means = np.clip(dp_sums / np.maximum(dp_counts, 1.0), self.lower, self.upper)
+        return means.astype(np.float32)
+
+    def expand(self, batches):
+        return (batches
+                | "SumPerKey" >> beam.Map(self._batch_sums)
+                | "Total" >> beam.CombineGlobally(_ArraySum())
+                | "AddNoise" >> beam.Map(self._release))
+
+
+class _ArraySum(beam.CombineFn):
+    def create_accumulator(self):
+        return 0
+
+    def add_input(self, total, array):
+        return total + array
+
+    def merge_accumulators(self, totals):
+        return sum(totals, 0)
+
+    def extract_output(self, total):
+        return total
+
+
+def _check_range(analyzer: str, lower: float, upper: float) -> tuple[float, float]:
+    lower, upper = float(lower), float(upper)
+    if not (math.isfinite(lower) and math.isfinite(upper) and lower < upper):
+        raise DPTransformError(f"{analyzer}: value_range must be finite with lower < upper, "
+                               f"got ({lower}, {upper})")
+    return lower, upper
+
+
+def _flat(tensor: tf.Tensor, dtype) -> tf.Tensor:
+    return tf.reshape(tf.cast(tensor, dtype), [-1])
+
+
+def dp_group_by_mean(key: tf.Tensor, value: tf.Tensor, num_keys: int,
+                     value_range: tuple[float, float], budget_share: float,
+                     name: Optional[str] = None) -> tf.Tensor:
+    """Per record, the DP mean of `value` over the records sharing its integer `key`
+    (0..num_keys-1; other keys get the range's midpoint). See the module docstring."""
+    if not (isinstance(num_keys, int) and num_keys >= 1):
+        raise DPTransformError(f"dp_group_by_mean: num_keys must be a positive int, got {num_keys!r}")
+    lower, upper = _check_range("dp_group_by_mean", *value_range)
+    epsilon, seed = _spend("dp_group_by_mean", float(budget_share))
+    keys = _flat(key, tf.int64)
+    [means] = tft.experimental.ptransform_analyzer(
+        inputs=[keys, _flat(value, tf.float32)],
+        ptransform=_NoisyGroupSums(num_keys, lower, upper, epsilon, seed),
+        output_dtypes=[tf.float32], output_shapes=[[num_keys]], name=name or "dp_group_by_mean")
+    inside = (keys >= 0) & (keys < num_keys)
+    per_record = tf.gather(means, tf.clip_by_value(keys, 0, num_keys - 1))
+    return tf.where(inside, per_record, tf.constant((lower + upper) / 2, tf.float32))
+
+
+def dp_mean(value: tf.Tensor, value_range: tuple[float, float], budget_share: float,
+            name: Optional[str] = None) -> tf.Tensor:
+    """A scalar: the DP mean of `value` clipped to value_range (one key of dp_group_by_mean)."""
+    lower, upper = _check_range("dp_mean", *value_range)
+    epsilon, seed = _spend("dp_mean", float(budget_share))
+    values = _flat(value, tf.float32)
+    [means] = tft.experimental.ptransform_analyzer(
+        inputs=[tf.zeros_like(values, tf.int64), values],
+        ptransform=_NoisyGroupSums(1, lower, upper, epsilon, seed),
+        output_dtypes=[tf.float32], output_shapes=[[1]], name=name or "dp_mean")
+    return means[0]
+
+
+def dp_count(value: tf.Tensor, budget_share: float, name: Optional[str] = None) -> tf.Tensor:
+    """A scalar: the DP number of records (one per row of `value`)."""
+    epsilon, seed = _spend("dp_count", float(budget_share))
+    rows = tf.zeros([tf.shape(value)[0]], tf.int64)
+    [count] = tft.experimental.ptransform_analyzer(
+        inputs=[rows, tf.zeros([tf.shape(value)[0]], tf.float32)],
+        ptransform=_NoisyGroupSums(1, 0.0, 1.0, epsilon, seed, count_only=True),
+        output_dtypes=[tf.float32], output_shapes=[[]], name=name or "dp_count")
+    return count
+
+
+def scale_with_bounds(value: tf.Tensor, lower: float, upper: float) -> tf.Tensor:
+    """(clip(value, lower, upper) - lower) / (upper - lower): scaling to [0, 1] with public
+    bounds, so no statistic of the data is computed or spent."""
+    lower, upper = _check_range("scale_with_bounds", lower, upper)
+    clipped = tf.clip_by_value(tf.cast(value, tf.float32), lower, upper)
+    return (clipped - lower) / (upper - lower)
+
+
+def is_dp_analyzer(operation_def) -> bool:
+    """True for the analyzer nodes this module creates (the executor refuses any other)."""
+    from tensorflow_transform import analyzer_nodes
+    return (isinstance(operation_def, analyzer_nodes.PTransform)
+            and isinstance(operation_def.ptransform, _NoisyGroupSums))

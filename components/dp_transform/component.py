@@ -1,0 +1,51 @@
+"""DPTransform component: TFT preprocessing where only DP analyzers see the granted data."""
+from __future__ import annotations
+
+from typing import Optional
+
+from tfx.dsl.components.base import base_beam_component, executor_spec
+from tfx.types import channel, component_spec, standard_artifacts
+
+from sage_tfx.components.dp_transform import executor
+from sage_tfx.components.privacy_grant import PrivacyGrant
+
+
+class DPTransformSpec(component_spec.ComponentSpec):
+    PARAMETERS = {
+        "module_file": component_spec.ExecutionParameter(type=str),
+        "grant_step": component_spec.ExecutionParameter(type=str),
+        "seed": component_spec.ExecutionParameter(type=int, optional=True),
+    }
+    INPUTS = {
+        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "grant": component_spec.ChannelParameter(type=PrivacyGrant),
+    }
+    OUTPUTS = {
+        "transform_graph": component_spec.ChannelParameter(type=standard_artifacts.TransformGraph),
+        "transformed_examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+    }
+
+
+class DPTransform(base_beam_component.BaseBeamComponent):
+    """Runs the `preprocessing_fn(inputs)` of `module_file` (which also defines `feature_spec()`,
+    the raw features) with tensorflow_transform on Beam, analysing the granted train split.
+
+    The preprocessing_fn may use only the DP analyzers of
+    `sage_tfx.components.dp_transform.analyzers` (dp_group_by_mean, dp_mean, dp_count) and
+    data-independent ops such as `scale_with_bounds`; each analyzer spends its `budget_share` of
+    the grant's `grant_step` share of epsilon. A TFT analyzer (tft.mean, tft.vocabulary, ...) is
+    refused before any record is read. Outputs a standard TransformGraph (DPTrainer and the
+    serving signature apply it) and the transformed train/test Examples, which carry the grant.
+    `seed` exists for tests only; the noise is CSPRNG-seeded otherwise.
+    """
+
+    SPEC_CLASS = DPTransformSpec
+    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
+
+    def __init__(self, examples: channel.Channel, grant: channel.Channel, module_file: str,
+                 grant_step: str = "transform", seed: Optional[int] = None):
+        super().__init__(spec=DPTransformSpec(
+            module_file=module_file, grant_step=grant_step, seed=seed, examples=examples,
+            grant=grant,
+            transform_graph=channel.Channel(type=standard_artifacts.TransformGraph),
+            transformed_examples=channel.Channel(type=standard_artifacts.Examples)))

@@ -1,0 +1,130 @@
+"""DPTransform executor: run the user's preprocessing_fn with tensorflow_transform on Beam, where
+only the DP analyzers of analyzers.py may look at the data.
+
+Order (DESIGN.md): check the grant, then trace the preprocessing_fn and refuse it if it uses a
+non-DP analyzer or spends more than the transform share, and only then read a record. The
+analysis runs on the granted train split; both splits are transformed with the result.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from typing import Any, Callable
+
+import apache_beam as beam
+import tensorflow as tf
+import tensorflow_transform as tft
+import tensorflow_transform.beam as tft_beam
+from absl import logging
+from tensorflow_transform import analyzer_nodes, impl_helper
+from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
+from tfx.dsl.components.base import base_beam_executor
+from tfx.types import artifact_utils
+from tfx_bsl.public import tfxio
+
+from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_analyzer,
+                                                        transform_budget)
+from sage_tfx.components.privacy_grant import carry_grant, require_grant
+
+SPLITS = ("train", "test")
+RECORDS = "data_tfrecord-00000-of-00001.gz"
+
+
+def load_module(path: str) -> tuple[Callable, dict]:
+    """The module's preprocessing_fn and raw feature spec (`feature_spec()`, as for DPTrainer)."""
+    if not path or not os.path.isfile(path):
+        raise DPTransformError(f"module file {path!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"sage_transform_module_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    missing = [name for name in ("preprocessing_fn", "feature_spec") if not hasattr(module, name)]
+    if missing:
+        raise DPTransformError(f"module file {path} lacks {missing} (needed by DPTransform)")
+    return module.preprocessing_fn, module.feature_spec()
+
+
+def _analyzer_defs(graph: tf.Graph):
+    """Every analyzer node the traced graph's outputs depend on."""
+    seen, pending = set(), [sink.future for sink in
+                            graph.get_collection(analyzer_nodes.TENSOR_REPLACEMENTS)]
+    while pending:
+        operation = pending.pop().parent_operation
+        if id(operation) in seen:
+            continue
+        seen.add(id(operation))
+        if isinstance(operation.operation_def, analyzer_nodes.AnalyzerDef):
+            yield operation.operation_def
+        pending.extend(operation.inputs)
+
+
+def audit(preprocessing_fn: Callable, feature_spec: dict, epsilon: float) -> list:
+    """Trace the preprocessing_fn without data; raise unless every analyzer is a DP analyzer and
+    the shares fit. Returns the (analyzer, share) list."""
+    with transform_budget(epsilon) as budget:
+        graph, _, _ = impl_helper.trace_preprocessing_function(
+            budget.wrap(preprocessing_fn), feature_spec, use_tf_compat_v1=True)
+        shares = budget.spent_shares()
+    others = sorted({type(op).__name__ for op in _analyzer_defs(graph) if not is_dp_analyzer(op)})
+    if others:
+        raise DPTransformError(
+            f"the preprocessing_fn uses non-private analyzers ({', '.join(others)}); DPTransform "
+            "publishes only DP statistics: use sage_tfx.components.dp_transform.analyzers")
+    return shares
+
+
+def _split_pattern(examples, split: str) -> str:
+    return os.path.join(artifact_utils.get_split_uri([examples], split), "*")
+
+
+class Executor(base_beam_executor.BaseBeamExecutor):
+
+    def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
+           exec_properties: dict[str, Any]) -> None:
+        grant = require_grant(input_dict["grant"], input_dict["examples"])
+        epsilon, _ = grant.share(exec_properties["grant_step"])
+        preprocessing_fn, feature_spec = load_module(exec_properties["module_file"])
+        shares = audit(preprocessing_fn, feature_spec, epsilon)
+        logging.info("DPTransform: grant %s, transform epsilon %s split among %s",
+                     grant.grant_id, epsilon, shares)
+
+        examples = artifact_utils.get_single_instance(input_dict["examples"])
+        transform_graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
+        transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])
+        transformed.split_names = artifact_utils.encode_split_names(list(SPLITS))
+        raw_metadata = dataset_metadata.DatasetMetadata.from_feature_spec(feature_spec)
+        seed = exec_properties.get("seed")
+
+        with transform_budget(epsilon, seed) as budget, \
+                tempfile.TemporaryDirectory() as temp_dir, \
+                self._make_beam_pipeline() as pipeline, \
+                tft_beam.Context(temp_dir=temp_dir, force_tf_compat_v1=True):
+            sources = {split: tfxio.TFExampleRecord(
+                file_pattern=_split_pattern(examples, split), schema=raw_metadata.schema,
+                telemetry_descriptors=["sage_tfx", "DPTransform"]) for split in SPLITS}
+            raw = {split: pipeline | f"Read{split}" >> source.BeamSource()
+                   for split, source in sources.items()}
+            adapter = sources["train"].TensorAdapterConfig()
+            transform_fn = ((raw["train"], adapter)
+                            | "Analyze" >> tft_beam.AnalyzeDataset(budget.wrap(preprocessing_fn)))
+            _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(transform_graph.uri)
+            for split in SPLITS:
+                data, metadata = ((raw[split], adapter), transform_fn) | \
+                    f"Transform{split}" >> tft_beam.TransformDataset()
+                coder = tft.coders.ExampleProtoCoder(metadata.schema)
+                _ = (data
+                     | f"Encode{split}" >> beam.Map(coder.encode)
+                     | f"Write{split}" >> beam.io.WriteToTFRecord(
+                         os.path.join(transformed.uri, f"Split-{split}", "data_tfrecord"),
+                         file_name_suffix=".gz",
+                         compression_type=beam.io.filesystem.CompressionTypes.GZIP))
+        if budget.spent_shares() != shares:
+            raise DPTransformError("the preprocessing_fn spent different shares when it ran than "
+                                   "when it was audited")
+        # The raw schema too, as TFX's Transform writes it: the trainer parses raw records with it.
+        metadata_io.write_metadata(raw_metadata, os.path.join(
+            transform_graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR))
+        carry_grant(examples, transformed)
+        transform_graph.set_string_custom_property("sage_grant_id", grant.grant_id)
+        transform_graph.set_string_custom_property(
+            "dp_epsilon", repr(epsilon * sum(share for _, share in shares)))

@@ -1,0 +1,1 @@
+"""Runnable examples that ship with sage-tfx."""

@@ -1,0 +1,52 @@
+"""The taxi task of Sage §3.1 (Listing 1) for DPTransform, DPTrainer and SLAedValidator.
+
+Predict a trip's duration in hours (trip_seconds / 3600, clipped to [0, 1]) from its distance
+and a DP feature: the average speed of the trips that started in that hour.
+Every bound below is public (a property of taxi trips, not of this data), so scaling costs no
+budget; only `dp_group_by_mean` looks at the data, with the whole transform share.
+"""
+import tensorflow as tf
+
+from sage_tfx.components.dp_transform import analyzers as dp
+
+LABEL_KEY = "trip_seconds"
+MAX_MILES = 20.0          # longer trips are clipped: the scaled distance is in [0, 1]
+MAX_SPEED_MPH = 60.0
+FEATURES = ("miles_scaled", "hour_speed")
+
+
+def feature_spec():
+    return {"trip_miles": tf.io.FixedLenFeature([1], tf.float32),
+            "trip_start_hour": tf.io.FixedLenFeature([1], tf.int64),
+            "trip_seconds": tf.io.FixedLenFeature([1], tf.int64)}
+
+
+def preprocessing_fn(inputs):
+    miles = tf.reshape(inputs["trip_miles"], [-1])
+    hour = tf.reshape(inputs["trip_start_hour"], [-1])
+    duration_hours = tf.clip_by_value(
+        tf.cast(tf.reshape(inputs["trip_seconds"], [-1]), tf.float32) / 3600.0, 0.0, 1.0)
+    # A trip's speed (miles over at least one minute), scaled to [0, 1] with a public bound.
+    speed = dp.scale_with_bounds(miles / tf.maximum(duration_hours, 1.0 / 60), 0.0, MAX_SPEED_MPH)
+    return {
+        "miles_scaled": dp.scale_with_bounds(miles, 0.0, MAX_MILES),
+        "hour_speed": dp.dp_group_by_mean(hour, speed, num_keys=24, value_range=(0.0, 1.0),
+                                          budget_share=1.0),
+        LABEL_KEY: tf.reshape(duration_hours, [-1, 1]),
+    }
+
+
+def model_inputs(features):
+    return tf.stack([tf.reshape(features[name], [-1]) for name in FEATURES], axis=1)
+
+
+def build_model():
+    return tf.keras.Sequential([tf.keras.Input((len(FEATURES),)),
+                                tf.keras.layers.Dense(16, activation="relu"),
+                                # Start at a public guess of a typical trip (12 minutes).
+                                tf.keras.layers.Dense(1, bias_initializer=tf.keras.initializers
+                                                      .Constant(0.2))])
+
+
+def loss():
+    return tf.keras.losses.MeanSquaredError()

@@ -1,0 +1,288 @@
+"""Privacy-adaptive training (Sage §3.3): run one DP iteration after another until a model is
+accepted, spending as little budget as the validator lets us.
+
+One iteration is a TFX pipeline run (DESIGN.md's data flow), on LocalDagRunner and the ledger's
+own SQLite MLMD store, so every grant is linked to the run that spent it:
+
+    BlockLedger grant -> DPTransform -> [ObliviousSampleGen] -> DPTrainer -> SLAedValidator -> Pusher
+
+The driver reads the SLAedValidator's ModelBlessing from MLMD and decides:
+
+* ACCEPT: the Pusher pushed the model; the pipeline finishes and its reservations return.
+* REJECT: the model cannot meet the target with this data; stop (nothing more is spent).
+* RETRY: "conserve" (Sage §3.3) doubles epsilon if the pipeline's allocation can pay twice the
+  epsilon on the same window, otherwise doubles the window, waiting for new blocks when the
+  database has too few that can pay. "aggressive" spends all it may draw on the window at once
+  and doubles the window on RETRY. Either stops when the stream has no more blocks to wait for
+  or after `max_iterations` (TIMEOUT).
+
+Every iteration's grant charges (epsilon, delta) with the split declared once in the spec
+({"transform": f1, "training": f2, "validation": f3}), recorded in its PrivacyGrant. Sage's
+guarantee for the adaptive loop is the block ledger's: each block's filter admits a grant only
+while the block's total stays within its ceiling, whatever the loop chose adaptively (Sage §4).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Protocol
+
+from tfx.components.pusher.component import Pusher
+from tfx.orchestration import metadata, pipeline
+from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+from tfx.proto import pusher_pb2
+from tfx.types import artifact_utils
+
+from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
+from sage_tfx.components.dp_trainer import DPTrainer
+from sage_tfx.components.dp_transform import DPTransform
+from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
+from sage_tfx.components.privacy_grant import check_split
+from sage_tfx.sage_access import BadRequest, BlockLedger, connect
+from sage_tfx.validators.component import SLAedValidator
+from sage_tfx.validators.slaed import ACCEPT, REJECT
+
+ACCEPTED, REJECTED, TIMEOUT = "ACCEPT", "REJECT", "TIMEOUT"
+POLICIES = ("conserve", "aggressive")
+
+
+@dataclass(frozen=True)
+class IterationSpec:
+    """What one iteration runs. `trainer` holds DPTrainer's keyword arguments (mode, epochs, ...);
+    `sampling` ObliviousSampleGen's (scheme, sample_size or gamma, epochs) for mode dp_sgd;
+    `validation` SLAedValidator's (metric, target, confidence, loss_bound)."""
+    module_file: str
+    trainer: Mapping
+    validation: Mapping
+    split: Mapping[str, float] = field(
+        default_factory=lambda: {"transform": 0.1, "training": 0.6, "validation": 0.3})
+    delta: float = 1e-7
+    sampling: Optional[Mapping] = None
+    seed: Optional[int] = None  # tests only: fixes the noise of every component
+
+    def check(self) -> None:
+        """Refuse a spec that cannot run, before anything is charged."""
+        if not os.path.isfile(self.module_file):
+            raise BadRequest(f"module file {self.module_file!r} does not exist")
+        split = check_split(self.split)
+        missing = {"transform", "training", "validation"} - set(split)
+        if missing:
+            raise BadRequest(f"the split needs shares for {sorted(missing)}; got {dict(split)}")
+        if (self.trainer.get("mode", "dp_sgd") == "dp_sgd") != (self.sampling is not None):
+            raise BadRequest("mode dp_sgd trains on ObliviousSampleGen's samples: give `sampling` "
+                             "for dp_sgd and only for dp_sgd")
+        # The components check their own parameters when constructed (e.g. a target outside
+        # what the metric can reach); build one DAG without running it.
+        build_iteration(self, "check", "/nonexistent", "/nonexistent.sqlite", window=1,
+                        epsilon=1.0)
+
+
+def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str, window: int,
+                    epsilon: float, ledger_pipeline: Optional[str] = None,
+                    metadata_config=None) -> pipeline.Pipeline:
+    """The TFX pipeline of one iteration: a grant of (epsilon, spec.delta) on the `window` most
+    recent blocks that can pay it, then transform, (sample,) train, validate, push."""
+    seed = spec.seed
+    grant = BlockLedgerComponent(ledger_store=ledger_store, epsilon=epsilon, delta=spec.delta,
+                                 window=window, split=spec.split,
+                                 pipeline_name=ledger_pipeline or name)
+    examples, grant_channel = grant.outputs["examples"], grant.outputs["grant"]
+    transform = DPTransform(examples=examples, grant=grant_channel, module_file=spec.module_file,
+                            seed=seed)
+    components = [grant, transform]
+    train_on = examples
+    if spec.sampling is not None:
+        sampler = ObliviousSampleGen(examples=examples, grant=grant_channel, seed=seed,
+                                     **spec.sampling)
+        components.append(sampler)
+        train_on = sampler.outputs["samples"]
+    trainer = DPTrainer(examples=train_on, grant=grant_channel, module_file=spec.module_file,
+                        transform_graph=transform.outputs["transform_graph"], seed=seed,
+                        **spec.trainer)
+    validator = SLAedValidator(model=trainer.outputs["model"], examples=examples,
+                               grant=grant_channel, module_file=spec.module_file,
+                               transform_graph=transform.outputs["transform_graph"], seed=seed,
+                               **spec.validation)
+    pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
+                    push_destination=pusher_pb2.PushDestination(
+                        filesystem=pusher_pb2.PushDestination.Filesystem(
+                            base_directory=os.path.join(root, "pushed"))))
+    components += [trainer, validator, pusher]
+    return pipeline.Pipeline(pipeline_name=name, pipeline_root=os.path.join(root, "runs"),
+                             components=components, metadata_connection_config=metadata_config)
+
+
+class BlockSource(Protocol):
+    """New data for the database: `wait()` ingests the next block(s) and returns their ids,
+    or an empty list when the stream has nothing more (the driver then times out)."""
+
+    def wait(self) -> list[str]: ...
+
+    def blocks_left(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Iteration:
+    number: int
+    window: int
+    epsilon: float
+    blocks: tuple[str, ...]
+    outcome: str
+    dp_metric: float
+    lower_bound: float
+    upper_bound: float
+    target: float
+
+
+@dataclass
+class AdaptiveResult:
+    outcome: str
+    iterations: list[Iteration]
+    pushed_model: Optional[str] = None
+    message: str = ""
+
+    @property
+    def epsilon_spent(self) -> float:
+        """Per block, at most: the sum of the iterations' epsilons (basic composition)."""
+        return sum(iteration.epsilon for iteration in self.iterations)
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str = "conserve"
+    initial_epsilon: float = 0.125
+    min_window: int = 1
+    max_iterations: int = 10
+
+    def check(self) -> None:
+        if self.name not in POLICIES:
+            raise BadRequest(f"unknown policy {self.name!r}; use one of {POLICIES}")
+        if not self.initial_epsilon > 0:
+            raise BadRequest(f"initial_epsilon must be positive, got {self.initial_epsilon}")
+        if not (isinstance(self.min_window, int) and self.min_window >= 1):
+            raise BadRequest(f"min_window must be a positive integer, got {self.min_window!r}")
+        if self.max_iterations < 1:
+            raise BadRequest(f"max_iterations must be >= 1, got {self.max_iterations}")
+
+
+def _largest_payable_epsilon(ledger: BlockLedger, window: int, delta: float,
+                             pipeline: str) -> float:
+    """The most epsilon that `window` blocks can all pay for `pipeline` (0 if none)."""
+    low, high = 0.0, max((b.epsilon_ceiling for b in ledger.live_blocks()), default=0.0)
+    if high <= 0 or ledger.payable_blocks(ledger.min_request_epsilon, delta, pipeline) < window:
+        return 0.0
+    low = ledger.min_request_epsilon
+    for _ in range(30):
+        middle = (low + high) / 2
+        low, high = (middle, high) if ledger.payable_blocks(middle, delta, pipeline) >= window \
+            else (low, middle)
+    return low
+
+
+def _latest_blessing(store, pipeline_name: str):
+    """The ModelBlessing of the pipeline's most recent run (LocalDagRunner runs synchronously,
+    and the ledger registration keeps one driver per pipeline name)."""
+    runs = [c for c in store.get_contexts_by_type("pipeline_run")
+            if any(p.name == pipeline_name for p in store.get_parent_contexts_by_context(c.id))]
+    if not runs:
+        raise RuntimeError(f"no run of pipeline {pipeline_name!r} in the metadata store")
+    latest = max(runs, key=lambda context: context.id)
+    blessings = [a for a in store.get_artifacts_by_context(latest.id) if a.type == "ModelBlessing"]
+    if len(blessings) != 1:
+        raise RuntimeError(f"run {latest.name} produced {len(blessings)} ModelBlessings")
+    return blessings[0]
+
+
+def _property(artifact, name: str) -> str:
+    return artifact.custom_properties[name].string_value
+
+
+def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledger_store: str,
+                 source: BlockSource, report: Callable[[str], None] = print) -> AdaptiveResult:
+    """Privacy-adaptive training of pipeline `name` on the ledger in the SQLite store
+    `ledger_store` (also the TFX metadata store). See the module docstring."""
+    spec.check()
+    policy.check()
+    ledger = BlockLedger(ledger_store)
+    known = len(ledger.live_blocks())
+    if policy.min_window > known + source.blocks_left():
+        raise BadRequest(f"min_window {policy.min_window} is larger than the database will ever "
+                         f"be: {known} live block(s) now and {source.blocks_left()} to come")
+    ceiling = max((b.epsilon_ceiling for b in ledger.blocks()), default=0.0)
+    if ledger.blocks() and policy.initial_epsilon > ceiling:
+        raise BadRequest(f"initial_epsilon {policy.initial_epsilon} exceeds the blocks' ceiling "
+                         f"{ceiling}: no block can ever pay the first iteration")
+    store = connect(ledger_store)
+    metadata_config = metadata.sqlite_metadata_connection_config(ledger_store)
+
+    ledger.register_pipeline(name)
+    iterations: list[Iteration] = []
+    window, epsilon = policy.min_window, policy.initial_epsilon
+    try:
+        while len(iterations) < policy.max_iterations:
+            if policy.name == "aggressive":
+                epsilon = _largest_payable_epsilon(ledger, window, spec.delta, name)
+            while ledger.payable_blocks(max(epsilon, ledger.min_request_epsilon), spec.delta,
+                                        name) < window or epsilon <= 0:
+                arrived = source.wait()
+                if not arrived:
+                    return AdaptiveResult(TIMEOUT, iterations, message=(
+                        f"the stream ran out: no {window} block(s) can pay epsilon {epsilon:g}"))
+                report(f"  waiting for data: block {', '.join(arrived)} arrived")
+                if policy.name == "aggressive":
+                    epsilon = _largest_payable_epsilon(ledger, window, spec.delta, name)
+            LocalDagRunner().run(build_iteration(spec, name, root, ledger_store, window, epsilon,
+                                                 metadata_config=metadata_config))
+            blessing = _latest_blessing(store, name)
+            grant_blocks = _grant_blocks(store, blessing)
+            iteration = Iteration(
+                number=len(iterations) + 1, window=window, epsilon=epsilon, blocks=grant_blocks,
+                outcome=_property(blessing, "outcome"),
+                dp_metric=float(_property(blessing, "dp_metric")),
+                lower_bound=float(_property(blessing, "lower_bound")),
+                upper_bound=float(_property(blessing, "upper_bound")),
+                target=float(_property(blessing, "target")))
+            iterations.append(iteration)
+            report(_line(iteration, _property(blessing, "metric")))
+            if iteration.outcome == ACCEPT:
+                return AdaptiveResult(ACCEPTED, iterations, _pushed(store, blessing))
+            if iteration.outcome == REJECT:
+                return AdaptiveResult(REJECTED, iterations, message=(
+                    f"the validator rejected the model: its {_property(blessing, 'metric')} is "
+                    f"at least {iteration.lower_bound:.4g}, worse than the target "
+                    f"{iteration.target:g} with this much data"))
+            if policy.name == "conserve" and \
+                    ledger.payable_blocks(2 * epsilon, spec.delta, name) >= window:
+                epsilon *= 2
+            else:
+                window *= 2
+        return AdaptiveResult(TIMEOUT, iterations,
+                              message=f"no ACCEPT after {policy.max_iterations} iterations")
+    finally:
+        ledger.finish_pipeline(name)
+
+
+def _line(iteration: Iteration, metric: str) -> str:
+    span = f"{iteration.blocks[-1]}..{iteration.blocks[0]}" if iteration.blocks else "-"
+    return (f"iteration {iteration.number}: window {iteration.window} block(s) ({span}), "
+            f"epsilon {iteration.epsilon:.4g} -> {iteration.outcome}  (DP {metric} "
+            f"{iteration.dp_metric:.4g}; with confidence it is in [{iteration.lower_bound:.4g}, "
+            f"{iteration.upper_bound:.4g}]; target {iteration.target:g})")
+
+
+def _grant_blocks(store, blessing) -> tuple[str, ...]:
+    model_id = blessing.custom_properties["current_model_id"].int_value
+    [model] = store.get_artifacts_by_id([model_id])
+    return tuple(json.loads(model.custom_properties["blocks"].string_value))
+
+
+def _pushed(store, blessing) -> Optional[str]:
+    """Where TFX's Pusher pushed the model of this blessing's run."""
+    pushed = [a for a in store.get_artifacts_by_type("PushedModel")
+              if a.custom_properties.get("pushed") and a.custom_properties["pushed"].int_value]
+    if not pushed:
+        return None
+    artifact = artifact_utils.deserialize_artifact(store.get_artifact_type("PushedModel"),
+                                                   max(pushed, key=lambda a: a.id))
+    return artifact.get_string_custom_property("pushed_destination")
