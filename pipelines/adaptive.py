@@ -34,6 +34,7 @@ from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 from tfx.proto import pusher_pb2
 from tfx.types import artifact_utils
 
+from sage_tfx.components.block_example_gen import BlockExampleGen
 from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.components.dp_trainer import DPTrainer
 from sage_tfx.components.dp_transform import DPTransform
@@ -74,23 +75,31 @@ class IterationSpec:
                              "for dp_sgd and only for dp_sgd")
         # The components check their own parameters when constructed (e.g. a target outside
         # what the metric can reach); build one DAG without running it.
-        build_iteration(self, "check", "/nonexistent", "/nonexistent.sqlite", window=1,
-                        epsilon=1.0)
+        try:
+            build_iteration(self, "check", "/nonexistent", "/nonexistent.sqlite", window=1,
+                            epsilon=1.0)
+        except BadRequest:
+            raise
+        except ValueError as error:
+            raise BadRequest(f"the iteration's components refuse the spec: {error}") from error
 
 
 def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str, window: int,
                     epsilon: float, ledger_pipeline: Optional[str] = None,
-                    metadata_config=None) -> pipeline.Pipeline:
+                    metadata_config=None, ingest: Optional[BlockExampleGen] = None,
+                    push_to: Optional[str] = None) -> pipeline.Pipeline:
     """The TFX pipeline of one iteration: a grant of (epsilon, spec.delta) on the `window` most
-    recent blocks that can pay it, then transform, (sample,) train, validate, push."""
+    recent blocks that can pay it, then transform, (sample,) train, validate, push (to
+    `push_to`, default root/pushed). With `ingest`, new blocks are ingested first."""
     seed = spec.seed
     grant = BlockLedgerComponent(ledger_store=ledger_store, epsilon=epsilon, delta=spec.delta,
                                  window=window, split=spec.split,
-                                 pipeline_name=ledger_pipeline or name)
+                                 pipeline_name=ledger_pipeline or name,
+                                 new_blocks=ingest.outputs["examples"] if ingest else None)
     examples, grant_channel = grant.outputs["examples"], grant.outputs["grant"]
     transform = DPTransform(examples=examples, grant=grant_channel, module_file=spec.module_file,
                             seed=seed)
-    components = [grant, transform]
+    components = ([ingest] if ingest else []) + [grant, transform]
     train_on = examples
     if spec.sampling is not None:
         sampler = ObliviousSampleGen(examples=examples, grant=grant_channel, seed=seed,
@@ -107,7 +116,7 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
     pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
                     push_destination=pusher_pb2.PushDestination(
                         filesystem=pusher_pb2.PushDestination.Filesystem(
-                            base_directory=os.path.join(root, "pushed"))))
+                            base_directory=push_to or os.path.join(root, "pushed"))))
     components += [trainer, validator, pusher]
     return pipeline.Pipeline(pipeline_name=name, pipeline_root=os.path.join(root, "runs"),
                              components=components, metadata_connection_config=metadata_config)

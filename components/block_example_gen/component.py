@@ -11,7 +11,7 @@ from sage_tfx.components.block_example_gen import executor
 
 class BlockExampleGenSpec(component_spec.ComponentSpec):
     PARAMETERS = {
-        "input_base": component_spec.ExecutionParameter(type=str),
+        "input_base": component_spec.ExecutionParameter(type=str, optional=True),
         "input_format": component_spec.ExecutionParameter(type=str),
         "block_key": component_spec.ExecutionParameter(type=str),
         "block_by": component_spec.ExecutionParameter(type=str),
@@ -22,13 +22,18 @@ class BlockExampleGenSpec(component_spec.ComponentSpec):
         "ledger_store": component_spec.ExecutionParameter(type=str),
         "ledger_context": component_spec.ExecutionParameter(type=str),
     }
-    INPUTS = {}
+    INPUTS = {
+        # Examples from another ExampleGen (e.g. TFX's CsvExampleGen), all splits, instead of files.
+        "input_examples": component_spec.ChannelParameter(type=standard_artifacts.Examples,
+                                                          optional=True),
+    }
     OUTPUTS = {"examples": component_spec.ChannelParameter(type=standard_artifacts.Examples)}
 
 
 class BlockExampleGen(base_beam_component.BaseBeamComponent):
     """Reads CSV (with a header) or TFRecord files of tf.train.Example under `input_base`, cuts
-    them into blocks by `block_key`, writes one Examples artifact (splits train/test) per block and
+    them into blocks by `block_key` (or the records of `input_examples`, the output of any TFX
+    ExampleGen, all splits), writes one Examples artifact (splits train/test) per block and
     registers each block in the ledger with the stream's ceiling (block_epsilon, block_delta).
 
     block_by: "month", "day" or "hour" for a unix-seconds timestamp key (event-level DP), or
@@ -38,11 +43,15 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
     SPEC_CLASS = BlockExampleGenSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
 
-    def __init__(self, input_base: str, block_key: str, ledger_store: str,
-                 block_epsilon: float, block_delta: float, block_by: str = "month",
+    def __init__(self, block_key: str, ledger_store: str, block_epsilon: float,
+                 block_delta: float, input_base: Optional[str] = None, block_by: str = "month",
                  input_format: str = "csv", users_per_block: Optional[int] = None,
-                 test_fraction: float = 0.2, ledger_context: str = "default"):
-        super().__init__(spec=BlockExampleGenSpec(
+                 test_fraction: float = 0.2, ledger_context: str = "default",
+                 input_examples: Optional[channel.Channel] = None):
+        if (input_base is None) == (input_examples is None):
+            raise ValueError("BlockExampleGen reads either files under input_base or the "
+                             "Examples of another ExampleGen: give exactly one")
+        super().__init__(spec=BlockExampleGenSpec(input_examples=input_examples,
             input_base=input_base, input_format=input_format, block_key=block_key,
             block_by=block_by, users_per_block=users_per_block, test_fraction=test_fraction,
             block_epsilon=block_epsilon, block_delta=block_delta, ledger_store=ledger_store,

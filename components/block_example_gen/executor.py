@@ -104,7 +104,12 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         template = artifact_utils.get_single_instance(output_dict["examples"])
         output_uri = template.uri
         with self._make_beam_pipeline() as pipeline:
-            if input_format == "csv":
+            if input_dict.get("input_examples"):
+                patterns = [os.path.join(upstream.uri, "Split-*", "*")
+                            for upstream in input_dict["input_examples"]]
+                records = (pipeline | "Patterns" >> beam.Create(patterns)
+                           | "ReadExamples" >> beam.io.ReadAllFromTFRecord())
+            elif input_format == "csv":
                 examples = pipeline | "ReadCsv" >> _CsvToExample(
                     {"input_base": exec_properties["input_base"]}, "*.csv")
                 records = examples | "Serialize" >> beam.Map(lambda e: e.SerializeToString())
@@ -134,7 +139,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             counts_by_block.setdefault(block_id, {s: 0 for s in SPLITS})[split] = count
             spans[block_id] = (span, start, end)
         if not counts_by_block:
-            raise ValueError(f"no records under {exec_properties['input_base']}")
+            raise ValueError(f"no records under {exec_properties.get('input_base') or 'the input Examples'}")
 
         known = {b.block_id for b in ledger.blocks()}
         existing = sorted(set(counts_by_block) & known)

@@ -1,0 +1,89 @@
+"""The privacy-adaptive driver on the real taxi sample: RETRY until ACCEPT, every iteration's
+charge in the ledger and its lineage, and bad input refused before anything is charged."""
+import dataclasses
+import json
+import os
+
+import pytest
+
+from sage_tfx.examples.taxi.pipeline import BLOCK_EPSILON, TaxiSource, adassp_spec
+from sage_tfx.pipelines.adaptive import ACCEPTED, Policy, run_adaptive
+from sage_tfx.sage_access import BadRequest, BlockLedger, connect
+from sage_tfx.sage_access.ledger import GRANT_TYPE
+
+
+def _database(tmp_path, months=12):
+    store = str(tmp_path / "metadata.sqlite")
+    BlockLedger.create(store, min_request_epsilon=0.05)
+    source = TaxiSource(store, str(tmp_path))
+    source.ingest(months)
+    return store, source
+
+
+@pytest.mark.slow
+def test_conserve_retries_then_accepts_and_every_charge_is_in_the_lineage(tmp_path):
+    store, source = _database(tmp_path)
+    lines = []
+    result = run_adaptive(adassp_spec(seed=7), Policy("conserve", initial_epsilon=0.25,
+                                                      min_window=12),
+                          "taxi-adassp", str(tmp_path / "run"), store, source, lines.append)
+    outcomes = [iteration.outcome for iteration in result.iterations]
+    assert result.outcome == ACCEPTED, lines
+    assert outcomes[-1] == "ACCEPT" and "RETRY" in outcomes[:-1]
+    # Conserve: epsilon doubles while the window's blocks can pay it, then the window doubles.
+    plan = [(i.window, i.epsilon) for i in result.iterations]
+    assert plan[:3] == [(12, 0.25), (12, 0.5), (12, 1.0)]
+    assert plan[3] == (24, 1.0)
+    assert os.listdir(result.pushed_model)
+    assert any(line.startswith("iteration 1: window 12") for line in lines)
+
+    ledger = BlockLedger(store)
+    assert ledger.waiting_pipelines() == []
+    spent = {block.block_id: block.spent[0] for block in ledger.blocks()}
+    for block_id in spent:
+        used = sum(i.epsilon for i in result.iterations if block_id in i.blocks)
+        assert spent[block_id] == pytest.approx(used)
+        assert spent[block_id] <= BLOCK_EPSILON
+    ledger.audit()
+    # One grant per iteration, each in the context of the TFX run that spent it.
+    mlmd = connect(store)
+    grants = mlmd.get_executions_by_type(GRANT_TYPE)
+    assert len(grants) == len(result.iterations)
+    for grant in grants:
+        runs = [c for c in mlmd.get_contexts_by_execution(grant.id) if c.type == "pipeline_run"]
+        assert len(runs) == 1
+        assert json.loads(grant.custom_properties["blocks"].string_value)
+
+
+@pytest.mark.slow
+def test_aggressive_spends_the_whole_allocation_at_once(tmp_path):
+    store, source = _database(tmp_path)
+    result = run_adaptive(adassp_spec(seed=3), Policy("aggressive", min_window=12,
+                                                      max_iterations=1),
+                          "taxi-aggressive", str(tmp_path / "run"), store, source, lambda _: None)
+    [iteration] = result.iterations
+    assert iteration.epsilon == pytest.approx(BLOCK_EPSILON, rel=1e-6)
+    assert all(block.spent[0] == pytest.approx(BLOCK_EPSILON)
+               for block in BlockLedger(store).blocks())
+
+
+def _nothing_charged(store):
+    return all(block.spent[0] == 0 for block in BlockLedger(store).blocks()) and \
+        not connect(store).get_executions_by_type(GRANT_TYPE)
+
+
+@pytest.mark.parametrize("change, policy, message", [
+    ({"module_file": "/no/such/module.py"}, Policy(min_window=12), "does not exist"),
+    ({"validation": {"metric": "loss", "target": 2.0, "loss_bound": 0.25}}, Policy(min_window=12),
+     "outside"),
+    ({}, Policy(min_window=60), "larger than the database will ever be"),
+    ({}, Policy(min_window=12, initial_epsilon=3.0), "exceeds the blocks' ceiling"),
+    ({"split": {"training": 1.0}}, Policy(min_window=12), "needs shares"),
+])
+def test_bad_input_is_refused_before_anything_is_charged(tmp_path, change, policy, message):
+    store, source = _database(tmp_path, months=2)
+    spec = dataclasses.replace(adassp_spec(), **change)
+    with pytest.raises(BadRequest, match=message):
+        run_adaptive(spec, policy, "taxi-bad", str(tmp_path / "run"), store, source)
+    assert _nothing_charged(store)
+    assert BlockLedger(store).waiting_pipelines() == []
