@@ -189,18 +189,19 @@ def _largest_payable_epsilon(ledger: BlockLedger, window: int, delta: float,
     return low
 
 
-def _latest_blessing(store, pipeline_name: str):
-    """The ModelBlessing of the pipeline's most recent run (LocalDagRunner runs synchronously,
-    and the ledger registration keeps one driver per pipeline name)."""
+def _latest_run_artifacts(store, pipeline_name: str) -> dict[str, list]:
+    """The artifacts of the pipeline's most recent run, by type (LocalDagRunner runs
+    synchronously, and the ledger registration keeps one driver per pipeline name)."""
     runs = [c for c in store.get_contexts_by_type("pipeline_run")
             if any(p.name == pipeline_name for p in store.get_parent_contexts_by_context(c.id))]
     if not runs:
         raise RuntimeError(f"no run of pipeline {pipeline_name!r} in the metadata store")
-    latest = max(runs, key=lambda context: context.id)
-    blessings = [a for a in store.get_artifacts_by_context(latest.id) if a.type == "ModelBlessing"]
-    if len(blessings) != 1:
-        raise RuntimeError(f"run {latest.name} produced {len(blessings)} ModelBlessings")
-    return blessings[0]
+    by_type: dict[str, list] = {}
+    for artifact in store.get_artifacts_by_context(max(runs, key=lambda c: c.id).id):
+        by_type.setdefault(artifact.type, []).append(artifact)
+    if len(by_type.get("ModelBlessing", [])) != 1:
+        raise RuntimeError(f"the last run of {pipeline_name!r} did not produce one ModelBlessing")
+    return by_type
 
 
 def _property(artifact, name: str) -> str:
@@ -243,7 +244,8 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                     epsilon = _largest_payable_epsilon(ledger, window, spec.delta, name)
             LocalDagRunner().run(build_iteration(spec, name, root, ledger_store, window, epsilon,
                                                  metadata_config=metadata_config))
-            blessing = _latest_blessing(store, name)
+            run_artifacts = _latest_run_artifacts(store, name)
+            [blessing] = run_artifacts["ModelBlessing"]
             grant_blocks = _grant_blocks(store, blessing)
             iteration = Iteration(
                 number=len(iterations) + 1, window=window, epsilon=epsilon, blocks=grant_blocks,
@@ -255,7 +257,8 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
             iterations.append(iteration)
             report(_line(iteration, _property(blessing, "metric")))
             if iteration.outcome == ACCEPT:
-                return AdaptiveResult(ACCEPTED, iterations, _pushed(store, blessing))
+                return AdaptiveResult(ACCEPTED, iterations,
+                                      _pushed(store, run_artifacts.get("PushedModel", [])))
             if iteration.outcome == REJECT:
                 return AdaptiveResult(REJECTED, iterations, message=(
                     f"the validator rejected the model: its {_property(blessing, 'metric')} is "
@@ -286,12 +289,12 @@ def _grant_blocks(store, blessing) -> tuple[str, ...]:
     return tuple(json.loads(model.custom_properties["blocks"].string_value))
 
 
-def _pushed(store, blessing) -> Optional[str]:
-    """Where TFX's Pusher pushed the model of this blessing's run."""
-    pushed = [a for a in store.get_artifacts_by_type("PushedModel")
+def _pushed(store, pushed_models: list) -> Optional[str]:
+    """Where TFX's Pusher pushed this run's model (None if it pushed nothing)."""
+    pushed = [a for a in pushed_models
               if a.custom_properties.get("pushed") and a.custom_properties["pushed"].int_value]
     if not pushed:
         return None
     artifact = artifact_utils.deserialize_artifact(store.get_artifact_type("PushedModel"),
-                                                   max(pushed, key=lambda a: a.id))
+                                                   pushed[0])
     return artifact.get_string_custom_property("pushed_destination")

@@ -26,6 +26,16 @@ REQUIRED = {"dp_sgd": ("LABEL_KEY", "feature_spec", "model_inputs", "build_model
             "accuracy": ("LABEL_KEY", "feature_spec")}
 
 
+def import_module_file(path: str):
+    """The user's module file, imported from its path (DPTrainer, DPTransform, SLAedValidator)."""
+    if not path or not os.path.isfile(path):
+        raise ValueError(f"module file {path!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"sage_user_module_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @dataclass(frozen=True)
 class UserModule:
     label_key: str
@@ -36,12 +46,7 @@ class UserModule:
 
     @classmethod
     def load(cls, path: str, purpose: str) -> "UserModule":
-        if not path or not os.path.isfile(path):
-            raise ValueError(f"module file {path!r} does not exist")
-        spec = importlib.util.spec_from_file_location(
-            f"sage_user_module_{abs(hash(path))}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = import_module_file(path)
         missing = [name for name in REQUIRED[purpose] if not hasattr(module, name)]
         if missing:
             raise ValueError(f"module file {path} lacks {missing} (needed for {purpose!r})")

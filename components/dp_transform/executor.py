@@ -7,7 +7,6 @@ analysis runs on the granted train split; both splits are transformed with the r
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 from typing import Any, Callable
@@ -25,6 +24,7 @@ from tfx_bsl.public import tfxio
 
 from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_analyzer,
                                                         transform_budget)
+from sage_tfx.components.dp_trainer.user_module import import_module_file
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
 
 SPLITS = ("train", "test")
@@ -33,11 +33,10 @@ RECORDS = "data_tfrecord-00000-of-00001.gz"
 
 def load_module(path: str) -> tuple[Callable, dict]:
     """The module's preprocessing_fn and raw feature spec (`feature_spec()`, as for DPTrainer)."""
-    if not path or not os.path.isfile(path):
-        raise DPTransformError(f"module file {path!r} does not exist")
-    spec = importlib.util.spec_from_file_location(f"sage_transform_module_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        module = import_module_file(path)
+    except ValueError as error:
+        raise DPTransformError(str(error)) from error
     missing = [name for name in ("preprocessing_fn", "feature_spec") if not hasattr(module, name)]
     if missing:
         raise DPTransformError(f"module file {path} lacks {missing} (needed by DPTransform)")
