@@ -19,13 +19,20 @@ finished ones. The strategies only decide what to ask for:
 * streaming: streaming composition. Each sample is used once, by one pipeline. Unused blocks
   go to the oldest waiting pipeline until it holds enough of them to train at the full block
   budget. That grant spends those blocks entirely.
-* block_aggressive: block composition, and a pipeline spends everything the ledger lets it
-  draw: every block that still has budget for it, at the least allowance among them. On RETRY
-  it waits until twice as many blocks can pay.
+* block_aggressive: block composition, and a pipeline "uses as much privacy budget as is
+  available when it is invoked" (Sage §5.4): of the grants it can draw (w blocks at the w-th
+  largest of its allowances), the one that spends the most budget, w x epsilon. On RETRY it
+  waits until twice as many blocks can pay.
 * block_conserve: block composition with Sage's privacy-adaptive training (§3.3, and §6:
   "we use as much data as is available ... with the lowest privacy budget"). Start at
   `initial_epsilon` on every block that can pay it. On RETRY, double epsilon if as many blocks
   can pay the double, otherwise wait until twice as many blocks can pay.
+  Under load a block's share can fall below the planned epsilon, and the plan must then shrink
+  to what the blocks offer or wait forever. Sage's bound (failed iterations cost at most the
+  accepted one) needs every retry to double its resources, so a retry must have at least twice
+  the previous RETRY's epsilon x blocks (the noise of a DP sum over n records at epsilon scales
+  like 1 / (n epsilon)): shrinking epsilon without that much more data would spend budget on a
+  model no better than the one just rejected.
 
 Release time is the release hour minus the arrival hour. A pipeline not released by the end of
 the simulation counts as unreleased, and as released at the last hour (the horizon).
@@ -99,6 +106,7 @@ class Pipeline:
     released_hour: Optional[int] = None
     attempts: int = 0
     blocks: list[str] = field(default_factory=list)  # streaming: fresh blocks held
+    resources: float = 0.0  # block_conserve: epsilon x blocks of its last RETRY
 
     def accepts(self, samples: float, epsilon: float) -> bool:
         return samples >= self.complexity.samples_needed(epsilon)
@@ -260,27 +268,34 @@ class BlockStrategy(Strategy):
 class BlockAggressive(BlockStrategy):
 
     def attempt(self, pipeline: Pipeline, hour: int) -> str:
-        # All the budget it may draw, on all the blocks that still have some for it.
-        usable = [a for a in self.allowances(pipeline) if a >= self.config.min_request_epsilon]
-        return self.train(pipeline, min(usable), usable) if usable else WAIT
+        allowances = self.allowances(pipeline)
+        usable = sorted((a for a in allowances if a >= self.config.min_request_epsilon),
+                        reverse=True)
+        if not usable:
+            return WAIT
+        window = max(range(1, len(usable) + 1), key=lambda w: (w * usable[w - 1], w))
+        return self.train(pipeline, usable[window - 1], allowances)
 
 
 class BlockConserve(BlockStrategy):
 
     def attempt(self, pipeline: Pipeline, hour: int) -> str:
-        # When many pipelines wait, a block's share can fall below the planned epsilon; asking
-        # for more than the blocks offer would wait forever, so the plan shrinks to what the
-        # data the pipeline needs (its window) can pay.
         allowances = self.allowances(pipeline)
         usable = sorted((a for a in allowances if a >= self.config.min_request_epsilon),
                         reverse=True)
-        needed = max(pipeline.window, 1)
-        if len(usable) < needed:
+        # At least `window` blocks, at the planned epsilon or at what that many blocks can pay.
+        options = [(w, min(pipeline.epsilon, usable[w - 1]))
+                   for w in range(max(pipeline.window, 1), len(usable) + 1)]
+        if not options:
             return WAIT
-        return self.train(pipeline, min(pipeline.epsilon, usable[needed - 1]), allowances)
+        window, epsilon = max(options, key=lambda option: (option[0] * option[1], option[0]))
+        if window * epsilon < 2 * pipeline.resources:
+            return WAIT  # not yet twice what the last RETRY had
+        return self.train(pipeline, epsilon, allowances)
 
     def next_request(self, pipeline: Pipeline, spent: float, window: int) -> None:
         """Double epsilon if the allocation can pay it on as much data, else double the data."""
+        pipeline.resources = spent * window
         doubled = 2 * spent
         payable = sum(allowance >= doubled for allowance in self.allowances(pipeline))
         if doubled <= self.config.block_epsilon and payable >= window:
@@ -301,6 +316,7 @@ class WorkloadResult:
     mean_release_hours: float
     unreleased_fraction: float
     ledger: BlockLedger
+    released: tuple[Pipeline, ...]  # every pipeline, with its arrival and release hour
 
 
 def simulate(strategy: str, config: WorkloadConfig, seed: int) -> WorkloadResult:
@@ -324,4 +340,5 @@ def simulate(strategy: str, config: WorkloadConfig, seed: int) -> WorkloadResult
     unreleased = sum(p.released_hour is None for p in pipelines)
     return WorkloadResult(strategy, len(pipelines),
                           float(np.mean(delays)) if delays else math.nan,
-                          unreleased / len(pipelines) if pipelines else math.nan, ledger)
+                          unreleased / len(pipelines) if pipelines else math.nan, ledger,
+                          tuple(pipelines))
