@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from sage_tfx.pipelines.workload import (STRATEGIES, InverseEpsilonComplexity, WorkloadConfig,
-                                         draw_pipelines, simulate)
+from sage_tfx.pipelines.workload import (STRATEGIES, BlockConserve, InverseEpsilonComplexity,
+                                         WorkloadConfig, draw_pipelines, simulate)
 
 CONFIG = WorkloadConfig(0.6, arrival_hours=60, drain_hours=30)
 
@@ -40,6 +40,8 @@ def test_strategies_order_as_in_sage_at_a_fixed_seed():
     assert hours["block_conserve"] == min(hours.values()), hours
     assert hours["block_conserve"] < 24.0, hours
     assert hours["query"] > 2 * hours["block_aggressive"], hours
+    # Conserving budget (Sage §5.4): released pipelines hand unspent reservations to others.
+    assert hours["block_aggressive"] >= 2 * hours["block_conserve"], hours
     assert release["query"].unreleased_fraction > 0.5  # the one stream budget runs out
     assert release["block_conserve"].unreleased_fraction == 0.0
 
@@ -67,3 +69,32 @@ def test_benchmark_quick_prints_the_contract(tmp_path):
     for row in result["strategies"].values():
         assert len(row["mean_release_hours"]) == len(row["unreleased_fraction"]) == len(rates)
     assert plot.stat().st_size > 0
+
+
+def test_conserve_retries_only_with_twice_the_resources_of_its_last_retry():
+    """Sage's cost bound (failed iterations spend at most the accepted one) needs every retry to
+    double epsilon x blocks; a plan shrunk under load must not go below that."""
+    config = WorkloadConfig(1.2, arrival_hours=40, drain_hours=20)
+    grants = []
+    original = BlockConserve.train
+
+    def recording_train(self, pipeline, epsilon, allowances):
+        window = sum(allowance >= epsilon for allowance in allowances)
+        outcome = original(self, pipeline, epsilon, allowances)
+        if outcome != "wait":
+            grants.append((pipeline.name, window * epsilon, outcome))
+        return outcome
+
+    BlockConserve.train = recording_train
+    try:
+        simulate("block_conserve", config, seed=2)
+    finally:
+        BlockConserve.train = original
+    by_pipeline = {}
+    for name, resources, outcome in grants:
+        by_pipeline.setdefault(name, []).append((resources, outcome))
+    retried = [runs for runs in by_pipeline.values() if len(runs) > 1]
+    assert retried  # under this load some pipelines do retry
+    for runs in retried:
+        for (before, outcome), (after, _) in zip(runs, runs[1:]):
+            assert outcome == "retry" and after >= 2 * before - 1e-9, runs
