@@ -316,7 +316,6 @@ class WorkloadResult:
     mean_release_hours: float
     unreleased_fraction: float
     ledger: BlockLedger
-    released: tuple[Pipeline, ...]  # every pipeline, with its arrival and release hour
 
 
 def simulate(strategy: str, config: WorkloadConfig, seed: int) -> WorkloadResult:
@@ -340,5 +339,4 @@ def simulate(strategy: str, config: WorkloadConfig, seed: int) -> WorkloadResult
     unreleased = sum(p.released_hour is None for p in pipelines)
     return WorkloadResult(strategy, len(pipelines),
                           float(np.mean(delays)) if delays else math.nan,
-                          unreleased / len(pipelines) if pipelines else math.nan, ledger,
-                          tuple(pipelines))
+                          unreleased / len(pipelines) if pipelines else math.nan, ledger)

@@ -71,7 +71,7 @@ def test_benchmark_quick_prints_the_contract(tmp_path):
     assert plot.stat().st_size > 0
 
 
-def test_conserve_retries_only_with_twice_the_resources_of_its_last_retry():
+def test_conserve_retries_only_with_twice_the_resources_of_its_last_retry(monkeypatch):
     """Sage's cost bound (failed iterations spend at most the accepted one) needs every retry to
     double epsilon x blocks; a plan shrunk under load must not go below that."""
     config = WorkloadConfig(1.2, arrival_hours=40, drain_hours=20)
@@ -85,11 +85,8 @@ def test_conserve_retries_only_with_twice_the_resources_of_its_last_retry():
             grants.append((pipeline.name, window * epsilon, outcome))
         return outcome
 
-    BlockConserve.train = recording_train
-    try:
-        simulate("block_conserve", config, seed=2)
-    finally:
-        BlockConserve.train = original
+    monkeypatch.setattr(BlockConserve, "train", recording_train)
+    simulate("block_conserve", config, seed=2)
     by_pipeline = {}
     for name, resources, outcome in grants:
         by_pipeline.setdefault(name, []).append((resources, outcome))
