@@ -37,8 +37,12 @@ from tfx.types import artifact_utils
 from sage_tfx.components.block_example_gen import BlockExampleGen
 from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.components.dp_trainer import DPTrainer
+from sage_tfx.components.dp_trainer.calibrate import (DEFAULT_MAX_NOISE_MULTIPLIER,
+                                                      CalibrationError, calibrate)
 from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
+from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT, read_split
+from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import check_split
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.validators.component import SLAedValidator
@@ -242,6 +246,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 report(f"  waiting for data: block {', '.join(arrived)} arrived")
                 if policy.name == "aggressive":
                     epsilon = _largest_payable_epsilon(ledger, window, spec.delta, name)
+            _check_dp_sgd_calibrates(spec, ledger, window, epsilon, name)
             LocalDagRunner().run(build_iteration(spec, name, root, ledger_store, window, epsilon,
                                                  metadata_config=metadata_config))
             run_artifacts = _latest_run_artifacts(store, name)
@@ -273,6 +278,33 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                               message=f"no ACCEPT after {policy.max_iterations} iterations")
     finally:
         ledger.finish_pipeline(name)
+
+
+def _check_dp_sgd_calibrates(spec: IterationSpec, ledger: BlockLedger, window: int,
+                             epsilon: float, pipeline: str) -> None:
+    """Refuse, before the grant is charged, an iteration whose DP-SGD cannot be calibrated.
+
+    DPTrainer calibrates its noise to the grant's training share and refuses a share too small
+    for its steps (CalibrationError), but it runs after the grant has been charged. The same
+    calibration on the blocks the grant will take refuses first, so nothing is spent. It reads
+    only what the accounting treats as public: the number of training records n of the granted
+    blocks (it is in every sampling descriptor; oblivious_sample_gen/accounting.py).
+    """
+    if spec.sampling is None:
+        return
+    blocks = ledger.payable_window(epsilon, spec.delta, pipeline, size=window)
+    n = sum(int(read_split(block.data_uri, TRAIN_SPLIT).shape[0]) for block in blocks)
+    sampling = dict(spec.sampling)
+    epochs = int(spec.trainer.get("epochs") or sampling.get("epochs") or 1)
+    try:
+        descriptor = plan(sampling["scheme"], n, epochs, sample_size=sampling.get("sample_size"),
+                          gamma=sampling.get("gamma"))
+        calibrate(descriptor, epsilon * spec.split["training"], spec.delta * spec.split["training"],
+                  float(spec.trainer.get("max_noise_multiplier") or DEFAULT_MAX_NOISE_MULTIPLIER))
+    except (CalibrationError, ValueError) as error:
+        raise BadRequest(f"DP-SGD cannot train on window {window} ({n} training records) at "
+                         f"epsilon {epsilon:g} (training share {spec.split['training']:g}); "
+                         f"nothing was charged for it: {error}") from error
 
 
 def _line(iteration: Iteration, metric: str) -> str:

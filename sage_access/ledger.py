@@ -286,9 +286,17 @@ class BlockLedger:
     def payable_blocks(self, epsilon: float, delta: float, pipeline: Optional[str] = None) -> int:
         """How many live blocks could pay (epsilon, delta) for `pipeline` now: the most a
         RecentWindow request of that budget can cover (planning only; nothing is charged)."""
+        return len(self.payable_window(epsilon, delta, pipeline))
+
+    def payable_window(self, epsilon: float, delta: float, pipeline: Optional[str] = None,
+                       size: Optional[int] = None) -> list[BlockState]:
+        """The blocks a RecentWindow(size) request of (epsilon, delta) would take now, most
+        recent first (all that can pay, without `size`). Planning only: nothing is charged,
+        and a concurrent grant may change the answer before a request is made."""
         demand = self.accounting.demand(BudgetRequest(epsilon=epsilon, delta=delta))
-        return sum(allocation.can_pay(block, demand, pipeline, self.accounting)
-                   for block in self.live_blocks())
+        payable = [block for block in self.live_blocks()
+                   if allocation.can_pay(block, demand, pipeline, self.accounting)]
+        return payable if size is None else payable[:size]
 
     def remaining(self, block: BlockState, pipeline: Optional[str] = None) -> str:
         """A readable account of what a block has left (for errors and the CLI)."""
