@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from sage_tfx.examples.taxi.pipeline import BLOCK_EPSILON, TaxiSource, adassp_spec
+from sage_tfx.examples.taxi.pipeline import (BLOCK_EPSILON, MIN_WINDOW, TaxiSource, adassp_spec,
+                                             dp_sgd_spec)
 from sage_tfx.pipelines.adaptive import ACCEPTED, Policy, run_adaptive
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.ledger import GRANT_TYPE
@@ -56,6 +57,22 @@ def test_conserve_retries_then_accepts_and_every_charge_is_in_the_lineage(tmp_pa
 
 
 @pytest.mark.slow
+def test_dp_sgd_pipeline_retries_then_accepts_on_its_first_window(tmp_path):
+    """The DP-SGD pipeline as the demo runs it (window 24, epsilon 0.25 first), seeded."""
+    store, source = _database(tmp_path, months=MIN_WINDOW["dp_sgd"])
+    result = run_adaptive(dp_sgd_spec(seed=1), Policy("conserve", initial_epsilon=0.25,
+                                                      min_window=MIN_WINDOW["dp_sgd"]),
+                          "taxi-dp-sgd", str(tmp_path / "run"), store, source, lambda _: None)
+    assert result.outcome == ACCEPTED, result.iterations
+    assert result.iterations[0].outcome == "RETRY"
+    plan = [(i.window, i.epsilon) for i in result.iterations]
+    assert plan == [(24, 0.25), (24, 0.5), (24, 1.0)][:len(plan)]
+    assert result.iterations[-1].upper_bound <= result.iterations[-1].target
+    assert os.listdir(result.pushed_model)
+    assert all(block.spent[0] <= BLOCK_EPSILON for block in BlockLedger(store).blocks())
+
+
+@pytest.mark.slow
 def test_aggressive_spends_the_whole_allocation_at_once(tmp_path):
     store, source = _database(tmp_path)
     result = run_adaptive(adassp_spec(seed=3), Policy("aggressive", min_window=12,
@@ -85,5 +102,18 @@ def test_bad_input_is_refused_before_anything_is_charged(tmp_path, change, polic
     spec = dataclasses.replace(adassp_spec(), **change)
     with pytest.raises(BadRequest, match=message):
         run_adaptive(spec, policy, "taxi-bad", str(tmp_path / "run"), store, source)
+    assert _nothing_charged(store)
+    assert BlockLedger(store).waiting_pipelines() == []
+
+
+def test_dp_sgd_that_cannot_be_calibrated_is_refused_before_its_grant(tmp_path):
+    """DPTrainer would refuse this budget only after the grant was charged."""
+    store, source = _database(tmp_path, months=2)
+    spec = dp_sgd_spec()
+    spec = dataclasses.replace(spec, trainer={**spec.trainer, "max_noise_multiplier": 2.0})
+    with pytest.raises(BadRequest, match=r"DP-SGD cannot train on window 2 \(\d+ training "
+                                         r"records\) at epsilon 0.25.*even noise multiplier 2"):
+        run_adaptive(spec, Policy(min_window=2, initial_epsilon=0.25), "taxi-sgd",
+                     str(tmp_path / "run"), store, source)
     assert _nothing_charged(store)
     assert BlockLedger(store).waiting_pipelines() == []

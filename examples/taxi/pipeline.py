@@ -26,6 +26,10 @@ LOSS_BOUND = 0.25                          # squared error clipped at 30 minutes
 MSE_TARGET = 0.026
 TEST_FRACTION = 0.5                        # DP validation needs many test points (Sage §5.2)
 SPLIT = {"transform": 0.1, "training": 0.5, "validation": 0.4}
+# The window (months) each pipeline starts on. DP-SGD needs more data than AdaSSP: on 12 months
+# at epsilon 0.25-0.5 its model was sometimes worse than the naive one, so the validator
+# REJECTed it and the pipeline stopped; on 24 months it RETRYs at 0.25 and ACCEPTs at 0.5-1.
+MIN_WINDOW = {"adassp": 12, "dp_sgd": 24}
 
 
 def adassp_spec(seed: Optional[int] = None) -> IterationSpec:
