@@ -170,8 +170,9 @@ class Executor(base_executor.BaseExecutor):
         writer = tf.summary.create_file_writer(log_dir)
 
         def on_epoch(epoch: int, training_loss: float) -> None:
-            logging.info("DPTrainer epoch %d/%d: training loss %.4g (not DP, stays on this host), "
-                         "epsilon spent %.4g of %.4g", epoch, epochs, training_loss,
+            # The log carries public facts only: it reaches consoles and log collectors. The
+            # training loss is not DP, so it stays in TensorBoard under the ModelRun artifact.
+            logging.info("DPTrainer epoch %d/%d: epsilon spent %.4g of %.4g", epoch, epochs,
                          epsilon_after[epoch - 1], epsilon)
             with writer.as_default(step=epoch):
                 write_scalar("epsilon", epsilon_after[epoch - 1])
