@@ -23,11 +23,13 @@ while the block's total stays within its ceiling, whatever the loop chose adapti
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol
 
+import tensorflow as tf
 from tfx.components.pusher.component import Pusher
 from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
@@ -41,7 +43,7 @@ from sage_tfx.components.dp_trainer.calibrate import (DEFAULT_MAX_NOISE_MULTIPLI
                                                       CalibrationError, calibrate)
 from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
-from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT, read_split
+from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import check_split
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
@@ -246,7 +248,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 report(f"  waiting for data: block {', '.join(arrived)} arrived")
                 if policy.name == "aggressive":
                     epsilon = _largest_payable_epsilon(ledger, window, spec.delta, name)
-            _check_dp_sgd_calibrates(spec, ledger, window, epsilon, name)
+            _check_window(spec, ledger, window, epsilon, name)
             LocalDagRunner().run(build_iteration(spec, name, root, ledger_store, window, epsilon,
                                                  metadata_config=metadata_config))
             run_artifacts = _latest_run_artifacts(store, name)
@@ -280,20 +282,25 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
         ledger.finish_pipeline(name)
 
 
-def _check_dp_sgd_calibrates(spec: IterationSpec, ledger: BlockLedger, window: int,
-                             epsilon: float, pipeline: str) -> None:
-    """Refuse, before the grant is charged, an iteration whose DP-SGD cannot be calibrated.
+def _check_window(spec: IterationSpec, ledger: BlockLedger, window: int, epsilon: float,
+                  pipeline: str) -> None:
+    """Refuse, before the grant is charged, an iteration that would fail after it.
 
-    DPTrainer calibrates its noise to the grant's training share and refuses a share too small
-    for its steps (CalibrationError), but it runs after the grant has been charged. The same
-    calibration on the blocks the grant will take refuses first, so nothing is spent. It reads
-    only what the accounting treats as public: the number of training records n of the granted
-    blocks (it is in every sampling descriptor; oblivious_sample_gen/accounting.py).
+    The grant component charges a window first and only then finds a block without data, and
+    DPTrainer refuses a training share too small for its DP-SGD steps (CalibrationError) after
+    the grant too. Both are checked here on the blocks the grant will take, so nothing is spent.
+    The calibration reads only what the accounting treats as public: the number of training
+    records n of the granted blocks (it is in every sampling descriptor;
+    oblivious_sample_gen/accounting.py).
     """
+    blocks = ledger.payable_window(epsilon, spec.delta, pipeline, size=window)
+    without_data = [block.block_id for block in blocks if not block.data_uri]
+    if without_data:
+        raise BadRequest(f"block(s) {', '.join(without_data)} have no Examples registered "
+                         "(added without data); nothing was charged")
     if spec.sampling is None:
         return
-    blocks = ledger.payable_window(epsilon, spec.delta, pipeline, size=window)
-    n = sum(int(read_split(block.data_uri, TRAIN_SPLIT).shape[0]) for block in blocks)
+    n = sum(_training_records(block.data_uri) for block in blocks)
     sampling = dict(spec.sampling)
     epochs = int(spec.trainer.get("epochs") or sampling.get("epochs") or 1)
     try:
@@ -305,6 +312,14 @@ def _check_dp_sgd_calibrates(spec: IterationSpec, ledger: BlockLedger, window: i
         raise BadRequest(f"DP-SGD cannot train on window {window} ({n} training records) at "
                          f"epsilon {epsilon:g} (training share {spec.split['training']:g}); "
                          f"nothing was charged for it: {error}") from error
+
+
+def _training_records(examples_uri: str) -> int:
+    files = glob.glob(os.path.join(examples_uri, f"Split-{TRAIN_SPLIT}", "*"))
+    if not files:
+        return 0
+    records = tf.data.TFRecordDataset(files, compression_type="GZIP")
+    return int(records.reduce(0, lambda count, _: count + 1))
 
 
 def _line(iteration: Iteration, metric: str) -> str:

@@ -117,3 +117,13 @@ def test_dp_sgd_that_cannot_be_calibrated_is_refused_before_its_grant(tmp_path):
                      str(tmp_path / "run"), store, source)
     assert _nothing_charged(store)
     assert BlockLedger(store).waiting_pipelines() == []
+
+
+def test_a_window_with_a_block_without_data_is_refused_before_its_grant(tmp_path):
+    """The grant component would find the missing data only after charging the window."""
+    store, source = _database(tmp_path, months=2)
+    BlockLedger(store).add_block("added-by-hand", BLOCK_EPSILON, 1e-6)
+    with pytest.raises(BadRequest, match="added-by-hand have no Examples registered"):
+        run_adaptive(adassp_spec(), Policy(min_window=3), "taxi-gap", str(tmp_path / "run"),
+                     store, source)
+    assert _nothing_charged(store)

@@ -178,6 +178,9 @@ class Executor(base_executor.BaseExecutor):
                 write_scalar("epsilon", epsilon_after[epoch - 1])
                 write_scalar("training_loss_not_dp", training_loss)
 
+        if exec_properties.get("seed") is not None:
+            # Tests only: the user's initializers draw from the global seeds, fix them too.
+            tf.keras.utils.set_random_seed(int(exec_properties["seed"]))
         keras_model = module.build_model()
         dp_sgd.train(keras_model, module.loss(), inputs, labels, step_plan, config,
                      seed=exec_properties.get("seed"), on_epoch=on_epoch)
