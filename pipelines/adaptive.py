@@ -23,13 +23,11 @@ while the block's total stays within its ceiling, whatever the loop chose adapti
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol
 
-import tensorflow as tf
 from tfx.components.pusher.component import Pusher
 from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
@@ -248,7 +246,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 report(f"  waiting for data: block {', '.join(arrived)} arrived")
                 if policy.name == "aggressive":
                     epsilon = _largest_payable_epsilon(ledger, window, spec.delta, name)
-            _check_window(spec, ledger, window, epsilon, name)
+            _check_window(spec, ledger, store, window, epsilon, name)
             LocalDagRunner().run(build_iteration(spec, name, root, ledger_store, window, epsilon,
                                                  metadata_config=metadata_config))
             run_artifacts = _latest_run_artifacts(store, name)
@@ -282,7 +280,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
         ledger.finish_pipeline(name)
 
 
-def _check_window(spec: IterationSpec, ledger: BlockLedger, window: int, epsilon: float,
+def _check_window(spec: IterationSpec, ledger: BlockLedger, store, window: int, epsilon: float,
                   pipeline: str) -> None:
     """Refuse, before the grant is charged, an iteration that would fail after it.
 
@@ -300,8 +298,8 @@ def _check_window(spec: IterationSpec, ledger: BlockLedger, window: int, epsilon
                          "(added without data); nothing was charged")
     if spec.sampling is None:
         return
-    n = sum(_training_records(block.data_uri) for block in blocks)
-    sampling = dict(spec.sampling)
+    n = sum(_training_records(store, block) for block in blocks)
+    sampling = spec.sampling
     epochs = int(spec.trainer.get("epochs") or sampling.get("epochs") or 1)
     try:
         descriptor = plan(sampling["scheme"], n, epochs, sample_size=sampling.get("sample_size"),
@@ -314,12 +312,14 @@ def _check_window(spec: IterationSpec, ledger: BlockLedger, window: int, epsilon
                          f"nothing was charged for it: {error}") from error
 
 
-def _training_records(examples_uri: str) -> int:
-    files = glob.glob(os.path.join(examples_uri, f"Split-{TRAIN_SPLIT}", "*"))
-    if not files:
-        return 0
-    records = tf.data.TFRecordDataset(files, compression_type="GZIP")
-    return int(records.reduce(0, lambda count, _: count + 1))
+def _training_records(store, block) -> int:
+    """The block's training records, as BlockExampleGen counted them when it ingested the block
+    (the `split_counts` of the Examples artifact at the block's data_uri)."""
+    for examples in store.get_artifacts_by_uri(block.data_uri):
+        if "split_counts" in examples.custom_properties:
+            return int(json.loads(_property(examples, "split_counts")).get(TRAIN_SPLIT, 0))
+    raise BadRequest(f"block {block.block_id}'s Examples at {block.data_uri} carry no "
+                     "split_counts (BlockExampleGen records them); nothing was charged")
 
 
 def _line(iteration: Iteration, metric: str) -> str:

@@ -7,6 +7,7 @@ import os
 import sys
 
 import pytest
+import tensorflow as tf
 from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
@@ -94,6 +95,13 @@ def test_block_pipeline_links_the_charge_to_the_run(tmp_path):
     granted = [e for e in examples if e.get_string_custom_property("sage_grant_id") == grant_id]
     per_block = [e for e in examples if e.get_string_custom_property("block_id")]
     assert sorted(e.get_string_custom_property("block_id") for e in per_block) == MONTHS
+    for block_examples in per_block:  # the recorded split counts are the records written
+        counts = json.loads(block_examples.get_string_custom_property("split_counts"))
+        for split in ("train", "test"):
+            files = tf.io.gfile.glob(os.path.join(block_examples.uri, f"Split-{split}", "*"))
+            written = sum(1 for _ in tf.data.TFRecordDataset(files, compression_type="GZIP"))
+            assert counts[split] == written
+        assert counts["train"] + counts["test"] == 40
     assert len(granted) == 1
     assert sorted(os.listdir(os.path.join(granted[0].uri, "Split-train"))) == [
         "2024-02-data_tfrecord-00000-of-00001.gz", "2024-03-data_tfrecord-00000-of-00001.gz"]

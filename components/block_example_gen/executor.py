@@ -160,6 +160,9 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             examples.set_string_custom_property("block_id", block_id)
             examples.set_string_custom_property("block_start", start)
             examples.set_string_custom_property("block_end", end)
+            # Records per split, so readers (the adaptive driver) need not count them again.
+            examples.set_string_custom_property("split_counts",
+                                                json.dumps(counts_by_block[block_id]))
             ledger.add_block(block_id, float(exec_properties["block_epsilon"]),
                              float(exec_properties["block_delta"]), start, end, examples.uri)
             outputs.append(examples)

@@ -40,15 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default="out/taxi-demo")
     parser.add_argument("--pipelines", default="adassp,dp_sgd")
     parser.add_argument("--policy", choices=("conserve", "aggressive"), default="conserve")
-    parser.add_argument("--initial-epsilon", type=float, default=0.25)
+    parser.add_argument("--initial-epsilon", type=float,
+                        help="the first iteration's epsilon (default: the pipeline's "
+                             "INITIAL_EPSILON in pipeline.py)")
     parser.add_argument("--min-window", type=int,
                         help="months the first iteration trains on (default: the pipeline's "
                              "MIN_WINDOW in pipeline.py); the database starts with that many")
     args = parser.parse_args(argv)
     _quiet_logs()
 
-    from sage_tfx.examples.taxi.pipeline import (BLOCK_DELTA, BLOCK_EPSILON, MIN_WINDOW,
-                                                 TaxiSource, adassp_spec, dp_sgd_spec)
+    from sage_tfx.examples.taxi.pipeline import (BLOCK_DELTA, BLOCK_EPSILON, INITIAL_EPSILON,
+                                                 MIN_WINDOW, TaxiSource, adassp_spec,
+                                                 dp_sgd_spec)
     from sage_tfx.pipelines.adaptive import Policy, run_adaptive
     from sage_tfx.sage_access import BlockLedger
     from sage_tfx.sage_access.cli import format_table, ledger_table
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         min_window = args.min_window or MIN_WINDOW[name]
         months = source.ingest(min_window)
-        policy = Policy(args.policy, initial_epsilon=args.initial_epsilon, min_window=min_window)
+        policy = Policy(args.policy, initial_epsilon=args.initial_epsilon or INITIAL_EPSILON[name],
+                        min_window=min_window)
         spec = specs[name]()
         print(f"\n== taxi-{name}: privacy-adaptive training, policy {policy.name}, target "
               f"{spec.validation['metric']} {spec.validation['target']}\n"
