@@ -30,7 +30,7 @@ SPLIT = {"transform": 0.1, "training": 0.5, "validation": 0.4}
 # budget than AdaSSP. A REJECT stops the pipeline, and DP-SGD's noisy model was sometimes
 # confidently worse than the naive one (REJECT): on 12 months at epsilon 0.25-0.5 (4 of 12 runs),
 # on 24 months at 0.25 (1 run in about 12). On 24 months at 0.5 its lower bound stayed at most
-# 0.0164 in 9 runs, far below the target; it ACCEPTed in 7 and RETRYed in 2 (then ACCEPT at 1).
+# 0.0164 in 16 runs, far below the target; it ACCEPTed in 12 and RETRYed in 4 (then ACCEPT at 1).
 MIN_WINDOW = {"adassp": 12, "dp_sgd": 24}
 INITIAL_EPSILON = {"adassp": 0.25, "dp_sgd": 0.5}
 
