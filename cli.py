@@ -30,8 +30,11 @@ def _add_compile_parser(groups) -> None:
     parser.add_argument("--data-root", default="gs://YOUR-BUCKET/taxi/new-months",
                         help="where the new months' CSV files arrive")
     parser.add_argument("--mode", choices=("adassp", "dp_sgd"), default="adassp")
-    parser.add_argument("--window", type=int, default=12)
-    parser.add_argument("--epsilon", type=float, default=0.25)
+    parser.add_argument("--window", type=int,
+                        help="blocks the iteration trains on (default: the mode's first window, "
+                             "MIN_WINDOW in examples/taxi/pipeline.py)")
+    parser.add_argument("--epsilon", type=float,
+                        help="the iteration's epsilon (default: the mode's INITIAL_EPSILON)")
     parser.add_argument("--module-file", default=None,
                         help="the taxi module's path inside the image (default: where the "
                              "installed package has it)")

@@ -59,13 +59,17 @@ def compile_taxi_command(args) -> int:
     """`sage-tfx compile --kubeflow` (arguments in sage_tfx/cli.py)."""
     import dataclasses
 
-    from sage_tfx.examples.taxi.pipeline import adassp_spec, dp_sgd_spec
+    from sage_tfx.examples.taxi.pipeline import (INITIAL_EPSILON, MIN_WINDOW, adassp_spec,
+                                                 dp_sgd_spec)
     spec = (adassp_spec if args.mode == "adassp" else dp_sgd_spec)()
     if args.module_file:
         spec = dataclasses.replace(spec, module_file=args.module_file)
-    job = compile_kubeflow(taxi_pipeline(spec, args.pipeline_root, args.data_root, args.window,
-                                         args.epsilon), args.out, args.image)
+    window = args.window or MIN_WINDOW[args.mode]
+    epsilon = args.epsilon or INITIAL_EPSILON[args.mode]
+    job = compile_kubeflow(taxi_pipeline(spec, args.pipeline_root, args.data_root, window,
+                                         epsilon), args.out, args.image)
     tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
     print(f"wrote {args.out}: Kubeflow V2 PipelineJob {job['displayName']!r} with "
-          f"{len(tasks)} tasks ({', '.join(sorted(tasks))}); ledger at {KUBEFLOW_LEDGER_STORE}")
+          f"{len(tasks)} tasks ({', '.join(sorted(tasks))}); a grant of epsilon {epsilon:g} "
+          f"on {window} block(s); ledger at {KUBEFLOW_LEDGER_STORE}")
     return 0

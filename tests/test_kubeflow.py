@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+from sage_tfx.examples.taxi.pipeline import INITIAL_EPSILON, MIN_WINDOW
 from sage_tfx.pipelines.kubeflow import KUBEFLOW_LEDGER_STORE
 
 COMPONENTS = {"BlockExampleGen", "BlockLedger", "DPTransform", "DPTrainer", "SLAedValidator",
@@ -41,3 +42,8 @@ def test_compiles_the_taxi_pipeline(tmp_path):
 def test_dp_sgd_mode_adds_the_sampler(tmp_path):
     job = _compile(tmp_path, "--mode", "dp_sgd")
     assert set(job["pipelineSpec"]["components"]) == COMPONENTS | {"ObliviousSampleGen"}
+    # Without --window/--epsilon, the grant is DP-SGD's first iteration, as the demo runs it.
+    grant = job["pipelineSpec"]["root"]["dag"]["tasks"]["BlockLedger"]["inputs"]["parameters"]
+    constant = {name: value["runtimeValue"]["constantValue"] for name, value in grant.items()}
+    assert int(constant["window"]["intValue"]) == MIN_WINDOW["dp_sgd"]
+    assert constant["epsilon"]["doubleValue"] == INITIAL_EPSILON["dp_sgd"]
