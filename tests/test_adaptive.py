@@ -127,3 +127,16 @@ def test_a_window_with_a_block_without_data_is_refused_before_its_grant(tmp_path
         run_adaptive(adassp_spec(), Policy(min_window=3), "taxi-gap", str(tmp_path / "run"),
                      store, source)
     assert _nothing_charged(store)
+
+
+def test_dp_sgd_on_a_block_without_recorded_counts_is_refused_before_its_grant(tmp_path):
+    """DP-SGD's pre-check calibrates on the window's training records, which BlockExampleGen
+    records per block; a block registered some other way has no count to calibrate on."""
+    store, source = _database(tmp_path, months=2)
+    BlockLedger(store).add_block("registered-by-hand", BLOCK_EPSILON, 1e-6,
+                                 data_uri=str(tmp_path / "elsewhere"))
+    with pytest.raises(BadRequest, match="registered-by-hand's Examples .* carry no split_counts"):
+        run_adaptive(dp_sgd_spec(), Policy(min_window=3, initial_epsilon=0.5), "taxi-uncounted",
+                     str(tmp_path / "run"), store, source)
+    assert _nothing_charged(store)
+    assert BlockLedger(store).waiting_pipelines() == []
