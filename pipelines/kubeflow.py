@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 
@@ -64,10 +65,14 @@ def compile_taxi_command(args) -> int:
     spec = (adassp_spec if args.mode == "adassp" else dp_sgd_spec)()
     if args.module_file:
         spec = dataclasses.replace(spec, module_file=args.module_file)
-    window = args.window or MIN_WINDOW[args.mode]
-    epsilon = args.epsilon or INITIAL_EPSILON[args.mode]
-    job = compile_kubeflow(taxi_pipeline(spec, args.pipeline_root, args.data_root, window,
-                                         epsilon), args.out, args.image)
+    window = MIN_WINDOW[args.mode] if args.window is None else args.window
+    epsilon = INITIAL_EPSILON[args.mode] if args.epsilon is None else args.epsilon
+    try:
+        tfx_pipeline = taxi_pipeline(spec, args.pipeline_root, args.data_root, window, epsilon)
+    except ValueError as error:
+        print(f"sage-tfx compile: {error}; nothing written", file=sys.stderr)
+        return 2
+    job = compile_kubeflow(tfx_pipeline, args.out, args.image)
     tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
     print(f"wrote {args.out}: Kubeflow V2 PipelineJob {job['displayName']!r} with "
           f"{len(tasks)} tasks ({', '.join(sorted(tasks))}); a grant of epsilon {epsilon:g} "

@@ -140,3 +140,15 @@ def test_dp_sgd_on_a_block_without_recorded_counts_is_refused_before_its_grant(t
                      str(tmp_path / "run"), store, source)
     assert _nothing_charged(store)
     assert BlockLedger(store).waiting_pipelines() == []
+
+
+@pytest.mark.parametrize("option, value", [("--initial-epsilon", "0"), ("--min-window", "0")])
+def test_demo_refuses_a_non_positive_first_iteration_before_writing_anything(tmp_path, capsys,
+                                                                             option, value):
+    from sage_tfx.examples.taxi import run
+    workdir = tmp_path / "demo"
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(["--workdir", str(workdir), option, value])
+    assert exit_info.value.code == 2
+    assert f"{option} must be" in capsys.readouterr().err
+    assert not workdir.exists()

@@ -47,3 +47,15 @@ def test_dp_sgd_mode_adds_the_sampler(tmp_path):
     constant = {name: value["runtimeValue"]["constantValue"] for name, value in grant.items()}
     assert int(constant["window"]["intValue"]) == MIN_WINDOW["dp_sgd"]
     assert constant["epsilon"]["doubleValue"] == INITIAL_EPSILON["dp_sgd"]
+
+
+def test_a_grant_that_cannot_run_is_refused_at_compile_time(tmp_path):
+    out = tmp_path / "taxi.json"
+    for option, message in (("--window", "window must be a positive number of blocks, got 0"),
+                            ("--epsilon", "epsilon must be a positive number, got 0.0")):
+        completed = subprocess.run([sys.executable, "-m", "sage_tfx.cli", "compile", "--kubeflow",
+                                    "--out", str(out), option, "0"],
+                                   capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 2, completed.stderr[-3000:]
+        assert message in completed.stderr
+        assert not out.exists()

@@ -48,6 +48,16 @@ class BlockLedger(base_component.BaseComponent):
                  window: Optional[int] = None, block_ids: Optional[Sequence[str]] = None,
                  split: Optional[Mapping[str, float]] = None, ledger_context: str = "default",
                  pipeline_name: Optional[str] = None, new_blocks: Optional[channel.Channel] = None):
+        # Refuse here, when the pipeline is built or compiled, not when it runs on a cluster.
+        if not (isinstance(epsilon, (int, float)) and epsilon > 0):
+            raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
+        if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
+            raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+        if (window is None) == (not block_ids):
+            raise ValueError("give exactly one selector: window (most recent W blocks) or "
+                             "block_ids")
+        if window is not None and not (isinstance(window, int) and window >= 1):
+            raise ValueError(f"window must be a positive number of blocks, got {window!r}")
         super().__init__(spec=BlockLedgerSpec(
             ledger_store=ledger_store, ledger_context=ledger_context, epsilon=epsilon, delta=delta,
             window=window, block_ids=json.dumps(list(block_ids)) if block_ids else None,

@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="months the first iteration trains on (default: the pipeline's "
                              "MIN_WINDOW in pipeline.py); the database starts with that many")
     args = parser.parse_args(argv)
+    if args.initial_epsilon is not None and not args.initial_epsilon > 0:
+        parser.error(f"--initial-epsilon must be positive, got {args.initial_epsilon}")
+    if args.min_window is not None and args.min_window < 1:
+        parser.error(f"--min-window must be at least 1 month, got {args.min_window}")
     _quiet_logs()
 
     from sage_tfx.examples.taxi.pipeline import (BLOCK_DELTA, BLOCK_EPSILON, INITIAL_EPSILON,
@@ -72,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         BlockLedger.create(store, accounting="basic", min_request_epsilon=0.05)
         source = TaxiSource(store, workdir)
         started = time.time()
-        min_window = args.min_window or MIN_WINDOW[name]
+        min_window = MIN_WINDOW[name] if args.min_window is None else args.min_window
         months = source.ingest(min_window)
-        policy = Policy(args.policy, initial_epsilon=args.initial_epsilon or INITIAL_EPSILON[name],
-                        min_window=min_window)
+        initial_epsilon = (INITIAL_EPSILON[name] if args.initial_epsilon is None
+                           else args.initial_epsilon)
+        policy = Policy(args.policy, initial_epsilon=initial_epsilon, min_window=min_window)
         spec = specs[name]()
         print(f"\n== taxi-{name}: privacy-adaptive training, policy {policy.name}, target "
               f"{spec.validation['metric']} {spec.validation['target']}\n"
