@@ -2,6 +2,7 @@
 BlockLedger.
 
     python benchmarks/workload.py [--quick] [--json] [--plot FILE.png]
+                                  [--complexity inverse_epsilon|taxi_measured]
 
 For each pipeline arrival rate, simulates the four strategies of pipelines/workload.py on a
 Taxi-like stream (16,000 samples per hour) and prints
@@ -22,19 +23,21 @@ import sys
 
 import numpy as np
 
-from sage_tfx.pipelines.workload import STRATEGIES, WorkloadConfig, simulate
+from sage_tfx.pipelines.workload import COMPLEXITY_MODELS, STRATEGIES, WorkloadConfig, simulate
 
 FULL = {"rates": (0.1, 0.3, 0.5, 0.7, 0.9, 1.2), "arrival_hours": 300, "drain_hours": 150,
         "seeds": 3}
 QUICK = {"rates": (0.2, 0.5, 0.8), "arrival_hours": 80, "drain_hours": 40, "seeds": 1}
 
 
-def sweep(rates, arrival_hours: int, drain_hours: int, seeds: int) -> dict:
+def sweep(rates, arrival_hours: int, drain_hours: int, seeds: int,
+          complexity_model: str = "inverse_epsilon") -> dict:
     result = {"arrival_rates_per_hour": list(rates),
               "strategies": {s: {"mean_release_hours": [], "unreleased_fraction": []}
                              for s in STRATEGIES}}
     for rate in rates:
-        config = WorkloadConfig(rate, arrival_hours=arrival_hours, drain_hours=drain_hours)
+        config = WorkloadConfig(rate, arrival_hours=arrival_hours, drain_hours=drain_hours,
+                                complexity_model=complexity_model)
         for strategy in STRATEGIES:
             outcomes = [simulate(strategy, config, seed) for seed in range(1, seeds + 1)]
             row = result["strategies"][strategy]
@@ -70,12 +73,17 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", metavar="FILE.png")
     parser.add_argument("--seeds", type=int, help="workloads averaged per point "
                         "(default: 3, or 1 with --quick)")
+    parser.add_argument("--complexity", choices=sorted(COMPLEXITY_MODELS),
+                        default="inverse_epsilon", help="the pipelines' sample-complexity "
+                        "model: synthetic n0 (1 + 0.1 / epsilon), or the taxi AdaSSP pipeline's "
+                        "measured shape (benchmarks/taxi_sample_complexity.py)")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     seeds = args.seeds or settings["seeds"]
     if seeds < 1:
         parser.error(f"--seeds must be >= 1, got {seeds}")
-    result = sweep(settings["rates"], settings["arrival_hours"], settings["drain_hours"], seeds)
+    result = sweep(settings["rates"], settings["arrival_hours"], settings["drain_hours"], seeds,
+                   args.complexity)
     if args.plot:
         plot(result, args.plot)
     print(json.dumps(result))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from sage_tfx.pipelines.workload import (STRATEGIES, BlockConserve, InverseEpsilonComplexity,
-                                         WorkloadConfig, draw_pipelines, simulate)
+                                         ValidationBoundComplexity, WorkloadConfig,
+                                         draw_pipelines, fit_validation_bound, simulate)
 
 CONFIG = WorkloadConfig(0.6, arrival_hours=60, drain_hours=30)
 
@@ -55,6 +56,34 @@ def test_complexity_and_arrivals_are_as_configured():
     assert min(needs) >= 10_000 and max(needs) <= 2_000_000
     with pytest.raises(ValueError, match="unknown strategy"):
         simulate("fifo", CONFIG, seed=0)
+    with pytest.raises(ValueError, match="unknown complexity model 'sage'"):
+        simulate("block_conserve", WorkloadConfig(0.6, complexity_model="sage"), seed=0)
+
+
+def test_validation_bound_complexity_fills_the_tests_slack():
+    complexity = ValidationBoundComplexity(10_000, dp_cost=37.0)
+    for epsilon in (0.05, 0.5, 4.0):  # c1 / sqrt(n) + c2 / (n eps) = gap, with c1 / gap = sqrt(n0)
+        n = complexity.samples_needed(epsilon)
+        assert 1 / n ** 0.5 + 37.0 / (n * epsilon) == pytest.approx(1 / 10_000 ** 0.5)
+    # More budget, less data; without DP's cost, the non-private need.
+    assert complexity.samples_needed(0.05) > complexity.samples_needed(0.5) > 10_000
+    assert ValidationBoundComplexity(10_000, dp_cost=0.0).samples_needed(1.0) == 10_000
+    # DP adds about 2 dp_cost sqrt(n0) / eps: relatively less for pipelines that need more data.
+    large = ValidationBoundComplexity(1_000_000, dp_cost=37.0)
+    assert large.samples_needed(1.0) / 1_000_000 < complexity.samples_needed(1.0) / 10_000
+    # The fit that measures dp_cost recovers known constants from noisy slacks.
+    rng = np.random.default_rng(0)
+    records = rng.integers(4_000, 15_000, size=24)
+    epsilons = rng.choice([0.25, 0.5, 1.0, 2.0], size=24)
+    slack = (0.4 / np.sqrt(records) + 14.0 / (records * epsilons)) * rng.uniform(0.97, 1.03, 24)
+    c1, c2, max_relative_error = fit_validation_bound(records, epsilons, slack)
+    assert c1 == pytest.approx(0.4, rel=0.1) and c2 == pytest.approx(14.0, rel=0.1)
+    assert max_relative_error < 0.07
+    pipelines = draw_pipelines(WorkloadConfig(1.0, arrival_hours=50,
+                                              complexity_model="taxi_measured"),
+                               np.random.default_rng(0))
+    assert pipelines and all(isinstance(p.complexity, ValidationBoundComplexity)
+                             for p in pipelines)
 
 
 @pytest.mark.slow
