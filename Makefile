@@ -30,6 +30,7 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/dp_training.py --rows 100000 --json
 	$(BIN)/python benchmarks/digits_table2.py --json
 	$(BIN)/python benchmarks/slaed_table2.py --json
+	$(BIN)/python benchmarks/taxi_sample_complexity.py --json
 	$(BIN)/python benchmarks/workload.py --json
 
 # Regenerate the lock from requirements/direct.txt and requirements/nodeps.txt (needs the registry).

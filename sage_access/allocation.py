@@ -6,12 +6,19 @@ the results back in one transaction. That keeps the rules testable on their own.
 The policy:
 * When a block arrives, its capacity is split evenly among the pipelines waiting at that time and
   reserved for them; with nobody waiting, all of it is free.
+* A share must pay the stream's minimum request, or nobody could spend it. With more pipelines
+  waiting than that allows (over 100 at the default minimum 0.01), the split goes to the ones
+  that have waited longest. Sage splits among all of them; under overload that hands every
+  waiting pipeline a share too small to spend on every new block, nobody is released again and
+  the queue only grows (the workload simulator, pipelines/workload.py, showed it: 97% of the
+  pipelines never released at 1.2 arrivals per hour).
 * A waiting pipeline draws on its reservation first, then on the block's free budget
   (capacity - spent - sum of the remaining reservations); any other grant (no pipeline, or a
   pipeline that is not waiting) draws on the free budget only. Nobody draws on another
   pipeline's reservation.
 * When a pipeline is accepted or abandoned, its unused reservation returns and is re-split evenly
-  among the pipelines still waiting (or becomes free when none is).
+  among the pipelines still waiting, by the same rule; what is too small for even one share
+  (or has nobody to go to) becomes free, for any waiting pipeline to top up its own.
 * Whatever the policy says, a charge is admitted only if the block's own accounting still fits:
   the reservations are a fairness policy, the block's ceiling is the privacy guarantee.
 * After a charge, a block that cannot pay the stream's minimum request is retired for good.
@@ -40,14 +47,31 @@ class BlockState:
     data_uri: Optional[str] = None
 
 
+SHARE_MARGIN = 1e-9
+
+
+def recipients(waiting: Sequence[str], budget: np.ndarray, min_demand: np.ndarray,
+               accounting) -> list[str]:
+    """Who shares `budget` evenly: the longest-waiting pipelines (`waiting` is in arrival
+    order), as many as can each get a share that pays the minimum request. A share exactly at
+    the minimum could still fail `can_pay` by a rounding error in the sum of the others'
+    shares, so it must clear the minimum by SHARE_MARGIN."""
+    zero = np.zeros_like(budget)
+    count = len(waiting)
+    while count and not accounting.fits(zero, min_demand, budget / count * (1 - SHARE_MARGIN)):
+        count -= 1
+    return list(waiting[:count])
+
+
 def new_block(block_id: str, epsilon_ceiling: float, delta_ceiling: float, capacity: np.ndarray,
-              zero: np.ndarray, waiting: Sequence[str], start: Optional[str] = None,
-              end: Optional[str] = None, data_uri: Optional[str] = None) -> BlockState:
-    share = capacity / len(waiting) if waiting else None
+              zero: np.ndarray, waiting: Sequence[str], min_demand: np.ndarray, accounting,
+              start: Optional[str] = None, end: Optional[str] = None,
+              data_uri: Optional[str] = None) -> BlockState:
+    sharing = recipients(waiting, capacity, min_demand, accounting)
     return BlockState(block_id=block_id, epsilon_ceiling=epsilon_ceiling,
                       delta_ceiling=delta_ceiling, capacity=capacity, spent=zero.copy(),
-                      reservations={name: share.copy() for name in waiting}, start=start, end=end,
-                      data_uri=data_uri)
+                      reservations={name: capacity / len(sharing) for name in sharing},
+                      start=start, end=end, data_uri=data_uri)
 
 
 def _reserved_for_others(block: BlockState, pipeline: Optional[str]) -> np.ndarray:
@@ -90,15 +114,17 @@ def charge(block: BlockState, demand: np.ndarray, pipeline: Optional[str], accou
                    charges=block.charges + 1)
 
 
-def release(block: BlockState, pipeline: str, still_waiting: Sequence[str]) -> BlockState:
+def release(block: BlockState, pipeline: str, still_waiting: Sequence[str],
+            min_demand: np.ndarray, accounting) -> BlockState:
     """Return `pipeline`'s unused reservation and re-split it among `still_waiting`."""
     if pipeline not in block.reservations:
         return block
     reservations = dict(block.reservations)
     returned = np.maximum(reservations.pop(pipeline), 0.0)
-    others = [name for name in still_waiting if name != pipeline]
-    if others and not block.retired:
-        share = returned / len(others)
-        for name in others:
-            reservations[name] = reservations.get(name, np.zeros_like(share)) + share
+    if not block.retired:
+        others = [name for name in still_waiting if name != pipeline]
+        sharing = recipients(others, returned, min_demand, accounting)
+        for name in sharing:
+            reservations[name] = (reservations.get(name, np.zeros_like(returned))
+                                  + returned / len(sharing))
     return replace(block, reservations=reservations)

@@ -368,7 +368,8 @@ class BlockLedger:
                   start: Optional[str] = None, end: Optional[str] = None,
                   data_uri: Optional[str] = None) -> BlockState:
         """Register a new block with ceiling (epsilon, delta); its budget is split evenly among the
-        pipelines waiting now and reserved for them (Sage §3.3). `data_uri` is where the block's
+        pipelines waiting now and reserved for them (Sage §3.3), the longest-waiting first when
+        there are too many for every share to pay the minimum request (allocation.py). `data_uri` is where the block's
         Examples live (BlockExampleGen sets it; the BlockLedger component reads it)."""
         _check_name(block_id, "block id")
         capacity = self.accounting.capacity(epsilon, delta)
@@ -380,7 +381,8 @@ class BlockLedger:
             state = self._read_state()
             waiting = json.loads(_get(state, "waiting"))
             block = allocation.new_block(block_id, float(epsilon), float(delta), capacity,
-                                         self.accounting.zero(), waiting, start, end, data_uri)
+                                         self.accounting.zero(), waiting, self._min_demand,
+                                         self.accounting, start, end, data_uri)
             artifact = pb.Artifact(type_id=self._types[BLOCK_TYPE], name=f"{self.context}/{block_id}",
                                    external_id=f"block:{self.context}/{block_id}")
             _props(artifact, {"ledger": self.context, "block_id": block_id, "start": start,
@@ -433,7 +435,8 @@ class BlockLedger:
                 block = self._to_state(artifact)
                 if pipeline not in block.reservations:
                     continue
-                released = allocation.release(block, pipeline, still_waiting)
+                released = allocation.release(block, pipeline, still_waiting, self._min_demand,
+                                              self.accounting)
                 version = _get(artifact, "version") + 1
                 changes.append((self._write_state(artifact, released), _event(pb.Event.INPUT)))
                 changes.append((self._version_record(block.block_id, version),

@@ -9,6 +9,7 @@ from sage_tfx.sage_access.accounting import BasicComposition
 BASIC = BasicComposition()
 PIPELINES = ["p0", "p1", "p2"]
 TOLERANCE = 1e-9
+MIN_DEMAND = np.array([0.01, 0.0])
 
 operations = st.lists(st.one_of(
     st.tuples(st.just("charge"), st.sampled_from(PIPELINES + [None]),
@@ -22,12 +23,19 @@ operations = st.lists(st.one_of(
        min_epsilon=st.floats(0.01, 0.3))
 def test_policy_invariants_hold_for_any_sequence(waiting, ops, min_epsilon):
     capacity = BASIC.capacity(1.0, 1e-6)
-    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), waiting)
     min_demand = np.array([min_epsilon, 0.0])
+    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), waiting, min_demand,
+                                 BASIC)
     waiting = list(waiting)
-    if waiting:  # an arriving block is split evenly among the waiting pipelines
-        for share in block.reservations.values():
-            assert np.allclose(share, capacity / len(waiting))
+    # An arriving block is split evenly among the longest-waiting pipelines, as many as can each
+    # get a share that pays the minimum request.
+    sharing = allocation.recipients(waiting, capacity, min_demand, BASIC)
+    assert sharing == waiting[:len(sharing)]
+    # As many as possible: one more share would not pay the minimum (up to the margin).
+    assert len(sharing) == len(waiting) or 1 / (len(sharing) + 1) < min_epsilon * (1 + 1e-8)
+    assert list(block.reservations) == sharing
+    for share in block.reservations.values():
+        assert np.allclose(share, capacity / len(sharing)) and share[0] >= min_epsilon
     for op in ops:
         before = block
         if op[0] == "charge":
@@ -46,14 +54,17 @@ def test_policy_invariants_hold_for_any_sequence(waiting, ops, min_epsilon):
             if pipeline not in waiting:
                 continue
             waiting.remove(pipeline)
-            block = allocation.release(block, pipeline, waiting)
+            block = allocation.release(block, pipeline, waiting, min_demand, BASIC)
             assert pipeline not in block.reservations
             returned = np.maximum(before.reservations.get(pipeline, BASIC.zero()), 0)
             total_before = sum(np.maximum(r, 0) for r in before.reservations.values()) + BASIC.zero()
             total_after = sum(np.maximum(r, 0) for r in block.reservations.values()) + BASIC.zero()
-            if waiting and not block.retired:  # re-split: the total reserved is unchanged
+            if waiting and not block.retired and returned[0] >= min_epsilon:
+                # Re-split: the total reserved is unchanged, and the longest-waiting get it.
                 assert np.allclose(total_after, total_before)
-            else:  # nobody waiting: it becomes free
+                assert block.reservations[waiting[0]][0] >= \
+                    before.reservations.get(waiting[0], BASIC.zero())[0] + min_epsilon - TOLERANCE
+            else:  # nobody to take a share it can spend: it becomes free
                 assert np.allclose(total_after, total_before - returned)
         # The ceiling is never exceeded, and reservations never promise more than is left.
         assert np.all(block.spent <= capacity)
@@ -65,7 +76,7 @@ def test_policy_invariants_hold_for_any_sequence(waiting, ops, min_epsilon):
 
 def test_retired_block_never_pays_again():
     capacity = BASIC.capacity(1.0, 1e-6)
-    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), [])
+    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), [], MIN_DEMAND, BASIC)
     block = allocation.charge(block, np.array([0.95, 0.0]), None, BASIC, np.array([0.1, 0.0]))
     assert block.retired
     assert not allocation.can_pay(block, np.array([0.01, 0.0]), None, BASIC)
@@ -73,10 +84,32 @@ def test_retired_block_never_pays_again():
 
 def test_reservation_then_free_budget_for_a_waiting_pipeline():
     capacity = BASIC.capacity(1.0, 1e-6)
-    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), ["p0", "p1"])
+    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), ["p0", "p1"],
+                                 MIN_DEMAND, BASIC)
     small = np.array([0.1, 0.0])
-    block = allocation.release(block, "p1", ["p0"])  # p1 leaves: p0 gets everything
+    block = allocation.release(block, "p1", ["p0"], MIN_DEMAND, BASIC)  # p0 gets everything
     assert np.allclose(block.reservations["p0"], capacity)
     # A pipeline that is not waiting only sees the free budget, which is now empty.
     assert not allocation.can_pay(block, small, "p9", BASIC)
     assert allocation.can_pay(block, small, "p0", BASIC)
+
+
+def test_under_overload_shares_go_to_the_longest_waiting_and_stay_spendable():
+    """Split among all of 150 waiting pipelines, a block would give each 1/150 < 0.01, the
+    minimum request: nobody could spend any share, of this block or any later one. (Shares of
+    exactly 0.01, split 100 ways, could miss it by a rounding error: 99 get 1/99.)"""
+    capacity = BASIC.capacity(1.0, 1e-6)
+    waiting = [f"p{i:03d}" for i in range(150)]
+    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), waiting, MIN_DEMAND,
+                                 BASIC)
+    assert list(block.reservations) == waiting[:99]
+    assert all(allocation.can_pay(block, MIN_DEMAND, name, BASIC) for name in waiting[:99])
+    # p000 is done: 1/99 is not enough for two shares, so it goes whole to p001, the
+    # longest-waiting of the others.
+    block = allocation.release(block, "p000", waiting[1:], MIN_DEMAND, BASIC)
+    assert np.allclose(block.reservations["p001"], 2 * capacity / 99)
+    assert all(np.allclose(block.reservations[name], capacity / 99) for name in waiting[2:99])
+    # Less than a minimum request has nobody to go to whole: it becomes free.
+    block = allocation.charge(block, np.array([0.015, 0.0]), "p001", BASIC, MIN_DEMAND)
+    block = allocation.release(block, "p001", waiting[2:], MIN_DEMAND, BASIC)
+    assert np.allclose(allocation.free_budget(block), 2 * capacity / 99 - [0.015, 0.0])

@@ -137,6 +137,21 @@ def test_allocation_policy_reserves_splits_and_returns_budget():
         ledger.finish_pipeline("p2")
 
 
+@pytest.mark.parametrize("accounting", ["basic", "rdp"])
+def test_under_overload_new_blocks_reserve_only_spendable_shares(accounting):
+    # min request 0.25: at most 3 shares of a block with ceiling 1 can each pay it (4 would sit
+    # exactly at the minimum, which rounding can break). Split 5 ways, nobody could spend any.
+    ledger = make_ledger(blocks=0, accounting=accounting, min_request=0.25)
+    for name in ("p1", "p2", "p3", "p4", "p5"):
+        ledger.register_pipeline(name)
+    ledger.add_block("b0", 1.0, 1e-6)
+    block = ledger.block("b0")
+    assert sorted(block.reservations) == ["p1", "p2", "p3"]  # the longest-waiting
+    for name in ("p1", "p2", "p3"):
+        ledger.request(BlockIds(["b0"]), epsilon=0.25, delta=0, pipeline=name)
+    assert ledger.audit() == []
+
+
 def test_rdp_ledger_admits_while_dp_accounting_conversion_stays_within_ceiling():
     from dp_accounting.rdp import rdp_privacy_accountant
 
