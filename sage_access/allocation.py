@@ -17,8 +17,9 @@ The policy:
   pipeline that is not waiting) draws on the free budget only. Nobody draws on another
   pipeline's reservation.
 * When a pipeline is accepted or abandoned, its unused reservation returns and is re-split evenly
-  among the pipelines still waiting, by the same rule; what is too small for even one share
-  (or has nobody to go to) becomes free, for any waiting pipeline to top up its own.
+  among the pipelines still waiting (or becomes free when none is). A re-split share is added to
+  what its pipeline may already hold on the block, so it needs no floor; the split of a new
+  block is the only place where Sage's rule stops the platform.
 * Whatever the policy says, a charge is admitted only if the block's own accounting still fits:
   the reservations are a fairness policy, the block's ceiling is the privacy guarantee.
 * After a charge, a block that cannot pay the stream's minimum request is retired for good.
@@ -114,17 +115,15 @@ def charge(block: BlockState, demand: np.ndarray, pipeline: Optional[str], accou
                    charges=block.charges + 1)
 
 
-def release(block: BlockState, pipeline: str, still_waiting: Sequence[str],
-            min_demand: np.ndarray, accounting) -> BlockState:
+def release(block: BlockState, pipeline: str, still_waiting: Sequence[str]) -> BlockState:
     """Return `pipeline`'s unused reservation and re-split it among `still_waiting`."""
     if pipeline not in block.reservations:
         return block
     reservations = dict(block.reservations)
     returned = np.maximum(reservations.pop(pipeline), 0.0)
-    if not block.retired:
-        others = [name for name in still_waiting if name != pipeline]
-        sharing = recipients(others, returned, min_demand, accounting)
-        for name in sharing:
-            reservations[name] = (reservations.get(name, np.zeros_like(returned))
-                                  + returned / len(sharing))
+    others = [name for name in still_waiting if name != pipeline]
+    if others and not block.retired:
+        share = returned / len(others)
+        for name in others:
+            reservations[name] = reservations.get(name, np.zeros_like(share)) + share
     return replace(block, reservations=reservations)

@@ -435,8 +435,7 @@ class BlockLedger:
                 block = self._to_state(artifact)
                 if pipeline not in block.reservations:
                     continue
-                released = allocation.release(block, pipeline, still_waiting, self._min_demand,
-                                              self.accounting)
+                released = allocation.release(block, pipeline, still_waiting)
                 version = _get(artifact, "version") + 1
                 changes.append((self._write_state(artifact, released), _event(pb.Event.INPUT)))
                 changes.append((self._version_record(block.block_id, version),
