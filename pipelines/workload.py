@@ -145,6 +145,13 @@ class WorkloadConfig:
     # hour: a pipeline retries until it is released or must wait for new blocks.
     attempts_per_hour: int = 16
 
+    def __post_init__(self):
+        if not self.arrival_rate_per_hour > 0:
+            raise ValueError(f"arrival rate must be > 0, got {self.arrival_rate_per_hour}")
+        if self.complexity_model not in COMPLEXITY_MODELS:
+            raise ValueError(f"unknown complexity model {self.complexity_model!r}; use one of "
+                             f"{sorted(COMPLEXITY_MODELS)}")
+
     @property
     def horizon(self) -> int:
         return self.arrival_hours + self.drain_hours
@@ -375,11 +382,6 @@ class WorkloadResult:
 def simulate(strategy: str, config: WorkloadConfig, seed: int) -> WorkloadResult:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; use one of {STRATEGIES}")
-    if config.complexity_model not in COMPLEXITY_MODELS:
-        raise ValueError(f"unknown complexity model {config.complexity_model!r}; use one of "
-                         f"{sorted(COMPLEXITY_MODELS)}")
-    if not config.arrival_rate_per_hour > 0:
-        raise ValueError(f"arrival rate must be > 0, got {config.arrival_rate_per_hour}")
     pipelines = draw_pipelines(config, np.random.default_rng(seed))
     ledger = BlockLedger.create(":memory:", min_request_epsilon=config.min_request_epsilon)
     runner = STRATEGY_CLASSES[strategy](ledger, config)

@@ -369,8 +369,9 @@ class BlockLedger:
                   data_uri: Optional[str] = None) -> BlockState:
         """Register a new block with ceiling (epsilon, delta); its budget is split evenly among the
         pipelines waiting now and reserved for them (Sage §3.3), the longest-waiting first when
-        there are too many for every share to pay the minimum request (allocation.py). `data_uri` is where the block's
-        Examples live (BlockExampleGen sets it; the BlockLedger component reads it)."""
+        there are too many for every share to pay the minimum request (allocation.py).
+        `data_uri` is where the block's Examples live (BlockExampleGen sets it; the BlockLedger
+        component reads it)."""
         _check_name(block_id, "block id")
         capacity = self.accounting.capacity(epsilon, delta)
         for value, what in ((start, "start"), (end, "end")):

@@ -57,7 +57,9 @@ def test_complexity_and_arrivals_are_as_configured():
     with pytest.raises(ValueError, match="unknown strategy"):
         simulate("fifo", CONFIG, seed=0)
     with pytest.raises(ValueError, match="unknown complexity model 'sage'"):
-        simulate("block_conserve", WorkloadConfig(0.6, complexity_model="sage"), seed=0)
+        WorkloadConfig(0.6, complexity_model="sage")
+    with pytest.raises(ValueError, match="arrival rate must be > 0, got 0"):
+        WorkloadConfig(0.0)
 
 
 def test_validation_bound_complexity_fills_the_tests_slack():
