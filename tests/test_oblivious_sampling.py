@@ -12,13 +12,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sage_tfx.components.oblivious_sample_gen import accounting
+import tensorflow as tf
+
+from sage_tfx.components.oblivious_sample_gen import access_trace, accounting, melbourne, sampling
 from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
 from sage_tfx.components.oblivious_sample_gen.melbourne import (RoutePlan, RouteOverflow,
                                                                  oblivious_shuffle, route)
-from sage_tfx.components.oblivious_sample_gen.sampling import (poisson_layout, samples_poisson,
-                                                               samples_swo, shuffle_and_split)
+from sage_tfx.components.oblivious_sample_gen.sampling import (plan, samples_poisson, samples_swo,
+                                                               shuffle_and_split, to_size)
 from sage_tfx.components.oblivious_sample_gen.trace import dataset
 
 
@@ -32,16 +34,64 @@ def trace_of(sampler, n, parameter, seed, data_seed):
     return trace.sha256(), ids_of(samples)
 
 
-@pytest.mark.parametrize("sampler,n,parameter", [
-    (samples_swo, 1000, 32), (samples_swo, 97, 10), (samples_swo, 500, [100, 250, 150]),
-    (samples_poisson, 1000, 0.03), (samples_poisson, 97, 0.2)])
-def test_trace_is_identical_across_secret_seeds_and_datasets_while_samples_differ(
-        sampler, n, parameter):
-    runs = [trace_of(sampler, n, parameter, seed, data_seed)
-            for seed, data_seed in [(0, 0), (1, 0), (2, 5), (3, 77)]]
+def trace_test(sampler, n, parameter, size=None):
+    """The trace test: equal traces for every secret seed and dataset, a trace that covers
+    every output slot (code that bypasses the traced ops leaves slots unwritten), and
+    different samples."""
+    runs = []
+    for seed, data_seed in [(0, 0), (1, 0), (2, 5), (3, 77)]:
+        trace = AccessTrace()
+        samples = sampler(dataset(n, data_seed), parameter, seed=seed, trace=trace, size=size)
+        runs.append((trace.sha256(), ids_of(samples)))
+        assert trace.written["samples"] == samples.records.shape[0]
     assert len({digest for digest, _ in runs}) == 1
     first_samples = {tuple(map(tuple, samples)) for _, samples in runs}
     assert len(first_samples) == len(runs)
+
+
+@pytest.mark.parametrize("sampler,n,parameter,size", [
+    (samples_swo, 1000, 32, None), (samples_swo, 97, 10, None), (samples_swo, 300, 10, 350),
+    (samples_swo, 300, 10, 250), (samples_poisson, 1000, 0.03, None),
+    (samples_poisson, 97, 0.2, None), (samples_poisson, 200, 0.1, 260)])
+def test_trace_is_identical_across_secret_seeds_and_datasets_while_samples_differ(
+        sampler, n, parameter, size):
+    trace_test(sampler, n, parameter, size)
+
+
+def route_reading_record_0_for_dummies(records, source_of_slot, plan, trace=None,
+                                       names=("input", "blocks", "output")):
+    """Leaky variant (main before this change): a dummy block slot copies record 0 of the
+    external input, so how many such reads there are follows the secret routing."""
+    block_source, _ = melbourne._route_maps(plan, source_of_slot)
+    per_block = (block_source == plan.n_in).reshape(plan.buckets, -1).sum(axis=1)
+    for dummies in per_block:  # block a's dummies read record 0 as block a is built
+        access_trace.read(trace, names[0], tf.convert_to_tensor(records),
+                          np.zeros(dummies, dtype=np.int64))
+    return melbourne.route(records, source_of_slot, plan, trace, names)
+
+
+def route_gathering_at_secret_positions(records, source_of_slot, plan, trace=None,
+                                        names=("input", "blocks", "output")):
+    """Leaky variant (issue 24): route() replaced by a direct tf.gather at the secret
+    positions."""
+    return tf.gather(records, source_of_slot)
+
+
+def traced_gather_at_secret_positions(records, source_of_slot, plan, trace=None,
+                                      names=("input", "blocks", "output")):
+    """The same break, through the traced read op."""
+    output = access_trace.read(trace, names[0], tf.convert_to_tensor(records), source_of_slot)
+    return access_trace.write(trace, names[2], output, np.arange(len(source_of_slot)))
+
+
+@pytest.mark.parametrize("leaky_route", [route_reading_record_0_for_dummies,
+                                         route_gathering_at_secret_positions,
+                                         traced_gather_at_secret_positions])
+@pytest.mark.parametrize("sampler,parameter", [(samples_swo, 10), (samples_poisson, 0.05)])
+def test_the_trace_test_fails_on_a_leaky_routing(monkeypatch, leaky_route, sampler, parameter):
+    monkeypatch.setattr(sampling, "route", leaky_route)
+    with pytest.raises(AssertionError):
+        trace_test(sampler, 400, parameter)
 
 
 def test_baseline_trace_reveals_the_permutation():
