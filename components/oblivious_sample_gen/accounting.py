@@ -127,12 +127,6 @@ def epsilon(descriptor: SamplingDescriptor, noise_multiplier: float, delta: floa
     return result
 
 
-def count_event(count_epsilon: float) -> dp_accounting.DpEvent:
-    """The DP count's event: a (discrete) Laplace of scale 1 / eps_count on a sensitivity-1
-    count, pure eps_count under add/remove."""
-    return dp_accounting.LaplaceDpEvent(1.0 / count_epsilon)
-
-
 def sized_for(scheme: str, count: int, count_epsilon: float,
               sample_size: Optional[int] = None) -> tuple[int, float]:
     """(N, tau): the size the data is brought to from the DP count n_hat = `count`, and the

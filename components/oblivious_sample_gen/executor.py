@@ -17,6 +17,7 @@ from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
 from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
                                                                shuffle_and_split)
+from sage_tfx.mechanisms import discrete_laplace
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
 
 TRAIN_SPLIT = "train"
@@ -33,10 +34,10 @@ def read_split(examples_uri: str, split: str) -> tf.Tensor:
     return tf.concat(batches, axis=0)
 
 
-def dp_count(n: int, epsilon: float, seed) -> int:
-    """n + DiscreteLaplace(1 / epsilon), from the platform's one noise module."""
-    from sage_tfx import mechanisms
-    return int(mechanisms.discrete_laplace(n, scale=1.0 / epsilon, seed=seed).value)
+def dp_count(n: int, epsilon: float) -> int:
+    """n + DiscreteLaplace(1 / epsilon) (sensitivity 1 under add/remove), from the platform's
+    one noise module (OS CSPRNG, no seed)."""
+    return int(np.asarray(discrete_laplace([n], l1_sensitivity=1, epsilon=epsilon).value)[0])
 
 
 def sampled_size(records: tf.Tensor, grant, exec_properties: dict[str, Any]) -> tuple[int, float]:
@@ -50,8 +51,7 @@ def sampled_size(records: tf.Tensor, grant, exec_properties: dict[str, Any]) -> 
                              f"and give the grant a {accounting.COUNT_STEP!r} share")
         return int(public_size), 0.0
     count_epsilon, _ = grant.share(accounting.COUNT_STEP)
-    seed = exec_properties.get("seed")
-    n_hat = dp_count(int(records.shape[0]), count_epsilon, None if seed is None else int(seed))
+    n_hat = dp_count(int(records.shape[0]), count_epsilon)
     return accounting.sized_for(scheme, n_hat, count_epsilon, exec_properties.get("sample_size"))
 
 
