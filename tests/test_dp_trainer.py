@@ -35,7 +35,7 @@ KEY_VARIABLE = "SAGE_TEST_TRAINER_KEY"
 
 @pytest.mark.parametrize("scheme", ["poisson", "swo", "shuffle"])
 def test_calibration_spends_the_target_and_no_more(scheme):
-    descriptor = plan_for_batch(scheme, n=10_000, batch=100, epochs=5)
+    descriptor = plan_for_batch(scheme, size=10_000, batch=100, epochs=5)
     result = calibrate(descriptor, epsilon=2.0, delta=1e-6)
     assert result.steps == 500
     assert 0.98 * 2.0 <= result.epsilon <= 2.0
@@ -50,7 +50,7 @@ def test_calibration_spends_the_target_and_no_more(scheme):
 def test_calibrate_command_prints_the_contract():
     out = subprocess.run(
         [sys.executable, "-m", "sage_tfx.components.dp_trainer.calibrate", "--scheme", "poisson",
-         "--n", "60000", "--batch", "600", "--epochs", "100", "--epsilon", "1.0",
+         "--size", "60000", "--batch", "600", "--epochs", "100", "--epsilon", "1.0",
          "--delta", "1e-5", "--json"], capture_output=True, text=True, check=True).stdout
     result = json.loads(out)
     assert set(result) == {"noise_multiplier", "steps", "epsilon"}
@@ -58,13 +58,13 @@ def test_calibrate_command_prints_the_contract():
     assert 0.98 <= result["epsilon"] <= 1.0
     bad = subprocess.run(
         [sys.executable, "-m", "sage_tfx.components.dp_trainer.calibrate", "--scheme", "swo",
-         "--n", "100", "--batch", "1000", "--epochs", "1", "--epsilon", "1", "--delta", "1e-5"],
+         "--size", "100", "--batch", "1000", "--epochs", "1", "--epsilon", "1", "--delta", "1e-5"],
         capture_output=True, text=True)
     assert bad.returncode == 2 and "sample size" in bad.stderr
 
 
 def test_calibration_refuses_a_budget_too_small_for_one_step():
-    descriptor = plan_for_batch("swo", n=1000, batch=1000, epochs=1)
+    descriptor = plan_for_batch("swo", size=1000, batch=1000, epochs=1)
     with pytest.raises(CalibrationError, match="cannot pay for 1 DP-SGD step"):
         calibrate(descriptor, epsilon=1e-4, delta=1e-7)
     with pytest.raises(CalibrationError, match="delta"):
@@ -82,14 +82,16 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_VARIABLE, base64.b64encode(os.urandom(32)).decode())
     root = str(tmp_path)
     store_path = os.path.join(root, "metadata.sqlite")
-    gen, grant = ingest_and_grant(root, store_path, split={"training": 0.5, "validation": 0.5})
+    gen, grant = ingest_and_grant(root, store_path, split={
+        "training": 0.5, "validation": 0.4, "sampling_count": 0.1})
     sampler = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
-                                 scheme="swo", sample_size=8, epochs=3, seed=3)
+                                 scheme="swo", sample_size=8, epochs=3, seed=3, public_size=48)
     trainer = DPTrainer(examples=sampler.outputs["samples"], grant=grant.outputs["grant"],
                         module_file=MODULE, l2_norm_clip=1.0, learning_rate=0.05, seed=4)
     poisson = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                                  scheme="poisson", gamma=0.125, epochs=2,
-                                 encryption_key_env=KEY_VARIABLE, seed=6).with_id("poisson")
+                                 encryption_key_env=KEY_VARIABLE, record_width=1024,
+                                 seed=6).with_id("poisson")
     poisson_trainer = DPTrainer(examples=poisson.outputs["samples"], grant=grant.outputs["grant"],
                                 module_file=MODULE, l2_norm_clip=1.0, learning_rate=0.05,
                                 encryption_key_env=KEY_VARIABLE, seed=7).with_id("poisson_trainer")
@@ -110,12 +112,14 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     model = models["swo"]
     props = {k: v.string_value or v.int_value for k, v in model.mlmd_artifact.custom_properties.items()}
     # The grant is (0.4, 1e-7), half of it for training.
-    assert 0.98 * 0.2 <= float(props["dp_epsilon"]) <= 0.2
+    assert 0.95 * 0.2 <= float(props["dp_epsilon"]) <= 0.2
     assert float(props["dp_delta"]) == pytest.approx(0.5e-7)
     assert props["sampling_scheme"] == "swo"
     [samples] = [e for e in _artifacts(store, "Examples", standard_artifacts.Examples)
                  if e.get_string_custom_property("sampling_scheme") == "swo"]
-    assert props["steps"] == 3 * (samples.get_int_custom_property("sampling_n") // 8)
+    # A public size of 48 rows: 6 samples of 8 per epoch, 3 epochs; the count of steps that ran.
+    assert props["steps"] == 18
+    assert samples.get_int_custom_property("sampling_n") == 48
     assert json.loads(props["blocks"]) == ["2024-03", "2024-02"]
     assert float(props["noise_multiplier"]) > 0 and float(props["l2_norm_clip"]) == 1.0
 
@@ -160,7 +164,7 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     with pytest.raises(trainer_executor.SamplesMismatch, match="no sampling descriptor"):
         run(granted)
     # A descriptor that does not match the data.
-    n = samples.get_int_custom_property("sampling_n")
+    n = 48
     samples.set_int_custom_property("sampling_n", n + 8)  # claims one more sample per epoch
     samples.set_int_custom_property("sampling_samples_per_epoch", (n + 8) // 8)
     samples.set_int_custom_property("sampling_slots_per_epoch", (n + 8) // 8 * 8)
@@ -172,20 +176,55 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     assert not os.path.exists(outputs["model"][0].uri)  # nothing written by a refused run
 
 
-def test_poisson_step_plan_has_public_width_and_masks_padding():
+def test_poisson_steps_read_fixed_units_whatever_the_samples():
     samples = samples_poisson(tf.range(2000), 0.05, seed=8, epochs=2)
-    plan = dp_sgd.StepPlan.from_samples(samples.sample_ids, samples.descriptor)
+    plan = dp_sgd.StepPlan.for_layout(samples.real, samples.descriptor)
+    other = samples_poisson(tf.range(2000), 0.05, seed=9, epochs=2)
+    other_plan = dp_sgd.StepPlan.for_layout(other.real, other.descriptor)
     assert plan.steps == 2 * 20 and plan.normaliser == pytest.approx(100.0)
-    # Every step has the same width, fixed by (n, gamma) alone; weights mark the real records.
-    assert plan.rows.shape[1] == dp_sgd.StepPlan.from_samples(
-        samples_poisson(tf.range(2000), 0.05, seed=9).sample_ids,
-        samples_poisson(tf.range(2000), 0.05, seed=9).descriptor).rows.shape[1]
-    sizes = [int(np.sum(samples.sample_ids[e * samples.descriptor.slots_per_epoch:
-                                           (e + 1) * samples.descriptor.slots_per_epoch] == s))
-             for e in range(2) for s in range(1, 21)]
-    assert plan.weights.sum(axis=1).tolist() == sizes
-    real = int(np.sum(samples.sample_ids > 0))
-    assert set(plan.rows[plan.weights > 0].tolist()) == set(range(real))
+    # The rows each step reads depend on (size, gamma) alone; only the weights differ.
+    assert np.array_equal(plan.rows, other_plan.rows)
+    assert not np.array_equal(plan.weights, other_plan.weights)
+    assert plan.weights.sum(axis=1).tolist() == [len(b) for b in samples.batches()]
+
+
+def one_step_update(seed: int, noise_multiplier: float, clip: float = 1.0) -> np.ndarray:
+    """The parameter change of one DP-SGD step on a fixed batch from a fixed model."""
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(500)])
+    before = np.concatenate([w.numpy().ravel() for w in model.trainable_variables])
+    features = tf.constant(np.random.default_rng(1).standard_normal((8, 4)), tf.float32)
+    labels = tf.constant(np.random.default_rng(2).standard_normal((8, 500)), tf.float32)
+    plan = dp_sgd.StepPlan(np.arange(8, dtype=np.int32)[None, :], np.ones((1, 8), np.float32),
+                           normaliser=8.0, epochs=1)
+    steps = dp_sgd.train(model, tf.keras.losses.MeanSquaredError(), features, labels, plan,
+                         dp_sgd.DPSGDConfig(noise_multiplier, clip, 1.0), seed=seed)
+    assert steps == 1
+    return np.concatenate([w.numpy().ravel() for w in model.trainable_variables]) - before
+
+
+def test_dp_sgd_noise_variance_measured_from_two_runs_on_the_same_batch():
+    # Two runs differ only in the noise: update_1 - update_2 = lr / B (z_1 - z_2) with z ~
+    # N(0, (sigma C)^2) per parameter, so the difference has variance 2 (lr sigma C / B)^2.
+    # 2,500 parameters: the sample variance is within 10% with probability 1 - 6e-7
+    # (chi-square with 2,500 dof, 5 sd). A step without noise (noise_std = 0) gives 0.
+    sigma, clip, batch = 3.0, 0.5, 8.0
+    difference = one_step_update(1, sigma, clip) - one_step_update(2, sigma, clip)
+    expected = 2 * (sigma * clip / batch) ** 2
+    assert difference.var() == pytest.approx(expected, rel=0.1)
+
+
+def test_steps_are_counted_as_they_execute():
+    samples = samples_swo(tf.range(200), 16, seed=1, epochs=3)
+    features = tf.random.stateless_normal((int(samples.records.shape[0]), 2), seed=[1, 2])
+    labels = tf.zeros((int(samples.records.shape[0]), 1))
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    executed = []
+    ran = dp_sgd.train(model, tf.keras.losses.MeanSquaredError(), features, labels,
+                       dp_sgd.StepPlan.for_layout(samples.real, samples.descriptor),
+                       dp_sgd.DPSGDConfig(1.0, 1.0, 0.1), seed=1, on_step=executed.append)
+    # 200 // 16 = 12 samples per epoch, 3 epochs: counted by the callback, not the plan.
+    assert executed == list(range(1, 37)) and ran == 36
 
 
 def taxi_trips():
@@ -214,14 +253,15 @@ def test_dp_sgd_on_the_taxi_sample_beats_the_naive_model():
     rows = samples.records.numpy()
     train_x, train_y = tf.constant(features[rows]), tf.constant(labels[rows])
     calibration = calibrate(samples.descriptor, epsilon=8.0, delta=1e-6)
+    steps = []
     model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(16, activation="relu"),
                                  tf.keras.layers.Dense(1)])
     losses = []
     dp_sgd.train(model, tf.keras.losses.MeanSquaredError(), train_x, train_y,
-                 dp_sgd.StepPlan.from_samples(samples.sample_ids, samples.descriptor),
+                 dp_sgd.StepPlan.for_layout(samples.real, samples.descriptor),
                  dp_sgd.DPSGDConfig(calibration.noise_multiplier, 1.0, 0.5), seed=6,
-                 on_epoch=lambda epoch, loss: losses.append(loss))
-    assert len(losses) == 5
+                 on_epoch=lambda epoch, loss: losses.append(loss), on_step=steps.append)
+    assert len(losses) == 5 and len(steps) == 5 * (len(train) // 256)
     test_mse = float(np.mean((model(features[test]).numpy() - labels[test]) ** 2))
     naive_mse = float(np.mean((labels[train].mean() - labels[test]) ** 2))
     # Trip distance explains much of the duration: the DP model clearly beats the mean.

@@ -33,12 +33,14 @@ def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_VARIABLE, base64.b64encode(key).decode())
     root = str(tmp_path)
     store_path = os.path.join(root, "metadata.sqlite")
-    gen, grant = ingest_and_grant(root, store_path)
+    gen, grant = ingest_and_grant(root, store_path, split={"training": 0.9,
+                                                           "sampling_count": 0.1})
     swo = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                              scheme="swo", sample_size=8, epochs=2, seed=1).with_id("swo")
     poisson = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                                  scheme="poisson", gamma=0.1, epochs=3,
-                                 encryption_key_env=KEY_VARIABLE, seed=2).with_id("poisson")
+                                 encryption_key_env=KEY_VARIABLE, record_width=1024,
+                                 seed=2).with_id("poisson")
     LocalDagRunner().run(pipeline.Pipeline(
         pipeline_name="sampling", pipeline_root=os.path.join(root, "pipeline"),
         components=[gen, grant, swo, poisson],
@@ -60,26 +62,28 @@ def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch):
         flat = {name: (value.string_value if value.HasField("string_value") else value.int_value)
                 for name, value in props.items()}
         descriptor = SamplingDescriptor.from_properties(flat)
-        assert descriptor.n == len(granted_train)
+        # The size sampled from is a DP count (Poisson: plus its public slack), not n.
+        assert descriptor.n > 0
         # The samples carry the grant of the Examples they came from.
         assert flat["sage_grant_id"] == granted.get_string_custom_property("sage_grant_id")
         encrypted = bool(flat["sampling_encrypted"])
         directory = os.path.join(artifact.uri, "Split-train")
         if encrypted:
             with pytest.raises(ValueError, match="encrypted"):
-                read_samples(directory, descriptor, flat["sampling_record_width"])
+                read_samples(directory, descriptor, flat.get("sampling_record_width", 0))
             blobs = list(tf.data.TFRecordDataset(os.path.join(directory, "samples.enc.tfrecord"))
                          .as_numpy_iterator())
             assert len({len(b) for b in blobs}) == 1  # every ciphertext has the same length
             assert not any(b"trip_seconds" in b for b in blobs)
-        records, ids = read_samples(directory, descriptor, flat["sampling_record_width"],
+        records, ids = read_samples(directory, descriptor, flat.get("sampling_record_width", 0),
                                     key if encrypted else None)
         assert len(records) == descriptor.epochs * descriptor.slots_per_epoch
         real = [trip_seconds(r) for r, i in zip(records, ids) if i > 0]
         assert set(real) <= set(granted_train)
         assert all(r == b"" for r, i in zip(records, ids) if i == 0)
     assert set(sampled) == {"swo", "poisson"}
-    assert sampled["swo"].get_int_custom_property("sampling_samples_per_epoch") == len(granted_train) // 8
+    swo_size = sampled["swo"].get_int_custom_property("sampling_n")
+    assert sampled["swo"].get_int_custom_property("sampling_samples_per_epoch") == swo_size // 8
     assert sampled["poisson"].get_int_custom_property("sampling_encrypted") == 1
 
     # Examples of a single block were never granted as such: the executor refuses them.

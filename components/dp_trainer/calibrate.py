@@ -1,11 +1,13 @@
 """Noise calibration: the DP-SGD noise multiplier that spends exactly a given (epsilon, delta).
 
-    python -m sage_tfx.components.dp_trainer.calibrate --scheme poisson|swo|shuffle --n N
+    python -m sage_tfx.components.dp_trainer.calibrate --scheme poisson|swo|shuffle --size N
            --batch B --epochs E --epsilon EPS --delta D [--json]
 
 prints {"noise_multiplier", "steps", "epsilon"}: the smallest noise multiplier (to 1e-6) whose
-accounted epsilon at D is at most EPS, for the steps that sampling scheme runs on N records with
-batch B (for Poisson, the expected batch: gamma = B / N) for E epochs.
+accounted epsilon at D is at most EPS, for the steps that sampling scheme runs on data brought
+to N rows with batch B (for Poisson, the expected batch: gamma = B / N) for E epochs. N is the
+size ObliviousSampleGen samples from: a public bound or a DP count, never an exact count of
+private data (oblivious_sample_gen/accounting.py).
 
 The accounting is the sampling's own (oblivious_sample_gen/accounting.py: the DpEvent of what
 ran, dp-accounting's RDP accountant, Poisson truncation reserved out of delta), and the search
@@ -16,6 +18,7 @@ delta - truncation_delta(EPS) and the reported epsilon is checked against the ca
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -78,20 +81,24 @@ def calibrate(descriptor: SamplingDescriptor, epsilon: float, delta: float,
     return Calibration(float(noise_multiplier), descriptor.steps, accounted(noise_multiplier))
 
 
-def plan_for_batch(scheme: str, n: int, batch: int, epochs: int) -> SamplingDescriptor:
-    """The descriptor of `scheme` on n records at batch size `batch` (Poisson: expected)."""
+def plan_for_batch(scheme: str, size: int, batch: int, epochs: int) -> SamplingDescriptor:
+    """The descriptor of `scheme` on `size` rows (public or DP) at batch size `batch`
+    (Poisson: expected batch, sized from a DP count whose undershoot is accounted)."""
     if scheme == "poisson":
-        if not 0 < batch <= n:
-            raise ValueError(f"batch {batch} must be in [1, n={n}]")
-        return plan(scheme, n, epochs, gamma=batch / n)
-    return plan(scheme, n, epochs, sample_size=batch)
+        if not 0 < batch <= size:
+            raise ValueError(f"batch {batch} must be in [1, size={size}]")
+        return dataclasses.replace(
+            plan(scheme, size, epochs, gamma=batch / size),
+            size_truncation_probability=accounting.SIZE_TRUNCATION_PROBABILITY)
+    return plan(scheme, size, epochs, sample_size=batch)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sage_tfx.components.dp_trainer.calibrate",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--scheme", choices=SCHEMES, required=True)
-    parser.add_argument("--n", type=int, required=True, help="records sampled from")
+    parser.add_argument("--size", type=int, required=True,
+                        help="rows sampled from: a public bound or a DP count")
     parser.add_argument("--batch", type=int, required=True,
                         help="batch size (Poisson: expected batch size, gamma = batch / n)")
     parser.add_argument("--epochs", type=int, required=True)
@@ -101,7 +108,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="JSON only (the default output too)")
     args = parser.parse_args(argv)
     try:
-        descriptor = plan_for_batch(args.scheme, args.n, args.batch, args.epochs)
+        descriptor = plan_for_batch(args.scheme, args.size, args.batch, args.epochs)
         result = calibrate(descriptor, args.epsilon, args.delta, args.max_noise_multiplier)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -12,10 +12,10 @@ One step on sample S (Abadi et al. 2016; oblivious-sampling paper §3 "NoisySGD"
   each step the subsampled Gaussian mechanism the accountant composes.
 * The normaliser is public: the sample size m for SWO/shuffling, the expected size gamma * n for
   Poisson (the actual size is private, paper §5). Dividing by it is post-processing.
-* Every step has the same shape: a sample is padded to a public width with masked rows
-  (weight 0: zero loss, so zero gradient, and clip factor 1), and a step whose sample did not
-  fit the Poisson layout runs with every row masked: noise only. The number of steps is the
-  descriptor's, never data-dependent.
+* Every step has the same shape and reads the same slots whatever the data: step j reads the
+  j-th unit of `slot_width` slots, real, null or dummy; nulls and dummies are masked (weight 0:
+  zero loss, so zero gradient, and clip factor 1). The number of steps is the descriptor's,
+  never data-dependent; `run_steps` counts the steps as they execute.
 
 Noise comes from a tf.random.Generator (Philox) seeded by sage_tfx.randomness.secret_seed (the
 OS CSPRNG) unless a test passes a seed. What that does and does not give, honestly: the noise is
@@ -46,12 +46,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads, layer_registry  # noqa: E402
 
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor  # noqa: E402
-from sage_tfx.components.oblivious_sample_gen.melbourne import chernoff_threshold  # noqa: E402
 from sage_tfx.randomness import secret_seed  # noqa: E402
-
-# Poisson padding width: a sample is larger with probability <= 2^-40 (it is then run at its
-# own size; only the step's duration differs).
-_PADDING_OVERFLOW_LOG_PROBABILITY = -40 * math.log(2)
 
 
 def require_legacy_keras() -> None:
@@ -77,8 +72,12 @@ class DPSGDConfig:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """Which rows each step reads: rows[step] (padded to a common width) and weights[step]
-    (1 for a sample's record, 0 for padding). `epoch_of_step` ties steps to epochs."""
+    """Which rows each step reads: rows[step] and weights[step] (1 for a record, 0 for a null
+    record or a dummy: zero loss, so zero gradient, and clip factor 1).
+
+    The rows are public: step j reads the j-th unit of `slot_width` consecutive slots
+    (descriptor.slot_width), real or not. Which slots are real is secret (for Poisson it is
+    the sample's size) and only enters as the weights' values, never as an address."""
     rows: np.ndarray
     weights: np.ndarray
     normaliser: float
@@ -89,38 +88,16 @@ class StepPlan:
         return self.rows.shape[0]
 
     @classmethod
-    def from_samples(cls, sample_ids: np.ndarray, descriptor: SamplingDescriptor,
-                     epochs: Optional[int] = None) -> "StepPlan":
-        """Steps for the first `epochs` epochs of samples laid out as `descriptor` says, where
-        real records (sample id > 0) are numbered 0, 1, ... in slot order (the rows of the
-        parsed feature tensors)."""
+    def for_layout(cls, real: np.ndarray, descriptor: SamplingDescriptor,
+                   epochs: Optional[int] = None) -> "StepPlan":
+        """Steps over the first `epochs` epochs of slots laid out as `descriptor` says, where
+        slot i is row i of the parsed feature tensors and real[i] says whether it holds a
+        record."""
         epochs = descriptor.epochs if epochs is None else epochs
-        slots, per_epoch = descriptor.slots_per_epoch, descriptor.samples_per_epoch
-        sample_ids = np.asarray(sample_ids)
-        row_of_slot = np.cumsum(sample_ids > 0) - 1
-        members = []
-        for epoch in range(epochs):
-            ids = sample_ids[epoch * slots:(epoch + 1) * slots]
-            order = np.argsort(ids, kind="stable")
-            bounds = np.searchsorted(ids[order], np.arange(1, per_epoch + 2))
-            for sample in range(per_epoch):
-                in_sample = order[bounds[sample]:bounds[sample + 1]] + epoch * slots
-                members.append(row_of_slot[in_sample])
-        width = max(max(len(m) for m in members), _public_width(descriptor), 1)
-        rows = np.zeros((len(members), width), dtype=np.int32)
-        weights = np.zeros((len(members), width), dtype=np.float32)
-        for step, member_rows in enumerate(members):
-            rows[step, :len(member_rows)] = member_rows
-            weights[step, :len(member_rows)] = 1.0
+        steps, width = descriptor.samples_per_epoch * epochs, descriptor.slot_width
+        rows = np.arange(steps * width, dtype=np.int32).reshape(steps, width)
+        weights = np.asarray(real[:steps * width], dtype=np.float32).reshape(steps, width)
         return cls(rows, weights, descriptor.expected_batch_size, epochs)
-
-
-def _public_width(descriptor: SamplingDescriptor) -> int:
-    if descriptor.scheme != "poisson":
-        return descriptor.sample_size
-    mean = math.ceil(descriptor.n * descriptor.gamma)
-    return chernoff_threshold(descriptor.n, descriptor.gamma, _PADDING_OVERFLOW_LOG_PROBABILITY,
-                              mean)
 
 
 def with_reduction(loss: tf.keras.losses.Loss, reduction: str) -> tf.keras.losses.Loss:
@@ -183,25 +160,33 @@ def make_nondp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features:
 
 
 def run_steps(step: Callable, plan: StepPlan,
-              on_epoch: Optional[Callable[[int, float], None]] = None) -> None:
-    """Run every step of `plan` in order; after each epoch, on_epoch(epoch, mean training loss)
-    (1-based epoch; the loss is not DP, see the module docstring)."""
+              on_epoch: Optional[Callable[[int, float], None]] = None,
+              on_step: Optional[Callable[[int], None]] = None) -> int:
+    """Run every step of `plan` in order; after each step, on_step(steps run so far); after
+    each epoch, on_epoch(epoch, mean training loss) (1-based epoch; the loss is not DP, see the
+    module docstring). Returns the number of steps that ran."""
     steps_per_epoch = plan.steps // plan.epochs
+    ran = 0
     for epoch in range(plan.epochs):
         # Summed as tensors: converting each step's loss would wait for every step to finish.
         loss_sums, weight_sums = [], []
         for index in range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch):
             batch_loss, batch_weight = step(tf.constant(plan.rows[index]),
                                             tf.constant(plan.weights[index]))
+            ran += 1
+            if on_step is not None:
+                on_step(ran)
             loss_sums.append(batch_loss)
             weight_sums.append(batch_weight)
         if on_epoch is not None:
             on_epoch(epoch + 1, float(tf.add_n(loss_sums)) / max(float(tf.add_n(weight_sums)), 1.0))
+    return ran
 
 
 def train(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
           labels: tf.Tensor, plan: StepPlan, config: DPSGDConfig, seed: Optional[int] = None,
-          on_epoch: Optional[Callable[[int, float], None]] = None) -> None:
-    """DP-SGD: every step of `plan`, in order (see run_steps)."""
-    run_steps(make_dp_step(model, loss, features, labels, config, plan.normaliser,
-                           noise_generator(seed)), plan, on_epoch)
+          on_epoch: Optional[Callable[[int, float], None]] = None,
+          on_step: Optional[Callable[[int], None]] = None) -> int:
+    """DP-SGD: every step of `plan`, in order (see run_steps). Returns the steps that ran."""
+    return run_steps(make_dp_step(model, loss, features, labels, config, plan.normaliser,
+                                  noise_generator(seed)), plan, on_epoch, on_step)

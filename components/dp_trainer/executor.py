@@ -40,28 +40,62 @@ def read_descriptor(samples) -> SamplingDescriptor:
         raise SamplesMismatch(f"the Examples at {samples.uri} carry no sampling descriptor; "
                               "DP-SGD trains on ObliviousSampleGen's output")
     descriptor = SamplingDescriptor.from_properties(flat)
-    expected = plan(descriptor.scheme, descriptor.n, descriptor.epochs,
-                    sample_size=descriptor.sample_size, gamma=descriptor.gamma)
+    expected = dataclasses.replace(
+        plan(descriptor.scheme, descriptor.n, descriptor.epochs,
+             sample_size=descriptor.sample_size, gamma=descriptor.gamma),
+        # Poisson is always sized from a DP count, whose undershoot the accountant must cover.
+        size_truncation_probability=(accounting.SIZE_TRUNCATION_PROBABILITY
+                                     if descriptor.scheme == "poisson" else 0.0))
     if descriptor != expected:
         raise SamplesMismatch(f"sampling descriptor {descriptor} is not what {descriptor.scheme} "
-                              f"sampling of n={descriptor.n} produces ({expected})")
+                              f"sampling of size {descriptor.n} produces ({expected})")
     return descriptor
 
 
 def check_layout(sample_ids: np.ndarray, descriptor: SamplingDescriptor) -> None:
-    """The slots match the descriptor: count, sample ids, and fixed sizes for SWO/shuffling."""
+    """The slots match the descriptor: their number, and each slot's sample id is 0 (a null or
+    a dummy) or the sample its unit holds."""
     expected_slots = descriptor.epochs * descriptor.slots_per_epoch
     if len(sample_ids) != expected_slots:
         raise SamplesMismatch(f"the samples hold {len(sample_ids)} slots; the descriptor says "
                               f"{descriptor.epochs} epoch(s) x {descriptor.slots_per_epoch}")
-    if sample_ids.min() < 0 or sample_ids.max() > descriptor.samples_per_epoch:
-        raise SamplesMismatch(f"sample ids outside [0, {descriptor.samples_per_epoch}]")
-    if descriptor.scheme != "poisson":
-        for epoch_ids in sample_ids.reshape(descriptor.epochs, -1):
-            counts = np.bincount(epoch_ids, minlength=descriptor.samples_per_epoch + 1)[1:]
-            if np.any(counts != descriptor.sample_size):
-                raise SamplesMismatch(f"a {descriptor.scheme} sample does not hold exactly "
-                                      f"{descriptor.sample_size} records")
+    unit_ids = np.tile(np.repeat(np.arange(1, descriptor.samples_per_epoch + 1),
+                                 descriptor.slot_width), descriptor.epochs)
+    if np.any((sample_ids != 0) & (sample_ids != unit_ids)):
+        raise SamplesMismatch(f"a slot's sample id is not the sample of its unit of "
+                              f"{descriptor.slot_width} slots")
+
+
+def null_record(raw_spec: dict) -> bytes:
+    """A serialized tf.Example with every feature of `raw_spec` at zero (b"" for strings): what
+    null and dummy slots are decoded from, so that every slot is decoded the same way. Their
+    rows get weight 0 (and their decoded values are zeroed) in training."""
+    features = {}
+    for name, spec in raw_spec.items():
+        count = int(np.prod(getattr(spec, "shape", None) or [1]))
+        if getattr(spec, "shape", None) is None:  # VarLen/Sparse: no value
+            count = 0
+        if spec.dtype == tf.string:
+            features[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b""] * count))
+        elif spec.dtype.is_floating:
+            features[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[0.0] * count))
+        else:
+            features[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[0] * count))
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def decode_slots(decoder: RecordDecoder, records: list[bytes]) -> tuple[tf.Tensor, tf.Tensor,
+                                                                         np.ndarray]:
+    """(inputs, labels, real) for every slot, real or not, in slot order: empty slots decode
+    from null_record and are zeroed, so all slots take the same path."""
+    real = np.array([len(record) > 0 for record in records])
+    placeholder = null_record(decoder.raw_spec)
+    inputs, labels = decoder.decode([r if r else placeholder for r in records])
+    mask = tf.constant(real)
+    inputs = tf.where(mask[:, None], inputs, tf.zeros_like(inputs))
+    labels = tf.where(tf.reshape(mask, [-1] + [1] * (labels.shape.rank - 1)), labels,
+                      tf.zeros_like(labels))
+    return inputs, labels, real
 
 
 def _float_property(artifact, name: str, value: float) -> None:
@@ -159,9 +193,8 @@ class Executor(base_executor.BaseExecutor):
             samples_io.key_from_env(key_variable) if encrypted else None)
         check_layout(sample_ids, descriptor)
         used = epochs * descriptor.slots_per_epoch
-        inputs, labels = decoder.decode([r for r, i in zip(records[:used], sample_ids[:used])
-                                         if i > 0])
-        step_plan = dp_sgd.StepPlan.from_samples(sample_ids[:used], run)
+        inputs, labels, real = decode_slots(decoder, records[:used])
+        step_plan = dp_sgd.StepPlan.for_layout(real, run)
 
         # Epsilon after each epoch depends only on public parameters; computed up front.
         epsilon_after = [accounting.epsilon(dataclasses.replace(run, epochs=e),
@@ -182,13 +215,17 @@ class Executor(base_executor.BaseExecutor):
             # Tests only: the user's initializers draw from the global seeds, fix them too.
             tf.keras.utils.set_random_seed(int(exec_properties["seed"]))
         keras_model = module.build_model()
-        dp_sgd.train(keras_model, module.loss(), inputs, labels, step_plan, config,
-                     seed=exec_properties.get("seed"), on_epoch=on_epoch)
+        # The Model's `steps` is what ran, counted as the steps execute.
+        steps_run = dp_sgd.train(keras_model, module.loss(), inputs, labels, step_plan, config,
+                                 seed=exec_properties.get("seed"), on_epoch=on_epoch)
+        if steps_run != calibration.steps:
+            raise RuntimeError(f"{steps_run} DP-SGD steps ran; the calibration paid for "
+                               f"{calibration.steps}")
         writer.flush()
         return keras_model, {
             "dp_epsilon": calibration.epsilon, "dp_delta": delta,
             "noise_multiplier": config.noise_multiplier, "l2_norm_clip": config.l2_norm_clip,
-            "learning_rate": config.learning_rate, "steps": calibration.steps, "epochs": epochs,
+            "learning_rate": config.learning_rate, "steps": steps_run, "epochs": epochs,
             "sampling_scheme": descriptor.scheme}
 
     def _adassp(self, examples, decoder: RecordDecoder, epsilon: float, delta: float,

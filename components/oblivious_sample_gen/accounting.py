@@ -3,28 +3,47 @@
 The descriptor says what ran. This module turns it, plus the trainer's Gaussian noise
 multiplier sigma (noise std / clipping norm C), into a DpEvent and an (epsilon, delta).
 
+The size. Nothing here uses the exact number n of granted records: a count of the data is
+not DP, and storing or branching on it (descriptor, steps, logs) would release it. The data is
+brought to a size N that is public (a bound the user declares: `public_size`) or a function of
+a DP count n_hat = n + Z, Z ~ DiscreteLaplace(1 / eps_count), released by ObliviousSampleGen
+as its own step of the grant ("sampling_count", pure eps_count, sensitivity 1 under
+add/remove). `sized_for` maps n_hat to N. Everything stored or printed is then a function of
+public values and n_hat. The whole release is the count's (eps_count, 0) composed with
+training's (eps, delta) (basic composition; each is paid from its own share of the grant).
+
 Neighbouring relations. The ledger accounts in add-or-remove-one (Sage §4).
-* Poisson: PoissonSampledDpEvent is analysed in add/remove directly. A clipped sum has
-  sensitivity C, so the Gaussian's noise multiplier is sigma. The number of steps,
-  floor(1/gamma) * epochs, does not depend on n.
-* SWO and shuffling: the number of steps n // m depends on n, so these schemes treat the size
-  of the granted data as public. A person's record is then present or replaced by a null record
-  that contributes a zero gradient. Adding or removing it is a replacement (x <-> null), which
-  the replace-one analysis covers. dp-accounting analyses SampledWithoutReplacementDpEvent
-  (Wang, Balle & Kasiviswanathan 2019) only under REPLACE_ONE. Under replace-one a clipped sum
-  has sensitivity 2C (open issue google/differential-privacy#378, STACK.md). The Gaussian in
-  the event is therefore given noise multiplier sigma / 2, which also covers x <-> null
-  (sensitivity C).
-* Shuffling (shuffle-and-split): in each epoch the batches partition the data, so a replaced
+* SWO and shuffling run on exactly N rows (sampling.to_size): n < N rows are padded with null
+  records, which contribute a zero gradient; n > N rows are cut to a uniformly random subset
+  of N. Fix N (it is released, so we may condition on it) and let D' = D + {x}. Then the
+  sized data of D and of D' are replace-one neighbours of size N, or equal, under a coupling:
+  - n + 1 <= N: D' has x where D has a null (x <-> null).
+  - n >= N: draw D''s subset S'. If x is not in S', S' is a uniform N-subset of D; if it is,
+    swapping x for a uniform record of D outside S' gives a uniform N-subset of D. Either way
+    the subsets of D and D' are equal or differ by one replacement.
+  A mechanism that is (eps, delta)-DP under replace-one is therefore (eps, delta)-DP for D vs
+  D' after sizing: average its guarantee over the coupling (P[M(A) in E] = E[P[M(a) in E]]
+  <= e^eps E[P[M(b) in E]] + delta). dp-accounting analyses SampledWithoutReplacementDpEvent
+  (Wang, Balle & Kasiviswanathan 2019) only under REPLACE_ONE, with sample size m out of N.
+  Under replace-one a clipped sum has sensitivity 2C (x <-> y; open issue
+  google/differential-privacy#378, STACK.md). The Gaussian in the event is therefore given
+  noise multiplier sigma / 2, which also covers x <-> null (sensitivity C).
+* Shuffling (shuffle-and-split): in each epoch the batches partition the N rows, so a replaced
   record touches exactly one batch. By parallel composition an epoch costs one Gaussian of
   sensitivity 2C: epochs x GaussianDpEvent(sigma / 2), under REPLACE_ONE.
+* Poisson needs no size to sample: each row is in a sample with probability gamma, so null
+  rows change no gradient and padding is invisible to the analysis, which stays add/remove
+  (PoissonSampledDpEvent, sensitivity C, noise multiplier sigma). The layout needs a size: the
+  unit width w (sampling.poisson_width) and the normaliser gamma * N. N = n_hat + t, with t
+  chosen so that P[Z < -t] <= SIZE_TRUNCATION_PROBABILITY: the data is cut (to N random
+  records) only when n > N, an event of at most that probability for every dataset.
 
-Poisson truncation. An epoch's layout has L slots. With probability <= t per epoch
-(sampling.poisson_layout) the k samples do not all fit, and those that do not are run as empty
-steps. The truncated mechanism differs from the exact one only on that event. Over E epochs
-each output probability therefore moves by at most E * t, so an (eps, delta) guarantee for the
-exact mechanism gives (eps, delta + (1 + e^eps) * E * t) for the one that ran. `epsilon`
-reserves that term out of delta.
+Truncation (Poisson). A sample larger than w keeps w records, with probability <= t per epoch
+(union bound over the epoch's samples), and the data is cut with probability <= tau once per
+run (above). The mechanism that ran differs from the exact one only on those events, of total
+probability T = E * t + tau for every dataset. Each output probability therefore moves by at
+most T, so an (eps, delta) guarantee for the exact mechanism gives (eps, delta + (1 + e^eps) T)
+for the one that ran. `epsilon` reserves that term out of delta.
 """
 from __future__ import annotations
 
@@ -35,6 +54,11 @@ import dp_accounting
 from dp_accounting import rdp
 
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
+
+# P[the DP count undershoots by more than Poisson's size slack]: below 1e-18 of delta.
+SIZE_TRUNCATION_PROBABILITY = 2.0 ** -60
+# The grant step that pays for the DP count of the records (ObliviousSampleGen).
+COUNT_STEP = "sampling_count"
 
 RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
                    + [64, 80, 96, 128, 192, 256, 512])
@@ -73,7 +97,8 @@ def rdp_epsilon(descriptor: SamplingDescriptor, noise_multiplier: float, delta: 
 def truncation_delta(descriptor: SamplingDescriptor, epsilon_cap: float) -> float:
     """The delta that pays for Poisson truncation when epsilon is at most `epsilon_cap`:
     (1 + e^eps) * E * t (module docstring); 0 for schemes that never truncate."""
-    truncation = descriptor.epochs * descriptor.truncation_probability
+    truncation = (descriptor.epochs * descriptor.truncation_probability
+                  + descriptor.size_truncation_probability)
     return 0.0 if truncation == 0.0 else (1.0 + math.exp(min(epsilon_cap, 700.0))) * truncation
 
 
@@ -87,7 +112,7 @@ def epsilon(descriptor: SamplingDescriptor, noise_multiplier: float, delta: floa
     result as long as delta' >= delta / 2. Calibration passes its target epsilon as the cap."""
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    if descriptor.truncation_probability == 0.0:
+    if truncation_delta(descriptor, 0.0) == 0.0:
         return rdp_epsilon(descriptor, noise_multiplier, delta)
     if epsilon_cap is None:
         epsilon_cap = rdp_epsilon(descriptor, noise_multiplier, delta / 2.0)
@@ -100,3 +125,21 @@ def epsilon(descriptor: SamplingDescriptor, noise_multiplier: float, delta: floa
         raise ValueError(f"epsilon {result} exceeds the cap {epsilon_cap} its truncation "
                          "reserve was computed for")
     return result
+
+
+def sized_for(scheme: str, count: int, count_epsilon: float,
+              sample_size: Optional[int] = None) -> tuple[int, float]:
+    """(N, tau): the size the data is brought to from the DP count n_hat = `count`, and the
+    probability (over the count's noise, for every dataset) that real records are cut where
+    the accountant does not cover it (module docstring).
+
+    SWO and shuffling: N = max(n_hat, m) (at least one sample); cutting is covered by the
+    replace-one coupling, tau = 0. Poisson: N = max(n_hat, 1) + t with t + 1 =
+    ceil(ln(1 / tau) / eps_count), so P[n > N] <= P[Z <= -(t + 1)] <= e^{-eps_count (t + 1)}
+    <= tau for the discrete Laplace of scale 1 / eps_count."""
+    if not (math.isfinite(count_epsilon) and count_epsilon > 0):
+        raise ValueError(f"the count's epsilon must be positive, got {count_epsilon}")
+    if scheme != "poisson":
+        return max(int(count), int(sample_size or 1)), 0.0
+    slack = math.ceil(math.log(1.0 / SIZE_TRUNCATION_PROBABILITY) / count_epsilon) - 1
+    return max(int(count), 1) + slack, SIZE_TRUNCATION_PROBABILITY

@@ -19,6 +19,8 @@ class ObliviousSampleGenSpec(component_spec.ComponentSpec):
         "epochs": component_spec.ExecutionParameter(type=int),
         "encryption_key_env": component_spec.ExecutionParameter(type=str, optional=True),
         "seed": component_spec.ExecutionParameter(type=int, optional=True),
+        "public_size": component_spec.ExecutionParameter(type=int, optional=True),
+        "record_width": component_spec.ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
         "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
@@ -34,10 +36,17 @@ class ObliviousSampleGen(base_component.BaseComponent):
     'swo' (k = n // sample_size samples without replacement per epoch), 'poisson' (rate
     gamma, floor(1/gamma) samples per epoch) or 'shuffle' (the non-oblivious baseline).
 
+    Size: the data is padded with null records or cut to a uniformly random subset of N rows,
+    where N is `public_size` (a public bound the user declares; 'swo'/'shuffle' only) or comes
+    from a DP count of the records paid by the grant's "sampling_count" share
+    (accounting.py has the derivation). No exact count is stored or logged.
+
     Output: Examples whose train split holds the samples in training order, with the sampling
     descriptor as custom properties (`sampling_*`) for the trainer's accountant. With
     `encryption_key_env` (the name of an environment variable holding a base64 AES-256 key),
-    the samples are stored AES-GCM encrypted. Randomness comes from the OS CSPRNG; `seed` exists
+    the samples are stored AES-GCM encrypted, each serialized record padded to `record_width`
+    bytes (public, declared by the user); a record longer than that is dropped (replaced by a
+    null record), which the add/remove relation allows. Randomness comes from the OS CSPRNG; `seed` exists
     for tests only.
     """
 
@@ -47,12 +56,20 @@ class ObliviousSampleGen(base_component.BaseComponent):
     def __init__(self, examples: channel.Channel, grant: channel.Channel, scheme: str,
                  sample_size: Optional[int] = None, gamma: Optional[float] = None,
                  epochs: int = 1, encryption_key_env: Optional[str] = None,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None, public_size: Optional[int] = None,
+                 record_width: Optional[int] = None):
         if scheme not in SCHEMES:
             raise ValueError(f"unknown scheme {scheme!r}; use one of {SCHEMES}")
         if (gamma is None) == (scheme == "poisson") or (sample_size is None) == (scheme != "poisson"):
             raise ValueError("give gamma for scheme 'poisson' and sample_size for 'swo'/'shuffle'")
+        if public_size is not None and (scheme == "poisson" or public_size < sample_size):
+            raise ValueError(f"public_size={public_size} needs scheme 'swo' or 'shuffle' and at "
+                             f"least sample_size={sample_size} rows")
+        if (encryption_key_env is None) != (record_width is None) or (record_width or 1) < 1:
+            raise ValueError("encrypted samples need a positive record_width (the public byte "
+                             "width of a serialized record), and only they take one")
         super().__init__(spec=ObliviousSampleGenSpec(
             scheme=scheme, sample_size=sample_size, gamma=gamma, epochs=epochs,
-            encryption_key_env=encryption_key_env, seed=seed, examples=examples, grant=grant,
+            encryption_key_env=encryption_key_env, seed=seed, public_size=public_size,
+            record_width=record_width, examples=examples, grant=grant,
             samples=channel.Channel(type=standard_artifacts.Examples)))

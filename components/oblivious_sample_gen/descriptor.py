@@ -1,7 +1,9 @@
 """What sampling ran: the descriptor that travels with the samples to the trainer.
 
 It describes the layout the trainer reads (epochs one after another, each `slots_per_epoch`
-slots long) and everything the accountant needs. It is stored as custom properties of the
+slots long, in units of `slot_width` slots, one unit per step) and everything the accountant
+needs. Every field is a function of public parameters and of `n`, the size the data was brought
+to: a public bound or a DP count (accounting.py). No exact count of private data is in it. It is stored as custom properties of the
 samples' Examples artifact (strings for floats: ML Metadata's SQLite backend rounds doubles).
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ SCHEMES = ("swo", "poisson", "shuffle")
 @dataclass(frozen=True)
 class SamplingDescriptor:
     scheme: str
-    n: int  # records sampled from
+    n: int  # rows sampled from: the data padded or cut to a public bound or a DP count
     epochs: int
     # Steps the trainer runs per epoch: one per sample. For Poisson it is the fixed
     # floor(1 / gamma); samples that did not fit (probability <= truncation_probability)
@@ -25,6 +27,9 @@ class SamplingDescriptor:
     sample_size: Optional[int] = None  # m, for swo and shuffle
     gamma: Optional[float] = None  # for poisson
     truncation_probability: float = 0.0  # per epoch, Poisson only
+    # Once per run, Poisson only: the probability that the DP count fell so far below the
+    # true count that records were cut (accounting.py).
+    size_truncation_probability: float = 0.0
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:
@@ -33,6 +38,11 @@ class SamplingDescriptor:
             raise ValueError("gamma is given exactly for the poisson scheme")
         if (self.sample_size is None) != (self.scheme == "poisson"):
             raise ValueError("sample_size is given exactly for the swo and shuffle schemes")
+
+    @property
+    def slot_width(self) -> int:
+        """Slots per sample unit: m for SWO/shuffling, the padded width for Poisson."""
+        return self.slots_per_epoch // self.samples_per_epoch
 
     @property
     def steps(self) -> int:
@@ -62,4 +72,5 @@ class SamplingDescriptor:
                    slots_per_epoch=int(value("slots_per_epoch")),
                    sample_size=None if size in ("", None) else int(size),
                    gamma=None if gamma in ("", None) else float(gamma),
-                   truncation_probability=float(value("truncation_probability")))
+                   truncation_probability=float(value("truncation_probability")),
+                   size_truncation_probability=float(value("size_truncation_probability")))

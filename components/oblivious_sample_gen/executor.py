@@ -2,6 +2,7 @@
 the requested epochs, and write the samples in training order with their descriptor."""
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from typing import Any
@@ -12,10 +13,11 @@ from absl import logging
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components.oblivious_sample_gen import samples_io
+from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
 from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
                                                                shuffle_and_split)
+from sage_tfx.mechanisms import discrete_laplace
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
 
 TRAIN_SPLIT = "train"
@@ -32,11 +34,32 @@ def read_split(examples_uri: str, split: str) -> tf.Tensor:
     return tf.concat(batches, axis=0)
 
 
-def sample(records: tf.Tensor, exec_properties: dict[str, Any]):
+def dp_count(n: int, epsilon: float) -> int:
+    """n + DiscreteLaplace(1 / epsilon) (sensitivity 1 under add/remove), from the platform's
+    one noise module (OS CSPRNG, no seed)."""
+    return int(np.asarray(discrete_laplace([n], l1_sensitivity=1, epsilon=epsilon).value)[0])
+
+
+def sampled_size(records: tf.Tensor, grant, exec_properties: dict[str, Any]) -> tuple[int, float]:
+    """(N, tau): the public size the records are brought to (accounting.sized_for), from the
+    user's `public_size` (SWO/shuffle only) or a DP count paid by the grant's COUNT_STEP share.
+    Only the count n_hat is released; the exact n decides nothing else."""
+    scheme, public_size = exec_properties["scheme"], exec_properties.get("public_size")
+    if public_size is not None:
+        if scheme == "poisson":
+            raise ValueError("scheme 'poisson' sizes its layout from a DP count; drop public_size "
+                             f"and give the grant a {accounting.COUNT_STEP!r} share")
+        return int(public_size), 0.0
+    count_epsilon, _ = grant.share(accounting.COUNT_STEP)
+    n_hat = dp_count(int(records.shape[0]), count_epsilon)
+    return accounting.sized_for(scheme, n_hat, count_epsilon, exec_properties.get("sample_size"))
+
+
+def sample(records: tf.Tensor, exec_properties: dict[str, Any], size: int):
     scheme = exec_properties["scheme"]
     seed = exec_properties.get("seed")
     common = dict(seed=None if seed is None else int(seed),
-                  epochs=int(exec_properties.get("epochs") or 1))
+                  epochs=int(exec_properties.get("epochs") or 1), size=size)
     if scheme == "poisson":
         gamma = exec_properties.get("gamma")
         if gamma is None:
@@ -55,27 +78,39 @@ class Executor(base_executor.BaseExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:
-        require_grant(input_dict["grant"], input_dict["examples"])
+        grant = require_grant(input_dict["grant"], input_dict["examples"])
         source = artifact_utils.get_single_instance(input_dict["examples"])
         key_variable = exec_properties.get("encryption_key_env")
         key = samples_io.key_from_env(key_variable) if key_variable else None
+        record_width = exec_properties.get("record_width")
+        if key is not None and not record_width:
+            raise ValueError("encrypted samples need record_width, the public byte width every "
+                             "serialized record is padded to")
 
-        samples = sample(read_split(source.uri, TRAIN_SPLIT), exec_properties)
-        # Dummy slots carry a copy of some record after routing; blank them before writing.
+        records = read_split(source.uri, TRAIN_SPLIT)
+        size, size_truncation = sampled_size(records, grant, exec_properties)
+        samples = sample(records, exec_properties, size)
+        descriptor = dataclasses.replace(samples.descriptor,
+                                         size_truncation_probability=size_truncation)
+        # Null and dummy slots carry zeros or a copy of some record after routing: blank them.
         records = samples.records.numpy()
-        records[samples.sample_ids == 0] = b""
+        records[~samples.real] = b""
 
         output = artifact_utils.get_single_instance(output_dict["samples"])
         output.split_names = artifact_utils.encode_split_names([TRAIN_SPLIT])
-        width = samples_io.write_samples(os.path.join(output.uri, f"Split-{TRAIN_SPLIT}"),
-                                         records, samples.sample_ids, samples.descriptor, key)
-        for name, value in samples.descriptor.to_properties().items():
+        samples_io.write_samples(os.path.join(output.uri, f"Split-{TRAIN_SPLIT}"), records,
+                                 samples.sample_ids, descriptor, key,
+                                 int(record_width) if key is not None else 0)
+        for name, value in descriptor.to_properties().items():
             if isinstance(value, int):
                 output.set_int_custom_property(name, value)
             else:
                 output.set_string_custom_property(name, value)
         output.set_int_custom_property("sampling_encrypted", int(key is not None))
-        output.set_int_custom_property("sampling_record_width", width)
+        if key is not None:
+            output.set_int_custom_property("sampling_record_width", int(record_width))
         carry_grant(source, output)
-        logging.info("ObliviousSampleGen: %s sampling, %d epoch(s), %s", samples.descriptor.scheme,
-                     samples.descriptor.epochs, "encrypted" if key else "not encrypted")
+        logging.info("ObliviousSampleGen: %s sampling of %d rows (%s), %d epoch(s), %s",
+                     descriptor.scheme, descriptor.n,
+                     "public size" if exec_properties.get("public_size") is not None
+                     else "DP count", descriptor.epochs, "encrypted" if key else "not encrypted")

@@ -46,7 +46,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
+from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace, read, write
 from sage_tfx.randomness import secret_rng
 
 OVERFLOW_PROBABILITY = 2.0 ** -40
@@ -108,29 +108,29 @@ class RoutePlan:
     def padded_out(self) -> int:
         return self.buckets * self.out_bucket
 
-    def record(self, trace: Optional[AccessTrace], source: str, middle: str,
-               target: str) -> None:
-        """Append this pass's external-memory accesses; they depend on the plan only."""
-        if trace is None:
-            return
-        s_in, s_out, c, buckets = self.in_bucket, self.out_bucket, self.chunk, self.buckets
-        for a in range(buckets):
-            trace.read(source, np.arange(a * s_in, min((a + 1) * s_in, self.n_in)))
-            trace.write(middle, np.arange(a * buckets * c, (a + 1) * buckets * c))
+    @property
+    def block_slots(self) -> int:
+        return self.buckets * self.buckets * self.chunk
+
+    def chunk_positions(self) -> np.ndarray:
+        """Block positions the collect phase reads, output bucket after output bucket: chunk b
+        of every block. A function of the plan only."""
+        buckets, c = self.buckets, self.chunk
         block_starts = np.arange(buckets) * buckets * c
-        for b in range(buckets):
-            trace.read(middle, (block_starts[:, None] + b * c + np.arange(c)).ravel())
-            trace.write(target, np.arange(b * s_out, (b + 1) * s_out))
+        return (np.arange(buckets)[:, None, None] * c + block_starts[None, :, None]
+                + np.arange(c)[None, None, :]).ravel()
 
 
 def _route_maps(plan: RoutePlan, source_of_slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Private-memory bookkeeping of one pass: which input record each block slot copies
-    (-1: dummy), and which block slot each output slot is collected from."""
+    (n_in: the private zero row, for a dummy), and, for each output slot, its position among
+    the chunks the collect phase read."""
     buckets, c = plan.buckets, plan.chunk
     padding = np.arange(plan.padded_out - plan.n_out) % plan.n_in
     sources = np.concatenate([source_of_slot, padding]).astype(np.int64)
     slots = np.arange(plan.padded_out)
-    pair = (sources // plan.in_bucket) * buckets + slots // plan.out_bucket
+    in_bucket, out_bucket = sources // plan.in_bucket, slots // plan.out_bucket
+    pair = in_bucket * buckets + out_bucket
     # Fewer than 2^16 bucket pairs: numpy's stable sort is then a radix sort.
     order = np.argsort(pair.astype(np.uint16 if buckets <= 256 else np.int64), kind="stable")
     counts = np.bincount(pair, minlength=buckets * buckets)
@@ -138,26 +138,40 @@ def _route_maps(plan: RoutePlan, source_of_slot: np.ndarray) -> tuple[np.ndarray
         raise RouteOverflow(f"a chunk received {counts.max()} copies, more than its {c} slots")
     first_of_pair = np.concatenate(([0], np.cumsum(counts)[:-1]))
     sorted_pair = pair[order]
-    block_slot = np.empty(plan.padded_out, dtype=np.int64)
-    block_slot[order] = sorted_pair * c + (slots - first_of_pair[sorted_pair])
-    block_source = np.full(buckets * buckets * c, -1, dtype=np.int64)
-    block_source[block_slot] = sources
-    return block_source, block_slot[:plan.n_out]
+    offset = np.empty(plan.padded_out, dtype=np.int64)
+    offset[order] = slots - first_of_pair[sorted_pair]
+    block_source = np.full(plan.block_slots, plan.n_in, dtype=np.int64)
+    block_source[pair * c + offset] = sources
+    # Collected row of output bucket b: chunk b of block 0, of block 1, ... (chunk_positions).
+    collected = out_bucket * (buckets * c) + in_bucket * c + offset
+    return block_source, collected[:plan.n_out]
 
 
-def route(records: tf.Tensor, source_of_slot: np.ndarray, plan: RoutePlan,
+def route(records, source_of_slot: np.ndarray, plan: RoutePlan,
           trace: Optional[AccessTrace] = None, names: tuple[str, str, str] = (
               "input", "blocks", "output")) -> tf.Tensor:
     """output[slot] = records[source_of_slot[slot]], through the two oblivious phases.
 
+    External memory (the input, the blocks, the output) is touched only through
+    access_trace.read/write, at positions computed from the plan alone. Everything indexed by
+    the secret routing happens in private memory: TensorFlow runs the per-bucket work of all
+    buckets as one vectorised op, the "private memory" of the module docstring. A dummy block
+    slot copies a constant zero row of private memory, never a record.
     `source_of_slot` must have the randomness described in the module docstring; it never
     leaves private memory."""
-    block_source, block_slot = _route_maps(plan, source_of_slot)
-    # Dummy block slots copy record 0: their content is never collected.
-    blocks = tf.gather(records, np.maximum(block_source, 0))
-    output = tf.gather(blocks, block_slot)
-    plan.record(trace, *names)
-    return output
+    records = tf.convert_to_tensor(records)
+    source, middle, target = names
+    block_source, collected_index = _route_maps(plan, source_of_slot)
+    # Distribute: read every input bucket in full, copy records into chunks, write blocks.
+    private = read(trace, source, records, np.arange(plan.n_in))
+    private = tf.concat([private, tf.zeros_like(private[:1])], axis=0)
+    blocks = write(trace, middle, tf.gather(private, block_source), np.arange(plan.block_slots))
+    del private
+    # Collect: for each output bucket read its chunk of every block, put slots in order, write.
+    collected = read(trace, middle, blocks, plan.chunk_positions())
+    del blocks
+    output = tf.gather(collected, collected_index)
+    return write(trace, target, output, np.arange(plan.n_out))
 
 
 def oblivious_shuffle(records, seed: Optional[int] = None, trace: Optional[AccessTrace] = None,

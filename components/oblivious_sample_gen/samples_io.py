@@ -6,11 +6,13 @@ Layout: `Split-train/` of the output Examples holds the slots of every epoch in 
   record for a dummy), and `sample_ids.npy` holds each slot's sample number (0 for a dummy).
   Use this only on trusted storage: for Poisson, the ids reveal the sample boundaries.
 * With a key (AES-256-GCM, the `cryptography` package): `samples.enc.tfrecord` holds one
-  ciphertext per storage unit. A unit is one sample for SWO and shuffling, whose boundaries are
-  public. For Poisson a unit is one slot, because the size of a per-sample ciphertext would
-  reveal the sample's size. A unit's plaintext is a sequence of fixed-width slots:
-  [sample id: uint32][length: uint32][record padded to `record_width`]. Every ciphertext of a
-  run therefore has the same length. Each one is nonce (12 bytes) || AES-GCM(plaintext, with
+  ciphertext per storage unit, the `slot_width` slots one step reads (a sample for SWO and
+  shuffling; a sample's padded unit for Poisson). A unit's plaintext is a sequence of
+  fixed-width slots: [sample id: uint32][length: uint32][record padded to `record_width`].
+  `record_width` is public, declared by the user (never the longest record, which would
+  release a property of one record). A record longer than it is stored as a null record
+  (length 0: the trainer gives it zero weight), i.e. dropped; a per-record map to null is
+  covered by the add/remove relation. Every ciphertext of a run therefore has the same length. Each one is nonce (12 bytes) || AES-GCM(plaintext, with
   associated data = unit index), so units cannot be reordered unnoticed.
 """
 from __future__ import annotations
@@ -49,14 +51,11 @@ def key_from_env(variable: str) -> bytes:
     return key
 
 
-def unit_slots(descriptor: SamplingDescriptor) -> int:
-    return 1 if descriptor.scheme == "poisson" else descriptor.sample_size
-
-
 def write_samples(directory: str, records: np.ndarray, sample_ids: np.ndarray,
-                  descriptor: SamplingDescriptor, key: Optional[bytes] = None) -> int:
-    """Write the slots (serialized records, b"" for dummies); returns the record width used
-    (0 without encryption)."""
+                  descriptor: SamplingDescriptor, key: Optional[bytes] = None,
+                  record_width: int = 0) -> None:
+    """Write the slots (serialized records, b"" for nulls and dummies); with a key, encrypted
+    in units of descriptor.slot_width slots, each record padded to `record_width` bytes."""
     os.makedirs(directory, exist_ok=True)
     if key is None:
         options = tf.io.TFRecordOptions(compression_type="GZIP")
@@ -64,19 +63,24 @@ def write_samples(directory: str, records: np.ndarray, sample_ids: np.ndarray,
             for record in records:
                 writer.write(record)
         np.save(os.path.join(directory, PLAIN_IDS), sample_ids.astype(np.int32))
-        return 0
-    width = max((len(r) for r in records), default=0)
-    slots_per_unit = unit_slots(descriptor)
+        return
+    if record_width < 1:
+        raise ValueError(f"record_width must be a positive byte count, got {record_width}")
+    slots_per_unit = descriptor.slot_width
     aead = AESGCM(key)
+
+    def slot(index: int) -> bytes:
+        record = records[index]
+        if len(record) > record_width:
+            record = b""  # dropped: wider than the public width
+        sample_id = int(sample_ids[index]) if record else 0
+        return _SLOT_HEADER.pack(sample_id, len(record)) + record.ljust(record_width, b"\0")
+
     with tf.io.TFRecordWriter(os.path.join(directory, ENCRYPTED_RECORDS)) as writer:
         for unit, start in enumerate(range(0, len(records), slots_per_unit)):
-            plaintext = b"".join(
-                _SLOT_HEADER.pack(int(sample_ids[slot]), len(records[slot]))
-                + records[slot].ljust(width, b"\0")
-                for slot in range(start, start + slots_per_unit))
+            plaintext = b"".join(slot(index) for index in range(start, start + slots_per_unit))
             nonce = os.urandom(_NONCE_BYTES)
             writer.write(nonce + aead.encrypt(nonce, plaintext, unit.to_bytes(8, "little")))
-    return width
 
 
 def read_samples(directory: str, descriptor: SamplingDescriptor, record_width: int = 0,

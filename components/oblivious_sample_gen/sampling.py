@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
+from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace, read, write
 from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES, SamplingDescriptor
 from sage_tfx.components.oblivious_sample_gen.melbourne import (RoutePlan, chernoff_threshold,
                                                                  route)
@@ -51,25 +51,24 @@ POISSON_TRUNCATION_PROBABILITY = 2.0 ** -60
 
 @dataclass(frozen=True)
 class Samples:
-    """One or more epochs of samples laid out one after another.
+    """One or more epochs of samples laid out one after another, in fixed-width units: unit j
+    of an epoch (slots [j w, (j + 1) w), w = descriptor.slot_width) is sample j + 1.
 
-    sample_ids[slot] is the 1-based sample a slot belongs to within its epoch, and 0 for a
-    dummy. For Poisson sampling these ids are secret (they reveal the sample boundaries). They
-    stay in private memory or are stored encrypted, never in the clear next to the records."""
+    real[slot] is True where the slot holds a record, False for a null record (padding to the
+    public size) or a dummy (a Poisson sample's unused width). sample_ids[slot] is the 1-based
+    sample a slot belongs to within its epoch, 0 where real is False. Both are secret for
+    Poisson (they reveal sample sizes); they stay in private memory or are stored encrypted."""
     records: tf.Tensor
     sample_ids: np.ndarray
+    real: np.ndarray
     descriptor: SamplingDescriptor
 
     def batches(self) -> list[tf.Tensor]:
-        """The samples in training order (dummies dropped). Only for trusted code and tests."""
-        slots = self.descriptor.slots_per_epoch
-        batches = []
-        for epoch in range(self.descriptor.epochs):
-            ids = self.sample_ids[epoch * slots:(epoch + 1) * slots]
-            for sample in range(1, self.descriptor.samples_per_epoch + 1):
-                where = np.flatnonzero(ids == sample) + epoch * slots
-                batches.append(tf.gather(self.records, where))
-        return batches
+        """The samples in training order (dummies and nulls dropped). For trusted code and
+        tests only: the positions gathered are secret."""
+        width = self.descriptor.slot_width
+        return [tf.gather(self.records, start + np.flatnonzero(self.real[start:start + width]))
+                for start in range(0, self.real.size, width)]
 
 
 def _as_records(records) -> tf.Tensor:
@@ -77,6 +76,24 @@ def _as_records(records) -> tf.Tensor:
     if records.shape.rank == 0 or records.shape[0] == 0:
         raise ValueError("cannot sample from an empty dataset")
     return records
+
+
+def to_size(records: tf.Tensor, size: int, rng: np.random.Generator,
+            trace: Optional[AccessTrace]) -> tuple[tf.Tensor, int]:
+    """The records brought to exactly `size` rows, a public value (accounting.py): fewer are
+    padded with null rows (zeros, b"" for serialized records) at positions n..size-1; more are
+    cut to a uniformly random subset of `size`, by an oblivious routing pass whose slots take
+    the first `size` entries of a secret permutation (one group of distinct uniform sources,
+    as melbourne.route needs). Returns (records, number of real rows); real rows come first.
+    The pass's trace depends on (n, size) only."""
+    n = int(records.shape[0])
+    if n == size:
+        return records, n
+    if n < size:
+        nulls = tf.zeros(tf.concat([[size - n], tf.shape(records)[1:]], axis=0), records.dtype)
+        return write(trace, "sized", tf.concat([records, nulls], axis=0), np.arange(size)), n
+    return route(records, rng.permutation(n)[:size], RoutePlan.for_sizes(n, size), trace,
+                 ("records", "subset_blocks", "sized")), size
 
 
 def _distinct_keys(rng: np.random.Generator, n: int, sizes: np.ndarray) -> np.ndarray:
@@ -117,129 +134,127 @@ def _distinct_keys(rng: np.random.Generator, n: int, sizes: np.ndarray) -> np.nd
 def _route_samples(records: tf.Tensor, keys: np.ndarray,
                    trace: Optional[AccessTrace]) -> tf.Tensor:
     plan = RoutePlan.for_sizes(int(records.shape[0]), keys.size)
-    return route(records, keys, plan, trace, ("records", "blocks", "samples"))
+    return route(records, keys, plan, trace, ("sized", "blocks", "samples"))
 
 
-def samples_swo(records, m: int | Sequence[int], seed: Optional[int] = None,
-                trace: Optional[AccessTrace] = None, epochs: int = 1) -> Samples:
-    """k samples without replacement (Algorithm 1 with Algorithm 3), per epoch.
-
-    With an int m: k = n // m samples of m distinct records each; the n mod m records left
-    over are what a drop-remainder batcher would leave. With a sequence m_1..m_k (sum <= n):
-    samples of those sizes. Samples are independent of each other."""
+def samples_swo(records, m: int, seed: Optional[int] = None,
+                trace: Optional[AccessTrace] = None, epochs: int = 1,
+                size: Optional[int] = None) -> Samples:
+    """k = size // m samples of m distinct records each, per epoch (Algorithm 1 with
+    Algorithm 3), from the records brought to `size` rows (to_size; default: n, for data whose
+    size is public). Samples are independent of each other; the size mod m rows left over are
+    what a drop-remainder batcher would leave."""
     records = _as_records(records)
-    n = int(records.shape[0])
-    if isinstance(m, (int, np.integer)):
-        if not 0 < m <= n:
-            raise ValueError(f"sample size m={m} must be in [1, n={n}]")
-        sizes = np.full(n // m, int(m), dtype=np.int64)
-    else:
-        sizes = np.asarray(list(m), dtype=np.int64)
-        if sizes.size == 0 or sizes.min() <= 0 or sizes.sum() > n:
-            raise ValueError(f"sample sizes must be positive and sum to at most n={n}; "
-                             f"got {len(sizes)} sizes summing to {int(sizes.sum())}")
-    _check_epochs(epochs)
+    size = int(records.shape[0]) if size is None else size
+    descriptor = plan("swo", size, epochs, sample_size=m)  # also checks m, size and epochs
     rng = secret_rng(seed)
-    sample_ids = np.repeat(np.arange(1, sizes.size + 1), sizes)
-    parts = [_route_samples(records, _distinct_keys(rng, n, sizes), trace)
-             for _ in range(epochs)]
-    uniform = bool(np.all(sizes == sizes[0]))
-    descriptor = plan("swo", n, epochs, sample_size=int(sizes[0])) if uniform else SamplingDescriptor(
-        scheme="swo", n=n, epochs=epochs, samples_per_epoch=int(sizes.size),
-        slots_per_epoch=int(sizes.sum()), sample_size=int(sizes.max()))
-    return Samples(tf.concat(parts, axis=0), np.tile(sample_ids, epochs), descriptor)
+    sized, real_rows = to_size(records, size, rng, trace)
+    sizes = np.full(descriptor.samples_per_epoch, m, dtype=np.int64)
+    ids = np.repeat(np.arange(1, sizes.size + 1), sizes)
+    parts, real = [], []
+    for _ in range(epochs):
+        keys = _distinct_keys(rng, size, sizes)
+        parts.append(_route_samples(sized, keys, trace))
+        real.append(keys < real_rows)
+    real = np.concatenate(real)
+    return Samples(tf.concat(parts, axis=0), np.where(real, np.tile(ids, epochs), 0), real,
+                   descriptor)
 
 
-def poisson_layout(n: int, gamma: float) -> tuple[int, int]:
-    """(samples per epoch k, slots per epoch L) for Poisson sampling at rate gamma.
-
-    k = floor(1 / gamma) does not depend on n. The k sizes are independent Binomial(n, gamma),
-    so their total is Binomial(k n, gamma), with mean k n gamma <= n. L is the smallest length
-    >= n with P[total > L] <= POISSON_TRUNCATION_PROBABILITY (Chernoff:
-    P[X >= L] <= exp(-k n KL(L / (k n) || gamma))). The paper pads to exactly n and keeps the
-    k' samples that fit. But k' depends on the sample sizes, so on whether a given record was
-    drawn, and the number of steps the trainer runs would leak it. Here k is fixed and
-    truncation is negligible; accounting.py charges for it."""
-    samples_per_epoch = max(1, math.floor(1.0 / gamma + 1e-12))
-    trials = samples_per_epoch * n
+def poisson_width(size: int, gamma: float, samples_per_epoch: int) -> int:
+    """w, the public width of every Poisson sample's unit: the smallest count that none of an
+    epoch's samples (each Binomial(size, gamma)) exceeds except with probability
+    POISSON_TRUNCATION_PROBABILITY (Chernoff for each, union bound over the epoch's samples).
+    The trainer reads w slots per step, so step boundaries and batch widths are public."""
     if gamma >= 1.0:
-        return samples_per_epoch, n
-    return samples_per_epoch, chernoff_threshold(trials, gamma,
-                                                 math.log(POISSON_TRUNCATION_PROBABILITY),
-                                                 max(n, math.ceil(trials * gamma)))
+        return size
+    return chernoff_threshold(size, gamma,
+                              math.log(POISSON_TRUNCATION_PROBABILITY / samples_per_epoch),
+                              max(1, math.ceil(size * gamma)))
 
 
 def samples_poisson(records, gamma: float, seed: Optional[int] = None,
-                    trace: Optional[AccessTrace] = None, epochs: int = 1) -> Samples:
+                    trace: Optional[AccessTrace] = None, epochs: int = 1,
+                    size: Optional[int] = None) -> Samples:
     """Poisson samples (Algorithm 2 with Algorithm 4), per epoch: each of k = floor(1/gamma)
-    samples includes each record independently with probability gamma. An epoch is L slots
-    (poisson_layout) holding the samples back to back and then dummies (sample id 0). Sample
-    sizes, boundaries and the number of samples that fit are never visible in the trace."""
+    samples includes each record independently with probability gamma. Sample j fills the first
+    slots of unit j (width w = poisson_width) and dummies fill the rest, so sample sizes and
+    boundaries never show in the trace or in which slots a step reads. The records are brought
+    to `size` rows first (to_size: null rows are never "included", so padding does not change
+    which real records a sample holds; cutting has the probability accounting.py charges).
+    A sample larger than w (probability <= POISSON_TRUNCATION_PROBABILITY per epoch) keeps
+    its first w records, a uniformly random subset."""
     records = _as_records(records)
-    n = int(records.shape[0])
-    descriptor = plan("poisson", n, epochs, gamma=gamma)  # also checks gamma and epochs
-    samples_per_epoch, slots = descriptor.samples_per_epoch, descriptor.slots_per_epoch
+    size = int(records.shape[0]) if size is None else size
+    descriptor = plan("poisson", size, epochs, gamma=gamma)  # also checks gamma and epochs
+    k, width = descriptor.samples_per_epoch, descriptor.slot_width
     rng = secret_rng(seed)
-    parts, ids = [], []
+    sized, real_rows = to_size(records, size, rng, trace)
+    parts, real_parts = [], []
+    filled = np.arange(width)[None, :]
     for _ in range(epochs):
-        # Algorithm 4: a Binomial(n, gamma) size, then a uniform subset of that size, is a
-        # Poisson sample. Keep the leading samples that fit (all of them, but for an event
-        # of probability <= POISSON_TRUNCATION_PROBABILITY).
-        sizes = rng.binomial(n, gamma, size=samples_per_epoch)
-        fitting = int(np.searchsorted(np.cumsum(sizes), slots, side="right"))
-        sizes = sizes[:fitting]
-        keys = _distinct_keys(rng, n, sizes)
-        dummies = slots - keys.size
-        keys = np.concatenate([keys, rng.integers(0, n, size=dummies)])
-        epoch_ids = np.concatenate([np.repeat(np.arange(1, fitting + 1), sizes),
-                                    np.zeros(dummies, dtype=np.int64)])
-        parts.append(_route_samples(records, keys, trace))
-        ids.append(epoch_ids)
-    return Samples(tf.concat(parts, axis=0), np.concatenate(ids), descriptor)
+        # Algorithm 4: a Binomial(size, gamma) size, then a uniform subset of that size, is a
+        # Poisson sample of the `size` rows.
+        sizes = np.minimum(rng.binomial(size, gamma, size=k), width)
+        member = filled < sizes[:, None]
+        keys = np.empty((k, width), dtype=np.int64)
+        keys[member] = _distinct_keys(rng, size, sizes)
+        # Dummy slots take independent uniform keys (the routing's randomness); never used.
+        keys[~member] = rng.integers(0, size, size=int((~member).sum()))
+        parts.append(_route_samples(sized, keys.ravel(), trace))
+        real_parts.append((member & (keys < real_rows)).ravel())
+    real = np.concatenate(real_parts)
+    ids = np.tile(np.repeat(np.arange(1, k + 1), width), epochs)
+    return Samples(tf.concat(parts, axis=0), np.where(real, ids, 0), real, descriptor)
 
 
 def shuffle_and_split(records, m: int, seed: Optional[int] = None,
-                      trace: Optional[AccessTrace] = None, epochs: int = 1) -> Samples:
-    """The baseline training pipelines use: shuffle with a secret permutation by gathering
-    (the positions read ARE the permutation, so the trace reveals it), then cut into
-    n // m batches of m. Not oblivious; here for comparison."""
+                      trace: Optional[AccessTrace] = None, epochs: int = 1,
+                      size: Optional[int] = None) -> Samples:
+    """The baseline training pipelines use: shuffle the `size` rows (to_size) with a secret
+    permutation by gathering (the positions read ARE the permutation, so the trace reveals
+    it), then cut into size // m batches of m. Not oblivious; here for comparison."""
     records = _as_records(records)
-    n = int(records.shape[0])
-    descriptor = plan("shuffle", n, epochs, sample_size=m)  # also checks m and epochs
+    size = int(records.shape[0]) if size is None else size
+    descriptor = plan("shuffle", size, epochs, sample_size=m)  # also checks m and epochs
     rng = secret_rng(seed)
-    k = descriptor.samples_per_epoch
-    parts = []
+    sized, real_rows = to_size(records, size, rng, trace)
+    slots = descriptor.slots_per_epoch
+    parts, real = [], []
     for _ in range(epochs):
-        permutation = rng.permutation(n)[:k * m]
-        if trace is not None:
-            trace.read("records", permutation)
-            trace.write("samples", np.arange(k * m))
-        parts.append(tf.gather(records, permutation))
-    ids = np.tile(np.repeat(np.arange(1, k + 1), m), epochs)
-    return Samples(tf.concat(parts, axis=0), ids, descriptor)
+        permutation = rng.permutation(size)[:slots]
+        parts.append(write(trace, "samples", read(trace, "sized", sized, permutation),
+                           np.arange(slots)))
+        real.append(permutation < real_rows)
+    real = np.concatenate(real)
+    ids = np.tile(np.repeat(np.arange(1, descriptor.samples_per_epoch + 1), m), epochs)
+    return Samples(tf.concat(parts, axis=0), np.where(real, ids, 0), real, descriptor)
 
 
-def plan(scheme: str, n: int, epochs: int, sample_size: Optional[int] = None,
+def plan(scheme: str, size: int, epochs: int, sample_size: Optional[int] = None,
          gamma: Optional[float] = None) -> SamplingDescriptor:
-    """The descriptor a sampler produces for n records, before it runs: the trainer's
-    calibration uses it ahead of sampling, and checks samples against it."""
-    if not (isinstance(n, (int, np.integer)) and n >= 1):
-        raise ValueError(f"n={n!r} must be a positive integer")
+    """The descriptor a sampler produces on data brought to `size` rows (a public bound or a
+    DP count; never an exact count of private data), before it runs: the trainer's calibration
+    uses it ahead of sampling, and checks samples against it."""
+    if not (isinstance(size, (int, np.integer)) and size >= 1):
+        raise ValueError(f"size={size!r} must be a positive integer")
     _check_epochs(epochs)
     if scheme == "poisson":
         if not (isinstance(gamma, (float, int)) and 0.0 < gamma <= 1.0):
             raise ValueError(f"gamma={gamma!r} must be in (0, 1]")
-        samples_per_epoch, slots = poisson_layout(n, gamma)
-        return SamplingDescriptor(scheme=scheme, n=n, epochs=epochs,
-                                  samples_per_epoch=samples_per_epoch, slots_per_epoch=slots,
-                                  gamma=float(gamma),
+        samples_per_epoch = max(1, math.floor(1.0 / gamma + 1e-12))
+        width = poisson_width(size, gamma, samples_per_epoch)
+        return SamplingDescriptor(scheme=scheme, n=size, epochs=epochs,
+                                  samples_per_epoch=samples_per_epoch,
+                                  slots_per_epoch=samples_per_epoch * width, gamma=float(gamma),
                                   truncation_probability=POISSON_TRUNCATION_PROBABILITY)
     if scheme not in SCHEMES:
         raise ValueError(f"unknown sampling scheme {scheme!r}; use one of {SCHEMES}")
-    if not (isinstance(sample_size, (int, np.integer)) and 0 < sample_size <= n):
-        raise ValueError(f"sample size {sample_size!r} must be in [1, n={n}]")
-    samples_per_epoch = n // sample_size
-    return SamplingDescriptor(scheme=scheme, n=n, epochs=epochs, samples_per_epoch=samples_per_epoch,
+    if not (isinstance(sample_size, (int, np.integer)) and 0 < sample_size <= size):
+        raise ValueError(f"sample size m={sample_size!r} must be in [1, size={size}]")
+    samples_per_epoch = size // sample_size
+    return SamplingDescriptor(scheme=scheme, n=size, epochs=epochs,
+                              samples_per_epoch=samples_per_epoch,
                               slots_per_epoch=samples_per_epoch * sample_size,
                               sample_size=sample_size)
 

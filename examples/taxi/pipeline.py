@@ -25,7 +25,9 @@ BLOCK_EPSILON, BLOCK_DELTA = 2.0, 1e-6
 LOSS_BOUND = 0.25                          # squared error clipped at 30 minutes
 MSE_TARGET = 0.026
 TEST_FRACTION = 0.5                        # DP validation needs many test points (Sage §5.2)
-SPLIT = {"transform": 0.1, "training": 0.5, "validation": 0.4}
+# "sampling_count": ObliviousSampleGen's DP count of the training records, which sizes the
+# samples (no exact count is used; oblivious_sample_gen/accounting.py).
+SPLIT = {"transform": 0.1, "sampling_count": 0.05, "training": 0.45, "validation": 0.4}
 # Each pipeline's first iteration: its window (months) and epsilon. DP-SGD needs more data and
 # budget than AdaSSP. A REJECT stops the pipeline, and DP-SGD's noisy model was sometimes
 # confidently worse than the naive one (REJECT): on 12 months at epsilon 0.25-0.5 (4 of 12 runs),
