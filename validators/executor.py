@@ -49,21 +49,29 @@ def predictions(model_uri: str, serialized: np.ndarray) -> np.ndarray:
                            for i in range(0, len(serialized), _PREDICTION_BATCH)])
 
 
+def _zero_if_not_finite(values: np.ndarray) -> np.ndarray:
+    # Only so that the metric can be computed; those rows are then overridden (see below).
+    return np.where(np.isfinite(values), values, 0.0)
+
+
 def per_example_metric(metric: str, module: UserModule, labels: np.ndarray,
                        outputs: np.ndarray) -> np.ndarray:
-    """Per-example loss, or 1.0/0.0 for correct/incorrect. Non-finite outputs give a NaN loss
-    (the validator counts it as B) or an incorrect prediction."""
-    finite = np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1)
+    """Per-example loss, or 1.0/0.0 for correct/incorrect. A non-finite output or label (or
+    loss) gives a NaN loss, which the loss validator counts as its bound B, or an incorrect
+    prediction: a constant, whatever the bad value was (record_rule)."""
+    finite = (np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1)
+              & np.isfinite(labels.reshape(len(labels), -1)).all(axis=1))
     if metric == "loss":
         per_example = with_reduction(module.loss(), tf.keras.losses.Reduction.NONE)
-        values = per_example(tf.constant(labels, tf.float32),
-                             tf.constant(np.nan_to_num(outputs), tf.float32)).numpy().reshape(-1)
+        values = per_example(tf.constant(_zero_if_not_finite(labels), tf.float32),
+                             tf.constant(_zero_if_not_finite(outputs), tf.float32)
+                             ).numpy().reshape(-1)
         return np.where(finite, values, np.nan)
     predicted_class = getattr(module, "predicted_class", None)
     if predicted_class is not None:
         predicted = np.asarray(predicted_class(outputs)).reshape(-1)
     elif outputs.ndim == 2 and outputs.shape[1] > 1:
-        predicted = np.argmax(np.nan_to_num(outputs), axis=1)
+        predicted = np.argmax(_zero_if_not_finite(outputs), axis=1)
     else:
         predicted = (outputs.reshape(-1) >= 0.5).astype(np.int64)
     return np.where(finite & (predicted == labels.reshape(-1)), 1.0, 0.0)
@@ -88,8 +96,12 @@ class Executor(base_executor.BaseExecutor):
             import tensorflow_transform as tft
             transform_output = tft.TFTransformOutput(
                 artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
-        serialized = read_split(examples.uri, TEST_SPLIT).numpy()
-        labels = RecordDecoder(module, transform_output).labels(serialized).numpy()
+        decoder = RecordDecoder(module, transform_output)
+        # Bad records get their public defaults (record_rule) before the model or the metric
+        # sees them: the serving signature would raise on a record missing a feature.
+        serialized = np.array(decoder.sanitise(read_split(examples.uri, TEST_SPLIT).numpy()),
+                              dtype=object)
+        labels = decoder.labels(serialized).numpy()
         values = per_example_metric(metric, module, labels, predictions(model.uri, serialized))
         seed = exec_properties.get("seed")
         rng = secret_rng(None if seed is None else int(seed))

@@ -20,9 +20,8 @@ One step on sample S (Abadi et al. 2016; oblivious-sampling paper §3 "NoisySGD"
 Noise comes from a tf.random.Generator (Philox) seeded from the OS CSPRNG unless a test passes
 a seed.
 
-The per-epoch training loss reported to `on_epoch` is not DP. The trainer writes it only to
-TensorBoard under the ModelRun artifact (inside the platform, like the data itself), never to
-its log, the Model artifact or ML Metadata.
+The per-epoch training loss reported to `on_epoch` is not DP: DPTrainer writes it nowhere
+(benchmarks on public data read it).
 """
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_
                                                         transform_budget)
 from sage_tfx.components.dp_trainer.user_module import import_module_file
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
+from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitise_record
 
 SPLITS = ("train", "test")
 RECORDS = "data_tfrecord-00000-of-00001.gz"
@@ -40,7 +41,12 @@ def load_module(path: str) -> tuple[Callable, dict]:
     missing = [name for name in ("preprocessing_fn", "feature_spec") if not hasattr(module, name)]
     if missing:
         raise DPTransformError(f"module file {path} lacks {missing} (needed by DPTransform)")
-    return module.preprocessing_fn, module.feature_spec()
+    feature_spec = module.feature_spec()
+    try:
+        check_spec(feature_spec)
+    except RecordRuleError as error:
+        raise DPTransformError(str(error)) from error
+    return module.preprocessing_fn, feature_spec
 
 
 def _analyzer_defs(graph: tf.Graph):
@@ -98,12 +104,19 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 tempfile.TemporaryDirectory() as temp_dir, \
                 self._make_beam_pipeline() as pipeline, \
                 tft_beam.Context(temp_dir=temp_dir, force_tf_compat_v1=True):
-            sources = {split: tfxio.TFExampleRecord(
-                file_pattern=_split_pattern(examples, split), schema=raw_metadata.schema,
-                telemetry_descriptors=["sage_tfx", "DPTransform"]) for split in SPLITS}
-            raw = {split: pipeline | f"Read{split}" >> source.BeamSource()
-                   for split, source in sources.items()}
-            adapter = sources["train"].TensorAdapterConfig()
+            # The record rule (record_rule.py) before TFT parses anything: a record missing a
+            # feature, or with a malformed or non-finite one, gets the public defaults instead
+            # of failing the analysis after the grant was charged.
+            source = tfxio.TFExampleBeamRecord(
+                physical_format="tfrecord", schema=raw_metadata.schema,
+                telemetry_descriptors=["sage_tfx", "DPTransform"])
+            raw = {split: (pipeline
+                           | f"Read{split}" >> beam.io.ReadFromTFRecord(
+                               _split_pattern(examples, split))
+                           | f"Sanitise{split}" >> beam.Map(sanitise_record, feature_spec)
+                           | f"Decode{split}" >> source.BeamSource())
+                   for split in SPLITS}
+            adapter = source.TensorAdapterConfig()
             transform_fn = ((raw["train"], adapter)
                             | "Analyze" >> tft_beam.AnalyzeDataset(budget.wrap(preprocessing_fn)))
             _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(transform_graph.uri)
