@@ -16,6 +16,7 @@ from sage_tfx.components.dp_trainer.dp_sgd import with_reduction
 from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
 from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
+from sage_tfx.components.record_rule import finite
 from sage_tfx.randomness import secret_rng
 from sage_tfx.validators.slaed import ACCEPT, accuracy_validator, loss_validator
 
@@ -49,32 +50,27 @@ def predictions(model_uri: str, serialized: np.ndarray) -> np.ndarray:
                            for i in range(0, len(serialized), _PREDICTION_BATCH)])
 
 
-def _zero_if_not_finite(values: np.ndarray) -> np.ndarray:
-    # Only so that the metric can be computed; those rows are then overridden (see below).
-    return np.where(np.isfinite(values), values, 0.0)
-
-
 def per_example_metric(metric: str, module: UserModule, labels: np.ndarray,
                        outputs: np.ndarray) -> np.ndarray:
     """Per-example loss, or 1.0/0.0 for correct/incorrect. A non-finite output or label (or
     loss) gives a NaN loss, which the loss validator counts as its bound B, or an incorrect
     prediction: a constant, whatever the bad value was (record_rule)."""
-    finite = (np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1)
-              & np.isfinite(labels.reshape(len(labels), -1)).all(axis=1))
+    all_finite = (np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1)
+                  & np.isfinite(labels.reshape(len(labels), -1)).all(axis=1))
     if metric == "loss":
         per_example = with_reduction(module.loss(), tf.keras.losses.Reduction.NONE)
-        values = per_example(tf.constant(_zero_if_not_finite(labels), tf.float32),
-                             tf.constant(_zero_if_not_finite(outputs), tf.float32)
-                             ).numpy().reshape(-1)
-        return np.where(finite, values, np.nan)
+        # finite() only lets the loss be computed; the rows it changed are overridden below.
+        values = per_example(finite(tf.constant(labels, tf.float32)),
+                             finite(tf.constant(outputs, tf.float32))).numpy().reshape(-1)
+        return np.where(all_finite, values, np.nan)
     predicted_class = getattr(module, "predicted_class", None)
     if predicted_class is not None:
         predicted = np.asarray(predicted_class(outputs)).reshape(-1)
     elif outputs.ndim == 2 and outputs.shape[1] > 1:
-        predicted = np.argmax(_zero_if_not_finite(outputs), axis=1)
+        predicted = np.argmax(finite(tf.constant(outputs)).numpy(), axis=1)
     else:
         predicted = (outputs.reshape(-1) >= 0.5).astype(np.int64)
-    return np.where(finite & (predicted == labels.reshape(-1)), 1.0, 0.0)
+    return np.where(all_finite & (predicted == labels.reshape(-1)), 1.0, 0.0)
 
 
 class Executor(base_executor.BaseExecutor):
