@@ -114,9 +114,18 @@ MIXING = {
                                                   tf.float32)},
     "matmul across rows": lambda i: {"x": tf.linalg.matmul(
         tf.reshape(i["speed"], [1, -1]), tf.reshape(i["speed"], [-1, 1]))[0]},
+    "state written from a batch": lambda i: _accumulates(i["speed"]),
     "mixed input of a DP analyzer": lambda i: {"m": tf.fill(tf.shape(i["speed"]), dp.dp_mean(
         i["speed"] - tf.reduce_mean(i["speed"]), (0.0, 1.0), 0.5))},
 }
+
+
+def _accumulates(speed):
+    """Adds each batch's records to a variable and reads it back: mixing through state."""
+    total = tf.compat.v1.get_variable("total", [], tf.float32, tf.zeros_initializer(),
+                                      use_resource=True)
+    with tf.control_dependencies([total.assign_add(tf.reduce_sum(speed * 0 + 1))]):
+        return {"x": speed * 0 + total.read_value()}
 
 
 @pytest.mark.parametrize("name", sorted(MIXING))

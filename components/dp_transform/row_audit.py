@@ -58,6 +58,8 @@ RESHAPES = frozenset({"Reshape", "ExpandDims", "Squeeze", "EnsureShape"})
 # Reductions and scans along axes other than 0 stay in their row.
 REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin",
                         "Cumsum", "Cumprod"})
+# Stateful ops that only read their state (a lookup in a constant table).
+READ_ONLY_STATEFUL = frozenset({"LookupTableFind", "LookupTableFindV2"})
 # Ops that carry the batch size without using it as a number.
 SIZE_CARRIERS = frozenset({"Shape", "StridedSlice", "Pack", "ConcatV2", "Cast", "Identity"})
 
@@ -222,6 +224,13 @@ def problems(graph: tf.Graph, inputs: dict, outputs: dict,
     if found:
         return found
     verdicts = label_graph(graph, inputs.values())
+    # A stateful op fed by records (an assignment to a variable, a table insert) could carry
+    # one batch's records into any later read of that state, which the labels above (data
+    # flow only) would not see.
+    for op in graph.get_operations():
+        fed = any(verdicts.get(t.name, Verdict(CONST)).kind != CONST for t in op.inputs)
+        if fed and op.op_def.is_stateful and op.type not in READ_ONLY_STATEFUL:
+            found.append(f"op {op.name!r} ({op.type}) writes state from the records")
     roots = [(f"output {name!r}", tensor) for name, value in outputs.items()
              for tensor in _components(value)]
     roots += [("a DP analyzer's input", tensor) for tensor in analyzer_inputs]
