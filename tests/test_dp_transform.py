@@ -154,3 +154,61 @@ def test_non_private_analyzers_and_overspending_are_refused_before_reading():
         dp.dp_mean(tf.constant([1.0]), (0.0, 1.0), 0.5)
     with pytest.raises(dp.DPTransformError, match="value_range"):
         audit(lambda inputs: {"m": dp.dp_mean(inputs["speed"], (1.0, 0.0), 0.5)}, SPEC, 1.0)
+
+
+# Each of these mixes the records of a Beam batch outside the DP analyzers.
+MIXING = {
+    "centring": lambda i: {"x": i["speed"] - tf.reduce_mean(i["speed"])},
+    "max over the batch": lambda i: {"x": i["speed"] / tf.reduce_max(i["speed"], axis=0)},
+    "sum along axis -1 of a vector": lambda i: {"x": tf.reduce_sum(i["speed"], axis=-1)
+                                                 + 0 * i["speed"]},
+    "batch size in arithmetic": lambda i: {"x": i["speed"] / tf.cast(tf.shape(i["speed"])[0],
+                                                                      tf.float32)},
+    "cumulative sum": lambda i: {"x": tf.cumsum(i["speed"])},
+    "sort": lambda i: {"x": tf.sort(i["speed"])},
+    "top k": lambda i: {"x": i["speed"] * 0 + tf.reduce_sum(tf.math.top_k(i["speed"], 1)[0])},
+    "outer broadcast": lambda i: {"x": i["speed"] + tf.reshape(i["speed"], [-1, 1])},
+    "row zero": lambda i: {"x": i["speed"] - i["speed"][0]},
+    "shift by one row": lambda i: {"x": tf.concat([i["speed"][1:], i["speed"][:1]], axis=0)},
+    "position in batch": lambda i: {"x": tf.cast(tf.range(tf.shape(i["speed"])[0]),
+                                                  tf.float32)},
+    "matmul across rows": lambda i: {"x": tf.linalg.matmul(
+        tf.reshape(i["speed"], [1, -1]), tf.reshape(i["speed"], [-1, 1]))[0]},
+    "state written from a batch": lambda i: _accumulates(i["speed"]),
+    "mixed input of a DP analyzer": lambda i: {"m": tf.fill(tf.shape(i["speed"]), dp.dp_mean(
+        i["speed"] - tf.reduce_mean(i["speed"]), (0.0, 1.0), 0.5))},
+}
+
+
+def _accumulates(speed):
+    """Adds each batch's records to a variable and reads it back: mixing through state."""
+    total = tf.compat.v1.get_variable("total", [], tf.float32, tf.zeros_initializer(),
+                                      use_resource=True)
+    with tf.control_dependencies([total.assign_add(tf.reduce_sum(speed * 0 + 1))]):
+        return {"x": speed * 0 + total.read_value()}
+
+
+@pytest.mark.parametrize("name", sorted(MIXING))
+def test_ops_that_mix_the_records_of_a_batch_are_refused_at_trace_time(name):
+    with pytest.raises(dp.DPTransformError, match="mixes the records of a batch"):
+        audit(MIXING[name], SPEC, epsilon=1.0)
+
+
+def test_per_row_preprocessing_with_dp_releases_passes_the_audit():
+    def per_row(inputs):
+        speed = dp.scale_with_bounds(inputs["speed"], 0.0, 1.0)
+        two = tf.stack([speed, tf.square(speed)], axis=1)               # [B, 2]
+        hour_speed = dp.dp_group_by_mean(inputs["hour"], speed, num_keys=4,
+                                         value_range=(0.0, 1.0), budget_share=0.5)
+        count = dp.dp_count(inputs["hour"], budget_share=0.5)
+        return {"row_sum": tf.reduce_sum(two, axis=1),                   # within a row
+                "first": two[:, 0], "last": two[..., -1],
+                "flat": tf.reshape(tf.expand_dims(speed, 1), [-1]),
+                "hour_speed": hour_speed - speed,
+                "share": tf.fill(tf.shape(speed), count) * speed,        # DP count per row
+                "projected": tf.matmul(two, tf.constant([[1.0], [2.0]]))[:, 0],
+                "onehot_hour": tf.one_hot(inputs["hour"], 4),
+                "bucket": tf.where(speed > 0.5, 1, 0)}
+
+    assert audit(per_row, SPEC, epsilon=1.0) == [("dp_group_by_mean", 0.5), ("dp_count", 0.5)]
+    assert audit(group_means, SPEC, epsilon=1.0) == [("dp_group_by_mean", 1.0)]

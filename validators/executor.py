@@ -16,6 +16,7 @@ from sage_tfx.components.dp_trainer.dp_sgd import with_reduction
 from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
 from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
+from sage_tfx.components.record_rule import finite
 from sage_tfx.validators.slaed import ACCEPT, accuracy_validator, loss_validator
 
 METRICS = ("loss", "accuracy")
@@ -50,22 +51,25 @@ def predictions(model_uri: str, serialized: np.ndarray) -> np.ndarray:
 
 def per_example_metric(metric: str, module: UserModule, labels: np.ndarray,
                        outputs: np.ndarray) -> np.ndarray:
-    """Per-example loss, or 1.0/0.0 for correct/incorrect. Non-finite outputs give a NaN loss
-    (the validator counts it as B) or an incorrect prediction."""
-    finite = np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1)
+    """Per-example loss, or 1.0/0.0 for correct/incorrect. A non-finite output or label (or
+    loss) gives a NaN loss, which the loss validator counts as its bound B, or an incorrect
+    prediction: a constant, whatever the bad value was (record_rule)."""
+    all_finite = (np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1)
+                  & np.isfinite(labels.reshape(len(labels), -1)).all(axis=1))
     if metric == "loss":
         per_example = with_reduction(module.loss(), tf.keras.losses.Reduction.NONE)
-        values = per_example(tf.constant(labels, tf.float32),
-                             tf.constant(np.nan_to_num(outputs), tf.float32)).numpy().reshape(-1)
-        return np.where(finite, values, np.nan)
+        # finite() only lets the loss be computed; the rows it changed are overridden below.
+        values = per_example(finite(tf.constant(labels, tf.float32)),
+                             finite(tf.constant(outputs, tf.float32))).numpy().reshape(-1)
+        return np.where(all_finite, values, np.nan)
     predicted_class = getattr(module, "predicted_class", None)
     if predicted_class is not None:
         predicted = np.asarray(predicted_class(outputs)).reshape(-1)
     elif outputs.ndim == 2 and outputs.shape[1] > 1:
-        predicted = np.argmax(np.nan_to_num(outputs), axis=1)
+        predicted = np.argmax(finite(tf.constant(outputs)).numpy(), axis=1)
     else:
         predicted = (outputs.reshape(-1) >= 0.5).astype(np.int64)
-    return np.where(finite & (predicted == labels.reshape(-1)), 1.0, 0.0)
+    return np.where(all_finite & (predicted == labels.reshape(-1)), 1.0, 0.0)
 
 
 class Executor(base_executor.BaseExecutor):
@@ -87,8 +91,12 @@ class Executor(base_executor.BaseExecutor):
             import tensorflow_transform as tft
             transform_output = tft.TFTransformOutput(
                 artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
-        serialized = read_split(examples.uri, TEST_SPLIT).numpy()
-        labels = RecordDecoder(module, transform_output).labels(serialized).numpy()
+        decoder = RecordDecoder(module, transform_output)
+        # Bad records get their public defaults (record_rule) before the model or the metric
+        # sees them: the serving signature would raise on a record missing a feature.
+        serialized = np.array(decoder.sanitise(read_split(examples.uri, TEST_SPLIT).numpy()),
+                              dtype=object)
+        labels = decoder.labels(serialized).numpy()
         values = per_example_metric(metric, module, labels, predictions(model.uri, serialized))
         if metric == "loss":
             result = loss_validator(values, target, epsilon, confidence, float(loss_bound))

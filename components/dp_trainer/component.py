@@ -52,8 +52,8 @@ class DPTrainer(base_component.BaseComponent):
 
     Outputs a Model (SavedModel under Format-Serving with a serving signature over serialized
     tf.Examples; custom properties dp_epsilon, dp_delta, noise_multiplier, l2_norm_clip, steps,
-    sampling_scheme, blocks, grant_id) and a ModelRun with TensorBoard logs (epsilon per epoch;
-    the training loss there is not DP and stays inside the platform).
+    sampling_scheme, blocks, grant_id) and a ModelRun with TensorBoard logs (the epsilon spent
+    after each epoch, public; the training loss is not DP and is written nowhere).
     """
 
     SPEC_CLASS = DPTrainerSpec

@@ -28,9 +28,8 @@ attackable too when their output is seen. So the epsilon the accountant reports 
 the idealised mechanism (real-valued Gaussians of std sigma * C); it is not a proof for this
 float32 implementation, and Philox's 63-bit seed is a PRNG key, not a CSPRNG stream.
 
-The per-epoch training loss reported to `on_epoch` is not DP. The trainer writes it only to
-TensorBoard under the ModelRun artifact (inside the platform, like the data itself), never to
-its log, the Model artifact or ML Metadata.
+The per-epoch training loss reported to `on_epoch` is not DP: DPTrainer writes it nowhere
+(benchmarks on public data read it).
 """
 from __future__ import annotations
 

@@ -202,14 +202,13 @@ class Executor(base_executor.BaseExecutor):
                          for e in range(1, epochs + 1)]
         writer = tf.summary.create_file_writer(log_dir)
 
-        def on_epoch(epoch: int, training_loss: float) -> None:
-            # The log carries public facts only: it reaches consoles and log collectors. The
-            # training loss is not DP, so it stays in TensorBoard under the ModelRun artifact.
+        def on_epoch(epoch: int, _training_loss: float) -> None:
+            # The log and the ModelRun's TensorBoard carry public facts only. The training loss
+            # is an exact function of the granted records, not DP: it is written nowhere.
             logging.info("DPTrainer epoch %d/%d: epsilon spent %.4g of %.4g", epoch, epochs,
                          epsilon_after[epoch - 1], epsilon)
             with writer.as_default(step=epoch):
                 write_scalar("epsilon", epsilon_after[epoch - 1])
-                write_scalar("training_loss_not_dp", training_loss)
 
         if exec_properties.get("seed") is not None:
             # Tests only: the user's initializers draw from the global seeds, fix them too.
@@ -233,6 +232,9 @@ class Executor(base_executor.BaseExecutor):
         for bound in ("feature_bound", "label_bound"):
             if exec_properties.get(bound) is None:
                 raise ValueError(f"mode 'adassp' needs {bound}")
+        # The decoder applies the record rule (record_rule.py): missing, malformed and
+        # non-finite values become public defaults, so adassp() gets a finite matrix whatever
+        # one record holds, and never raises after the grant was charged.
         inputs, labels = decoder.decode(list(read_split(examples.uri, TRAIN_SPLIT).numpy()))
         result = adassp_lib.adassp(inputs.numpy(), labels.numpy().reshape(-1), epsilon, delta,
                                    float(exec_properties["feature_bound"]),

@@ -9,6 +9,11 @@ A module defines:
 With a TransformGraph, records are parsed with its raw feature spec and transformed first;
 `model_inputs` then receives the transformed features (the label is taken from them when
 present, otherwise from the raw features).
+
+Bad records (components/record_rule.py): the decoder sanitises every record before parsing
+(missing, malformed or non-finite features become their public defaults) and maps non-finite
+model inputs and labels to 0, so no record's content can make a DP component raise or train on
+NaN after its grant was charged. Serving applies the same `finite` map to model inputs.
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import tensorflow as tf
+
+from sage_tfx.components.record_rule import check_spec, finite, sanitise_records
 
 # What each use of a module needs: the trainer's two modes and the SLAedValidator's metrics.
 REQUIRED = {"dp_sgd": ("LABEL_KEY", "feature_spec", "model_inputs", "build_model", "loss"),
@@ -64,6 +71,7 @@ class RecordDecoder:
                     else module.feature_spec())
         if module.label_key not in raw_spec:
             raise ValueError(f"the feature spec has no label {module.label_key!r}")
+        check_spec(raw_spec)
         self.raw_spec = raw_spec
         self.serving_spec = {k: v for k, v in raw_spec.items() if k != module.label_key}
         self.transform_layer = (transform_output.transform_features_layer()
@@ -73,21 +81,31 @@ class RecordDecoder:
         features = dict(raw)
         if self.transform_layer is not None:
             features = self.transform_layer(raw)
-        return tf.cast(self.module.model_inputs(features), tf.float32), features
+        return finite(tf.cast(self.module.model_inputs(features), tf.float32)), features
 
     def _label(self, raw: dict, features: dict) -> tf.Tensor:
-        return tf.cast(features.get(self.module.label_key, raw[self.module.label_key]), tf.float32)
+        return finite(tf.cast(features.get(self.module.label_key, raw[self.module.label_key]),
+                              tf.float32))
+
+    def sanitise(self, serialized) -> list[bytes]:
+        """The records, each mapped to a valid record of the raw spec (record_rule)."""
+        return sanitise_records(serialized, self.raw_spec)
+
+    def _parse(self, serialized) -> dict:
+        """Sanitised records, parsed: never raises on a record's content."""
+        return tf.io.parse_example(tf.constant(self.sanitise(serialized), tf.string),
+                                   self.raw_spec)
 
     def decode(self, serialized: list[bytes]) -> tuple[tf.Tensor, tf.Tensor]:
         if not serialized:
             raise ValueError("there are no records to train on")
-        raw = tf.io.parse_example(tf.constant(serialized), self.raw_spec)
+        raw = self._parse(serialized)
         inputs, features = self._inputs(raw)
         return inputs, self._label(raw, features)
 
     def labels(self, serialized) -> tf.Tensor:
         """The labels the model was trained on (transformed, when the transform outputs them)."""
-        raw = tf.io.parse_example(tf.constant(serialized), self.raw_spec)
+        raw = self._parse(serialized)
         features = self.transform_layer(raw) if self.transform_layer is not None else raw
         return self._label(raw, features)
 

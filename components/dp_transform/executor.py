@@ -22,10 +22,12 @@ from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 from tfx_bsl.public import tfxio
 
+from sage_tfx.components.dp_transform import row_audit
 from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_analyzer,
                                                         transform_budget)
 from sage_tfx.components.dp_trainer.user_module import import_module_file
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
+from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitise_record
 
 SPLITS = ("train", "test")
 RECORDS = "data_tfrecord-00000-of-00001.gz"
@@ -40,11 +42,16 @@ def load_module(path: str) -> tuple[Callable, dict]:
     missing = [name for name in ("preprocessing_fn", "feature_spec") if not hasattr(module, name)]
     if missing:
         raise DPTransformError(f"module file {path} lacks {missing} (needed by DPTransform)")
-    return module.preprocessing_fn, module.feature_spec()
+    feature_spec = module.feature_spec()
+    try:
+        check_spec(feature_spec)
+    except RecordRuleError as error:
+        raise DPTransformError(str(error)) from error
+    return module.preprocessing_fn, feature_spec
 
 
 def _analyzer_defs(graph: tf.Graph):
-    """Every analyzer node the traced graph's outputs depend on."""
+    """Every analyzer node (and tensor source) the traced graph's outputs depend on."""
     seen, pending = set(), [sink.future for sink in
                             graph.get_collection(analyzer_nodes.TENSOR_REPLACEMENTS)]
     while pending:
@@ -52,23 +59,36 @@ def _analyzer_defs(graph: tf.Graph):
         if id(operation) in seen:
             continue
         seen.add(id(operation))
-        if isinstance(operation.operation_def, analyzer_nodes.AnalyzerDef):
+        if isinstance(operation.operation_def, (analyzer_nodes.AnalyzerDef,
+                                                analyzer_nodes.TensorSource)):
             yield operation.operation_def
         pending.extend(operation.inputs)
 
 
 def audit(preprocessing_fn: Callable, feature_spec: dict, epsilon: float) -> list:
-    """Trace the preprocessing_fn without data; raise unless every analyzer is a DP analyzer and
-    the shares fit. Returns the (analyzer, share) list."""
+    """Trace the preprocessing_fn without data; raise unless every analyzer is a DP analyzer,
+    the shares fit, and everything else treats each record on its own (row_audit.py). Returns
+    the (analyzer, share) list."""
     with transform_budget(epsilon) as budget:
-        graph, _, _ = impl_helper.trace_preprocessing_function(
+        graph, inputs, outputs = impl_helper.trace_preprocessing_function(
             budget.wrap(preprocessing_fn), feature_spec, use_tf_compat_v1=True)
         shares = budget.spent_shares()
-    others = sorted({type(op).__name__ for op in _analyzer_defs(graph) if not is_dp_analyzer(op)})
+    definitions = list(_analyzer_defs(graph))
+    sources = [d for d in definitions if isinstance(d, analyzer_nodes.TensorSource)]
+    others = sorted({type(d).__name__ for d in definitions
+                     if not (is_dp_analyzer(d) or isinstance(d, analyzer_nodes.TensorSource))})
     if others:
         raise DPTransformError(
             f"the preprocessing_fn uses non-private analyzers ({', '.join(others)}); DPTransform "
             "publishes only DP statistics: use sage_tfx.components.dp_transform.analyzers")
+    with graph.as_default():
+        mixing = row_audit.problems(graph, inputs, outputs,
+                                    [tensor for source in sources for tensor in source.tensors])
+    if mixing:
+        raise DPTransformError(
+            "the preprocessing_fn mixes the records of a batch outside the DP analyzers (TFT "
+            "runs it on arbitrary batches, so one record's output would depend on others): "
+            + "; ".join(mixing))
     return shares
 
 
@@ -96,12 +116,19 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 tempfile.TemporaryDirectory() as temp_dir, \
                 self._make_beam_pipeline() as pipeline, \
                 tft_beam.Context(temp_dir=temp_dir, force_tf_compat_v1=True):
-            sources = {split: tfxio.TFExampleRecord(
-                file_pattern=_split_pattern(examples, split), schema=raw_metadata.schema,
-                telemetry_descriptors=["sage_tfx", "DPTransform"]) for split in SPLITS}
-            raw = {split: pipeline | f"Read{split}" >> source.BeamSource()
-                   for split, source in sources.items()}
-            adapter = sources["train"].TensorAdapterConfig()
+            # The record rule (record_rule.py) before TFT parses anything: a record missing a
+            # feature, or with a malformed or non-finite one, gets the public defaults instead
+            # of failing the analysis after the grant was charged.
+            source = tfxio.TFExampleBeamRecord(
+                physical_format="tfrecord", schema=raw_metadata.schema,
+                telemetry_descriptors=["sage_tfx", "DPTransform"])
+            raw = {split: (pipeline
+                           | f"Read{split}" >> beam.io.ReadFromTFRecord(
+                               _split_pattern(examples, split))
+                           | f"Sanitise{split}" >> beam.Map(sanitise_record, feature_spec)
+                           | f"Decode{split}" >> source.BeamSource())
+                   for split in SPLITS}
+            adapter = source.TensorAdapterConfig()
             transform_fn = ((raw["train"], adapter)
                             | "Analyze" >> tft_beam.AnalyzeDataset(budget.wrap(preprocessing_fn)))
             _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(transform_graph.uri)

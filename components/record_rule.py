@@ -1,0 +1,118 @@
+"""The record rule: what every DP component does with a record whose content is bad.
+
+Why. A DP component runs after its grant was charged. If one record's content could make it
+raise (a missing feature, a value list of the wrong length or type, bytes that are no
+tf.Example) or turn its output into NaN (NaN and infinities pass through np.clip,
+tf.clip_by_value and C / max(C, norm), so one NaN makes a clipped sum NaN), then whether a run
+releases anything, and what, would depend on one record beyond what the mechanism's noise
+covers. So before any bounding, each record is mapped to a valid one by a function of that
+record alone whose output for bad content is a public constant:
+
+* `sanitise_records` (raw records, before parsing): every feature of the feature spec is kept
+  if it has the spec's type and, for a FixedLenFeature, exactly the spec's number of values;
+  otherwise it becomes the feature's default. Non-finite float values become the default
+  value one by one. Features outside the spec are dropped, and bytes that do not parse as a
+  tf.Example are read as an empty one (every feature default).
+* `finite` (derived tensors: model inputs, labels, predictions): non-finite entries become 0.
+
+The default of a feature is its spec's `default_value` when the module file sets one (the
+module is public, like every bound), otherwise 0 for numbers and b"" for strings: constants,
+never statistics of the data.
+
+The guarantee. Both maps act on each record independently, so a dataset D becomes
+f(D) = {f(x) : x in D}, and D, D' differing by one record give f(D), f(D') differing by one
+record: every add-or-remove-one mechanism run on f(D) keeps its guarantee for D. And after the
+map every record parses and every derived value is finite, so no record can make a component
+raise or release NaN after its charge.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Mapping
+
+import numpy as np
+import tensorflow as tf
+from google.protobuf.message import DecodeError
+
+_KINDS = {tf.float32: "float_list", tf.int64: "int64_list", tf.string: "bytes_list"}
+
+
+class RecordRuleError(ValueError):
+    """A feature spec the record rule cannot apply (raised before any record is read)."""
+
+
+def _kind(name: str, spec) -> str:
+    if not isinstance(spec, (tf.io.FixedLenFeature, tf.io.VarLenFeature)):
+        raise RecordRuleError(f"feature {name!r}: DP components read FixedLenFeature and "
+                              f"VarLenFeature only, got {type(spec).__name__}")
+    if spec.dtype not in _KINDS:
+        raise RecordRuleError(f"feature {name!r}: dtype {spec.dtype!r} is not one of "
+                              "float32, int64, string")
+    return _KINDS[spec.dtype]
+
+
+def _size(spec) -> int:
+    return int(np.prod(spec.shape, dtype=np.int64)) if spec.shape else 1
+
+
+def defaults(name: str, spec) -> list:
+    """The public default values of one feature (FixedLenFeature: all of its values)."""
+    scalar = b"" if spec.dtype == tf.string else 0
+    if not isinstance(spec, tf.io.FixedLenFeature):
+        return []
+    if spec.default_value is None:
+        return [scalar] * _size(spec)
+    values = np.broadcast_to(np.asarray(spec.default_value, dtype=object), spec.shape or [])
+    values = list(values.reshape(-1))
+    if spec.dtype == tf.float32 and not all(math.isfinite(v) for v in values):
+        raise RecordRuleError(f"feature {name!r}: its default_value must be finite")
+    return values
+
+
+def check_spec(feature_spec: Mapping) -> None:
+    """Raise RecordRuleError unless the rule applies to every feature of the spec."""
+    for name, spec in feature_spec.items():
+        _kind(name, spec)
+        defaults(name, spec)
+
+
+def _sanitised(example: tf.train.Example, feature_spec: Mapping) -> tf.train.Example:
+    clean = tf.train.Example()
+    for name, spec in feature_spec.items():
+        kind = _kind(name, spec)
+        feature = example.features.feature.get(name)
+        values = (list(getattr(feature, kind).value)
+                  if feature is not None and feature.WhichOneof("kind") == kind else None)
+        fill = defaults(name, spec)
+        if values is None or (isinstance(spec, tf.io.FixedLenFeature) and len(values) != len(fill)):
+            values = fill
+        elif kind == "float_list":
+            # FixedLen: the default at the same position; VarLen has no positions to keep, 0.
+            values = [v if math.isfinite(v) else (fill[i] if fill else 0.0)
+                      for i, v in enumerate(values)]
+        getattr(clean.features.feature[name], kind).value.extend(values)
+    return clean
+
+
+def sanitise_record(serialized: bytes, feature_spec: Mapping) -> bytes:
+    """One serialized record, mapped to a valid one of `feature_spec` (module docstring)."""
+    try:
+        example = tf.train.Example.FromString(serialized)
+    except DecodeError:  # bytes that are no tf.Example: read as an empty record
+        example = tf.train.Example()
+    return _sanitised(example, feature_spec).SerializeToString()
+
+
+def sanitise_records(serialized: Iterable[bytes], feature_spec: Mapping) -> list[bytes]:
+    """`sanitise_record` on each record; the spec is checked first, so a spec the rule cannot
+    apply is refused whatever the data."""
+    check_spec(feature_spec)
+    return [sanitise_record(record, feature_spec) for record in serialized]
+
+
+def finite(tensor: tf.Tensor) -> tf.Tensor:
+    """The tensor with every NaN or infinite entry replaced by 0 (integers pass unchanged)."""
+    tensor = tf.convert_to_tensor(tensor)
+    if not tensor.dtype.is_floating:
+        return tensor
+    return tf.where(tf.math.is_finite(tensor), tensor, tf.zeros_like(tensor))

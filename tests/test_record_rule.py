@@ -1,0 +1,112 @@
+"""The record rule: a record's bad content (NaN, infinity, a missing or malformed feature) becomes
+a public default before any DP component bounds it, so it cannot make a run raise after its
+grant was charged, nor turn a release into NaN."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sage_tfx.components.dp_trainer.adassp import adassp
+from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
+from sage_tfx.components.record_rule import (RecordRuleError, finite, sanitise_record,
+                                             sanitise_records)
+from sage_tfx.validators.executor import per_example_metric
+from sage_tfx.validators.slaed import loss_validator
+
+MODULE = os.path.join(os.path.dirname(__file__), "trip_module.py")
+SPEC = {"trip_miles": tf.io.FixedLenFeature([1], tf.float32),
+        "trip_seconds": tf.io.FixedLenFeature([1], tf.int64)}
+
+
+def trip(**features) -> bytes:
+    """A serialized tf.Example; a float list for floats, an int64 list for ints."""
+    feature = {}
+    for name, values in features.items():
+        if all(isinstance(v, int) for v in values):
+            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+        else:
+            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def parsed(record: bytes, spec=SPEC) -> dict:
+    return {name: value.numpy().tolist()
+            for name, value in tf.io.parse_single_example(record, spec).items()}
+
+
+GOOD = trip(trip_miles=[2.5], trip_seconds=[600])
+BAD = [trip(trip_miles=[float("nan")], trip_seconds=[600]),
+       trip(trip_miles=[float("inf")], trip_seconds=[600]),
+       trip(trip_seconds=[600]),                                # trip_miles missing
+       trip(trip_miles=[1.0, 2.0], trip_seconds=[600]),         # two values for a [1] feature
+       trip(trip_miles=[2.5], trip_seconds=[600.5]),            # a float for an int64 feature
+       b"\xff\x00 not a tf.Example"]
+
+
+def test_bad_features_become_their_defaults_and_good_ones_stay():
+    assert parsed(sanitise_record(GOOD, SPEC)) == {"trip_miles": [2.5], "trip_seconds": [600]}
+    expected = [{"trip_miles": [0.0], "trip_seconds": [600]}] * 5 + [
+        {"trip_miles": [0.0], "trip_seconds": [0]}]
+    expected[4] = {"trip_miles": [2.5], "trip_seconds": [0]}
+    assert [parsed(record) for record in sanitise_records(BAD, SPEC)] == expected
+    # Without the rule, parsing the same records raises (after the grant was charged).
+    for record in BAD[2:5]:
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            tf.io.parse_example(tf.constant([record]), SPEC)
+
+
+def test_a_default_declared_in_the_spec_is_used_and_must_be_finite():
+    spec = {"hour": tf.io.FixedLenFeature([2], tf.float32, default_value=[12.0, 1.0])}
+    assert parsed(sanitise_record(trip(), spec), spec) == {"hour": [12.0, 1.0]}
+    # A NaN is replaced position by position; the other value is kept.
+    assert parsed(sanitise_record(trip(hour=[float("nan"), 3.0]), spec), spec) == {
+        "hour": [12.0, 3.0]}
+    with pytest.raises(RecordRuleError, match="must be finite"):
+        sanitise_records([GOOD], {"x": tf.io.FixedLenFeature([1], tf.float32,
+                                                             default_value=[float("nan")])})
+    with pytest.raises(RecordRuleError, match="FixedLenFeature and VarLenFeature only"):
+        sanitise_records([GOOD], {"x": tf.io.RaggedFeature(tf.float32)})
+
+
+def test_finite_maps_non_finite_entries_to_zero():
+    values = finite(tf.constant([[1.0, np.nan], [-np.inf, np.inf]])).numpy()
+    assert values.tolist() == [[1.0, 0.0], [0.0, 0.0]]
+    assert finite(tf.constant([3], tf.int64)).numpy().tolist() == [3]
+
+
+def test_the_decoder_gives_finite_inputs_and_labels_for_bad_records():
+    decoder = RecordDecoder(UserModule.load(MODULE, "adassp"))
+    inputs, labels = decoder.decode([GOOD] + BAD)
+    assert np.isfinite(inputs.numpy()).all() and np.isfinite(labels.numpy()).all()
+    assert inputs.numpy()[:, 0].tolist() == [2.5, 0.0, 0.0, 0.0, 0.0, 2.5, 0.0]
+    assert decoder.labels([GOOD] + BAD).numpy().reshape(-1).tolist() == [600] * 5 + [0, 0]
+
+
+def test_adassp_after_the_decoder_fits_finite_weights_despite_one_nan_and_one_inf():
+    # Without the rule the NaN row makes X^T X NaN: adassp raises after the charge (LinAlgError
+    # on main, the mechanisms' refusal of non-finite values since).
+    rng = np.random.default_rng(0)
+    miles = rng.uniform(0.5, 5.0, 200)
+    records = [trip(trip_miles=[float(m)], trip_seconds=[int(100 + 200 * m)]) for m in miles]
+    records[:2] = BAD[:2]
+    inputs, labels = RecordDecoder(UserModule.load(MODULE, "adassp")).decode(records)
+    result = adassp(inputs.numpy(), labels.numpy().reshape(-1), 1.0, 1e-6, feature_bound=6.0,
+                    label_bound=1200.0)
+    assert np.isfinite(result.weights).all()
+    with pytest.raises(ValueError):  # np.linalg.LinAlgError is a ValueError
+        raw = np.array([[np.nan]] + [[m] for m in miles[2:]])
+        adassp(raw, labels.numpy().reshape(-1)[1:], 1.0, 1e-6, 6.0, 1200.0)
+
+
+def test_a_non_finite_prediction_or_label_counts_as_the_loss_bound():
+    module = UserModule.load(MODULE, "loss")
+    labels = np.array([[1.0], [np.nan], [2.0], [1.0]])
+    outputs = np.array([[1.5], [1.0], [np.inf], [np.nan]])
+    values = per_example_metric("loss", module, labels, outputs)
+    assert values[0] == pytest.approx(0.25) and np.isnan(values[1:]).all()
+    # The validator counts NaN as its bound B, so its release stays finite. (400 values at
+    # epsilon 1: the DP count is <= 0, making the upper bound infinite, with probability
+    # about exp(-200).)
+    release = loss_validator(np.tile(values, 100), 0.5, 1.0, loss_bound=1.0)
+    assert all(np.isfinite([release.dp_estimate, release.lower_bound, release.upper_bound]))
