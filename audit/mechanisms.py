@@ -1,0 +1,215 @@
+"""One adapter per mechanism the platform ships: it runs the REAL product function on the
+worst-case neighbouring pair (add-or-remove-one record, the record at the clipping bound) and
+returns the outputs as one scalar (or a few numbers) per run, for `epsilon_lower_bound`.
+
+Each adapter is `outputs(trials, seed) -> (outputs on D, outputs on D')`. Where the product
+function takes a vector and noises each entry independently (the noise module), one call makes
+all the runs; TensorFlow mechanisms are batched the same way (see `dp_sgd_step_outputs`).
+A seed is for tests only; without one every product function draws from its CSPRNG default.
+Modules that import TensorFlow are imported inside the adapter that needs them.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from sage_tfx.audit import DEFAULT_CONFIDENCE, AuditResult, epsilon_lower_bound
+
+Outputs = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class MechanismAudit:
+    name: str
+    claimed_epsilon: float
+    claimed_delta: float
+    outputs: Callable[[int, Optional[int]], Outputs]
+    description: str
+
+    def run(self, trials: int, confidence: float = DEFAULT_CONFIDENCE,
+            seed: Optional[int] = None) -> AuditResult:
+        if not (isinstance(trials, int) and trials >= 8):
+            raise ValueError(f"trials must be an int >= 8 (half select, half estimate), "
+                             f"got {trials!r}")
+        first, second = self.outputs(trials, seed)
+        bound = epsilon_lower_bound(first, second, delta=self.claimed_delta,
+                                    confidence=confidence)
+        return AuditResult(self.name, self.claimed_epsilon, self.claimed_delta, bound,
+                           confidence, trials)
+
+
+def _seeds(seed: Optional[int], trials: int, side: int) -> list:
+    """One seed per run (tests), or None for every run (CSPRNG default)."""
+    if seed is None:
+        return [None] * trials
+    return [seed * 1_000_003 + side * trials + trial for trial in range(trials)]
+
+
+# --- SLAed validator: DPMeanRelease, the (count, clipped sum) release every validator makes ---
+
+SLAED_EPSILON = 1.0
+SLAED_VALUE_RANGE = 1.0
+
+
+def slaed_release_outputs(trials: int, seed: Optional[int] = None, *,
+                          epsilon: float = SLAED_EPSILON,
+                          record: float = SLAED_VALUE_RANGE) -> Outputs:
+    """(dp_count, dp_sum) on D = no records and D' = one record at the clipping bound R."""
+    from sage_tfx.validators.slaed import DPMeanRelease
+
+    def releases(clipped: np.ndarray, side: int) -> np.ndarray:
+        rng = np.random.default_rng(seed + side) if seed is not None else None
+        runs = [DPMeanRelease.of(clipped, SLAED_VALUE_RANGE, epsilon, rng)
+                for _ in range(trials)]
+        return np.array([(run.dp_count, run.dp_sum) for run in runs])
+
+    return releases(np.zeros(0), 0), releases(np.array([record]), 1)
+
+
+# --- DP analyzers: _NoisyGroupSums, the count-and-sum core of dp_count / dp_mean ---
+
+ANALYZER_EPSILON = 1.0
+ANALYZER_BASE_RECORDS = 1000
+
+
+def _analyzer_outputs(trials: int, seed: Optional[int], count_only: bool,
+                      epsilon: float) -> Outputs:
+    """The analyzer's aggregation (`_batch_sums`) then release (`_release`) on D and D', where
+    D' adds one record at the top of the value range [0, 1] to D."""
+    from sage_tfx.components.dp_transform import analyzers
+
+    base = ANALYZER_BASE_RECORDS
+    datasets = ((np.zeros(base, np.int64), np.zeros(base)),
+                (np.zeros(base + 1, np.int64), np.append(np.zeros(base), 1.0)))
+    outputs = []
+    for side, (keys, values) in enumerate(datasets):
+        runs = []
+        for run_seed in _seeds(seed, trials, side):
+            core = analyzers._NoisyGroupSums(1, 0.0, 1.0, epsilon, run_seed,
+                                             count_only=count_only)
+            runs.append(np.ravel(core._release(core._batch_sums((keys, values))))[0])
+        outputs.append(np.array(runs, dtype=np.float64))
+    return outputs[0], outputs[1]
+
+
+def analyzer_count_outputs(trials: int, seed: Optional[int] = None, *,
+                           epsilon: float = ANALYZER_EPSILON) -> Outputs:
+    """dp_count's release."""
+    return _analyzer_outputs(trials, seed, True, epsilon)
+
+
+def analyzer_mean_outputs(trials: int, seed: Optional[int] = None, *,
+                          epsilon: float = ANALYZER_EPSILON) -> Outputs:
+    """dp_mean's release (dp_sum / dp_count clipped to the range): only its sum half is seen
+    well in the mean of 1000 records, so the bound tends to epsilon / 2 at most."""
+    return _analyzer_outputs(trials, seed, False, epsilon)
+
+
+# --- AdaSSP: the three Gaussian releases (lambda_min, X^T X, X^T y), seen through theta ---
+
+ADASSP_EPSILON, ADASSP_DELTA = 4.0, 1e-5
+ADASSP_BASE_RECORDS = 1000
+
+
+@contextlib.contextmanager
+def _calibration_cached(adassp_module):
+    """adassp() recalibrates sigma on every call (5 ms, most of a run); the calibration is a
+    pure function of (epsilon, delta), so memoising it for the audit changes no output."""
+    calibrate = adassp_module.noise_multiplier
+    adassp_module.noise_multiplier = functools.lru_cache(maxsize=None)(calibrate)
+    try:
+        yield
+    finally:
+        adassp_module.noise_multiplier = calibrate
+
+
+def adassp_outputs(trials: int, seed: Optional[int] = None, *, epsilon: float = ADASSP_EPSILON,
+                   delta: float = ADASSP_DELTA) -> Outputs:
+    """The fitted intercept of an intercept-only regression (feature_bound = label_bound = 1):
+    D = 1000 records with label 0, D' adds one with label 1 (||x|| = 1, |y| = 1: the worst case
+    for all three releases). With X^T X = n + noise large, theta * n is close to the noisy
+    X^T y, so the bound tends to what one of the three releases leaks (below the claim)."""
+    from sage_tfx.components.dp_trainer import adassp as adassp_module
+
+    base = ADASSP_BASE_RECORDS
+    datasets = (np.zeros(base), np.append(np.zeros(base), 1.0))
+    outputs = []
+    with _calibration_cached(adassp_module):
+        for side, labels in enumerate(datasets):
+            features = np.zeros((len(labels), 0))
+            outputs.append(np.array([
+                adassp_module.adassp(features, labels, epsilon, delta, feature_bound=1.0,
+                                     label_bound=1.0, seed=run_seed).weights[0]
+                for run_seed in _seeds(seed, trials, side)]))
+    return outputs[0], outputs[1]
+
+
+# --- DP-SGD: one noisy clipped-gradient step of a 1-parameter model ---
+
+DP_SGD_NOISE_MULTIPLIER, DP_SGD_DELTA = 1.0, 1e-5
+
+
+def dp_sgd_claimed_epsilon(noise_multiplier: float = DP_SGD_NOISE_MULTIPLIER,
+                           delta: float = DP_SGD_DELTA) -> float:
+    """One full-batch step is one Gaussian mechanism of noise multiplier sigma: its epsilon
+    from dp-accounting's PLD accountant (tight for a single Gaussian)."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    accountant = pld_privacy_accountant.PLDAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier))
+    return float(accountant.get_epsilon(delta))
+
+
+def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
+                        noise_multiplier: float = DP_SGD_NOISE_MULTIPLIER,
+                        l2_norm_clip: float = 1.0) -> Outputs:
+    """The updated parameter after one DP-SGD step (make_dp_step) from theta = 0, learning
+    rate 1, normaliser 1, on D = no record and D' = one record whose gradient exceeds the clip
+    (label 100, squared loss: the clipped gradient is -C).
+
+    Batched: the model is an Embedding of `trials` rows of width 1, and run i's record reads
+    row i only, so its gradient lives in parameter i alone. Clipping is per example and the
+    noise per parameter, so parameter i after the step is exactly the 1-parameter model's step
+    on record i (D': every record's weight is 1) or on nothing (D: every weight 0), and the
+    `trials` parameters are independent runs."""
+    from sage_tfx.components.dp_trainer import dp_sgd
+    import tensorflow as tf
+
+    outputs = []
+    for side, weight in enumerate((0.0, 1.0)):
+        model = tf.keras.Sequential([
+            tf.keras.layers.Embedding(trials, 1, embeddings_initializer="zeros",
+                                      input_length=1),
+            tf.keras.layers.Flatten()])
+        model.build((None, 1))
+        features = tf.reshape(tf.range(trials, dtype=tf.int32), (trials, 1))
+        labels = tf.fill((trials, 1), 100.0)
+        config = dp_sgd.DPSGDConfig(noise_multiplier, l2_norm_clip, learning_rate=1.0)
+        generator = dp_sgd.noise_generator(None if seed is None else seed + side)
+        step = dp_sgd.make_dp_step(model, tf.keras.losses.MeanSquaredError(), features, labels,
+                                   config, 1.0, generator)
+        step(tf.range(trials, dtype=tf.int32), tf.fill((trials,), weight))
+        outputs.append(model.trainable_variables[0].numpy().reshape(-1).astype(np.float64))
+    return outputs[0], outputs[1]
+
+
+def shipped() -> dict[str, MechanismAudit]:
+    """Every mechanism the platform ships, by the name `sage-tfx audit` takes."""
+    audits = [
+        MechanismAudit("slaed_release", SLAED_EPSILON, 0.0, slaed_release_outputs,
+                       "SLAed validator: DPMeanRelease (count and clipped sum, Laplace)"),
+        MechanismAudit("analyzer_count", ANALYZER_EPSILON, 0.0, analyzer_count_outputs,
+                       "DP analyzers: dp_count's noisy count"),
+        MechanismAudit("analyzer_mean", ANALYZER_EPSILON, 0.0, analyzer_mean_outputs,
+                       "DP analyzers: dp_mean's noisy count and sum"),
+        MechanismAudit("adassp", ADASSP_EPSILON, ADASSP_DELTA, adassp_outputs,
+                       "AdaSSP: noisy sufficient statistics, seen through the fitted model"),
+        MechanismAudit("dp_sgd_step", dp_sgd_claimed_epsilon(), DP_SGD_DELTA,
+                       dp_sgd_step_outputs, "DP-SGD: one step of a 1-parameter model"),
+    ]
+    return {audit.name: audit for audit in audits}
