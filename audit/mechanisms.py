@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from sage_tfx.audit import DEFAULT_CONFIDENCE, AuditResult, epsilon_lower_bound
+from sage_tfx.audit.bounds import DEFAULT_CONFIDENCE, AuditResult, epsilon_lower_bound
 
 Outputs = tuple[np.ndarray, np.ndarray]
 
@@ -167,7 +167,7 @@ def dp_sgd_claimed_epsilon(noise_multiplier: float = DP_SGD_NOISE_MULTIPLIER,
 
 def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
                         noise_multiplier: float = DP_SGD_NOISE_MULTIPLIER,
-                        l2_norm_clip: float = 1.0) -> Outputs:
+                        l2_norm_clip: float = 1.0, replace_one: bool = False) -> Outputs:
     """The updated parameter after one DP-SGD step (make_dp_step) from theta = 0, learning
     rate 1, normaliser 1, on D = no record and D' = one record whose gradient exceeds the clip
     (label 100, squared loss: the clipped gradient is -C).
@@ -176,19 +176,24 @@ def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
     row i only, so its gradient lives in parameter i alone. Clipping is per example and the
     noise per parameter, so parameter i after the step is exactly the 1-parameter model's step
     on record i (D': every record's weight is 1) or on nothing (D: every weight 0), and the
-    `trials` parameters are independent runs."""
+    `trials` parameters are independent runs.
+
+    replace_one: D holds a record whose clipped gradient is +C instead of none, so D and D'
+    differ by replacing one record: the sum moves by 2C, twice the add-or-remove sensitivity
+    the noise is calibrated to (a deliberately mis-accounted pair, for the auditor's tests)."""
     from sage_tfx.components.dp_trainer import dp_sgd
     import tensorflow as tf
 
     outputs = []
-    for side, weight in enumerate((0.0, 1.0)):
+    sides = ((-100.0, 1.0), (100.0, 1.0)) if replace_one else ((100.0, 0.0), (100.0, 1.0))
+    for side, (label, weight) in enumerate(sides):
         model = tf.keras.Sequential([
             tf.keras.layers.Embedding(trials, 1, embeddings_initializer="zeros",
                                       input_length=1),
             tf.keras.layers.Flatten()])
         model.build((None, 1))
         features = tf.reshape(tf.range(trials, dtype=tf.int32), (trials, 1))
-        labels = tf.fill((trials, 1), 100.0)
+        labels = tf.fill((trials, 1), label)
         config = dp_sgd.DPSGDConfig(noise_multiplier, l2_norm_clip, learning_rate=1.0)
         generator = dp_sgd.noise_generator(None if seed is None else seed + side)
         step = dp_sgd.make_dp_step(model, tf.keras.losses.MeanSquaredError(), features, labels,
