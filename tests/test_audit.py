@@ -58,8 +58,7 @@ def test_identical_mechanisms_show_no_leak():
 def test_coverage_over_many_small_audits():
     """200 audits of a Laplace mechanism with eps = 1 at confidence 0.9: the bound may exceed
     1 in at most 10% of them; P[Binomial(200, 0.1) > 35] < 1e-4 is this test's false-failure
-    rate. A Clopper-Pearson with swapped tails or events selected on the estimation half
-    exceeds the claim far more often."""
+    rate. With the lower Clopper-Pearson tail swapped for the upper one, 60 of 200 exceed it."""
     rng = np.random.default_rng(9)
     above = sum(
         epsilon_lower_bound(rng.laplace(0, 1, 400), 1 + rng.laplace(0, 1, 400),
