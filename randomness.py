@@ -11,3 +11,8 @@ def secret_rng(seed: Optional[int] = None) -> np.random.Generator:
     """A generator seeded from the OS CSPRNG; a fixed `seed` exists for tests only."""
     return np.random.Generator(np.random.PCG64DXSM(secrets.randbits(128) if seed is None
                                                    else seed))
+
+
+def secret_seed() -> int:
+    """A 63-bit integer seed from the OS CSPRNG, for generators that take one (TF's Philox)."""
+    return secrets.randbits(63)

@@ -37,7 +37,8 @@ dp_accounting can express (0 for the additive mechanisms).
 """
 from sage_tfx.mechanisms.release import Release
 from sage_tfx.mechanisms.additive import (discrete_gaussian, discrete_laplace, gaussian,
-                                          gaussian_sigma, gaussian_with_sigma, laplace)
+                                          gaussian_sigma, gaussian_with_noise_multiplier, laplace,
+                                          laplace_count_and_sum)
 
 __all__ = ["Release", "laplace", "discrete_laplace", "gaussian", "gaussian_sigma",
-           "gaussian_with_sigma", "discrete_gaussian"]
+           "gaussian_with_noise_multiplier", "discrete_gaussian", "laplace_count_and_sum"]

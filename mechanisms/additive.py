@@ -121,27 +121,46 @@ def gaussian_sigma(*, l2_sensitivity: float, epsilon: float, delta: float) -> fl
         parameters, sensitivity=_positive("l2_sensitivity", l2_sensitivity)).standard_deviation
 
 
-def gaussian_with_sigma(values, *, l2_sensitivity: float, sigma: float) -> Release:
-    """``values`` + N(0, sigma^2) per coordinate, for a sigma the caller calibrated (e.g. AdaSSP's
-    split of rho-zCDP). Event: GaussianDpEvent(sigma / rounded L2 sensitivity)."""
+def gaussian_with_noise_multiplier(values, *, l2_sensitivity: float,
+                                   noise_multiplier: float) -> Release:
+    """``values`` + N(0, s^2) per coordinate with s = noise_multiplier * (L2 sensitivity rounded
+    up for the lattice), for a caller that calibrated the multiplier itself (AdaSSP composes
+    three releases). Event: GaussianDpEvent(noise_multiplier), exactly what the caller asked."""
     l2_sensitivity = _positive("l2_sensitivity", l2_sensitivity)
-    sigma = _positive("sigma", sigma)
+    noise_multiplier = _positive("noise_multiplier", noise_multiplier)
     array = _finite_floats(values, "gaussian")
+    k = _lattice_exponent(l2_sensitivity)
+    rounded = l2_sensitivity + math.sqrt(array.size) * 2.0 ** k
     measurement = dp.m.make_gaussian(_float_domain(array.size), dp.l2_distance(T=float),
-                                     scale=sigma, k=_lattice_exponent(l2_sensitivity))
-    rho = measurement.map(l2_sensitivity)   # OpenDP's map: (rounded sensitivity / sigma)^2 / 2
+                                     scale=noise_multiplier * rounded, k=k)
+    rho = measurement.map(l2_sensitivity)   # OpenDP's map: (rounded / s)^2 / 2
+    multiplier_run = 1.0 / math.sqrt(2.0 * rho)
+    assert multiplier_run >= noise_multiplier * (1 - 1e-9), (multiplier_run, noise_multiplier)
     return Release(_invoke(measurement, array, np.float64),
-                   dp_event.GaussianDpEvent(noise_multiplier=1.0 / math.sqrt(2.0 * rho)))
+                   dp_event.GaussianDpEvent(noise_multiplier=noise_multiplier))
 
 
 def gaussian(values, *, l2_sensitivity: float, epsilon: float, delta: float) -> Release:
     """``values`` + analytic-Gaussian noise: (epsilon, delta)-DP for L2 sensitivity
-    ``l2_sensitivity``, sigma from :func:`gaussian_sigma` on the lattice-rounded sensitivity."""
-    l2_sensitivity = _positive("l2_sensitivity", l2_sensitivity)
-    size = np.size(values)
-    rounded = l2_sensitivity + math.sqrt(size) * 2.0 ** _lattice_exponent(l2_sensitivity)
-    sigma = gaussian_sigma(l2_sensitivity=rounded, epsilon=epsilon, delta=delta)
-    return gaussian_with_sigma(values, l2_sensitivity=l2_sensitivity, sigma=sigma)
+    ``l2_sensitivity``, the multiplier from :func:`gaussian_sigma` at sensitivity 1."""
+    return gaussian_with_noise_multiplier(
+        values, l2_sensitivity=l2_sensitivity,
+        noise_multiplier=gaussian_sigma(l2_sensitivity=1.0, epsilon=epsilon, delta=delta))
+
+
+def laplace_count_and_sum(counts, sums, *, value_bound: float, epsilon: float) -> Release:
+    """The DP (count, sum) pair per public key, the release the SLAed validator and the DP mean
+    analyzers share. Each record adds 1 to one key's count and a value v with |v| <=
+    ``value_bound`` to the same key's sum; adding or removing it changes the count vector by 1
+    and the sum vector by <= value_bound in L1 norm, whatever the number of keys (parallel
+    composition across keys). Laplace at epsilon/2 on each: value (dp_counts, dp_sums), event
+    ComposedDpEvent([count's LaplaceDpEvent, sum's LaplaceDpEvent]), epsilon in total."""
+    epsilon = _positive("epsilon", epsilon)
+    count = laplace(counts, l1_sensitivity=1.0, epsilon=epsilon / 2.0)
+    total = laplace(sums, l1_sensitivity=_positive("value_bound", value_bound),
+                    epsilon=epsilon / 2.0)
+    return Release((count.value, total.value),
+                   dp_event.ComposedDpEvent([count.event, total.event]))
 
 
 def discrete_gaussian(values, *, l2_sensitivity: float, epsilon: float, delta: float) -> Release:

@@ -1,5 +1,6 @@
 """DP analyzers on tensorflow_transform/Beam: accurate with much budget, noisy as calibrated,
 and a preprocessing_fn with a non-private analyzer or too many shares refused unread."""
+import math
 import os
 import sys
 import tempfile
@@ -17,10 +18,10 @@ from sage_tfx.components.dp_transform.executor import audit
 SPEC = {"hour": tf.io.FixedLenFeature([], tf.int64), "speed": tf.io.FixedLenFeature([], tf.float32)}
 
 
-def _analyze(preprocessing_fn, rows, epsilon, seed):
+def _analyze(preprocessing_fn, rows, epsilon):
     """Run the preprocessing_fn on `rows` with TFT on Beam's DirectRunner, as DPTransform does."""
     metadata = dataset_metadata.DatasetMetadata.from_feature_spec(SPEC)
-    with dp.transform_budget(epsilon, seed) as budget, tempfile.TemporaryDirectory() as temp, \
+    with dp.transform_budget(epsilon) as budget, tempfile.TemporaryDirectory() as temp, \
             tft_beam.Context(temp_dir=temp, force_tf_compat_v1=True):
         (transformed, _), _ = (rows, metadata) | tft_beam.AnalyzeAndTransformDataset(
             budget.wrap(preprocessing_fn))
@@ -40,29 +41,88 @@ def group_means(inputs):
 
 def test_group_by_mean_is_close_with_a_large_budget():
     rows = _rows()
-    transformed = _analyze(group_means, rows, epsilon=1000.0, seed=1)
+    transformed = _analyze(group_means, rows, epsilon=1000.0)
     for row, out in zip(rows, transformed):
         true = 0.2 * row["hour"] + 0.05
         assert out["hour_speed"] == pytest.approx(true, abs=0.01)
 
 
-def test_group_by_mean_noise_matches_its_calibration():
-    # One key holding 200 records of value 1 in range [-1, 1], released at eps 0.2: the DP count
-    # gets Laplace(2/eps) = Laplace(10) and the sum Laplace(2·max(|lo|,|hi|)/eps) = Laplace(10).
-    # Replaying the generator with the same seed reproduces the release exactly only if the
-    # code draws those two scales, in that order.
-    release = dp._NoisyGroupSums(1, -1.0, 1.0, epsilon=0.2, seed=None)
-    sums = np.array([[200.0], [200.0]])
-    count_noise, sum_noise = [], []
-    for seed in range(200):
-        release.seed = seed
-        rng = np.random.Generator(np.random.PCG64DXSM(seed))
-        count_noise.append(rng.laplace(0.0, 10.0))
-        sum_noise.append(rng.laplace(0.0, 10.0))
-        mean = release._release(sums)[0]
-        # The released mean is the noisy sum over the noisy count, clipped to the range.
-        assert mean == pytest.approx(np.clip((200 + sum_noise[-1]) / (200 + count_noise[-1]),
-                                             -1, 1), rel=1e-5)
+def _dp_analyzers(preprocessing_fn, spec, epsilon):
+    """The DP analyzer PTransforms a traced preprocessing_fn will run, as DPTransform traces it."""
+    from tensorflow_transform import impl_helper
+    from sage_tfx.components.dp_transform.executor import _analyzer_defs
+    with dp.transform_budget(epsilon) as budget:
+        graph, _, _ = impl_helper.trace_preprocessing_function(
+            budget.wrap(preprocessing_fn), spec, use_tf_compat_v1=True)
+    return [op.ptransform for op in _analyzer_defs(graph) if dp.is_dp_analyzer(op)]
+
+
+def test_analyzers_spend_exactly_their_budget_share():
+    # Oracle: share * epsilon, written here; the epsilon is dp_accounting's (PLD) for the event
+    # OpenDP reports for the noise that ran. An analyzer spending 2x its share fails.
+    def stats(inputs):
+        return {"count": tf.fill(tf.shape(inputs["hour"]), dp.dp_count(inputs["hour"], 0.2)),
+                "mean": tf.fill(tf.shape(inputs["hour"]),
+                                dp.dp_mean(inputs["speed"], (0.0, 1.0), 0.3)),
+                "group": group_means_at(0.5)(inputs)["hour_speed"]}
+    analyzers = _dp_analyzers(stats, SPEC, epsilon=2.0)
+    spent = {}
+    for analyzer in analyzers:
+        release = analyzer.release(np.array([[50.0] * analyzer.num_keys] * 2))
+        spent[(analyzer.count_only, analyzer.num_keys)] = release.epsilon(1e-12)
+    assert spent == pytest.approx({(True, 1): 0.4, (False, 1): 0.6, (False, 4): 1.0}, rel=1e-3)
+
+
+def group_means_at(share):
+    def fn(inputs):
+        return {"hour_speed": dp.dp_group_by_mean(inputs["hour"], inputs["speed"], num_keys=4,
+                                                  value_range=(0.0, 1.0), budget_share=share)}
+    return fn
+
+
+def test_group_by_mean_noise_matches_its_calibration_with_a_negative_lower_bound():
+    # Range [-10, 1]: a record's clamped value centred on -4.5 lies in [-5.5, 5.5], so the sum's
+    # sensitivity is 5.5 (not the upper bound 1) and its noise Lap(2 * 5.5 / eps) = Lap(22) at
+    # eps 0.5. 20,000 keys of 1,000 records summing to 0 give 20,000 independent releases; the
+    # released mean minus the midpoint is dp_sum / dp_count ~ Lap(22) / 1000 (count noise Lap(4)
+    # moves the ratio by < 1%). Variance 2 * 22^2 / 1000^2; the sample variance of 20,000
+    # Laplace draws has relative sd sqrt(5 / 20000) = 1.6%, so +-12% is > 7 sd: false-failure
+    # rate < 1e-9. A sensitivity of 1 (the upper bound) gives 1/30 of the variance: caught.
+    analyzer = dp._NoisyGroupSums(20_000, -10.0, 1.0, epsilon=0.5)
+    sums = np.stack([np.full(20_000, 1000.0), np.zeros(20_000)])
+    centred = analyzer.release(sums).value.astype(np.float64) + 4.5
+    assert np.var(centred) == pytest.approx(2 * 22.0 ** 2 / 1000.0 ** 2, rel=0.12)
+
+
+def test_dp_count_noise_has_its_discrete_laplace_scale():
+    # dp_count at eps 0.5: count + discrete Laplace with P(z) ~ exp(-0.5 |z|), whose variance is
+    # 2 e^-a / (1 - e^-a)^2 = 7.83 (a = 0.5). 3,000 draws: the sample variance has relative sd
+    # ~ sqrt(5 / 3000) = 4%, so +-25% is > 6 sd (false-failure rate < 1e-8). 10x noise: caught.
+    analyzer = dp._NoisyGroupSums(1, 0.0, 1.0, epsilon=0.5, count_only=True)
+    draws = np.array([analyzer.release(np.array([[123.0], [0.0]])).value for _ in range(3000)])
+    a = 0.5
+    assert np.all(draws == np.round(draws))
+    assert np.var(draws - 123) == pytest.approx(2 * math.exp(-a) / (1 - math.exp(-a)) ** 2,
+                                                rel=0.25)
+    assert abs(np.mean(draws) - 123) < 6 * math.sqrt(7.83 / 3000)
+
+
+def test_non_finite_values_map_to_the_midpoint_before_clamping():
+    analyzer = dp._NoisyGroupSums(2, -1.0, 3.0, epsilon=1.0)
+    batch = (np.array([0, 0, 1, 1, 1]), np.array([np.nan, np.inf, -np.inf, 2.0, 9.0]))
+    counts, centred_sums = analyzer._batch_sums(batch)
+    # NaN and +-inf count as the midpoint 1 (centred 0); 2 -> 1, 9 clamps to 3 -> 2.
+    assert counts.tolist() == [2, 3] and centred_sums.tolist() == [0.0, 3.0]
+    assert np.all(np.isfinite(analyzer.release(np.stack([counts, centred_sums])).value))
+
+
+def test_vector_inputs_are_refused_at_trace_time():
+    spec = dict(SPEC, speeds=tf.io.FixedLenFeature([10], tf.float32))
+    with pytest.raises(dp.DPTransformError, match=r"dp_mean: value must hold one value per "):
+        audit(lambda inputs: {"m": dp.dp_mean(inputs["speeds"], (0.0, 1.0), 0.5)}, spec, 1.0)
+    with pytest.raises(dp.DPTransformError, match=r"dp_group_by_mean: value .*\(None, 10\)"):
+        audit(lambda inputs: {"m": dp.dp_group_by_mean(inputs["hour"], inputs["speeds"], 4,
+                                                       (0.0, 1.0), 0.5)}, spec, 1.0)
 
 
 def test_count_and_mean_share_the_budget():
@@ -72,7 +132,7 @@ def test_count_and_mean_share_the_budget():
         return {"count": tf.fill(tf.shape(inputs["hour"]), dp.dp_count(inputs["hour"], 0.5)),
                 "mean": tf.fill(tf.shape(inputs["hour"]),
                                 dp.dp_mean(inputs["speed"], (0.0, 1.0), 0.5))}
-    out = _analyze(stats, rows, epsilon=500.0, seed=2)[0]
+    out = _analyze(stats, rows, epsilon=500.0)[0]
     assert out["count"] == pytest.approx(2000, abs=5)
     assert out["mean"] == pytest.approx(np.mean([r["speed"] for r in rows]), abs=0.01)
 

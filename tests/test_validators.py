@@ -39,16 +39,16 @@ def test_loss_accept_and_reject_guarantees_hold_at_the_edge(confidence):
         return bound * rng.beta(2, 5, size=n)
 
     accepted_above = wrong_decisions(
-        lambda losses, rng: loss_validator(losses, mean - 0.01, 1.0, confidence, bound,
-                                           rng).outcome == ACCEPT, draw, rng)
+        lambda losses, rng: loss_validator(losses, mean - 0.01, 1.0, confidence,
+                                           bound).outcome == ACCEPT, draw, rng)
     # The setting can tell: accepting on the DP estimate alone ("No SLA") errs far more often.
     naive_accepted_above = wrong_decisions(
-        lambda losses, rng: loss_validator(losses, mean - 0.01, 1.0, confidence, bound,
-                                           rng).dp_estimate <= mean - 0.01, draw, rng)
+        lambda losses, rng: loss_validator(losses, mean - 0.01, 1.0, confidence,
+                                           bound).dp_estimate <= mean - 0.01, draw, rng)
     assert naive_accepted_above > 3 * allowed_errors(eta)
     rejected_below = wrong_decisions(
-        lambda losses, rng: loss_validator(losses, mean + 0.01, 1.0, confidence, bound,
-                                           rng).outcome == REJECT, draw, rng)
+        lambda losses, rng: loss_validator(losses, mean + 0.01, 1.0, confidence,
+                                           bound).outcome == REJECT, draw, rng)
     assert accepted_above <= allowed_errors(eta)
     assert rejected_below <= allowed_errors(eta)
 
@@ -56,9 +56,9 @@ def test_loss_accept_and_reject_guarantees_hold_at_the_edge(confidence):
 def test_loss_validator_decides_when_the_evidence_is_clear():
     rng = np.random.default_rng(2)
     losses = rng.beta(2, 5, size=20_000)  # mean 0.286
-    good = loss_validator(losses, 0.35, 1.0, 0.95, 1.0, rng)
-    bad = loss_validator(losses, 0.22, 1.0, 0.95, 1.0, rng)
-    unsure = loss_validator(losses[:50], 0.35, 1.0, 0.95, 1.0, rng)
+    good = loss_validator(losses, 0.35, 1.0, 0.95, 1.0)
+    bad = loss_validator(losses, 0.22, 1.0, 0.95, 1.0)
+    unsure = loss_validator(losses[:50], 0.35, 1.0, 0.95, 1.0)
     assert (good.outcome, bad.outcome, unsure.outcome) == (ACCEPT, REJECT, RETRY)
     assert good.lower_bound <= 0.286 <= good.upper_bound <= 0.35
     assert abs(good.dp_estimate - losses.mean()) < 0.01
@@ -73,17 +73,17 @@ def test_accuracy_guarantees_and_decisions():
         return rng.random(n) < accuracy
 
     accepted_below = wrong_decisions(
-        lambda correct, rng: accuracy_validator(correct, accuracy + 0.01, 1.0, 0.95,
-                                                rng).outcome == ACCEPT, draw, rng)
+        lambda correct, rng: accuracy_validator(correct, accuracy + 0.01, 1.0,
+                                                0.95).outcome == ACCEPT, draw, rng)
     rejected_above = wrong_decisions(
-        lambda correct, rng: accuracy_validator(correct, accuracy - 0.01, 1.0, 0.95,
-                                                rng).outcome == REJECT, draw, rng)
+        lambda correct, rng: accuracy_validator(correct, accuracy - 0.01, 1.0,
+                                                0.95).outcome == REJECT, draw, rng)
     assert accepted_below <= allowed_errors(eta)
     assert rejected_above <= allowed_errors(eta)
     correct = rng.random(20_000) < accuracy
-    result = accuracy_validator(correct, 0.75, 1.0, 0.95, rng)
+    result = accuracy_validator(correct, 0.75, 1.0, 0.95)
     assert result.outcome == ACCEPT and result.lower_bound >= 0.75
-    assert accuracy_validator(correct, 0.85, 1.0, 0.95, rng).outcome == REJECT
+    assert accuracy_validator(correct, 0.85, 1.0, 0.95).outcome == REJECT
 
 
 def test_sum_statistic_error_bound_holds_and_accepts_with_data():
@@ -92,20 +92,19 @@ def test_sum_statistic_error_bound_holds_and_accepts_with_data():
     low, high = 0.0, 60.0  # speeds in mph, population mean 30
 
     def violated(values, rng):
-        result = sum_statistic_validator(values, 3.0, 1.0, 0.95, (low, high), rng)
+        result = sum_statistic_validator(values, 3.0, 1.0, 0.95, (low, high))
         return result.outcome == ACCEPT and abs(result.dp_estimate - 30.0) > 3.0
 
     assert wrong_decisions(violated, lambda rng: rng.uniform(low, high, size=1500),
                            rng) <= allowed_errors(eta)
-    many = sum_statistic_validator(rng.uniform(low, high, 20_000), 1.5, 1.0, 0.95, (low, high), rng)
+    many = sum_statistic_validator(rng.uniform(low, high, 20_000), 1.5, 1.0, 0.95, (low, high))
     assert many.outcome == ACCEPT and abs(many.dp_estimate - 30.0) <= 1.5
-    few = sum_statistic_validator(rng.uniform(low, high, 30), 1.5, 1.0, 0.95, (low, high), rng)
+    few = sum_statistic_validator(rng.uniform(low, high, 30), 1.5, 1.0, 0.95, (low, high))
     assert few.outcome == RETRY  # never REJECT: more data always tightens the bound
 
 
 def test_noise_has_the_stated_laplace_scales():
-    rng = np.random.default_rng(5)
-    releases = [DPMeanRelease.of(np.full(100, 0.5), 4.0, 0.5, rng) for _ in range(20_000)]
+    releases = [DPMeanRelease.of(np.full(100, 0.5), 4.0, 0.5) for _ in range(20_000)]
     counts = np.array([r.dp_count for r in releases]) - 100
     sums = np.array([r.dp_sum for r in releases]) - 50
     # Kolmogorov-Smirnov against Lap(2/eps) and Lap(2B/eps); false-failure rate 1e-4 each.
@@ -137,8 +136,8 @@ def test_bad_input_gets_a_clear_error_and_bad_predictions_do_not_crash():
         sum_statistic_validator([1.0], 0.5, 1.0, 0.95, (1.0, 1.0))
     # NaN and infinite losses count as B: all-bad predictions can never be accepted.
     rng = np.random.default_rng(6)
-    broken = loss_validator(np.full(5000, np.nan), 0.5, 1.0, 0.95, 1.0, rng)
+    broken = loss_validator(np.full(5000, np.nan), 0.5, 1.0, 0.95, 1.0)
     assert broken.outcome == REJECT and broken.lower_bound > 0.9
-    mixed = loss_validator(np.r_[np.zeros(5000), np.full(5000, np.inf)], 0.3, 1.0, 0.95, 1.0, rng)
+    mixed = loss_validator(np.r_[np.zeros(5000), np.full(5000, np.inf)], 0.3, 1.0, 0.95, 1.0)
     assert mixed.outcome == REJECT
-    assert accuracy_validator(np.full(5000, np.nan), 0.5, 1.0, 0.95, rng).outcome == REJECT
+    assert accuracy_validator(np.full(5000, np.nan), 0.5, 1.0, 0.95).outcome == REJECT

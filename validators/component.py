@@ -47,6 +47,8 @@ class SLAedValidator(base_component.BaseComponent):
     Output: a ModelBlessing with `blessed` = 1 only on ACCEPT (TFX's Pusher reads it), and the
     custom properties outcome, metric, dp_metric, lower_bound, upper_bound, target,
     confidence, epsilon_used.
+    `seed` has no effect: the noise comes from sage_tfx.mechanisms, which cannot be seeded. It is
+    still accepted because pipelines/adaptive.py passes one seed to every component.
     """
 
     SPEC_CLASS = SLAedValidatorSpec

@@ -16,7 +16,6 @@ from sage_tfx.components.dp_trainer.dp_sgd import with_reduction
 from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
 from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
-from sage_tfx.randomness import secret_rng
 from sage_tfx.validators.slaed import ACCEPT, accuracy_validator, loss_validator
 
 METRICS = ("loss", "accuracy")
@@ -91,12 +90,10 @@ class Executor(base_executor.BaseExecutor):
         serialized = read_split(examples.uri, TEST_SPLIT).numpy()
         labels = RecordDecoder(module, transform_output).labels(serialized).numpy()
         values = per_example_metric(metric, module, labels, predictions(model.uri, serialized))
-        seed = exec_properties.get("seed")
-        rng = secret_rng(None if seed is None else int(seed))
         if metric == "loss":
-            result = loss_validator(values, target, epsilon, confidence, float(loss_bound), rng)
+            result = loss_validator(values, target, epsilon, confidence, float(loss_bound))
         else:
-            result = accuracy_validator(values, target, epsilon, confidence, rng)
+            result = accuracy_validator(values, target, epsilon, confidence)
 
         blessing = artifact_utils.get_single_instance(output_dict["blessing"])
         blessed = result.outcome == ACCEPT

@@ -1,5 +1,6 @@
 """SLAed validation tests (Sage §3.3, Listing 2, Appendix B): ACCEPT / REJECT / RETRY with a DP
-release and a statistical guarantee. numpy only.
+release and a statistical guarantee. numpy only; the noise comes from sage_tfx.mechanisms
+(floating-point-safe Laplace, shared with the DP analyzers), which cannot be seeded.
 
 Setting. The test set holds n i.i.d. draws from the data distribution D. A validator spends
 `epsilon` (add/remove-one, the ledger's relation) on two Laplace releases made once and shared by
@@ -43,8 +44,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+from dp_accounting import dp_event
 
-from sage_tfx.randomness import secret_rng
+from sage_tfx import mechanisms
 
 ACCEPT, REJECT, RETRY = "ACCEPT", "REJECT", "RETRY"
 
@@ -105,20 +107,21 @@ def _as_vector(values, name: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class DPMeanRelease:
-    """The two Laplace releases every validator makes: count and clipped sum."""
+    """The two Laplace releases every validator makes: count and clipped sum (values in
+    [0, value_range]), by mechanisms.laplace_count_and_sum; `event` is what ran."""
     dp_count: float
     dp_sum: float
     value_range: float
     epsilon: float
+    event: Optional[dp_event.DpEvent] = None
 
     @classmethod
-    def of(cls, clipped: np.ndarray, value_range: float, epsilon: float,
-           rng: Optional[np.random.Generator]) -> "DPMeanRelease":
-        rng = secret_rng() if rng is None else rng
-        scale = 2.0 / epsilon
-        return cls(clipped.size + rng.laplace(0.0, scale),
-                   float(clipped.sum()) + rng.laplace(0.0, value_range * scale),
-                   value_range, epsilon)
+    def of(cls, clipped: np.ndarray, value_range: float, epsilon: float) -> "DPMeanRelease":
+        release = mechanisms.laplace_count_and_sum(
+            np.array([clipped.size], dtype=np.float64), np.array([clipped.sum()]),
+            value_bound=value_range, epsilon=epsilon)
+        (dp_count,), (dp_sum,) = release.value
+        return cls(float(dp_count), float(dp_sum), value_range, epsilon, release.event)
 
     @property
     def count_scale(self) -> float:
@@ -159,8 +162,7 @@ def _check_target(target: float, low: float, high: float, name: str) -> None:
 
 
 def loss_validator(per_example_losses, target: float, epsilon: float, confidence: float = 0.95,
-                   loss_bound: float = 1.0, rng: Optional[np.random.Generator] = None
-                   ) -> ValidationResult:
+                   loss_bound: float = 1.0) -> ValidationResult:
     """ACCEPT only if the expected loss is <= target, REJECT only if it is > target, each with
     probability >= 1 - (1 - confidence) / 2. Losses are clipped to [0, loss_bound]; NaN or
     infinite losses (bad predictions) count as loss_bound."""
@@ -170,21 +172,21 @@ def loss_validator(per_example_losses, target: float, epsilon: float, confidence
     _check_target(target, 0.0, loss_bound, "loss")
     losses = _as_vector(per_example_losses, "per_example_losses")
     clipped = np.clip(np.where(np.isfinite(losses), losses, loss_bound), 0.0, loss_bound)
-    release = DPMeanRelease.of(clipped, loss_bound, epsilon, rng)
+    release = DPMeanRelease.of(clipped, loss_bound, epsilon)
     upper, lower = mean_upper_bound(release, eta), mean_lower_bound(release, eta)
     outcome = ACCEPT if upper <= target else REJECT if lower > target else RETRY
     return ValidationResult(outcome, release.dp_mean, lower, upper, target, epsilon, confidence,
                             release.dp_count, {"loss_bound": loss_bound, "eta": eta})
 
 
-def accuracy_validator(correct, target: float, epsilon: float, confidence: float = 0.95,
-                       rng: Optional[np.random.Generator] = None) -> ValidationResult:
+def accuracy_validator(correct, target: float, epsilon: float, confidence: float = 0.95
+                       ) -> ValidationResult:
     """ACCEPT only if the expected accuracy is >= target, REJECT only if it is < target, each
     with probability >= 1 - (1 - confidence) / 2: the loss test on the error indicator."""
     _check_target(target, 0.0, 1.0, "accuracy")
     correct = _as_vector(correct, "correct")
     errors = np.where(np.isfinite(correct), 1.0 - np.clip(correct, 0.0, 1.0), 1.0)
-    result = loss_validator(errors, 1.0 - target, epsilon, confidence, 1.0, rng)
+    result = loss_validator(errors, 1.0 - target, epsilon, confidence, 1.0)
     # An error rate strictly above 1 - target is an accuracy strictly below target.
     return ValidationResult(result.outcome, 1.0 - result.dp_estimate, 1.0 - result.upper_bound,
                             1.0 - result.lower_bound, target, epsilon, confidence,
@@ -192,8 +194,8 @@ def accuracy_validator(correct, target: float, epsilon: float, confidence: float
 
 
 def sum_statistic_validator(values, target_abs_error: float, epsilon: float,
-                            confidence: float = 0.95, value_range: tuple[float, float] = (0.0, 1.0),
-                            rng: Optional[np.random.Generator] = None) -> ValidationResult:
+                            confidence: float = 0.95, value_range: tuple[float, float] = (0.0, 1.0)
+                            ) -> ValidationResult:
     """Releases the DP mean of `values` (clipped to value_range) and ACCEPTs only if its
     absolute error against the population mean is <= target_abs_error, with probability
     >= 1 - (1 - confidence) / 2; otherwise RETRY (module docstring). For a variance, pass the
@@ -209,7 +211,7 @@ def sum_statistic_validator(values, target_abs_error: float, epsilon: float,
     values = _as_vector(values, "values")
     if np.isnan(values).any():
         raise ValueError("values contain NaN; a statistic of them is undefined")
-    release = DPMeanRelease.of(np.clip(values, low, high) - low, width, epsilon, rng)
+    release = DPMeanRelease.of(np.clip(values, low, high) - low, width, epsilon)
     sum_slack = laplace_tail(release.sum_scale, eta / 3.0, two_sided=True)
     count_slack = laplace_tail(release.count_scale, eta / 3.0, two_sided=True)
     count_low = release.dp_count - count_slack

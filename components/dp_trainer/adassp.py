@@ -12,7 +12,9 @@ add/remove-one (the ledger's relation):
   2. X^T X, as its upper triangle (diagonal included), mirrored. The triangle of x x^T has L2
      norm <= ||x x^T||_F = ||x||^2 <= B_x^2.
   3. X^T y. ||x y||_2 <= B_x B_y.
-The three compose to SelfComposedDpEvent(GaussianDpEvent(sigma), 3). sigma comes from
+The three compose to SelfComposedDpEvent(GaussianDpEvent(sigma), 3); each is drawn by
+sage_tfx.mechanisms.gaussian_with_noise_multiplier (exact, floating-point-safe, OS-seeded), and
+the result carries the ComposedDpEvent of the three events that ran. sigma comes from
 dp-accounting's calibration with its RDP accountant at the grant's (epsilon, delta) (the PLD
 accountant is tighter but its discretisation runs out of memory at the small sigma of large
 epsilons). Wang states the noise as sqrt(log(6/delta)) / (epsilon/3) per release, a
@@ -34,12 +36,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 import dp_accounting
+from dp_accounting import dp_event
 import numpy as np
 from dp_accounting import mechanism_calibration
 from dp_accounting import rdp
 from scipy import stats
 
-from sage_tfx.randomness import secret_rng
+from sage_tfx import mechanisms
 
 RELEASES = 3
 
@@ -49,6 +52,7 @@ class AdaSSPResult:
     weights: np.ndarray  # d coefficients, the intercept last
     noise_multiplier: float
     ridge: float
+    event: Optional[dp_event.DpEvent] = None  # the three Gaussian releases that ran
 
 
 def noise_multiplier(epsilon: float, delta: float) -> float:
@@ -77,7 +81,7 @@ def clip_rows(features: np.ndarray, labels: np.ndarray, feature_bound: float,
 
 def adassp(features: np.ndarray, labels: np.ndarray, epsilon: float, delta: float,
            feature_bound: float, label_bound: float, rho: float = 0.05,
-           seed: Optional[int] = None, label_offset: float = 0.0) -> AdaSSPResult:
+           label_offset: float = 0.0) -> AdaSSPResult:
     """DP linear regression y ~ features @ w + b; returns [w, b] (module docstring).
 
     The fit is on y - label_offset (clipped to +-label_bound), and the offset is added back to
@@ -94,7 +98,6 @@ def adassp(features: np.ndarray, labels: np.ndarray, epsilon: float, delta: floa
     if not 0.0 < rho < 1.0:
         raise ValueError(f"rho must be in (0, 1), got {rho}")
     sigma = noise_multiplier(epsilon, delta)
-    rng = secret_rng(seed)
     design, targets = clip_rows(features, np.asarray(labels, dtype=np.float64) - label_offset,
                                 feature_bound, label_bound)
     d = design.shape[1]
@@ -102,14 +105,22 @@ def adassp(features: np.ndarray, labels: np.ndarray, epsilon: float, delta: floa
 
     gram = design.T @ design
     min_eigenvalue = float(np.linalg.eigvalsh(gram)[0])
-    noisy_min_eigenvalue = max(0.0, min_eigenvalue + gram_scale * rng.standard_normal()
+    eigenvalue = mechanisms.gaussian_with_noise_multiplier(
+        min_eigenvalue, l2_sensitivity=feature_bound ** 2, noise_multiplier=sigma)
+    noisy_min_eigenvalue = max(0.0, float(eigenvalue.value)
                                - gram_scale * stats.norm.ppf(1.0 - rho / 2.0))
-    triangle = np.triu(rng.standard_normal((d, d)))
-    noisy_gram = gram + gram_scale * (triangle + np.triu(triangle, 1).T)
-    noisy_moment = (design.T @ targets
-                    + sigma * feature_bound * label_bound * rng.standard_normal(d))
+    upper = np.triu_indices(d)
+    triangle = mechanisms.gaussian_with_noise_multiplier(
+        gram[upper], l2_sensitivity=feature_bound ** 2, noise_multiplier=sigma)
+    noisy_gram = np.zeros((d, d))
+    noisy_gram[upper] = triangle.value
+    noisy_gram = noisy_gram + np.triu(noisy_gram, 1).T
+    moment = mechanisms.gaussian_with_noise_multiplier(
+        design.T @ targets, l2_sensitivity=feature_bound * label_bound, noise_multiplier=sigma)
+    noisy_moment = moment.value
 
     ridge = max(0.0, gram_scale * math.sqrt(d * math.log(2.0 * d * d / rho)) - noisy_min_eigenvalue)
     weights = np.linalg.lstsq(noisy_gram + ridge * np.eye(d), noisy_moment, rcond=None)[0]
     weights[-1] += label_offset
-    return AdaSSPResult(weights, sigma, ridge)
+    return AdaSSPResult(weights, sigma, ridge, dp_event.ComposedDpEvent(
+        [eigenvalue.event, triangle.event, moment.event]))

@@ -17,8 +17,16 @@ One step on sample S (Abadi et al. 2016; oblivious-sampling paper §3 "NoisySGD"
   fit the Poisson layout runs with every row masked: noise only. The number of steps is the
   descriptor's, never data-dependent.
 
-Noise comes from a tf.random.Generator (Philox) seeded from the OS CSPRNG unless a test passes
-a seed.
+Noise comes from a tf.random.Generator (Philox) seeded by sage_tfx.randomness.secret_seed (the
+OS CSPRNG) unless a test passes a seed. What that does and does not give, honestly: the noise is
+drawn inside TensorFlow's graph, once per step, so it cannot come from sage_tfx.mechanisms
+(OpenDP, one Python call per release). These are float32 Gaussians (Box-Muller on Philox
+output), not exact lattice samples. Mironov's (2012) attack is on Laplace, and needs the exact
+noisy value of one release; here no noisy gradient leaves the step, only the model after every
+step's float32 update, but Jin et al. (IEEE S&P 2022) show floating-point Gaussian samplers are
+attackable too when their output is seen. So the epsilon the accountant reports is a proof for
+the idealised mechanism (real-valued Gaussians of std sigma * C); it is not a proof for this
+float32 implementation, and Philox's 63-bit seed is a PRNG key, not a CSPRNG stream.
 
 The per-epoch training loss reported to `on_epoch` is not DP. The trainer writes it only to
 TensorBoard under the ModelRun artifact (inside the platform, like the data itself), never to
@@ -27,7 +35,6 @@ its log, the Model artifact or ML Metadata.
 from __future__ import annotations
 
 import math
-import secrets
 import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -40,6 +47,7 @@ from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads, layer_
 
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor  # noqa: E402
 from sage_tfx.components.oblivious_sample_gen.melbourne import chernoff_threshold  # noqa: E402
+from sage_tfx.randomness import secret_seed  # noqa: E402
 
 # Poisson padding width: a sample is larger with probability <= 2^-40 (it is then run at its
 # own size; only the step's duration differs).
@@ -122,7 +130,7 @@ def with_reduction(loss: tf.keras.losses.Loss, reduction: str) -> tf.keras.losse
 
 
 def noise_generator(seed: Optional[int] = None) -> tf.random.Generator:
-    return tf.random.Generator.from_seed(secrets.randbits(63) if seed is None else seed)
+    return tf.random.Generator.from_seed(secret_seed() if seed is None else seed)
 
 
 def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,

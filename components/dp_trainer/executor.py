@@ -200,7 +200,6 @@ class Executor(base_executor.BaseExecutor):
         result = adassp_lib.adassp(inputs.numpy(), labels.numpy().reshape(-1), epsilon, delta,
                                    float(exec_properties["feature_bound"]),
                                    float(exec_properties["label_bound"]),
-                                   seed=exec_properties.get("seed"),
                                    label_offset=float(exec_properties.get("label_offset") or 0.0))
         dimension = int(inputs.shape[1])
         keras_model = tf.keras.Sequential([tf.keras.Input((dimension,)), tf.keras.layers.Dense(1)])

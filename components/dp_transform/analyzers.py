@@ -15,20 +15,31 @@ Each analyzer spends `budget_share` of the epsilon that the grant allots to the 
 DPTransform refuses a preprocessing_fn whose shares sum above 1, or that uses any analyzer not
 defined here (TFT's own analyzers publish exact statistics of the data in the TransformGraph).
 
-Guarantees (add-or-remove-one neighbours, the ledger's relation; pure epsilon-DP, no delta):
+Guarantees (add-or-remove-one neighbours, the ledger's relation; pure epsilon-DP, no delta).
+The unit is the record: each analyzer takes exactly one value per record (a `[batch]` or
+`[batch, 1]` tensor) and refuses anything wider when the preprocessing_fn is traced, because a
+`FixedLenFeature([k])` would give one record k contributions while the noise is for one.
 
-* dp_count: the number of records, plus Laplace(1/eps). One record changes it by 1.
-* dp_group_by_mean over public keys 0..K-1: each record is clipped to value_range [lo, hi] and
-  adds (1, value) to its key's (count, sum); a record whose key is outside 0..K-1 adds nothing.
-  Adding or removing one record changes one key's count by 1 and its sum by at most
-  max(|lo|, |hi|), and no other key (parallel composition across keys, McSherry's PINQ), so
-  Laplace(2/eps) on every count and Laplace(2·max(|lo|, |hi|)/eps) on every sum give eps/2 + eps/2.
-  Listing 1 writes the sum's scale as value_range·2/eps without clipping; that is the same bound
-  only for values in [0, value_range], so the values are clipped here. The released per-key mean
-  is dp_sum / max(dp_count, 1) clipped to [lo, hi] (post-processing); keys must be public, which
-  is why num_keys is a parameter and not read from the data.
+* Bad values. A value that is NaN or infinite is replaced by the midpoint of value_range BEFORE
+  clamping (a data-independent default; `np.clip` keeps NaN, so without this one record could
+  make the whole release NaN). A feature a record may lack should be declared with
+  `FixedLenFeature(..., default_value=float("nan"))`, which routes it to the same default.
+* dp_count: the number of records, plus discrete Laplace noise at epsilon (one record changes
+  the count by 1; mechanisms.discrete_laplace).
+* dp_group_by_mean over public keys 0..K-1: each record's value is mapped as above, clamped to
+  [lo, hi] and centred on the midpoint c = (lo + hi) / 2, and adds (1, v - c) to its key's
+  (count, sum); a record whose key is outside 0..K-1 adds nothing. Adding or removing one record
+  changes one key's count by 1 and its sum by at most (hi - lo) / 2, whatever the signs of lo and
+  hi, and no other key (parallel composition across keys), so Laplace at eps/2 on the count
+  vector (L1 sensitivity 1) and at eps/2 on the sum vector (L1 sensitivity (hi - lo) / 2) give
+  eps (mechanisms.laplace_count_and_sum). Listing 1 writes the sum's scale as value_range·2/eps
+  on unclipped values; centring halves it and holds for negative lower bounds too (an
+  uncentred sum would need max(|lo|, |hi|), not hi). The released per-key mean is
+  c + dp_sum / max(dp_count, 1) clamped to [lo, hi] (post-processing); keys must be public,
+  which is why num_keys is a parameter and not read from the data.
 * dp_mean: dp_group_by_mean with one key.
-All noise is drawn once, after the whole dataset is aggregated, from a CSPRNG-seeded generator.
+All noise is drawn once, after the whole dataset is aggregated, by sage_tfx.mechanisms (an
+exact, floating-point-safe sampler seeded by the OS; it cannot be seeded).
 """
 from __future__ import annotations
 
@@ -42,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from sage_tfx.randomness import secret_rng
+from sage_tfx import mechanisms
 
 
 class DPTransformError(ValueError):
@@ -57,10 +68,9 @@ class _TransformBudget:
     shares are counted per trace: every trace must spend the same shares, and each at most 1.
     """
     epsilon: float
-    seed: Optional[int]
     traces: list = field(default_factory=list)
 
-    def spend(self, analyzer: str, share: float) -> tuple[float, Optional[int]]:
+    def spend(self, analyzer: str, share: float) -> float:
         if not (math.isfinite(share) and 0 < share <= 1):
             raise DPTransformError(f"{analyzer}: budget_share must be in (0, 1], got {share!r}")
         current = self.traces[-1]
@@ -70,9 +80,7 @@ class _TransformBudget:
             raise DPTransformError(
                 f"the preprocessing_fn's DP analyzers spend {total:g} of the transform budget "
                 f"(shares {[s for _, s in current]}); they must sum to at most 1")
-        # A distinct seed per analyzer call, so that tests with a seed do not reuse noise.
-        seed = None if self.seed is None else self.seed * 1000 + len(current)
-        return self.epsilon * share, seed
+        return self.epsilon * share
 
     def wrap(self, preprocessing_fn: Callable) -> Callable:
         def traced(inputs):
@@ -93,11 +101,11 @@ _active: list[_TransformBudget] = []
 
 
 @contextlib.contextmanager
-def transform_budget(epsilon: float, seed: Optional[int] = None) -> Iterator[_TransformBudget]:
+def transform_budget(epsilon: float) -> Iterator[_TransformBudget]:
     """DPTransform's executor runs the preprocessing_fn inside this."""
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise DPTransformError(f"the transform budget must be a positive epsilon, got {epsilon!r}")
-    budget = _TransformBudget(epsilon, seed)
+    budget = _TransformBudget(epsilon)
     _active.append(budget)
     try:
         yield budget
@@ -105,7 +113,7 @@ def transform_budget(epsilon: float, seed: Optional[int] = None) -> Iterator[_Tr
         _active.pop()
 
 
-def _spend(analyzer: str, share: float) -> tuple[float, Optional[int]]:
+def _spend(analyzer: str, share: float) -> float:
     if not _active:
         raise DPTransformError(f"{analyzer} runs only inside DPTransform, which holds the grant")
     return _active[-1].spend(analyzer, share)
@@ -115,35 +123,46 @@ class _NoisyGroupSums(beam.PTransform):
     """Batches of (keys, values) -> one array [K] of DP means (or one DP count, if count_only)."""
 
     def __init__(self, num_keys: int, lower: float, upper: float, epsilon: float,
-                 seed: Optional[int], count_only: bool = False):
+                 count_only: bool = False):
         super().__init__()
         self.num_keys, self.lower, self.upper = num_keys, lower, upper
-        self.epsilon, self.seed, self.count_only = epsilon, seed, count_only
+        self.epsilon, self.count_only = epsilon, count_only
+
+    @property
+    def midpoint(self) -> float:
+        return (self.lower + self.upper) / 2.0
 
     def _batch_sums(self, batch) -> np.ndarray:
+        """[2, K]: per key, the number of records and the sum of their centred values."""
         keys, values = (np.ravel(column) for column in batch)
         inside = (keys >= 0) & (keys < self.num_keys)
         keys = keys[inside].astype(np.int64)
-        values = np.clip(values[inside].astype(np.float64), self.lower, self.upper)
+        values = values[inside].astype(np.float64)
+        values = np.clip(np.where(np.isfinite(values), values, self.midpoint),
+                         self.lower, self.upper) - self.midpoint
         return np.stack([np.bincount(keys, minlength=self.num_keys),
                          np.bincount(keys, weights=values, minlength=self.num_keys)])
 
-    def _release(self, sums: np.ndarray) -> np.ndarray:
-        rng = secret_rng(self.seed)
-        counts, value_sums = sums if np.ndim(sums) == 2 else np.zeros((2, self.num_keys))
+    def release(self, sums) -> mechanisms.Release:
+        """The DP output (means [K], or the count) from the summed [2, K] array, with its event."""
+        counts, centred_sums = sums if np.ndim(sums) == 2 else np.zeros((2, self.num_keys))
         if self.count_only:
-            return np.float32(counts.sum() + rng.laplace(0.0, 1.0 / self.epsilon))
-        sensitivity = max(abs(self.lower), abs(self.upper))
-        dp_counts = counts + rng.laplace(0.0, 2.0 / self.epsilon, self.num_keys)
-        dp_sums = value_sums + rng.laplace(0.0, 2.0 * sensitivity / self.epsilon, self.num_keys)
-        means = np.clip(dp_sums / np.maximum(dp_counts, 1.0), self.lower, self.upper)
-        return means.astype(np.float32)
+            count = mechanisms.discrete_laplace(np.int64(round(counts.sum())), l1_sensitivity=1,
+                                                epsilon=self.epsilon)
+            return mechanisms.Release(np.float32(count.value), count.event)
+        noisy = mechanisms.laplace_count_and_sum(counts, centred_sums,
+                                                 value_bound=(self.upper - self.lower) / 2.0,
+                                                 epsilon=self.epsilon)
+        dp_counts, dp_sums = noisy.value
+        means = np.clip(self.midpoint + dp_sums / np.maximum(dp_counts, 1.0),
+                        self.lower, self.upper)
+        return mechanisms.Release(means.astype(np.float32), noisy.event)
 
     def expand(self, batches):
         return (batches
                 | "SumPerKey" >> beam.Map(self._batch_sums)
                 | "Total" >> beam.CombineGlobally(_ArraySum())
-                | "AddNoise" >> beam.Map(self._release))
+                | "AddNoise" >> beam.Map(lambda sums: self.release(sums).value))
 
 
 class _ArraySum(beam.CombineFn):
@@ -168,7 +187,16 @@ def _check_range(analyzer: str, lower: float, upper: float) -> tuple[float, floa
     return lower, upper
 
 
-def _flat(tensor: tf.Tensor, dtype) -> tf.Tensor:
+def _per_record(analyzer: str, argument: str, tensor, dtype) -> tf.Tensor:
+    """The [batch] tensor of one value per record; refuses wider inputs at trace time (one
+    record's whole contribution is what the noise is calibrated for)."""
+    shape = getattr(tensor, "shape", None)
+    if (not isinstance(tensor, tf.Tensor) or shape.rank not in (1, 2)
+            or (shape.rank == 2 and shape[1] != 1)):
+        raise DPTransformError(
+            f"{analyzer}: {argument} must hold one value per record (shape [batch] or [batch, 1]),"
+            f" got {type(tensor).__name__} of shape {shape}; the noise is calibrated for one "
+            "value per record, so reduce each record to one value (or declare a scalar feature)")
     return tf.reshape(tf.cast(tensor, dtype), [-1])
 
 
@@ -180,11 +208,12 @@ def dp_group_by_mean(key: tf.Tensor, value: tf.Tensor, num_keys: int,
     if not (isinstance(num_keys, int) and num_keys >= 1):
         raise DPTransformError(f"dp_group_by_mean: num_keys must be a positive int, got {num_keys!r}")
     lower, upper = _check_range("dp_group_by_mean", *value_range)
-    epsilon, seed = _spend("dp_group_by_mean", float(budget_share))
-    keys = _flat(key, tf.int64)
+    keys = _per_record("dp_group_by_mean", "key", key, tf.int64)
+    values = _per_record("dp_group_by_mean", "value", value, tf.float32)
+    epsilon = _spend("dp_group_by_mean", float(budget_share))
     [means] = tft.experimental.ptransform_analyzer(
-        inputs=[keys, _flat(value, tf.float32)],
-        ptransform=_NoisyGroupSums(num_keys, lower, upper, epsilon, seed),
+        inputs=[keys, values],
+        ptransform=_NoisyGroupSums(num_keys, lower, upper, epsilon),
         output_dtypes=[tf.float32], output_shapes=[[num_keys]], name=name or "dp_group_by_mean")
     inside = (keys >= 0) & (keys < num_keys)
     per_record = tf.gather(means, tf.clip_by_value(keys, 0, num_keys - 1))
@@ -195,22 +224,22 @@ def dp_mean(value: tf.Tensor, value_range: tuple[float, float], budget_share: fl
             name: Optional[str] = None) -> tf.Tensor:
     """A scalar: the DP mean of `value` clipped to value_range (one key of dp_group_by_mean)."""
     lower, upper = _check_range("dp_mean", *value_range)
-    epsilon, seed = _spend("dp_mean", float(budget_share))
-    values = _flat(value, tf.float32)
+    values = _per_record("dp_mean", "value", value, tf.float32)
+    epsilon = _spend("dp_mean", float(budget_share))
     [means] = tft.experimental.ptransform_analyzer(
         inputs=[tf.zeros_like(values, tf.int64), values],
-        ptransform=_NoisyGroupSums(1, lower, upper, epsilon, seed),
+        ptransform=_NoisyGroupSums(1, lower, upper, epsilon),
         output_dtypes=[tf.float32], output_shapes=[[1]], name=name or "dp_mean")
     return means[0]
 
 
 def dp_count(value: tf.Tensor, budget_share: float, name: Optional[str] = None) -> tf.Tensor:
     """A scalar: the DP number of records (one per row of `value`)."""
-    epsilon, seed = _spend("dp_count", float(budget_share))
+    epsilon = _spend("dp_count", float(budget_share))
     rows = tf.zeros([tf.shape(value)[0]], tf.int64)
     [count] = tft.experimental.ptransform_analyzer(
         inputs=[rows, tf.zeros([tf.shape(value)[0]], tf.float32)],
-        ptransform=_NoisyGroupSums(1, 0.0, 1.0, epsilon, seed, count_only=True),
+        ptransform=_NoisyGroupSums(1, 0.0, 1.0, epsilon, count_only=True),
         output_dtypes=[tf.float32], output_shapes=[[]], name=name or "dp_count")
     return count
 

@@ -36,7 +36,8 @@ class DPTransform(base_beam_component.BaseBeamComponent):
     the grant's `grant_step` share of epsilon. A TFT analyzer (tft.mean, tft.vocabulary, ...) is
     refused before any record is read. Outputs a standard TransformGraph (DPTrainer and the
     serving signature apply it) and the transformed train/test Examples, which carry the grant.
-    `seed` exists for tests only; the noise is CSPRNG-seeded otherwise.
+    `seed` has no effect: the noise comes from sage_tfx.mechanisms, which cannot be seeded. It is
+    still accepted because pipelines/adaptive.py passes one seed to every component.
     """
 
     SPEC_CLASS = DPTransformSpec

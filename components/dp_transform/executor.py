@@ -92,9 +92,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])
         transformed.split_names = artifact_utils.encode_split_names(list(SPLITS))
         raw_metadata = dataset_metadata.DatasetMetadata.from_feature_spec(feature_spec)
-        seed = exec_properties.get("seed")
-
-        with transform_budget(epsilon, seed) as budget, \
+        with transform_budget(epsilon) as budget, \
                 tempfile.TemporaryDirectory() as temp_dir, \
                 self._make_beam_pipeline() as pipeline, \
                 tft_beam.Context(temp_dir=temp_dir, force_tf_compat_v1=True):
