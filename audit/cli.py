@@ -1,4 +1,4 @@
-"""`sage-tfx audit MECHANISM [--trials N] [--confidence C] [--seed S] [--json]`: an empirical
+"""`sage-tfx audit MECHANISM [--trials N] [--confidence C] [--json]`: an empirical
 lower bound on a shipped mechanism's epsilon (sage_tfx.audit.bounds). MECHANISM `all` audits each.
 
 Prints, per mechanism, {"mechanism", "claimed_epsilon", "claimed_delta", "epsilon_lower_bound",
@@ -24,8 +24,6 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     parser.add_argument("--trials", type=int, default=20_000,
                         help="runs on each of the two neighbouring inputs (default 20000)")
     parser.add_argument("--confidence", type=float, default=0.95)
-    parser.add_argument("--seed", type=int, default=None,
-                        help="fixed seed for reproducible tests (default: CSPRNG-seeded noise)")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(run=_audit)
 
@@ -43,7 +41,7 @@ def _audit(args) -> int:
     leaked = False
     for name in names:
         try:
-            result = audits[name].run(args.trials, args.confidence, args.seed)
+            result = audits[name].run(args.trials, args.confidence)
         except ValueError as error:
             print(f"sage-tfx audit: {error}", file=sys.stderr)
             return EXIT_BAD_INPUT

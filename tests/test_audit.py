@@ -3,7 +3,8 @@
 False-failure rates. The auditor's lower bound exceeds a mechanism's TRUE epsilon with
 probability at most 1 - confidence (audit/bounds.py docstring). The tests below run at
 confidence 0.99, so each "lower bound <= claim" assertion fails for a correct mechanism with
-probability <= 1% over the noise (the seeds are fixed, so a given run is reproducible). The
+probability <= 1% over the noise. The product's noise comes from the OS CSPRNG (OpenDP takes no
+seed), so only the numpy oracles and the DP-SGD step are seeded; the rest are random runs. The
 "broken variant is caught" assertions have no such guarantee from the derivation (power, not
 coverage); the margins measured at these trial counts are in the comments.
 """
@@ -80,42 +81,43 @@ def test_bad_input_is_refused_with_the_reason():
 
 @pytest.mark.parametrize("name", ["laplace", "discrete_laplace"])
 def test_noise_module_laplace_is_below_its_claim_and_its_broken_variants_are_caught(name):
-    # OpenDP's samplers take no seed: these runs are random, at the stated rates.
     assert lower_bound(mechanisms.noise_outputs(name, 20_000)) <= 1.0
     # A change twice the stated sensitivity, and the noise halved: measured 1.93-1.95 at 50000.
     assert lower_bound(mechanisms.noise_outputs(name, 20_000, record=2)) > 1.0
     assert lower_bound(mechanisms.noise_outputs(name, 20_000, noise_factor=0.5)) > 1.0
 
 
-def test_noise_module_gaussians_are_below_their_claims_and_half_noise_is_caught():
+def test_noise_module_gaussians_are_below_their_claims_and_broken_variants_are_caught():
     delta, claimed = mechanisms.NOISE_DELTA, mechanisms.NOISE_EPSILON["gaussian"]
     for name in ("gaussian", "discrete_gaussian"):
         assert lower_bound(mechanisms.noise_outputs(name, 50_000), delta) <= claimed
-        # Half the noise: measured 2.38 (gaussian), 2.43 (discrete) against a claim of 2.
-        assert lower_bound(mechanisms.noise_outputs(name, 50_000, noise_factor=0.5),
-                           delta) > claimed
-    # A change twice the stated sensitivity: measured 2.43 (the discrete Gaussian's 2.13 is
-    # too close to its claim to assert at this trial count).
-    assert lower_bound(mechanisms.noise_outputs("gaussian", 50_000, record=2), delta) > claimed
+    # Against a claim of 2, half the noise and a change twice the stated sensitivity measured
+    # 2.15-2.47 over 12 runs each at 50000. (The discrete Gaussian, calibrated by RDP with more
+    # noise, measured 2.00-2.15 with half its noise: too close to its claim to assert here.)
+    assert lower_bound(mechanisms.noise_outputs("gaussian", 80_000, noise_factor=0.5),
+                       delta) > claimed
+    assert lower_bound(mechanisms.noise_outputs("gaussian", 80_000, record=2), delta) > claimed
 
 
-def test_slaed_release_is_below_its_claim_and_its_broken_variants_are_caught():
-    assert lower_bound(mechanisms.slaed_release_outputs(20_000, 1)) <= mechanisms.SLAED_EPSILON
-    # Half the noise (the release run at twice the epsilon it claims): measured 1.78.
-    assert lower_bound(mechanisms.slaed_release_outputs(20_000, 1, epsilon=2.0)) > 1.0
-    # A record at twice the clipping bound the noise assumes: measured 1.35.
-    assert lower_bound(mechanisms.slaed_release_outputs(20_000, 1, record=2.0)) > 1.0
+# The SLAed release, dp_count and AdaSSP make one OpenDP release per call (0.3-1 ms of CPU), so
+# they run 3000 (AdaSSP 2000) times per input; the powers quoted are the minimum over 10
+# simulations of the same Laplace laws at that count.
+
+def test_slaed_release_is_below_its_claim_and_half_noise_is_caught():
+    assert lower_bound(mechanisms.slaed_release_outputs(3_000)) <= mechanisms.SLAED_EPSILON
+    # Half the noise (the release run at twice the epsilon it claims): 1.41 at least.
+    assert lower_bound(mechanisms.slaed_release_outputs(3_000, epsilon=2.0)) > 1.0
 
 
 def test_dp_analyzers_are_below_their_claims_and_half_noise_is_caught():
-    assert lower_bound(mechanisms.analyzer_count_outputs(20_000, 1)) <= 1.0
-    assert lower_bound(mechanisms.analyzer_mean_outputs(10_000, 1)) <= 1.0
-    # dp_count at twice its budget share's epsilon: measured 1.84.
-    assert lower_bound(mechanisms.analyzer_count_outputs(20_000, 1, epsilon=2.0)) > 1.0
+    assert lower_bound(mechanisms.analyzer_count_outputs(3_000)) <= 1.0
+    # dp_count at twice its budget share's epsilon: 1.64 at least.
+    assert lower_bound(mechanisms.analyzer_count_outputs(3_000, epsilon=2.0)) > 1.0
+    assert lower_bound(mechanisms.analyzer_group_by_mean_outputs(20_000)) <= 1.0
 
 
 def test_adassp_is_below_its_claim():
-    bound = lower_bound(mechanisms.adassp_outputs(4_000, 1), mechanisms.ADASSP_DELTA)
+    bound = lower_bound(mechanisms.adassp_outputs(2_000), mechanisms.ADASSP_DELTA)
     assert bound <= mechanisms.ADASSP_EPSILON
 
 
@@ -137,14 +139,13 @@ def test_one_dp_sgd_step_is_below_its_claim_and_its_broken_variants_are_caught()
 
 
 def test_cli_prints_the_audit_as_json(capsys):
-    assert cli.main(["audit", "slaed_release", "--trials", "2000", "--seed", "1",
-                     "--json"]) == 0
+    assert cli.main(["audit", "laplace", "--trials", "2000", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert set(printed) == set(AuditResult.__dataclass_fields__)
-    assert printed["mechanism"] == "slaed_release" and printed["trials"] == 2000
+    assert printed["mechanism"] == "laplace" and printed["trials"] == 2000
     assert 0.0 <= printed["epsilon_lower_bound"] <= printed["claimed_epsilon"]
 
 
 def test_cli_refuses_an_unknown_mechanism(capsys):
     assert cli.main(["audit", "no_such_mechanism"]) == 2
-    assert "slaed_release" in capsys.readouterr().err
+    assert "discrete_gaussian" in capsys.readouterr().err
