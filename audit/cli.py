@@ -49,7 +49,7 @@ def _audit(args) -> int:
         if args.json:
             print(json.dumps(result.as_dict()), flush=True)
         else:
-            print(f"{name}: claimed (epsilon {result.claimed_epsilon:.4g}, delta "
+            print(f"{name} ({audits[name].description}): claimed (epsilon {result.claimed_epsilon:.4g}, delta "
                   f"{result.claimed_delta:.3g}); epsilon >= {result.epsilon_lower_bound:.4f} "
                   f"with confidence {result.confidence} over {result.trials} runs per input",
                   flush=True)

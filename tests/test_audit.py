@@ -149,3 +149,13 @@ def test_cli_prints_the_audit_as_json(capsys):
 def test_cli_refuses_an_unknown_mechanism(capsys):
     assert cli.main(["audit", "no_such_mechanism"]) == 2
     assert "discrete_gaussian" in capsys.readouterr().err
+
+
+def test_cli_exits_1_when_a_mechanism_leaks_more_than_it_claims(monkeypatch, capsys):
+    halved = mechanisms.MechanismAudit(
+        "laplace_half_noise", 1.0, 0.0,
+        lambda trials, seed: mechanisms.noise_outputs("laplace", trials, noise_factor=0.5),
+        "the noise module's Laplace with its noise halved after the release")
+    monkeypatch.setattr(mechanisms, "shipped", lambda: {halved.name: halved})
+    assert cli.main(["audit", "all", "--trials", "20000"]) == 1
+    assert "laplace_half_noise" in capsys.readouterr().out
