@@ -32,6 +32,7 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/slaed_table2.py --json
 	$(BIN)/python benchmarks/taxi_sample_complexity.py --json
 	$(BIN)/python benchmarks/workload.py --json
+	$(BIN)/python benchmarks/audit.py --json
 
 # Regenerate the lock from requirements/direct.txt and requirements/nodeps.txt (needs the registry).
 lock:

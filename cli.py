@@ -9,12 +9,14 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sage_tfx.audit import cli as audit_cli
     from sage_tfx.sage_access import cli as ledger_cli
 
     parser = argparse.ArgumentParser(prog="sage-tfx", description=__doc__.splitlines()[0])
     groups = parser.add_subparsers(dest="group", required=True)
     ledger_cli.add_parser(groups)
     _add_compile_parser(groups)
+    audit_cli.add_parser(groups)
     args = parser.parse_args(argv)
     return args.run(args)
 

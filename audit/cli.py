@@ -1,0 +1,56 @@
+"""`sage-tfx audit MECHANISM [--trials N] [--confidence C] [--json]`: an empirical
+lower bound on a shipped mechanism's epsilon (sage_tfx.audit.bounds). MECHANISM `all` audits each.
+
+Prints, per mechanism, {"mechanism", "claimed_epsilon", "claimed_delta", "epsilon_lower_bound",
+"confidence", "trials"} (one JSON object per line with --json). Exit code 0 when every lower bound
+is at most its claim, 1 when one exceeds it (the mechanism leaks more than it claims, with
+probability >= confidence), 2 for bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXIT_LEAK = 1
+EXIT_BAD_INPUT = 2
+
+
+def add_parser(groups: argparse._SubParsersAction) -> None:
+    parser = groups.add_parser("audit", help="empirical lower bound on a mechanism's epsilon",
+                               description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mechanism", help="a shipped mechanism's name, or `all`")
+    parser.add_argument("--trials", type=int, default=20_000,
+                        help="runs on each of the two neighbouring inputs (default 20000)")
+    parser.add_argument("--confidence", type=float, default=0.95)
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(run=_audit)
+
+
+def _audit(args) -> int:
+    from sage_tfx.audit import mechanisms
+
+    audits = mechanisms.shipped()
+    names = list(audits) if args.mechanism == "all" else [args.mechanism]
+    unknown = [name for name in names if name not in audits]
+    if unknown:
+        print(f"sage-tfx audit: unknown mechanism {unknown[0]!r}; choose one of "
+              f"{', '.join(audits)} or all", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    leaked = False
+    for name in names:
+        try:
+            result = audits[name].run(args.trials, args.confidence)
+        except ValueError as error:
+            print(f"sage-tfx audit: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        leaked |= result.epsilon_lower_bound > result.claimed_epsilon
+        if args.json:
+            print(json.dumps(result.as_dict()), flush=True)
+        else:
+            print(f"{name} ({audits[name].description}): claimed (epsilon {result.claimed_epsilon:.4g}, delta "
+                  f"{result.claimed_delta:.3g}); epsilon >= {result.epsilon_lower_bound:.4f} "
+                  f"with confidence {result.confidence} over {result.trials} runs per input",
+                  flush=True)
+    return EXIT_LEAK if leaked else 0

@@ -1,0 +1,268 @@
+"""One adapter per mechanism the platform ships: it runs the REAL product function on the
+worst-case neighbouring pair (add-or-remove-one record, the record at the clipping bound) and
+returns the outputs as one scalar (or a few numbers) per run, for `epsilon_lower_bound`.
+
+Each adapter is `outputs(trials, seed) -> (outputs on D, outputs on D')`. Where the product
+function takes a vector and noises each entry independently (the noise module), one call makes
+all the runs; TensorFlow mechanisms are batched the same way (see `dp_sgd_step_outputs`).
+Only DP-SGD's noise can be seeded (tests); every other product function draws from the OS
+CSPRNG (sage_tfx.mechanisms takes no seed), so `seed` is unused there.
+Modules that import TensorFlow are imported inside the adapter that needs them.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from sage_tfx.audit.bounds import DEFAULT_CONFIDENCE, AuditResult, epsilon_lower_bound
+
+Outputs = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class MechanismAudit:
+    name: str
+    claimed_epsilon: float
+    claimed_delta: float
+    outputs: Callable[[int, Optional[int]], Outputs]
+    description: str
+    # False when the product function makes one release per call (0.3-1 ms of OpenDP each),
+    # so the benchmark runs fewer trials.
+    vectorised: bool = True
+
+    def run(self, trials: int, confidence: float = DEFAULT_CONFIDENCE,
+            seed: Optional[int] = None) -> AuditResult:
+        if not (isinstance(trials, int) and trials >= 8):
+            raise ValueError(f"trials must be an int >= 8 (some select events, the rest estimate), "
+                             f"got {trials!r}")
+        first, second = self.outputs(trials, seed)
+        bound = epsilon_lower_bound(first, second, delta=self.claimed_delta,
+                                    confidence=confidence)
+        return AuditResult(self.name, self.claimed_epsilon, self.claimed_delta, bound,
+                           confidence, trials)
+
+
+# --- the noise module (sage_tfx.mechanisms): one vectorised call makes every run ---
+
+# The Gaussians are audited at epsilon 2: at 1 (delta 1e-5) their privacy loss only exceeds 1
+# on events too rare for 10^5 runs, so half the noise would go unseen (measured 0.87-1.1).
+NOISE_EPSILON = {"laplace": 1.0, "discrete_laplace": 1.0, "gaussian": 2.0,
+                 "discrete_gaussian": 2.0}
+NOISE_DELTA = 1e-5
+
+
+def noise_outputs(mechanism: str, trials: int, seed: Optional[int] = None, *,
+                  epsilon: Optional[float] = None, record: float = 1.0,
+                  noise_factor: float = 1.0) -> Outputs:
+    """sage_tfx.mechanisms.<mechanism> at sensitivity 1 on D = 0 and D' = `record` (the unit's
+    largest change, 1), `trials` coordinates per call. The vector's noise is per coordinate
+    at the scalar mechanism's scale (the lattice rounding adds trials * 2^-40 to the
+    sensitivity, so a little more noise), so coordinate i is run i of the scalar mechanism.
+    OpenDP takes no seed (CSPRNG only), so `seed` is unused.
+
+    record = 2 and noise_factor = 0.5 are the deliberately broken variants of the tests: a
+    change twice the stated sensitivity, and the noise halved after the release."""
+    from sage_tfx import mechanisms
+
+    del seed  # the noise module's samplers are CSPRNG-seeded only
+    draw = getattr(mechanisms, mechanism)
+    integer = mechanism.startswith("discrete_")
+    parameters = {"epsilon": NOISE_EPSILON[mechanism] if epsilon is None else epsilon}
+    if "gaussian" in mechanism:
+        parameters.update(l2_sensitivity=1, delta=NOISE_DELTA)
+    else:
+        parameters.update(l1_sensitivity=1)
+    outputs = []
+    for value in (0, record):
+        values = np.full(trials, value, dtype=np.int64 if integer else np.float64)
+        noisy = np.asarray(draw(values, **parameters).value, dtype=np.float64)
+        outputs.append(values + noise_factor * (noisy - values))
+    return outputs[0], outputs[1]
+
+
+# --- SLAed validator: DPMeanRelease, the (count, clipped sum) release every validator makes ---
+
+SLAED_EPSILON = 1.0
+SLAED_VALUE_RANGE = 1.0
+
+
+def slaed_release_outputs(trials: int, seed: Optional[int] = None, *,
+                          epsilon: float = SLAED_EPSILON,
+                          record: float = SLAED_VALUE_RANGE) -> Outputs:
+    """(dp_count, dp_sum) of DPMeanRelease.of on D = no records and D' = one record at the
+    clipping bound R, one release per run (its noise is CSPRNG-seeded: `seed` is unused).
+
+    record = 2R is the deliberately broken variant of the tests: a value the clipping should
+    have bounded by R."""
+    from sage_tfx.validators.slaed import DPMeanRelease
+
+    del seed
+    outputs = []
+    for clipped in (np.zeros(0), np.array([record])):
+        runs = [DPMeanRelease.of(clipped, SLAED_VALUE_RANGE, epsilon) for _ in range(trials)]
+        outputs.append(np.array([(run.dp_count, run.dp_sum) for run in runs]))
+    return outputs[0], outputs[1]
+
+
+# --- DP analyzers: _NoisyGroupSums, the count-and-sum core of dp_count / dp_group_by_mean ---
+
+ANALYZER_EPSILON = 1.0
+ANALYZER_BASE_RECORDS = 20
+
+
+def analyzer_count_outputs(trials: int, seed: Optional[int] = None, *,
+                           epsilon: float = ANALYZER_EPSILON) -> Outputs:
+    """dp_count's release (aggregation `_batch_sums`, then `release`) on D = 20 records and D'
+    = 21, one release per run (CSPRNG-seeded: `seed` is unused)."""
+    from sage_tfx.components.dp_transform import analyzers
+
+    del seed
+    core = analyzers._NoisyGroupSums(1, 0.0, 1.0, epsilon, count_only=True)
+    outputs = []
+    for records in (ANALYZER_BASE_RECORDS, ANALYZER_BASE_RECORDS + 1):
+        sums = core._batch_sums((np.zeros(records, np.int64), np.zeros(records)))
+        outputs.append(np.array([float(core.release(sums).value) for _ in range(trials)]))
+    return outputs[0], outputs[1]
+
+
+def analyzer_group_by_mean_outputs(trials: int, seed: Optional[int] = None, *,
+                          epsilon: float = ANALYZER_EPSILON) -> Outputs:
+    """dp_group_by_mean's release over value range [0, 1]: D holds 20 records at the midpoint
+    per key, D' one more record at the top of the range in every key.
+
+    Batched over keys: the release is per key, each key's (count, sum) noised independently
+    and its mean computed from that key alone, so key i's mean is run i of the one-key
+    analyzer on a neighbouring pair (the pair differs by one record per key). The lattice
+    rounding grows with the number of keys (trials * 2^-40 of the sensitivity: more noise).
+    Only the sum half of the budget shows in a mean, so the bound tends to epsilon / 2."""
+    from sage_tfx.components.dp_transform import analyzers
+
+    del seed
+    core = analyzers._NoisyGroupSums(trials, 0.0, 1.0, epsilon)
+    keys = np.repeat(np.arange(trials), ANALYZER_BASE_RECORDS)
+    values = np.full(keys.size, 0.5)
+    with_record = (np.append(keys, np.arange(trials)), np.append(values, np.ones(trials)))
+    return tuple(np.asarray(core.release(core._batch_sums(data)).value, dtype=np.float64)
+                 for data in ((keys, values), with_record))
+
+
+# --- AdaSSP: the three Gaussian releases (lambda_min, X^T X, X^T y), seen through theta ---
+
+ADASSP_EPSILON, ADASSP_DELTA = 4.0, 1e-5
+ADASSP_BASE_RECORDS = 1000
+
+
+@contextlib.contextmanager
+def _calibration_cached(adassp_module):
+    """adassp() recalibrates sigma on every call (5 ms, most of a run); the calibration is a
+    pure function of (epsilon, delta), so memoising it for the audit changes no output."""
+    calibrate = adassp_module.noise_multiplier
+    adassp_module.noise_multiplier = functools.lru_cache(maxsize=None)(calibrate)
+    try:
+        yield
+    finally:
+        adassp_module.noise_multiplier = calibrate
+
+
+def adassp_outputs(trials: int, seed: Optional[int] = None, *, epsilon: float = ADASSP_EPSILON,
+                   delta: float = ADASSP_DELTA) -> Outputs:
+    """The fitted intercept of an intercept-only regression (feature_bound = label_bound = 1):
+    D = 1000 records with label 0, D' adds one with label 1 (||x|| = 1, |y| = 1: the worst case
+    for all three releases). With X^T X = n + noise large, theta * n is close to the noisy
+    X^T y, so the bound tends to what one of the three releases leaks (below the claim)."""
+    from sage_tfx.components.dp_trainer import adassp as adassp_module
+
+    del seed  # its noise is CSPRNG-seeded
+    base = ADASSP_BASE_RECORDS
+    datasets = (np.zeros(base), np.append(np.zeros(base), 1.0))
+    outputs = []
+    with _calibration_cached(adassp_module):
+        for labels in datasets:
+            features = np.zeros((len(labels), 0))
+            outputs.append(np.array([
+                adassp_module.adassp(features, labels, epsilon, delta, feature_bound=1.0,
+                                     label_bound=1.0).weights[0]
+                for _ in range(trials)]))
+    return outputs[0], outputs[1]
+
+
+# --- DP-SGD: one noisy clipped-gradient step of a 1-parameter model ---
+
+DP_SGD_NOISE_MULTIPLIER, DP_SGD_DELTA = 1.0, 1e-5
+
+
+def dp_sgd_claimed_epsilon(noise_multiplier: float = DP_SGD_NOISE_MULTIPLIER,
+                           delta: float = DP_SGD_DELTA) -> float:
+    """One full-batch step is one Gaussian mechanism of noise multiplier sigma: its epsilon
+    from dp-accounting's PLD accountant (tight for a single Gaussian)."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    accountant = pld_privacy_accountant.PLDAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier))
+    return float(accountant.get_epsilon(delta))
+
+
+def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
+                        noise_multiplier: float = DP_SGD_NOISE_MULTIPLIER,
+                        l2_norm_clip: float = 1.0, replace_one: bool = False) -> Outputs:
+    """The updated parameter after one DP-SGD step (make_dp_step) from theta = 0, learning
+    rate 1, normaliser 1, on D = no record and D' = one record whose gradient exceeds the clip
+    (label 100, squared loss: the clipped gradient is -C).
+
+    Batched: the model is an Embedding of `trials` rows of width 1, and run i's record reads
+    row i only, so its gradient lives in parameter i alone. Clipping is per example and the
+    noise per parameter, so parameter i after the step is exactly the 1-parameter model's step
+    on record i (D': every record's weight is 1) or on nothing (D: every weight 0), and the
+    `trials` parameters are independent runs.
+
+    replace_one: D holds a record whose clipped gradient is +C instead of none, so D and D'
+    differ by replacing one record: the sum moves by 2C, twice the add-or-remove sensitivity
+    the noise is calibrated to (a deliberately mis-accounted pair, for the auditor's tests)."""
+    from sage_tfx.components.dp_trainer import dp_sgd
+    import tensorflow as tf
+
+    outputs = []
+    sides = ((-100.0, 1.0), (100.0, 1.0)) if replace_one else ((100.0, 0.0), (100.0, 1.0))
+    for side, (label, weight) in enumerate(sides):
+        model = tf.keras.Sequential([
+            tf.keras.layers.Embedding(trials, 1, embeddings_initializer="zeros",
+                                      input_length=1),
+            tf.keras.layers.Flatten()])
+        model.build((None, 1))
+        features = tf.reshape(tf.range(trials, dtype=tf.int32), (trials, 1))
+        labels = tf.fill((trials, 1), label)
+        config = dp_sgd.DPSGDConfig(noise_multiplier, l2_norm_clip, learning_rate=1.0)
+        generator = dp_sgd.noise_generator(None if seed is None else seed + side)
+        step = dp_sgd.make_dp_step(model, tf.keras.losses.MeanSquaredError(), features, labels,
+                                   config, 1.0, generator)
+        step(tf.range(trials, dtype=tf.int32), tf.fill((trials,), weight))
+        outputs.append(model.trainable_variables[0].numpy().reshape(-1).astype(np.float64))
+    return outputs[0], outputs[1]
+
+
+def shipped() -> dict[str, MechanismAudit]:
+    """Every mechanism the platform ships, by the name `sage-tfx audit` takes."""
+    audits = [
+        MechanismAudit(name, NOISE_EPSILON[name], NOISE_DELTA if "gaussian" in name else 0.0,
+                       functools.partial(noise_outputs, name),
+                       f"noise module: sage_tfx.mechanisms.{name}, sensitivity 1")
+        for name in NOISE_EPSILON] + [
+        MechanismAudit("slaed_release", SLAED_EPSILON, 0.0, slaed_release_outputs,
+                       "SLAed validator: DPMeanRelease (count and clipped sum, Laplace)",
+                       vectorised=False),
+        MechanismAudit("analyzer_count", ANALYZER_EPSILON, 0.0, analyzer_count_outputs,
+                       "DP analyzers: dp_count's noisy count", vectorised=False),
+        MechanismAudit("analyzer_group_by_mean", ANALYZER_EPSILON, 0.0,
+                       analyzer_group_by_mean_outputs, "DP analyzers: dp_group_by_mean's noisy count and sum, per key"),
+        MechanismAudit("adassp", ADASSP_EPSILON, ADASSP_DELTA, adassp_outputs,
+                       "AdaSSP: noisy sufficient statistics, seen through the fitted model",
+                       vectorised=False),
+        MechanismAudit("dp_sgd_step", dp_sgd_claimed_epsilon(), DP_SGD_DELTA,
+                       dp_sgd_step_outputs, "DP-SGD: one step of a 1-parameter model"),
+    ]
+    return {audit.name: audit for audit in audits}
