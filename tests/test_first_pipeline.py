@@ -38,3 +38,18 @@ def test_first_pipeline_runs_and_a_rerun_explains_immutable_blocks(tmp_path):
                                              metadata_path=store, seed=1))
     assert "new input directory" in str(failure.value)
     assert len(BlockLedger(store).grant_records()) == 1  # the failed run charged nothing
+
+
+def test_a_date_string_block_key_asks_for_unix_seconds():
+    import tensorflow as tf
+
+    from sage_tfx.components.block_example_gen.executor import _key_value
+
+    example = tf.train.Example()
+    example.features.feature["trip_start_timestamp"].bytes_list.value.append(b"2024-01-05")
+    with pytest.raises(ValueError, match="must be Unix seconds") as failure:
+        _key_value(example, "trip_start_timestamp")
+    assert "2024-01-05" not in str(failure.value)  # a record's value never reaches a log
+    example.features.feature["trip_start_timestamp"].int64_list.value.append(1704067200)
+    del example.features.feature["trip_start_timestamp"].bytes_list.value[:]
+    assert _key_value(example, "trip_start_timestamp") == 1704067200
