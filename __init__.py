@@ -11,5 +11,8 @@ import os
 # covers every process that imports sage_tfx before TensorFlow; other entry points (a TFX
 # container) set it in their environment. dp_trainer checks it and names the fix if not.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# TensorFlow's C++ INFO and WARNING lines (CUDA absent, oneDNN, CPU features) repeat in every
+# process and say nothing to a user of this project; errors still show. Set it to 0 to see them.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 __version__ = "0.1.0"

@@ -18,6 +18,11 @@ first use of a name imports its module.
 """
 import importlib
 
+from sage_tfx import console
+
+# Pipelines built from these components show their outcome lines and not TFX's repeated noise.
+console.install()
+
 _HOMES = {
     "BlockExampleGen": "sage_tfx.components.block_example_gen",
     "BlockLedger": "sage_tfx.components.block_ledger",

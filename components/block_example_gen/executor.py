@@ -148,8 +148,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         known = {b.block_id for b in ledger.blocks()}
         existing = sorted(set(counts_by_block) & known)
         if existing:
-            raise ValueError(f"ledger {ledger.context!r} already has block(s) {existing}: blocks are "
-                             "immutable once registered (their budget may already be spent, so "
+            raise ValueError(f"ledger {ledger.context!r} already has block(s) {existing}: blocks "
+                             "are immutable once registered (their budget may already be spent, so "
                              "new records would change what was granted), so late records for "
                              "them are refused. Ingest only files that arrived since the last run "
                              "(a new input directory), or run training without BlockExampleGen")

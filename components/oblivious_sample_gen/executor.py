@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from absl import logging
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
+from sage_tfx import console
 from sage_tfx.components.oblivious_sample_gen import samples_io
 from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
 from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
@@ -77,5 +77,5 @@ class Executor(base_executor.BaseExecutor):
         output.set_int_custom_property("sampling_encrypted", int(key is not None))
         output.set_int_custom_property("sampling_record_width", width)
         carry_grant(source, output)
-        logging.info("ObliviousSampleGen: %s sampling, %d epoch(s), %s", samples.descriptor.scheme,
-                     samples.descriptor.epochs, "encrypted" if key else "not encrypted")
+        console.report("ObliviousSampleGen: %s sampling, %d epoch(s), %s",
+                       samples.descriptor.scheme, samples.descriptor.epochs, "encrypted" if key else "not encrypted")
