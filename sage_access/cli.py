@@ -277,13 +277,15 @@ def _budget_view(ledger, block) -> dict:
     basic: epsilon (a request fits when its epsilon is within its pipeline's reservation plus
     the free budget, and likewise for delta). rdp: the share of the filter's capacity at the
     order with the most room (the filter admits a curve while some order still fits), because
-    an RDP filter's spent curve has no single epsilon that bounds it."""
+    an RDP filter's spent curve has no single epsilon that bounds it. A retired block has
+    nothing free."""
     import numpy as np
 
     from sage_tfx.sage_access import allocation
 
     reservations = {name: np.maximum(v, 0.0) for name, v in block.reservations.items()}
-    free = np.maximum(allocation.free_budget(block), 0.0)
+    # A retired block grants nothing again: its leftover (below the minimum request) is not free.
+    free = np.maximum(allocation.free_budget(block), 0.0) * (not block.retired)
     if ledger.accounting.name == "basic":
         return {"unit": "epsilon", "total": block.epsilon_ceiling, "spent": float(block.spent[0]),
                 "reserved": {k: float(v[0]) for k, v in sorted(reservations.items())},
@@ -417,13 +419,16 @@ def _plot(args) -> int:
         axes.bar(positions, values, bottom=bottom, color=PLOT_COLOURS[part], hatch=hatch,
                  edgecolor="white", linewidth=0.4, label=part)
         bottom = [b + v for b, v in zip(bottom, values)]
+    crowded = len(bars) > 12
     for index, bar in enumerate(bars):
         text = f"{bar['spent']:.2g}" + (" R" if bar["retired"] else "")
-        axes.text(index, bottom[index], text, ha="center", va="bottom", fontsize=7, rotation=90)
+        axes.text(index, bottom[index], text, ha="center", va="bottom", fontsize=7,
+                  rotation=90 if crowded else 0)
     unit = rows[0]["budget"]["unit"] if table["accounting"] == "basic" else "share of capacity"
     axes.set_ylabel(unit + (" (mean per block)" if grouped else ""))
     axes.set_ylim(0, max(bottom) * 1.25)
-    axes.set_xticks(list(positions), [bar["label"] for bar in bars], rotation=90, fontsize=7)
+    axes.set_xticks(list(positions), [bar["label"] for bar in bars], rotation=90 if crowded else 0,
+                  fontsize=7)
     total_spent = sum(r["budget"]["spent"] for r in rows)
     retired = sum(r["retired"] for r in rows)
     axes.set_title(f"ledger {table['context']!r} ({table['accounting']}): {len(rows)} blocks"
