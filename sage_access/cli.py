@@ -102,6 +102,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                          help="delta of the grant (required with --epsilon; on a basic ledger "
                               "the Gaussian's curve is converted at this delta)")
     request.add_argument("--pipeline", help="the pipeline spending (draws on its reservation first)")
+    request.error = lambda message: _request_usage_error(request, message)
 
     show = command("show", _show, "every block's spent, reserved and free budget")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -156,6 +157,15 @@ def _fail(args, code: int, message: str, remaining: dict | None = None) -> int:
     return code
 
 
+def _request_usage_error(parser: argparse.ArgumentParser, message: str):
+    """`request` prints its JSON object even when its arguments do not parse."""
+    parser.print_usage(sys.stderr)
+    print(f"sage-tfx ledger request: {message}", file=sys.stderr)
+    print(json.dumps({"granted": False, "grant_id": None, "blocks": [], "epsilon": None,
+                      "delta": None, "error": message, "remaining": {}}))
+    sys.exit(EXIT_BAD_INPUT)
+
+
 def _json_number(value: float | None):
     # NaN and infinities are not JSON; echo them as strings so strict parsers still read the line.
     return value if value is None or math.isfinite(value) else str(value)
@@ -166,14 +176,13 @@ def _requested_blocks(args) -> list[str]:
 
 
 def _open(args, read_only: bool = False):
-    """The ledger context; the store must already be a sage-tfx ledger (only init creates)."""
+    """The ledger context; the store must already hold it (only init creates). A writing
+    command first opens it read-only, so a store without the context is never written to (an
+    MLMD server included, where a read-write open would register sage-tfx's types)."""
     from sage_tfx.sage_access.ledger import BlockLedger
-    from sage_tfx.sage_access.store import require_ledger_store
 
-    if read_only:
-        return BlockLedger(args.store, args.context, read_only=True)
-    require_ledger_store(args.store)
-    return BlockLedger(args.store, args.context)
+    checked = BlockLedger(args.store, args.context, read_only=True)
+    return checked if read_only else BlockLedger(args.store, args.context)
 
 
 def _init(args) -> int:
