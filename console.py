@@ -26,6 +26,14 @@ NOISE = (
     # tensor code module files hold; TensorFlow asks to report it upstream, not to the user.
     ("tensorflow", "AutoGraph could not transform"),
     ("absl", "AutoGraph could not transform"),
+    # DPTransform runs TFT's analysis in tf.compat.v1 mode and reads instance dicts on purpose
+    # (its DP analyzers are graph-mode); TFT warns about both at every stage.
+    ("absl", "Tensorflow Transform is running in tf.compat.v1 mode"),
+    ("absl", "You are outputting instance dicts from `TransformDataset`"),
+    # TFX's publisher warns whenever an executor returns its one output artifact at a URI of its
+    # own choosing (TFX's own TODO b/175426744 says its data binder does the same); the artifact
+    # is published as returned, so the warning reports no problem.
+    ("absl", "When there is one artifact to publish, the URI of it should be identical"),
 )
 
 

@@ -1,4 +1,4 @@
-"""TFX components of sage-tfx, one package each (component.py: spec and class; executor.py: the work).
+"""TFX components of sage-tfx, one package each (component.py: spec and class; executor.py: work).
 
     from sage_tfx.components import (BlockExampleGen, BlockLedger, DPTransform,
                                      ObliviousSampleGen, DPTrainer, SLAedValidator, PrivacyGrant)
@@ -6,7 +6,7 @@
 | name | lives in |
 | --- | --- |
 | BlockExampleGen | sage_tfx.components.block_example_gen |
-| BlockLedger (the grant component; the ledger itself is sage_tfx.sage_access.BlockLedger) | sage_tfx.components.block_ledger |
+| BlockLedger (the grant component) | sage_tfx.components.block_ledger |
 | DPTransform | sage_tfx.components.dp_transform |
 | ObliviousSampleGen | sage_tfx.components.oblivious_sample_gen |
 | DPTrainer | sage_tfx.components.dp_trainer |
@@ -14,7 +14,7 @@
 | PrivacyGrant (artifact type) | sage_tfx.components.privacy_grant |
 
 Imported lazily (PEP 562): `import sage_tfx.components` does not import TFX or TensorFlow; the
-first use of a name imports its module.
+first use of a name imports its module. The ledger itself is sage_tfx.sage_access.BlockLedger.
 """
 import importlib
 

@@ -1,4 +1,4 @@
-"""A sage-tfx pipeline written as a plain `tfx.orchestration.pipeline.Pipeline`, every channel named.
+"""A sage-tfx pipeline as a plain `tfx.orchestration.pipeline.Pipeline`, every channel named.
 
     BlockExampleGen -> BlockLedger -> ObliviousSampleGen -> DPTrainer -> SLAedValidator -> Pusher
 

@@ -79,7 +79,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     add.add_argument("--end", help="ISO date or time where the block's key range ends")
 
     register = command("register", _register,
-                       "mark a pipeline as waiting: blocks added from now on reserve a share for it")
+                       "mark a pipeline as waiting: new blocks reserve a share for it")
     register.add_argument("pipeline", help="the pipeline's name")
     finish = command("finish", _finish,
                      "the pipeline was accepted or abandoned: its unused reservations return")
@@ -101,7 +101,8 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     request.add_argument("--delta", type=float,
                          help="delta of the grant (required with --epsilon; on a basic ledger "
                               "the Gaussian's curve is converted at this delta)")
-    request.add_argument("--pipeline", help="the pipeline spending (draws on its reservation first)")
+    request.add_argument("--pipeline",
+                         help="the pipeline spending (draws on its reservation first)")
     request.error = lambda message: _request_usage_error(request, message)
 
     show = command("show", _show, "every block's spent, reserved and free budget")

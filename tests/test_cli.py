@@ -158,7 +158,8 @@ def test_show_separates_spent_reserved_and_free(store_path):
     code, out, _ = ledger(store_path, "show")
     line = next(l for l in out.splitlines() if l.startswith("b1"))
     assert "0.3000" in line and "0.7000" in line and "p1 0.2, p2 0.5" in line
-    assert ledger(store_path, "request", "--blocks", "b1", "--epsilon", "0.6", "--delta", "0")[0] == 3
+    assert ledger(store_path, "request", "--blocks", "b1", "--epsilon", "0.6",
+                  "--delta", "0")[0] == 3
     # p2 may draw its own 0.5; finishing p1 returns its 0.2 to p2.
     assert ledger(store_path, "finish", "p1")[0] == 0
     code, out, _ = ledger(store_path, "show", "--json")
