@@ -28,7 +28,8 @@ def test_first_pipeline_runs_and_a_rerun_explains_immutable_blocks(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
 
     shown = [line for line in first.stderr.splitlines() if line.startswith("sage-tfx: ")]
-    assert shown[0].startswith("sage-tfx: BlockLedger: grant ") and "(1.0, 1e-07)" in shown[0]
+    assert shown[0].startswith("sage-tfx: BlockLedger: grant ")
+    assert "(1.0, 1e-07) on 2024-03, 2024-02" in shown[0]
     assert "sage-tfx: DPTrainer epoch 1/2: epsilon spent" in shown[2]
     assert shown[3].endswith("epsilon spent 0.8 of 0.8")  # the training share of 1.0
     validator = shown[4]
