@@ -11,5 +11,9 @@ import os
 # covers every process that imports sage_tfx before TensorFlow; other entry points (a TFX
 # container) set it in their environment. dp_trainer checks it and names the fix if not.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# TensorFlow's C++ INFO and WARNING lines (CPU features, CUDA init) say nothing to a user of this
+# project; errors still show. Set it to 0 to see them. (TF 2.21 prints three lines while loading,
+# before absl's C++ logging starts; no setting reaches those.)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 __version__ = "0.1.0"

@@ -5,47 +5,99 @@ Groups import their implementation lazily, so `sage-tfx ledger ...` never import
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+DESCRIPTION = """\
+sage-tfx: differentially private ML pipelines with a per-block privacy budget.
+
+  sage-tfx ledger ...    keep the privacy-budget ledger: create it (init), add data blocks,
+                         grant budget, and see what was spent, reserved and is still free
+  sage-tfx compile ...   compile a pipeline into a Kubeflow Pipelines job
+  sage-tfx audit ...     measure, by running them, lower bounds on the mechanisms' epsilon
+
+Start with `sage-tfx ledger --store ledger.sqlite init`, then `sage-tfx ledger --help`.
+Set SAGE_TFX_DEBUG=1 to see a Python traceback when a command fails unexpectedly."""
+EXIT_INTERNAL_ERROR = 1
 
 
 def main(argv: list[str] | None = None) -> int:
     from sage_tfx.audit import cli as audit_cli
+    from sage_tfx import __version__
     from sage_tfx.sage_access import cli as ledger_cli
 
-    parser = argparse.ArgumentParser(prog="sage-tfx", description=__doc__.splitlines()[0])
-    groups = parser.add_subparsers(dest="group", required=True)
+    parser = argparse.ArgumentParser(prog="sage-tfx", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"sage-tfx {__version__}")
+    groups = parser.add_subparsers(dest="group", required=True, metavar="{ledger,compile,audit}")
     ledger_cli.add_parser(groups)
     _add_compile_parser(groups)
     audit_cli.add_parser(groups)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except BrokenPipeError:
+        # The reader went away (`sage-tfx ledger show | head`): stop quietly. Point stdout at
+        # devnull so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("sage-tfx: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # the last resort: one line, not a traceback
+        if os.environ.get("SAGE_TFX_DEBUG"):
+            raise
+        print(f"sage-tfx {args.group}: unexpected error: {type(error).__name__}: {error} "
+              "(set SAGE_TFX_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
 
 
 def _add_compile_parser(groups) -> None:
     """`sage-tfx compile`: its arguments here, TFX imported only when it runs."""
-    parser = groups.add_parser("compile", help="compile the taxi pipeline for an orchestrator")
+    parser = groups.add_parser(
+        "compile", help="compile a pipeline (taxi, or your own module) for Kubeflow",
+        description="Compile one pipeline run into a Kubeflow Pipelines V2 PipelineJob JSON. "
+                    "Without --pipeline-module it compiles the taxi example.")
     parser.add_argument("--kubeflow", action="store_true", required=True,
                         help="Kubeflow Pipelines V2 (the only target for now)")
-    parser.add_argument("--out", required=True, help="the PipelineJob JSON to write")
-    parser.add_argument("--image", default="sage-tfx:0.1.0")
-    parser.add_argument("--pipeline-root", default="gs://YOUR-BUCKET/sage-taxi")
-    parser.add_argument("--data-root", default="gs://YOUR-BUCKET/taxi/new-months",
-                        help="where the new months' CSV files arrive")
-    parser.add_argument("--mode", choices=("adassp", "dp_sgd"), default="adassp")
-    parser.add_argument("--window", type=int,
-                        help="blocks the iteration trains on (default: the mode's first window, "
-                             "MIN_WINDOW in examples/taxi/pipeline.py)")
-    parser.add_argument("--epsilon", type=float,
-                        help="the iteration's epsilon (default: the mode's INITIAL_EPSILON)")
-    parser.add_argument("--module-file", default=None,
-                        help="the taxi module's path inside the image (default: where the "
-                             "installed package has it)")
+    parser.add_argument("--out", required=True,
+                        help="the PipelineJob JSON to write; its directory must exist")
+    parser.add_argument("--image", required=True,
+                        help="the container image every step runs in (see the Dockerfile)")
+    parser.add_argument("--pipeline-root", required=True,
+                        help="where runs write their artifacts, e.g. gs://BUCKET/sage")
+    parser.add_argument("--pipeline-module",
+                        help="your pipeline: PATH.py[:FUNCTION]; FUNCTION (default "
+                             "create_pipeline) is called with pipeline_root=... and must return "
+                             "a tfx Pipeline")
+    taxi = parser.add_argument_group("the taxi example (without --pipeline-module)")
+    taxi.add_argument("--data-root", help="where the new months' CSV files arrive (required for "
+                                          "taxi), e.g. gs://BUCKET/taxi/new-months")
+    taxi.add_argument("--mode", choices=("adassp", "dp_sgd"), default="adassp",
+                      help="the trainer (default: adassp)")
+    taxi.add_argument("--window", type=int,
+                      help="blocks the iteration trains on (default: the mode's first window, "
+                           "MIN_WINDOW in examples/taxi/pipeline.py)")
+    taxi.add_argument("--epsilon", type=float,
+                      help="the iteration's epsilon (default: the mode's INITIAL_EPSILON)")
+    taxi.add_argument("--module-file", default=None,
+                      help="the taxi module's path inside the image (default: where the "
+                           "installed package has it)")
     parser.set_defaults(run=_compile)
 
 
 def _compile(args) -> int:
+    parent = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(parent):
+        print(f"sage-tfx compile: directory {parent} does not exist; create it first "
+              "(nothing written)", file=sys.stderr)
+        return 2
+    if args.pipeline_module is None and args.data_root is None:
+        print("sage-tfx compile: the taxi example needs --data-root (where new CSV files "
+              "arrive); or pass --pipeline-module for your own pipeline", file=sys.stderr)
+        return 2
     from sage_tfx.pipelines import kubeflow
-    return kubeflow.compile_taxi_command(args)
+    return kubeflow.compile_command(args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The taxi pipeline as a Kubeflow Pipelines V2 PipelineJob (TFX's KubeflowV2DagRunner).
 
-    sage-tfx compile --kubeflow --out taxi.json [--image IMAGE] [--pipeline-root gs://...]
+    sage-tfx compile --kubeflow --out taxi.json --image IMAGE --pipeline-root gs://... \
+        (--data-root gs://... | --pipeline-module my_pipeline.py[:create_pipeline])
 
 One privacy-adaptive iteration per run, with ingestion first: BlockExampleGen -> BlockLedger ->
 DPTransform -> [ObliviousSampleGen] -> DPTrainer -> SLAedValidator -> Pusher. On Kubeflow the
@@ -56,8 +57,24 @@ def compile_kubeflow(tfx_pipeline, out: str, image: str) -> dict:
         return json.load(handle)
 
 
-def compile_taxi_command(args) -> int:
-    """`sage-tfx compile --kubeflow` (arguments in sage_tfx/cli.py)."""
+def load_pipeline_function(spec: str):
+    """`PATH.py[:FUNCTION]` -> the function (default `create_pipeline`); ValueError naming what
+    is missing."""
+    import importlib.util
+
+    path, _, function = spec.partition(":")
+    function = function or "create_pipeline"
+    if not path.endswith(".py") or not os.path.isfile(path):
+        raise ValueError(f"--pipeline-module {spec!r}: no Python file {path!r}")
+    loaded = importlib.util.spec_from_file_location("sage_tfx_user_pipeline", path)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    if not callable(getattr(module, function, None)):
+        raise ValueError(f"--pipeline-module {spec!r}: {path} defines no function {function}")
+    return getattr(module, function)
+
+
+def _taxi_from_args(args):
     import dataclasses
 
     from sage_tfx.examples.taxi.pipeline import (INITIAL_EPSILON, MIN_WINDOW, adassp_spec,
@@ -67,14 +84,32 @@ def compile_taxi_command(args) -> int:
         spec = dataclasses.replace(spec, module_file=args.module_file)
     window = MIN_WINDOW[args.mode] if args.window is None else args.window
     epsilon = INITIAL_EPSILON[args.mode] if args.epsilon is None else args.epsilon
+    summary = (f"; a grant of epsilon {epsilon:g} on {window} block(s); ledger at "
+               f"{KUBEFLOW_LEDGER_STORE}")
+    return taxi_pipeline(spec, args.pipeline_root, args.data_root, window, epsilon), summary
+
+
+def compile_command(args) -> int:
+    """`sage-tfx compile --kubeflow` (arguments in sage_tfx/cli.py): the taxi example, or the
+    pipeline a user's module returns."""
+    from tfx.orchestration import pipeline as tfx_pipeline_module
+
     try:
-        tfx_pipeline = taxi_pipeline(spec, args.pipeline_root, args.data_root, window, epsilon)
+        if args.pipeline_module:
+            tfx_pipeline = load_pipeline_function(args.pipeline_module)(
+                pipeline_root=args.pipeline_root)
+            if not isinstance(tfx_pipeline, tfx_pipeline_module.Pipeline):
+                raise ValueError(f"--pipeline-module {args.pipeline_module!r} returned "
+                                 f"{type(tfx_pipeline).__name__}, not a tfx Pipeline")
+            summary = ""
+        else:
+            tfx_pipeline, summary = _taxi_from_args(args)
     except ValueError as error:
         print(f"sage-tfx compile: {error}; nothing written", file=sys.stderr)
         return 2
     job = compile_kubeflow(tfx_pipeline, args.out, args.image)
     tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
     print(f"wrote {args.out}: Kubeflow V2 PipelineJob {job['displayName']!r} with "
-          f"{len(tasks)} tasks ({', '.join(sorted(tasks))}); a grant of epsilon {epsilon:g} "
-          f"on {window} block(s); ledger at {KUBEFLOW_LEDGER_STORE}")
+          f"{len(tasks)} tasks ({', '.join(sorted(tasks))}), image {args.image}, pipeline root "
+          f"{args.pipeline_root}{summary}")
     return 0

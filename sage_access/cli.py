@@ -1,22 +1,31 @@
 """`sage-tfx ledger ...`: the BlockLedger from the command line.
 
-    sage-tfx ledger --store PATH init [--context NAME] [--accounting basic|rdp] [--min-request EPS]
-    sage-tfx ledger --store PATH add-block BLOCK_ID --epsilon E --delta D [--start ISO] [--end ISO]
-    sage-tfx ledger --store PATH request (--blocks ID[,ID...] | --window W) --epsilon E --delta D
-                                         [--pipeline NAME]
-    sage-tfx ledger --store PATH show [--json]
-    sage-tfx ledger --store PATH plot --out FILE.png
+    sage-tfx ledger [--store STORE] COMMAND [--store STORE] [--context NAME] ...
 
-Every subcommand takes `--context NAME` (default "default"). `--store` is an SQLite MLMD file or
-`grpc://HOST:PORT` for an MLMD server (e.g. Kubeflow's metadata-grpc-service:8080).
+    init        create a ledger context (the only command that creates a store)
+    add-block   register a new block with its budget ceiling
+    register    mark a pipeline as waiting: new blocks reserve a share for it
+    finish      the pipeline is done: its unused reservations return
+    request     grant budget on blocks, all or nothing (prints one JSON object, always)
+    show        every block's spent, reserved (per pipeline) and free budget
+    plot        the same as a PNG/SVG/PDF bar chart
+    contexts    the ledger contexts in the store
+    grants      every grant: time, pipeline, blocks, epsilon, delta, split, run
+    audit       re-derive every balance from the history and report inconsistencies
 
-Exit codes: 0 success; 2 bad input (nothing charged); 3 request denied for lack of budget
-(nothing charged); 4 ledger busy (too many concurrent writers; nothing charged).
-`request` always prints one JSON object on stdout, also when it fails.
+STORE is an SQLite file or grpc://HOST:PORT of an ML Metadata server (Kubeflow:
+grpc://metadata-grpc-service:8080); it defaults to $SAGE_TFX_LEDGER_STORE. Only `init` creates a
+store; every other command refuses a file that is not a sage-tfx ledger and leaves it unchanged,
+and `show`, `plot`, `contexts`, `grants` and `audit` open the store read-only.
+
+Exit codes: 0 success; 2 bad input or a store that is not a ledger (nothing written); 3 request
+denied for lack of budget (nothing charged); 4 ledger busy (too many concurrent writers; nothing
+charged); 5 store unreachable (gRPC server down or unknown); 6 audit found inconsistencies.
 """
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import math
 import os
@@ -25,53 +34,101 @@ import sys
 EXIT_BAD_INPUT = 2
 EXIT_DENIED = 3
 EXIT_BUSY = 4
+EXIT_UNREACHABLE = 5
+EXIT_AUDIT_FAILED = 6
+STORE_ENVIRONMENT_VARIABLE = "SAGE_TFX_LEDGER_STORE"
+# Above this many blocks the plot draws one bar per group of consecutive blocks (their mean).
+MAX_PLOT_BARS = 60
+# Okabe & Ito's colour-blind-safe palette: spent, reserved, free.
+PLOT_COLOURS = {"spent": "#D55E00", "reserved": "#E69F00", "free": "#0072B2"}
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def add_parser(groups: argparse._SubParsersAction) -> None:
-    parser = groups.add_parser("ledger", help="the Sage BlockLedger (per-block privacy budgets)",
-                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", required=True,
-                        help="SQLite MLMD file, or grpc://HOST:PORT of an MLMD server")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = groups.add_parser("ledger", help="the privacy-budget ledger: blocks, grants, budgets",
+                               description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    store_help = (f"SQLite ledger file or grpc://HOST:PORT (default: ${STORE_ENVIRONMENT_VARIABLE}"
+                  "); also accepted after the command")
+    parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
+                        help=store_help)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text)
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        # SUPPRESS: given here it overrides the group's --store; absent, the group's value stays.
+        sub.add_argument("--store", default=argparse.SUPPRESS, help=store_help)
         sub.add_argument("--context", default="default",
-                         help="ledger context (independent budgets; Sage §3.2)")
+                         help="ledger context: an independent set of budgets (default: default)")
         sub.set_defaults(run=lambda args: _run(handler, args))
         return sub
 
-    init = command("init", _init, "create a ledger context")
-    init.add_argument("--accounting", choices=["basic", "rdp"], default="basic")
+    init = command("init", _init, "create a ledger context (creates the store if needed)")
+    init.add_argument("--accounting", choices=["basic", "rdp"], default="basic",
+                      help="basic: epsilons and deltas add up per block; rdp: a Renyi-DP filter "
+                           "per block (default: basic)")
     init.add_argument("--min-request", type=float, default=0.01, dest="min_request",
-                      help="the stream's minimum request epsilon: blocks that cannot pay it retire")
+                      help="the stream's minimum request epsilon: blocks that cannot pay it "
+                           "retire (default: 0.01)")
 
     add = command("add-block", _add_block, "register a new block with its budget ceiling")
-    add.add_argument("block_id")
-    add.add_argument("--epsilon", type=float, required=True)
-    add.add_argument("--delta", type=float, required=True)
-    add.add_argument("--start", help="ISO start of the block's key range (time window)")
-    add.add_argument("--end", help="ISO end of the block's key range")
+    add.add_argument("block_id", help="the block's id, e.g. 2024-01")
+    add.add_argument("--epsilon", type=float, required=True, help="the block's epsilon ceiling")
+    add.add_argument("--delta", type=float, required=True, help="the block's delta ceiling")
+    add.add_argument("--start", help="ISO date or time where the block's key range starts")
+    add.add_argument("--end", help="ISO date or time where the block's key range ends")
 
-    request = command("request", _request, "grant budget on blocks (all or nothing)")
+    register = command("register", _register,
+                       "mark a pipeline as waiting: new blocks reserve a share for it")
+    register.add_argument("pipeline", help="the pipeline's name")
+    finish = command("finish", _finish,
+                     "the pipeline was accepted or abandoned: its unused reservations return")
+    finish.add_argument("pipeline", help="the pipeline's name")
+
+    request = command("request", _request, "grant budget on blocks, all or nothing (JSON out)")
     selector = request.add_mutually_exclusive_group(required=True)
     selector.add_argument("--blocks", help="comma-separated block ids")
     selector.add_argument("--window", type=int, help="the most recent W blocks that can still pay")
-    request.add_argument("--epsilon", type=float, required=True)
-    request.add_argument("--delta", type=float, required=True)
-    request.add_argument("--pipeline", help="the pipeline spending (draws on its reservation)")
+    budget = request.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--epsilon", type=float,
+                        help="epsilon of the grant (on an rdp ledger only with --delta 0: pure DP)")
+    budget.add_argument("--gaussian-noise-multiplier", type=float, dest="noise_multiplier",
+                        help="charge the RDP curve of a Gaussian mechanism with this noise "
+                             "multiplier (noise stddev / L2 sensitivity), from dp-accounting")
+    request.add_argument("--compositions", type=int, default=1,
+                         help="with --gaussian-noise-multiplier: how many times it runs "
+                              "(default: 1)")
+    request.add_argument("--delta", type=float,
+                         help="delta of the grant (required with --epsilon; on a basic ledger "
+                              "the Gaussian's curve is converted at this delta)")
+    request.add_argument("--pipeline",
+                         help="the pipeline spending (draws on its reservation first)")
+    request.error = lambda message: _request_usage_error(request, message)
 
-    show = command("show", _show, "print every block's ceiling, spending and state")
-    show.add_argument("--json", action="store_true")
+    show = command("show", _show, "every block's spent, reserved and free budget")
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    plot = command("plot", _plot, "PNG bar chart of spent and remaining budget per block")
-    plot.add_argument("--out", required=True)
+    plot = command("plot", _plot, "bar chart of spent, reserved and free budget per block")
+    plot.add_argument("--out", required=True,
+                      help=f"the image to write ({', '.join(PLOT_SUFFIXES)}); its directory "
+                           "must exist")
+
+    command("contexts", _contexts, "list the ledger contexts in the store")
+    grants = command("grants", _grants, "list every grant: time, pipeline, blocks, budget, run")
+    grants.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    command("audit", _audit, "re-derive every balance from the history; exit 6 on a mismatch")
 
 
 def _run(handler, args) -> int:
+    from ml_metadata import errors as mlmd_errors
+
     from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
+    from sage_tfx.sage_access.store import StoreUnreachable
 
     try:
+        if not args.store:
+            raise BadRequest(f"no store: pass --store FILE|grpc://HOST:PORT or set "
+                             f"{STORE_ENVIRONMENT_VARIABLE}")
         return handler(args)
     except BadRequest as error:
         return _fail(args, EXIT_BAD_INPUT, str(error))
@@ -79,6 +136,16 @@ def _run(handler, args) -> int:
         return _fail(args, EXIT_DENIED, str(error), error.remaining)
     except LedgerBusy as error:
         return _fail(args, EXIT_BUSY, str(error))
+    except (StoreUnreachable, mlmd_errors.UnavailableError,
+            mlmd_errors.DeadlineExceededError) as error:
+        return _fail(args, EXIT_UNREACHABLE, f"store {args.store} is unreachable: "
+                                             f"{str(error).splitlines()[0]}")
+    except mlmd_errors.NotFoundError:
+        return _fail(args, EXIT_BAD_INPUT, f"store {args.store} has no sage-tfx ledger; create "
+                                           f"one with `sage-tfx ledger --store {args.store} init`")
+    except mlmd_errors.StatusError as error:
+        return _fail(args, EXIT_BAD_INPUT, f"store {args.store} cannot be used: "
+                                           f"{str(error).splitlines()[0]}")
 
 
 def _fail(args, code: int, message: str, remaining: dict | None = None) -> int:
@@ -91,7 +158,16 @@ def _fail(args, code: int, message: str, remaining: dict | None = None) -> int:
     return code
 
 
-def _json_number(value: float):
+def _request_usage_error(parser: argparse.ArgumentParser, message: str):
+    """`request` prints its JSON object even when its arguments do not parse."""
+    parser.print_usage(sys.stderr)
+    print(f"sage-tfx ledger request: {message}", file=sys.stderr)
+    print(json.dumps({"granted": False, "grant_id": None, "blocks": [], "epsilon": None,
+                      "delta": None, "error": message, "remaining": {}}))
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _json_number(value: float | None):
     # NaN and infinities are not JSON; echo them as strings so strict parsers still read the line.
     return value if value is None or math.isfinite(value) else str(value)
 
@@ -100,27 +176,53 @@ def _requested_blocks(args) -> list[str]:
     return [b for b in args.blocks.split(",") if b] if args.blocks else []
 
 
-def _open(args, create: bool = False):
-    from sage_tfx.sage_access.errors import BadRequest
+def _open(args, read_only: bool = False):
+    """The ledger context; the store must already hold it (only init creates). A writing
+    command first opens it read-only, so a store without the context is never written to (an
+    MLMD server included, where a read-write open would register sage-tfx's types)."""
     from sage_tfx.sage_access.ledger import BlockLedger
 
-    is_file = not args.store.startswith("grpc://") and args.store != ":memory:"
-    if is_file and not create and not os.path.exists(args.store):
-        raise BadRequest(f"no ledger store at {args.store}; run `sage-tfx ledger --store "
-                         f"{args.store} init` first")
-    return BlockLedger(args.store, args.context)
+    checked = BlockLedger(args.store, args.context, read_only=True)
+    return checked if read_only else BlockLedger(args.store, args.context)
 
 
 def _init(args) -> int:
+    from sage_tfx.sage_access.errors import BadRequest
     from sage_tfx.sage_access.ledger import BlockLedger
+    from sage_tfx.sage_access.store import inspect_sqlite, parse
 
+    if not (math.isfinite(args.min_request) and args.min_request > 0):
+        raise BadRequest(f"--min-request must be a positive number, got {args.min_request!r}")
+    if isinstance(parse(args.store), str) and args.store != ":memory:":
+        parent = os.path.dirname(os.path.abspath(args.store))
+        if not os.path.isdir(parent):
+            raise BadRequest(f"directory {parent} does not exist; create it first")
+        inspect_sqlite(args.store)  # refuses anything but an absent file or an MLMD store
     ledger = BlockLedger.create(args.store, args.context, args.accounting, args.min_request)
     print(f"created ledger context {ledger.context!r} ({ledger.accounting.name} accounting, "
           f"minimum request epsilon {ledger.min_request_epsilon}) in {args.store}")
     return 0
 
 
+def _iso(value: str | None, option: str) -> dt.datetime | None:
+    from sage_tfx.sage_access.errors import BadRequest
+
+    if value is None:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise BadRequest(f"{option} must be an ISO date or time such as 2024-01-01 or "
+                         f"2024-01-01T00:00:00+00:00, got {value!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+
+
 def _add_block(args) -> int:
+    from sage_tfx.sage_access.errors import BadRequest
+
+    start, end = _iso(args.start, "--start"), _iso(args.end, "--end")
+    if start and end and start >= end:
+        raise BadRequest(f"--start {args.start} must be before --end {args.end}")
     ledger = _open(args)
     block = ledger.add_block(args.block_id, args.epsilon, args.delta, args.start, args.end)
     reserved = ", ".join(sorted(block.reservations)) or "nobody (all free)"
@@ -129,16 +231,85 @@ def _add_block(args) -> int:
     return 0
 
 
+def _register(args) -> int:
+    _open(args).register_pipeline(args.pipeline)
+    print(f"pipeline {args.pipeline!r} is waiting: blocks added from now on reserve a share for it")
+    return 0
+
+
+def _finish(args) -> int:
+    _open(args).finish_pipeline(args.pipeline)
+    print(f"pipeline {args.pipeline!r} finished: its unused reservations returned")
+    return 0
+
+
+def gaussian_rdp_curve(noise_multiplier: float, compositions: int, orders) -> list[float]:
+    """The RDP curve of `compositions` runs of a Gaussian mechanism (dp-accounting's RDP
+    accountant, add-or-remove-one relation: sensitivity 1, noise stddev `noise_multiplier`)."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
+    accountant.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(noise_multiplier), compositions))
+    return [float(v) for v in accountant.rdp]
+
+
 def _request(args) -> int:
+    from sage_tfx.sage_access.errors import BadRequest
     from sage_tfx.sage_access.ledger import BlockIds, RecentWindow
 
+    if args.noise_multiplier is None:
+        if args.delta is None:
+            raise BadRequest("--epsilon needs --delta (0 for pure DP)")
+    elif not (math.isfinite(args.noise_multiplier) and args.noise_multiplier > 0):
+        raise BadRequest(f"--gaussian-noise-multiplier must be a positive number, "
+                         f"got {args.noise_multiplier!r}")
+    elif args.compositions < 1:
+        raise BadRequest(f"--compositions must be at least 1, got {args.compositions}")
     ledger = _open(args)
     selector = BlockIds(_requested_blocks(args)) if args.blocks is not None \
         else RecentWindow(args.window)
-    grant = ledger.request(selector, epsilon=args.epsilon, delta=args.delta,
-                           pipeline=args.pipeline)
+    if args.noise_multiplier is None:
+        grant = ledger.request(selector, epsilon=args.epsilon, delta=args.delta,
+                               pipeline=args.pipeline)
+    else:
+        curve = gaussian_rdp_curve(args.noise_multiplier, args.compositions, ledger.orders)
+        grant = ledger.request(selector, rdp_curve=curve, delta=args.delta,
+                               pipeline=args.pipeline)
     print(json.dumps(grant.to_json()))
     return 0
+
+
+def _budget_view(ledger, block) -> dict:
+    """Spent, reserved (per pipeline) and free budget of a block, in the unit the ledger grants.
+
+    basic: epsilon (a request fits when its epsilon is within its pipeline's reservation plus
+    the free budget, and likewise for delta). rdp: the share of the filter's capacity at the
+    order with the most room (the filter admits a curve while some order still fits), because
+    an RDP filter's spent curve has no single epsilon that bounds it. A retired block has
+    nothing free."""
+    import numpy as np
+
+    from sage_tfx.sage_access import allocation
+
+    reservations = {name: np.maximum(v, 0.0) for name, v in block.reservations.items()}
+    # A retired block grants nothing again: its leftover (below the minimum request) is not free.
+    free = np.maximum(allocation.free_budget(block), 0.0) * (not block.retired)
+    if ledger.accounting.name == "basic":
+        return {"unit": "epsilon", "total": block.epsilon_ceiling, "spent": float(block.spent[0]),
+                "reserved": {k: float(v[0]) for k, v in sorted(reservations.items())},
+                "free": float(free[0]), "delta_free": float(free[1])}
+    capacity = block.capacity
+    usable = capacity > 0
+    room = np.where(usable, free / np.where(usable, capacity, 1.0), -1.0)
+    best = int(np.argmax(room))
+    share = (lambda v: float(min(1.0, v[best] / capacity[best]))) if usable[best] else \
+        (lambda v: 1.0)
+    return {"unit": f"share of RDP capacity at order {ledger.orders[best]:g}", "total": 1.0,
+            "order": ledger.orders[best], "spent": share(block.spent),
+            "reserved": {k: share(v) for k, v in sorted(reservations.items())},
+            "free": max(0.0, float(room[best]))}
 
 
 def ledger_table(ledger) -> dict:
@@ -152,58 +323,169 @@ def ledger_table(ledger) -> dict:
             "delta_ceiling": block.delta_ceiling, "epsilon_spent": epsilon_spent,
             "delta_spent": delta_spent, "retired": block.retired, "charges": block.charges,
             "start": block.start, "end": block.end,
-            "reserved_for": sorted(block.reservations)})
-    return {"context": ledger.context, "accounting": ledger.accounting.name,
-            "min_request_epsilon": ledger.min_request_epsilon,
-            "waiting_pipelines": ledger.waiting_pipelines(), "blocks": blocks}
+            "reserved_for": sorted(block.reservations), "budget": _budget_view(ledger, block)})
+    table = {"context": ledger.context, "accounting": ledger.accounting.name,
+             "min_request_epsilon": ledger.min_request_epsilon,
+             "waiting_pipelines": ledger.waiting_pipelines(), "blocks": blocks}
+    if ledger.accounting.name == "rdp":
+        table["guarantee"] = (
+            "each block's Renyi filter enforces its (epsilon, delta) ceiling; epsilon_spent is an "
+            "odometer (the spent curve converted at the best order at the ceiling's delta), not "
+            "a bound on its own: only the ceiling is a guarantee under adaptive requests")
+    return table
 
 
 def format_table(table: dict) -> str:
     """`show`'s text view of a `ledger_table`."""
+    rdp = table["accounting"] == "rdp"
     lines = [f"ledger {table['context']!r}: {table['accounting']} accounting, minimum request "
              f"epsilon {table['min_request_epsilon']}, waiting pipelines: "
              f"{', '.join(table['waiting_pipelines']) or 'none'}"]
-    header = f"{'block':<20} {'eps spent':>10} {'eps ceiling':>11} {'delta spent':>11} " \
-             f"{'delta ceil':>10} {'charges':>7}  state"
+    if rdp:
+        lines.append("guarantee: each block's ceiling (Renyi filter); 'odometer' is the spent "
+                     "curve's best conversion, not a bound. spent/reserved/free: % of capacity "
+                     "at the order with most room")
+        header = f"{'block':<20} {'spent %':>8} {'reserved %':>10} {'free %':>7} " \
+                 f"{'odometer eps':>12} {'eps ceiling':>11} {'delta ceil':>10} {'charges':>7}  " \
+                 "state  reserved for"
+    else:
+        header = f"{'block':<20} {'eps spent':>9} {'reserved':>9} {'free':>9} " \
+                 f"{'eps ceiling':>11} {'delta spent':>11} {'delta ceil':>10} {'charges':>7}  " \
+                 "state  reserved for"
     lines += [header, "-" * len(header)]
     for row in table["blocks"]:
-        lines.append(f"{row['id']:<20} {row['epsilon_spent']:>10.4f} {row['epsilon_ceiling']:>11.4f} "
-                     f"{row['delta_spent']:>11.3g} {row['delta_ceiling']:>10.3g} "
-                     f"{row['charges']:>7}  {'retired' if row['retired'] else 'live'}")
+        budget = row["budget"]
+        state = "retired" if row["retired"] else "live   "
+        owners = ", ".join(f"{name} {value * (100 if rdp else 1):.4g}"
+                           for name, value in budget["reserved"].items() if value > 0) or "-"
+        reserved = sum(budget["reserved"].values())
+        if rdp:
+            lines.append(f"{row['id']:<20} {100 * budget['spent']:>8.1f} {100 * reserved:>10.1f} "
+                         f"{100 * budget['free']:>7.1f} {row['epsilon_spent']:>12.4f} "
+                         f"{row['epsilon_ceiling']:>11.4f} {row['delta_ceiling']:>10.3g} "
+                         f"{row['charges']:>7}  {state}  {owners}")
+        else:
+            lines.append(f"{row['id']:<20} {budget['spent']:>9.4f} {reserved:>9.4f} "
+                         f"{budget['free']:>9.4f} {row['epsilon_ceiling']:>11.4f} "
+                         f"{row['delta_spent']:>11.3g} {row['delta_ceiling']:>10.3g} "
+                         f"{row['charges']:>7}  {state}  {owners}")
     return "\n".join(lines)
 
 
 def _show(args) -> int:
-    table = ledger_table(_open(args))
+    table = ledger_table(_open(args, read_only=True))
     print(json.dumps(table, indent=2) if args.json else format_table(table))
     return 0
 
 
+def _check_output_path(path: str, suffixes: tuple[str, ...]) -> None:
+    """An output file goes into an existing directory and has a suffix we can write."""
+    from sage_tfx.sage_access.errors import BadRequest
+
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise BadRequest(f"directory {parent} does not exist; create it first (nothing written)")
+    if os.path.isdir(path):
+        raise BadRequest(f"{path} is a directory; give a file name")
+    if not path.lower().endswith(suffixes):
+        raise BadRequest(f"{path}: the file name must end in one of {', '.join(suffixes)}")
+
+
+def plot_bars(rows: list[dict]) -> list[dict]:
+    """One bar per block, or per group of consecutive blocks (their mean) above MAX_PLOT_BARS."""
+    size = max(1, math.ceil(len(rows) / MAX_PLOT_BARS))
+    bars = []
+    for first in range(0, len(rows), size):
+        group = rows[first:first + size]
+        mean = lambda key: sum(key(r["budget"]) for r in group) / len(group)  # noqa: E731
+        bars.append({
+            "label": group[0]["id"] if len(group) == 1 else f"{group[0]['id']}..{group[-1]['id']}",
+            "spent": mean(lambda b: b["spent"]),
+            "reserved": mean(lambda b: sum(b["reserved"].values())),
+            "free": mean(lambda b: b["free"]), "retired": all(r["retired"] for r in group)})
+    return bars
+
+
 def _plot(args) -> int:
+    from sage_tfx.sage_access.errors import BadRequest
+
+    _check_output_path(args.out, PLOT_SUFFIXES)
+    table = ledger_table(_open(args, read_only=True))
+    rows = table["blocks"]
+    if not rows:
+        raise BadRequest("the ledger has no blocks to plot (nothing written)")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    table = ledger_table(_open(args))
-    rows = table["blocks"]
-    if not rows:
-        from sage_tfx.sage_access.errors import BadRequest
-        raise BadRequest("the ledger has no blocks to plot")
-    ids = [r["id"] for r in rows]
-    spent = [min(r["epsilon_spent"], r["epsilon_ceiling"]) for r in rows]
-    remaining = [r["epsilon_ceiling"] - s for r, s in zip(rows, spent)]
-    figure, axes = plt.subplots(figsize=(max(6, 0.5 * len(ids) + 2), 4))
-    axes.bar(ids, spent, label="epsilon spent", color="#c0504d")
-    axes.bar(ids, remaining, bottom=spent, label="epsilon remaining", color="#9bbb59")
-    for index, row in enumerate(rows):
-        if row["retired"]:
-            axes.text(index, row["epsilon_ceiling"], "retired", ha="center", va="bottom", fontsize=7)
-    axes.set_ylabel("epsilon")
-    axes.set_title(f"Sage ledger {table['context']!r} ({table['accounting']} accounting)")
-    axes.legend()
-    plt.setp(axes.get_xticklabels(), rotation=45, ha="right")
-    figure.tight_layout()
+    bars = plot_bars(rows)
+    grouped = len(bars) < len(rows)
+    positions = range(len(bars))
+    figure, axes = plt.subplots(figsize=(min(16, max(7, 0.28 * len(bars) + 3)), 5))
+    bottom = [0.0] * len(bars)
+    for part, hatch in (("spent", ""), ("reserved", "//"), ("free", "")):
+        values = [bar[part] for bar in bars]
+        axes.bar(positions, values, bottom=bottom, color=PLOT_COLOURS[part], hatch=hatch,
+                 edgecolor="white", linewidth=0.4, label=part)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    crowded = len(bars) > 12
+    for index, bar in enumerate(bars):
+        text = f"{bar['spent']:.2g}" + (" R" if bar["retired"] else "")
+        axes.text(index, bottom[index], text, ha="center", va="bottom", fontsize=7,
+                  rotation=90 if crowded else 0)
+    unit = rows[0]["budget"]["unit"] if table["accounting"] == "basic" else "share of capacity"
+    axes.set_ylabel(unit + (" (mean per block)" if grouped else ""))
+    axes.set_ylim(0, max(bottom) * 1.25)
+    axes.set_xticks(list(positions), [bar["label"] for bar in bars], rotation=90 if crowded else 0,
+                  fontsize=7)
+    total_spent = sum(r["budget"]["spent"] for r in rows)
+    retired = sum(r["retired"] for r in rows)
+    axes.set_title(f"ledger {table['context']!r} ({table['accounting']}): {len(rows)} blocks"
+                   + (f" in groups of {math.ceil(len(rows) / MAX_PLOT_BARS)}" if grouped else "")
+                   + f", {retired} retired; number on bar = spent, R = retired", fontsize=9)
+    figure.legend(loc="upper right", ncol=3, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0, 1, 0.93))
     figure.savefig(args.out, dpi=100)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({len(rows)} blocks, {len(bars)} bars; "
+          f"total spent {total_spent:.4g} {unit})")
+    return 0
+
+
+def _contexts(args) -> int:
+    from sage_tfx.sage_access.ledger import ledger_contexts
+    from sage_tfx.sage_access.store import connect_read_only
+
+    for name in ledger_contexts(connect_read_only(args.store)):
+        print(name)
+    return 0
+
+
+def _grants(args) -> int:
+    records = _open(args, read_only=True).grant_records()
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    print(f"{'time (UTC)':<19} {'pipeline':<16} {'epsilon':>8} {'delta':>8}  blocks  split  run")
+    for record in records:
+        moment = dt.datetime.fromtimestamp(record["time_ms"] / 1000, tz=dt.timezone.utc)
+        epsilon = "rdp" if record["epsilon"] is None else f"{record['epsilon']:.4g}"
+        split = ",".join(f"{k}={v:g}" for k, v in (record["split"] or {}).items()) or "-"
+        print(f"{moment:%Y-%m-%d %H:%M:%S} {record['pipeline'] or '-':<16} {epsilon:>8} "
+              f"{record['delta'] if record['delta'] is not None else '-':>8}  "
+              f"{','.join(record['blocks'])}  {split}  {record['run_id'] or '-'}")
+    return 0
+
+
+def _audit(args) -> int:
+    ledger = _open(args, read_only=True)
+    problems = ledger.audit()
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"sage-tfx ledger audit: {len(problems)} inconsistencies in ledger "
+              f"{ledger.context!r}", file=sys.stderr)
+        return EXIT_AUDIT_FAILED
+    print(f"ledger {ledger.context!r}: {len(ledger.blocks())} blocks and "
+          f"{len(ledger.grant_records())} grants agree with the history")
     return 0

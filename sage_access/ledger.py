@@ -39,7 +39,7 @@ from sage_tfx.sage_access import allocation
 from sage_tfx.sage_access.accounting import BudgetRequest, accounting_for
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
-from sage_tfx.sage_access.store import StoreSpec, connect
+from sage_tfx.sage_access.store import StoreSpec, connect, connect_read_only
 
 LEDGER_CONTEXT_TYPE = "sage_tfx.Ledger"
 RUN_CONTEXT_TYPE = "sage_tfx.PipelineRun"
@@ -146,11 +146,14 @@ def _vector(values: np.ndarray) -> str:
 class BlockLedger:
     """Per-block privacy budgets of one ledger context, persisted in ML Metadata."""
 
-    def __init__(self, store: StoreSpec, context: str = "default"):
-        self._store = connect(store)
+    def __init__(self, store: StoreSpec, context: str = "default", read_only: bool = False):
+        """`read_only`: `store` is a string (path or grpc://), checked to be a sage-tfx ledger
+        store and opened without writing (see store.connect_read_only); the ledger's reading
+        methods work, its writing methods fail."""
+        self._store = connect_read_only(store) if read_only else connect(store)
         self.store_spec = store
         self.context = _check_name(context, "ledger context")
-        self._register_types()
+        self._register_types(lookup_only=read_only)
         self._context_node = self._store.get_context_by_type_and_name(LEDGER_CONTEXT_TYPE, context)
         if self._context_node is None:
             raise BadRequest(f"no ledger context {context!r} in this store; run `init` first")
@@ -189,8 +192,9 @@ class BlockLedger:
         ledger.store_spec = store
         return ledger
 
-    def _register_types(self) -> None:
-        _register_types(self._store)
+    def _register_types(self, lookup_only: bool = False) -> None:
+        if not lookup_only:
+            _register_types(self._store)
         self._types = {
             name: self._store.get_artifact_type(name).id
             for name in (STATE_TYPE, LEDGER_VERSION_TYPE, BLOCK_TYPE, BLOCK_VERSION_TYPE)}
@@ -542,6 +546,28 @@ class BlockLedger:
                      rdp_curve=tuple(json.loads(curve)) if curve else None,
                      pipeline=_get(execution, "pipeline"), execution_id=execution.id)
 
+    def grant_records(self) -> list[dict]:
+        """Every grant of this ledger, oldest first, as recorded: time (ms since the epoch),
+        grant id, pipeline, run id, blocks, epsilon, delta, and the split among DP steps and the
+        RDP curve when the grant recorded them. Reads the whole history (operators, the CLI)."""
+        executions = self._store.get_executions(list_options=metadata_store.ListOptions(
+            order_by=metadata_store.OrderByField.ID, is_asc=True,
+            filter_query=f"type = '{GRANT_TYPE}' AND "
+                         f"custom_properties.ledger.string_value = '{self.context}'"))
+        records = []
+        for execution in executions:
+            split, curve = _get(execution, "split"), _get(execution, "rdp_curve")
+            records.append({
+                "time_ms": execution.create_time_since_epoch,
+                "grant_id": _get(execution, "grant_id"), "pipeline": _get(execution, "pipeline"),
+                "run_id": _get(execution, "run_id"),
+                "blocks": json.loads(_get(execution, "blocks")),
+                "epsilon": _get_float(execution, "epsilon"),
+                "delta": _get_float(execution, "delta"),
+                "split": json.loads(split) if split else None,
+                "rdp_curve": json.loads(curve) if curve else None})
+        return records
+
     def audit(self) -> list[str]:
         """Re-derive every balance from the append-only history; return the inconsistencies found.
 
@@ -596,6 +622,12 @@ class BlockLedger:
         if tfx_run is not None:
             return [tfx_run]
         return [pb.Context(type_id=self._store.get_context_type(RUN_CONTEXT_TYPE).id, name=run_id)]
+
+
+def ledger_contexts(store: StoreSpec) -> list[str]:
+    """The names of the ledger contexts in `store` (read only)."""
+    mlmd = connect(store)
+    return [c.name for c in mlmd.get_contexts_by_type(LEDGER_CONTEXT_TYPE)]
 
 
 def _event(kind) -> pb.Event:

@@ -1,17 +1,36 @@
-"""The `sage-tfx ledger` contract other tools depend on: arguments, JSON, exit codes."""
+"""The `sage-tfx ledger` contract other tools and users depend on: arguments, JSON, exit codes,
+and that no command harms a file that is not a ledger. Every test runs the console script."""
+import argparse
 import json
+import os
+import re
+import sqlite3
+import struct
 import subprocess
 import sys
 
 import pytest
 
-from sage_tfx.cli import main
+from sage_tfx.sage_access import BlockLedger
+
+CLI = [sys.executable, "-m", "sage_tfx.cli"]
 
 
-def ledger(store, *args):
-    result = subprocess.run([sys.executable, "-m", "sage_tfx.cli", "ledger", "--store", store, *args],
-                            capture_output=True, text=True, timeout=120)
+def run(*args, env=None, **kwargs):
+    environment = {k: v for k, v in os.environ.items() if k != "SAGE_TFX_LEDGER_STORE"}
+    environment.update(env or {})
+    result = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120,
+                            env=environment, **kwargs)
     return result.returncode, result.stdout, result.stderr
+
+
+def ledger(store, *args, **kwargs):
+    return run("ledger", "--store", store, *args, **kwargs)
+
+
+def assert_one_line_error(err):
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 @pytest.fixture
@@ -41,41 +60,273 @@ def test_request_prints_json_and_exit_codes(populated):
     for bad in (["--blocks", "2024-01", "--epsilon", "nan", "--delta", "0"],
                 ["--blocks", "2024-01", "--epsilon", "-1", "--delta", "0"],
                 ["--blocks", "2024-01", "--epsilon", "0.1", "--delta", "1"],
+                ["--blocks", "2024-01", "--epsilon", "0.1"],
                 ["--blocks", "2099-01", "--epsilon", "0.1", "--delta", "0"],
-                ["--window", "0", "--epsilon", "0.1", "--delta", "0"]):
-        code, out, _ = ledger(populated, "request", *bad)
+                ["--window", "0", "--epsilon", "0.1", "--delta", "0"],
+                ["--window", "two", "--epsilon", "0.1", "--delta", "0"],
+                ["--epsilon", "0.1", "--delta", "0"]):
+        code, out, err = ledger(populated, "request", *bad)
         assert code == 2, bad
         assert json.loads(out)["granted"] is False
+        assert "Traceback" not in err
 
     code, out, _ = ledger(populated, "show", "--json")
     rows = {row["id"]: row for row in json.loads(out)["blocks"]}
     assert code == 0
     assert rows["2024-01"]["epsilon_spent"] == 0 and rows["2024-01"]["charges"] == 0
     assert rows["2024-02"]["epsilon_spent"] == 0.6 and rows["2024-02"]["delta_spent"] == 1e-7
-    assert set(rows["2024-03"]) >= {"id", "epsilon_ceiling", "delta_ceiling", "epsilon_spent",
-                                    "delta_spent", "retired", "charges"}
 
 
-def test_show_table_and_plot(populated, tmp_path):
-    code, out, _ = ledger(populated, "show")
-    assert code == 0 and "2024-03" in out and "live" in out
-    png = tmp_path / "ledger.png"
-    assert ledger(populated, "plot", "--out", str(png))[0] == 0
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def _application_database(path):
+    connection = sqlite3.connect(path)
+    connection.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+    connection.execute("INSERT INTO users VALUES (1, 'ada')")
+    connection.commit()
+    connection.close()
 
 
-def test_missing_store_and_duplicate_init_are_bad_input(store_path, tmp_path):
-    code, _, err = ledger(str(tmp_path / "absent.sqlite"), "show")
+def test_no_command_changes_a_file_that_is_not_a_ledger(tmp_path, store_path):
+    """Section 1: an application database, an empty file, a truncated ledger, a directory, and
+    an ML Metadata store without a ledger are refused by every command and stay byte-for-byte
+    as they were (MLMD used to add its ~30 tables to them)."""
+    app = tmp_path / "app.sqlite"
+    _application_database(app)
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    BlockLedger.create(store_path).add_block("b1", 1.0, 1e-6)
+    truncated = tmp_path / "truncated.sqlite"
+    truncated.write_bytes(open(store_path, "rb").read()[:20000])
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    commands = [["show"], ["show", "--json"], ["plot", "--out", str(tmp_path / "p.png")],
+                ["grants"], ["audit"], ["contexts"], ["register", "p"], ["finish", "p"],
+                ["add-block", "b2", "--epsilon", "1", "--delta", "0"],
+                ["request", "--window", "1", "--epsilon", "0.1", "--delta", "0"]]
+    for target in (app, empty, truncated, directory):
+        before = None if target.is_dir() else target.read_bytes()
+        for command in commands + [["init"]] * (target != truncated):
+            code, out, err = ledger(str(target), *command)
+            assert code == 2, (target, command, err)
+            assert_one_line_error(err)
+            if command[0] == "request":
+                assert json.loads(out)["granted"] is False
+        if before is not None:
+            assert target.read_bytes() == before, target
+        assert sorted(os.listdir(tmp_path)) == sorted(
+            ["app.sqlite", "empty.sqlite", "ledger.sqlite", "truncated.sqlite", "a-directory"])
+
+
+def test_only_init_creates_and_only_at_a_path_or_grpc(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = ledger("absent.sqlite", "show")
     assert code == 2 and "init" in err
-    assert not (tmp_path / "absent.sqlite").exists()
+    for spec in ("http://localhost:8080", "grpc://nowhere", "grpc://:8080", "file:///x.sqlite"):
+        code, _, err = ledger(spec, "init")
+        assert code == 2 and spec in err, spec
+        assert_one_line_error(err)
+    code, _, err = ledger(str(tmp_path / "missing" / "ledger.sqlite"), "init")
+    assert code == 2 and "does not exist" in err
+    assert os.listdir(tmp_path) == []  # no ./http:/ directory, no store, no parent directory
+    assert ledger("ledger.sqlite", "init")[0] == 0
+    assert ledger("ledger.sqlite", "init")[0] == 2  # the context exists
+
+
+def test_unreachable_grpc_store_has_its_own_exit_code():
+    code, out, err = ledger("grpc://nowhere.invalid:1", "request", "--window", "1",
+                            "--epsilon", "0.1", "--delta", "0")
+    assert code == 5 and "unreachable" in err
+    assert json.loads(out)["granted"] is False
+    assert_one_line_error(err)
+    assert ledger("grpc://nowhere.invalid:1", "show")[0] == 5
+
+
+def test_show_separates_spent_reserved_and_free(store_path):
+    """Section 2, the issue's case: p1 spent 0.3 of a block reserved for p1 and p2. The block's
+    0.7 is reserved (p1 0.2, p2 0.5), none is free, and a grant outside the reservations is
+    denied, as the table says."""
     assert ledger(store_path, "init")[0] == 0
-    assert ledger(store_path, "init")[0] == 2
+    for pipeline in ("p1", "p2"):
+        assert ledger(store_path, "register", pipeline)[0] == 0
+    assert ledger(store_path, "add-block", "b1", "--epsilon", "1", "--delta", "1e-6")[0] == 0
+    assert ledger(store_path, "request", "--blocks", "b1", "--epsilon", "0.3", "--delta", "0",
+                  "--pipeline", "p1")[0] == 0
+    code, out, _ = ledger(store_path, "show", "--json")
+    [row] = json.loads(out)["blocks"]
+    assert row["budget"]["spent"] == pytest.approx(0.3)
+    assert row["budget"]["reserved"] == pytest.approx({"p1": 0.2, "p2": 0.5})
+    assert row["budget"]["free"] == pytest.approx(0.0, abs=1e-12)
+    code, out, _ = ledger(store_path, "show")
+    line = next(l for l in out.splitlines() if l.startswith("b1"))
+    assert "0.3000" in line and "0.7000" in line and "p1 0.2, p2 0.5" in line
+    assert ledger(store_path, "request", "--blocks", "b1", "--epsilon", "0.6",
+                  "--delta", "0")[0] == 3
+    # p2 may draw its own 0.5; finishing p1 returns its 0.2 to p2.
+    assert ledger(store_path, "finish", "p1")[0] == 0
+    code, out, _ = ledger(store_path, "show", "--json")
+    assert json.loads(out)["blocks"][0]["budget"]["reserved"] == pytest.approx({"p2": 0.7})
+    assert ledger(store_path, "request", "--blocks", "b1", "--epsilon", "0.7", "--delta", "0",
+                  "--pipeline", "p2")[0] == 0
 
 
-def test_ledger_cli_does_not_import_tensorflow(populated, capsys):
-    assert main(["ledger", "--store", populated, "show", "--json"]) == 0
-    capsys.readouterr()
+def test_grants_contexts_and_audit(populated):
+    assert ledger(populated, "init", "--context", "other")[0] == 0
+    assert ledger(populated, "contexts")[1].split() == ["default", "other"]
+    ledger(populated, "request", "--window", "2", "--epsilon", "0.25", "--delta", "1e-8",
+           "--pipeline", "taxi")
+    code, out, _ = ledger(populated, "grants", "--json")
+    [grant] = json.loads(out)
+    assert code == 0 and grant["pipeline"] == "taxi" and grant["blocks"] == ["2024-03", "2024-02"]
+    assert grant["epsilon"] == 0.25 and grant["delta"] == 1e-8 and grant["time_ms"] > 0
+    assert "taxi" in ledger(populated, "grants")[1]
+    code, out, _ = ledger(populated, "audit")
+    assert code == 0 and "agree" in out
+    # Tamper with a block's materialised balance behind the ledger's back: audit must say so.
+    connection = sqlite3.connect(populated)
+    connection.execute("UPDATE ArtifactProperty SET string_value = '[0.0, 0.0]' "
+                       "WHERE name = 'spent' AND artifact_id = (SELECT id FROM Artifact "
+                       "WHERE name = 'default/2024-03')")
+    connection.commit()
+    connection.close()
+    code, out, _ = ledger(populated, "audit")
+    assert code == 6 and "2024-03" in out
+
+
+def test_rdp_ledger_takes_gaussian_and_pure_requests_and_shows_its_guarantee(store_path):
+    assert ledger(store_path, "init", "--accounting", "rdp")[0] == 0
+    assert ledger(store_path, "add-block", "b1", "--epsilon", "1", "--delta", "1e-6")[0] == 0
+    code, out, _ = ledger(store_path, "request", "--blocks", "b1",
+                          "--gaussian-noise-multiplier", "20", "--compositions", "2")
+    granted = json.loads(out)
+    assert code == 0 and granted["granted"]
+    # Gaussian RDP at order a: compositions * a / (2 sigma^2), from dp-accounting.
+    assert granted["rdp_curve"][1] == pytest.approx(2 * 2.0 / (2 * 20 ** 2))
+    code, out, err = ledger(store_path, "request", "--blocks", "b1", "--epsilon", "0.1",
+                            "--delta", "1e-7")
+    assert code == 2 and "rdp_curve" in err
+    assert ledger(store_path, "request", "--blocks", "b1", "--epsilon", "0.05",
+                  "--delta", "0")[0] == 0
+    code, out, _ = ledger(store_path, "show", "--json")
+    table = json.loads(out)
+    assert "odometer" in table["guarantee"]
+    budget = table["blocks"][0]["budget"]
+    assert budget["unit"].startswith("share of RDP capacity") and 0 < budget["spent"] < 1
+    assert budget["spent"] + budget["free"] == pytest.approx(1.0)
+    assert "odometer" in ledger(store_path, "show")[1]
+
+
+def _png_size(path):
+    width, height = struct.unpack(">II", open(path, "rb").read()[16:24])
+    return width, height
+
+
+def test_plot_stays_readable_and_show_survives_a_closed_pipe_at_300_blocks(store_path,
+                                                                            tmp_path):
+    ledger_api = BlockLedger.create(store_path)
+    for index in range(300):
+        ledger_api.add_block(f"d{index:03d}", 1.0, 1e-6)
+    png = tmp_path / "ledger.png"
+    code, out, _ = ledger(store_path, "plot", "--out", str(png))
+    assert code == 0 and "300 blocks, 60 bars" in out
+    width, _ = _png_size(png)
+    assert width <= 1600  # was 0.5 inch per block: 15,200 px for 300 blocks
+    for bad, message in ((tmp_path / "missing" / "p.png", "does not exist"),
+                         (tmp_path / "p.txt", "must end in")):
+        code, _, err = ledger(store_path, "plot", "--out", str(bad))
+        assert code == 2 and message in err
+        assert not bad.exists() and not (tmp_path / "missing").exists()
+    # `show --json | head -1` (about 200 KB, more than a pipe holds): the reader closes the
+    # pipe early; no traceback, no error, exit 0.
+    result = subprocess.run(f"{' '.join(CLI)} ledger --store {store_path} show --json | head -1;"
+                            " exit ${PIPESTATUS[0]}", shell=True, executable="/bin/bash",
+                            capture_output=True, text=True, timeout=120)
+    assert result.stdout == "{\n" and result.stderr == "" and result.returncode == 0
+
+
+def test_input_validation_names_the_option(populated):
+    for args, message in ((["add-block", "x", "--epsilon", "1", "--delta", "0",
+                            "--start", "yesterday"], "--start"),
+                          (["add-block", "x", "--epsilon", "1", "--delta", "0",
+                            "--start", "2024-02-01", "--end", "2024-01-01"], "before --end"),
+                          (["init", "--context", "c2", "--min-request", "-1"], "--min-request")):
+        code, _, err = ledger(populated, *args)
+        assert code == 2 and message in err, err
+        assert_one_line_error(err)
+    assert "x" not in ledger(populated, "show")[1].split()
+
+
+def test_store_after_the_command_and_from_the_environment(populated):
+    code, out, _ = run("ledger", "show", "--store", populated)
+    assert code == 0 and "2024-03" in out
+    code, out, _ = run("ledger", "show", env={"SAGE_TFX_LEDGER_STORE": populated})
+    assert code == 0 and "2024-03" in out
+    code, _, err = run("ledger", "show")
+    assert code == 2 and "SAGE_TFX_LEDGER_STORE" in err
+
+
+def test_version_and_help_on_every_option():
+    code, out, _ = run("--version")
+    assert code == 0 and out.startswith("sage-tfx 0.")
+    code, out, _ = run("--help")
+    assert code == 0 and "ledger" in out and "init" in out
+    from sage_tfx.cli import main  # every option of every command says what it is for
+    parsers = []
+    with pytest.raises(SystemExit):
+        original = argparse.ArgumentParser.parse_args
+        argparse.ArgumentParser.parse_args = lambda self, *a, **k: parsers.append(self) or \
+            original(self, *a, **k)
+        try:
+            main(["--bad-option"])
+        finally:
+            argparse.ArgumentParser.parse_args = original
+    pending, missing = list(parsers), []
+    while pending:
+        parser = pending.pop()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
+            elif not action.help:
+                missing.append((parser.prog, action.dest))
+    assert not missing
+
+
+def test_ledger_cli_does_not_import_tensorflow(populated):
     code = ("import sys; from sage_tfx.cli import main; "
             f"main(['ledger', '--store', {populated!r}, 'show']); "
+            f"main(['ledger', '--store', {populated!r}, 'plot', '--out', "
+            f"{populated + '.png'!r}]); "
+            "import sage_tfx, sage_tfx.components, sage_tfx.validators; "
             "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_readme_cli_section_matches_the_parser():
+    """Every command the README's CLI section lists exists and every command is listed; the exit
+    codes it documents are the ones the CLI uses."""
+    from sage_tfx.sage_access import cli as ledger_cli
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "README.md")).read()
+    section = readme[readme.index("### CLI"):readme.index("## The main job")]
+    listed = set(re.findall(r"sage-tfx ledger --store PATH ([a-z-]+)", section))
+    groups = argparse.ArgumentParser().add_subparsers()
+    ledger_cli.add_parser(groups)
+    [commands] = [a for a in groups.choices["ledger"]._actions
+                  if isinstance(a, argparse._SubParsersAction)]
+    assert listed == set(commands.choices)
+    for code, meaning in ((ledger_cli.EXIT_BAD_INPUT, "bad input"),
+                          (ledger_cli.EXIT_DENIED, "denied"), (ledger_cli.EXIT_BUSY, "concurrent"),
+                          (ledger_cli.EXIT_UNREACHABLE, "unreachable"),
+                          (ledger_cli.EXIT_AUDIT_FAILED, "audit")):
+        assert re.search(rf"{code} [^;]*{meaning}", section), (code, meaning)
+
+
+def test_init_adds_a_ledger_to_an_existing_metadata_store(tmp_path):
+    """A pipeline's own ML Metadata store may hold the ledger (grants then show in its lineage)."""
+    from sage_tfx.sage_access import connect
+
+    store = str(tmp_path / "metadata.sqlite")
+    connect(store)  # what TFX's LocalDagRunner leaves: MLMD's tables, no ledger
+    code, _, err = ledger(store, "show")
+    assert code == 2 and "without a sage-tfx ledger" in err
+    assert ledger(store, "init")[0] == 0
+    assert ledger(store, "show")[0] == 0

@@ -1,6 +1,7 @@
 """`sage-tfx compile --kubeflow`: a Kubeflow V2 PipelineJob with every component, the custom
 PrivacyGrant type accepted, and the ledger pointed at Kubeflow's ML Metadata over gRPC."""
 import json
+import os
 import subprocess
 import sys
 
@@ -11,11 +12,17 @@ COMPONENTS = {"BlockExampleGen", "BlockLedger", "DPTransform", "DPTrainer", "SLA
               "Pusher"}
 
 
-def _compile(tmp_path, *extra):
+REQUIRED = ["--image", "example.com/sage-tfx:0.1.0", "--pipeline-root", "gs://bucket/sage"]
+TAXI = [*REQUIRED, "--data-root", "gs://bucket/taxi/new-months"]
+FIRST_PIPELINE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "examples", "first_pipeline.py")
+
+
+def _compile(tmp_path, *extra, options=TAXI):
     out = tmp_path / "taxi.json"
     completed = subprocess.run([sys.executable, "-m", "sage_tfx.cli", "compile", "--kubeflow",
-                                "--out", str(out), "--image", "example.com/sage-tfx:0.1.0",
-                                *extra], capture_output=True, text=True, timeout=300)
+                                "--out", str(out), *options, *extra],
+                               capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "wrote" in completed.stdout
     return json.loads(out.read_text())
@@ -54,8 +61,36 @@ def test_a_grant_that_cannot_run_is_refused_at_compile_time(tmp_path):
     for option, message in (("--window", "window must be a positive number of blocks, got 0"),
                             ("--epsilon", "epsilon must be a positive number, got 0.0")):
         completed = subprocess.run([sys.executable, "-m", "sage_tfx.cli", "compile", "--kubeflow",
-                                    "--out", str(out), option, "0"],
+                                    "--out", str(out), *TAXI, option, "0"],
                                    capture_output=True, text=True, timeout=300)
         assert completed.returncode == 2, completed.stderr[-3000:]
         assert message in completed.stderr
         assert not out.exists()
+
+
+def test_compiles_a_user_pipeline_module(tmp_path):
+    """--pipeline-module: the README's plain-Pipeline example compiles as it is."""
+    job = _compile(tmp_path, "--pipeline-module", FIRST_PIPELINE, options=REQUIRED)
+    assert set(job["pipelineSpec"]["root"]["dag"]["tasks"]) == {
+        "BlockExampleGen", "BlockLedger", "ObliviousSampleGen", "DPTrainer", "SLAedValidator",
+        "Pusher"}
+    assert job["runtimeConfig"]["gcsOutputDirectory"] == "gs://bucket/sage"
+
+
+def test_no_silent_placeholders_and_no_directories_created(tmp_path):
+    def compile_with(*args):
+        return subprocess.run([sys.executable, "-m", "sage_tfx.cli", "compile", "--kubeflow",
+                               *args], capture_output=True, text=True, timeout=300)
+
+    out = str(tmp_path / "job.json")
+    for missing in ("--image", "--pipeline-root"):
+        args = list(TAXI)
+        del args[args.index(missing):args.index(missing) + 2]
+        completed = compile_with("--out", out, *args)
+        assert completed.returncode == 2 and missing in completed.stderr
+    completed = compile_with("--out", out, *REQUIRED)
+    assert completed.returncode == 2 and "--data-root" in completed.stderr
+    nested = tmp_path / "absent" / "dir" / "job.json"
+    completed = compile_with("--out", str(nested), *TAXI)
+    assert completed.returncode == 2 and "does not exist" in completed.stderr
+    assert os.listdir(tmp_path) == []

@@ -7,11 +7,11 @@ from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
-from absl import logging
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
+from sage_tfx import console
 from sage_tfx.components.dp_trainer.dp_sgd import with_reduction
 from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
 from sage_tfx.components.oblivious_sample_gen.executor import read_split
@@ -117,6 +117,6 @@ class Executor(base_executor.BaseExecutor):
                             ("upper_bound", result.upper_bound), ("target", target),
                             ("confidence", confidence), ("epsilon_used", epsilon)):
             blessing.set_string_custom_property(name, repr(float(value)))
-        logging.info("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
-                     "confidence %.3g, epsilon %.3g)", result.outcome, metric, result.dp_estimate,
-                     metric, result.lower_bound, result.upper_bound, confidence, epsilon)
+        console.report("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
+                       "confidence %.3g, epsilon %.3g)", result.outcome, metric, result.dp_estimate,
+                       metric, result.lower_bound, result.upper_bound, confidence, epsilon)

@@ -57,6 +57,10 @@ def _key_value(example: tf.train.Example, key: str) -> float:
         kind = feature.WhichOneof("kind")
         values = getattr(feature, kind).value if kind in ("int64_list", "float_list") else None
     if not values:
+        if feature is not None and feature.WhichOneof("kind") == "bytes_list":
+            # The value itself is not repeated: an error message must not carry a record.
+            raise ValueError(f"the block key {key!r} holds text (such as a date string); it must "
+                             "be Unix seconds (an integer, e.g. 1704067200 for 2024-01-01 UTC)")
         raise ValueError(f"a record has no numeric value for the block key {key!r}: "
                          "every record must carry it")
     return values[0]
@@ -144,8 +148,11 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         known = {b.block_id for b in ledger.blocks()}
         existing = sorted(set(counts_by_block) & known)
         if existing:
-            raise ValueError(f"ledger {ledger.context!r} already has block(s) {existing}: blocks are "
-                             "immutable once registered, so late records for them are refused")
+            raise ValueError(f"ledger {ledger.context!r} already has block(s) {existing}: blocks "
+                             "are immutable once registered (their budget may already be spent, so "
+                             "new records would change what was granted), so late records for "
+                             "them are refused. Ingest only files that arrived since the last run "
+                             "(a new input directory), or run training without BlockExampleGen")
 
         # Register in key order, so "most recent" in the ledger follows the stream.
         outputs = []

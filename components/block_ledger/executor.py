@@ -11,10 +11,10 @@ import os
 import shutil
 from typing import Any
 
-from absl import logging
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
+from sage_tfx import console
 from sage_tfx.components.privacy_grant import check_split, mark_examples, write_grant
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
@@ -60,8 +60,10 @@ class Executor(base_executor.BaseExecutor):
         grant = ledger.request(selector, epsilon=float(exec_properties["epsilon"]),
                                delta=float(exec_properties["delta"]), pipeline=pipeline,
                                run_id=run_id)
-        logging.info("BlockLedger: grant %s charged (%s, %s) on blocks %s for pipeline %s",
-                     grant.grant_id, grant.epsilon, grant.delta, ", ".join(grant.blocks), pipeline)
+        blocks = ", ".join(grant.blocks) if len(grant.blocks) <= 4 else \
+            f"{grant.blocks[0]} .. {grant.blocks[-1]} ({len(grant.blocks)} blocks)"
+        console.report("BlockLedger: grant %s charged (%s, %s) on %s for pipeline %s",
+                       grant.grant_id, grant.epsilon, grant.delta, blocks, pipeline)
 
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         examples.split_names = artifact_utils.encode_split_names(list(SPLITS))

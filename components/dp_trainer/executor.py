@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from absl import logging
 from tensorflow.core.framework import summary_pb2
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 from tfx.utils import path_utils
 
+from sage_tfx import console
 from sage_tfx.components.dp_trainer import adassp as adassp_lib
 from sage_tfx.components.dp_trainer import dp_sgd
 from sage_tfx.components.dp_trainer.calibrate import DEFAULT_MAX_NOISE_MULTIPLIER, calibrate
@@ -203,10 +203,10 @@ class Executor(base_executor.BaseExecutor):
         writer = tf.summary.create_file_writer(log_dir)
 
         def on_epoch(epoch: int, _training_loss: float) -> None:
-            # The log and the ModelRun's TensorBoard carry public facts only. The training loss
-            # is an exact function of the granted records, not DP: it is written nowhere.
-            logging.info("DPTrainer epoch %d/%d: epsilon spent %.4g of %.4g", epoch, epochs,
-                         epsilon_after[epoch - 1], epsilon)
+            # The console and the ModelRun's TensorBoard carry public facts only. The training
+            # loss is an exact function of the granted records, not DP: it is written nowhere.
+            console.report("DPTrainer epoch %d/%d: epsilon spent %.4g of %.4g", epoch, epochs,
+                           epsilon_after[epoch - 1], epsilon)
             with writer.as_default(step=epoch):
                 write_scalar("epsilon", epsilon_after[epoch - 1])
 
@@ -244,8 +244,8 @@ class Executor(base_executor.BaseExecutor):
         keras_model = tf.keras.Sequential([tf.keras.Input((dimension,)), tf.keras.layers.Dense(1)])
         keras_model.layers[-1].set_weights([result.weights[:-1].reshape(dimension, 1).astype(np.float32),
                                             result.weights[-1:].astype(np.float32)])
-        logging.info("DPTrainer AdaSSP: noise multiplier %.4g, ridge %.4g", result.noise_multiplier,
-                     result.ridge)
+        console.report("DPTrainer AdaSSP: epsilon %.4g, delta %.3g, noise multiplier %.4g",
+                       epsilon, delta, result.noise_multiplier)
         return keras_model, {"dp_epsilon": epsilon, "dp_delta": delta,
                              "noise_multiplier": result.noise_multiplier,
                              "feature_bound": float(exec_properties["feature_bound"]),

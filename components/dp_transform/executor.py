@@ -15,7 +15,6 @@ import apache_beam as beam
 import tensorflow as tf
 import tensorflow_transform as tft
 import tensorflow_transform.beam as tft_beam
-from absl import logging
 from tensorflow_transform import analyzer_nodes, impl_helper
 from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
 from tfx.dsl.components.base import base_beam_executor
@@ -23,6 +22,7 @@ from tfx.types import artifact_utils
 from tfx_bsl.public import tfxio
 
 from sage_tfx.components.dp_transform import row_audit
+from sage_tfx import console
 from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_analyzer,
                                                         transform_budget)
 from sage_tfx.components.dp_trainer.user_module import import_module_file
@@ -104,8 +104,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         epsilon, _ = grant.share(exec_properties["grant_step"])
         preprocessing_fn, feature_spec = load_module(exec_properties["module_file"])
         shares = audit(preprocessing_fn, feature_spec, epsilon)
-        logging.info("DPTransform: grant %s, transform epsilon %s split among %s",
-                     grant.grant_id, epsilon, shares)
+        console.report("DPTransform: grant %s, transform epsilon %s split among %s",
+                       grant.grant_id, epsilon, shares)
 
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         transform_graph = artifact_utils.get_single_instance(output_dict["transform_graph"])

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from absl import logging
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
+from sage_tfx import console
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
 from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
@@ -110,7 +110,8 @@ class Executor(base_executor.BaseExecutor):
         if key is not None:
             output.set_int_custom_property("sampling_record_width", int(record_width))
         carry_grant(source, output)
-        logging.info("ObliviousSampleGen: %s sampling of %d rows (%s), %d epoch(s), %s",
-                     descriptor.scheme, descriptor.n,
-                     "public size" if exec_properties.get("public_size") is not None
-                     else "DP count", descriptor.epochs, "encrypted" if key else "not encrypted")
+        # n is the DP count (or the user's public size), never the exact number of records.
+        console.report("ObliviousSampleGen: %s sampling of %d rows (%s), %d epoch(s), %s",
+                       descriptor.scheme, descriptor.n,
+                       "public size" if exec_properties.get("public_size") is not None
+                       else "DP count", descriptor.epochs, "encrypted" if key else "not encrypted")

@@ -20,19 +20,15 @@ import sage_tfx  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads
 
 
 def _quiet_logs() -> None:
-    """TFX and Beam log every step; keep errors and the trainer's per-epoch progress."""
-    from absl import logging as absl_logging
-    absl_logging.set_verbosity(absl_logging.INFO)
-
-    class TrainerProgress(logging.Filter):
+    """TFX and Beam log every step; keep their errors. The lines a user reads (grant, per-epoch
+    epsilon, the validator's decision) come from sage_tfx.console, which is not filtered here."""
+    class ErrorsOnly(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
-            return record.levelno >= logging.ERROR or record.getMessage().startswith(
-                ("DPTrainer epoch", "DPTrainer AdaSSP"))
+            return record.levelno >= logging.ERROR
 
-    # A filter on the logger itself applies whichever handler TFX or Beam installs later.
-    logging.getLogger("absl").addFilter(TrainerProgress())
-    for noisy in ("apache_beam", "tensorflow", "root"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
+    # A filter, not a level: TFX's launcher resets the absl logger's level at every step.
+    for noisy in ("absl", "apache_beam", "tensorflow", "root"):
+        logging.getLogger(noisy).addFilter(ErrorsOnly())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,19 @@
+# The image every step of a compiled sage-tfx pipeline runs in (`sage-tfx compile --image ...`).
+#   docker build -t REGISTRY/sage-tfx:0.1.0 . && docker push REGISTRY/sage-tfx:0.1.0
+# Debian 12 with CPython 3.11, the platform the lock file was verified on (shared STACK.md): TFX
+# 1.21's own image pins packages the lock replaces (ml-metadata 1.21 needs glibc 2.39).
+FROM python:3.11.7-slim-bookworm
+
+# tensorflow-privacy's DP optimizers need Keras 2 (tf_keras), chosen when TensorFlow is imported.
+ENV TF_USE_LEGACY_KERAS=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1
+
+WORKDIR /opt/sage-tfx
+# As the Makefile does: every package pinned in the lock, installed without a resolver.
+COPY requirements/lock.txt requirements/lock.txt
+RUN pip install --quiet pip==24.3.1 setuptools==75.8.0 wheel==0.45.1 \
+    && pip install --quiet --no-deps -r requirements/lock.txt
+COPY . .
+RUN pip install --quiet --no-deps --no-build-isolation . \
+    && python -c "import sage_tfx.components, sage_tfx.validators, tfx, ml_metadata"

@@ -1,0 +1,67 @@
+"""What a user sees of a pipeline run by default: one compact line per outcome, nothing else.
+
+`report(...)` prints a line on stderr (prefixed "sage-tfx:") through the `sage_tfx` logger, which
+is shown at INFO without any logging setup (absl's INFO lines are hidden by default). Set
+SAGE_TFX_QUIET=1 to hide them. Only public facts and DP outputs may be reported: a grant, the
+epsilon spent after an epoch (public parameters), the validator's DP metric and interval; never
+an exact count or a non-DP loss.
+
+`install()` also drops third-party warnings that say nothing to a user of this project and repeat
+at every step (they are listed in NOISE with the reason).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+LOGGER = logging.getLogger("sage_tfx")
+# (logger, message prefix): why it is noise here.
+NOISE = (
+    # TFX's input resolution warns at every step that it ignores property predicates; sage-tfx's
+    # pipelines use none, so the warning never describes a problem of theirs.
+    ("absl", "ArtifactQuery.property_predicate is not supported"),
+    ("absl", "ContextQuery.property_predicate is not supported"),
+    # AutoGraph falls back to running a user function as-is, which is correct for the plain
+    # tensor code module files hold; TensorFlow asks to report it upstream, not to the user.
+    ("tensorflow", "AutoGraph could not transform"),
+    ("absl", "AutoGraph could not transform"),
+    # DPTransform runs TFT's analysis in tf.compat.v1 mode and reads instance dicts on purpose
+    # (its DP analyzers are graph-mode); TFT warns about both at every stage.
+    ("absl", "Tensorflow Transform is running in tf.compat.v1 mode"),
+    ("absl", "You are outputting instance dicts from `TransformDataset`"),
+    # TFX's publisher warns whenever an executor returns its one output artifact at a URI of its
+    # own choosing (TFX's own TODO b/175426744 says its data binder does the same); the artifact
+    # is published as returned, so the warning reports no problem.
+    ("absl", "When there is one artifact to publish, the URI of it should be identical"),
+)
+
+
+class _DropNoise(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def install() -> None:
+    """Idempotent: a stderr handler for `sage_tfx` and the noise filters."""
+    if getattr(LOGGER, "_sage_tfx_installed", False):
+        return
+    LOGGER._sage_tfx_installed = True
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("sage-tfx: %(message)s"))
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(logging.WARNING if os.environ.get("SAGE_TFX_QUIET") else logging.INFO)
+    LOGGER.propagate = False  # absl's root handler would print it a second time
+    for name in {logger for logger, _ in NOISE}:
+        prefixes = tuple(prefix for logger, prefix in NOISE if logger == name)
+        logging.getLogger(name).addFilter(_DropNoise(prefixes))
+
+
+def report(message: str, *args) -> None:
+    """One line for the user (public facts and DP outputs only; see the module docstring)."""
+    install()
+    LOGGER.info(message, *args)

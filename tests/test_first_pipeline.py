@@ -1,0 +1,68 @@
+"""The README's plain-Pipeline example (examples/first_pipeline.py) runs on LocalDagRunner, shows
+its outcome, and re-running the same DAG on the same files fails with an error that says why and
+how to fix it."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sage_tfx.sage_access import BlockLedger, connect
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_pipeline import write_csv  # noqa: E402
+
+
+@pytest.mark.slow
+def test_first_pipeline_runs_and_a_rerun_explains_immutable_blocks(tmp_path):
+    """Run as a user would (`python -m sage_tfx.examples.first_pipeline`): the outcome is shown
+    by default, TFX's repeated warnings are not, and nothing printed is a non-DP number."""
+    workdir, data = str(tmp_path / "run"), str(tmp_path / "data")
+    write_csv(data, trips_per_month=40)
+    os.makedirs(workdir)
+    store = os.path.join(workdir, "metadata.sqlite")
+    BlockLedger.create(store, min_request_epsilon=0.05)  # the ledger comes first
+    command = [sys.executable, "-m", "sage_tfx.examples.first_pipeline", "--data-root", data,
+               "--workdir", workdir]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    shown = [line for line in first.stderr.splitlines() if line.startswith("sage-tfx: ")]
+    assert shown[0].startswith("sage-tfx: BlockLedger: grant ")
+    assert "(1.0, 1e-07) on 2024-03, 2024-02" in shown[0]
+    assert "sage-tfx: DPTrainer epoch 1/2: epsilon spent" in shown[2]
+    assert shown[3].endswith("epsilon spent 0.8 of 0.8")  # the training share of 1.0
+    validator = shown[4]
+    assert validator.startswith("sage-tfx: SLAedValidator: ") and " in [" in validator
+    assert "property_predicate" not in first.stderr and "AutoGraph" not in first.stderr
+    # The only loss printed is the validator's DP estimate (DP-SGD's training loss is not DP).
+    assert [line for line in first.stderr.splitlines() if "loss" in line] == [validator]
+
+    ledger = BlockLedger(store)
+    assert [round(b.spent[0], 9) for b in ledger.blocks()] == [0.0, 1.0, 1.0]
+    [grant] = ledger.grant_records()
+    assert grant["pipeline"] == "first" and grant["blocks"] == ["2024-03", "2024-02"]
+    [blessing] = connect(store).get_artifacts_by_type("ModelBlessing")
+    outcome = blessing.custom_properties["outcome"].string_value
+    assert outcome in validator
+    assert os.path.isdir(os.path.join(workdir, "serving")) == (outcome == "ACCEPT")
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode != 0
+    assert "immutable once registered" in again.stderr and "new input directory" in again.stderr
+    assert len(BlockLedger(store).grant_records()) == 1  # the failed run charged nothing
+
+
+def test_a_date_string_block_key_asks_for_unix_seconds():
+    import tensorflow as tf
+
+    from sage_tfx.components.block_example_gen.executor import _key_value
+
+    example = tf.train.Example()
+    example.features.feature["trip_start_timestamp"].bytes_list.value.append(b"2024-01-05")
+    with pytest.raises(ValueError, match="must be Unix seconds") as failure:
+        _key_value(example, "trip_start_timestamp")
+    assert "2024-01-05" not in str(failure.value)  # a record's value never reaches a log
+    example = tf.train.Example()
+    example.features.feature["trip_start_timestamp"].int64_list.value.append(1704067200)
+    assert _key_value(example, "trip_start_timestamp") == 1704067200
