@@ -23,8 +23,10 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     parser.add_argument("mechanism", help="a shipped mechanism's name, or `all`")
     parser.add_argument("--trials", type=int, default=20_000,
                         help="runs on each of the two neighbouring inputs (default 20000)")
-    parser.add_argument("--confidence", type=float, default=0.95)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--confidence", type=float, default=0.95,
+                        help="confidence of each lower bound (default 0.95)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per mechanism instead of a sentence")
     parser.set_defaults(run=_audit)
 
 
@@ -49,8 +51,9 @@ def _audit(args) -> int:
         if args.json:
             print(json.dumps(result.as_dict()), flush=True)
         else:
-            print(f"{name} ({audits[name].description}): claimed (epsilon {result.claimed_epsilon:.4g}, delta "
-                  f"{result.claimed_delta:.3g}); epsilon >= {result.epsilon_lower_bound:.4f} "
+            print(f"{name} ({audits[name].description}): claimed (epsilon "
+                  f"{result.claimed_epsilon:.4g}, delta {result.claimed_delta:.3g}); "
+                  f"epsilon >= {result.epsilon_lower_bound:.4f} "
                   f"with confidence {result.confidence} over {result.trials} runs per input",
                   flush=True)
     return EXIT_LEAK if leaked else 0
