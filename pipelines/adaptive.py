@@ -43,8 +43,8 @@ from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
-from sage_tfx.components.privacy_grant import check_split
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
+from sage_tfx.sage_access.ledger import check_split
 from sage_tfx.validators.component import SLAedValidator
 from sage_tfx.validators.slaed import ACCEPT, REJECT
 

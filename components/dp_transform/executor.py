@@ -123,7 +123,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         # The raw schema too, as TFX's Transform writes it: the trainer parses raw records with it.
         metadata_io.write_metadata(raw_metadata, os.path.join(
             transform_graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR))
-        carry_grant(examples, transformed)
+        carry_grant(grant, transformed, "DPTransform")
         transform_graph.set_string_custom_property("sage_grant_id", grant.grant_id)
         transform_graph.set_string_custom_property(
             "dp_epsilon", repr(epsilon * sum(share for _, share in shares)))

@@ -55,7 +55,7 @@ class Executor(base_executor.BaseExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:
-        require_grant(input_dict["grant"], input_dict["examples"])
+        grant = require_grant(input_dict["grant"], input_dict["examples"])
         source = artifact_utils.get_single_instance(input_dict["examples"])
         key_variable = exec_properties.get("encryption_key_env")
         key = samples_io.key_from_env(key_variable) if key_variable else None
@@ -76,6 +76,6 @@ class Executor(base_executor.BaseExecutor):
                 output.set_string_custom_property(name, value)
         output.set_int_custom_property("sampling_encrypted", int(key is not None))
         output.set_int_custom_property("sampling_record_width", width)
-        carry_grant(source, output)
+        carry_grant(grant, output, "ObliviousSampleGen")
         logging.info("ObliviousSampleGen: %s sampling, %d epoch(s), %s", samples.descriptor.scheme,
                      samples.descriptor.epochs, "encrypted" if key else "not encrypted")
