@@ -193,10 +193,13 @@ class RenyiFilter:
         return bool(np.any(used + demand <= limit))
 
     def guarantee(self, spent: np.ndarray, epsilon_g: float, delta_g: float) -> tuple[float, float]:
-        """The (epsilon, delta_g) the block's filter certifies so far; (0, 0) before any charge."""
+        """What the block's filter certifies: (epsilon_g, delta_g) once anything was charged,
+        (0, 0) before. Converting today's sums (min over orders of spent + offset) would be an
+        odometer reading, which is not a valid bound when the grants were chosen adaptively: the
+        filter's theorem (module docstring) holds for the ceiling only."""
         if not np.any(spent > 0):
             return 0.0, 0.0
-        return float(max(0.0, np.min(spent + self._conversion_offset(delta_g)))), float(delta_g)
+        return float(epsilon_g), float(delta_g)
 
 
 def pure_dp_rdp_curve(epsilon: float, orders: Sequence[float]) -> np.ndarray:

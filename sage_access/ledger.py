@@ -270,7 +270,8 @@ class BlockLedger:
             "reservations": json.dumps({k: [float(x) for x in v]
                                         for k, v in block.reservations.items()}),
             "retired": block.retired, "charges": block.charges,
-            "epsilon_spent": epsilon_spent, "delta_spent": delta_spent,
+            # basic: the sums spent; rdp: the filter's guarantee (never an odometer reading).
+            "guarantee_epsilon": epsilon_spent, "guarantee_delta": delta_spent,
             "version": _get(artifact, "version") + 1})
         return updated
 
@@ -332,8 +333,16 @@ class BlockLedger:
         """A readable account of what a block has left (for errors and the CLI)."""
         epsilon_spent, delta_spent = self.accounting.guarantee(
             block.spent, block.epsilon_ceiling, block.delta_ceiling)
-        text = (f"spent ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
-                f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g})")
+        if self.accounting.name == "rdp":
+            # The filter certifies its ceiling; how full its best order is tells what is left.
+            used = float(np.min(np.where(block.capacity > 0, block.spent / np.where(
+                block.capacity > 0, block.capacity, 1.0), np.inf)))
+            text = (f"filter guarantee ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
+                    f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g}); its best order "
+                    f"has used {used:.1%} of its RDP capacity")
+        else:
+            text = (f"spent ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
+                    f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g})")
         if self.accounting.name == "basic":
             free = allocation.available_to(block, pipeline)
             text += f", available to {pipeline or 'unallocated grants'}: ({free[0]:.6g}, {free[1]:.3g})"

@@ -1,0 +1,93 @@
+"""Issue 16 §1: ingest two datasets that differ by one record; every non-DP value the platform
+stores (ML Metadata, blocks.json, the run's outputs) or logs is identical (tests/neighbouring.py
+says exactly what is compared)."""
+import csv
+import logging
+import os
+import shutil
+import sys
+
+import pytest
+from tfx.orchestration import metadata, pipeline
+from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+
+import sage_tfx
+from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedule
+from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
+from sage_tfx.sage_access import BlockLedger
+
+sys.path.insert(0, os.path.dirname(__file__))
+from neighbouring import differences, fingerprint  # noqa: E402
+
+# The stream's public schedule: four months, the last of which has no trip at all.
+SCHEDULE = month_schedule("2024-01", "2024-04")
+TRIPS = [(f"2024-0{month}-{day:02d}T{hour:02d}:00:00+00:00", 300 + 17 * day + hour, 1 + day / 10)
+         for month in (1, 2, 3) for day in range(1, 29, 3) for hour in (7, 19)]
+
+
+class _PlatformLog(logging.Handler):
+    """What the platform's own code logs (TFX's and Beam's logs are theirs)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines, self._package = [], os.path.dirname(sage_tfx.__file__)
+
+    def emit(self, record):
+        if record.pathname.startswith(self._package):
+            self.lines.append(record.getMessage())
+
+
+def _write_trips(directory, trips):
+    import datetime as dt
+    os.makedirs(directory)
+    with open(os.path.join(directory, "trips.csv"), "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["trip_start_timestamp", "trip_seconds", "trip_miles"])
+        for moment, seconds, miles in trips:
+            writer.writerow([int(dt.datetime.fromisoformat(moment).timestamp()), seconds, miles])
+
+
+def _ingest_and_grant(root, trips):
+    """BlockExampleGen -> BlockLedger on LocalDagRunner, reading the trips from root/../input;
+    returns the run's fingerprint."""
+    data = os.path.join(os.path.dirname(root), "input")
+    for directory in (root, data):
+        shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(root)
+    store = os.path.join(root, "metadata.sqlite")
+    _write_trips(data, trips)
+    BlockLedger.create(store, min_request_epsilon=0.05)
+    gen = BlockExampleGen(input_base=data, block_key="trip_start_timestamp",
+                          block_by="month", schedule_start=SCHEDULE[0], schedule_end=SCHEDULE[1],
+                          ledger_store=store, block_epsilon=1.0, block_delta=1e-6)
+    grant = BlockLedgerComponent(ledger_store=store, new_blocks=gen.outputs["examples"],
+                                 window=2, epsilon=0.4, delta=1e-7,
+                                 split={"training": 0.6, "validation": 0.4})
+    log, absl_logger = _PlatformLog(), logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.INFO)
+    logging.getLogger().addHandler(log)
+    try:
+        LocalDagRunner().run(pipeline.Pipeline(
+            pipeline_name="neighbours", pipeline_root=os.path.join(root, "pipeline"),
+            components=[gen, grant],
+            metadata_connection_config=metadata.sqlite_metadata_connection_config(store)))
+    finally:
+        logging.getLogger().removeHandler(log)
+        absl_logger.setLevel(level)
+    return fingerprint(store, root, log.lines)
+
+
+@pytest.mark.parametrize("removed", [0, len(TRIPS) - 1])
+def test_ingestion_and_grant_store_nothing_that_depends_on_one_record(tmp_path, removed):
+    root = str(tmp_path / "run")  # the same path for both runs
+    with_record = _ingest_and_grant(root, TRIPS)
+    blocks = [b.block_id for b in BlockLedger(os.path.join(root, "metadata.sqlite")).blocks()]
+    without_record = _ingest_and_grant(root, TRIPS[:removed] + TRIPS[removed + 1:])
+    assert blocks == ["2024-01", "2024-02", "2024-03", "2024-04"]  # the empty month is a block
+    found = differences(with_record, without_record)
+    assert found == [], "\n".join(found)
+    # The comparison sees what it must: ML Metadata's records, blocks.json, the grant's log.
+    assert any(a[1] == "sage_tfx.Block" for a in with_record["artifacts"])
+    assert any(path.endswith("blocks.json") for path in with_record["files"])
+    assert any("charged" in line for line in with_record["logs"])
