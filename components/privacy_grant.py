@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from tfx.types import artifact
 
+from sage_tfx.sage_access.accounting import pure_dp_event
 from sage_tfx.sage_access.errors import BadRequest
 
 # Custom properties that name the grant on Examples (for people and UIs; never trusted).
@@ -88,6 +89,34 @@ class GrantInfo:
     def record_data(self, uri: str, producer: str) -> None:
         """Record data derived from this grant's Examples at `uri` (see carry_grant)."""
         self._ledger.record_data(self._record, uri, producer)
+
+
+# What each DP step runs, as a function of its share and public parameters (issue 17 §1): the
+# BlockLedger component records these events in the grant, and each component checks that what
+# it ran is what was recorded (GrantInfo.check_event).
+MECHANISMS = ("adassp", "laplace", "dp_sgd")
+
+
+def planned_event(mechanism: Mapping[str, Any], epsilon: float, delta: float):
+    """The dp-accounting event a step of this mechanism runs on an (epsilon, delta) share, or
+    None when it cannot be known before the step runs.
+
+    * adassp: three self-composed Gaussians at the calibrated noise multiplier (adassp.py);
+    * laplace: any epsilon-DP step made of Laplace releases whose epsilons sum to its share
+      (SLAedValidator, DPTransform's analyzers), recorded as its zCDP bound;
+    * dp_sgd: None. Its steps depend on the sampling: SWO and shuffling on the data's size,
+      Poisson on a truncation probability that adds a delta an RDP curve cannot carry, so an
+      rdp ledger refuses it (a basic ledger charges its (epsilon, delta) share).
+    """
+    name = mechanism.get("mechanism")
+    if name == "adassp":
+        from sage_tfx.components.dp_trainer import adassp
+        return adassp.planned_event(epsilon, delta)
+    if name == "laplace":
+        return pure_dp_event(epsilon)
+    if name == "dp_sgd":
+        return None
+    raise BadRequest(f"unknown DP mechanism {name!r}; use one of {MECHANISMS}")
 
 
 def write_grant(target: PrivacyGrant, grant, ledger_store: str) -> None:

@@ -98,6 +98,7 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
     seed = spec.seed
     grant = BlockLedgerComponent(ledger_store=ledger_store, epsilon=epsilon, delta=spec.delta,
                                  window=window, split=spec.split,
+                                 step_mechanisms=step_mechanisms(spec),
                                  pipeline_name=ledger_pipeline or name,
                                  new_blocks=ingest.outputs["examples"] if ingest else None)
     examples, grant_channel = grant.outputs["examples"], grant.outputs["grant"]
@@ -124,6 +125,12 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
     components += [trainer, validator, pusher]
     return pipeline.Pipeline(pipeline_name=name, pipeline_root=os.path.join(root, "runs"),
                              components=components, metadata_connection_config=metadata_config)
+
+
+def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
+    """What each step of the iteration runs, for the events its grant records."""
+    return {"transform": {"mechanism": "laplace"}, "validation": {"mechanism": "laplace"},
+            "training": {"mechanism": spec.trainer.get("mode", "dp_sgd")}}
 
 
 class BlockSource(Protocol):

@@ -144,3 +144,58 @@ def test_examples_must_be_the_grants_own_output(granted, store_path, tmp_path):
     carry_grant(require_grant([grant], [examples]), samples, "ObliviousSampleGen")
     assert require_grant([grant], [samples]).grant_id == grant.get_string_custom_property(
         "grant_id")
+
+
+def _rdp_ledger(store_path, root):
+    ledger = BlockLedger.create(store_path, accounting="rdp", min_request_epsilon=0.05)
+    for block_id in ("2024-01", "2024-02"):
+        ledger.add_block(block_id, 2.0, 1e-6, data_uri=_block_data(root, block_id))
+    return ledger
+
+
+def _grant_with_mechanisms(store_path, root, mechanisms, name="grant"):
+    examples, grant = standard_artifacts.Examples(), PrivacyGrant()
+    examples.uri, grant.uri = os.path.join(root, name, "examples"), os.path.join(root, name, "g")
+    executor.Executor().Do({}, {"examples": [examples], "grant": [grant]}, {
+        "ledger_store": store_path, "ledger_context": "default", "epsilon": 0.5, "delta": 1e-7,
+        "window": 2, "split": json.dumps(SPLIT), "step_mechanisms": json.dumps(mechanisms)})
+    return grant, examples
+
+
+ITERATION = {"transform": {"mechanism": "laplace"}, "training": {"mechanism": "adassp"},
+             "validation": {"mechanism": "laplace"}}
+
+
+def test_an_rdp_ledger_charges_the_curve_of_the_recorded_events(store_path, tmp_path):
+    """Issue 17 §1: the grant records each step's event; an rdp ledger charges their RDP curve."""
+    import dp_accounting
+    from sage_tfx.components.dp_trainer import adassp
+    from sage_tfx.sage_access.accounting import pure_dp_event, rdp_curve_of
+
+    ledger = _rdp_ledger(store_path, str(tmp_path))
+    grant, examples = _grant_with_mechanisms(store_path, str(tmp_path), ITERATION)
+    info = require_grant([grant], [examples])
+    epsilon, delta = info.share("training")
+    assert (epsilon, delta) == (0.25, 5e-08)
+    sigma = adassp.noise_multiplier(epsilon, delta)
+    assert info.event("training") == dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(sigma), 3)
+    expected = rdp_curve_of([pure_dp_event(0.05), info.event("training"), pure_dp_event(0.2)],
+                            ledger.orders)
+    for block in BlockLedger(store_path).blocks():
+        assert list(block.spent) == pytest.approx(list(expected), rel=1e-12)
+    assert BlockLedger(store_path).audit() == []
+    # What ran must be what was recorded: AdaSSP at a smaller noise multiplier is refused.
+    info.check_event("training", adassp.dp_event(sigma))
+    with pytest.raises(GrantError, match="ran .* but the ledger recorded and charged"):
+        info.check_event("training", adassp.dp_event(sigma / 2))
+
+
+def test_an_rdp_ledger_refuses_a_step_without_an_event_and_charges_nothing(store_path, tmp_path):
+    _rdp_ledger(store_path, str(tmp_path))
+    with pytest.raises(BadRequest, match="'training' \\(dp_sgd\\) has no DP event .* rdp ledger"):
+        _grant_with_mechanisms(store_path, str(tmp_path), {**ITERATION,
+                                                           "training": {"mechanism": "dp_sgd"}})
+    with pytest.raises(BadRequest, match="give the DP event of every step .*'validation'"):
+        _grant_with_mechanisms(store_path, str(tmp_path), {"training": {"mechanism": "adassp"}})
+    assert all(not block.spent.any() for block in BlockLedger(store_path).blocks())

@@ -26,6 +26,7 @@ from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_
                                                         transform_budget)
 from sage_tfx.components.dp_trainer.user_module import import_module_file
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
+from sage_tfx.sage_access.accounting import pure_dp_event
 
 SPLITS = ("train", "test")
 RECORDS = "data_tfrecord-00000-of-00001.gz"
@@ -82,6 +83,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
            exec_properties: dict[str, Any]) -> None:
         grant = require_grant(input_dict["grant"], input_dict["examples"])
         epsilon, _ = grant.share(exec_properties["grant_step"])
+        # Laplace analyzers whose epsilons sum to at most the share.
+        grant.check_event(exec_properties["grant_step"], pure_dp_event(epsilon))
         preprocessing_fn, feature_spec = load_module(exec_properties["module_file"])
         shares = audit(preprocessing_fn, feature_spec, epsilon)
         logging.info("DPTransform: grant %s, transform epsilon %s split among %s",
