@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from tfx.types import artifact
 
-from sage_tfx.sage_access.accounting import pure_dp_event
+from sage_tfx.sage_access.accounting import exact_fraction, pure_dp_event, share_of
 from sage_tfx.sage_access.errors import BadRequest
 
 # Custom properties that name the grant on Examples (for people and UIs; never trusted).
@@ -117,6 +117,26 @@ def planned_event(mechanism: Mapping[str, Any], epsilon: float, delta: float):
     if name == "dp_sgd":
         return None
     raise BadRequest(f"unknown DP mechanism {name!r}; use one of {MECHANISMS}")
+
+
+def step_events(mechanisms: dict, split: dict[str, str], epsilon: float, delta: float,
+                 accounting: str) -> dict:
+    """{step: the DpEvent it will run on its share of (epsilon, delta)}, for the steps whose
+    mechanism is named; an rdp ledger (accounting "rdp") refuses a step without an event."""
+    unknown = sorted(set(mechanisms) - set(split))
+    if unknown:
+        raise BadRequest(f"step_mechanisms names step(s) {unknown} that the split {split} lacks")
+    events = {}
+    for step, mechanism in mechanisms.items():
+        fraction = exact_fraction(split[step])
+        event = planned_event(mechanism, share_of(epsilon, fraction), share_of(delta, fraction))
+        if event is None and accounting == "rdp":
+            raise BadRequest(f"step {step!r} ({mechanism['mechanism']}) has no DP event before "
+                             "it runs, so an rdp ledger cannot charge it (see "
+                             "privacy_grant.planned_event); use a basic ledger")
+        if event is not None:
+            events[step] = event
+    return events
 
 
 def write_grant(target: PrivacyGrant, grant, ledger_store: str) -> None:

@@ -42,6 +42,7 @@ from sage_tfx.components.dp_trainer.calibrate import (DEFAULT_MAX_NOISE_MULTIPLI
 from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
+from sage_tfx.components.privacy_grant import step_events
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.accounting import exact_fraction, share_of
 from sage_tfx.sage_access.ledger import check_split
@@ -133,6 +134,17 @@ def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
             "training": {"mechanism": spec.trainer.get("mode", "dp_sgd")}}
 
 
+def _payable(ledger: BlockLedger, spec: IterationSpec, epsilon: float, pipeline: str,
+             size: Optional[int] = None) -> list:
+    """The blocks a grant of (epsilon, spec.delta) for this iteration would take now. An rdp
+    ledger charges the RDP curve of the steps' events, so planning computes them too."""
+    planned = {}
+    if ledger.accounting.name == "rdp":
+        planned = {"split": spec.split, "events": step_events(
+            step_mechanisms(spec), check_split(spec.split), epsilon, spec.delta, "rdp")}
+    return ledger.payable_window(epsilon, spec.delta, pipeline, size=size, **planned)
+
+
 class BlockSource(Protocol):
     """New data for the database: `wait()` ingests the next block(s) and returns their ids,
     or an empty list when the stream has nothing more (the driver then times out)."""
@@ -186,16 +198,16 @@ class Policy:
             raise BadRequest(f"max_iterations must be >= 1, got {self.max_iterations}")
 
 
-def _largest_payable_epsilon(ledger: BlockLedger, window: int, delta: float,
+def _largest_payable_epsilon(ledger: BlockLedger, window: int, spec: IterationSpec,
                              pipeline: str) -> float:
     """The most epsilon that `window` blocks can all pay for `pipeline` (0 if none)."""
     low, high = 0.0, max((b.epsilon_ceiling for b in ledger.live_blocks()), default=0.0)
-    if high <= 0 or ledger.payable_blocks(ledger.min_request_epsilon, delta, pipeline) < window:
+    if high <= 0 or len(_payable(ledger, spec, ledger.min_request_epsilon, pipeline)) < window:
         return 0.0
     low = ledger.min_request_epsilon
     for _ in range(30):
         middle = (low + high) / 2
-        low, high = (middle, high) if ledger.payable_blocks(middle, delta, pipeline) >= window \
+        low, high = (middle, high) if len(_payable(ledger, spec, middle, pipeline)) >= window \
             else (low, middle)
     return low
 
@@ -243,16 +255,16 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
     try:
         while len(iterations) < policy.max_iterations:
             if policy.name == "aggressive":
-                epsilon = _largest_payable_epsilon(ledger, window, spec.delta, name)
-            while ledger.payable_blocks(max(epsilon, ledger.min_request_epsilon), spec.delta,
-                                        name) < window or epsilon <= 0:
+                epsilon = _largest_payable_epsilon(ledger, window, spec, name)
+            while epsilon <= 0 or len(_payable(
+                    ledger, spec, max(epsilon, ledger.min_request_epsilon), name)) < window:
                 arrived = source.wait()
                 if not arrived:
                     return AdaptiveResult(TIMEOUT, iterations, message=(
                         f"the stream ran out: no {window} block(s) can pay epsilon {epsilon:g}"))
                 report(f"  waiting for data: block {', '.join(arrived)} arrived")
                 if policy.name == "aggressive":
-                    epsilon = _largest_payable_epsilon(ledger, window, spec.delta, name)
+                    epsilon = _largest_payable_epsilon(ledger, window, spec, name)
             _check_window(spec, ledger, window, epsilon, name)
             LocalDagRunner().run(build_iteration(spec, name, root, ledger_store, window, epsilon,
                                                  metadata_config=metadata_config))
@@ -277,7 +289,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                     f"at least {iteration.lower_bound:.4g}, worse than the target "
                     f"{iteration.target:g} with this much data"))
             if policy.name == "conserve" and \
-                    ledger.payable_blocks(2 * epsilon, spec.delta, name) >= window:
+                    len(_payable(ledger, spec, 2 * epsilon, name)) >= window:
                 epsilon *= 2
             else:
                 window *= 2
@@ -300,7 +312,7 @@ def _check_window(spec: IterationSpec, ledger: BlockLedger, window: int, epsilon
     For SWO and shuffling the steps depend on the data's size, which the driver may not read;
     the trainer calibrates them on a size the grant pays for.
     """
-    blocks = ledger.payable_window(epsilon, spec.delta, pipeline, size=window)
+    blocks = _payable(ledger, spec, epsilon, pipeline, size=window)
     without_data = [block.block_id for block in blocks if not block.data_uri]
     if without_data:
         raise BadRequest(f"block(s) {', '.join(without_data)} have no Examples registered "

@@ -314,17 +314,23 @@ class BlockLedger:
         """Blocks not yet retired, most recent arrival first (what a window can draw on)."""
         return [self._to_state(a) for a in self._live_blocks_newest_first(page)]
 
-    def payable_blocks(self, epsilon: float, delta: float, pipeline: Optional[str] = None) -> int:
+    def payable_blocks(self, epsilon: float, delta: float, pipeline: Optional[str] = None,
+                       split: Optional[Mapping[str, str]] = None,
+                       events: Optional[Mapping[str, object]] = None) -> int:
         """How many live blocks could pay (epsilon, delta) for `pipeline` now: the most a
         RecentWindow request of that budget can cover (planning only; nothing is charged)."""
-        return len(self.payable_window(epsilon, delta, pipeline))
+        return len(self.payable_window(epsilon, delta, pipeline, split=split, events=events))
 
     def payable_window(self, epsilon: float, delta: float, pipeline: Optional[str] = None,
-                       size: Optional[int] = None) -> list[BlockState]:
-        """The blocks a RecentWindow(size) request of (epsilon, delta) would take now, most
-        recent first (all that can pay, without `size`). Planning only: nothing is charged,
-        and a concurrent grant may change the answer before a request is made."""
-        demand = self.accounting.demand(BudgetRequest(epsilon=epsilon, delta=delta))
+                       size: Optional[int] = None, split: Optional[Mapping[str, str]] = None,
+                       events: Optional[Mapping[str, object]] = None) -> list[BlockState]:
+        """The blocks a RecentWindow(size) request of (epsilon, delta) with this split and these
+        events (see `request`) would take now, most recent first (all that can pay, without
+        `size`). Planning only: nothing is charged, and a concurrent grant may change the
+        answer before a request is made."""
+        budget = BudgetRequest(epsilon=epsilon, delta=delta)
+        demand = self._demand(budget, check_split(split) if split is not None else {},
+                              dict(events or {}))
         payable = [block for block in self.live_blocks()
                    if allocation.can_pay(block, demand, pipeline, self.accounting)]
         return payable if size is None else payable[:size]
@@ -509,20 +515,7 @@ class BlockLedger:
                                rdp_curve=tuple(rdp_curve) if rdp_curve is not None else None)
         split = check_split(split) if split is not None else {}
         events = dict(events or {})
-        if set(events) - set(split):
-            raise BadRequest(f"events for step(s) {sorted(set(events) - set(split))} that the "
-                             f"split {split} does not name")
-        if self.accounting.name == "rdp" and budget.rdp_curve is None and budget.delta > 0:
-            missing = sorted(set(split) - set(events))
-            if not split or missing:
-                raise BadRequest(
-                    "an rdp ledger charges the RDP curve of what the steps run: give the DP "
-                    f"event of every step of the split (missing: {missing or 'a split'})")
-            demand = self.accounting.demand(BudgetRequest(
-                rdp_curve=tuple(rdp_curve_of(list(events.values()), self.orders)),
-                delta=budget.delta))
-        else:
-            demand = self.accounting.demand(budget)
+        demand = self._demand(budget, split, events)
         recorded_events = {step: event_to_json(event) for step, event in events.items()}
         if pipeline is not None:
             _check_name(pipeline, "pipeline")
@@ -573,6 +566,24 @@ class BlockLedger:
                          events=recorded_events)
 
         return self._retrying(attempt)
+
+    def _demand(self, budget: BudgetRequest, split: Mapping[str, str],
+                events: Mapping[str, object]) -> np.ndarray:
+        """What a grant charges: on an rdp ledger, an (epsilon, delta > 0) grant charges the RDP
+        curve of its steps' events; otherwise the accounting's demand for the budget."""
+        if set(events) - set(split):
+            raise BadRequest(f"events for step(s) {sorted(set(events) - set(split))} that the "
+                             f"split {split} does not name")
+        if self.accounting.name == "rdp" and budget.rdp_curve is None and budget.delta > 0:
+            missing = sorted(set(split) - set(events))
+            if not split or missing:
+                raise BadRequest(
+                    "an rdp ledger charges the RDP curve of what the steps run: give the DP "
+                    f"event of every step of the split (missing: {missing or 'a split'})")
+            return self.accounting.demand(BudgetRequest(
+                rdp_curve=tuple(rdp_curve_of(list(events.values()), self.orders)),
+                delta=budget.delta))
+        return self.accounting.demand(budget)
 
     def _choose(self, selector, demand: np.ndarray,
                 pipeline: Optional[str]) -> list[tuple[pb.Artifact, BlockState]]:

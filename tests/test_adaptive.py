@@ -145,3 +145,18 @@ def test_demo_refuses_a_non_positive_first_iteration_before_writing_anything(tmp
     assert exit_info.value.code == 2
     assert f"{option} must be" in capsys.readouterr().err
     assert not workdir.exists()
+
+
+def test_the_driver_plans_on_an_rdp_ledger_with_the_iterations_events(tmp_path):
+    """An rdp ledger charges the RDP curve of the steps' events, so the driver plans with them;
+    DP-SGD has no event before it runs and is refused there before anything is charged."""
+    from sage_tfx.pipelines.adaptive import _payable
+    store = str(tmp_path / "metadata.sqlite")
+    ledger = BlockLedger.create(store, accounting="rdp", min_request_epsilon=0.05)
+    for month in ("2024-01", "2024-02"):
+        ledger.add_block(month, BLOCK_EPSILON, 1e-6, data_uri=str(tmp_path / month))
+    assert len(_payable(ledger, adassp_spec(), 0.5, "taxi")) == 2
+    assert _payable(ledger, adassp_spec(), 1.5, "taxi") == []  # its curve exceeds every order
+    with pytest.raises(BadRequest, match="'training' \\(dp_sgd\\) has no DP event .* rdp ledger"):
+        _payable(ledger, dp_sgd_spec(), 0.5, "taxi")
+    assert _nothing_charged(store)

@@ -91,3 +91,60 @@ def test_ingestion_and_grant_store_nothing_that_depends_on_one_record(tmp_path, 
     assert any(a[1] == "sage_tfx.Block" for a in with_record["artifacts"])
     assert any(path.endswith("blocks.json") for path in with_record["files"])
     assert any("charged" in line for line in with_record["logs"])
+
+
+def _taxi_iteration(root, months, drop_trip, mode):
+    """One whole taxi iteration (ingestion included) on `months` of the taxi sample, with the
+    trip at index `drop_trip` of the first month removed (None: all trips)."""
+    from sage_tfx.examples.taxi.pipeline import (BLOCK_DELTA, BLOCK_EPSILON, TEST_FRACTION,
+                                                 adassp_spec, dp_sgd_spec)
+    from sage_tfx.examples.taxi.stream import TaxiStream
+    from sage_tfx.pipelines.adaptive import build_iteration
+
+    data = os.path.join(os.path.dirname(root), "input")
+    for directory in (root, data):
+        shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(root)
+    stream = TaxiStream.load()
+    if drop_trip is not None:
+        del stream.trips_by_month[stream.months[0]][drop_trip]
+    names = stream.release(months, data)
+    store = os.path.join(root, "metadata.sqlite")
+    BlockLedger.create(store, min_request_epsilon=0.05)
+    start, end = month_schedule(names[0], names[-1])
+    ingest = BlockExampleGen(input_base=data, block_key="trip_start_timestamp", block_by="month",
+                             schedule_start=start, schedule_end=end, ledger_store=store,
+                             block_epsilon=BLOCK_EPSILON, block_delta=BLOCK_DELTA,
+                             test_fraction=TEST_FRACTION)
+    spec = (adassp_spec if mode == "adassp" else dp_sgd_spec)(seed=7)
+    log, absl_logger = _PlatformLog(), logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.INFO)
+    logging.getLogger().addHandler(log)
+    try:
+        LocalDagRunner().run(build_iteration(
+            spec, "neighbours", root, store, window=months, epsilon=1.0, ingest=ingest,
+            metadata_config=metadata.sqlite_metadata_connection_config(store)))
+    finally:
+        logging.getLogger().removeHandler(log)
+        absl_logger.setLevel(level)
+    return fingerprint(store, root, log.lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [
+    pytest.param("adassp", marks=pytest.mark.xfail(strict=True, reason=(
+        "AdaSSP logs its DP ridge (a DP release the log filter does not know); see the report "
+        "of branch grant"))),
+    pytest.param("dp_sgd", marks=pytest.mark.xfail(strict=True, reason=(
+        "exact n in the sampling descriptor and the Model's steps, sampling_record_width and "
+        "the exact training loss in ModelRun (branches oblivious, records)"))),
+])
+def test_a_whole_iteration_stores_nothing_that_depends_on_one_record(tmp_path, mode):
+    """Everything a taxi iteration stores or logs, except DP releases (neighbouring.py)."""
+    root = str(tmp_path / "run")
+    months = 2 if mode == "adassp" else 3
+    first = _taxi_iteration(root, months, None, mode)
+    second = _taxi_iteration(root, months, 0, mode)
+    found = differences(first, second)
+    assert found == [], "\n".join(found)

@@ -15,8 +15,7 @@ from absl import logging
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components.privacy_grant import mark_examples, planned_event, write_grant
-from sage_tfx.sage_access.accounting import exact_fraction, share_of
+from sage_tfx.components.privacy_grant import mark_examples, step_events, write_grant
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow, check_split
 from sage_tfx.sage_access.store import parse
@@ -30,25 +29,6 @@ def _selector(exec_properties: dict[str, Any]):
     if bool(window) == bool(block_ids):
         raise BadRequest("give exactly one selector: window (most recent W blocks) or block_ids")
     return RecentWindow(int(window)) if window else BlockIds(block_ids)
-
-
-def _step_events(mechanisms: dict, split: dict[str, str], epsilon: float, delta: float,
-                 accounting: str) -> dict:
-    """{step: the DpEvent it will run on its share}, for the steps whose mechanism is named."""
-    unknown = sorted(set(mechanisms) - set(split))
-    if unknown:
-        raise BadRequest(f"step_mechanisms names step(s) {unknown} that the split {split} lacks")
-    events = {}
-    for step, mechanism in mechanisms.items():
-        fraction = exact_fraction(split[step])
-        event = planned_event(mechanism, share_of(epsilon, fraction), share_of(delta, fraction))
-        if event is None and accounting == "rdp":
-            raise BadRequest(f"step {step!r} ({mechanism['mechanism']}) has no DP event before "
-                             "it runs, so an rdp ledger cannot charge it (see "
-                             "privacy_grant.planned_event); use a basic ledger")
-        if event is not None:
-            events[step] = event
-    return events
 
 
 def _link_or_copy(source: str, target: str) -> None:
@@ -78,7 +58,7 @@ class Executor(base_executor.BaseExecutor):
                 raise BadRequest(f"block(s) {', '.join(without_data)} have no Examples registered "
                                  "(added without data); nothing was charged")
         epsilon, delta = float(exec_properties["epsilon"]), float(exec_properties["delta"])
-        events = _step_events(json.loads(exec_properties.get("step_mechanisms") or "{}"),
+        events = step_events(json.loads(exec_properties.get("step_mechanisms") or "{}"),
                               budget_split, epsilon, delta, ledger.accounting.name)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         grant = ledger.request(selector, epsilon=epsilon, delta=delta, pipeline=pipeline,
