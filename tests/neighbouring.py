@@ -33,7 +33,11 @@ DP_OR_DATA_FILES = re.compile(
     r"|(/BLESSED$)|(/NOT_BLESSED$)|(/pushed/)|(/model_run/)|(/ModelRun/)")
 
 _UUID = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?")
+_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?"
+                        r"|(?<=tfevents\.)\d+\.[^.]+\.\d+\.\d+")  # TensorBoard: time.host.pid.n
+# Values in the platform's log lines that DP mechanisms released (AdaSSP's ridge comes from its
+# noisy smallest eigenvalue).
+DP_LOG_VALUES = re.compile(r"(?<=ridge )[-+0-9.e]+")
 
 
 def normalize(text: str, root: str) -> str:
@@ -86,7 +90,7 @@ def fingerprint(store_path: str, root: str, log_lines: list[str] = ()) -> dict:
             except UnicodeDecodeError:
                 files[relative] = hashlib.sha256(content).hexdigest()
     stored["files"] = files
-    stored["logs"] = [normalize(line, root) for line in log_lines]
+    stored["logs"] = [DP_LOG_VALUES.sub("<dp>", normalize(line, root)) for line in log_lines]
     return stored
 
 

@@ -93,9 +93,22 @@ def test_ingestion_and_grant_store_nothing_that_depends_on_one_record(tmp_path, 
     assert any("charged" in line for line in with_record["logs"])
 
 
+def _a_training_trip(root, month):
+    """(timestamp, seconds) of a trip that BlockExampleGen put in `month`'s train split."""
+    import glob
+
+    import tensorflow as tf
+    [path] = glob.glob(os.path.join(root, "runs", "BlockExampleGen", "examples", "*", month,
+                                    "Split-train", "*"))
+    record = next(iter(tf.data.TFRecordDataset([path], compression_type="GZIP")))
+    feature = tf.train.Example.FromString(record.numpy()).features.feature
+    return (feature["trip_start_timestamp"].int64_list.value[0],
+            feature["trip_seconds"].int64_list.value[0])
+
+
 def _taxi_iteration(root, months, drop_trip, mode):
     """One whole taxi iteration (ingestion included) on `months` of the taxi sample, with the
-    trip at index `drop_trip` of the first month removed (None: all trips)."""
+    trip (timestamp, seconds) `drop_trip` removed (None: all trips)."""
     from sage_tfx.examples.taxi.pipeline import (BLOCK_DELTA, BLOCK_EPSILON, TEST_FRACTION,
                                                  adassp_spec, dp_sgd_spec)
     from sage_tfx.examples.taxi.stream import TaxiStream
@@ -107,7 +120,9 @@ def _taxi_iteration(root, months, drop_trip, mode):
     os.makedirs(root)
     stream = TaxiStream.load()
     if drop_trip is not None:
-        del stream.trips_by_month[stream.months[0]][drop_trip]
+        trips = stream.trips_by_month[stream.months[0]]
+        [index] = [i for i, trip in enumerate(trips) if (trip[0], trip[3]) == drop_trip]
+        del trips[index]
     names = stream.release(months, data)
     store = os.path.join(root, "metadata.sqlite")
     BlockLedger.create(store, min_request_epsilon=0.05)
@@ -133,18 +148,21 @@ def _taxi_iteration(root, months, drop_trip, mode):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [
-    pytest.param("adassp", marks=pytest.mark.xfail(strict=True, reason=(
-        "AdaSSP logs its DP ridge (a DP release the log filter does not know); see the report "
-        "of branch grant"))),
+    "adassp",
+    # Measured on branch grant alone: the samples' sampling_n, the Model's dp_epsilon and
+    # noise_multiplier (calibrated on n), ModelRun's TensorBoard files (exact training loss) and
+    # DPTrainer's per-epoch "epsilon spent" log lines differ (branch oblivious, issue 16 §1/§5).
     pytest.param("dp_sgd", marks=pytest.mark.xfail(strict=True, reason=(
-        "exact n in the sampling descriptor and the Model's steps, sampling_record_width and "
-        "the exact training loss in ModelRun (branches oblivious, records)"))),
+        "exact n in the sampling descriptor, the Model and the trainer's log; exact training "
+        "loss in ModelRun"))),
 ])
 def test_a_whole_iteration_stores_nothing_that_depends_on_one_record(tmp_path, mode):
     """Everything a taxi iteration stores or logs, except DP releases (neighbouring.py)."""
     root = str(tmp_path / "run")
     months = 2 if mode == "adassp" else 3
     first = _taxi_iteration(root, months, None, mode)
-    second = _taxi_iteration(root, months, 0, mode)
+    from sage_tfx.examples.taxi.stream import TaxiStream
+    second = _taxi_iteration(root, months, _a_training_trip(root, TaxiStream.load().months[0]),
+                             mode)
     found = differences(first, second)
     assert found == [], "\n".join(found)
