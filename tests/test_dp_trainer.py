@@ -83,9 +83,10 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     root = str(tmp_path)
     store_path = os.path.join(root, "metadata.sqlite")
     # One share per trainer (a share is consumed once) and one per refused run below.
-    gen, grant = ingest_and_grant(root, store_path, epsilon=1.0, delta=2.5e-7, split={
-        "training": 0.2, "poisson": 0.2, "linear": 0.2, "refused-1": 0.1, "refused-2": 0.1,
-        "refused-3": 0.1, "refused-4": 0.1})
+    gen, grant = ingest_and_grant(root, store_path, block_epsilon=2.0, epsilon=1.6, delta=4e-7,
+                                  split={step: 0.125 for step in (
+                                      "training", "poisson", "linear", "refused-1", "refused-2",
+                                      "refused-3", "refused-4", "refused-5")})
     sampler = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                                  scheme="swo", sample_size=8, epochs=3, seed=3)
     trainer = DPTrainer(examples=sampler.outputs["samples"], grant=grant.outputs["grant"],
@@ -113,7 +114,7 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     assert 0.98 * 0.2 <= float(models["poisson"].get_string_custom_property("dp_epsilon")) <= 0.2
     model = models["swo"]
     props = {k: v.string_value or v.int_value for k, v in model.mlmd_artifact.custom_properties.items()}
-    # The grant is (1.0, 2.5e-7), a fifth of it for each trainer.
+    # The grant is (1.6, 4e-7), an eighth of it for each trainer: (0.2, 5e-8).
     assert 0.98 * 0.2 <= float(props["dp_epsilon"]) <= 0.2
     assert float(props["dp_delta"]) == pytest.approx(0.5e-7)
     assert props["sampling_scheme"] == "swo"
@@ -148,7 +149,7 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
         artifact_list[0].uri = os.path.join(root, "refused", artifact_list[0].TYPE_NAME)
     base = {"module_file": MODULE, "l2_norm_clip": 1.0, "learning_rate": 0.05}
 
-    refused_steps = iter(["refused-1", "refused-2", "refused-3", "refused-4"])
+    refused_steps = iter(["refused-1", "refused-2", "refused-3", "refused-4", "refused-5"])
 
     def run(examples, **overrides):
         overrides.setdefault("grant_step", next(refused_steps))

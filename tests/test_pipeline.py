@@ -38,14 +38,15 @@ def write_csv(directory, trips_per_month=40):
                                  miles])
 
 
-def ingest_and_grant(root: str, store_path: str, trips_per_month: int = 40, **grant_options):
+def ingest_and_grant(root: str, store_path: str, trips_per_month: int = 40,
+                     block_epsilon: float = 1.0, **grant_options):
     """The first two steps of every sage pipeline on three monthly blocks: BlockExampleGen
     registers the blocks, BlockLedger grants (0.4, 1e-7) on the two most recent unless
     grant_options say otherwise."""
     write_csv(os.path.join(root, "data"), trips_per_month)
     BlockLedger.create(store_path, min_request_epsilon=0.05)
     gen = BlockExampleGen(input_base=os.path.join(root, "data"), block_key="trip_start_timestamp",
-                          block_by="month", ledger_store=store_path, block_epsilon=1.0,
+                          block_by="month", ledger_store=store_path, block_epsilon=block_epsilon,
                           schedule_start=month_schedule(MONTHS[0], MONTHS[-1])[0],
                           schedule_end=month_schedule(MONTHS[0], MONTHS[-1])[1],
                           block_delta=1e-6)
