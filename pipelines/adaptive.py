@@ -41,10 +41,11 @@ from sage_tfx.components.dp_trainer.calibrate import (DEFAULT_MAX_NOISE_MULTIPLI
                                                       CalibrationError, calibrate)
 from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
-from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
-from sage_tfx.components.privacy_grant import check_split
+from sage_tfx.components.privacy_grant import step_events
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
+from sage_tfx.sage_access.accounting import exact_fraction, share_of
+from sage_tfx.sage_access.ledger import check_split
 from sage_tfx.validators.component import SLAedValidator
 from sage_tfx.validators.slaed import ACCEPT, REJECT
 
@@ -98,6 +99,7 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
     seed = spec.seed
     grant = BlockLedgerComponent(ledger_store=ledger_store, epsilon=epsilon, delta=spec.delta,
                                  window=window, split=spec.split,
+                                 step_mechanisms=step_mechanisms(spec),
                                  pipeline_name=ledger_pipeline or name,
                                  new_blocks=ingest.outputs["examples"] if ingest else None)
     examples, grant_channel = grant.outputs["examples"], grant.outputs["grant"]
@@ -124,6 +126,23 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
     components += [trainer, validator, pusher]
     return pipeline.Pipeline(pipeline_name=name, pipeline_root=os.path.join(root, "runs"),
                              components=components, metadata_connection_config=metadata_config)
+
+
+def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
+    """What each step of the iteration runs, for the events its grant records."""
+    return {"transform": {"mechanism": "laplace"}, "validation": {"mechanism": "laplace"},
+            "training": {"mechanism": spec.trainer.get("mode", "dp_sgd")}}
+
+
+def _payable(ledger: BlockLedger, spec: IterationSpec, epsilon: float, pipeline: str,
+             size: Optional[int] = None) -> list:
+    """The blocks a grant of (epsilon, spec.delta) for this iteration would take now. An rdp
+    ledger charges the RDP curve of the steps' events, so planning computes them too."""
+    planned = {}
+    if ledger.accounting.name == "rdp":
+        planned = {"split": spec.split, "events": step_events(
+            step_mechanisms(spec), check_split(spec.split), epsilon, spec.delta, "rdp")}
+    return ledger.payable_window(epsilon, spec.delta, pipeline, size=size, **planned)
 
 
 class BlockSource(Protocol):
@@ -179,16 +198,16 @@ class Policy:
             raise BadRequest(f"max_iterations must be >= 1, got {self.max_iterations}")
 
 
-def _largest_payable_epsilon(ledger: BlockLedger, window: int, delta: float,
+def _largest_payable_epsilon(ledger: BlockLedger, window: int, spec: IterationSpec,
                              pipeline: str) -> float:
     """The most epsilon that `window` blocks can all pay for `pipeline` (0 if none)."""
     low, high = 0.0, max((b.epsilon_ceiling for b in ledger.live_blocks()), default=0.0)
-    if high <= 0 or ledger.payable_blocks(ledger.min_request_epsilon, delta, pipeline) < window:
+    if high <= 0 or len(_payable(ledger, spec, ledger.min_request_epsilon, pipeline)) < window:
         return 0.0
     low = ledger.min_request_epsilon
     for _ in range(30):
         middle = (low + high) / 2
-        low, high = (middle, high) if ledger.payable_blocks(middle, delta, pipeline) >= window \
+        low, high = (middle, high) if len(_payable(ledger, spec, middle, pipeline)) >= window \
             else (low, middle)
     return low
 
@@ -236,17 +255,17 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
     try:
         while len(iterations) < policy.max_iterations:
             if policy.name == "aggressive":
-                epsilon = _largest_payable_epsilon(ledger, window, spec.delta, name)
-            while ledger.payable_blocks(max(epsilon, ledger.min_request_epsilon), spec.delta,
-                                        name) < window or epsilon <= 0:
+                epsilon = _largest_payable_epsilon(ledger, window, spec, name)
+            while epsilon <= 0 or len(_payable(
+                    ledger, spec, max(epsilon, ledger.min_request_epsilon), name)) < window:
                 arrived = source.wait()
                 if not arrived:
                     return AdaptiveResult(TIMEOUT, iterations, message=(
                         f"the stream ran out: no {window} block(s) can pay epsilon {epsilon:g}"))
                 report(f"  waiting for data: block {', '.join(arrived)} arrived")
                 if policy.name == "aggressive":
-                    epsilon = _largest_payable_epsilon(ledger, window, spec.delta, name)
-            _check_window(spec, ledger, store, window, epsilon, name)
+                    epsilon = _largest_payable_epsilon(ledger, window, spec, name)
+            _check_window(spec, ledger, window, epsilon, name)
             LocalDagRunner().run(build_iteration(spec, name, root, ledger_store, window, epsilon,
                                                  metadata_config=metadata_config))
             run_artifacts = _latest_run_artifacts(store, name)
@@ -270,7 +289,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                     f"at least {iteration.lower_bound:.4g}, worse than the target "
                     f"{iteration.target:g} with this much data"))
             if policy.name == "conserve" and \
-                    ledger.payable_blocks(2 * epsilon, spec.delta, name) >= window:
+                    len(_payable(ledger, spec, 2 * epsilon, name)) >= window:
                 epsilon *= 2
             else:
                 window *= 2
@@ -280,46 +299,49 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
         ledger.finish_pipeline(name)
 
 
-def _check_window(spec: IterationSpec, ledger: BlockLedger, store, window: int, epsilon: float,
+def _check_window(spec: IterationSpec, ledger: BlockLedger, window: int, epsilon: float,
                   pipeline: str) -> None:
-    """Refuse, before the grant is charged, an iteration that would fail after it.
+    """Refuse, before the grant is charged, an iteration that would fail after it, deciding only
+    from public values (issue 16 §1: whether the driver goes on must not depend on the data).
 
-    The grant component charges a window first and only then finds a block without data, and
+    The grant component charges a window first and only then finds a block without data; and
     DPTrainer refuses a training share too small for its DP-SGD steps (CalibrationError) after
-    the grant too. Both are checked here on the blocks the grant will take, so nothing is spent.
-    The calibration reads only what the accounting treats as public: the number of training
-    records n of the granted blocks (it is in every sampling descriptor;
-    oblivious_sample_gen/accounting.py).
+    the grant. The first is checked on the blocks the grant will take. The second is checked
+    for Poisson sampling, whose steps (epochs x floor(1/gamma)) and accounting do not depend on
+    the number of records: the plan below uses a stand-in n that the calibration never reads.
+    For SWO and shuffling the steps depend on the data's size, which the driver may not read;
+    the trainer calibrates them on a size the grant pays for.
     """
-    blocks = ledger.payable_window(epsilon, spec.delta, pipeline, size=window)
+    blocks = _payable(ledger, spec, epsilon, pipeline, size=window)
     without_data = [block.block_id for block in blocks if not block.data_uri]
     if without_data:
         raise BadRequest(f"block(s) {', '.join(without_data)} have no Examples registered "
                          "(added without data); nothing was charged")
-    if spec.sampling is None:
+    if spec.sampling is None or spec.sampling.get("scheme") != "poisson":
         return
-    n = sum(_training_records(store, block) for block in blocks)
     sampling = spec.sampling
     epochs = int(spec.trainer.get("epochs") or sampling.get("epochs") or 1)
+    training_epsilon, training_delta = _share(spec, epsilon, "training")
     try:
-        descriptor = plan(sampling["scheme"], n, epochs, sample_size=sampling.get("sample_size"),
-                          gamma=sampling.get("gamma"))
-        calibrate(descriptor, epsilon * spec.split["training"], spec.delta * spec.split["training"],
+        descriptor = plan("poisson", POISSON_STAND_IN_N, epochs, gamma=sampling.get("gamma"))
+        calibrate(descriptor, training_epsilon, training_delta,
                   float(spec.trainer.get("max_noise_multiplier") or DEFAULT_MAX_NOISE_MULTIPLIER))
     except (CalibrationError, ValueError) as error:
-        raise BadRequest(f"DP-SGD cannot train on window {window} ({n} training records) at "
-                         f"epsilon {epsilon:g} (training share {spec.split['training']:g}); "
-                         f"nothing was charged for it: {error}") from error
+        raise BadRequest(f"DP-SGD cannot train at epsilon {epsilon:g} (training share "
+                         f"{spec.split['training']:g}); nothing was charged for it: "
+                         f"{error}") from error
 
 
-def _training_records(store, block) -> int:
-    """The block's training records, as BlockExampleGen counted them when it ingested the block
-    (the `split_counts` of the Examples artifact at the block's data_uri)."""
-    for examples in store.get_artifacts_by_uri(block.data_uri):
-        if "split_counts" in examples.custom_properties:
-            return int(json.loads(_property(examples, "split_counts")).get(TRAIN_SPLIT, 0))
-    raise BadRequest(f"block {block.block_id}'s Examples at {block.data_uri} carry no "
-                     "split_counts (BlockExampleGen records them); nothing was charged")
+# Poisson sampling's steps and accounting depend on gamma and the epochs only (sampling.py,
+# poisson_layout: k = floor(1/gamma) samples per epoch whatever n is).
+POISSON_STAND_IN_N = 1_000
+
+
+def _share(spec: IterationSpec, epsilon: float, step: str) -> tuple[float, float]:
+    """The (epsilon, delta) a grant of (epsilon, spec.delta) gives `step`, exactly as the
+    ledger computes it."""
+    fraction = exact_fraction(check_split(spec.split)[step])
+    return share_of(epsilon, fraction), share_of(spec.delta, fraction)
 
 
 def _line(iteration: Iteration, metric: str) -> str:

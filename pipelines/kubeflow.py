@@ -18,7 +18,7 @@ import sys
 
 from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 
-from sage_tfx.components.block_example_gen import BlockExampleGen
+from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedule
 from sage_tfx.pipelines.adaptive import IterationSpec, build_iteration
 
 KUBEFLOW_LEDGER_STORE = "grpc://metadata-grpc-service:8080"
@@ -26,10 +26,13 @@ KUBEFLOW_LEDGER_STORE = "grpc://metadata-grpc-service:8080"
 
 def taxi_pipeline(spec: IterationSpec, pipeline_root: str, data_root: str, window: int,
                   epsilon: float, ledger_store: str = KUBEFLOW_LEDGER_STORE,
-                  name: str = "sage-taxi"):
+                  name: str = "sage-taxi", months: tuple[str, str] = ("2013-01", "2016-12")):
+    """The taxi iteration with ingestion first; `months` is the stream's public schedule."""
     from sage_tfx.examples.taxi.pipeline import BLOCK_DELTA, BLOCK_EPSILON, TEST_FRACTION
+    start, end = month_schedule(*months)
     ingest = BlockExampleGen(input_base=data_root, block_key="trip_start_timestamp",
-                             block_by="month", ledger_store=ledger_store,
+                             block_by="month", schedule_start=start, schedule_end=end,
+                             ledger_store=ledger_store,
                              block_epsilon=BLOCK_EPSILON, block_delta=BLOCK_DELTA,
                              test_fraction=TEST_FRACTION)
     return build_iteration(spec, name, pipeline_root, ledger_store, window, epsilon,

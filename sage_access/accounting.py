@@ -52,9 +52,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Optional, Sequence
 
+import attr
 import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant
 
 from sage_tfx.sage_access.errors import BadRequest
 
@@ -129,8 +133,6 @@ class BasicComposition:
         if len(request.rdp_curve) != len(orders):
             raise BadRequest(f"rdp_curve has {len(request.rdp_curve)} values; the ledger's "
                              f"orders are {list(orders)}")
-        from dp_accounting.rdp import rdp_privacy_accountant
-
         # One mechanism, parameters fixed before it runs: the standard conversion applies.
         epsilon, _ = rdp_privacy_accountant.compute_epsilon(orders, request.rdp_curve, request.delta)
         if not math.isfinite(epsilon):
@@ -191,10 +193,13 @@ class RenyiFilter:
         return bool(np.any(used + demand <= limit))
 
     def guarantee(self, spent: np.ndarray, epsilon_g: float, delta_g: float) -> tuple[float, float]:
-        """The (epsilon, delta_g) the block's filter certifies so far; (0, 0) before any charge."""
+        """What the block's filter certifies: (epsilon_g, delta_g) once anything was charged,
+        (0, 0) before. Converting today's sums (min over orders of spent + offset) would be an
+        odometer reading, which is not a valid bound when the grants were chosen adaptively: the
+        filter's theorem (module docstring) holds for the ceiling only."""
         if not np.any(spent > 0):
             return 0.0, 0.0
-        return float(max(0.0, np.min(spent + self._conversion_offset(delta_g)))), float(delta_g)
+        return float(epsilon_g), float(delta_g)
 
 
 def pure_dp_rdp_curve(epsilon: float, orders: Sequence[float]) -> np.ndarray:
@@ -210,3 +215,88 @@ def accounting_for(name: str) -> BasicComposition | RenyiFilter:
     if name == "rdp":
         return RenyiFilter()
     raise BadRequest(f"unknown accounting mode {name!r}; use 'basic' or 'rdp'")
+
+
+# --------------------------------------------------------------------- DP events of a grant
+# A grant records the dp-accounting event each of its steps will run, so the ledger can charge
+# it in either mode and each step can check that what it runs is what was recorded.
+
+_EVENT_TYPES = {cls.__name__: cls for cls in (
+    dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent, dp_event.ZCDpEvent,
+    dp_event.PoissonSampledDpEvent, dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent,
+    dp_event.NoOpDpEvent)}
+
+
+def event_to_json(event: dp_event.DpEvent):
+    """A JSON-able form of a dp-accounting event (nested events included)."""
+    name = type(event).__name__
+    if name not in _EVENT_TYPES:
+        raise BadRequest(f"a grant cannot record a {name}; supported: {sorted(_EVENT_TYPES)}")
+
+    def encode(value):
+        if isinstance(value, dp_event.DpEvent):
+            return event_to_json(value)
+        if isinstance(value, (list, tuple)):
+            return [encode(item) for item in value]
+        return value
+
+    return {"type": name, **{field.name: encode(getattr(event, field.name))
+                             for field in attr.fields(type(event))}}
+
+
+def event_from_json(data) -> dp_event.DpEvent:
+    if not isinstance(data, dict) or data.get("type") not in _EVENT_TYPES:
+        raise BadRequest(f"not a recorded DP event: {data!r}")
+
+    def decode(value):
+        if isinstance(value, dict):
+            return event_from_json(value)
+        if isinstance(value, list):
+            return [decode(item) for item in value]
+        return value
+
+    fields = {key: decode(value) for key, value in data.items() if key != "type"}
+    return _EVENT_TYPES[data["type"]](**fields)
+
+
+def pure_dp_event(epsilon: float) -> dp_event.DpEvent:
+    """The event of a step that is epsilon-DP whatever it composes inside (e.g. several Laplace
+    releases whose epsilons sum to `epsilon`): an epsilon-DP mechanism is (epsilon^2 / 2)-zCDP
+    (Bun & Steinke 2016, Prop. 3.3), i.e. RDP a * epsilon^2 / 2 at every order a."""
+    return dp_event.ZCDpEvent(_check_epsilon(epsilon, "epsilon") ** 2 / 2.0)
+
+
+def rdp_curve_of(events: Sequence[dp_event.DpEvent], orders: Sequence[float]) -> np.ndarray:
+    """RDP curve, on `orders`, of the composition of `events` under add-or-remove-one
+    (dp-accounting's RdpAccountant; it refuses events it cannot account, e.g. sampling without
+    replacement, whose analysis is replace-one)."""
+    accountant = rdp_privacy_accountant.RdpAccountant(
+        list(orders), rdp_privacy_accountant.NeighborRel.ADD_OR_REMOVE_ONE)
+    composed = dp_event.ComposedDpEvent(list(events))
+    if not accountant.supports(composed):
+        raise BadRequest(f"the RDP accountant cannot account {composed} under add-or-remove-one; "
+                         "this grant cannot be charged on an rdp ledger")
+    accountant.compose(composed)
+    return np.array(accountant.rdp, dtype=float)
+
+
+# --------------------------------------------------------------------- exact budget splits
+
+def exact_fraction(value) -> Fraction:
+    """A decimal fraction exactly as written (0.1 is 1/10, not the nearest double)."""
+    if isinstance(value, Fraction):
+        return value
+    text = repr(float(value)) if isinstance(value, float) else str(value)
+    try:
+        fraction = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        raise BadRequest(f"not a finite number: {value!r}") from None
+    return fraction
+
+
+def share_of(total: float, fraction: Fraction) -> float:
+    """total * fraction, rounded down to a double: the shares of a split whose fractions sum to
+    at most 1 then sum to at most `total` (each is at most its exact value)."""
+    exact = exact_fraction(total) * fraction
+    share = float(exact)
+    return math.nextafter(share, 0.0) if Fraction(share) > exact else share

@@ -10,6 +10,14 @@ Records in MLMD (custom properties only, so Kubeflow V2 accepts the types):
 * `sage_tfx.BlockVersion` artifact per change of a block (registration, charge, release), named
   `<context>/<block>/v<version>`: the append-only history. A charge's record is linked to the
   `sage_tfx.Grant` execution that spent it, and that execution to the pipeline run's context.
+  The Grant execution is the source of truth about a grant: blocks, budget, its exact split among
+  the iteration's DP steps and the dp-accounting event each step will run.
+* `sage_tfx.GrantData` artifact per data location a grant released (the granted Examples, then
+  what components derived from them), named `<context>/grant-<id>/data/<digest of the uri>`:
+  components accept Examples only at a location their grant released.
+* `sage_tfx.ShareUse` artifact per consumed share, named `<context>/grant-<id>/share/<step>`: the
+  unique name makes a second consumer of the same share fail (see below), so one grant feeds
+  one trainer and one validator, whatever DAG or Importer asks later.
 
 Concurrency and crashes. ML Metadata has no multi-call transactions, and read-modify-write of a
 property loses updates (STACK.md). Every ledger change is therefore a single `put_execution` call,
@@ -27,8 +35,9 @@ import random
 import re
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Sequence, TypeVar
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 from ml_metadata import errors as mlmd_errors
@@ -36,7 +45,9 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.sage_access import allocation
-from sage_tfx.sage_access.accounting import BudgetRequest, accounting_for
+from sage_tfx.sage_access.accounting import (BudgetRequest, accounting_for, event_from_json,
+                                             event_to_json, exact_fraction, rdp_curve_of,
+                                             share_of)
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
 from sage_tfx.sage_access.store import StoreSpec, connect, connect_read_only
@@ -49,6 +60,8 @@ LEDGER_VERSION_TYPE = "sage_tfx.LedgerVersion"
 BLOCK_TYPE = "sage_tfx.Block"
 BLOCK_VERSION_TYPE = "sage_tfx.BlockVersion"
 GRANT_TYPE = "sage_tfx.Grant"
+GRANT_DATA_TYPE = "sage_tfx.GrantData"
+SHARE_USE_TYPE = "sage_tfx.ShareUse"
 UPDATE_TYPE = "sage_tfx.LedgerUpdate"
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
@@ -84,12 +97,28 @@ class Grant:
     rdp_curve: Optional[tuple[float, ...]]
     pipeline: Optional[str]
     execution_id: int
+    # {step: exact decimal fraction} and {step: dp-accounting event as JSON}, when given.
+    split: Mapping[str, str] = field(default_factory=dict)
+    events: Mapping[str, dict] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"granted": True, "grant_id": self.grant_id, "context": self.context,
                 "blocks": list(self.blocks), "epsilon": self.epsilon, "delta": self.delta,
                 "rdp_curve": list(self.rdp_curve) if self.rdp_curve else None,
-                "pipeline": self.pipeline}
+                "pipeline": self.pipeline, "split": dict(self.split),
+                "events": dict(self.events)}
+
+    def share(self, step: str) -> tuple[float, float]:
+        """(epsilon, delta) the grant allots to `step`: the exact fraction of the grant's budget,
+        rounded down, so the shares never sum to more than the grant."""
+        if step not in self.split:
+            raise BadRequest(f"grant {self.grant_id} has no share for step {step!r}; its split "
+                             f"is {dict(self.split)}")
+        if self.epsilon is None:
+            raise BadRequest(f"grant {self.grant_id} is an RDP curve; it has no (epsilon, delta) "
+                             "shares")
+        fraction = exact_fraction(self.split[step])
+        return share_of(self.epsilon, fraction), share_of(self.delta or 0.0, fraction)
 
 
 class _Conflict(Exception):
@@ -197,7 +226,8 @@ class BlockLedger:
             _register_types(self._store)
         self._types = {
             name: self._store.get_artifact_type(name).id
-            for name in (STATE_TYPE, LEDGER_VERSION_TYPE, BLOCK_TYPE, BLOCK_VERSION_TYPE)}
+            for name in (STATE_TYPE, LEDGER_VERSION_TYPE, BLOCK_TYPE, BLOCK_VERSION_TYPE,
+                         GRANT_DATA_TYPE, SHARE_USE_TYPE)}
         self._types[GRANT_TYPE] = self._store.get_execution_type(GRANT_TYPE).id
         self._types[UPDATE_TYPE] = self._store.get_execution_type(UPDATE_TYPE).id
 
@@ -244,7 +274,8 @@ class BlockLedger:
             "reservations": json.dumps({k: [float(x) for x in v]
                                         for k, v in block.reservations.items()}),
             "retired": block.retired, "charges": block.charges,
-            "epsilon_spent": epsilon_spent, "delta_spent": delta_spent,
+            # basic: the sums spent; rdp: the filter's guarantee (never an odometer reading).
+            "guarantee_epsilon": epsilon_spent, "guarantee_delta": delta_spent,
             "version": _get(artifact, "version") + 1})
         return updated
 
@@ -287,17 +318,23 @@ class BlockLedger:
         """Blocks not yet retired, most recent arrival first (what a window can draw on)."""
         return [self._to_state(a) for a in self._live_blocks_newest_first(page)]
 
-    def payable_blocks(self, epsilon: float, delta: float, pipeline: Optional[str] = None) -> int:
+    def payable_blocks(self, epsilon: float, delta: float, pipeline: Optional[str] = None,
+                       split: Optional[Mapping[str, str]] = None,
+                       events: Optional[Mapping[str, object]] = None) -> int:
         """How many live blocks could pay (epsilon, delta) for `pipeline` now: the most a
         RecentWindow request of that budget can cover (planning only; nothing is charged)."""
-        return len(self.payable_window(epsilon, delta, pipeline))
+        return len(self.payable_window(epsilon, delta, pipeline, split=split, events=events))
 
     def payable_window(self, epsilon: float, delta: float, pipeline: Optional[str] = None,
-                       size: Optional[int] = None) -> list[BlockState]:
-        """The blocks a RecentWindow(size) request of (epsilon, delta) would take now, most
-        recent first (all that can pay, without `size`). Planning only: nothing is charged,
-        and a concurrent grant may change the answer before a request is made."""
-        demand = self.accounting.demand(BudgetRequest(epsilon=epsilon, delta=delta))
+                       size: Optional[int] = None, split: Optional[Mapping[str, str]] = None,
+                       events: Optional[Mapping[str, object]] = None) -> list[BlockState]:
+        """The blocks a RecentWindow(size) request of (epsilon, delta) with this split and these
+        events (see `request`) would take now, most recent first (all that can pay, without
+        `size`). Planning only: nothing is charged, and a concurrent grant may change the
+        answer before a request is made."""
+        budget = BudgetRequest(epsilon=epsilon, delta=delta)
+        demand = self._demand(budget, check_split(split) if split is not None else {},
+                              dict(events or {}))
         payable = [block for block in self.live_blocks()
                    if allocation.can_pay(block, demand, pipeline, self.accounting)]
         return payable if size is None else payable[:size]
@@ -306,8 +343,16 @@ class BlockLedger:
         """A readable account of what a block has left (for errors and the CLI)."""
         epsilon_spent, delta_spent = self.accounting.guarantee(
             block.spent, block.epsilon_ceiling, block.delta_ceiling)
-        text = (f"spent ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
-                f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g})")
+        if self.accounting.name == "rdp":
+            # The filter certifies its ceiling; how full its best order is tells what is left.
+            used = float(np.min(np.where(block.capacity > 0, block.spent / np.where(
+                block.capacity > 0, block.capacity, 1.0), np.inf)))
+            text = (f"filter guarantee ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
+                    f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g}); its best order "
+                    f"has used {used:.1%} of its RDP capacity")
+        else:
+            text = (f"spent ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
+                    f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g})")
         if self.accounting.name == "basic":
             free = allocation.available_to(block, pipeline)
             text += f", available to {pipeline or 'unallocated grants'}: ({free[0]:.6g}, {free[1]:.3g})"
@@ -451,8 +496,19 @@ class BlockLedger:
 
     def request(self, selector: BlockIds | RecentWindow, epsilon: Optional[float] = None,
                 delta: Optional[float] = None, rdp_curve: Optional[Sequence[float]] = None,
-                pipeline: Optional[str] = None, run_id: Optional[str] = None) -> Grant:
+                pipeline: Optional[str] = None, run_id: Optional[str] = None,
+                split: Optional[Mapping[str, str]] = None,
+                events: Optional[Mapping[str, object]] = None,
+                data_uri: Optional[str] = None) -> Grant:
         """Grant (epsilon, delta) or an RDP curve on the selected blocks, all or nothing.
+
+        `split` ({step: fraction}, exact, summing to at most 1) divides the grant among the
+        iteration's DP steps and `events` ({step: dp-accounting DpEvent}) says what each step
+        will run; both are recorded on the grant. On an `rdp` ledger an (epsilon, delta) grant
+        needs `events` for every step of the split: it charges the RDP curve of their
+        composition, and (epsilon, delta) is the target the steps were calibrated to. A `basic`
+        ledger charges (epsilon, delta). `data_uri` is where the granted Examples will be
+        written (recorded as the grant's data; see `require_data`).
 
         Raises BadRequest for malformed input (nothing charged) and BudgetExhausted when the
         blocks cannot pay (nothing charged; the error names each block and what it has left).
@@ -461,7 +517,10 @@ class BlockLedger:
         """
         budget = BudgetRequest(epsilon=epsilon, delta=delta,
                                rdp_curve=tuple(rdp_curve) if rdp_curve is not None else None)
-        demand = self.accounting.demand(budget)
+        split = check_split(split) if split is not None else {}
+        events = dict(events or {})
+        demand = self._demand(budget, split, events)
+        recorded_events = {step: event_to_json(event) for step, event in events.items()}
         if pipeline is not None:
             _check_name(pipeline, "pipeline")
         if isinstance(selector, BlockIds):
@@ -494,17 +553,41 @@ class BlockLedger:
                 granted_epsilon = budget.epsilon
             else:  # an RDP curve: basic accounting charged its (epsilon, delta) conversion
                 granted_epsilon = float(demand[0]) if self.accounting.name == "basic" else None
+            if data_uri is not None:
+                changes.append((self._data_record(grant_id, data_uri, "BlockLedger"),
+                                _event(pb.Event.OUTPUT)))
             execution_id = self._commit(GRANT_TYPE, {
                 "grant_id": grant_id, "pipeline": pipeline, "run_id": run_id,
                 "blocks": json.dumps(list(block_ids)), "demand": _vector(demand),
                 "epsilon": granted_epsilon,
                 "delta": budget.delta, "rdp_curve": json.dumps(list(budget.rdp_curve))
-                if budget.rdp_curve else None}, changes, run_contexts, name=f"grant-{grant_id}")
+                if budget.rdp_curve else None, "split": json.dumps(split),
+                "events": json.dumps(recorded_events)}, changes, run_contexts,
+                name=f"grant-{grant_id}")
             return Grant(grant_id=grant_id, context=self.context, blocks=block_ids,
                          epsilon=granted_epsilon, delta=budget.delta, rdp_curve=budget.rdp_curve,
-                         pipeline=pipeline, execution_id=execution_id)
+                         pipeline=pipeline, execution_id=execution_id, split=split,
+                         events=recorded_events)
 
         return self._retrying(attempt)
+
+    def _demand(self, budget: BudgetRequest, split: Mapping[str, str],
+                events: Mapping[str, object]) -> np.ndarray:
+        """What a grant charges: on an rdp ledger, an (epsilon, delta > 0) grant charges the RDP
+        curve of its steps' events; otherwise the accounting's demand for the budget."""
+        if set(events) - set(split):
+            raise BadRequest(f"events for step(s) {sorted(set(events) - set(split))} that the "
+                             f"split {split} does not name")
+        if self.accounting.name == "rdp" and budget.rdp_curve is None and budget.delta > 0:
+            missing = sorted(set(split) - set(events))
+            if not split or missing:
+                raise BadRequest(
+                    "an rdp ledger charges the RDP curve of what the steps run: give the DP "
+                    f"event of every step of the split (missing: {missing or 'a split'})")
+            return self.accounting.demand(BudgetRequest(
+                rdp_curve=tuple(rdp_curve_of(list(events.values()), self.orders)),
+                delta=budget.delta))
+        return self.accounting.demand(budget)
 
     def _choose(self, selector, demand: np.ndarray,
                 pipeline: Optional[str]) -> list[tuple[pb.Artifact, BlockState]]:
@@ -544,7 +627,63 @@ class BlockLedger:
                      epsilon=_get_float(execution, "epsilon"),
                      delta=_get_float(execution, "delta"),
                      rdp_curve=tuple(json.loads(curve)) if curve else None,
-                     pipeline=_get(execution, "pipeline"), execution_id=execution.id)
+                     pipeline=_get(execution, "pipeline"), execution_id=execution.id,
+                     split=json.loads(_get(execution, "split", "{}")),
+                     events=json.loads(_get(execution, "events", "{}")))
+
+    def grant_event(self, grant: Grant, step: str):
+        """The dp-accounting event recorded for `step` of `grant` (None if none was)."""
+        recorded = grant.events.get(step)
+        return None if recorded is None else event_from_json(recorded)
+
+    # ------------------------------------------------- what a grant released and who used it
+    def _data_record(self, grant_id: str, uri: str, producer: str) -> pb.Artifact:
+        digest = hashlib.sha256(uri.encode()).hexdigest()[:32]
+        record = pb.Artifact(type_id=self._types[GRANT_DATA_TYPE],
+                             name=f"{self.context}/grant-{grant_id}/data/{digest}")
+        _props(record, {"ledger": self.context, "grant_id": grant_id, "uri": uri,
+                        "producer": producer})
+        return record
+
+    def record_data(self, grant: Grant, uri: str, producer: str) -> None:
+        """Record that `producer` wrote data derived from `grant`'s data at `uri` (e.g. the
+        samples ObliviousSampleGen draws from the granted Examples). Append-only."""
+        try:
+            self._commit(UPDATE_TYPE, {"kind": "grant_data", "grant_id": grant.grant_id},
+                         [(self._data_record(grant.grant_id, uri, producer),
+                           _event(pb.Event.OUTPUT))])
+        except _Conflict:
+            raise BadRequest(f"grant {grant.grant_id} already has data at {uri}") from None
+
+    def require_data(self, grant: Grant, uri: str) -> None:
+        """BadRequest unless `grant` released (or a component derived from it) the data at
+        `uri`: Examples are a grant's own output, never matched by copied properties."""
+        digest = hashlib.sha256(uri.encode()).hexdigest()[:32]
+        record = self._store.get_artifact_by_type_and_name(
+            GRANT_DATA_TYPE, f"{self.context}/grant-{grant.grant_id}/data/{digest}")
+        if record is None or _get(record, "uri") != uri:
+            raise BadRequest(f"the Examples at {uri} are not the output of grant "
+                             f"{grant.grant_id} (nor derived from it) in ledger {self.context!r}")
+
+    def use_share(self, grant: Grant, step: str, consumer: str) -> tuple[float, float]:
+        """Consume `step`'s share of `grant`, once: the append-only record
+        `<context>/grant-<id>/share/<step>` is created in one MLMD call, so of two consumers
+        (same DAG, another run, an Importer later) exactly one succeeds and the other gets
+        BadRequest naming the first. Returns the share's (epsilon, delta)."""
+        share = grant.share(step)
+        name = f"{self.context}/grant-{grant.grant_id}/share/{step}"
+        record = pb.Artifact(type_id=self._types[SHARE_USE_TYPE], name=name)
+        _props(record, {"ledger": self.context, "grant_id": grant.grant_id, "step": step,
+                        "consumer": consumer})
+        try:
+            self._commit(UPDATE_TYPE, {"kind": "use_share", "grant_id": grant.grant_id,
+                                       "step": step}, [(record, _event(pb.Event.OUTPUT))])
+        except _Conflict:
+            first = self._store.get_artifact_by_type_and_name(SHARE_USE_TYPE, name)
+            raise BadRequest(f"the {step!r} share of grant {grant.grant_id} was already used "
+                             f"(by {_get(first, 'consumer') if first else 'another consumer'}); "
+                             "a share is spent once: request a new grant") from None
+        return share
 
     def grant_records(self) -> list[dict]:
         """Every grant of this ledger, oldest first, as recorded: time (ms since the epoch),
@@ -587,11 +726,13 @@ class BlockLedger:
             if event.type == pb.Event.OUTPUT:
                 outputs.setdefault(event.execution_id, []).append(event.artifact_id)
         records = {a.id: a.name for a in self._store.get_artifacts_by_id(
-            [i for ids in outputs.values() for i in ids])} if outputs else {}
+            [i for ids in outputs.values() for i in ids])
+            if a.type_id == self._types[BLOCK_VERSION_TYPE]} if outputs else {}
         for execution in grants:
             named = json.loads(_get(execution, "blocks"))
             demand = np.array(json.loads(_get(execution, "demand")))
-            versioned = sorted(records[i].split("/")[1] for i in outputs.get(execution.id, []))
+            versioned = sorted(records[i].split("/")[1] for i in outputs.get(execution.id, [])
+                               if i in records)
             if versioned != sorted(named):
                 problems.append(f"grant {_get(execution, 'grant_id')}: versioned blocks {versioned} "
                                 f"but names {sorted(named)}")
@@ -630,12 +771,34 @@ def ledger_contexts(store: StoreSpec) -> list[str]:
     return [c.name for c in mlmd.get_contexts_by_type(LEDGER_CONTEXT_TYPE)]
 
 
+def check_split(split: Mapping[str, object]) -> dict[str, str]:
+    """A split of a grant among named DP steps: positive fractions summing to at most 1 in exact
+    arithmetic (decimal fractions as written: 0.1 + 0.5 + 0.4 is exactly 1). Returned as
+    {step: exact decimal string}."""
+    if not split:
+        raise BadRequest("the budget split is empty")
+    clean = {}
+    for step, fraction in split.items():
+        if not isinstance(step, str) or not step:
+            raise BadRequest(f"split step {step!r} must be a non-empty name")
+        exact = exact_fraction(fraction)
+        if exact <= 0:
+            raise BadRequest(f"split step {step!r} needs a positive fraction, got {fraction!r}")
+        clean[step] = str(fraction) if isinstance(fraction, str) else repr(float(fraction))
+    total = sum(exact_fraction(f) for f in clean.values())
+    if total > 1:
+        raise BadRequest(f"the split fractions sum to {float(total)!r} > 1 (exactly {total}): "
+                         f"{clean}")
+    return clean
+
+
 def _event(kind) -> pb.Event:
     return pb.Event(type=kind)
 
 
 def _register_types(mlmd: metadata_store.MetadataStore) -> None:
-    for name in (STATE_TYPE, LEDGER_VERSION_TYPE, BLOCK_TYPE, BLOCK_VERSION_TYPE):
+    for name in (STATE_TYPE, LEDGER_VERSION_TYPE, BLOCK_TYPE, BLOCK_VERSION_TYPE,
+                 GRANT_DATA_TYPE, SHARE_USE_TYPE):
         mlmd.put_artifact_type(pb.ArtifactType(name=name))
     for name in (GRANT_TYPE, UPDATE_TYPE):
         mlmd.put_execution_type(pb.ExecutionType(name=name))

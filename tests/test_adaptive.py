@@ -107,16 +107,22 @@ def test_bad_input_is_refused_before_anything_is_charged(tmp_path, change, polic
 
 
 def test_dp_sgd_that_cannot_be_calibrated_is_refused_before_its_grant(tmp_path):
-    """DPTrainer would refuse this budget only after the grant was charged."""
-    store, source = _database(tmp_path, months=2)
+    """DPTrainer would refuse this budget only after the grant was charged. The driver decides
+    from public values only: the refusal is the same on windows holding different records."""
     spec = dp_sgd_spec()
-    spec = dataclasses.replace(spec, trainer={**spec.trainer, "max_noise_multiplier": 2.0})
-    with pytest.raises(BadRequest, match=r"DP-SGD cannot train on window 2 \(\d+ training "
-                                         r"records\) at epsilon 0.25.*even noise multiplier 2"):
-        run_adaptive(spec, Policy(min_window=2, initial_epsilon=0.25), "taxi-sgd",
-                     str(tmp_path / "run"), store, source)
-    assert _nothing_charged(store)
-    assert BlockLedger(store).waiting_pipelines() == []
+    spec = dataclasses.replace(spec, sampling={"scheme": "poisson", "gamma": 0.05, "epochs": 5},
+                               trainer={**spec.trainer, "max_noise_multiplier": 2.0})
+    messages = []
+    for months in (2, 3):
+        store, source = _database(tmp_path / f"months-{months}", months=months)
+        with pytest.raises(BadRequest, match=r"DP-SGD cannot train at epsilon 0.25 .*even noise "
+                                             r"multiplier 2") as refused:
+            run_adaptive(spec, Policy(min_window=2, initial_epsilon=0.25), "taxi-sgd",
+                         str(tmp_path / f"run-{months}"), store, source)
+        messages.append(str(refused.value))
+        assert _nothing_charged(store)
+        assert BlockLedger(store).waiting_pipelines() == []
+    assert messages[0] == messages[1]
 
 
 def test_a_window_with_a_block_without_data_is_refused_before_its_grant(tmp_path):
@@ -129,19 +135,6 @@ def test_a_window_with_a_block_without_data_is_refused_before_its_grant(tmp_path
     assert _nothing_charged(store)
 
 
-def test_dp_sgd_on_a_block_without_recorded_counts_is_refused_before_its_grant(tmp_path):
-    """DP-SGD's pre-check calibrates on the window's training records, which BlockExampleGen
-    records per block; a block registered some other way has no count to calibrate on."""
-    store, source = _database(tmp_path, months=2)
-    BlockLedger(store).add_block("registered-by-hand", BLOCK_EPSILON, 1e-6,
-                                 data_uri=str(tmp_path / "elsewhere"))
-    with pytest.raises(BadRequest, match="registered-by-hand's Examples .* carry no split_counts"):
-        run_adaptive(dp_sgd_spec(), Policy(min_window=3, initial_epsilon=0.5), "taxi-uncounted",
-                     str(tmp_path / "run"), store, source)
-    assert _nothing_charged(store)
-    assert BlockLedger(store).waiting_pipelines() == []
-
-
 @pytest.mark.parametrize("option, value", [("--initial-epsilon", "0"), ("--min-window", "0")])
 def test_demo_refuses_a_non_positive_first_iteration_before_writing_anything(tmp_path, capsys,
                                                                              option, value):
@@ -152,3 +145,18 @@ def test_demo_refuses_a_non_positive_first_iteration_before_writing_anything(tmp
     assert exit_info.value.code == 2
     assert f"{option} must be" in capsys.readouterr().err
     assert not workdir.exists()
+
+
+def test_the_driver_plans_on_an_rdp_ledger_with_the_iterations_events(tmp_path):
+    """An rdp ledger charges the RDP curve of the steps' events, so the driver plans with them;
+    DP-SGD has no event before it runs and is refused there before anything is charged."""
+    from sage_tfx.pipelines.adaptive import _payable
+    store = str(tmp_path / "metadata.sqlite")
+    ledger = BlockLedger.create(store, accounting="rdp", min_request_epsilon=0.05)
+    for month in ("2024-01", "2024-02"):
+        ledger.add_block(month, BLOCK_EPSILON, 1e-6, data_uri=str(tmp_path / month))
+    assert len(_payable(ledger, adassp_spec(), 0.5, "taxi")) == 2
+    assert _payable(ledger, adassp_spec(), 1.5, "taxi") == []  # its curve exceeds every order
+    with pytest.raises(BadRequest, match="'training' \\(dp_sgd\\) has no DP event .* rdp ledger"):
+        _payable(ledger, dp_sgd_spec(), 0.5, "taxi")
+    assert _nothing_charged(store)

@@ -82,8 +82,13 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_VARIABLE, base64.b64encode(os.urandom(32)).decode())
     root = str(tmp_path)
     store_path = os.path.join(root, "metadata.sqlite")
-    gen, grant = ingest_and_grant(root, store_path, split={
-        "training": 0.5, "validation": 0.4, "sampling_count": 0.1})
+    # One share per trainer (a share is consumed once), one per refused run below, and the DP
+    # count the Poisson sampler pays for its size (the SWO sampler is given a public size).
+    gen, grant = ingest_and_grant(root, store_path, block_epsilon=2.0, epsilon=2.0, delta=5e-7,
+                                  split={step: 0.1 for step in (
+                                      "training", "poisson", "linear", "sampling_count",
+                                      "refused-1", "refused-2", "refused-3", "refused-4",
+                                      "refused-5")})
     sampler = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                                  scheme="swo", sample_size=8, epochs=3, seed=3, public_size=48)
     trainer = DPTrainer(examples=sampler.outputs["samples"], grant=grant.outputs["grant"],
@@ -94,10 +99,11 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
                                  seed=6).with_id("poisson")
     poisson_trainer = DPTrainer(examples=poisson.outputs["samples"], grant=grant.outputs["grant"],
                                 module_file=MODULE, l2_norm_clip=1.0, learning_rate=0.05,
-                                encryption_key_env=KEY_VARIABLE, seed=7).with_id("poisson_trainer")
+                                encryption_key_env=KEY_VARIABLE, grant_step="poisson",
+                                seed=7).with_id("poisson_trainer")
     linear = DPTrainer(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                        module_file=MODULE, mode="adassp", feature_bound=5.0, label_bound=400.0,
-                       seed=5).with_id("linear")
+                       grant_step="linear", seed=5).with_id("linear")
     LocalDagRunner().run(pipeline.Pipeline(
         pipeline_name="training", pipeline_root=os.path.join(root, "pipeline"),
         components=[gen, grant, sampler, trainer, poisson, poisson_trainer, linear],
@@ -111,7 +117,7 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     assert 0.98 * 0.2 <= float(models["poisson"].get_string_custom_property("dp_epsilon")) <= 0.2
     model = models["swo"]
     props = {k: v.string_value or v.int_value for k, v in model.mlmd_artifact.custom_properties.items()}
-    # The grant is (0.4, 1e-7), half of it for training.
+    # The grant is (2.0, 5e-7), a tenth of it for each trainer: (0.2, 5e-8).
     assert 0.95 * 0.2 <= float(props["dp_epsilon"]) <= 0.2
     assert float(props["dp_delta"]) == pytest.approx(0.5e-7)
     assert props["sampling_scheme"] == "swo"
@@ -148,7 +154,10 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
         artifact_list[0].uri = os.path.join(root, "refused", artifact_list[0].TYPE_NAME)
     base = {"module_file": MODULE, "l2_norm_clip": 1.0, "learning_rate": 0.05}
 
+    refused_steps = iter(["refused-1", "refused-2", "refused-3", "refused-4", "refused-5"])
+
     def run(examples, **overrides):
+        overrides.setdefault("grant_step", next(refused_steps))
         trainer_executor.Executor().Do({"examples": [examples], "grant": [grant_artifact]},
                                        outputs, dict(base, **overrides))
 

@@ -53,16 +53,21 @@ def test_first_pipeline_runs_and_a_rerun_explains_immutable_blocks(tmp_path):
     assert len(BlockLedger(store).grant_records()) == 1  # the failed run charged nothing
 
 
-def test_a_date_string_block_key_asks_for_unix_seconds():
+def test_a_date_string_block_key_is_read_as_an_iso_date():
     import tensorflow as tf
 
     from sage_tfx.components.block_example_gen.executor import _key_value
 
-    example = tf.train.Example()
-    example.features.feature["trip_start_timestamp"].bytes_list.value.append(b"2024-01-05")
-    with pytest.raises(ValueError, match="must be Unix seconds") as failure:
-        _key_value(example, "trip_start_timestamp")
-    assert "2024-01-05" not in str(failure.value)  # a record's value never reaches a log
-    example = tf.train.Example()
-    example.features.feature["trip_start_timestamp"].int64_list.value.append(1704067200)
-    assert _key_value(example, "trip_start_timestamp") == 1704067200
+    def key_of(feature_value):
+        example = tf.train.Example()
+        feature = example.features.feature["trip_start_timestamp"]
+        if isinstance(feature_value, bytes):
+            feature.bytes_list.value.append(feature_value)
+        else:
+            feature.int64_list.value.append(feature_value)
+        return _key_value(example, "trip_start_timestamp")
+
+    assert key_of(1704067200) == 1704067200
+    assert key_of(b"2024-01-01") == 1704067200  # a date without a zone is UTC
+    assert key_of(b"2024-01-01T01:00:00+01:00") == 1704067200
+    assert key_of(b"last tuesday") is None  # dropped, never an error that depends on a record

@@ -7,7 +7,7 @@ from tfx.components.example_gen.csv_example_gen.component import CsvExampleGen
 from tfx.orchestration import metadata
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
-from sage_tfx.components.block_example_gen import BlockExampleGen
+from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedule
 from sage_tfx.examples.taxi.pipeline import adassp_spec
 from sage_tfx.examples.taxi.stream import TaxiStream
 from sage_tfx.pipelines.adaptive import build_iteration
@@ -22,6 +22,8 @@ def test_csv_example_gen_feeds_blocks_and_pusher_follows_the_validator(tmp_path)
     csv_gen = CsvExampleGen(input_base=str(tmp_path / "csv"))
     blocks = BlockExampleGen(input_examples=csv_gen.outputs["examples"],
                              block_key="trip_start_timestamp", ledger_store=store,
+                             schedule_start=month_schedule(months[0], months[-1])[0],
+                             schedule_end=month_schedule(months[0], months[-1])[1],
                              block_epsilon=2.0, block_delta=1e-6)
     iteration = build_iteration(adassp_spec(seed=5), "mixed", str(tmp_path), store, window=6,
                                 epsilon=1.0, ingest=blocks,

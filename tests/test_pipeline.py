@@ -11,7 +11,7 @@ import tensorflow as tf
 from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
-from sage_tfx.components.block_example_gen import BlockExampleGen
+from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedule
 from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.components.privacy_grant import GrantError, PrivacyGrant, require_grant
 from sage_tfx.sage_access import BlockLedger, connect
@@ -38,14 +38,17 @@ def write_csv(directory, trips_per_month=40):
                                  miles])
 
 
-def ingest_and_grant(root: str, store_path: str, trips_per_month: int = 40, **grant_options):
+def ingest_and_grant(root: str, store_path: str, trips_per_month: int = 40,
+                     block_epsilon: float = 1.0, **grant_options):
     """The first two steps of every sage pipeline on three monthly blocks: BlockExampleGen
     registers the blocks, BlockLedger grants (0.4, 1e-7) on the two most recent unless
     grant_options say otherwise."""
     write_csv(os.path.join(root, "data"), trips_per_month)
     BlockLedger.create(store_path, min_request_epsilon=0.05)
     gen = BlockExampleGen(input_base=os.path.join(root, "data"), block_key="trip_start_timestamp",
-                          block_by="month", ledger_store=store_path, block_epsilon=1.0,
+                          block_by="month", ledger_store=store_path, block_epsilon=block_epsilon,
+                          schedule_start=month_schedule(MONTHS[0], MONTHS[-1])[0],
+                          schedule_end=month_schedule(MONTHS[0], MONTHS[-1])[1],
                           block_delta=1e-6)
     options = {"window": 2, "epsilon": 0.4, "delta": 1e-7, **grant_options}
     grant = BlockLedgerComponent(ledger_store=store_path, new_blocks=gen.outputs["examples"],
@@ -95,13 +98,15 @@ def test_block_pipeline_links_the_charge_to_the_run(tmp_path):
     granted = [e for e in examples if e.get_string_custom_property("sage_grant_id") == grant_id]
     per_block = [e for e in examples if e.get_string_custom_property("block_id")]
     assert sorted(e.get_string_custom_property("block_id") for e in per_block) == MONTHS
-    for block_examples in per_block:  # the recorded split counts are the records written
-        counts = json.loads(block_examples.get_string_custom_property("split_counts"))
+    for block_examples in per_block:  # every record written, and no count stored anywhere
+        written = 0
         for split in ("train", "test"):
             files = tf.io.gfile.glob(os.path.join(block_examples.uri, f"Split-{split}", "*"))
-            written = sum(1 for _ in tf.data.TFRecordDataset(files, compression_type="GZIP"))
-            assert counts[split] == written
-        assert counts["train"] + counts["test"] == 40
+            written += sum(1 for _ in tf.data.TFRecordDataset(files, compression_type="GZIP"))
+        assert written == 40
+        names = set(block_examples.mlmd_artifact.custom_properties)
+        assert {"block_id", "block_start", "block_end"} <= names
+        assert not [name for name in names if "count" in name]
     assert len(granted) == 1
     assert sorted(os.listdir(os.path.join(granted[0].uri, "Split-train"))) == [
         "2024-02-data_tfrecord-00000-of-00001.gz", "2024-03-data_tfrecord-00000-of-00001.gz"]

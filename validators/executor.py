@@ -17,6 +17,7 @@ from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
 from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.record_rule import finite
+from sage_tfx.sage_access.accounting import pure_dp_event
 from sage_tfx.validators.slaed import ACCEPT, accuracy_validator, loss_validator
 
 METRICS = ("loss", "accuracy")
@@ -82,7 +83,9 @@ class Executor(base_executor.BaseExecutor):
         check_parameters(metric, target, confidence, loss_bound)
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         grant = require_grant(input_dict["grant"], [examples])
-        epsilon, _ = grant.share(exec_properties.get("grant_step") or "validation")
+        step = exec_properties.get("grant_step") or "validation"
+        epsilon, _ = grant.share(step)
+        grant.check_event(step, pure_dp_event(epsilon))  # Laplace releases summing to epsilon
         module = UserModule.load(exec_properties.get("module_file"), metric)
         model = artifact_utils.get_single_instance(input_dict["model"])
 

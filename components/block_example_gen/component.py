@@ -1,6 +1,8 @@
 """BlockExampleGen: ingest new records as Sage blocks (one TFX span = one block)."""
 from __future__ import annotations
 
+import datetime as dt
+
 from typing import Optional
 
 from tfx.dsl.components.base import base_beam_component, executor_spec
@@ -15,6 +17,8 @@ class BlockExampleGenSpec(component_spec.ComponentSpec):
         "input_format": component_spec.ExecutionParameter(type=str),
         "block_key": component_spec.ExecutionParameter(type=str),
         "block_by": component_spec.ExecutionParameter(type=str),
+        "schedule_start": component_spec.ExecutionParameter(type=int),
+        "schedule_end": component_spec.ExecutionParameter(type=int),
         "users_per_block": component_spec.ExecutionParameter(type=int, optional=True),
         "test_fraction": component_spec.ExecutionParameter(type=float),
         "block_epsilon": component_spec.ExecutionParameter(type=float),
@@ -36,6 +40,11 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
     ExampleGen, all splits), writes one Examples artifact (splits train/test) per block and
     registers each block in the ledger with the stream's ceiling (block_epsilon, block_delta).
 
+    schedule: the stream's public key range [schedule_start, schedule_end) (unix seconds, or
+    user ids with block_by="users"), both block boundaries. Every block of the range is
+    registered, records or not; records outside it are dropped. Which blocks exist never
+    depends on the data (issue 16 §1).
+
     block_by: "month", "day" or "hour" for a unix-seconds timestamp key (event-level DP), or
     "users" with `users_per_block` for an integer user-id key (user-level DP, Sage §4.4).
     """
@@ -44,16 +53,31 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
 
     def __init__(self, block_key: str, ledger_store: str, block_epsilon: float,
-                 block_delta: float, input_base: Optional[str] = None, block_by: str = "month",
+                 block_delta: float, schedule_start: int, schedule_end: int,
+                 input_base: Optional[str] = None, block_by: str = "month",
                  input_format: str = "csv", users_per_block: Optional[int] = None,
                  test_fraction: float = 0.2, ledger_context: str = "default",
                  input_examples: Optional[channel.Channel] = None):
         if (input_base is None) == (input_examples is None):
             raise ValueError("BlockExampleGen reads either files under input_base or the "
                              "Examples of another ExampleGen: give exactly one")
+        if not int(schedule_start) < int(schedule_end):
+            raise ValueError(f"the schedule [{schedule_start}, {schedule_end}) is empty")
         super().__init__(spec=BlockExampleGenSpec(input_examples=input_examples,
             input_base=input_base, input_format=input_format, block_key=block_key,
-            block_by=block_by, users_per_block=users_per_block, test_fraction=test_fraction,
+            block_by=block_by, schedule_start=int(schedule_start),
+            schedule_end=int(schedule_end), users_per_block=users_per_block, test_fraction=test_fraction,
             block_epsilon=block_epsilon, block_delta=block_delta, ledger_store=ledger_store,
             ledger_context=ledger_context,
             examples=channel.Channel(type=standard_artifacts.Examples)))
+
+
+def month_schedule(first_month: str, last_month: str) -> tuple[int, int]:
+    """(schedule_start, schedule_end) in unix seconds for the calendar months
+    first_month..last_month ("YYYY-MM", inclusive, UTC)."""
+    start = dt.datetime.strptime(first_month, "%Y-%m").replace(tzinfo=dt.timezone.utc)
+    last = dt.datetime.strptime(last_month, "%Y-%m").replace(tzinfo=dt.timezone.utc)
+    end = (last + dt.timedelta(days=32)).replace(day=1)
+    if end <= start:
+        raise ValueError(f"month {last_month} is before {first_month}")
+    return int(start.timestamp()), int(end.timestamp())

@@ -5,17 +5,26 @@ months, days or hours (event-level DP), or an integer user id cut into fixed-wid
 (user-level DP). Within a block, records go to the `train` or `test` split by a keyed hash of
 the record, so the split is stable and independent of record order.
 
-Blocks are immutable once registered (their budget may already be spent): data for a block the
-ledger already has is refused, naming the blocks. Data is written before a block is registered,
-so a registered block always has its Examples.
+Nothing stored here depends on the records beyond the records themselves (issue 16 §1): the
+blocks registered are those of the stream's public schedule, [schedule_start, schedule_end) of
+the key, whether or not a record fell in them (an empty month is still a block, with empty
+splits); no count is stored, logged or printed; a record outside the schedule or without a
+usable key (a number, or an ISO 8601 date) is dropped without a trace (the add-or-remove-one
+relation covers dropping a record, and nothing says whether any was). Adding or removing one record therefore changes
+only the contents of one block's data files.
+
+Blocks are immutable once registered (their budget may already be spent): a schedule naming a
+block the ledger already has is refused (before any record is read). Data is written before a
+block is registered, so a registered block always has its Examples.
 """
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
 import json
+import math
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import apache_beam as beam
 import tensorflow as tf
@@ -50,20 +59,62 @@ def block_of(value: float, block_by: str, users_per_block: int) -> tuple[str, in
     return start.strftime("%Y-%m-%dT%H"), int(start.timestamp()) // 3600, start.isoformat(), end.isoformat()
 
 
-def _key_value(example: tf.train.Example, key: str) -> float:
+MAX_SCHEDULED_BLOCKS = 100_000
+
+
+def schedule(start: int, end: int, block_by: str, users_per_block: int) -> list[tuple]:
+    """The blocks (id, span, start, end) of the public key range [start, end), in key order;
+    both ends must be block boundaries."""
+    blocks, value = [], start
+    while value < end:
+        block = block_of(value, block_by, users_per_block)
+        if not blocks and _boundary(block, block_by) != value:
+            raise ValueError(f"schedule_start {start} is not the start of a {block_by} block "
+                             f"(that block starts at {_boundary(block, block_by)})")
+        blocks.append(block)
+        value = _boundary(block, block_by, end=True)
+        if value > end:
+            raise ValueError(f"schedule_end {end} is not the end of a {block_by} block (the "
+                             f"last block ends at {value})")
+        if len(blocks) > MAX_SCHEDULED_BLOCKS:
+            raise ValueError(f"the schedule [{start}, {end}) holds more than "
+                             f"{MAX_SCHEDULED_BLOCKS} blocks")
+    if not blocks:
+        raise ValueError(f"the schedule [{start}, {end}) holds no block")
+    return blocks
+
+
+def _boundary(block: tuple, block_by: str, end: bool = False) -> int:
+    text = block[3] if end else block[2]
+    if block_by == "users":
+        return int(text)
+    return int(dt.datetime.fromisoformat(text).timestamp())
+
+
+def _key_value(example: tf.train.Example, key: str) -> Optional[float]:
+    """The record's block key in Unix seconds (or a user id); None (the record is dropped) if it
+    carries neither a finite number nor an ISO 8601 date or time (read as UTC when it names no
+    zone, e.g. "2024-01-05" or "2024-01-05T10:30:00+01:00")."""
     feature = example.features.feature.get(key)
-    values = None
-    if feature is not None:
-        kind = feature.WhichOneof("kind")
-        values = getattr(feature, kind).value if kind in ("int64_list", "float_list") else None
-    if not values:
-        if feature is not None and feature.WhichOneof("kind") == "bytes_list":
-            # The value itself is not repeated: an error message must not carry a record.
-            raise ValueError(f"the block key {key!r} holds text (such as a date string); it must "
-                             "be Unix seconds (an integer, e.g. 1704067200 for 2024-01-01 UTC)")
-        raise ValueError(f"a record has no numeric value for the block key {key!r}: "
-                         "every record must carry it")
+    if feature is None:
+        return None
+    kind = feature.WhichOneof("kind")
+    if kind == "bytes_list":
+        return _iso_seconds(feature.bytes_list.value[0]) if feature.bytes_list.value else None
+    values = getattr(feature, kind).value if kind in ("int64_list", "float_list") else None
+    if not values or not math.isfinite(values[0]):
+        return None
     return values[0]
+
+
+def _iso_seconds(text: bytes) -> Optional[float]:
+    try:
+        moment = dt.datetime.fromisoformat(text.decode("utf-8").strip())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return moment.timestamp()
 
 
 def _split_of(serialized: bytes, test_fraction: float) -> str:
@@ -71,21 +122,24 @@ def _split_of(serialized: bytes, test_fraction: float) -> str:
     return "test" if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else "train"
 
 
+DATA_FILE = "data_tfrecord-00000-of-00001.gz"
+
+
+def _write_records(path: str, records: Iterable[bytes]) -> None:
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for record in records:
+            writer.write(record)
+
+
 class _WriteBlockSplit(beam.DoFn):
     def __init__(self, output_uri: str):
         self._output_uri = output_uri
 
-    def process(self, keyed: tuple[tuple, Iterable[bytes]]):
-        (block_id, span, start, end, split), records = keyed
+    def process(self, keyed: tuple[tuple[str, str], Iterable[bytes]]):
+        (block_id, split), records = keyed
         directory = os.path.join(self._output_uri, block_id, f"Split-{split}")
         tf.io.gfile.makedirs(directory)
-        count = 0
-        with tf.io.TFRecordWriter(os.path.join(directory, "data_tfrecord-00000-of-00001.gz"),
-                                  options="GZIP") as writer:
-            for record in records:
-                writer.write(record)
-                count += 1
-        yield block_id, span, start, end, split, count
+        _write_records(os.path.join(directory, DATA_FILE), records)
 
 
 class Executor(base_beam_executor.BaseBeamExecutor):
@@ -104,6 +158,18 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         input_format = exec_properties["input_format"]
         key = exec_properties["block_key"]
         ledger = BlockLedger(parse(exec_properties["ledger_store"]), exec_properties["ledger_context"])
+        blocks = schedule(int(exec_properties["schedule_start"]),
+                          int(exec_properties["schedule_end"]), block_by, users_per_block)
+        scheduled = {block[0] for block in blocks}
+        known = {b.block_id for b in ledger.blocks()}
+        existing = sorted(scheduled & known)
+        if existing:
+            raise ValueError(
+                f"ledger {ledger.context!r} already has block(s) {existing}: blocks are immutable "
+                "once registered (their budget may already be spent, so new records would change "
+                "what was granted), so a schedule naming them is refused. Ingest the next period: "
+                "set schedule_start to the end of the last registered block, with a new input "
+                "directory holding only its records, or run training without BlockExampleGen")
 
         template = artifact_utils.get_single_instance(output_dict["examples"])
         output_uri = template.uri
@@ -125,41 +191,25 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
             def keyed(record: bytes):
                 value = _key_value(tf.train.Example.FromString(record), key)
-                block = block_of(value, block_by, users_per_block)
-                return (*block, _split_of(record, test_fraction)), record
+                if value is None:
+                    return
+                block_id = block_of(value, block_by, users_per_block)[0]
+                if block_id in scheduled:
+                    yield (block_id, _split_of(record, test_fraction)), record
 
-            counts = (records
-                      | "KeyByBlock" >> beam.Map(keyed)
-                      | "GroupByBlock" >> beam.GroupByKey()
-                      | "Write" >> beam.ParDo(_WriteBlockSplit(output_uri)))
-            _ = (counts | "Collect" >> beam.combiners.ToList()
-                 | "Summary" >> beam.Map(lambda rows: _write_summary(output_uri, rows)))
-
-        with tf.io.gfile.GFile(os.path.join(output_uri, "blocks.json")) as summary:
-            rows = json.load(summary)
-        counts_by_block: dict[str, dict[str, int]] = {}
-        spans = {}
-        for block_id, span, start, end, split, count in rows:
-            counts_by_block.setdefault(block_id, {s: 0 for s in SPLITS})[split] = count
-            spans[block_id] = (span, start, end)
-        if not counts_by_block:
-            raise ValueError(f"no records under {exec_properties.get('input_base') or 'the input Examples'}")
-
-        known = {b.block_id for b in ledger.blocks()}
-        existing = sorted(set(counts_by_block) & known)
-        if existing:
-            raise ValueError(f"ledger {ledger.context!r} already has block(s) {existing}: blocks "
-                             "are immutable once registered (their budget may already be spent, so "
-                             "new records would change what was granted), so late records for "
-                             "them are refused. Ingest only files that arrived since the last run "
-                             "(a new input directory), or run training without BlockExampleGen")
+            _ = (records
+                 | "KeyByBlock" >> beam.FlatMap(keyed)
+                 | "GroupByBlock" >> beam.GroupByKey()
+                 | "Write" >> beam.ParDo(_WriteBlockSplit(output_uri)))
 
         # Register in key order, so "most recent" in the ledger follows the stream.
         outputs = []
-        for block_id in sorted(counts_by_block, key=lambda b: spans[b][0]):
-            span, start, end = spans[block_id]
+        for block_id, span, start, end in blocks:
             for split in SPLITS:
-                tf.io.gfile.makedirs(os.path.join(output_uri, block_id, f"Split-{split}"))
+                directory = os.path.join(output_uri, block_id, f"Split-{split}")
+                tf.io.gfile.makedirs(directory)
+                if not tf.io.gfile.exists(os.path.join(directory, DATA_FILE)):
+                    _write_records(os.path.join(directory, DATA_FILE), [])  # no record fell here
             examples = type(template)()
             examples.uri = os.path.join(output_uri, block_id)
             examples.split_names = artifact_utils.encode_split_names(list(SPLITS))
@@ -167,16 +217,9 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             examples.set_string_custom_property("block_id", block_id)
             examples.set_string_custom_property("block_start", start)
             examples.set_string_custom_property("block_end", end)
-            # Records per split, so readers (the adaptive driver) need not count them again.
-            examples.set_string_custom_property("split_counts",
-                                                json.dumps(counts_by_block[block_id]))
             ledger.add_block(block_id, float(exec_properties["block_epsilon"]),
                              float(exec_properties["block_delta"]), start, end, examples.uri)
             outputs.append(examples)
+        with tf.io.gfile.GFile(os.path.join(output_uri, "blocks.json"), "w") as summary:
+            json.dump([list(block) for block in blocks], summary)
         output_dict["examples"][:] = outputs
-
-
-def _write_summary(output_uri: str, rows) -> None:
-    with tf.io.gfile.GFile(os.path.join(output_uri, "blocks.json"), "w") as summary:
-        json.dump(sorted(rows), summary)
-

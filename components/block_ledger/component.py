@@ -20,6 +20,7 @@ class BlockLedgerSpec(component_spec.ComponentSpec):
         "window": component_spec.ExecutionParameter(type=int, optional=True),
         "block_ids": component_spec.ExecutionParameter(type=str, optional=True),
         "split": component_spec.ExecutionParameter(type=str),
+        "step_mechanisms": component_spec.ExecutionParameter(type=str, optional=True),
         "pipeline_name": component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
@@ -36,7 +37,10 @@ class BlockLedgerSpec(component_spec.ComponentSpec):
 class BlockLedger(base_component.BaseComponent):
     """Requests (epsilon, delta) from the ledger on the most recent `window` blocks that can pay
     (or on explicit `block_ids`), split among the iteration's DP steps by `split`
-    ({step: fraction}, fractions summing to at most 1). Outputs the PrivacyGrant and one Examples
+    ({step: fraction}, fractions summing to at most 1 exactly). `step_mechanisms`
+    ({step: {"mechanism": "adassp" | "laplace" | "dp_sgd"}}) says what each step runs: the grant
+    records each step's DP event (privacy_grant.planned_event), which an rdp ledger charges
+    as the RDP curve of their composition. Outputs the PrivacyGrant and one Examples
     artifact (train/test) holding exactly the granted blocks. The charge is linked in MLMD to this
     pipeline run when the ledger lives in the pipeline's metadata store.
     """
@@ -47,7 +51,8 @@ class BlockLedger(base_component.BaseComponent):
     def __init__(self, ledger_store: str, epsilon: float, delta: float,
                  window: Optional[int] = None, block_ids: Optional[Sequence[str]] = None,
                  split: Optional[Mapping[str, float]] = None, ledger_context: str = "default",
-                 pipeline_name: Optional[str] = None, new_blocks: Optional[channel.Channel] = None):
+                 pipeline_name: Optional[str] = None, new_blocks: Optional[channel.Channel] = None,
+                 step_mechanisms: Optional[Mapping[str, Mapping]] = None):
         # Refuse here, when the pipeline is built or compiled, not when it runs on a cluster.
         if not (isinstance(epsilon, (int, float)) and epsilon > 0):
             raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
@@ -62,6 +67,7 @@ class BlockLedger(base_component.BaseComponent):
             ledger_store=ledger_store, ledger_context=ledger_context, epsilon=epsilon, delta=delta,
             window=window, block_ids=json.dumps(list(block_ids)) if block_ids else None,
             split=json.dumps(dict(split or {"all": 1.0})), pipeline_name=pipeline_name,
+            step_mechanisms=json.dumps(dict(step_mechanisms)) if step_mechanisms else None,
             new_blocks=new_blocks,
             grant=channel.Channel(type=PrivacyGrant),
             examples=channel.Channel(type=standard_artifacts.Examples)))

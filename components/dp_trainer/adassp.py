@@ -55,6 +55,17 @@ class AdaSSPResult:
     event: Optional[dp_event.DpEvent] = None  # the three Gaussian releases that ran
 
 
+def dp_event(noise_multiplier: float) -> dp_accounting.DpEvent:
+    """What AdaSSP runs: three Gaussian releases at this noise multiplier (add-or-remove-one)."""
+    return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise_multiplier),
+                                             RELEASES)
+
+
+def planned_event(epsilon: float, delta: float) -> dp_accounting.DpEvent:
+    """The event AdaSSP will run on an (epsilon, delta) share: public, before any data is read."""
+    return dp_event(noise_multiplier(epsilon, delta))
+
+
 def noise_multiplier(epsilon: float, delta: float) -> float:
     """sigma such that three Gaussian releases at noise multiplier sigma are (epsilon, delta)-DP."""
     if not epsilon > 0:
@@ -62,10 +73,7 @@ def noise_multiplier(epsilon: float, delta: float) -> float:
     if not 0.0 < delta < 1.0:
         raise ValueError(f"AdaSSP's Gaussian noise needs delta in (0, 1), got {delta}")
     return float(mechanism_calibration.calibrate_dp_mechanism(
-        rdp.RdpAccountant,
-        lambda sigma: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma),
-                                                        RELEASES),
-        epsilon, delta,
+        rdp.RdpAccountant, dp_event, epsilon, delta,
         bracket_interval=mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)))
 
 

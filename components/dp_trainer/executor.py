@@ -156,6 +156,9 @@ class Executor(base_executor.BaseExecutor):
         if mode == "adassp":
             keras_model, properties = self._adassp(examples, decoder, epsilon, delta,
                                                    exec_properties)
+            # The ledger charged the event it recorded for this step; release only if it ran.
+            grant.check_event(exec_properties.get("grant_step") or "training",
+                              adassp_lib.dp_event(properties["noise_multiplier"]))
         else:
             keras_model, properties = self._dp_sgd(examples, module, decoder, epsilon, delta,
                                                    exec_properties, model_run.uri)

@@ -28,6 +28,7 @@ from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_
 from sage_tfx.components.dp_trainer.user_module import import_module_file
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
 from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitise_record
+from sage_tfx.sage_access.accounting import pure_dp_event
 
 SPLITS = ("train", "test")
 RECORDS = "data_tfrecord-00000-of-00001.gz"
@@ -102,6 +103,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
            exec_properties: dict[str, Any]) -> None:
         grant = require_grant(input_dict["grant"], input_dict["examples"])
         epsilon, _ = grant.share(exec_properties["grant_step"])
+        # Laplace analyzers whose epsilons sum to at most the share.
+        grant.check_event(exec_properties["grant_step"], pure_dp_event(epsilon))
         preprocessing_fn, feature_spec = load_module(exec_properties["module_file"])
         shares = audit(preprocessing_fn, feature_spec, epsilon)
         console.report("DPTransform: grant %s, transform epsilon %s split among %s",
@@ -148,7 +151,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         # The raw schema too, as TFX's Transform writes it: the trainer parses raw records with it.
         metadata_io.write_metadata(raw_metadata, os.path.join(
             transform_graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR))
-        carry_grant(examples, transformed)
+        carry_grant(grant, transformed, "DPTransform")
         transform_graph.set_string_custom_property("sage_grant_id", grant.grant_id)
         transform_graph.set_string_custom_property(
             "dp_epsilon", repr(epsilon * sum(share for _, share in shares)))

@@ -109,7 +109,7 @@ class Executor(base_executor.BaseExecutor):
         output.set_int_custom_property("sampling_encrypted", int(key is not None))
         if key is not None:
             output.set_int_custom_property("sampling_record_width", int(record_width))
-        carry_grant(source, output)
+        carry_grant(grant, output, "ObliviousSampleGen")
         # n is the DP count (or the user's public size), never the exact number of records.
         console.report("ObliviousSampleGen: %s sampling of %d rows (%s), %d epoch(s), %s",
                        descriptor.scheme, descriptor.n,

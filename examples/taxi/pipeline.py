@@ -14,7 +14,7 @@ from typing import Optional
 from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
-from sage_tfx.components.block_example_gen import BlockExampleGen
+from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedule
 from sage_tfx.examples.taxi.stream import TaxiStream
 from sage_tfx.pipelines.adaptive import IterationSpec
 
@@ -75,8 +75,11 @@ class TaxiSource:
         directory = tempfile.mkdtemp(prefix="months-", dir=self.workdir)
         os.rmdir(directory)
         names = self.stream.release(months, directory)
+        # The stream's public schedule: these calendar months are blocks, records or not.
+        start, end = month_schedule(names[0], names[-1])
         gen = BlockExampleGen(input_base=directory, block_key="trip_start_timestamp",
-                              block_by="month", ledger_store=self.ledger_store,
+                              block_by="month", schedule_start=start, schedule_end=end,
+                              ledger_store=self.ledger_store,
                               block_epsilon=BLOCK_EPSILON, block_delta=BLOCK_DELTA,
                               test_fraction=TEST_FRACTION)
         LocalDagRunner().run(pipeline.Pipeline(

@@ -1,0 +1,117 @@
+"""What the platform stores and prints about a run, for comparing neighbouring datasets.
+
+Issue 16 §1: every value stored, logged or printed must not change when one record is added or
+removed, unless a DP mechanism produced it. `fingerprint` collects, after a run under `root`
+with its ML Metadata store at `store_path`:
+* every artifact, execution and context in ML Metadata with its properties and custom
+  properties, and every event (creation times, which differ between any two runs, left out);
+* every file under the run's outputs, with its content, except the records themselves
+  (`Split-*` data files of Examples: the data, inside the platform) and DP releases;
+* what the platform's own code logged.
+Values that differ between any two runs whatever the data (random grant ids, TFX run ids with
+their timestamps) are replaced by placeholders, so only data-dependent differences remain.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+from ml_metadata.proto import metadata_store_pb2 as pb
+
+from sage_tfx.sage_access import connect
+
+# (artifact type, custom property) pairs that DP mechanisms release within the grant's budget.
+DP_PROPERTIES = {
+    ("ModelBlessing", "dp_metric"), ("ModelBlessing", "lower_bound"),
+    ("ModelBlessing", "upper_bound"), ("ModelBlessing", "outcome"),
+    ("ModelBlessing", "blessed"), ("PushedModel", "pushed"),
+}
+# Files that hold DP releases (model weights, DP transform statistics) or records.
+DP_OR_DATA_FILES = re.compile(
+    r"(/Split-[^/]+/[^/]+$)|(/Format-Serving/)|(/transform_fn/)|(/transformed_metadata/)"
+    r"|(/BLESSED$)|(/NOT_BLESSED$)|(/pushed/)|(/model_run/)|(/ModelRun/)")
+
+_UUID = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?"
+                        r"|(?<=tfevents\.)\d+\.[^.]+\.\d+\.\d+")  # TensorBoard: time.host.pid.n
+# Values in the platform's log lines that DP mechanisms released (AdaSSP's ridge comes from its
+# noisy smallest eigenvalue).
+DP_LOG_VALUES = re.compile(r"(?<=ridge )[-+0-9.e]+")
+
+
+def normalize(text: str, root: str) -> str:
+    return _TIMESTAMP.sub("<time>", _UUID.sub("<uuid>", text.replace(root, "<root>")))
+
+
+def _value(value: pb.Value, root: str):
+    kind = value.WhichOneof("value")
+    raw = getattr(value, kind) if kind else None
+    return normalize(raw, root) if isinstance(raw, str) else str(raw)
+
+
+def _properties(node, type_name: str, root: str) -> dict:
+    found = {}
+    for field in ("properties", "custom_properties"):
+        for key, value in getattr(node, field).items():
+            if (type_name, key) not in DP_PROPERTIES:
+                found[f"{field}.{key}"] = _value(value, root)
+    return found
+
+
+def fingerprint(store_path: str, root: str, log_lines: list[str] = ()) -> dict:
+    store = connect(store_path)
+    artifacts = sorted(store.get_artifacts(), key=lambda a: a.id)
+    executions = sorted(store.get_executions(), key=lambda e: e.id)
+    contexts = sorted(store.get_contexts(), key=lambda c: c.id)
+    events = store.get_events_by_execution_ids([e.id for e in executions]) if executions else []
+    stored = {
+        "artifacts": [(a.id, a.type, normalize(a.name, root), normalize(a.uri, root), a.state,
+                       _properties(a, a.type, root)) for a in artifacts],
+        "executions": [(e.id, e.type, normalize(e.name, root), e.last_known_state,
+                        _properties(e, e.type, root)) for e in executions],
+        "contexts": [(c.id, c.type, normalize(c.name, root), _properties(c, c.type, root))
+                     for c in contexts],
+        "events": sorted((e.artifact_id, e.execution_id, e.type,
+                          str(e.path).replace("\n", " ")) for e in events),
+    }
+    files = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            relative = normalize(path, root)
+            if path == store_path or DP_OR_DATA_FILES.search(relative):
+                files[relative] = "<data or DP release>"
+                continue
+            with open(path, "rb") as handle:
+                content = handle.read()
+            try:
+                files[relative] = normalize(content.decode(), root)
+            except UnicodeDecodeError:
+                files[relative] = hashlib.sha256(content).hexdigest()
+    stored["files"] = files
+    stored["logs"] = [DP_LOG_VALUES.sub("<dp>", normalize(line, root)) for line in log_lines]
+    return stored
+
+
+def differences(first: dict, second: dict) -> list[str]:
+    """Readable differences between two fingerprints (empty when they agree)."""
+    found = []
+    for section in first:
+        a, b = first[section], second[section]
+        if section == "files":
+            for path in sorted(set(a) | set(b)):
+                if a.get(path) != b.get(path):
+                    found.append(f"file {path}")
+            continue
+        if len(a) != len(b):
+            found.append(f"{section}: {len(a)} vs {len(b)} entries")
+        for x, y in zip(a, b):
+            if x != y:
+                if isinstance(x, tuple) and isinstance(x[-1], dict):
+                    keys = sorted(k for k in set(x[-1]) | set(y[-1])
+                                  if x[-1].get(k) != y[-1].get(k))
+                    found.append(f"{section} {x[1]}: {keys or x[:-1]}")
+                else:
+                    found.append(f"{section}: {x} vs {y}")
+    return found
