@@ -35,9 +35,12 @@ DP_OR_DATA_FILES = re.compile(
 _UUID = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?"
                         r"|(?<=tfevents\.)\d+\.[^.]+\.\d+\.\d+")  # TensorBoard: time.host.pid.n
-# Values in the platform's log lines that DP mechanisms released (AdaSSP's ridge comes from its
-# noisy smallest eigenvalue).
-DP_LOG_VALUES = re.compile(r"(?<=ridge )[-+0-9.e]+")
+# Values in the platform's log lines that DP mechanisms released: AdaSSP's ridge (from its noisy
+# smallest eigenvalue), and the SLAed validator's outcome, DP metric and interval.
+DP_LOG_VALUES = re.compile(r"(?<=ridge )[-+0-9.e]+"
+                           r"|(?<=SLAedValidator: )(ACCEPT|REJECT|RETRY)"
+                           r"|(?<=\(DP loss )[-+0-9.e]+|(?<=\(DP accuracy )[-+0-9.e]+"
+                           r"|(?<= in )\[[-+0-9.e]+, [-+0-9.einf]+\]")
 
 
 def normalize(text: str, root: str) -> str:

@@ -14,12 +14,8 @@ from typing import Any
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-<<<<<<< HEAD
 from sage_tfx import console
-from sage_tfx.components.privacy_grant import check_split, mark_examples, write_grant
-=======
 from sage_tfx.components.privacy_grant import mark_examples, step_events, write_grant
->>>>>>> grant
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow, check_split
 from sage_tfx.sage_access.store import parse
@@ -61,25 +57,17 @@ class Executor(base_executor.BaseExecutor):
             if without_data:
                 raise BadRequest(f"block(s) {', '.join(without_data)} have no Examples registered "
                                  "(added without data); nothing was charged")
-<<<<<<< HEAD
-        grant = ledger.request(selector, epsilon=float(exec_properties["epsilon"]),
-                               delta=float(exec_properties["delta"]), pipeline=pipeline,
-                               run_id=run_id)
-        blocks = ", ".join(grant.blocks) if len(grant.blocks) <= 4 else \
-            f"{grant.blocks[0]} .. {grant.blocks[-1]} ({len(grant.blocks)} blocks)"
-        console.report("BlockLedger: grant %s charged (%s, %s) on %s for pipeline %s",
-                       grant.grant_id, grant.epsilon, grant.delta, blocks, pipeline)
-=======
         epsilon, delta = float(exec_properties["epsilon"]), float(exec_properties["delta"])
         events = step_events(json.loads(exec_properties.get("step_mechanisms") or "{}"),
-                              budget_split, epsilon, delta, ledger.accounting.name)
+                             budget_split, epsilon, delta, ledger.accounting.name)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         grant = ledger.request(selector, epsilon=epsilon, delta=delta, pipeline=pipeline,
                                run_id=run_id, split=budget_split, events=events,
                                data_uri=examples.uri)
-        logging.info("BlockLedger: grant %s charged (%s, %s) on blocks %s for pipeline %s",
-                     grant.grant_id, grant.epsilon, grant.delta, ", ".join(grant.blocks), pipeline)
->>>>>>> grant
+        blocks = ", ".join(grant.blocks) if len(grant.blocks) <= 4 else \
+            f"{grant.blocks[0]} .. {grant.blocks[-1]} ({len(grant.blocks)} blocks)"
+        console.report("BlockLedger: grant %s charged (%s, %s) on %s for pipeline %s",
+                       grant.grant_id, grant.epsilon, grant.delta, blocks, pipeline)
 
         examples.split_names = artifact_utils.encode_split_names(list(SPLITS))
         for block_id in grant.blocks:

@@ -36,10 +36,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import dp_accounting
-from dp_accounting import dp_event
 import numpy as np
-from dp_accounting import mechanism_calibration
-from dp_accounting import rdp
+from dp_accounting import mechanism_calibration, rdp
 from scipy import stats
 
 from sage_tfx import mechanisms
@@ -52,7 +50,7 @@ class AdaSSPResult:
     weights: np.ndarray  # d coefficients, the intercept last
     noise_multiplier: float
     ridge: float
-    event: Optional[dp_event.DpEvent] = None  # the three Gaussian releases that ran
+    event: Optional[dp_accounting.DpEvent] = None  # the three Gaussian releases that ran
 
 
 def dp_event(noise_multiplier: float) -> dp_accounting.DpEvent:
@@ -130,5 +128,5 @@ def adassp(features: np.ndarray, labels: np.ndarray, epsilon: float, delta: floa
     ridge = max(0.0, gram_scale * math.sqrt(d * math.log(2.0 * d * d / rho)) - noisy_min_eigenvalue)
     weights = np.linalg.lstsq(noisy_gram + ridge * np.eye(d), noisy_moment, rcond=None)[0]
     weights[-1] += label_offset
-    return AdaSSPResult(weights, sigma, ridge, dp_event.ComposedDpEvent(
+    return AdaSSPResult(weights, sigma, ridge, dp_accounting.ComposedDpEvent(
         [eigenvalue.event, triangle.event, moment.event]))
