@@ -121,6 +121,16 @@ def gaussian_sigma(*, l2_sensitivity: float, epsilon: float, delta: float) -> fl
         parameters, sensitivity=_positive("l2_sensitivity", l2_sensitivity)).standard_deviation
 
 
+def gaussian_lattice(*, l2_sensitivity: float, size: int,
+                     noise_multiplier: float) -> tuple[float, int]:
+    """``(sigma, k)`` of the Gaussian that :func:`gaussian_with_noise_multiplier` runs on
+    ``size`` coordinates: the standard deviation noise_multiplier * (l2_sensitivity + sqrt(size)
+    * 2**k), and the lattice exponent k (every noisy value is a multiple of 2**k before the
+    final rounding to a double). Partition selection needs both to bound the noise's tail."""
+    k = _lattice_exponent(l2_sensitivity)
+    return noise_multiplier * (l2_sensitivity + math.sqrt(size) * 2.0 ** k), k
+
+
 def gaussian_with_noise_multiplier(values, *, l2_sensitivity: float,
                                    noise_multiplier: float) -> Release:
     """``values`` + N(0, s^2) per coordinate with s = noise_multiplier * (L2 sensitivity rounded
@@ -129,10 +139,10 @@ def gaussian_with_noise_multiplier(values, *, l2_sensitivity: float,
     l2_sensitivity = _positive("l2_sensitivity", l2_sensitivity)
     noise_multiplier = _positive("noise_multiplier", noise_multiplier)
     array = _finite_floats(values, "gaussian")
-    k = _lattice_exponent(l2_sensitivity)
-    rounded = l2_sensitivity + math.sqrt(array.size) * 2.0 ** k
+    sigma, k = gaussian_lattice(l2_sensitivity=l2_sensitivity, size=array.size,
+                                noise_multiplier=noise_multiplier)
     measurement = dp.m.make_gaussian(_float_domain(array.size), dp.l2_distance(T=float),
-                                     scale=noise_multiplier * rounded, k=k)
+                                     scale=sigma, k=k)
     rho = measurement.map(l2_sensitivity)   # OpenDP's map: (rounded / s)^2 / 2
     multiplier_run = 1.0 / math.sqrt(2.0 * rho)
     assert multiplier_run >= noise_multiplier * (1 - 1e-9), (multiplier_run, noise_multiplier)
