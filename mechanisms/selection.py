@@ -206,9 +206,11 @@ def truncated_geometric_keep_probability(unit_counts, *, epsilon: float,
     return np.clip(np.where(n <= n1, rising, settling), 0.0, 1.0)
 
 
-def _check_keep_probabilities(epsilon: float, delta: Fraction, design_delta: float) -> int:
-    """Verify, in exact rational arithmetic, that the doubles pi(1..N) meet both DP constraints
-    at ``delta``; return N, the first count kept with probability 1."""
+def _checked_keep_probabilities(epsilon: float, delta: Fraction,
+                                design_delta: float) -> np.ndarray:
+    """The doubles pi(1..N) designed at ``design_delta``, N the first count kept surely
+    (pi(N) = 1), after verifying in exact rational arithmetic that they meet both DP constraints
+    at ``delta``. The coins are drawn with exactly these doubles."""
     e_eps_low = Fraction(math.exp(epsilon)) * (1 - Fraction(1, 2 ** 50))  # <= e^eps
     size = 64
     while True:
@@ -217,17 +219,16 @@ def _check_keep_probabilities(epsilon: float, delta: Fraction, design_delta: flo
         if probabilities[-1] == 1.0:
             break
         size *= 2
+    probabilities = probabilities[:int(np.argmax(probabilities == 1.0)) + 1]
     previous = Fraction(0)
-    for n, probability in enumerate(probabilities.tolist(), start=1):
+    for probability in probabilities.tolist():
         current = Fraction(probability)
         if (current > e_eps_low * previous + delta
                 or 1 - previous > e_eps_low * (1 - current) + delta):
             raise ValueError(f"truncated geometric: delta {float(delta)!r} per partition is too "
                              "small for keep probabilities in double precision")
-        if current == 1:
-            return n
         previous = current
-    raise AssertionError("unreachable: the last probability is 1")
+    return probabilities
 
 
 def _exact_bernoulli(probability: float, size: int) -> np.ndarray:
@@ -254,14 +255,11 @@ def truncated_geometric_selection(unit_counts, *, max_partitions_per_unit: int, 
     epsilon_1 = _positive("epsilon", epsilon) / partitions
     delta_1 = Fraction(_delta(delta)) / partitions
     design_delta = float(delta_1) * (1.0 - _DELTA_MARGIN)
-    always = _check_keep_probabilities(epsilon_1, delta_1, design_delta)
-    keep = counts >= always
-    for count in np.unique(counts[(counts > 0) & (counts < always)]):
+    probabilities = _checked_keep_probabilities(epsilon_1, delta_1, design_delta)
+    keep = counts >= probabilities.size  # pi(n) = 1 from n = N on
+    for count in np.unique(counts[(counts > 0) & (counts < probabilities.size)]):
         where = np.flatnonzero(counts == count)
-        probability = float(truncated_geometric_keep_probability(
-            [count], epsilon=epsilon_1, delta=design_delta)[0])
-        if probability > 0:
-            keep[where] = _exact_bernoulli(probability, where.size)
+        keep[where] = _exact_bernoulli(float(probabilities[count - 1]), where.size)
     event = dp_event.DiscreteLaplaceDpEvent(noise_parameter=epsilon_1, sensitivity=1)
     if partitions > 1:
         event = dp_event.SelfComposedDpEvent(event, partitions)

@@ -189,10 +189,10 @@ def test_truncated_geometric_closed_form_is_the_recursion(epsilon, delta):
 
 def test_truncated_geometric_keep_rates_and_a_larger_delta_is_caught(monkeypatch):
     c, epsilon, delta, per_count = 2, 2.0, 0.02, 5000
-    levels = np.array([1, 2, 3, 4])
+    levels = np.array([1, 2, 3, 4, 5, 6])  # keep probabilities 0.01 ... 0.91: both coin paths
     counts = np.repeat(levels, per_count)
     # Each partition runs at (eps / C, delta / C), designed at delta (1 - 2^-10).
-    expected = keep_probability_by_recursion(4, epsilon / c, delta / c * (1 - 2 ** -10))[levels]
+    expected = keep_probability_by_recursion(6, epsilon / c, delta / c * (1 - 2 ** -10))[levels]
 
     def worst_pvalue():
         keep = mechanisms.truncated_geometric_selection(
@@ -200,6 +200,11 @@ def test_truncated_geometric_keep_rates_and_a_larger_delta_is_caught(monkeypatch
             delta=delta).value.keep.reshape(levels.size, per_count)
         return min(binomial_pvalue(kept, p) for kept, p in zip(keep, expected))
     assert worst_pvalue() > FALSE_FAILURE
+    coin = selection._exact_bernoulli  # broken coin: zeros flipped with f = min(2p, 1) only
+    with monkeypatch.context() as patch:
+        patch.setattr(selection, "_exact_bernoulli",
+                      lambda probability, size: coin(min(probability, 0.5), size))
+        assert worst_pvalue() < FALSE_FAILURE
     rate, lower = released_own_partition_rate(mechanisms.truncated_geometric_selection, c,
                                               10_000, epsilon=epsilon, delta=delta)
     assert lower <= delta, rate
@@ -212,7 +217,9 @@ def test_truncated_geometric_keep_rates_and_a_larger_delta_is_caught(monkeypatch
     with pytest.raises(ValueError, match="truncated geometric"):
         mechanisms.truncated_geometric_selection([1], max_partitions_per_unit=c,
                                                  epsilon=epsilon, delta=delta)
-    monkeypatch.setattr(selection, "_check_keep_probabilities", lambda *args: 10 ** 6)
+    monkeypatch.setattr(selection, "_checked_keep_probabilities",
+                        lambda epsilon, delta, design_delta: real(
+                            np.arange(1, 1000), epsilon=epsilon, delta=4 * design_delta))
     rate, lower = released_own_partition_rate(mechanisms.truncated_geometric_selection, c,
                                               10_000, epsilon=epsilon, delta=delta)
     assert lower > delta, rate
