@@ -33,12 +33,18 @@ What each mechanism returns
 A frozen :class:`Release` ``(value, event, additional_delta)``: ``event`` is the dp_accounting
 DpEvent that describes exactly the noise that ran (sensitivity incl. lattice rounding, scale);
 ``additional_delta`` is the delta a partition-selection step spends outside any DpEvent
-dp_accounting can express (0 for the additive mechanisms).
+dp_accounting can express (0 for the additive mechanisms; see ``selection`` for partition
+selection: Laplace and Gaussian thresholding, truncated-geometric selection).
 """
 from sage_tfx.mechanisms.release import Release
 from sage_tfx.mechanisms.additive import (discrete_gaussian, discrete_laplace, gaussian,
                                           gaussian_sigma, gaussian_with_noise_multiplier, laplace,
                                           laplace_count_and_sum)
+from sage_tfx.mechanisms.selection import (Selection, gaussian_threshold, laplace_threshold,
+                                           truncated_geometric_keep_probability,
+                                           truncated_geometric_selection)
 
 __all__ = ["Release", "laplace", "discrete_laplace", "gaussian", "gaussian_sigma",
-           "gaussian_with_noise_multiplier", "discrete_gaussian", "laplace_count_and_sum"]
+           "gaussian_with_noise_multiplier", "discrete_gaussian", "laplace_count_and_sum",
+           "Selection", "laplace_threshold", "gaussian_threshold",
+           "truncated_geometric_keep_probability", "truncated_geometric_selection"]

@@ -14,7 +14,9 @@ OpenDP's map, so it states the guarantee of what ran.
 """
 from __future__ import annotations
 
+import functools
 import math
+from typing import Optional
 
 import dp_accounting
 from dp_accounting import dp_event
@@ -66,12 +68,29 @@ def _lattice_exponent(sensitivity: float) -> int:
     return max(math.floor(math.log2(sensitivity)) - _LATTICE_DIGITS_BELOW_SENSITIVITY, -1074)
 
 
-def _float_domain(size: int):
-    return dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size)
+# Building an OpenDP measurement and evaluating its privacy map cost ~0.3 ms of CPU, more than
+# the noise for a short vector (a validator's two scalars), so measurements are built once per
+# public parameter set and reused; every invocation still draws fresh noise from the OS CSPRNG.
+@functools.lru_cache(maxsize=256)
+def _measurement(noise: str, atom: str, size: Optional[int], scale: float, k: Optional[int],
+                 sensitivity) -> tuple[dp.Measurement, Optional[float]]:
+    """OpenDP's ``noise`` ("laplace" / "gaussian") measurement on vectors of ``atom`` ("f64",
+    sized, lattice 2**k; or "i64") and its privacy map at ``sensitivity``."""
+    if atom == "f64":
+        domain = dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size)
+    else:
+        domain = dp.vector_domain(dp.atom_domain(T="i64"))
+    if noise == "laplace":
+        measurement = dp.m.make_laplace(domain, dp.l1_distance(T=atom), scale=scale, k=k)
+    else:
+        measurement = dp.m.make_gaussian(domain, dp.l2_distance(T=atom), scale=scale, k=k)
+    return measurement, None if sensitivity is None else measurement.map(sensitivity)
 
 
 def _invoke(measurement, array: np.ndarray, dtype) -> np.ndarray:
-    noisy = np.asarray(measurement(array.ravel().tolist()), dtype=dtype).reshape(array.shape)
+    # OpenDP reads a contiguous numpy vector directly (no per-element Python conversion).
+    flat = np.ascontiguousarray(array.ravel(), dtype=dtype)
+    noisy = np.asarray(measurement(flat), dtype=dtype).reshape(array.shape)
     return noisy if array.ndim else noisy[()]
 
 
@@ -83,9 +102,8 @@ def laplace(values, *, l1_sensitivity: float, epsilon: float) -> Release:
     array = _finite_floats(values, "laplace")
     k = _lattice_exponent(l1_sensitivity)
     scale = (l1_sensitivity + array.size * 2.0 ** k) / epsilon
-    measurement = dp.m.make_laplace(_float_domain(array.size), dp.l1_distance(T=float),
-                                    scale=scale, k=k)
-    epsilon_run = measurement.map(l1_sensitivity)
+    measurement, epsilon_run = _measurement("laplace", "f64", array.size, scale, k,
+                                            l1_sensitivity)
     assert epsilon_run <= epsilon * (1 + 1e-9), (epsilon_run, epsilon)
     return Release(_invoke(measurement, array, np.float64),
                    dp_event.LaplaceDpEvent(noise_multiplier=1.0 / epsilon_run))
@@ -101,15 +119,17 @@ def discrete_laplace(values, *, l1_sensitivity: int, epsilon: float) -> Release:
     epsilon = _positive("epsilon", epsilon)
     array = _integers(values, "discrete_laplace")
     scale = l1_sensitivity / epsilon
-    measurement = dp.m.make_laplace(dp.vector_domain(dp.atom_domain(T="i64")),
-                                    dp.l1_distance(T="i64"), scale=scale)
-    epsilon_run = measurement.map(l1_sensitivity)
+    measurement, epsilon_run = _measurement("laplace", "i64", None, scale, None,
+                                            l1_sensitivity)
     assert epsilon_run <= epsilon * (1 + 1e-9), (epsilon_run, epsilon)
     return Release(_invoke(measurement, array, np.int64),
                    dp_event.DiscreteLaplaceDpEvent(
                        noise_parameter=epsilon_run / l1_sensitivity, sensitivity=l1_sensitivity))
 
 
+# Calibrations are pure functions of public parameters and cost milliseconds (dp_accounting's
+# binary searches): computed once per parameter set.
+@functools.lru_cache(maxsize=256)
 def gaussian_sigma(*, l2_sensitivity: float, epsilon: float, delta: float) -> float:
     """The smallest Gaussian standard deviation that is (epsilon, delta)-DP for L2 sensitivity
     ``l2_sensitivity``: the analytic Gaussian mechanism of Balle & Wang (2018), i.e. the sigma
@@ -121,6 +141,16 @@ def gaussian_sigma(*, l2_sensitivity: float, epsilon: float, delta: float) -> fl
         parameters, sensitivity=_positive("l2_sensitivity", l2_sensitivity)).standard_deviation
 
 
+def gaussian_lattice(*, l2_sensitivity: float, size: int,
+                     noise_multiplier: float) -> tuple[float, int]:
+    """``(sigma, k)`` of the Gaussian that :func:`gaussian_with_noise_multiplier` runs on
+    ``size`` coordinates: the standard deviation noise_multiplier * (l2_sensitivity + sqrt(size)
+    * 2**k), and the lattice exponent k (every noisy value is a multiple of 2**k before the
+    final rounding to a double). Partition selection needs both to bound the noise's tail."""
+    k = _lattice_exponent(l2_sensitivity)
+    return noise_multiplier * (l2_sensitivity + math.sqrt(size) * 2.0 ** k), k
+
+
 def gaussian_with_noise_multiplier(values, *, l2_sensitivity: float,
                                    noise_multiplier: float) -> Release:
     """``values`` + N(0, s^2) per coordinate with s = noise_multiplier * (L2 sensitivity rounded
@@ -129,11 +159,10 @@ def gaussian_with_noise_multiplier(values, *, l2_sensitivity: float,
     l2_sensitivity = _positive("l2_sensitivity", l2_sensitivity)
     noise_multiplier = _positive("noise_multiplier", noise_multiplier)
     array = _finite_floats(values, "gaussian")
-    k = _lattice_exponent(l2_sensitivity)
-    rounded = l2_sensitivity + math.sqrt(array.size) * 2.0 ** k
-    measurement = dp.m.make_gaussian(_float_domain(array.size), dp.l2_distance(T=float),
-                                     scale=noise_multiplier * rounded, k=k)
-    rho = measurement.map(l2_sensitivity)   # OpenDP's map: (rounded / s)^2 / 2
+    sigma, k = gaussian_lattice(l2_sensitivity=l2_sensitivity, size=array.size,
+                                noise_multiplier=noise_multiplier)
+    # OpenDP's map: rho = (rounded sensitivity / sigma)^2 / 2
+    measurement, rho = _measurement("gaussian", "f64", array.size, sigma, k, l2_sensitivity)
     multiplier_run = 1.0 / math.sqrt(2.0 * rho)
     assert multiplier_run >= noise_multiplier * (1 - 1e-9), (multiplier_run, noise_multiplier)
     return Release(_invoke(measurement, array, np.float64),
@@ -170,20 +199,24 @@ def discrete_gaussian(values, *, l2_sensitivity: float, epsilon: float, delta: f
     ZCDpEvent(rho), which the RDP accountant composes; sigma is the smallest for which that
     event is (epsilon, delta)-DP by dp_accounting's RDP conversion (calibrate_dp_mechanism)."""
     l2_sensitivity = _positive("l2_sensitivity", l2_sensitivity)
-    epsilon = _positive("epsilon", epsilon)
-    delta = _delta(delta)
     array = _integers(values, "discrete_gaussian")
+    sigma = _discrete_gaussian_sigma(l2_sensitivity, _positive("epsilon", epsilon),
+                                     _delta(delta))
+    measurement, _ = _measurement("gaussian", "i64", None, sigma, None, None)
+    return Release(_invoke(measurement, array, np.int64),
+                   _zcdp_event(l2_sensitivity, sigma))
 
-    def event(sigma: float) -> dp_event.ZCDpEvent:
-        return dp_event.ZCDpEvent(rho=l2_sensitivity ** 2 / (2.0 * sigma ** 2))
 
+def _zcdp_event(l2_sensitivity: float, sigma: float) -> dp_event.ZCDpEvent:
+    return dp_event.ZCDpEvent(rho=l2_sensitivity ** 2 / (2.0 * sigma ** 2))
+
+
+@functools.lru_cache(maxsize=256)
+def _discrete_gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float) -> float:
     analytic_sigma = gaussian_sigma(l2_sensitivity=l2_sensitivity, epsilon=epsilon, delta=delta)
-    sigma = mechanism_calibration.calibrate_dp_mechanism(
-        dp_accounting.rdp.RdpAccountant, event, epsilon, delta,
+    return mechanism_calibration.calibrate_dp_mechanism(
+        dp_accounting.rdp.RdpAccountant, functools.partial(_zcdp_event, l2_sensitivity),
+        epsilon, delta,
         # No mechanism beats the analytic Gaussian's sigma: it is a valid lower end.
-        mechanism_calibration.LowerEndpointAndGuess(
-            analytic_sigma, 2.0 * analytic_sigma),
+        mechanism_calibration.LowerEndpointAndGuess(analytic_sigma, 2.0 * analytic_sigma),
         tol=1e-6 * l2_sensitivity / epsilon)
-    measurement = dp.m.make_gaussian(dp.vector_domain(dp.atom_domain(T="i64")),
-                                     dp.l2_distance(T="i64"), scale=sigma)
-    return Release(_invoke(measurement, array, np.int64), event(sigma))

@@ -14,9 +14,14 @@ class Release:
 
     ``additional_delta`` is delta spent outside the event: partition selection releases a
     partition that only the added unit holds with probability at most ``additional_delta``, and
-    no dp_accounting event expresses that. Such a release is within total variation
-    ``additional_delta`` of a post-processing of a mechanism that ``event`` describes exactly, so
-    a composition is (eps, delta_events(eps) + sum of additional_delta) for every eps.
+    no dp_accounting event expresses that. A composition is (eps, delta_events(eps) + sum of
+    additional_delta) for every eps when, on every neighbouring pair, the release is either
+    the independent product of a part that ``event`` describes and a part that is
+    (0, additional_delta)-DP (thresholding; basic composition), or a mixture of weight
+    1 - additional_delta on a post-processing of ``event`` (truncated geometric; joint
+    convexity of the hockey-stick divergence). ``selection`` derives which holds for each rule.
+    A one-sided total-variation bound alone would not do: it costs e^eps * additional_delta in
+    the other direction.
     """
     value: Any
     event: dp_event.DpEvent

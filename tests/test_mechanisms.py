@@ -94,3 +94,16 @@ def test_vectors_and_bad_inputs():
         mechanisms.discrete_laplace([1.5], l1_sensitivity=1, epsilon=1.0)
     with pytest.raises(ValueError, match="delta"):
         mechanisms.gaussian([1.0], l2_sensitivity=1.0, epsilon=1.0, delta=0.0)
+
+
+def test_reused_measurements_draw_fresh_noise():
+    # Measurements and calibrations are cached per parameter set; the noise must not be. Two
+    # draws of 100 exact Laplace / Gaussian values coincide with probability ~0.
+    first = mechanisms.laplace(np.zeros(100), l1_sensitivity=1.0, epsilon=1.0).value
+    second = mechanisms.laplace(np.zeros(100), l1_sensitivity=1.0, epsilon=1.0).value
+    assert not np.array_equal(first, second)
+    first = mechanisms.discrete_gaussian(np.zeros(100, np.int64), l2_sensitivity=1.0,
+                                         epsilon=1.0, delta=1e-6)
+    second = mechanisms.discrete_gaussian(np.zeros(100, np.int64), l2_sensitivity=1.0,
+                                          epsilon=1.0, delta=1e-6)
+    assert first.event == second.event and not np.array_equal(first.value, second.value)

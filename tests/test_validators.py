@@ -141,3 +141,68 @@ def test_bad_input_gets_a_clear_error_and_bad_predictions_do_not_crash():
     mixed = loss_validator(np.r_[np.zeros(5000), np.full(5000, np.inf)], 0.3, 1.0, 0.95, 1.0)
     assert mixed.outcome == REJECT
     assert accuracy_validator(np.full(5000, np.nan), 0.5, 1.0, 0.95).outcome == REJECT
+
+
+# Where the DP correction decides (issue 24): small epsilon, large n. At epsilon = 0.005 and
+# n = 20,000 the Laplace corrections (~ 0.08 on a mean in [0, 1]) are several times the
+# Bernstein and Hoeffding slack (~ 0.012), so a validator without them (every laplace_tail = 0,
+# hence dp_error = 0) is wrong far more often than eta. The validators use only the count and sum of
+# a test set, so a Bernoulli(mu) test set is drawn as its Binomial(n, mu) number of ones.
+SMALL_EPSILON, LARGE_N = 0.005, 20_000
+
+
+def bernoulli_test_set(mean):
+    def draw(rng):
+        values = np.zeros(LARGE_N)
+        values[:rng.binomial(LARGE_N, mean)] = 1.0
+        return values
+    return draw
+
+
+def without_laplace_corrections(monkeypatch):
+    from sage_tfx.validators import slaed
+    monkeypatch.setattr(slaed, "laplace_tail", lambda scale, probability, two_sided=False: 0.0)
+
+
+def test_loss_accept_guarantee_holds_where_the_dp_correction_decides(monkeypatch):
+    eta, mean = 0.025, 0.3
+    target = mean - 0.001  # the true expected loss is just above the target: ACCEPT is wrong
+
+    def accepted(losses, rng):
+        return loss_validator(losses, target, SMALL_EPSILON, 0.95, 1.0).outcome == ACCEPT
+    assert wrong_decisions(accepted, bernoulli_test_set(mean),
+                           np.random.default_rng(7)) <= allowed_errors(eta)
+    # It is not a validator that never accepts: its upper bound is ~mean + 0.13 here, above
+    # mean + 0.4 only if the sum noise exceeds ~4,900 (probability < 1e-5).
+    assert loss_validator(bernoulli_test_set(mean)(np.random.default_rng(7)), mean + 0.4,
+                          SMALL_EPSILON, 0.95, 1.0).outcome == ACCEPT
+    without_laplace_corrections(monkeypatch)
+    broken = wrong_decisions(accepted, bernoulli_test_set(mean), np.random.default_rng(7))
+    assert broken > 3 * allowed_errors(eta), broken
+
+
+def test_sum_statistic_guarantee_holds_where_the_dp_correction_decides(monkeypatch):
+    eta, mean = 0.025, 0.5
+
+    def accepted_and_wrong(target):
+        def decide(values, rng):
+            result = sum_statistic_validator(values, target, SMALL_EPSILON, 0.95, (0.0, 1.0))
+            return result.outcome == ACCEPT and abs(result.dp_estimate - mean) > target
+        return decide
+
+    draw = bernoulli_test_set(mean)
+    # The error bound here is ~0.20 (DP 0.19 + sampling 0.012; it exceeds 0.3 only if the count
+    # noise is below -7,000, probability 1e-8 per run): at target 0.3 the validator ACCEPTs
+    # every run, at 0.015 it must RETRY. Wrong ACCEPTs stay within eta at both.
+    rng = np.random.default_rng(8)
+    at_loose = [sum_statistic_validator(draw(rng), 0.3, SMALL_EPSILON, 0.95, (0.0, 1.0))
+                for _ in range(RUNS)]
+    assert all(result.outcome == ACCEPT for result in at_loose)
+    assert sum(abs(result.dp_estimate - mean) > 0.3 for result in at_loose) <= allowed_errors(eta)
+    assert wrong_decisions(accepted_and_wrong(0.015), draw,
+                           np.random.default_rng(8)) <= allowed_errors(eta)
+    # Without the corrections the bound is the sampling term alone (0.012), so it ACCEPTs at
+    # 0.015 while the Laplace noise on the mean (scale 0.02) exceeds 0.015 in ~47% of runs.
+    without_laplace_corrections(monkeypatch)
+    broken = wrong_decisions(accepted_and_wrong(0.015), draw, np.random.default_rng(8))
+    assert broken > 3 * allowed_errors(eta), broken
