@@ -5,8 +5,10 @@ One step on sample S (Abadi et al. 2016; oblivious-sampling paper §3 "NoisySGD"
     g = ( sum_{i in S} clip_C(grad loss_i) + N(0, sigma^2 C^2 I) ) / normaliser
 
 * clip_C scales each per-example gradient to L2 norm <= C. tensorflow-privacy's
-  `compute_clipped_gradients_and_outputs` does it without materialising per-example gradients
-  (ghost norms for Dense/Embedding layers; other trainable layers are refused by name).
+  `compute_gradient_norms` and `compute_clip_weights` (the two halves of its
+  `compute_clipped_gradients_and_outputs`, with the overflow guard below between them) do it
+  without materialising per-example gradients (ghost norms for Dense/Embedding layers; other
+  trainable layers are refused by name).
 * The sum therefore moves by at most C when one record is added or removed (2C when replaced;
   oblivious_sample_gen/accounting.py accounts for that). Gaussian noise of std sigma * C makes
   each step the subsampled Gaussian mechanism the accountant composes.
