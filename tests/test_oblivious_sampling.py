@@ -222,6 +222,10 @@ def test_poisson_sizes_are_binomial_and_inclusion_probability_is_gamma():
     slots = result.descriptor.slots_per_epoch
     assert result.records.shape[0] == epochs * slots
     assert np.sum(result.sample_ids == 0) == epochs * slots - sizes.sum()
+    # Dummies hold null records (routing copies no record into them); every real slot holds
+    # the record its id names (dataset() rows are [id, 4 normal features]: never all zero).
+    assert not result.records[~result.real].any()
+    assert result.records[result.real][:, 1:].any(axis=1).all()
 
 
 def test_poisson_units_have_a_public_width_so_truncation_is_negligible():
