@@ -259,7 +259,7 @@ def test_dp_sgd_on_the_taxi_sample_beats_the_naive_model():
     test, train = order[:3000], order[3000:]
     # Rows stand in for records: SWO samples of row indices, as ObliviousSampleGen lays them out.
     samples = samples_swo(tf.constant(train.astype(np.int64)), 256, seed=5, epochs=5)
-    rows = samples.records.numpy()
+    rows = samples.records
     train_x, train_y = tf.constant(features[rows]), tf.constant(labels[rows])
     calibration = calibrate(samples.descriptor, epsilon=8.0, delta=1e-6)
     steps = []
@@ -320,3 +320,46 @@ def test_adassp_noise_scale_measured_against_an_independent_calibration(monkeypa
     measured = np.std(np.concatenate(released))
     assert len(released) == 180
     assert 0.85 * oracle <= measured <= 1.3 * oracle, (measured, oracle)
+
+
+def train_with_one_bad_row(bad_features, bad_label, poisson_regression, bad_weight=1.0,
+                           steps=3):
+    """A one-layer model after `steps` DP-SGD steps on 8 rows, the last one (bad_features,
+    bad_label) with weight `bad_weight`; fixed noise seed. Poisson regression (exp link,
+    Poisson loss) or least squares."""
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(
+        1, activation="exponential" if poisson_regression else None)])
+    loss = tf.keras.losses.Poisson() if poisson_regression else tf.keras.losses.MeanSquaredError()
+    rng = np.random.default_rng(3)
+    features = np.vstack([rng.standard_normal((7, 2)), [bad_features]]).astype(np.float32)
+    labels = np.vstack([np.abs(rng.standard_normal((7, 1))), [[bad_label]]]).astype(np.float32)
+    weights = np.array([[1.0] * 7 + [bad_weight]] * steps, np.float32)
+    plan = dp_sgd.StepPlan(np.tile(np.arange(8, dtype=np.int32), (steps, 1)), weights,
+                           normaliser=8.0, epochs=1)
+    dp_sgd.train(model, loss, tf.constant(features), tf.constant(labels), plan,
+                 dp_sgd.DPSGDConfig(1.0, 1.0, 0.1), seed=4)
+    return np.concatenate([w.numpy().ravel() for w in model.trainable_variables])
+
+
+# A finite feature of 1e30 overflows exp(w x) in Poisson regression (then 0 * inf = NaN in
+# the clipped gradient); 1e39 overflows float32 itself (inf) in a least-squares model.
+BAD_ROWS = [([1e30, -1e30], 1.0, True), ([1e39, 0.5], 1.0, False)]
+
+
+@pytest.mark.parametrize("bad_features,bad_label,poisson_regression", BAD_ROWS)
+def test_a_record_that_overflows_float32_is_dropped_and_the_model_stays_finite(
+        bad_features, bad_label, poisson_regression):
+    trained = train_with_one_bad_row(bad_features, bad_label, poisson_regression)
+    assert np.isfinite(trained).all()
+    # Exactly what a dropped record gives: a null slot (zero row, weight 0), same noise.
+    dropped = train_with_one_bad_row([0.0, 0.0], 0.0, poisson_regression, bad_weight=0.0)
+    assert np.array_equal(trained, dropped)
+
+
+@pytest.mark.parametrize("bad_features,bad_label,poisson_regression", BAD_ROWS)
+def test_without_the_overflow_guard_one_record_makes_the_model_nan(
+        monkeypatch, bad_features, bad_label, poisson_regression):
+    monkeypatch.setattr(dp_sgd, "kept_rows", lambda losses, norms: tf.ones_like(losses, tf.bool))
+    assert not np.isfinite(train_with_one_bad_row(bad_features, bad_label,
+                                                  poisson_regression)).all()

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import tensorflow as tf
 
 from sage_tfx.components.oblivious_sample_gen import access_trace, accounting, melbourne, sampling
 from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
@@ -25,7 +24,7 @@ from sage_tfx.components.oblivious_sample_gen.trace import dataset
 
 
 def ids_of(samples) -> list[np.ndarray]:
-    return [batch.numpy()[:, 0].astype(int) for batch in samples.batches()]
+    return [batch[:, 0].astype(int) for batch in samples.batches()]
 
 
 def trace_of(sampler, n, parameter, seed, data_seed):
@@ -59,29 +58,49 @@ def test_trace_is_identical_across_secret_seeds_and_datasets_while_samples_diffe
 
 
 def route_reading_record_0_for_dummies(records, source_of_slot, plan, trace=None,
-                                       names=("input", "blocks", "output")):
-    """Leaky variant (main before this change): a dummy block slot copies record 0 of the
-    external input, so how many such reads there are follows the secret routing."""
+                                       names=("input", "blocks", "output"), out=None):
+    """Leaky variant (main before the oblivious rewrite): a dummy block slot copies record 0
+    of the external input, so how many such reads there are follows the secret routing."""
     block_source, _ = melbourne._route_maps(plan, source_of_slot)
-    per_block = (block_source == plan.n_in).reshape(plan.buckets, -1).sum(axis=1)
-    for dummies in per_block:  # block a's dummies read record 0 as block a is built
-        access_trace.read(trace, names[0], tf.convert_to_tensor(records),
-                          np.zeros(dummies, dtype=np.int64))
-    return melbourne.route(records, source_of_slot, plan, trace, names)
+    external = access_trace.ExternalArray.of(names[0], np.asarray(records))
+    for dummies in (block_source == plan.in_bucket).sum(axis=1):  # as block a is built
+        access_trace.read(trace, external, np.zeros(dummies, dtype=np.int64))
+    return melbourne.route(records, source_of_slot, plan, trace, names, out)
 
 
 def route_gathering_at_secret_positions(records, source_of_slot, plan, trace=None,
-                                        names=("input", "blocks", "output")):
-    """Leaky variant (issue 24): route() replaced by a direct tf.gather at the secret
+                                        names=("input", "blocks", "output"), out=None):
+    """Leaky variant (issue 24): route() replaced by a direct gather at the secret
     positions."""
-    return tf.gather(records, source_of_slot)
+    out[:] = np.asarray(records)[np.maximum(source_of_slot, 0) % len(records)]
+    return out
 
 
 def traced_gather_at_secret_positions(records, source_of_slot, plan, trace=None,
-                                      names=("input", "blocks", "output")):
-    """The same break, through the traced read op."""
-    output = access_trace.read(trace, names[0], tf.convert_to_tensor(records), source_of_slot)
-    return access_trace.write(trace, names[2], output, np.arange(len(source_of_slot)))
+                                      names=("input", "blocks", "output"), out=None):
+    """The same break, through the traced read and write ops."""
+    records = np.asarray(records)
+    wanted = np.maximum(source_of_slot, 0) % len(records)
+    rows = access_trace.read(trace, access_trace.ExternalArray.of(names[0], records), wanted)
+    access_trace.write(trace, access_trace.ExternalArray.of(names[2], out),
+                       np.arange(len(source_of_slot)), rows)
+    return out
+
+
+def route_scattering_dummies_at_secret_positions(records, source_of_slot, plan, trace=None,
+                                                 names=("input", "blocks", "output"),
+                                                 out=None):
+    """Leaky variant for Poisson: route only the members and write the output's dummy slots
+    (whose positions are the sample sizes) in a separate traced write."""
+    source_of_slot = np.asarray(source_of_slot)
+    routed = melbourne.route(records, source_of_slot, plan, None, names, out)
+    dummies = np.flatnonzero(source_of_slot == melbourne.EMPTY)
+    access_trace.write(trace, access_trace.ExternalArray.of(names[2], routed), dummies,
+                       routed[dummies])
+    members = np.flatnonzero(source_of_slot != melbourne.EMPTY)
+    access_trace.write(trace, access_trace.ExternalArray.of(names[2], routed), members,
+                       routed[members])
+    return routed
 
 
 @pytest.mark.parametrize("leaky_route", [route_reading_record_0_for_dummies,
@@ -92,6 +111,12 @@ def test_the_trace_test_fails_on_a_leaky_routing(monkeypatch, leaky_route, sampl
     monkeypatch.setattr(sampling, "route", leaky_route)
     with pytest.raises(AssertionError):
         trace_test(sampler, 400, parameter)
+
+
+def test_the_trace_test_fails_when_poisson_dummies_are_written_apart(monkeypatch):
+    monkeypatch.setattr(sampling, "route", route_scattering_dummies_at_secret_positions)
+    with pytest.raises(AssertionError):
+        trace_test(samples_poisson, 400, 0.05)
 
 
 def test_baseline_trace_reveals_the_permutation():
@@ -122,7 +147,7 @@ def test_oblivious_shuffle_is_a_permutation_for_any_n():
     for n in (1, 2, 3, 17, 256, 1001):
         records = np.column_stack([np.arange(n), np.arange(n) * 10])
         shuffled, source = oblivious_shuffle(records, seed=n)
-        assert np.array_equal(shuffled.numpy(), records[source])
+        assert np.array_equal(shuffled, records[source])
         assert np.array_equal(np.sort(source), np.arange(n))
 
 
@@ -131,7 +156,7 @@ def test_oblivious_shuffle_is_uniform_over_permutations():
     counts = {}
     for seed in range(4800):
         shuffled, _ = oblivious_shuffle(np.arange(4), seed=seed)
-        key = tuple(shuffled.numpy())
+        key = tuple(shuffled)
         counts[key] = counts.get(key, 0) + 1
     assert len(counts) == 24
     assert stats.chisquare(list(counts.values())).pvalue > 1e-4
@@ -197,6 +222,10 @@ def test_poisson_sizes_are_binomial_and_inclusion_probability_is_gamma():
     slots = result.descriptor.slots_per_epoch
     assert result.records.shape[0] == epochs * slots
     assert np.sum(result.sample_ids == 0) == epochs * slots - sizes.sum()
+    # Dummies hold null records (routing copies no record into them); every real slot holds
+    # the record its id names (dataset() rows are [id, 4 normal features]: never all zero).
+    assert not result.records[~result.real].any()
+    assert result.records[result.real][:, 1:].any(axis=1).all()
 
 
 def test_poisson_units_have_a_public_width_so_truncation_is_negligible():
@@ -210,16 +239,19 @@ def test_poisson_units_have_a_public_width_so_truncation_is_negligible():
 
 def test_to_size_pads_with_nulls_or_keeps_a_uniform_subset():
     records = np.arange(1, 11)[:, None]
-    padded, real = to_size(tf.constant(records), 13, np.random.default_rng(0), None)
-    assert real == 10 and padded.numpy()[:10, 0].tolist() == list(range(1, 11))
-    assert padded.numpy()[10:, 0].tolist() == [0, 0, 0]
+    # Padding stores nothing: the 3 null rows are read as nulls by the samplers (below).
+    padded, real = to_size(records, 13, np.random.default_rng(0), None)
+    assert real == 10 and padded is records
+    swo = samples_swo(records, 13, seed=0, size=13)
+    assert sorted(swo.records[:, 0].tolist()) == [0, 0, 0] + list(range(1, 11))
+    assert np.array_equal(swo.real, swo.records[:, 0] > 0)
     # Cut to 4 of 10: each record kept with probability 0.4. 2,000 draws: Binomial(2000, 0.4)
     # per record, sd 21.9; five sd over 10 records: false-failure rate < 1e-5.
     kept = np.zeros(11, dtype=int)
     for seed in range(2000):
-        cut, real = to_size(tf.constant(records), 4, np.random.default_rng(seed), None)
-        assert real == 4 and len(set(cut.numpy()[:, 0])) == 4
-        kept[cut.numpy()[:, 0]] += 1
+        cut, real = to_size(records, 4, np.random.default_rng(seed), None)
+        assert real == 4 and len(set(cut[:, 0])) == 4
+        kept[cut[:, 0]] += 1
     assert np.all(np.abs(kept[1:] - 800) <= 5 * 21.9)
 
 

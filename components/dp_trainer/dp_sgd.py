@@ -5,8 +5,10 @@ One step on sample S (Abadi et al. 2016; oblivious-sampling paper §3 "NoisySGD"
     g = ( sum_{i in S} clip_C(grad loss_i) + N(0, sigma^2 C^2 I) ) / normaliser
 
 * clip_C scales each per-example gradient to L2 norm <= C. tensorflow-privacy's
-  `compute_clipped_gradients_and_outputs` does it without materialising per-example gradients
-  (ghost norms for Dense/Embedding layers; other trainable layers are refused by name).
+  `compute_gradient_norms` and `compute_clip_weights` (the two halves of its
+  `compute_clipped_gradients_and_outputs`, with the overflow guard below between them) do it
+  without materialising per-example gradients (ghost norms for Dense/Embedding layers; other
+  trainable layers are refused by name).
 * The sum therefore moves by at most C when one record is added or removed (2C when replaced;
   oblivious_sample_gen/accounting.py accounts for that). Gaussian noise of std sigma * C makes
   each step the subsampled Gaussian mechanism the accountant composes.
@@ -16,6 +18,18 @@ One step on sample S (Abadi et al. 2016; oblivious-sampling paper §3 "NoisySGD"
   j-th unit of `slot_width` slots, real, null or dummy; nulls and dummies are masked (weight 0:
   zero loss, so zero gradient, and clip factor 1). The number of steps is the descriptor's,
   never data-dependent; `run_steps` counts the steps as they execute.
+* Overflow (issue 16 §2). The record rule makes every input finite, but a huge finite value
+  (a feature of 1e30) can still overflow the loss or the gradient in float32, and inf * 0 is
+  NaN: clipping cannot save it, and one such record would make the model NaN. So a row whose
+  loss or gradient norm (under the current model) is not finite is treated as dropped: it
+  becomes the null row (zero inputs and labels) with weight 0 before the clipped gradient is
+  taken (`kept_rows`). Which rows are dropped is a function of each record alone given the
+  model, which is public (the previous steps' DP output), so this is a per-record map
+  x -> x or null and the add/remove analysis covers it: the noisy sum moves by at most C
+  when one record is added or removed, dropped or not. It is tf.where inside the compiled
+  step, never a Python branch: the step has the same shape, reads the same rows, draws the
+  same noise, and returns only its update. (A model whose own parameters overflow on the
+  null row would still diverge, but that depends on the model alone, not on any record.)
 
 Noise comes from a tf.random.Generator (Philox) seeded by sage_tfx.randomness.secret_seed (the
 OS CSPRNG) unless a test passes a seed. What that does and does not give, honestly: the noise is
@@ -120,21 +134,48 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     clipping_loss = with_reduction(loss, tf.keras.losses.Reduction.SUM)
     per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
     noise_std = config.noise_multiplier * config.l2_norm_clip
+    trainable = model.trainable_variables
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int32),
                                   tf.TensorSpec([None], tf.float32)])
     def step(rows, weights):
         batch_features, batch_labels = tf.gather(features, rows), tf.gather(labels, rows)
-        clipped, predictions, _ = clip_grads.compute_clipped_gradients_and_outputs(
-            model, config.l2_norm_clip, registry, batch_features, batch_labels, weights,
-            clipping_loss=clipping_loss)
+        # tensorflow-privacy's compute_clipped_gradients_and_outputs, with the overflow guard
+        # between its two halves: norms first, then the clipped gradient on the kept rows.
+        norms = clip_grads.compute_gradient_norms(model, registry, batch_features, batch_labels,
+                                                  weights, trainable_vars=trainable)
+        losses = per_example(batch_labels, model(batch_features, training=True))
+        kept = kept_rows(losses, norms)
+        batch_features = tf.where(_along_rows(kept, batch_features), batch_features,
+                                  tf.zeros_like(batch_features))
+        batch_labels = tf.where(_along_rows(kept, batch_labels), batch_labels,
+                                tf.zeros_like(batch_labels))
+        weights = tf.where(kept, weights, tf.zeros_like(weights))
+        clip_weights = tf.where(kept, clip_grads.compute_clip_weights(config.l2_norm_clip, norms),
+                                tf.zeros_like(norms)) * weights
+        with tf.GradientTape() as tape:
+            predictions = model(batch_features, training=True)
+            objective = clipping_loss(batch_labels, predictions, clip_weights)
+        clipped = tape.gradient(objective, trainable,
+                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
         noisy = [(gradient + generator.normal(tf.shape(gradient), stddev=noise_std)) / normaliser
                  for gradient in clipped]
-        optimizer.apply_gradients(zip(noisy, model.trainable_variables))
+        optimizer.apply_gradients(zip(noisy, trainable))
         return (tf.reduce_sum(per_example(batch_labels, predictions) * weights),
                 tf.reduce_sum(weights))
 
     return step
+
+
+def kept_rows(losses: tf.Tensor, gradient_norms: tf.Tensor) -> tf.Tensor:
+    """Rows whose per-example loss and gradient norm are finite; the others are dropped."""
+    return tf.math.is_finite(losses) & tf.math.is_finite(gradient_norms)
+
+
+def _along_rows(kept: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """`kept` shaped to broadcast over the rows of `values`."""
+    return tf.reshape(kept, tf.concat([tf.shape(kept), tf.ones([tf.rank(values) - 1], tf.int32)],
+                                      axis=0))
 
 
 def make_nondp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,

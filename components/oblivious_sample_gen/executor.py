@@ -92,9 +92,8 @@ class Executor(base_executor.BaseExecutor):
         samples = sample(records, exec_properties, size)
         descriptor = dataclasses.replace(samples.descriptor,
                                          size_truncation_probability=size_truncation)
-        # Null and dummy slots carry zeros or a copy of some record after routing: blank them.
-        records = samples.records.numpy()
-        records[~samples.real] = b""
+        # Null and dummy slots hold null records (b""): routing copies no record into them.
+        records = samples.records
 
         output = artifact_utils.get_single_instance(output_dict["samples"])
         output.split_names = artifact_utils.encode_split_names([TRAIN_SPLIT])

@@ -1,25 +1,30 @@
-"""Oblivious routing in the style of the Melbourne shuffle (Ohrimenko et al., ICALP 2014), as a
-vectorized TensorFlow op. The oblivious shuffle and both samplers are instances of it.
+"""Oblivious routing in the style of the Melbourne shuffle (Ohrimenko et al., ICALP 2014), with
+numpy, one bucket at a time. The oblivious shuffle and both samplers are instances of it.
 
 Threat model (the paper's §2). Records live in external memory; an adversary sees which
 positions are read and written and in what order, not the (encrypted) contents. The algorithm
 has a private memory of one input bucket (s_in = ceil(n_in / B) records) plus one block of
 B * c slots, where any access pattern is allowed. Guarantee: the sequence of external positions
 read and written depends only on public parameters (n_in, n_out, B, c), never on the secret
-routing or on the data. TensorFlow on a CPU is not an enclave: we claim the external-memory
-pattern, which `AccessTrace` records, and not the cache behaviour of TensorFlow's kernels
+routing or on the data. A CPU is not an enclave: we claim the external-memory
+pattern, which `AccessTrace` records, and not the cache behaviour of numpy's kernels
 inside a bucket. Why not a sorting network: a bitonic network moves every record O(log^2 n)
 times (210 passes at n = 10^6). Here each record is moved twice.
 
-`route(records, source_of_slot)` produces output[slot] = records[source_of_slot[slot]] for
-n_out slots. A record may feed several slots (that is how samplers replicate) or none. It
-runs in two phases:
+`route(records, source_of_slot, plan)` produces output[slot] = records[source_of_slot[slot]]
+for n_out slots. A record may feed several slots (that is how samplers replicate) or none; a
+slot whose source is EMPTY receives a null record from private memory and routes no copy (a
+Poisson dummy). The input may hold fewer rows than the plan's n_in: rows past its end are
+null records held in private memory (padding to a public size without copying the data). It
+runs in two phases over an intermediate array of B blocks of B chunks of c slots each:
 
 1. distribute: for each input bucket a, read it in full; put a copy of each record into the
    chunk of block a that belongs to each output bucket needing it. Every chunk has the same
    public size c and is padded with dummies. Write block a in full.
 2. collect: for each output bucket b, read chunk b of every block (B * c slots), keep the
    real copies, put them in slot order, and write output bucket b in full.
+The blocks are laid out chunk-major (chunk b of every block is one run of B * c positions),
+so each collect step reads one run and then frees it: the blocks drain while the output fills.
 
 When the routing is random enough, no chunk overflows except with tiny probability. Output
 slots come in groups: a whole shuffle is one group, each sample is one group. Within a group the
@@ -31,7 +36,10 @@ moment generating function is at most the binomial's. The sum is therefore domin
 Chernoff's sense, by Binomial(s_out, p) with p = s_in / n_in, so
     P[count >= c] <= exp(-s_out * KL(c / s_out || p)).
 We pick the smallest c with B^2 times that bound <= 2^-40 (a union bound over all bucket
-pairs). We add B - 1 slots of slack for padding slots, which are routed deterministically.
+pairs). Poisson samples route only their members (RoutePlan.for_poisson): every (record,
+sample) pair is a member independently with probability gamma (a truncated sample keeps a
+uniform subset of its members, which only lowers counts), and at most u = ceil(s_out / w) + 1
+units of width w overlap output bucket b, so the count is dominated by Binomial(s_in * u, gamma).
 
 If a chunk does overflow, we raise `RouteOverflow`. The caller's trace would then differ from
 every other run, so this event can leak; it has probability at most 2^-40 per pass. It is
@@ -44,9 +52,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
 
-from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace, read, write
+from sage_tfx.components.oblivious_sample_gen.access_trace import (AccessTrace, ExternalArray,
+                                                                   null_rows, read, write)
 from sage_tfx.randomness import secret_rng
 
 OVERFLOW_PROBABILITY = 2.0 ** -40
@@ -79,6 +87,9 @@ def chernoff_threshold(trials: int, p: float, log_probability: float, low: int) 
     return low
 
 
+EMPTY = -1  # source of a slot that receives a null record and routes no copy
+
+
 @dataclass(frozen=True)
 class RoutePlan:
     """Public parameters of one routing pass from n_in records to n_out slots."""
@@ -90,19 +101,36 @@ class RoutePlan:
     chunk: int
 
     @classmethod
-    def for_sizes(cls, n_in: int, n_out: int, buckets: int = DEFAULT_BUCKETS) -> "RoutePlan":
+    def _sized(cls, n_in: int, n_out: int, buckets: int):
         if n_in <= 0 or n_out <= 0:
             raise ValueError(f"cannot route {n_in} records to {n_out} slots; need at least one")
         buckets = max(1, min(buckets, math.isqrt(min(n_in, n_out))))
-        in_bucket, out_bucket = -(-n_in // buckets), -(-n_out // buckets)
+        return buckets, -(-n_in // buckets), -(-n_out // buckets)
+
+    @classmethod
+    def for_sizes(cls, n_in: int, n_out: int, buckets: int = DEFAULT_BUCKETS) -> "RoutePlan":
+        """For slots in independent groups of distinct uniform sources (module docstring)."""
+        buckets, in_bucket, out_bucket = cls._sized(n_in, n_out, buckets)
         p = in_bucket / n_in
         chunk = out_bucket
         if buckets > 1 and p < 1.0:
             chunk = chernoff_threshold(out_bucket, p,
                                        math.log(OVERFLOW_PROBABILITY / buckets ** 2),
                                        math.ceil(out_bucket * p))
-        return cls(n_in, n_out, buckets, in_bucket, out_bucket,
-                   min(out_bucket, chunk + buckets - 1))
+        return cls(n_in, n_out, buckets, in_bucket, out_bucket, min(out_bucket, chunk))
+
+    @classmethod
+    def for_poisson(cls, n_in: int, n_out: int, width: int, gamma: float,
+                    buckets: int = DEFAULT_BUCKETS) -> "RoutePlan":
+        """For Poisson samples in units of `width` slots whose non-member slots are EMPTY."""
+        buckets, in_bucket, out_bucket = cls._sized(n_in, n_out, buckets)
+        chunk = out_bucket
+        if buckets > 1 and gamma < 1.0:
+            trials = in_bucket * (-(-out_bucket // width) + 1)
+            chunk = chernoff_threshold(trials, gamma,
+                                       math.log(OVERFLOW_PROBABILITY / buckets ** 2),
+                                       math.ceil(trials * gamma))
+        return cls(n_in, n_out, buckets, in_bucket, out_bucket, min(out_bucket, chunk))
 
     @property
     def padded_out(self) -> int:
@@ -112,77 +140,100 @@ class RoutePlan:
     def block_slots(self) -> int:
         return self.buckets * self.buckets * self.chunk
 
-    def chunk_positions(self) -> np.ndarray:
-        """Block positions the collect phase reads, output bucket after output bucket: chunk b
-        of every block. A function of the plan only."""
+    def block_positions(self, block: int) -> np.ndarray:
+        """Positions of block `block` in the chunk-major intermediate array: its chunk b is at
+        b * B * c + block * c. A function of the plan only."""
         buckets, c = self.buckets, self.chunk
-        block_starts = np.arange(buckets) * buckets * c
-        return (np.arange(buckets)[:, None, None] * c + block_starts[None, :, None]
-                + np.arange(c)[None, None, :]).ravel()
+        return (np.arange(buckets)[:, None] * (buckets * c) + block * c
+                + np.arange(c)[None, :]).ravel()
 
 
 def _route_maps(plan: RoutePlan, source_of_slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Private-memory bookkeeping of one pass: which input record each block slot copies
-    (n_in: the private zero row, for a dummy), and, for each output slot, its position among
-    the chunks the collect phase read."""
+    """Private-memory bookkeeping of one pass: for each block, which row of its input bucket
+    each of its slots copies (in_bucket: the private null row, for a dummy), and for each
+    output bucket, which row of its collected chunks each slot takes (B * c: the null row)."""
     buckets, c = plan.buckets, plan.chunk
-    padding = np.arange(plan.padded_out - plan.n_out) % plan.n_in
-    sources = np.concatenate([source_of_slot, padding]).astype(np.int64)
-    slots = np.arange(plan.padded_out)
-    in_bucket, out_bucket = sources // plan.in_bucket, slots // plan.out_bucket
+    source = np.asarray(source_of_slot, dtype=np.int64)
+    filled = np.flatnonzero(source != EMPTY)  # padding slots past n_out are EMPTY too
+    source = source[filled]
+    in_bucket = (source // plan.in_bucket).astype(np.int32)
+    out_bucket = (filled // plan.out_bucket).astype(np.int32)
     pair = in_bucket * buckets + out_bucket
+    del out_bucket
+    counts = np.bincount(pair, minlength=buckets * buckets)
+    if counts.max(initial=0) > c:
+        raise RouteOverflow(f"a chunk received {counts.max()} copies, more than its {c} slots")
     # Fewer than 2^16 bucket pairs: numpy's stable sort is then a radix sort.
     order = np.argsort(pair.astype(np.uint16 if buckets <= 256 else np.int64), kind="stable")
-    counts = np.bincount(pair, minlength=buckets * buckets)
-    if counts.max() > c:
-        raise RouteOverflow(f"a chunk received {counts.max()} copies, more than its {c} slots")
     first_of_pair = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    sorted_pair = pair[order]
-    offset = np.empty(plan.padded_out, dtype=np.int64)
-    offset[order] = slots - first_of_pair[sorted_pair]
-    block_source = np.full(plan.block_slots, plan.n_in, dtype=np.int64)
-    block_source[pair * c + offset] = sources
-    # Collected row of output bucket b: chunk b of block 0, of block 1, ... (chunk_positions).
-    collected = out_bucket * (buckets * c) + in_bucket * c + offset
-    return block_source, collected[:plan.n_out]
+    offset = np.empty(pair.size, dtype=np.int32)
+    offset[order] = np.arange(pair.size) - first_of_pair[pair[order]]
+    del order
+    # Block a, slot b * c + i: chunk b (for output bucket b), row i.
+    block_source = np.full((buckets, buckets * c), plan.in_bucket, dtype=np.int32)
+    block_source[in_bucket, (pair - in_bucket * buckets) * c + offset] = (
+        source - in_bucket.astype(np.int64) * plan.in_bucket)
+    # Collected rows of output bucket b: chunk b of block 0, of block 1, ...
+    collected_index = np.full(plan.padded_out, buckets * c, dtype=np.int32)
+    collected_index[filled] = in_bucket * c + offset
+    return block_source, collected_index.reshape(buckets, plan.out_bucket)
 
 
-def route(records, source_of_slot: np.ndarray, plan: RoutePlan,
-          trace: Optional[AccessTrace] = None, names: tuple[str, str, str] = (
-              "input", "blocks", "output")) -> tf.Tensor:
-    """output[slot] = records[source_of_slot[slot]], through the two oblivious phases.
+def route(records: np.ndarray, source_of_slot: np.ndarray, plan: RoutePlan,
+          trace: Optional[AccessTrace] = None,
+          names: tuple[str, str, str] = ("input", "blocks", "output"),
+          out: Optional[np.ndarray] = None) -> np.ndarray:
+    """output[slot] = records[source_of_slot[slot]] (a null record where the source is EMPTY or
+    past the end of `records`), through the two oblivious phases, written into `out` (n_out
+    rows) or a new array, which is returned.
 
     External memory (the input, the blocks, the output) is touched only through
-    access_trace.read/write, at positions computed from the plan alone. Everything indexed by
-    the secret routing happens in private memory: TensorFlow runs the per-bucket work of all
-    buckets as one vectorised op, the "private memory" of the module docstring. A dummy block
-    slot copies a constant zero row of private memory, never a record.
-    `source_of_slot` must have the randomness described in the module docstring; it never
-    leaves private memory."""
-    records = tf.convert_to_tensor(records)
+    access_trace.read/write, at positions computed from the plan and len(records) alone.
+    Everything indexed by the secret routing happens in private memory: the per-bucket
+    gathers of one input bucket or one output bucket's chunks. A dummy slot copies a null
+    row of private memory, never a record. `source_of_slot` must have the randomness described
+    in the module docstring; it never leaves private memory."""
+    records = np.asarray(records)
+    rows = records.shape[0]
+    if rows > plan.n_in:
+        raise ValueError(f"{rows} records do not fit a plan for {plan.n_in}")
     source, middle, target = names
+    buckets, c = plan.buckets, plan.chunk
     block_source, collected_index = _route_maps(plan, source_of_slot)
-    # Distribute: read every input bucket in full, copy records into chunks, write blocks.
-    private = read(trace, source, records, np.arange(plan.n_in))
-    private = tf.concat([private, tf.zeros_like(private[:1])], axis=0)
-    blocks = write(trace, middle, tf.gather(private, block_source), np.arange(plan.block_slots))
-    del private
-    # Collect: for each output bucket read its chunk of every block, put slots in order, write.
-    collected = read(trace, middle, blocks, plan.chunk_positions())
-    del blocks
-    output = tf.gather(collected, collected_index)
-    return write(trace, target, output, np.arange(plan.n_out))
+    external_in = ExternalArray.of(source, records)
+    blocks = ExternalArray(middle, plan.block_slots, records, piece_rows=buckets * c)
+    output = ExternalArray.of(target, null_rows(plan.n_out, records) if out is None else out)
+    # Distribute: read input bucket a in full (rows past the records are private nulls),
+    # copy its records into the chunks of block a, write block a in full.
+    for block in range(buckets):
+        private = null_rows(plan.in_bucket + 1, records)
+        start, stop = block * plan.in_bucket, min((block + 1) * plan.in_bucket, rows)
+        if stop > start:
+            private[:stop - start] = read(trace, external_in, np.arange(start, stop))
+        write(trace, blocks, plan.block_positions(block), private[block_source[block]])
+    del private, block_source
+    # Collect: for output bucket b read chunk b of every block, put slots in order, write it,
+    # and free those chunks.
+    for bucket in range(buckets):
+        run = np.arange(bucket * buckets * c, (bucket + 1) * buckets * c)
+        private = np.concatenate([read(trace, blocks, run), null_rows(1, records)])
+        blocks.release(bucket)
+        start, stop = bucket * plan.out_bucket, min((bucket + 1) * plan.out_bucket, plan.n_out)
+        if stop > start:
+            write(trace, output, np.arange(start, stop),
+                  private[collected_index[bucket, :stop - start]])
+    return output.values()
 
 
 def oblivious_shuffle(records, seed: Optional[int] = None, trace: Optional[AccessTrace] = None,
-                      buckets: int = DEFAULT_BUCKETS) -> tuple[tf.Tensor, np.ndarray]:
+                      buckets: int = DEFAULT_BUCKETS) -> tuple[np.ndarray, np.ndarray]:
     """Apply a secret uniformly random permutation to the rows of `records` (any n >= 1).
 
     Returns (shuffled, source) with shuffled[q] = records[source[q]]. The permutation is
     returned for tests and for callers composing passes. It must stay in private memory.
     `seed` is for tests only; by default the OS CSPRNG seeds the generator."""
-    records = tf.convert_to_tensor(records)
-    n = int(records.shape[0]) if records.shape.rank else 0
+    records = np.asarray(records)
+    n = int(records.shape[0]) if records.ndim else 0
     plan = RoutePlan.for_sizes(n, n, buckets)
     source = secret_rng(seed).permutation(n)
     return route(records, source, plan, trace), source

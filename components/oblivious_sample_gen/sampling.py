@@ -17,8 +17,9 @@ steps into one routing pass (melbourne.route), and the reasons are:
 The adversary therefore sees exactly one routing pass, whose trace depends only on (n, slots).
 
 The distribution the routing needs (melbourne's docstring) holds. Within a sample the keys are
-distinct and uniform, and samples are independent. Poisson dummy slots get independent uniform
-keys.
+distinct and uniform, and samples are independent. Poisson dummy slots route nothing
+(melbourne.EMPTY): each (record, sample) pair is a member independently, which is what
+RoutePlan.for_poisson's bound needs.
 
 Drawing m distinct uniform keys (Algorithm 3's "first m of a random permutation", without
 materialising n-long permutations): draw m keys uniformly, then redraw every key that repeats
@@ -36,12 +37,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
 
-from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace, read, write
+from sage_tfx.components.oblivious_sample_gen.access_trace import (AccessTrace, ExternalArray,
+                                                                   null_rows, read, write)
 from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES, SamplingDescriptor
-from sage_tfx.components.oblivious_sample_gen.melbourne import (RoutePlan, chernoff_threshold,
-                                                                 route)
+from sage_tfx.components.oblivious_sample_gen.melbourne import (EMPTY, RoutePlan,
+                                                                 chernoff_threshold, route)
 from sage_tfx.randomness import secret_rng
 
 # Per epoch, the probability that Poisson samples do not all fit in the padded layout.
@@ -54,44 +55,44 @@ class Samples:
     """One or more epochs of samples laid out one after another, in fixed-width units: unit j
     of an epoch (slots [j w, (j + 1) w), w = descriptor.slot_width) is sample j + 1.
 
-    real[slot] is True where the slot holds a record, False for a null record (padding to the
-    public size) or a dummy (a Poisson sample's unused width). sample_ids[slot] is the 1-based
-    sample a slot belongs to within its epoch, 0 where real is False. Both are secret for
-    Poisson (they reveal sample sizes); they stay in private memory or are stored encrypted."""
-    records: tf.Tensor
+    records holds one row per slot (a numpy array, one allocation). real[slot] is True where
+    the slot holds a record, False for a null record (padding to the public size) or a dummy
+    (a Poisson sample's unused width; a null record). sample_ids[slot] is the 1-based sample a
+    slot belongs to within its epoch, 0 where real is False. Both are secret for Poisson (they
+    reveal sample sizes); they stay in private memory or are stored encrypted."""
+    records: np.ndarray
     sample_ids: np.ndarray
     real: np.ndarray
     descriptor: SamplingDescriptor
 
-    def batches(self) -> list[tf.Tensor]:
+    def batches(self) -> list[np.ndarray]:
         """The samples in training order (dummies and nulls dropped). For trusted code and
         tests only: the positions gathered are secret."""
         width = self.descriptor.slot_width
-        return [tf.gather(self.records, start + np.flatnonzero(self.real[start:start + width]))
+        return [self.records[start + np.flatnonzero(self.real[start:start + width])]
                 for start in range(0, self.real.size, width)]
 
 
-def _as_records(records) -> tf.Tensor:
-    records = tf.convert_to_tensor(records)
-    if records.shape.rank == 0 or records.shape[0] == 0:
+def _as_records(records) -> np.ndarray:
+    """The records as a numpy array (a tf.Tensor of numbers is viewed, not copied)."""
+    records = records.numpy() if hasattr(records, "numpy") else np.asarray(records)
+    if records.ndim == 0 or records.shape[0] == 0:
         raise ValueError("cannot sample from an empty dataset")
     return records
 
 
-def to_size(records: tf.Tensor, size: int, rng: np.random.Generator,
-            trace: Optional[AccessTrace]) -> tuple[tf.Tensor, int]:
-    """The records brought to exactly `size` rows, a public value (accounting.py): fewer are
-    padded with null rows (zeros, b"" for serialized records) at positions n..size-1; more are
-    cut to a uniformly random subset of `size`, by an oblivious routing pass whose slots take
-    the first `size` entries of a secret permutation (one group of distinct uniform sources,
-    as melbourne.route needs). Returns (records, number of real rows); real rows come first.
-    The pass's trace depends on (n, size) only."""
+def to_size(records: np.ndarray, size: int, rng: np.random.Generator,
+            trace: Optional[AccessTrace]) -> tuple[np.ndarray, int]:
+    """The records brought to `size` rows, a public value (accounting.py). Returns (records,
+    number of real rows); real rows come first. Fewer rows are padded with null rows at
+    positions n..size-1, which are not stored: route() and shuffle_and_split read rows past
+    the end of the array as nulls from private memory (no copy of the data). More rows are cut
+    to a uniformly random subset of `size`, by an oblivious routing pass whose slots take the
+    first `size` entries of a secret permutation (one group of distinct uniform sources, as
+    melbourne.route needs). The pass's trace depends on (n, size) only."""
     n = int(records.shape[0])
-    if n == size:
+    if n <= size:
         return records, n
-    if n < size:
-        nulls = tf.zeros(tf.concat([[size - n], tf.shape(records)[1:]], axis=0), records.dtype)
-        return write(trace, "sized", tf.concat([records, nulls], axis=0), np.arange(size)), n
     return route(records, rng.permutation(n)[:size], RoutePlan.for_sizes(n, size), trace,
                  ("records", "subset_blocks", "sized")), size
 
@@ -131,10 +132,10 @@ def _distinct_keys(rng: np.random.Generator, n: int, sizes: np.ndarray) -> np.nd
     return keys
 
 
-def _route_samples(records: tf.Tensor, keys: np.ndarray,
-                   trace: Optional[AccessTrace]) -> tf.Tensor:
-    plan = RoutePlan.for_sizes(int(records.shape[0]), keys.size)
-    return route(records, keys, plan, trace, ("sized", "blocks", "samples"))
+def _layout(records: np.ndarray, descriptor: SamplingDescriptor) -> np.ndarray:
+    """The output of every epoch, allocated once and filled in place epoch by epoch."""
+    return np.empty((descriptor.epochs * descriptor.slots_per_epoch,) + records.shape[1:],
+                    dtype=records.dtype)
 
 
 def samples_swo(records, m: int, seed: Optional[int] = None,
@@ -149,16 +150,18 @@ def samples_swo(records, m: int, seed: Optional[int] = None,
     descriptor = plan("swo", size, epochs, sample_size=m)  # also checks m, size and epochs
     rng = secret_rng(seed)
     sized, real_rows = to_size(records, size, rng, trace)
+    slots = descriptor.slots_per_epoch
     sizes = np.full(descriptor.samples_per_epoch, m, dtype=np.int64)
-    ids = np.repeat(np.arange(1, sizes.size + 1), sizes)
-    parts, real = [], []
-    for _ in range(epochs):
+    route_plan = RoutePlan.for_sizes(size, slots)
+    output = _layout(records, descriptor)
+    real = np.empty(output.shape[0], dtype=bool)
+    for epoch in range(epochs):
         keys = _distinct_keys(rng, size, sizes)
-        parts.append(_route_samples(sized, keys, trace))
-        real.append(keys < real_rows)
-    real = np.concatenate(real)
-    return Samples(tf.concat(parts, axis=0), np.where(real, np.tile(ids, epochs), 0), real,
-                   descriptor)
+        route(sized, keys, route_plan, trace, ("sized", "blocks", "samples"),
+              out=output[epoch * slots:(epoch + 1) * slots])
+        real[epoch * slots:(epoch + 1) * slots] = keys < real_rows
+    ids = np.tile(np.repeat(np.arange(1, sizes.size + 1, dtype=np.int32), m), epochs)
+    return Samples(output, ids * real, real, descriptor)
 
 
 def poisson_width(size: int, gamma: float, samples_per_epoch: int) -> int:
@@ -179,33 +182,41 @@ def samples_poisson(records, gamma: float, seed: Optional[int] = None,
     """Poisson samples (Algorithm 2 with Algorithm 4), per epoch: each of k = floor(1/gamma)
     samples includes each record independently with probability gamma. Sample j fills the first
     slots of unit j (width w = poisson_width) and dummies fill the rest, so sample sizes and
-    boundaries never show in the trace or in which slots a step reads. The records are brought
-    to `size` rows first (to_size: null rows are never "included", so padding does not change
-    which real records a sample holds; cutting has the probability accounting.py charges).
-    A sample larger than w (probability <= POISSON_TRUNCATION_PROBABILITY per epoch) keeps
-    its first w records, a uniformly random subset."""
+    boundaries never show in the trace or in which slots a step reads. Dummies are EMPTY slots
+    of the routing: they receive a null record in private memory and route no copy, so the
+    routing moves about `size` copies per epoch, not k * w (melbourne, RoutePlan.for_poisson).
+    The records are brought to `size` rows first (to_size: null rows are never "included", so
+    padding does not change which real records a sample holds; cutting has the probability
+    accounting.py charges). A sample larger than w (probability <=
+    POISSON_TRUNCATION_PROBABILITY per epoch) keeps its first w records, a uniform subset."""
     records = _as_records(records)
     size = int(records.shape[0]) if size is None else size
     descriptor = plan("poisson", size, epochs, gamma=gamma)  # also checks gamma and epochs
-    k, width = descriptor.samples_per_epoch, descriptor.slot_width
+    k, width, slots = descriptor.samples_per_epoch, descriptor.slot_width, descriptor.slots_per_epoch
     rng = secret_rng(seed)
     sized, real_rows = to_size(records, size, rng, trace)
-    parts, real_parts = [], []
+    route_plan = RoutePlan.for_poisson(size, slots, width, gamma)
+    output = _layout(records, descriptor)
+    real = np.empty(output.shape[0], dtype=bool)
     filled = np.arange(width)[None, :]
-    for _ in range(epochs):
+    for epoch in range(epochs):
         # Algorithm 4: a Binomial(size, gamma) size, then a uniform subset of that size, is a
         # Poisson sample of the `size` rows.
         sizes = np.minimum(rng.binomial(size, gamma, size=k), width)
         member = filled < sizes[:, None]
-        keys = np.empty((k, width), dtype=np.int64)
+        keys = np.full((k, width), EMPTY, dtype=np.int64)
         keys[member] = _distinct_keys(rng, size, sizes)
-        # Dummy slots take independent uniform keys (the routing's randomness); never used.
-        keys[~member] = rng.integers(0, size, size=int((~member).sum()))
-        parts.append(_route_samples(sized, keys.ravel(), trace))
-        real_parts.append((member & (keys < real_rows)).ravel())
-    real = np.concatenate(real_parts)
-    ids = np.tile(np.repeat(np.arange(1, k + 1), width), epochs)
-    return Samples(tf.concat(parts, axis=0), np.where(real, ids, 0), real, descriptor)
+        del member
+        keys = keys.ravel()
+        route(sized, keys, route_plan, trace, ("sized", "blocks", "samples"),
+              out=output[epoch * slots:(epoch + 1) * slots])
+        real[epoch * slots:(epoch + 1) * slots] = (keys != EMPTY) & (keys < real_rows)
+    ids = np.tile(np.repeat(np.arange(1, k + 1, dtype=np.int32), width), epochs)
+    return Samples(output, ids * real, real, descriptor)
+
+
+# Rows the baseline moves per gather: a bounded temporary, not a copy of the data.
+_BASELINE_CHUNK = 1 << 16
 
 
 def shuffle_and_split(records, m: int, seed: Optional[int] = None,
@@ -219,16 +230,23 @@ def shuffle_and_split(records, m: int, seed: Optional[int] = None,
     descriptor = plan("shuffle", size, epochs, sample_size=m)  # also checks m and epochs
     rng = secret_rng(seed)
     sized, real_rows = to_size(records, size, rng, trace)
+    source = ExternalArray.of("sized", sized)
+    output = _layout(records, descriptor)
+    samples = ExternalArray.of("samples", output)
     slots = descriptor.slots_per_epoch
-    parts, real = [], []
-    for _ in range(epochs):
+    real = np.empty(output.shape[0], dtype=bool)
+    for epoch in range(epochs):
         permutation = rng.permutation(size)[:slots]
-        parts.append(write(trace, "samples", read(trace, "sized", sized, permutation),
-                           np.arange(slots)))
-        real.append(permutation < real_rows)
-    real = np.concatenate(real)
-    ids = np.tile(np.repeat(np.arange(1, descriptor.samples_per_epoch + 1), m), epochs)
-    return Samples(tf.concat(parts, axis=0), np.where(real, ids, 0), real, descriptor)
+        real[epoch * slots:(epoch + 1) * slots] = permutation < real_rows
+        for start in range(0, slots, _BASELINE_CHUNK):
+            wanted = permutation[start:start + _BASELINE_CHUNK]
+            rows = null_rows(wanted.size, sized)
+            present = wanted < real_rows  # positions past the stored rows are null padding
+            rows[present] = read(trace, source, wanted[present])
+            write(trace, samples, epoch * slots + start + np.arange(wanted.size), rows)
+    ids = np.tile(np.repeat(np.arange(1, descriptor.samples_per_epoch + 1, dtype=np.int32), m),
+                  epochs)
+    return Samples(output, ids * real, real, descriptor)
 
 
 def plan(scheme: str, size: int, epochs: int, sample_size: Optional[int] = None,

@@ -30,7 +30,7 @@ def draw(scheme: str, records: np.ndarray, parameter, seed: int) -> dict:
     trace = AccessTrace()
     sampler = samples_swo if scheme == "swo" else samples_poisson
     samples = sampler(records, parameter, seed=seed, trace=trace)
-    ids = [batch.numpy()[:, 0].astype(np.int64).tolist() for batch in samples.batches()]
+    ids = [batch[:, 0].astype(np.int64).tolist() for batch in samples.batches()]
     return {"trace_sha256": trace.sha256(), "reads": trace.reads, "writes": trace.writes,
             "slots": int(samples.descriptor.slots_per_epoch), "samples": ids}
 
