@@ -94,3 +94,27 @@ def test_vectors_and_bad_inputs():
         mechanisms.discrete_laplace([1.5], l1_sensitivity=1, epsilon=1.0)
     with pytest.raises(ValueError, match="delta"):
         mechanisms.gaussian([1.0], l2_sensitivity=1.0, epsilon=1.0, delta=0.0)
+
+
+def test_count_and_sum_split_epsilon_in_half_and_scale_the_sum_by_its_bound():
+    # Closed form: count noise Lap(2 / eps), sum noise Lap(2 B / eps); the composed event is
+    # eps-DP (pure, so PLD's epsilon at a tiny delta is eps). A sum at half its noise is caught.
+    release = mechanisms.laplace_count_and_sum(np.zeros(N), np.zeros(N), value_bound=3.0,
+                                               epsilon=1.0)
+    counts, sums = release.value
+    assert stats.kstest(counts, stats.laplace(scale=2.0).cdf).pvalue > FALSE_FAILURE
+    assert stats.kstest(sums, stats.laplace(scale=6.0).cdf).pvalue > FALSE_FAILURE
+    assert stats.kstest(sums / 2, stats.laplace(scale=6.0).cdf).pvalue < FALSE_FAILURE
+    assert release.epsilon(1e-12) == pytest.approx(1.0, rel=1e-3)
+    assert [event.noise_multiplier for event in release.event.events] == pytest.approx([2, 2])
+
+
+@pytest.mark.parametrize("epsilon,delta", [(1.0, 0.2), (2.0, 0.05)])
+def test_release_epsilon_counts_additional_delta_against_delta(epsilon, delta):
+    # Laplace at sensitivity 1, scale 1/eps has the exact curve delta(e) = 1 - exp((e - eps)/2)
+    # (its hockey-stick divergence), so epsilon(delta) = eps + 2 ln(1 - delta) in closed form.
+    release = mechanisms.Release(0.0, dp_event.LaplaceDpEvent(1.0 / epsilon), additional_delta=0.1)
+    expected = epsilon + 2.0 * math.log(1.0 - delta)
+    assert release.epsilon(delta + 0.1) == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match="additional_delta"):
+        release.epsilon(0.05)
