@@ -141,3 +141,52 @@ def test_bad_input_gets_a_clear_error_and_bad_predictions_do_not_crash():
     mixed = loss_validator(np.r_[np.zeros(5000), np.full(5000, np.inf)], 0.3, 1.0, 0.95, 1.0)
     assert mixed.outcome == REJECT
     assert accuracy_validator(np.full(5000, np.nan), 0.5, 1.0, 0.95).outcome == REJECT
+
+
+def _listing2_bounds(dp_count, dp_sum, value_range, epsilon, confidence):
+    """Sage Listing 2's bounds (with the 4 R L / n correction), written out from the paper: eta
+    = (1 - confidence) / 2 split in three; one-sided Laplace correction b ln(3 / (2 eta)),
+    two-sided b ln(3 / eta); Bernstein at probability eta / 3, so L = ln(3 / eta)."""
+    eta = (1 - confidence) / 2
+    one_sided, two_sided, log_term = math.log(3 / (2 * eta)), math.log(3 / eta), math.log(3 / eta)
+    count_low = dp_count - 2 / epsilon * one_sided
+    mean_high = (dp_sum + 2 * value_range / epsilon * one_sided) / count_low
+    upper = (mean_high + math.sqrt(2 * value_range * mean_high * log_term / count_low)
+             + 4 * value_range * log_term / count_low)
+    count_slack = 2 / epsilon * two_sided
+    reject_count_low = dp_count - count_slack
+    mean_low = max(dp_sum - 2 * value_range / epsilon * one_sided, 0) / (dp_count + count_slack)
+    a = math.sqrt(2 * value_range * log_term / reject_count_low)
+    excess = max(0.0, mean_low - 2 * value_range * log_term / (3 * reject_count_low))
+    lower = ((-a + math.sqrt(a * a + 4 * excess)) / 2) ** 2
+    return lower, upper
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95])
+def test_loss_bounds_are_listing2s_closed_form(confidence):
+    # Pins every correction's probability share: a bound looser than Listing 2 wastes data, a
+    # tighter one breaks the guarantee; neither shows in a pass/fail run at the edge.
+    losses = np.random.default_rng(5).uniform(0.0, 2.0, 3000)
+    result = loss_validator(losses, 0.9, epsilon=0.5, confidence=confidence, loss_bound=2.0)
+    dp_sum = result.dp_estimate * result.dp_count
+    lower, upper = _listing2_bounds(result.dp_count, dp_sum, 2.0, 0.5, confidence)
+    assert result.upper_bound == pytest.approx(upper, rel=1e-9)
+    assert result.lower_bound == pytest.approx(lower, rel=1e-9)
+    accuracy = accuracy_validator(losses < 1.0, 0.5, epsilon=0.5, confidence=confidence)
+    error_lower, error_upper = _listing2_bounds(
+        accuracy.dp_count, (1 - accuracy.dp_estimate) * accuracy.dp_count, 1.0, 0.5, confidence)
+    assert accuracy.lower_bound == pytest.approx(1 - error_upper, rel=1e-9)
+    assert accuracy.upper_bound == pytest.approx(1 - error_lower, rel=1e-9)
+
+
+def test_sum_statistic_error_bound_is_its_closed_form():
+    # (t_S + R t_n) / n_dp + R sqrt(ln(2 / p) / (2 n_low)), t two-sided at p = eta / 3.
+    epsilon, confidence, width = 0.5, 0.95, 4.0
+    values = np.random.default_rng(6).uniform(-1.0, 3.0, 5000)
+    result = sum_statistic_validator(values, 0.5, epsilon, confidence, value_range=(-1.0, 3.0))
+    p = (1 - confidence) / 2 / 3
+    count_slack = 2 / epsilon * math.log(1 / p)
+    bound = ((2 * width / epsilon * math.log(1 / p) + width * count_slack) / result.dp_count
+             + width * math.sqrt(math.log(2 / p) / (2 * (result.dp_count - count_slack))))
+    assert result.details["error_bound"] == pytest.approx(bound, rel=1e-9)
+    assert result.lower_bound == pytest.approx(result.dp_estimate - bound, rel=1e-9)
