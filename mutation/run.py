@@ -16,6 +16,7 @@ import json
 import random
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -117,9 +118,30 @@ def summarize(name, session, generated, sampled):
                 counts["incompetent"] += 1
     scored = counts["killed"] + counts["timeout"] + counts["survived"]
     counts["score"] = round((counts["killed"] + counts["timeout"]) / scored, 3) if scored else None
-    counts["sampled"] = sampled < generated
+    counts["sampled"] = sampled
     (OUT / f"{name}.survivors.txt").write_text("\n".join(survivors))
     return counts
+
+
+def report(name):
+    """Recount a session that exists; a stopped run's pending mutants count as not run."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome
+    session = OUT / f"{name}.sqlite"
+    if not session.exists():
+        return
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        filtered = sum(1 for _, r in db.results if r.output == "Filtered operator")
+        not_sampled = sum(1 for _, r in db.results if r.output == "not sampled")
+        generated = db.num_work_items - filtered
+        sampled = generated - not_sampled
+    counts = summarize(name, session, generated, sampled)
+    counts["sampled"] = sampled
+    summary_path = OUT / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary[name] = counts
+    summary_path.write_text(json.dumps(summary, indent=1, sort_keys=True))
+    print(name, counts, flush=True)
 
 
 def run(cmd, cwd):
@@ -131,29 +153,35 @@ def main():
     parser.add_argument("--only", nargs="*", help="module names to run (default: all)")
     parser.add_argument("--max-mutants", type=int, default=20,
                         help="sample this many mutants per module (0: run all)")
+    parser.add_argument("--recheck", action="store_true",
+                        help="re-run only the surviving mutants of the existing sessions against "
+                             "the current tests (after adding tests that should kill them)")
+    parser.add_argument("--report", action="store_true",
+                        help="only recount the existing sessions (e.g. after stopping a run)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    summary_path = OUT / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     for name, modules, tests, timeout in MODULES:
         if args.only and name not in args.only:
+            continue
+        if args.report:
+            report(name)
             continue
         copy = OUT / name / "sage_tfx"
         copy_tree(copy)
         config = write_config(name, copy, modules, tests, timeout)
         session = OUT / f"{name}.sqlite"
-        run([BIN / "cosmic-ray", "init", config, session, "--force"], copy)
-        run([BIN / "cr-filter-operators", session, config], copy)
-        generated, sampled = sample(session, args.max_mutants)
-        print(f"{name}: {generated} mutants after the operator filter, running {sampled}",
-              flush=True)
+        if args.recheck:
+            with sqlite3.connect(session) as db:  # survivors become pending again
+                db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'")
+        else:
+            run([BIN / "cosmic-ray", "init", config, session, "--force"], copy)
+            run([BIN / "cr-filter-operators", session, config], copy)
+            generated, sampled = sample(session, args.max_mutants)
+            print(f"{name}: {generated} mutants after the operator filter, running {sampled}",
+                  flush=True)
         run([BIN / "cosmic-ray", "baseline", config], copy)
         run([BIN / "cosmic-ray", "exec", config, session], copy)
-        summary[name] = summarize(name, session, generated, sampled)
-        print(name, summary[name], flush=True)
-        if summary_path.exists():  # another module's run may have finished meanwhile
-            summary = {**json.loads(summary_path.read_text()), name: summary[name]}
-        summary_path.write_text(json.dumps(summary, indent=1, sort_keys=True))
+        report(name)
 
 
 if __name__ == "__main__":
