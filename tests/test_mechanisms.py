@@ -8,6 +8,7 @@ from dp_accounting import dp_event
 from scipy import stats
 
 from sage_tfx import mechanisms
+from sage_tfx.mechanisms import additive
 
 N = 20_000
 FALSE_FAILURE = 1e-6  # per Kolmogorov-Smirnov check
@@ -118,3 +119,19 @@ def test_release_epsilon_counts_additional_delta_against_delta(epsilon, delta):
     assert release.epsilon(delta + 0.1) == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ValueError, match="additional_delta"):
         release.epsilon(0.05)
+
+
+@pytest.mark.parametrize("maker,release", [
+    ("make_laplace", lambda: mechanisms.laplace([0.0], l1_sensitivity=1.0, epsilon=1.0)),
+    ("make_gaussian", lambda: mechanisms.gaussian_with_noise_multiplier(
+        [0.0], l2_sensitivity=1.0, noise_multiplier=2.0)),
+])
+def test_a_mechanism_built_with_less_noise_than_calibrated_is_refused(monkeypatch, maker, release):
+    # The event is read back from OpenDP's privacy map; if what is built spends more than the
+    # calibration (here 2/3 of the scale: 1.5x epsilon, 2/3 of the multiplier), the
+    # release must stop rather than return a value with an event that understates it.
+    build = getattr(additive.dp.m, maker)
+    monkeypatch.setattr(additive.dp.m, maker,
+                        lambda *args, scale, **kw: build(*args, scale=scale / 1.5, **kw))
+    with pytest.raises(AssertionError):
+        release()
