@@ -190,3 +190,10 @@ def test_sum_statistic_error_bound_is_its_closed_form():
              + width * math.sqrt(math.log(2 / p) / (2 * (result.dp_count - count_slack))))
     assert result.details["error_bound"] == pytest.approx(bound, rel=1e-9)
     assert result.lower_bound == pytest.approx(result.dp_estimate - bound, rel=1e-9)
+
+
+def test_bernstein_bounds_without_data_are_trivial():
+    # No observation: nothing is known beyond the range [0, R], so the bounds are 0 and infinity
+    # (a lower bound above 0 would let REJECT fire with no evidence).
+    assert bernstein_lower(0.7, 0, 0.01, 1.0) == 0.0
+    assert bernstein_upper(0.7, 0, 0.01, 1.0) == math.inf
