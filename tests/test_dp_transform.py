@@ -212,3 +212,9 @@ def test_per_row_preprocessing_with_dp_releases_passes_the_audit():
 
     assert audit(per_row, SPEC, epsilon=1.0) == [("dp_group_by_mean", 0.5), ("dp_count", 0.5)]
     assert audit(group_means, SPEC, epsilon=1.0) == [("dp_group_by_mean", 1.0)]
+
+
+def test_scale_with_bounds_is_the_affine_map_of_the_clipped_value():
+    # (clip(v, lo, hi) - lo) / (hi - lo) with a negative lower bound, written out by hand.
+    scaled = dp.scale_with_bounds(tf.constant([-9.0, -2.0, 0.0, 3.0, 6.0, 50.0]), -2.0, 6.0)
+    np.testing.assert_allclose(scaled.numpy(), [0.0, 0.0, 0.25, 0.625, 1.0, 1.0], rtol=1e-6)

@@ -12,6 +12,7 @@ from scipy import stats
 
 from sage_tfx.validators import (ACCEPT, REJECT, RETRY, accuracy_validator, loss_validator,
                                  sum_statistic_validator)
+from sage_tfx.validators import slaed
 from sage_tfx.validators.slaed import DPMeanRelease, bernstein_lower, bernstein_upper
 
 RUNS = 1500
@@ -197,3 +198,12 @@ def test_bernstein_bounds_without_data_are_trivial():
     # (a lower bound above 0 would let REJECT fire with no evidence).
     assert bernstein_lower(0.7, 0, 0.01, 1.0) == 0.0
     assert bernstein_upper(0.7, 0, 0.01, 1.0) == math.inf
+
+
+def test_release_with_too_few_records_bounds_nothing():
+    # 5 records at epsilon 0.1: the count's correction (2 / 0.1) ln(3 / eta) ~ 96 exceeds the
+    # count, so neither test has evidence: lower bound 0, upper bound infinity (a lower bound
+    # above the target here would REJECT on noise alone).
+    release = DPMeanRelease(dp_count=5.0, dp_sum=4.0, value_range=1.0, epsilon=0.1)
+    assert slaed.mean_lower_bound(release, 0.025) == 0.0
+    assert slaed.mean_upper_bound(release, 0.025) == math.inf
