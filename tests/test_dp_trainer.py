@@ -339,3 +339,25 @@ def test_adassp_ridge_is_wangs_algorithm_2_when_the_noise_is_zero(monkeypatch, r
     ridge = max(0.0, s * math.sqrt(4 * math.log(2 * 16 / 0.1)) - lambda_min)
     assert result.ridge == pytest.approx(ridge, rel=1e-9, abs=1e-12)
     assert (ridge > 0) == (rows < 4000)
+
+
+def test_adassp_releases_at_the_sensitivities_of_wangs_analysis(monkeypatch):
+    # Module docstring (Weyl; Frobenius norm of x x^T; ||x y||): lambda_min and the Gram
+    # triangle move by at most B_x^2 when a row is added, X^T y by B_x B_y. The mechanisms scale
+    # their noise by what they are told, so the sensitivity each release is told is the claim.
+    from sage_tfx.components.dp_trainer import adassp as adassp_lib
+    told = []
+    real = adassp_lib.mechanisms.gaussian_with_noise_multiplier
+
+    def spy(values, *, l2_sensitivity, noise_multiplier):
+        told.append(l2_sensitivity)
+        return real(values, l2_sensitivity=l2_sensitivity, noise_multiplier=noise_multiplier)
+    monkeypatch.setattr(adassp_lib.mechanisms, "gaussian_with_noise_multiplier", spy)
+    features = np.random.default_rng(2).uniform(-1, 1, size=(50, 2))
+    adassp(features, features[:, 0], 1.0, 1e-6, feature_bound=3.0, label_bound=5.0)
+    assert told == [9.0, 9.0, 15.0]
+
+
+def test_calibration_refuses_delta_one_as_a_calibration_error():
+    with pytest.raises(CalibrationError, match="delta"):
+        calibrate(plan_for_batch("swo", 1000, 100, 1), 1.0, 1.0)
