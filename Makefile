@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ledger-demo test benchmark lock clean
+.PHONY: demo ledger-demo test benchmark mutation lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/taxi_sample_complexity.py --json
 	$(BIN)/python benchmarks/workload.py --json
 	$(BIN)/python benchmarks/audit.py --json
+
+# Mutation testing of the privacy-critical modules (docs/mutation.md), by hand, not in CI. The tool
+# is pinned apart from the lock (requirements/mutation.txt) so CI never installs it.
+# `make mutation ARGS="--only slaed --max-mutants 0"` runs one module, unsampled.
+mutation: $(STAMP)
+	$(BIN)/pip install --quiet --no-deps -r requirements/mutation.txt
+	$(BIN)/python mutation/run.py $(ARGS)
 
 # Regenerate the lock from requirements/direct.txt and requirements/nodeps.txt (needs the registry).
 lock:

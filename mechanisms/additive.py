@@ -94,6 +94,14 @@ def _invoke(measurement, array: np.ndarray, dtype) -> np.ndarray:
     return noisy if array.ndim else noisy[()]
 
 
+def _check_calibration(holds: bool, ran: float, asked: float) -> None:
+    """Refuse to release when OpenDP's own privacy map says the measurement built is weaker than
+    the one asked for (an explicit raise, not an assert: `python -O` must not remove it)."""
+    if not holds:
+        raise RuntimeError(f"the noise OpenDP built does not give the calibrated guarantee "
+                           f"(ran {ran!r}, asked {asked!r}); nothing was released")
+
+
 def laplace(values, *, l1_sensitivity: float, epsilon: float) -> Release:
     """``values`` + Laplace noise: epsilon-DP when one unit moves ``values`` by at most
     ``l1_sensitivity`` in L1 norm. Event: LaplaceDpEvent(scale / rounded sensitivity)."""
@@ -104,7 +112,7 @@ def laplace(values, *, l1_sensitivity: float, epsilon: float) -> Release:
     scale = (l1_sensitivity + array.size * 2.0 ** k) / epsilon
     measurement, epsilon_run = _measurement("laplace", "f64", array.size, scale, k,
                                             l1_sensitivity)
-    assert epsilon_run <= epsilon * (1 + 1e-9), (epsilon_run, epsilon)
+    _check_calibration(epsilon_run <= epsilon * (1 + 1e-9), epsilon_run, epsilon)
     return Release(_invoke(measurement, array, np.float64),
                    dp_event.LaplaceDpEvent(noise_multiplier=1.0 / epsilon_run))
 
@@ -121,7 +129,7 @@ def discrete_laplace(values, *, l1_sensitivity: int, epsilon: float) -> Release:
     scale = l1_sensitivity / epsilon
     measurement, epsilon_run = _measurement("laplace", "i64", None, scale, None,
                                             l1_sensitivity)
-    assert epsilon_run <= epsilon * (1 + 1e-9), (epsilon_run, epsilon)
+    _check_calibration(epsilon_run <= epsilon * (1 + 1e-9), epsilon_run, epsilon)
     return Release(_invoke(measurement, array, np.int64),
                    dp_event.DiscreteLaplaceDpEvent(
                        noise_parameter=epsilon_run / l1_sensitivity, sensitivity=l1_sensitivity))
@@ -164,7 +172,8 @@ def gaussian_with_noise_multiplier(values, *, l2_sensitivity: float,
     # OpenDP's map: rho = (rounded sensitivity / sigma)^2 / 2
     measurement, rho = _measurement("gaussian", "f64", array.size, sigma, k, l2_sensitivity)
     multiplier_run = 1.0 / math.sqrt(2.0 * rho)
-    assert multiplier_run >= noise_multiplier * (1 - 1e-9), (multiplier_run, noise_multiplier)
+    _check_calibration(multiplier_run >= noise_multiplier * (1 - 1e-9), multiplier_run,
+                       noise_multiplier)
     return Release(_invoke(measurement, array, np.float64),
                    dp_event.GaussianDpEvent(noise_multiplier=noise_multiplier))
 

@@ -102,3 +102,23 @@ def test_under_overload_shares_go_to_the_longest_waiting_and_stay_spendable():
     assert list(block.reservations) == waiting[:99]
     assert all(allocation.can_pay(block, MIN_DEMAND, name, BASIC) for name in waiting[:99])
     assert not allocation.can_pay(block, MIN_DEMAND, waiting[99], BASIC)  # it waits its turn
+
+
+def test_free_budget_and_charge_count_follow_the_ledger_arithmetic():
+    # Written out by hand: capacity 1.0 split between p0 and p1 (0.5 each); p0 spends 0.2 from
+    # its reservation, an outsider spends 0.1 from the free budget (none is free yet, so it is
+    # refused), then p1 leaves and its 0.5 becomes free.
+    capacity = BASIC.capacity(1.0, 1e-6)
+    block = allocation.new_block("b", 1.0, 1e-6, capacity, BASIC.zero(), ["p0", "p1"],
+                                 MIN_DEMAND, BASIC)
+    assert np.allclose(allocation.free_budget(block), [0.0, 0.0])
+    block = allocation.charge(block, np.array([0.2, 0.0]), "p0", BASIC, MIN_DEMAND)
+    assert np.allclose(block.reservations["p0"], [0.3, 5e-7])
+    assert np.allclose(allocation.free_budget(block), [0.0, 0.0])
+    assert not allocation.can_pay(block, np.array([0.1, 0.0]), None, BASIC)
+    block = allocation.release(block, "p1", [])
+    assert np.allclose(allocation.free_budget(block), [0.5, 5e-7])
+    block = allocation.charge(block, np.array([0.1, 0.0]), None, BASIC, MIN_DEMAND)
+    assert np.allclose(allocation.free_budget(block), [0.4, 5e-7])
+    assert np.allclose(allocation.available_to(block, "p0"), [0.7, 1e-6])
+    assert block.charges == 2  # the ledger's audit compares this with the grant history

@@ -4,6 +4,7 @@ import base64
 import csv
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -363,3 +364,52 @@ def test_without_the_overflow_guard_one_record_makes_the_model_nan(
     monkeypatch.setattr(dp_sgd, "kept_rows", lambda losses, norms: tf.ones_like(losses, tf.bool))
     assert not np.isfinite(train_with_one_bad_row(bad_features, bad_label,
                                                   poisson_regression)).all()
+
+
+@pytest.mark.parametrize("rows", [60, 300, 4000])
+def test_adassp_ridge_is_wangs_algorithm_2_when_the_noise_is_zero(monkeypatch, rows):
+    # With the three releases returning their exact inputs (noise 0: accuracy only, no
+    # privacy claim), the ridge is Wang's closed form: lambda_min~ = max(0, lambda_min - s
+    # Phi^-1(1 - rho/2)), lambda = max(0, s sqrt(d ln(2 d^2 / rho)) - lambda_min~), s = sigma
+    # B_x^2. 60 rows: lambda_min~ = 0; 300 rows: both terms positive (s ~ 31, lambda_min ~ 83);
+    # 4000 rows: lambda_min is large enough for ridge 0.
+    from scipy import stats
+    from sage_tfx.components.dp_trainer import adassp as adassp_lib
+    from sage_tfx.mechanisms import Release
+
+    def exact(values, *, l2_sensitivity, noise_multiplier):
+        return Release(np.asarray(values, dtype=np.float64), None)
+    monkeypatch.setattr(adassp_lib.mechanisms, "gaussian_with_noise_multiplier", exact)
+    rng = np.random.default_rng(1)
+    features = rng.uniform(-1, 1, size=(rows, 3))
+    labels = features @ np.array([1.0, -2.0, 0.5]) + 0.3
+    result = adassp(features, labels, 1.0, 1e-6, feature_bound=2.0, label_bound=5.0, rho=0.1)
+    design = np.hstack([features, np.ones((rows, 1))])
+    design *= np.minimum(1.0, 2.0 / np.linalg.norm(design, axis=1, keepdims=True))
+    s = result.noise_multiplier * 2.0 ** 2
+    lambda_min = max(0.0, np.linalg.eigvalsh(design.T @ design)[0] - s * stats.norm.ppf(0.95))
+    ridge = max(0.0, s * math.sqrt(4 * math.log(2 * 16 / 0.1)) - lambda_min)
+    assert result.ridge == pytest.approx(ridge, rel=1e-9, abs=1e-12)
+    assert (ridge > 0) == (rows < 4000)
+
+
+def test_adassp_releases_at_the_sensitivities_of_wangs_analysis(monkeypatch):
+    # Module docstring (Weyl; Frobenius norm of x x^T; ||x y||): lambda_min and the Gram
+    # triangle move by at most B_x^2 when a row is added, X^T y by B_x B_y. The mechanisms scale
+    # their noise by what they are told, so the sensitivity each release is told is the claim.
+    from sage_tfx.components.dp_trainer import adassp as adassp_lib
+    told = []
+    real = adassp_lib.mechanisms.gaussian_with_noise_multiplier
+
+    def spy(values, *, l2_sensitivity, noise_multiplier):
+        told.append(l2_sensitivity)
+        return real(values, l2_sensitivity=l2_sensitivity, noise_multiplier=noise_multiplier)
+    monkeypatch.setattr(adassp_lib.mechanisms, "gaussian_with_noise_multiplier", spy)
+    features = np.random.default_rng(2).uniform(-1, 1, size=(50, 2))
+    adassp(features, features[:, 0], 1.0, 1e-6, feature_bound=3.0, label_bound=5.0)
+    assert told == [9.0, 9.0, 15.0]
+
+
+def test_calibration_refuses_delta_one_as_a_calibration_error():
+    with pytest.raises(CalibrationError, match="delta"):
+        calibrate(plan_for_batch("swo", 1000, 100, 1), 1.0, 1.0)

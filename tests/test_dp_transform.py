@@ -212,3 +212,20 @@ def test_per_row_preprocessing_with_dp_releases_passes_the_audit():
 
     assert audit(per_row, SPEC, epsilon=1.0) == [("dp_group_by_mean", 0.5), ("dp_count", 0.5)]
     assert audit(group_means, SPEC, epsilon=1.0) == [("dp_group_by_mean", 1.0)]
+
+
+def test_scale_with_bounds_is_the_affine_map_of_the_clipped_value():
+    # (clip(v, lo, hi) - lo) / (hi - lo) with a negative lower bound, written out by hand.
+    scaled = dp.scale_with_bounds(tf.constant([-9.0, -2.0, 0.0, 3.0, 6.0, 50.0]), -2.0, 6.0)
+    np.testing.assert_allclose(scaled.numpy(), [0.0, 0.0, 0.25, 0.625, 1.0, 1.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("shares", [(-0.5, 1.4), (0.0, 1.0), (1.5,)])
+def test_a_share_outside_zero_one_is_refused_before_reading(shares):
+    # A negative share would let another analyzer spend more than the whole budget while the
+    # sum still looks <= 1 (-0.5 + 1.4 = 0.9).
+    def spends(inputs):
+        return {f"m{i}": dp.dp_mean(inputs["speed"], (0.0, 1.0), share)
+                for i, share in enumerate(shares)}
+    with pytest.raises(dp.DPTransformError, match=r"budget_share must be in \(0, 1\]"):
+        audit(spends, SPEC, epsilon=1.0)

@@ -8,6 +8,7 @@ from dp_accounting import dp_event
 from scipy import stats
 
 from sage_tfx import mechanisms
+from sage_tfx.mechanisms import additive
 
 N = 20_000
 FALSE_FAILURE = 1e-6  # per Kolmogorov-Smirnov check
@@ -107,3 +108,43 @@ def test_reused_measurements_draw_fresh_noise():
     second = mechanisms.discrete_gaussian(np.zeros(100, np.int64), l2_sensitivity=1.0,
                                           epsilon=1.0, delta=1e-6)
     assert first.event == second.event and not np.array_equal(first.value, second.value)
+
+
+def test_count_and_sum_split_epsilon_in_half_and_scale_the_sum_by_its_bound():
+    # Closed form: count noise Lap(2 / eps), sum noise Lap(2 B / eps); the composed event is
+    # eps-DP (pure, so PLD's epsilon at a tiny delta is eps). A sum at half its noise is caught.
+    release = mechanisms.laplace_count_and_sum(np.zeros(N), np.zeros(N), value_bound=3.0,
+                                               epsilon=1.0)
+    counts, sums = release.value
+    assert stats.kstest(counts, stats.laplace(scale=2.0).cdf).pvalue > FALSE_FAILURE
+    assert stats.kstest(sums, stats.laplace(scale=6.0).cdf).pvalue > FALSE_FAILURE
+    assert stats.kstest(sums / 2, stats.laplace(scale=6.0).cdf).pvalue < FALSE_FAILURE
+    assert release.epsilon(1e-12) == pytest.approx(1.0, rel=1e-3)
+    assert [event.noise_multiplier for event in release.event.events] == pytest.approx([2, 2])
+
+
+@pytest.mark.parametrize("epsilon,delta", [(1.0, 0.2), (2.0, 0.05)])
+def test_release_epsilon_counts_additional_delta_against_delta(epsilon, delta):
+    # Laplace at sensitivity 1, scale 1/eps has the exact curve delta(e) = 1 - exp((e - eps)/2)
+    # (its hockey-stick divergence), so epsilon(delta) = eps + 2 ln(1 - delta) in closed form.
+    release = mechanisms.Release(0.0, dp_event.LaplaceDpEvent(1.0 / epsilon), additional_delta=0.1)
+    expected = epsilon + 2.0 * math.log(1.0 - delta)
+    assert release.epsilon(delta + 0.1) == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match="additional_delta"):
+        release.epsilon(0.05)
+
+
+@pytest.mark.parametrize("maker,release", [
+    ("make_laplace", lambda: mechanisms.laplace([0.0], l1_sensitivity=1.0, epsilon=1.0)),
+    ("make_gaussian", lambda: mechanisms.gaussian_with_noise_multiplier(
+        [0.0], l2_sensitivity=1.0, noise_multiplier=2.0)),
+])
+def test_a_mechanism_built_with_less_noise_than_calibrated_is_refused(monkeypatch, maker, release):
+    # The event is read back from OpenDP's privacy map; if what is built spends more than the
+    # calibration (here 2/3 of the scale: 1.5x epsilon, 2/3 of the multiplier), the
+    # release must stop rather than return a value with an event that understates it.
+    build = getattr(additive.dp.m, maker)
+    monkeypatch.setattr(additive.dp.m, maker,
+                        lambda *args, scale, **kw: build(*args, scale=scale / 1.5, **kw))
+    with pytest.raises(RuntimeError, match="does not give the calibrated guarantee"):
+        release()

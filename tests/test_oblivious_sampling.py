@@ -4,7 +4,9 @@ and accounting for what ran.
 Statistical checks use fixed seeds. Each states its false-failure rate: the probability that
 a correct sampler fails it with a fresh seed.
 """
+import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -353,3 +355,22 @@ def test_swo_epsilon_is_above_a_second_accountants_lower_bound_and_close_to_it()
     bound = swo_replace_one_lower_bound(1000, 100, 2.0, descriptor.steps, 1e-5)
     print(f"SWO accounted {accounted:.3f}, lower bound {bound:.3f}")
     assert 2.5 * bound <= accounted <= 4.0 * bound
+
+
+def test_poisson_truncation_is_paid_out_of_delta():
+    # A truncation probability T per epoch costs (1 + e^eps) T >= 2 T of delta (module
+    # docstring), so the epsilon reported is at least the exact mechanism's at delta - 2 T,
+    # which is strictly above its epsilon at delta: the reserve is taken, not added.
+    exact = plan("poisson", 60_000, 1, gamma=0.01)
+    truncated = dataclasses.replace(exact, truncation_probability=1e-7)
+    delta = 1e-5
+    reported = accounting.epsilon(truncated, 1.0, delta)
+    assert reported >= accounting.rdp_epsilon(exact, 1.0, delta - 2e-7)
+    assert accounting.rdp_epsilon(exact, 1.0, delta - 2e-7) > accounting.rdp_epsilon(
+        exact, 1.0, delta)
+
+
+@pytest.mark.parametrize("count_epsilon", [0.0, -1.0, math.nan, math.inf])
+def test_sizing_refuses_a_count_epsilon_that_is_not_positive_and_finite(count_epsilon):
+    with pytest.raises(ValueError, match="count's epsilon"):
+        accounting.sized_for("poisson", 1000, count_epsilon)

@@ -12,6 +12,7 @@ from scipy import stats
 
 from sage_tfx.validators import (ACCEPT, REJECT, RETRY, accuracy_validator, loss_validator,
                                  sum_statistic_validator)
+from sage_tfx.validators import slaed
 from sage_tfx.validators.slaed import DPMeanRelease, bernstein_lower, bernstein_upper
 
 RUNS = 1500
@@ -206,3 +207,68 @@ def test_sum_statistic_guarantee_holds_where_the_dp_correction_decides(monkeypat
     without_laplace_corrections(monkeypatch)
     broken = wrong_decisions(accepted_and_wrong(0.015), draw, np.random.default_rng(8))
     assert broken > 3 * allowed_errors(eta), broken
+
+
+def _listing2_bounds(dp_count, dp_sum, value_range, epsilon, confidence):
+    """Sage Listing 2's bounds (with the 4 R L / n correction), written out from the paper: eta
+    = (1 - confidence) / 2 split in three; one-sided Laplace correction b ln(3 / (2 eta)),
+    two-sided b ln(3 / eta); Bernstein at probability eta / 3, so L = ln(3 / eta)."""
+    eta = (1 - confidence) / 2
+    one_sided, two_sided, log_term = math.log(3 / (2 * eta)), math.log(3 / eta), math.log(3 / eta)
+    count_low = dp_count - 2 / epsilon * one_sided
+    mean_high = (dp_sum + 2 * value_range / epsilon * one_sided) / count_low
+    upper = (mean_high + math.sqrt(2 * value_range * mean_high * log_term / count_low)
+             + 4 * value_range * log_term / count_low)
+    count_slack = 2 / epsilon * two_sided
+    reject_count_low = dp_count - count_slack
+    mean_low = max(dp_sum - 2 * value_range / epsilon * one_sided, 0) / (dp_count + count_slack)
+    a = math.sqrt(2 * value_range * log_term / reject_count_low)
+    excess = max(0.0, mean_low - 2 * value_range * log_term / (3 * reject_count_low))
+    lower = ((-a + math.sqrt(a * a + 4 * excess)) / 2) ** 2
+    return lower, upper
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95])
+def test_loss_bounds_are_listing2s_closed_form(confidence):
+    # Pins every correction's probability share: a bound looser than Listing 2 wastes data, a
+    # tighter one breaks the guarantee; neither shows in a pass/fail run at the edge.
+    losses = np.random.default_rng(5).uniform(0.0, 2.0, 3000)
+    result = loss_validator(losses, 0.9, epsilon=0.5, confidence=confidence, loss_bound=2.0)
+    dp_sum = result.dp_estimate * result.dp_count
+    lower, upper = _listing2_bounds(result.dp_count, dp_sum, 2.0, 0.5, confidence)
+    assert result.upper_bound == pytest.approx(upper, rel=1e-9)
+    assert result.lower_bound == pytest.approx(lower, rel=1e-9)
+    accuracy = accuracy_validator(losses < 1.0, 0.5, epsilon=0.5, confidence=confidence)
+    error_lower, error_upper = _listing2_bounds(
+        accuracy.dp_count, (1 - accuracy.dp_estimate) * accuracy.dp_count, 1.0, 0.5, confidence)
+    assert accuracy.lower_bound == pytest.approx(1 - error_upper, rel=1e-9)
+    assert accuracy.upper_bound == pytest.approx(1 - error_lower, rel=1e-9)
+
+
+def test_sum_statistic_error_bound_is_its_closed_form():
+    # (t_S + R t_n) / n_dp + R sqrt(ln(2 / p) / (2 n_low)), t two-sided at p = eta / 3.
+    epsilon, confidence, width = 0.5, 0.95, 4.0
+    values = np.random.default_rng(6).uniform(-1.0, 3.0, 5000)
+    result = sum_statistic_validator(values, 0.5, epsilon, confidence, value_range=(-1.0, 3.0))
+    p = (1 - confidence) / 2 / 3
+    count_slack = 2 / epsilon * math.log(1 / p)
+    bound = ((2 * width / epsilon * math.log(1 / p) + width * count_slack) / result.dp_count
+             + width * math.sqrt(math.log(2 / p) / (2 * (result.dp_count - count_slack))))
+    assert result.details["error_bound"] == pytest.approx(bound, rel=1e-9)
+    assert result.lower_bound == pytest.approx(result.dp_estimate - bound, rel=1e-9)
+
+
+def test_bernstein_bounds_without_data_are_trivial():
+    # No observation: nothing is known beyond the range [0, R], so the bounds are 0 and infinity
+    # (a lower bound above 0 would let REJECT fire with no evidence).
+    assert bernstein_lower(0.7, 0, 0.01, 1.0) == 0.0
+    assert bernstein_upper(0.7, 0, 0.01, 1.0) == math.inf
+
+
+def test_release_with_too_few_records_bounds_nothing():
+    # 5 records at epsilon 0.1: the count's correction (2 / 0.1) ln(3 / eta) ~ 96 exceeds the
+    # count, so neither test has evidence: lower bound 0, upper bound infinity (a lower bound
+    # above the target here would REJECT on noise alone).
+    release = DPMeanRelease(dp_count=5.0, dp_sum=4.0, value_range=1.0, epsilon=0.1)
+    assert slaed.mean_lower_bound(release, 0.025) == 0.0
+    assert slaed.mean_upper_bound(release, 0.025) == math.inf
