@@ -190,6 +190,89 @@ def adassp_outputs(trials: int, seed: Optional[int] = None, *, epsilon: float = 
     return outputs[0], outputs[1]
 
 
+# --- partition selection (sage_tfx.mechanisms.selection): the keep decision ---
+
+# Audited at delta 1e-3 (deployments use smaller): a leak shows once the keep rate's excess over
+# delta is resolved, about e ln(1 / alpha) / (trials (p - delta)) runs, so a larger delta keeps
+# the broken variants' excess visible at 10^5 runs.
+SELECTION_RULES = ("laplace_threshold", "gaussian_threshold", "truncated_geometric_selection")
+SELECTION_EPSILON, SELECTION_DELTA = 1.0, 1e-3
+SELECTION_PARTITIONS_PER_UNIT = 4
+
+
+@contextlib.contextmanager
+def _patched(module, name: str, replacement):
+    original = getattr(module, name)
+    setattr(module, name, replacement(original))
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def _broken_selection(selection_module, rule: str, broken: Optional[str]):
+    """The deliberately broken variants of the tests, by patching the helper the rule calls:
+    "tau_minus_one": the threshold one lower (the truncated geometric: the keep probability of
+    a count one higher); "ignore_partitions": the threshold (keep probabilities) computed as
+    if each unit were in one partition, though it is in C."""
+    if broken is None:
+        return contextlib.nullcontext()
+    if broken not in ("tau_minus_one", "ignore_partitions"):
+        raise ValueError(f"unknown broken variant {broken!r}")
+    if rule == "truncated_geometric_selection":
+        # (epsilon, delta) per partition are (eps / C, delta / C); the helper sees only those.
+        scale = SELECTION_PARTITIONS_PER_UNIT if broken == "ignore_partitions" else 1
+
+        def probabilities(original):
+            def broken_probabilities(epsilon, delta, design_delta):
+                table = original(scale * epsilon, scale * delta, scale * design_delta)
+                return table[1:] if broken == "tau_minus_one" else table
+            return broken_probabilities
+        return _patched(selection_module, "_checked_keep_probabilities", probabilities)
+    helper = {"laplace_threshold": "laplace_threshold_tau",
+              "gaussian_threshold": "gaussian_threshold_tau"}[rule]
+
+    def threshold(original):
+        def broken_threshold(**parameters):
+            if broken == "ignore_partitions":
+                parameters["max_partitions_per_unit"] = 1
+            return original(**parameters) - (broken == "tau_minus_one")
+        return broken_threshold
+    return _patched(selection_module, helper, threshold)
+
+
+def selection_outputs(rule: str, trials: int, seed: Optional[int] = None, *,
+                      partitions_per_unit: int = 1, epsilon: float = SELECTION_EPSILON,
+                      delta: float = SELECTION_DELTA, broken: Optional[str] = None) -> Outputs:
+    """How many of a unit's own partitions sage_tfx.mechanisms.<rule> keeps. D' holds one unit
+    in C = `partitions_per_unit` partitions that nobody else is in (unit count 1 each: the
+    partitions that exist only because of it); D is D' without it, so those partitions are
+    not in D's input at all and nothing about them is released: 0 on every run. Other
+    partitions are noised independently and are the same on both sides, so they are left out.
+
+    The bound: {kept >= 1} has probability 0 on D, so eps_lb = ln((P_low - delta) / P_high)
+    of bounds.py exceeds any epsilon as soon as P_low > delta, i.e. it audits the delta the
+    rule claims for its own partitions. (The epsilon part, counts n - 1 vs n, is the noise
+    module's discrete Laplace / Gaussian, audited above.)
+
+    Batched: one call on trials * C partitions of count 1, run i being partitions
+    [i C, (i + 1) C). The noise (the coins) are independent per partition and the threshold
+    depends on C, not on the number of partitions (Gaussian: the lattice grows with it, so a
+    little more noise), so run i is one run of the rule on D'. CSPRNG-seeded: `seed` is unused.
+    `broken`: the deliberately broken variants of the tests (_broken_selection)."""
+    from sage_tfx.mechanisms import selection
+
+    del seed
+    if rule not in SELECTION_RULES:
+        raise ValueError(f"unknown partition-selection rule {rule!r}; one of {SELECTION_RULES}")
+    with _broken_selection(selection, rule, broken):
+        keep = getattr(selection, rule)(
+            np.ones(trials * partitions_per_unit, dtype=np.int64),
+            max_partitions_per_unit=partitions_per_unit, epsilon=epsilon, delta=delta).value.keep
+    kept = keep.reshape(trials, partitions_per_unit).sum(axis=1).astype(np.float64)
+    return np.zeros(trials), kept
+
+
 # --- DP-SGD: one noisy clipped-gradient step of a 1-parameter model ---
 
 DP_SGD_NOISE_MULTIPLIER, DP_SGD_DELTA = 1.0, 1e-5
@@ -264,5 +347,11 @@ def shipped() -> dict[str, MechanismAudit]:
                        vectorised=False),
         MechanismAudit("dp_sgd_step", dp_sgd_claimed_epsilon(), DP_SGD_DELTA,
                        dp_sgd_step_outputs, "DP-SGD: one step of a 1-parameter model"),
-    ]
+    ] + [
+        MechanismAudit(f"{rule}_c{partitions}", SELECTION_EPSILON, SELECTION_DELTA,
+                       functools.partial(selection_outputs, rule,
+                                         partitions_per_unit=partitions),
+                       f"partition selection: sage_tfx.mechanisms.selection.{rule}, a unit in "
+                       f"{partitions} partition(s) of its own vs absent (the keep decision)")
+        for rule in SELECTION_RULES for partitions in (1, SELECTION_PARTITIONS_PER_UNIT)]
     return {audit.name: audit for audit in audits}

@@ -159,3 +159,35 @@ def test_cli_exits_1_when_a_mechanism_leaks_more_than_it_claims(monkeypatch, cap
     monkeypatch.setattr(mechanisms, "shipped", lambda: {halved.name: halved})
     assert cli.main(["audit", "all", "--trials", "20000"]) == 1
     assert "laplace_half_noise" in capsys.readouterr().out
+
+
+# --- partition selection: a unit's own partitions are kept with probability <= delta ---
+# Audited at delta 0.01 (a leak shows after ~ln(1 / alpha) / (p - delta) runs, so the larger
+# delta keeps these tests to ~3 s). The broken variants patch the helper each rule calls
+# (audit/mechanisms.py, _broken_selection); the minima quoted are over 5 audits each.
+SELECTION_DELTA = 0.01
+
+
+@pytest.mark.parametrize("rule", mechanisms.SELECTION_RULES)
+@pytest.mark.parametrize("partitions, trials", [(1, 20_000), (4, 5_000)])
+def test_partition_selection_is_below_its_claim(rule, partitions, trials):
+    outputs = mechanisms.selection_outputs(rule, trials, partitions_per_unit=partitions,
+                                           delta=SELECTION_DELTA)
+    assert lower_bound(outputs, SELECTION_DELTA) <= mechanisms.SELECTION_EPSILON
+
+
+@pytest.mark.parametrize("rule, partitions, trials, broken", [
+    # tau computed for one partition per unit while a unit is in 4: 5.6 at least.
+    ("laplace_threshold", 4, 5_000, "ignore_partitions"),
+    # tau - 1 (one unit's partition kept at 1.8% against delta 1%): 2.33 at least.
+    ("gaussian_threshold", 1, 20_000, "tau_minus_one"),
+    # pi(n + 1) for a count of n (kept at 4% against 1%): 3.83 at least.
+    ("truncated_geometric_selection", 1, 20_000, "tau_minus_one"),
+    # Keep probabilities at (eps, delta) per partition, not (eps / 4, delta / 4): 2.34 at least.
+    ("truncated_geometric_selection", 4, 5_000, "ignore_partitions"),
+])
+def test_partition_selection_with_too_low_a_threshold_is_caught(rule, partitions, trials,
+                                                                 broken):
+    outputs = mechanisms.selection_outputs(rule, trials, partitions_per_unit=partitions,
+                                           delta=SELECTION_DELTA, broken=broken)
+    assert lower_bound(outputs, SELECTION_DELTA) > mechanisms.SELECTION_EPSILON
