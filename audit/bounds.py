@@ -109,7 +109,17 @@ class _Orthants:
         flipped = reference * signs
         quantiles = np.linspace(0.0, 1.0, thresholds_per_axis + 2)[1:-1]
         self.signs = signs
-        self.edges = [np.unique(np.quantile(column, quantiles)) for column in flipped.T]
+        self.edges = [self._edges(column, quantiles) for column in flipped.T]
+
+    @staticmethod
+    def _edges(column: np.ndarray, quantiles: np.ndarray) -> np.ndarray:
+        """Quantiles of the outputs; for an output with few distinct values (a keep decision,
+        a number of kept partitions) every value but the smallest, so that a value rarer than
+        the first quantile (a keep of probability ~delta) still makes an event {x >= v}."""
+        values = np.unique(column)
+        if values.size <= quantiles.size + 1:
+            return values[1:] if values.size > 1 else values  # a constant: the trivial event
+        return np.unique(np.quantile(column, quantiles))
 
     def counts(self, outputs: np.ndarray) -> np.ndarray:
         flipped = outputs * self.signs

@@ -51,7 +51,7 @@ def one_run(scheme: str, private: bool, data, args, seed: int) -> tuple[float, f
     """(test accuracy, epsilon or inf) of one training run."""
     train_x, train_y, test_x, test_y = data
     samples = sample(scheme, len(train_y), args.batch, args.epochs, seed)
-    plan = dp_sgd.StepPlan.from_samples(samples.sample_ids, samples.descriptor)
+    plan = dp_sgd.StepPlan.for_layout(samples.real, samples.descriptor)
     features = tf.gather(train_x, samples.records)
     labels = tf.gather(train_y, samples.records)
     tf.keras.utils.set_random_seed(seed)

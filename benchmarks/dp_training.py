@@ -53,8 +53,8 @@ def main(argv=None) -> int:
     features = tf.constant(rng.normal(size=(args.rows, FEATURES)).astype(np.float32))
     labels = tf.constant(rng.integers(0, 2, size=(args.rows, 1)).astype(np.float32))
     samples = samples_swo(tf.range(args.rows), BATCH, seed=1)
-    plan = dp_sgd.StepPlan.from_samples(samples.sample_ids, samples.descriptor)
-    # The step plan numbers the sampled slots; their records are these rows.
+    plan = dp_sgd.StepPlan.for_layout(samples.real, samples.descriptor)
+    # Step j reads slots [j w, (j + 1) w), real or not; slot i holds row samples.records[i].
     features, labels = tf.gather(features, samples.records), tf.gather(labels, samples.records)
     loss = tf.keras.losses.BinaryCrossentropy(from_logits=True)
     dp_step = dp_sgd.make_dp_step(mlp(), loss, features, labels,
