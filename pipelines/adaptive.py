@@ -41,6 +41,7 @@ from sage_tfx.components.dp_trainer.calibrate import (DEFAULT_MAX_NOISE_MULTIPLI
                                                       CalibrationError, calibrate)
 from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
+from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import step_events
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
@@ -130,8 +131,12 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
 
 def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
     """What each step of the iteration runs, for the events its grant records."""
-    return {"transform": {"mechanism": "laplace"}, "validation": {"mechanism": "laplace"},
-            "training": {"mechanism": spec.trainer.get("mode", "dp_sgd")}}
+    mechanisms = {"transform": {"mechanism": "laplace"}, "validation": {"mechanism": "laplace"},
+                  "training": {"mechanism": spec.trainer.get("mode", "dp_sgd")}}
+    if spec.sampling and spec.sampling.get("public_size") is None:
+        # ObliviousSampleGen's DP count of its records (discrete Laplace: pure epsilon-DP).
+        mechanisms[COUNT_STEP] = {"mechanism": "laplace"}
+    return mechanisms
 
 
 def _payable(ledger: BlockLedger, spec: IterationSpec, epsilon: float, pipeline: str,

@@ -50,6 +50,7 @@ is not a tail bound, so the filter never relies on it.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -57,8 +58,6 @@ from typing import Optional, Sequence
 
 import attr
 import numpy as np
-from dp_accounting import dp_event
-from dp_accounting.rdp import rdp_privacy_accountant
 
 from sage_tfx.sage_access.errors import BadRequest
 
@@ -133,6 +132,8 @@ class BasicComposition:
         if len(request.rdp_curve) != len(orders):
             raise BadRequest(f"rdp_curve has {len(request.rdp_curve)} values; the ledger's "
                              f"orders are {list(orders)}")
+        from dp_accounting.rdp import rdp_privacy_accountant
+
         # One mechanism, parameters fixed before it runs: the standard conversion applies.
         epsilon, _ = rdp_privacy_accountant.compute_epsilon(orders, request.rdp_curve, request.delta)
         if not math.isfinite(epsilon):
@@ -221,17 +222,25 @@ def accounting_for(name: str) -> BasicComposition | RenyiFilter:
 # A grant records the dp-accounting event each of its steps will run, so the ledger can charge
 # it in either mode and each step can check that what it runs is what was recorded.
 
-_EVENT_TYPES = {cls.__name__: cls for cls in (
-    dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent, dp_event.ZCDpEvent,
-    dp_event.PoissonSampledDpEvent, dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent,
-    dp_event.NoOpDpEvent)}
+# dp_accounting is imported where it is used: importing it takes most of a second, and the
+# ledger's CLI and its concurrent writers need none of it for basic accounting.
+@functools.cache
+def _event_types() -> dict:
+    from dp_accounting import dp_event
+
+    return {cls.__name__: cls for cls in (
+        dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent, dp_event.ZCDpEvent,
+        dp_event.PoissonSampledDpEvent, dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent,
+        dp_event.NoOpDpEvent)}
 
 
 def event_to_json(event: dp_event.DpEvent):
     """A JSON-able form of a dp-accounting event (nested events included)."""
+    from dp_accounting import dp_event
+
     name = type(event).__name__
-    if name not in _EVENT_TYPES:
-        raise BadRequest(f"a grant cannot record a {name}; supported: {sorted(_EVENT_TYPES)}")
+    if name not in _event_types():
+        raise BadRequest(f"a grant cannot record a {name}; supported: {sorted(_event_types())}")
 
     def encode(value):
         if isinstance(value, dp_event.DpEvent):
@@ -245,7 +254,7 @@ def event_to_json(event: dp_event.DpEvent):
 
 
 def event_from_json(data) -> dp_event.DpEvent:
-    if not isinstance(data, dict) or data.get("type") not in _EVENT_TYPES:
+    if not isinstance(data, dict) or data.get("type") not in _event_types():
         raise BadRequest(f"not a recorded DP event: {data!r}")
 
     def decode(value):
@@ -256,13 +265,15 @@ def event_from_json(data) -> dp_event.DpEvent:
         return value
 
     fields = {key: decode(value) for key, value in data.items() if key != "type"}
-    return _EVENT_TYPES[data["type"]](**fields)
+    return _event_types()[data["type"]](**fields)
 
 
 def pure_dp_event(epsilon: float) -> dp_event.DpEvent:
     """The event of a step that is epsilon-DP whatever it composes inside (e.g. several Laplace
     releases whose epsilons sum to `epsilon`): an epsilon-DP mechanism is (epsilon^2 / 2)-zCDP
     (Bun & Steinke 2016, Prop. 3.3), i.e. RDP a * epsilon^2 / 2 at every order a."""
+    from dp_accounting import dp_event
+
     return dp_event.ZCDpEvent(_check_epsilon(epsilon, "epsilon") ** 2 / 2.0)
 
 
@@ -270,6 +281,9 @@ def rdp_curve_of(events: Sequence[dp_event.DpEvent], orders: Sequence[float]) ->
     """RDP curve, on `orders`, of the composition of `events` under add-or-remove-one
     (dp-accounting's RdpAccountant; it refuses events it cannot account, e.g. sampling without
     replacement, whose analysis is replace-one)."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
     accountant = rdp_privacy_accountant.RdpAccountant(
         list(orders), rdp_privacy_accountant.NeighborRel.ADD_OR_REMOVE_ONE)
     composed = dp_event.ComposedDpEvent(list(events))

@@ -35,8 +35,11 @@ def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch):
     store_path = os.path.join(root, "metadata.sqlite")
     gen, grant = ingest_and_grant(root, store_path, split={"training": 0.9,
                                                            "sampling_count": 0.1})
+    # The grant's one sampling_count share pays the Poisson sampler's DP count (a share is spent
+    # once); the SWO sampler is given a public size instead.
     swo = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
-                             scheme="swo", sample_size=8, epochs=2, seed=1).with_id("swo")
+                             scheme="swo", sample_size=8, epochs=2, seed=1,
+                             public_size=40).with_id("swo")
     poisson = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                                  scheme="poisson", gamma=0.1, epochs=3,
                                  encryption_key_env=KEY_VARIABLE, record_width=1024,
@@ -82,8 +85,8 @@ def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch):
         assert set(real) <= set(granted_train)
         assert all(r == b"" for r, i in zip(records, ids) if i == 0)
     assert set(sampled) == {"swo", "poisson"}
-    swo_size = sampled["swo"].get_int_custom_property("sampling_n")
-    assert sampled["swo"].get_int_custom_property("sampling_samples_per_epoch") == swo_size // 8
+    assert sampled["swo"].get_int_custom_property("sampling_n") == 40
+    assert sampled["swo"].get_int_custom_property("sampling_samples_per_epoch") == 40 // 8
     assert sampled["poisson"].get_int_custom_property("sampling_encrypted") == 1
 
     # Examples of a single block were never granted as such: the executor refuses them.

@@ -25,9 +25,12 @@ BLOCK_EPSILON, BLOCK_DELTA = 2.0, 1e-6
 LOSS_BOUND = 0.25                          # squared error clipped at 30 minutes
 MSE_TARGET = 0.026
 TEST_FRACTION = 0.5                        # DP validation needs many test points (Sage §5.2)
-# "sampling_count": ObliviousSampleGen's DP count of the training records, which sizes the
-# samples (no exact count is used; oblivious_sample_gen/accounting.py).
-SPLIT = {"transform": 0.1, "sampling_count": 0.05, "training": 0.45, "validation": 0.4}
+# How each pipeline's grant is split among its DP steps. DP-SGD's "sampling_count" pays
+# ObliviousSampleGen's DP count of the training records, which sizes the samples (no exact count
+# is used; oblivious_sample_gen/accounting.py). AdaSSP runs no sampler.
+ADASSP_SPLIT = {"transform": 0.1, "training": 0.5, "validation": 0.4}
+DP_SGD_SPLIT = {"transform": 0.1, "sampling_count": 0.05, "training": 0.45,
+                "validation": 0.4}
 # Each pipeline's first iteration: its window (months) and epsilon. DP-SGD needs more data and
 # budget than AdaSSP. A REJECT stops the pipeline, and DP-SGD's noisy model was sometimes
 # confidently worse than the naive one (REJECT): on 12 months at epsilon 0.25-0.5 (4 of 12 runs),
@@ -39,7 +42,7 @@ INITIAL_EPSILON = {"adassp": 0.25, "dp_sgd": 0.5}
 
 def adassp_spec(seed: Optional[int] = None) -> IterationSpec:
     return IterationSpec(
-        module_file=MODULE_FILE, split=SPLIT, seed=seed,
+        module_file=MODULE_FILE, split=ADASSP_SPLIT, seed=seed,
         # Both features lie in [0, 1], plus the intercept: row norm <= sqrt(3). Durations are
         # clipped to [0, 1] hour; the fit is on duration - 0.2 h, a public guess (12 minutes)
         # at a typical trip, so the ridge shrinks toward it and |duration - 0.2| <= 0.8.
@@ -51,7 +54,7 @@ def adassp_spec(seed: Optional[int] = None) -> IterationSpec:
 
 def dp_sgd_spec(seed: Optional[int] = None) -> IterationSpec:
     return IterationSpec(
-        module_file=MODULE_FILE, split=SPLIT, seed=seed,
+        module_file=MODULE_FILE, split=DP_SGD_SPLIT, seed=seed,
         sampling={"scheme": "swo", "sample_size": 128, "epochs": 5},
         trainer={"mode": "dp_sgd", "l2_norm_clip": 0.5, "learning_rate": 0.05},
         validation={"metric": "loss", "target": MSE_TARGET, "loss_bound": LOSS_BOUND,
