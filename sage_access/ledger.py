@@ -696,7 +696,8 @@ class BlockLedger:
     def grant_records(self) -> list[dict]:
         """Every grant of this ledger, oldest first, as recorded: time (ms since the epoch),
         grant id, pipeline, run id, blocks, epsilon, delta, and the split among DP steps, the
-        dp-accounting event of each step (as JSON) and the RDP curve when the grant recorded them. Reads the whole history (operators, the CLI)."""
+        dp-accounting event of each step (as JSON) and the RDP curve when the grant recorded them.
+        Reads the whole history (operators, the CLI)."""
         executions = self._store.get_executions(list_options=metadata_store.ListOptions(
             order_by=metadata_store.OrderByField.ID, is_asc=True,
             filter_query=f"type = '{GRANT_TYPE}' AND "
