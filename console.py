@@ -6,14 +6,20 @@ SAGE_TFX_QUIET=1 to hide them. Only public facts and DP outputs may be reported:
 epsilon spent after an epoch (public parameters), the validator's DP metric and interval; never
 an exact count or a non-DP loss.
 
+`progress(what, total)` covers a long step whose length is public (DP-SGD's steps): a live bar
+(tqdm) when stderr is a terminal, otherwise a line at each quarter; silenced by SAGE_TFX_QUIET.
+It shows counts of public things only (steps, epochs), never a loss or a record count.
+
 `install()` also drops third-party warnings that say nothing to a user of this project and repeat
 at every step (they are listed in NOISE with the reason).
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
+from typing import Optional, TextIO
 
 LOGGER = logging.getLogger("sage_tfx")
 # (logger, message prefix): why it is noise here.
@@ -65,3 +71,51 @@ def report(message: str, *args) -> None:
     """One line for the user (public facts and DP outputs only; see the module docstring)."""
     install()
     LOGGER.info(message, *args)
+
+
+class Progress:
+    """Progress of `total` public units (see `progress`); `update(done)` takes the count so far."""
+
+    LINES = 4  # without a terminal: one line per quarter
+
+    def __init__(self, what: str, total: int, unit: str = "step",
+                 stream: Optional[TextIO] = None):
+        self.what, self.total, self.unit = what, int(total), unit
+        self.stream = sys.stderr if stream is None else stream
+        quiet = bool(os.environ.get("SAGE_TFX_QUIET")) or self.total <= 0
+        live = not quiet and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._bar = None
+        if live:
+            from tqdm import tqdm  # pinned in requirements; imported only for a terminal
+            self._bar = tqdm(total=self.total, desc=f"sage-tfx: {what}", unit=unit,
+                             file=self.stream, mininterval=0.5, leave=True, dynamic_ncols=True)
+        # Counts at which a line is written when there is no terminal (none when quiet).
+        self._marks = [] if quiet or live else sorted(
+            {math.ceil(self.total * k / self.LINES) for k in range(1, self.LINES + 1)})
+        self._done = 0
+
+    def update(self, done: int) -> None:
+        if self._bar is not None:
+            self._bar.update(done - self._done)
+        while self._marks and done >= self._marks[0]:
+            self.stream.write(f"sage-tfx: {self.what}: {self._marks.pop(0)}/{self.total} "
+                              f"{self.unit}s\n")
+            self.stream.flush()
+        self._done = done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+
+def progress(what: str, total: int, unit: str = "step",
+             stream: Optional[TextIO] = None) -> Progress:
+    """`with progress("DPTrainer DP-SGD", steps) as bar: ... bar.update(done)`: see Progress.
+    `what`, `total` and every count given must be public (never data-dependent)."""
+    return Progress(what, total, unit, stream)

@@ -8,7 +8,8 @@ Before the first run, create the ledger in the store the pipeline names (once):
 
 Run it locally (LocalDagRunner, the ledger in the pipeline's own ML Metadata store):
 
-    python -m sage_tfx.examples.first_pipeline --data-root DIR_OF_CSV --workdir out/first
+    python -m sage_tfx.examples.first_pipeline --data-root DIR_OF_CSV --workdir out/first \
+        --first-month 2024-01 --last-month 2024-03
 
 or compile it for Kubeflow (the ledger then lives in Kubeflow's ML Metadata over gRPC):
 
@@ -21,7 +22,9 @@ Running the same DAG again on the same files fails with "blocks are immutable"; 
 only the files that arrived since (a new `data_root`), or pass `ingest=False` to train on the
 blocks already registered.
 
-The CSV columns are trip_start_timestamp (Unix seconds), trip_miles and trip_seconds.
+The CSV columns are trip_start_timestamp (Unix seconds or an ISO date), trip_miles and
+trip_seconds. The stream's schedule (--first-month..--last-month) is public: every month in it
+becomes a block, records or not, and records outside it are dropped.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from tfx.proto import pusher_pb2
 
 from sage_tfx.components import (BlockExampleGen, BlockLedger, DPTrainer, ObliviousSampleGen,
                                   SLAedValidator)
+from sage_tfx.components.block_example_gen import month_schedule
 
 MODEL_MODULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trip_model.py")
 KUBEFLOW_LEDGER_STORE = "grpc://metadata-grpc-service:8080"
@@ -42,24 +46,32 @@ KUBEFLOW_LEDGER_STORE = "grpc://metadata-grpc-service:8080"
 
 def create_pipeline(pipeline_root: str, data_root: Optional[str] = None,
                     ledger_store: str = KUBEFLOW_LEDGER_STORE, metadata_path: Optional[str] = None,
-                    ingest: bool = True, window: int = 2, epsilon: float = 1.0,
+                    ingest: bool = True, months: Optional[tuple[str, str]] = None,
+                    window: int = 2, epsilon: float = 1.0,
                     delta: float = 1e-7, target_loss: float = 20000.0, epochs: int = 2,
                     sample_size: int = 16, module_file: str = MODEL_MODULE,
                     seed: Optional[int] = None) -> pipeline.Pipeline:
-    """One training iteration; `seed` fixes sampling and noise and is for tests only."""
+    """One training iteration; `months` = (first, last) "YYYY-MM" is the stream's public
+    schedule (needed to ingest); `seed` fixes sampling and noise and is for tests only."""
     data_root = data_root or os.path.join(pipeline_root, "new-data")
     components = []
     new_blocks = None
     if ingest:
+        if months is None:
+            raise ValueError("ingesting needs the stream's public schedule: months=(first, last)")
+        start, end = month_schedule(*months)
         # One block per calendar month of trip_start_timestamp, each with budget (2, 1e-6).
         block_gen = BlockExampleGen(input_base=data_root, block_key="trip_start_timestamp",
                                     block_by="month", ledger_store=ledger_store,
+                                    schedule_start=start, schedule_end=end,
                                     block_epsilon=2.0, block_delta=1e-6, test_fraction=0.2)
         components.append(block_gen)
         new_blocks = block_gen.outputs["examples"]
     # The grant: (epsilon, delta) on the `window` most recent blocks, split between the DP steps.
+    # Each share is consumed once; "sampling_count" pays the sampler's DP count of the records.
     grant = BlockLedger(ledger_store=ledger_store, epsilon=epsilon, delta=delta, window=window,
-                        split={"training": 0.8, "validation": 0.2}, pipeline_name="first",
+                        split={"sampling_count": 0.05, "training": 0.8, "validation": 0.15},
+                        pipeline_name="first",
                         new_blocks=new_blocks)
     sampler = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                                  scheme="swo", sample_size=sample_size, epochs=epochs,
@@ -92,10 +104,15 @@ def main() -> None:
     parser.add_argument("--workdir", required=True, help="pipeline root; holds metadata.sqlite")
     parser.add_argument("--no-ingest", action="store_true",
                         help="train on blocks already registered (no BlockExampleGen)")
+    parser.add_argument("--first-month", help="first month of the stream's schedule, YYYY-MM")
+    parser.add_argument("--last-month", help="last month of the stream's schedule, YYYY-MM")
     args = parser.parse_args()
+    if not args.no_ingest and not (args.first_month and args.last_month):
+        parser.error("ingesting needs --first-month and --last-month (or pass --no-ingest)")
     store = os.path.join(args.workdir, "metadata.sqlite")
     LocalDagRunner().run(create_pipeline(args.workdir, args.data_root, ledger_store=store,
-                                         metadata_path=store, ingest=not args.no_ingest))
+                                         metadata_path=store, ingest=not args.no_ingest,
+                                         months=(args.first_month, args.last_month)))
 
 
 if __name__ == "__main__":

@@ -270,6 +270,12 @@ def _request(args) -> int:
     ledger = _open(args)
     selector = BlockIds(_requested_blocks(args)) if args.blocks is not None \
         else RecentWindow(args.window)
+    if args.noise_multiplier is None and ledger.accounting.name == "rdp" and args.delta > 0:
+        # The ledger would ask for each step's DP event, which only the Python API can give.
+        raise BadRequest("an rdp ledger charges RDP curves: an (epsilon, delta > 0) grant needs "
+                         "its mechanism's rdp_curve; use --gaussian-noise-multiplier Z "
+                         "[--compositions K], --epsilon E --delta 0 (pure DP), or the Python "
+                         "API with the DP event of each step")
     if args.noise_multiplier is None:
         grant = ledger.request(selector, epsilon=args.epsilon, delta=args.delta,
                                pipeline=args.pipeline)
@@ -281,57 +287,37 @@ def _request(args) -> int:
     return 0
 
 
-def _budget_view(ledger, block) -> dict:
-    """Spent, reserved (per pipeline) and free budget of a block, in the unit the ledger grants.
-
-    basic: epsilon (a request fits when its epsilon is within its pipeline's reservation plus
-    the free budget, and likewise for delta). rdp: the share of the filter's capacity at the
-    order with the most room (the filter admits a curve while some order still fits), because
-    an RDP filter's spent curve has no single epsilon that bounds it. A retired block has
-    nothing free."""
-    import numpy as np
-
-    from sage_tfx.sage_access import allocation
-
-    reservations = {name: np.maximum(v, 0.0) for name, v in block.reservations.items()}
-    # A retired block grants nothing again: its leftover (below the minimum request) is not free.
-    free = np.maximum(allocation.free_budget(block), 0.0) * (not block.retired)
-    if ledger.accounting.name == "basic":
-        return {"unit": "epsilon", "total": block.epsilon_ceiling, "spent": float(block.spent[0]),
-                "reserved": {k: float(v[0]) for k, v in sorted(reservations.items())},
-                "free": float(free[0]), "delta_free": float(free[1])}
-    capacity = block.capacity
-    usable = capacity > 0
-    room = np.where(usable, free / np.where(usable, capacity, 1.0), -1.0)
-    best = int(np.argmax(room))
-    share = (lambda v: float(min(1.0, v[best] / capacity[best]))) if usable[best] else \
-        (lambda v: 1.0)
-    return {"unit": f"share of RDP capacity at order {ledger.orders[best]:g}", "total": 1.0,
-            "order": ledger.orders[best], "spent": share(block.spent),
-            "reserved": {k: share(v) for k, v in sorted(reservations.items())},
-            "free": max(0.0, float(room[best]))}
-
-
 def ledger_table(ledger) -> dict:
-    """The JSON view of `show --json` (also used by the demo and the plot)."""
+    """The JSON view of `show --json` (also used by the demo and the plot). Each block's
+    `guarantee_epsilon`/`guarantee_delta` is what it has given up for sure: under basic
+    composition the sums spent (also given as `epsilon_spent`/`delta_spent`), under rdp the
+    filter's ceiling once anything was charged (a conversion of the spent curve would be an
+    odometer reading, not a bound under adaptive requests, so none is shown)."""
+    from sage_tfx.sage_access.ledger import budget_view
+
+    basic = ledger.accounting.name == "basic"
     blocks = []
     for block in ledger.blocks():
-        epsilon_spent, delta_spent = ledger.accounting.guarantee(
+        guarantee_epsilon, guarantee_delta = ledger.accounting.guarantee(
             block.spent, block.epsilon_ceiling, block.delta_ceiling)
-        blocks.append({
-            "id": block.block_id, "epsilon_ceiling": block.epsilon_ceiling,
-            "delta_ceiling": block.delta_ceiling, "epsilon_spent": epsilon_spent,
-            "delta_spent": delta_spent, "retired": block.retired, "charges": block.charges,
-            "start": block.start, "end": block.end,
-            "reserved_for": sorted(block.reservations), "budget": _budget_view(ledger, block)})
+        row = {"id": block.block_id, "epsilon_ceiling": block.epsilon_ceiling,
+               "delta_ceiling": block.delta_ceiling, "guarantee_epsilon": guarantee_epsilon,
+               "guarantee_delta": guarantee_delta}
+        if basic:
+            row.update(epsilon_spent=guarantee_epsilon, delta_spent=guarantee_delta)
+        row.update({"retired": block.retired, "charges": block.charges, "start": block.start,
+                    "end": block.end, "reserved_for": sorted(block.reservations),
+                    "budget": budget_view(ledger.accounting, block)})
+        blocks.append(row)
     table = {"context": ledger.context, "accounting": ledger.accounting.name,
              "min_request_epsilon": ledger.min_request_epsilon,
              "waiting_pipelines": ledger.waiting_pipelines(), "blocks": blocks}
-    if ledger.accounting.name == "rdp":
+    if not basic:
         table["guarantee"] = (
-            "each block's Renyi filter enforces its (epsilon, delta) ceiling; epsilon_spent is an "
-            "odometer (the spent curve converted at the best order at the ceiling's delta), not "
-            "a bound on its own: only the ceiling is a guarantee under adaptive requests")
+            "each block's Renyi filter enforces its (epsilon, delta) ceiling: guarantee_epsilon "
+            "and guarantee_delta are the ceiling once the block was charged, (0, 0) before; "
+            "budget gives spent, reserved and free as shares of the filter's capacity at the "
+            "order with the most free room")
     return table
 
 
@@ -342,12 +328,10 @@ def format_table(table: dict) -> str:
              f"epsilon {table['min_request_epsilon']}, waiting pipelines: "
              f"{', '.join(table['waiting_pipelines']) or 'none'}"]
     if rdp:
-        lines.append("guarantee: each block's ceiling (Renyi filter); 'odometer' is the spent "
-                     "curve's best conversion, not a bound. spent/reserved/free: % of capacity "
-                     "at the order with most room")
-        header = f"{'block':<20} {'spent %':>8} {'reserved %':>10} {'free %':>7} " \
-                 f"{'odometer eps':>12} {'eps ceiling':>11} {'delta ceil':>10} {'charges':>7}  " \
-                 "state  reserved for"
+        lines.append("guarantee: each charged block's ceiling, enforced by its Renyi filter. "
+                     "spent/reserved/free: % of the filter's capacity at the order with most room")
+        header = f"{'block':<20} {'spent %':>8} {'reserved %':>10} {'free %':>7} {'order':>5} " \
+                 f"{'guarantee eps':>13} {'delta':>8} {'charges':>7}  state  reserved for"
     else:
         header = f"{'block':<20} {'eps spent':>9} {'reserved':>9} {'free':>9} " \
                  f"{'eps ceiling':>11} {'delta spent':>11} {'delta ceil':>10} {'charges':>7}  " \
@@ -361,8 +345,8 @@ def format_table(table: dict) -> str:
         reserved = sum(budget["reserved"].values())
         if rdp:
             lines.append(f"{row['id']:<20} {100 * budget['spent']:>8.1f} {100 * reserved:>10.1f} "
-                         f"{100 * budget['free']:>7.1f} {row['epsilon_spent']:>12.4f} "
-                         f"{row['epsilon_ceiling']:>11.4f} {row['delta_ceiling']:>10.3g} "
+                         f"{100 * budget['free']:>7.1f} {budget['order']:>5g} "
+                         f"{row['guarantee_epsilon']:>13.4g} {row['guarantee_delta']:>8.3g} "
                          f"{row['charges']:>7}  {state}  {owners}")
         else:
             lines.append(f"{row['id']:<20} {budget['spent']:>9.4f} {reserved:>9.4f} "
@@ -461,19 +445,40 @@ def _contexts(args) -> int:
     return 0
 
 
+def describe_event(event: dict) -> str:
+    """A short text for a dp-accounting event recorded as JSON (accounting.event_to_json)."""
+    kind = event["type"].removesuffix("DpEvent")
+    if kind == "ZC":
+        return f"zCDP(rho={event['rho']:g})"
+    if kind == "SelfComposed":
+        return f"{event['count']}x {describe_event(event['event'])}"
+    if kind == "Composed":
+        return " + ".join(describe_event(inner) for inner in event["events"])
+    if kind == "PoissonSampled":
+        return f"PoissonSampled(q={event['sampling_probability']:g}, " \
+               f"{describe_event(event['event'])})"
+    parameters = ", ".join(f"{key}={value:g}" for key, value in event.items()
+                           if key != "type" and isinstance(value, (int, float)))
+    return f"{kind}({parameters})"
+
+
 def _grants(args) -> int:
     records = _open(args, read_only=True).grant_records()
     if args.json:
         print(json.dumps(records, indent=2))
         return 0
-    print(f"{'time (UTC)':<19} {'pipeline':<16} {'epsilon':>8} {'delta':>8}  blocks  split  run")
+    print(f"{'time (UTC)':<19} {'pipeline':<16} {'epsilon':>8} {'delta':>8}  blocks  "
+          "split (step=fraction: recorded DP event)  run")
     for record in records:
         moment = dt.datetime.fromtimestamp(record["time_ms"] / 1000, tz=dt.timezone.utc)
         epsilon = "rdp" if record["epsilon"] is None else f"{record['epsilon']:.4g}"
-        split = ",".join(f"{k}={v:g}" for k, v in (record["split"] or {}).items()) or "-"
+        delta = "-" if record["delta"] is None else f"{record['delta']:.3g}"
+        events = record["events"] or {}
+        split = "; ".join(
+            f"{step}={fraction}" + (f": {describe_event(events[step])}" if step in events else "")
+            for step, fraction in (record["split"] or {}).items()) or "-"
         print(f"{moment:%Y-%m-%d %H:%M:%S} {record['pipeline'] or '-':<16} {epsilon:>8} "
-              f"{record['delta'] if record['delta'] is not None else '-':>8}  "
-              f"{','.join(record['blocks'])}  {split}  {record['run_id'] or '-'}")
+              f"{delta:>8}  {','.join(record['blocks'])}  {split}  {record['run_id'] or '-'}")
     return 0
 
 

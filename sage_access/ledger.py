@@ -340,22 +340,30 @@ class BlockLedger:
         return payable if size is None else payable[:size]
 
     def remaining(self, block: BlockState, pipeline: Optional[str] = None) -> str:
-        """A readable account of what a block has left (for errors and the CLI)."""
-        epsilon_spent, delta_spent = self.accounting.guarantee(
+        """A readable account of what a block has left (for errors and the CLI): its guarantee,
+        what `pipeline` may still draw and what is reserved for the other waiting pipelines
+        (rdp: as shares of the filter's capacity at the order with the most room for it)."""
+        epsilon_g, delta_g = self.accounting.guarantee(
             block.spent, block.epsilon_ceiling, block.delta_ceiling)
+        view = budget_view(self.accounting, block, pipeline)
+        who = pipeline or "unallocated grants"
+        others = {name: value for name, value in view["reserved"].items()
+                  if name != pipeline and value > 0}
         if self.accounting.name == "rdp":
-            # The filter certifies its ceiling; how full its best order is tells what is left.
-            used = float(np.min(np.where(block.capacity > 0, block.spent / np.where(
-                block.capacity > 0, block.capacity, 1.0), np.inf)))
-            text = (f"filter guarantee ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
-                    f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g}); its best order "
-                    f"has used {used:.1%} of its RDP capacity")
+            # The filter certifies its ceiling; its capacity at one order tells what is left.
+            percent = lambda value: f"{value:.1%}"  # noqa: E731
+            text = (f"filter guarantee ({epsilon_g:.6g}, {delta_g:.3g}) of ceiling "
+                    f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g}); at RDP order "
+                    f"{view['order']:g} (most room for {who}): spent {percent(view['spent'])}, "
+                    f"available to {who} {percent(view['available'])}")
         else:
-            text = (f"spent ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
-                    f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g})")
-        if self.accounting.name == "basic":
+            percent = lambda value: f"{value:.6g}"  # noqa: E731
             free = allocation.available_to(block, pipeline)
-            text += f", available to {pipeline or 'unallocated grants'}: ({free[0]:.6g}, {free[1]:.3g})"
+            text = (f"spent ({epsilon_g:.6g}, {delta_g:.3g}) of ceiling "
+                    f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g}), available to "
+                    f"{who}: ({free[0]:.6g}, {free[1]:.3g})")
+        text += ", reserved for other pipelines: " + (", ".join(
+            f"{name} {percent(value)}" for name, value in others.items()) or "none")
         if block.retired:
             text += ", retired"
         return text
@@ -687,8 +695,9 @@ class BlockLedger:
 
     def grant_records(self) -> list[dict]:
         """Every grant of this ledger, oldest first, as recorded: time (ms since the epoch),
-        grant id, pipeline, run id, blocks, epsilon, delta, and the split among DP steps and the
-        RDP curve when the grant recorded them. Reads the whole history (operators, the CLI)."""
+        grant id, pipeline, run id, blocks, epsilon, delta, and the split among DP steps, the
+        dp-accounting event of each step (as JSON) and the RDP curve when the grant recorded them.
+        Reads the whole history (operators, the CLI)."""
         executions = self._store.get_executions(list_options=metadata_store.ListOptions(
             order_by=metadata_store.OrderByField.ID, is_asc=True,
             filter_query=f"type = '{GRANT_TYPE}' AND "
@@ -696,6 +705,7 @@ class BlockLedger:
         records = []
         for execution in executions:
             split, curve = _get(execution, "split"), _get(execution, "rdp_curve")
+            events = _get(execution, "events")
             records.append({
                 "time_ms": execution.create_time_since_epoch,
                 "grant_id": _get(execution, "grant_id"), "pipeline": _get(execution, "pipeline"),
@@ -704,6 +714,7 @@ class BlockLedger:
                 "epsilon": _get_float(execution, "epsilon"),
                 "delta": _get_float(execution, "delta"),
                 "split": json.loads(split) if split else None,
+                "events": json.loads(events) if events else None,
                 "rdp_curve": json.loads(curve) if curve else None})
         return records
 
@@ -763,6 +774,37 @@ class BlockLedger:
         if tfx_run is not None:
             return [tfx_run]
         return [pb.Context(type_id=self._store.get_context_type(RUN_CONTEXT_TYPE).id, name=run_id)]
+
+
+def budget_view(accounting, block: BlockState, pipeline: Optional[str] = None) -> dict:
+    """A block's spent, reserved (per waiting pipeline), free and available-to-`pipeline` budget,
+    in the unit the ledger grants (what `show`, `plot` and denial messages say).
+
+    basic: epsilon (a request fits when its epsilon is within its pipeline's reservation plus
+    the free budget, and likewise for delta). rdp: shares of the filter's capacity at one order,
+    the order with the most room for `pipeline` (the filter admits a curve while some order
+    still fits, so no single epsilon describes a spent curve; ties go to the least spent order).
+    A retired block has nothing free."""
+    reservations = {name: np.maximum(v, 0.0) for name, v in sorted(block.reservations.items())}
+    # A retired block grants nothing again: its leftover (below the minimum request) is not free.
+    live = not block.retired
+    free = np.maximum(allocation.free_budget(block), 0.0) * live
+    available = allocation.available_to(block, pipeline) * live
+    if accounting.name == "basic":
+        return {"unit": "epsilon", "total": block.epsilon_ceiling, "spent": float(block.spent[0]),
+                "reserved": {k: float(v[0]) for k, v in reservations.items()},
+                "free": float(free[0]), "delta_free": float(free[1]),
+                "available": float(max(available[0], 0.0))}
+    capacity = block.capacity
+    usable = capacity > 0
+    fraction = lambda v: np.where(usable, v / np.where(usable, capacity, 1.0), 0.0)  # noqa: E731
+    room = np.where(usable, fraction(available), -np.inf)
+    best = int(np.lexsort((fraction(block.spent), -room))[0])
+    share = lambda v: float(min(1.0, max(0.0, fraction(v)[best])))  # noqa: E731
+    return {"unit": f"share of RDP capacity at order {accounting.orders[best]:g}", "total": 1.0,
+            "order": accounting.orders[best], "spent": share(block.spent) if usable[best] else 1.0,
+            "reserved": {k: share(v) for k, v in reservations.items()},
+            "free": share(free), "available": share(available)}
 
 
 def ledger_contexts(store: StoreSpec) -> list[str]:

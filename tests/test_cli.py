@@ -202,16 +202,16 @@ def test_rdp_ledger_takes_gaussian_and_pure_requests_and_shows_its_guarantee(sto
     assert granted["rdp_curve"][1] == pytest.approx(2 * 2.0 / (2 * 20 ** 2))
     code, out, err = ledger(store_path, "request", "--blocks", "b1", "--epsilon", "0.1",
                             "--delta", "1e-7")
-    assert code == 2 and "rdp_curve" in err
+    assert code == 2 and "rdp_curve" in err and "--gaussian-noise-multiplier" in err
     assert ledger(store_path, "request", "--blocks", "b1", "--epsilon", "0.05",
                   "--delta", "0")[0] == 0
     code, out, _ = ledger(store_path, "show", "--json")
     table = json.loads(out)
-    assert "odometer" in table["guarantee"]
+    assert "ceiling" in table["guarantee"]
     budget = table["blocks"][0]["budget"]
     assert budget["unit"].startswith("share of RDP capacity") and 0 < budget["spent"] < 1
     assert budget["spent"] + budget["free"] == pytest.approx(1.0)
-    assert "odometer" in ledger(store_path, "show")[1]
+    assert "odometer" not in ledger(store_path, "show")[1]
 
 
 def _png_size(path):
@@ -330,3 +330,76 @@ def test_init_adds_a_ledger_to_an_existing_metadata_store(tmp_path):
     assert code == 2 and "without a sage-tfx ledger" in err
     assert ledger(store, "init")[0] == 0
     assert ledger(store, "show")[0] == 0
+
+
+def _rdp_ledger_with_api_and_cli_grants(store_path):
+    """An rdp ledger, p1 and p2 waiting, two blocks; p1's grant made through the Python API with
+    a split and DP events (as the BlockLedger component makes it), p2's a CLI Gaussian."""
+    import dp_accounting
+
+    from sage_tfx.sage_access import BlockIds
+    from sage_tfx.sage_access.accounting import pure_dp_event
+
+    assert ledger(store_path, "init", "--accounting", "rdp")[0] == 0
+    for pipeline in ("p1", "p2"):
+        assert ledger(store_path, "register", pipeline)[0] == 0
+    for block in ("b1", "b2"):
+        assert ledger(store_path, "add-block", block, "--epsilon", "1", "--delta", "1e-6")[0] == 0
+    training = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(40.0), 3)
+    BlockLedger(store_path).request(BlockIds(["b1", "b2"]), epsilon=0.3, delta=1e-7,
+                                    pipeline="p1", split={"training": "0.9", "validation": "0.1"},
+                                    events={"training": training,
+                                            "validation": pure_dp_event(0.03)})
+    code, out, _ = ledger(store_path, "request", "--blocks", "b1", "--pipeline", "p2",
+                          "--gaussian-noise-multiplier", "20", "--compositions", "2")
+    assert code == 0 and json.loads(out)["granted"]
+
+
+def test_rdp_ledger_shows_the_filters_guarantee_after_api_and_cli_grants(store_path, tmp_path):
+    """After the merge of the CLI and the grant work: every view of an rdp ledger shows the
+    filter's guarantee (the ceiling of a charged block), never a converted spent curve labelled
+    as spent epsilon, and spent + reserved + free is the whole capacity at the order shown."""
+    _rdp_ledger_with_api_and_cli_grants(store_path)
+    code, out, _ = ledger(store_path, "show", "--json")
+    table = json.loads(out)
+    assert code == 0 and "ceiling" in table["guarantee"]
+    for row in table["blocks"]:
+        assert "epsilon_spent" not in row and "delta_spent" not in row
+        assert (row["guarantee_epsilon"], row["guarantee_delta"]) == (1.0, 1e-6)
+        budget = row["budget"]
+        assert budget["spent"] + sum(budget["reserved"].values()) + budget["free"] == \
+            pytest.approx(1.0)
+    b1, b2 = table["blocks"]
+    assert 0 < b2["budget"]["spent"] < b1["budget"]["spent"] < 1  # b1 also paid p2's Gaussian
+    code, out, _ = ledger(store_path, "show")
+    assert code == 0 and "odometer" not in out and "guarantee eps" in out
+    line = next(l for l in out.splitlines() if l.startswith("b1"))
+    assert f"{100 * b1['budget']['spent']:.1f}" in line and " 1 " in line  # spent %, guarantee
+    code, out, err = ledger(store_path, "plot", "--out", str(tmp_path / "rdp.png"))
+    assert code == 0 and "share of capacity" in out, err
+
+
+def test_rdp_grants_show_split_and_events_and_denials_name_reservations(store_path):
+    _rdp_ledger_with_api_and_cli_grants(store_path)
+    code, out, err = ledger(store_path, "grants")
+    assert code == 0, err
+    api_line, cli_line = out.splitlines()[1:]
+    assert "training=0.9: 3x Gaussian(noise_multiplier=40)" in api_line
+    assert "validation=0.1: zCDP(rho=0.00045)" in api_line
+    assert cli_line.split()[3:5] == ["rdp", "-"]  # an RDP curve, no (epsilon, delta)
+    code, out, _ = ledger(store_path, "grants", "--json")
+    api_grant, cli_grant = json.loads(out)
+    assert api_grant["split"] == {"training": "0.9", "validation": "0.1"}
+    assert api_grant["events"]["training"]["event"]["noise_multiplier"] == 40.0
+    assert cli_grant["rdp_curve"] and cli_grant["events"] == {}
+    # No free budget is left on b1: a denial names what is reserved for the other pipelines.
+    code, out, err = ledger(store_path, "request", "--blocks", "b1", "--pipeline", "p1",
+                            "--gaussian-noise-multiplier", "1", "--compositions", "5")
+    assert code == 3 and json.loads(out)["granted"] is False
+    reserved_p2 = json.loads(ledger(store_path, "show", "--json")[1])["blocks"][0]["budget"]
+    assert "reserved for other pipelines: p2" in err and "available to p1" in err
+    others = err.split("reserved for other pipelines: ")[1]
+    assert others.strip() == f"p2 {reserved_p2['reserved']['p2']:.1%}"  # not p1's own
+    code, out, err = ledger(store_path, "request", "--blocks", "b1",
+                            "--gaussian-noise-multiplier", "1")
+    assert code == 3 and "reserved for other pipelines: p1" in err and ", p2 " in err

@@ -36,3 +36,53 @@ def test_quiet_hides_the_outcome_lines():
     result = run(SAGE_TFX_QUIET="1")
     assert result.returncode == 0
     assert "sage-tfx:" not in result.stderr and "a warning users should see" in result.stderr
+
+
+PROGRESS_SCRIPT = """
+import io, sys
+from sage_tfx import console
+stream = io.StringIO()  # not a terminal: occasional lines, no live bar
+with console.progress("DPTrainer DP-SGD, 2 epoch(s)", 200, stream=stream) as bar:
+    for done in range(1, 201):
+        bar.update(done)
+sys.stdout.write(stream.getvalue())
+sys.exit(1 if 'tensorflow' in sys.modules else 0)
+"""
+
+
+def run_progress(**environment):
+    env = {k: v for k, v in os.environ.items() if k != "SAGE_TFX_QUIET"}
+    env.update(environment)
+    return subprocess.run([sys.executable, "-c", PROGRESS_SCRIPT], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_progress_without_a_terminal_prints_public_step_counts_only():
+    result = run_progress()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"sage-tfx: DPTrainer DP-SGD, 2 epoch(s): {done}/200 steps" for done in (50, 100, 150, 200)]
+    assert "\r" not in result.stdout and "loss" not in result.stdout
+
+
+def test_quiet_silences_the_progress():
+    result = run_progress(SAGE_TFX_QUIET="1")
+    assert result.returncode == 0 and result.stdout == ""
+
+
+def test_progress_on_a_terminal_is_a_live_bar_of_steps(monkeypatch):
+    import io
+
+    from sage_tfx import console
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("SAGE_TFX_QUIET", raising=False)
+    terminal = Terminal()
+    with console.progress("DPTrainer DP-SGD, 1 epoch(s)", 30, stream=terminal) as bar:
+        for done in range(1, 31):
+            bar.update(done)
+    assert "\r" in terminal.getvalue() and "30/30" in terminal.getvalue()
+    assert "sage-tfx: DPTrainer DP-SGD, 1 epoch(s): 30/30 steps\n" not in terminal.getvalue()

@@ -218,8 +218,11 @@ class Executor(base_executor.BaseExecutor):
             tf.keras.utils.set_random_seed(int(exec_properties["seed"]))
         keras_model = module.build_model()
         # The Model's `steps` is what ran, counted as the steps execute.
-        steps_run = dp_sgd.train(keras_model, module.loss(), inputs, labels, step_plan, config,
-                                 seed=exec_properties.get("seed"), on_epoch=on_epoch)
+        # The bar counts steps, a public number (calibration.steps); it shows no loss.
+        with console.progress(f"DPTrainer DP-SGD, {epochs} epoch(s)", calibration.steps) as bar:
+            steps_run = dp_sgd.train(keras_model, module.loss(), inputs, labels, step_plan,
+                                     config, seed=exec_properties.get("seed"),
+                                     on_epoch=on_epoch, on_step=bar.update)
         if steps_run != calibration.steps:
             raise RuntimeError(f"{steps_run} DP-SGD steps ran; the calibration paid for "
                                f"{calibration.steps}")
