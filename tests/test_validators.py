@@ -272,3 +272,13 @@ def test_release_with_too_few_records_bounds_nothing():
     release = DPMeanRelease(dp_count=5.0, dp_sum=4.0, value_range=1.0, epsilon=0.1)
     assert slaed.mean_lower_bound(release, 0.025) == 0.0
     assert slaed.mean_upper_bound(release, 0.025) == math.inf
+
+
+def test_the_dp_metric_stays_finite_and_in_range_when_the_noisy_count_is_not_positive():
+    # 3 losses at epsilon 0.01: the count's Laplace noise (scale 200) makes n_dp <= 0 about half
+    # the time, and the sum's noise pushes S_dp / n_dp far outside [0, B]. The released metric
+    # is post-processed into [0, B] and never NaN (200 runs: a NaN or an out-of-range value in
+    # any of them fails).
+    for _ in range(200):
+        result = slaed.loss_validator([0.1, 0.2, 0.3], target=0.5, epsilon=0.01, loss_bound=1.0)
+        assert 0.0 <= result.dp_estimate <= 1.0

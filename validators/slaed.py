@@ -133,7 +133,9 @@ class DPMeanRelease:
 
     @property
     def dp_mean(self) -> float:
-        return self.dp_sum / self.dp_count if self.dp_count > 0 else math.nan
+        """S_dp / n_dp, kept in [0, value_range] (post-processing): with few records the noisy
+        count can be at most 0, and a released metric must stay a finite number."""
+        return min(max(self.dp_sum / max(self.dp_count, 1.0), 0.0), self.value_range)
 
 
 def mean_upper_bound(release: DPMeanRelease, eta: float) -> float:
