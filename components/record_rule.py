@@ -9,7 +9,8 @@ covers. So before any bounding, each record is mapped to a valid one by a functi
 record alone whose output for bad content is a public constant:
 
 * `sanitise_records` (raw records, before parsing): every feature of the feature spec is kept
-  if it has the spec's type and, for a FixedLenFeature, exactly the spec's number of values;
+  if it has the spec's type (a number of the other numeric type is converted when exact) and,
+  for a FixedLenFeature, exactly the spec's number of values;
   otherwise it becomes the feature's default. Non-finite float values become the default
   value one by one. Features outside the spec are dropped, and bytes that do not parse as a
   tf.Example are read as an empty one (every feature default).
@@ -76,13 +77,29 @@ def check_spec(feature_spec: Mapping) -> None:
         defaults(name, spec)
 
 
+def _values_as(feature, kind: str):
+    """The feature's values as `kind`, or None. Numbers cross between int64 and float: input
+    read one record at a time (CSV) types each cell on its own, so "12" in a float column is an
+    int64 value; a float is an int64 value only if it is a whole number in int64's range."""
+    if feature is None or feature.WhichOneof("kind") is None:
+        return None
+    have = feature.WhichOneof("kind")
+    values = list(getattr(feature, have).value)
+    if have == kind:
+        return values
+    if have == "int64_list" and kind == "float_list":
+        return [float(v) for v in values]
+    if have == "float_list" and kind == "int64_list" and all(
+            math.isfinite(v) and v == int(v) and -2 ** 63 <= v < 2 ** 63 for v in values):
+        return [int(v) for v in values]
+    return None
+
+
 def _sanitised(example: tf.train.Example, feature_spec: Mapping) -> tf.train.Example:
     clean = tf.train.Example()
     for name, spec in feature_spec.items():
         kind = _kind(name, spec)
-        feature = example.features.feature.get(name)
-        values = (list(getattr(feature, kind).value)
-                  if feature is not None and feature.WhichOneof("kind") == kind else None)
+        values = _values_as(example.features.feature.get(name), kind)
         fill = defaults(name, spec)
         if values is None or (isinstance(spec, tf.io.FixedLenFeature) and len(values) != len(fill)):
             values = fill

@@ -110,3 +110,43 @@ def test_a_non_finite_prediction_or_label_counts_as_the_loss_bound():
     # about exp(-200).)
     release = loss_validator(np.tile(values, 100), 0.5, 1.0, loss_bound=1.0)
     assert all(np.isfinite([release.dp_estimate, release.lower_bound, release.upper_bound]))
+
+
+def test_csv_rows_are_read_one_at_a_time_so_one_odd_row_changes_no_other(tmp_path):
+    """TFX's CSV reader infers a column's type from every row: one "1.5" in an integer column
+    turns the column to floats for every record. BlockExampleGen types each cell alone, and the
+    record rule converts exact numbers to the spec's type, so the other records do not move."""
+    from sage_tfx.components.block_example_gen.executor import csv_records
+
+    rows = ["trip_start_timestamp,trip_seconds,trip_miles", "1704067200,300,2",
+            "1704070800,600,1.5", '1704074400,"900",']
+    plain, odd = tmp_path / "plain.csv", tmp_path / "odd.csv"
+    plain.write_text("\n".join(rows) + "\n")
+    odd.write_text("\n".join(rows + ["1704078000,abc,NaN"]) + "\n")
+    with_odd = list(csv_records(str(odd)))
+    assert with_odd[:3] == list(csv_records(str(plain)))
+    spec = {"trip_seconds": tf.io.FixedLenFeature([1], tf.int64),
+            "trip_miles": tf.io.FixedLenFeature([1], tf.float32, default_value=[0.0])}
+    parsed = tf.io.parse_example(sanitise_records(with_odd, spec), spec)
+    assert parsed["trip_seconds"].numpy().ravel().tolist() == [300, 600, 900, 0]
+    assert parsed["trip_miles"].numpy().ravel().tolist() == [2.0, 1.5, 0.0, 0.0]
+
+
+def test_a_record_with_an_unplaceable_key_or_no_example_cannot_stop_ingestion():
+    """Keys far outside any calendar, and bytes that are no tf.Example, are dropped: block_of
+    alone cannot place such keys, and one record must not fail the ingestion."""
+    from sage_tfx.components.block_example_gen.executor import block_of, place
+
+    first, last = 1704067200, 1706745600  # 2024-01, as month_schedule("2024-01", "2024-01")
+
+    def record(value):
+        example = tf.train.Example()
+        example.features.feature["t"].float_list.value.append(value)
+        return example.SerializeToString()
+
+    for bad_key in (1e20, -1e15, 253402300799.0):
+        with pytest.raises((OverflowError, ValueError, OSError)):
+            block_of(bad_key, "hour", 0)
+        assert place(record(bad_key), "t", "hour", 0, first, last) is None
+    assert place(b"\xff\x00 not an example", "t", "month", 0, first, last) is None
+    assert place(record(1704070800.0), "t", "month", 0, first, last) == "2024-01"

@@ -282,3 +282,15 @@ def test_the_dp_metric_stays_finite_and_in_range_when_the_noisy_count_is_not_pos
     for _ in range(200):
         result = slaed.loss_validator([0.1, 0.2, 0.3], target=0.5, epsilon=0.01, loss_bound=1.0)
         assert 0.0 <= result.dp_estimate <= 1.0
+
+
+def test_sum_statistic_counts_a_nan_value_as_the_midpoint_instead_of_refusing():
+    # One bad value must not decide whether the validator runs (issue 16 §2): with the NaN
+    # mapped to the midpoint 0.5, the release is that of the same data holding 0.5.
+    values = np.full(4000, 0.25)
+    values[0] = np.nan
+    result = slaed.sum_statistic_validator(values, target_abs_error=0.3, epsilon=50.0,
+                                           value_range=(0.0, 1.0))
+    # Noise at epsilon 50 on 4,000 values moves the mean by ~1e-5; the NaN moves it by 0.25/4000.
+    assert result.dp_estimate == pytest.approx(0.25 + 0.25 / 4000, abs=5e-4)
+    assert math.isfinite(result.lower_bound) and math.isfinite(result.upper_bound)

@@ -211,8 +211,9 @@ def sum_statistic_validator(values, target_abs_error: float, epsilon: float,
     width = high - low
     _check_target(target_abs_error, 0.0, width, "absolute error")
     values = _as_vector(values, "values")
-    if np.isnan(values).any():
-        raise ValueError("values contain NaN; a statistic of them is undefined")
+    # A NaN value counts as the range's midpoint (a public constant, as DP analyzers do): whether
+    # the test runs must not depend on one value. Infinities are clipped like any value.
+    values = np.where(np.isnan(values), (low + high) / 2.0, values)
     release = DPMeanRelease.of(np.clip(values, low, high) - low, width, epsilon)
     sum_slack = laplace_tail(release.sum_scale, eta / 3.0, two_sided=True)
     count_slack = laplace_tail(release.count_scale, eta / 3.0, two_sided=True)
@@ -223,7 +224,7 @@ def sum_statistic_validator(values, target_abs_error: float, epsilon: float,
         dp_error = (sum_slack + width * count_slack) / release.dp_count
         sampling_error = width * math.sqrt(math.log(2.0 / (eta / 3.0)) / (2.0 * count_low))
         error_bound = dp_error + sampling_error
-    estimate = low + min(max(release.dp_mean, 0.0), width) if release.dp_count > 0 else math.nan
+    estimate = low + release.dp_mean  # already in [0, width]
     outcome = ACCEPT if error_bound <= target_abs_error else RETRY
     return ValidationResult(outcome, estimate, estimate - error_bound, estimate + error_bound,
                             target_abs_error, epsilon, confidence, release.dp_count,

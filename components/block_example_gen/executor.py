@@ -19,16 +19,18 @@ block is registered, so a registered block always has its Examples.
 """
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import hashlib
 import json
 import math
 import os
+import re
 from typing import Any, Iterable, Optional
 
 import apache_beam as beam
 import tensorflow as tf
-from tfx.components.example_gen.csv_example_gen.executor import _CsvToExample
+from google.protobuf.message import DecodeError
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
@@ -117,6 +119,56 @@ def _iso_seconds(text: bytes) -> Optional[float]:
     return moment.timestamp()
 
 
+def place(record: bytes, key: str, block_by: str, users_per_block: int, first: int,
+          last: int) -> Optional[str]:
+    """The scheduled block a serialized record falls in, or None: the record is dropped when it
+    is no tf.Example, has no usable key, or its key lies outside the public schedule [first,
+    last). The range is checked before block_of, which cannot place every number: one record
+    must not be able to stop the ingestion."""
+    try:
+        value = _key_value(tf.train.Example.FromString(record), key)
+    except DecodeError:
+        return None
+    if value is None or not first <= value < last:
+        return None
+    return block_of(value, block_by, users_per_block)[0]
+
+
+_INTEGER = re.compile(r"^[+-]?[0-9]+$")
+
+
+def _cell_feature(text: str) -> Optional[tf.train.Feature]:
+    """One CSV cell as a feature, typed from the cell alone: an integer, else a float, else text;
+    an empty cell is a missing feature. (TFX's CSV reader infers each column's type from every
+    row, so one odd row would change how all the others are read: the type of one record's
+    cell must depend on that cell only. The record rule then maps a cell of the wrong type to
+    the feature's public default, one record at a time.)"""
+    if text == "":
+        return None
+    if _INTEGER.match(text) and -2 ** 63 <= int(text) < 2 ** 63:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(text)]))
+    try:
+        return tf.train.Feature(float_list=tf.train.FloatList(value=[float(text)]))
+    except ValueError:
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode("utf-8")]))
+
+
+def csv_records(path: str) -> Iterable[bytes]:
+    """The rows of one CSV file (its first line names the columns) as serialized tf.Examples,
+    each built from its own row only. A row with more cells than the header has its extra
+    cells dropped; a missing cell is a missing feature."""
+    with tf.io.gfile.GFile(path, "r") as handle:
+        rows = csv.reader(handle)
+        header = next(rows, None) or []
+        for row in rows:
+            example = tf.train.Example()
+            for name, text in zip(header, row):
+                feature = _cell_feature(text.strip())
+                if feature is not None:
+                    example.features.feature[name].CopyFrom(feature)
+            yield example.SerializeToString()
+
+
 def _split_of(serialized: bytes, test_fraction: float) -> str:
     digest = hashlib.blake2b(serialized, digest_size=8, key=b"sage-tfx-split").digest()
     return "test" if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else "train"
@@ -158,8 +210,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         input_format = exec_properties["input_format"]
         key = exec_properties["block_key"]
         ledger = BlockLedger(parse(exec_properties["ledger_store"]), exec_properties["ledger_context"])
-        blocks = schedule(int(exec_properties["schedule_start"]),
-                          int(exec_properties["schedule_end"]), block_by, users_per_block)
+        first, last = int(exec_properties["schedule_start"]), int(exec_properties["schedule_end"])
+        blocks = schedule(first, last, block_by, users_per_block)
         scheduled = {block[0] for block in blocks}
         known = {b.block_id for b in ledger.blocks()}
         existing = sorted(scheduled & known)
@@ -180,9 +232,10 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 records = (pipeline | "Patterns" >> beam.Create(patterns)
                            | "ReadExamples" >> beam.io.ReadAllFromTFRecord())
             elif input_format == "csv":
-                examples = pipeline | "ReadCsv" >> _CsvToExample(
-                    {"input_base": exec_properties["input_base"]}, "*.csv")
-                records = examples | "Serialize" >> beam.Map(lambda e: e.SerializeToString())
+                files = sorted(tf.io.gfile.glob(
+                    os.path.join(exec_properties["input_base"], "*.csv")))
+                records = (pipeline | "CsvFiles" >> beam.Create(files)
+                           | "ReadCsv" >> beam.FlatMap(csv_records))
             elif input_format == "tfrecord":
                 records = pipeline | "ReadTFRecord" >> beam.io.ReadFromTFRecord(
                     os.path.join(exec_properties["input_base"], "*"))
@@ -190,11 +243,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 raise ValueError(f"input_format must be 'csv' or 'tfrecord', got {input_format!r}")
 
             def keyed(record: bytes):
-                value = _key_value(tf.train.Example.FromString(record), key)
-                if value is None:
-                    return
-                block_id = block_of(value, block_by, users_per_block)[0]
-                if block_id in scheduled:
+                block_id = place(record, key, block_by, users_per_block, first, last)
+                if block_id is not None:
                     yield (block_id, _split_of(record, test_fraction)), record
 
             _ = (records
