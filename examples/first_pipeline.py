@@ -14,7 +14,10 @@ Run it locally (LocalDagRunner, the ledger in the pipeline's own ML Metadata sto
 or compile it for Kubeflow (the ledger then lives in Kubeflow's ML Metadata over gRPC):
 
     sage-tfx compile --kubeflow --out first.json --image IMAGE --pipeline-root gs://BUCKET/first \
-        --pipeline-module examples/first_pipeline.py
+        --pipeline-module examples/first_pipeline.py:training_pipeline
+
+(`training_pipeline` trains on blocks already registered; an ingesting run needs the months it
+ingests, so compile your own function that passes them to `create_pipeline`.)
 
 Ingestion and training are separate runs of different data. BlockExampleGen registers each block
 (one month) in the ledger once: a block's budget may already be spent, so its data is immutable.
@@ -94,6 +97,12 @@ def create_pipeline(pipeline_root: str, data_root: Optional[str] = None,
         pipeline_name="first", pipeline_root=pipeline_root, components=components,
         metadata_connection_config=metadata.sqlite_metadata_connection_config(metadata_path)
         if metadata_path else None)
+
+
+def training_pipeline(pipeline_root: str) -> pipeline.Pipeline:
+    """The iteration without ingestion, on the blocks already registered: what `sage-tfx compile
+    --pipeline-module examples/first_pipeline.py:training_pipeline` compiles."""
+    return create_pipeline(pipeline_root, ingest=False)
 
 
 def main() -> None:

@@ -70,10 +70,10 @@ def test_a_grant_that_cannot_run_is_refused_at_compile_time(tmp_path):
 
 def test_compiles_a_user_pipeline_module(tmp_path):
     """--pipeline-module: the README's plain-Pipeline example compiles as it is."""
-    job = _compile(tmp_path, "--pipeline-module", FIRST_PIPELINE, options=REQUIRED)
+    job = _compile(tmp_path, "--pipeline-module", FIRST_PIPELINE + ":training_pipeline",
+                   options=REQUIRED)
     assert set(job["pipelineSpec"]["root"]["dag"]["tasks"]) == {
-        "BlockExampleGen", "BlockLedger", "ObliviousSampleGen", "DPTrainer", "SLAedValidator",
-        "Pusher"}
+        "BlockLedger", "ObliviousSampleGen", "DPTrainer", "SLAedValidator", "Pusher"}
     assert job["runtimeConfig"]["gcsOutputDirectory"] == "gs://bucket/sage"
 
 

@@ -1,5 +1,6 @@
 """sage_tfx.mechanisms against closed forms written here. The samplers cannot be seeded, so each
 statistical check states its false-failure rate; each has a half-noise variant that fails."""
+import functools
 import math
 
 import numpy as np
@@ -146,5 +147,10 @@ def test_a_mechanism_built_with_less_noise_than_calibrated_is_refused(monkeypatc
     build = getattr(additive.dp.m, maker)
     monkeypatch.setattr(additive.dp.m, maker,
                         lambda *args, scale, **kw: build(*args, scale=scale / 1.5, **kw))
+    # Measurements are cached per parameter set: build this one afresh, and drop the weakened
+    # one afterwards so no later test reuses it.
+    additive._measurement.cache_clear()
+    monkeypatch.setattr(additive, "_measurement",
+                        functools.lru_cache(maxsize=256)(additive._measurement.__wrapped__))
     with pytest.raises(RuntimeError, match="does not give the calibrated guarantee"):
         release()
