@@ -1,9 +1,10 @@
 """The empirical privacy auditor (sage_tfx.audit) and every shipped mechanism under it.
 
 False-failure rates. The auditor's lower bound exceeds a mechanism's TRUE epsilon with
-probability at most 1 - confidence (audit/bounds.py docstring). The tests below run at
-confidence 0.99, so each "lower bound <= claim" assertion fails for a correct mechanism with
-probability <= 1% over the noise. The product's noise comes from the OS CSPRNG (OpenDP takes no
+probability at most 1 - confidence (audit/bounds.py docstring). Each "lower bound <= claim"
+assertion runs at confidence 0.9999, so it fails for a correct mechanism with probability
+<= 1e-4 over the noise (at most 1.5e-3 for the whole file's 15 such assertions, many of them on
+tight claims); the "broken variant is caught" assertions run at 0.99. The product's noise comes from the OS CSPRNG (OpenDP takes no
 seed), so only the numpy oracles and the DP-SGD step are seeded; the rest are random runs. The
 "broken variant is caught" assertions have no such guarantee from the derivation (power, not
 coverage); the margins measured at these trial counts are in the comments.
@@ -23,8 +24,17 @@ from sage_tfx.audit.bounds import (AuditResult, clopper_pearson_lower, clopper_p
 CONFIDENCE = 0.99
 
 
+COVERAGE_CONFIDENCE = 0.9999
+
+
 def lower_bound(outputs, delta=0.0) -> float:
+    """For "a broken variant is caught": the bound must rise above the claim."""
     return epsilon_lower_bound(*outputs, delta=delta, confidence=CONFIDENCE)
+
+
+def coverage_bound(outputs, delta=0.0) -> float:
+    """For "a correct mechanism stays below its claim": false failure <= 1e-4 per assertion."""
+    return epsilon_lower_bound(*outputs, delta=delta, confidence=COVERAGE_CONFIDENCE)
 
 
 # --- the estimator against closed forms ---
@@ -81,7 +91,7 @@ def test_bad_input_is_refused_with_the_reason():
 
 @pytest.mark.parametrize("name", ["laplace", "discrete_laplace"])
 def test_noise_module_laplace_is_below_its_claim_and_its_broken_variants_are_caught(name):
-    assert lower_bound(mechanisms.noise_outputs(name, 20_000)) <= 1.0
+    assert coverage_bound(mechanisms.noise_outputs(name, 20_000)) <= 1.0
     # A change twice the stated sensitivity, and the noise halved: measured 1.93-1.95 at 50000.
     assert lower_bound(mechanisms.noise_outputs(name, 20_000, record=2)) > 1.0
     assert lower_bound(mechanisms.noise_outputs(name, 20_000, noise_factor=0.5)) > 1.0
@@ -90,7 +100,7 @@ def test_noise_module_laplace_is_below_its_claim_and_its_broken_variants_are_cau
 def test_noise_module_gaussians_are_below_their_claims_and_broken_variants_are_caught():
     delta, claimed = mechanisms.NOISE_DELTA, mechanisms.NOISE_EPSILON["gaussian"]
     for name in ("gaussian", "discrete_gaussian"):
-        assert lower_bound(mechanisms.noise_outputs(name, 50_000), delta) <= claimed
+        assert coverage_bound(mechanisms.noise_outputs(name, 50_000), delta) <= claimed
     # Against a claim of 2, half the noise and a change twice the stated sensitivity measured
     # 2.15-2.47 over 12 runs each at 50000. (The discrete Gaussian, calibrated by RDP with more
     # noise, measured 2.00-2.15 with half its noise: too close to its claim to assert here.)
@@ -104,25 +114,25 @@ def test_noise_module_gaussians_are_below_their_claims_and_broken_variants_are_c
 # simulations of the same Laplace laws at that count.
 
 def test_slaed_release_is_below_its_claim_and_half_noise_is_caught():
-    assert lower_bound(mechanisms.slaed_release_outputs(3_000)) <= mechanisms.SLAED_EPSILON
+    assert coverage_bound(mechanisms.slaed_release_outputs(3_000)) <= mechanisms.SLAED_EPSILON
     # Half the noise (the release run at twice the epsilon it claims): 1.41 at least.
     assert lower_bound(mechanisms.slaed_release_outputs(3_000, epsilon=2.0)) > 1.0
 
 
 def test_dp_analyzers_are_below_their_claims_and_half_noise_is_caught():
-    assert lower_bound(mechanisms.analyzer_count_outputs(3_000)) <= 1.0
+    assert coverage_bound(mechanisms.analyzer_count_outputs(3_000)) <= 1.0
     # dp_count at twice its budget share's epsilon: 1.64 at least.
     assert lower_bound(mechanisms.analyzer_count_outputs(3_000, epsilon=2.0)) > 1.0
     # The group-by mean's (count, sum) of one key: measured 0.88-0.90 of 1 at 20000 runs; at
     # twice its epsilon (half the noise) 1.83 at least over 3 audits.
-    assert lower_bound(mechanisms.analyzer_group_by_mean_outputs(20_000)) <= 1.0
+    assert coverage_bound(mechanisms.analyzer_group_by_mean_outputs(20_000)) <= 1.0
     assert lower_bound(mechanisms.analyzer_group_by_mean_outputs(20_000, epsilon=2.0)) > 1.0
 
 
 def test_adassp_is_below_its_claim():
     # The sum of its three noisy statistics: 0.87-1.02 of 4 (no half-noise test: the
     # adapter's docstring says why).
-    bound = lower_bound(mechanisms.adassp_outputs(2_000), mechanisms.ADASSP_DELTA)
+    bound = coverage_bound(mechanisms.adassp_outputs(2_000), mechanisms.ADASSP_DELTA)
     assert bound <= mechanisms.ADASSP_EPSILON
 
 
@@ -134,7 +144,7 @@ def test_one_dp_sgd_step_is_below_its_claim_and_its_broken_variants_are_caught()
     # noise has std sigma * C = 1 (4 standard errors of the mean and of the std at 20000).
     assert np.mean(after) - np.mean(before) == pytest.approx(1.0, abs=0.04)
     assert np.std(before) == pytest.approx(1.0, abs=0.02)
-    assert lower_bound((before, after), delta) <= claimed  # measured 2.07 of 4.38
+    assert coverage_bound((before, after), delta) <= claimed  # measured 2.07 of 4.38
     # Half the noise multiplier while claiming the full one: measured 4.55.
     assert lower_bound(mechanisms.dp_sgd_step_outputs(20_000, 1, noise_multiplier=0.5),
                        delta) > claimed
@@ -178,7 +188,7 @@ SELECTION_DELTA = 0.01
 def test_partition_selection_is_below_its_claim(rule, partitions, trials):
     outputs = mechanisms.selection_outputs(rule, trials, partitions_per_unit=partitions,
                                            delta=SELECTION_DELTA)
-    assert lower_bound(outputs, SELECTION_DELTA) <= mechanisms.SELECTION_EPSILON
+    assert coverage_bound(outputs, SELECTION_DELTA) <= mechanisms.SELECTION_EPSILON
 
 
 @pytest.mark.parametrize("rule, partitions, trials, broken", [
