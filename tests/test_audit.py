@@ -4,8 +4,9 @@ False-failure rates. The auditor's lower bound exceeds a mechanism's TRUE epsilo
 probability at most 1 - confidence (audit/bounds.py docstring). Each "lower bound <= claim"
 assertion runs at confidence 0.9999, so it fails for a correct mechanism with probability
 <= 1e-4 over the noise (at most 1.5e-3 for the whole file's 15 such assertions, many of them on
-tight claims); the "broken variant is caught" assertions run at 0.99. The product's noise comes from the OS CSPRNG (OpenDP takes no
-seed), so only the numpy oracles and the DP-SGD step are seeded; the rest are random runs. The
+tight claims); the "broken variant is caught" assertions run at 0.99. The product's noise
+comes from the OS CSPRNG (OpenDP takes no seed), so only the numpy oracles and the DP-SGD step
+are seeded; the rest are random runs. The
 "broken variant is caught" assertions have no such guarantee from the derivation (power, not
 coverage); the margins measured at these trial counts are in the comments.
 """
