@@ -136,7 +136,11 @@ def sized_for(scheme: str, count: int, count_epsilon: float,
     SWO and shuffling: N = max(n_hat, m) (at least one sample); cutting is covered by the
     replace-one coupling, tau = 0. Poisson: N = max(n_hat, 1) + t with t + 1 =
     ceil(ln(1 / tau) / eps_count), so P[n > N] <= P[Z <= -(t + 1)] <= e^{-eps_count (t + 1)}
-    <= tau for the discrete Laplace of scale 1 / eps_count."""
+    <= tau for the discrete Laplace of scale 1 / eps_count.
+
+    A count n_hat <= 0 (few or no records, negative noise) is clamped to the smallest valid
+    size: m rows (one sample) or 1 row plus the slack. N is a function of n_hat and public
+    parameters only, so the clamp is post-processing of the DP count and costs nothing."""
     if not (math.isfinite(count_epsilon) and count_epsilon > 0):
         raise ValueError(f"the count's epsilon must be positive, got {count_epsilon}")
     if scheme != "poisson":
