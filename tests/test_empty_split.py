@@ -76,15 +76,17 @@ def test_the_validators_release_on_0_values(validate):
 
 
 @pytest.mark.slow
-def test_an_iteration_on_a_window_of_an_empty_block_releases_finite_values(tmp_path):
-    """AdaSSP iteration (grant, DPTransform, DPTrainer, SLAedValidator, Pusher) on the most
-    recent block of the public schedule, a month without records: both granted splits are
-    empty. Before the fix DPTrainer raised "... is empty" after the grant was charged."""
+@pytest.mark.parametrize("spec_name", ["adassp_spec", "dp_sgd_spec"])
+def test_an_iteration_on_a_window_of_an_empty_block_releases_finite_values(tmp_path, spec_name):
+    """An iteration (grant, DPTransform, [ObliviousSampleGen,] DPTrainer, SLAedValidator,
+    Pusher) on the most recent block of the public schedule, a month without records: both
+    granted splits are empty. Before the fix ObliviousSampleGen or DPTrainer raised "... is
+    empty" after the grant was charged. DP-SGD runs its public steps on null rows."""
     from tfx.orchestration import metadata
     from tfx.orchestration.local.local_dag_runner import LocalDagRunner
     from tfx.types import artifact_utils, standard_artifacts
 
-    from sage_tfx.examples.taxi.pipeline import TaxiSource, adassp_spec
+    from sage_tfx.examples.taxi import pipeline as taxi
     from sage_tfx.examples.taxi.stream import TaxiStream
     from sage_tfx.pipelines.adaptive import build_iteration
     from sage_tfx.sage_access import BlockLedger, connect
@@ -95,9 +97,9 @@ def test_an_iteration_on_a_window_of_an_empty_block_releases_finite_values(tmp_p
     store = str(tmp_path / "metadata.sqlite")
     BlockLedger.create(store, min_request_epsilon=0.05)
     stream = TaxiStream({first[0]: first[1][:40], empty_month: []})
-    TaxiSource(store, str(tmp_path), stream=stream).ingest(2)
+    taxi.TaxiSource(store, str(tmp_path), stream=stream).ingest(2)
     LocalDagRunner().run(build_iteration(
-        adassp_spec(seed=3), "empty-window", str(tmp_path / "run"), store, window=1,
+        getattr(taxi, spec_name)(seed=3), "empty-window", str(tmp_path / "run"), store, window=1,
         epsilon=0.5, metadata_config=metadata.sqlite_metadata_connection_config(store)))
 
     spent = {block.block_id: block.spent[0] for block in BlockLedger(store).blocks()}
