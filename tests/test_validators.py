@@ -129,8 +129,6 @@ def test_bad_input_gets_a_clear_error_and_bad_predictions_do_not_crash():
         loss_validator(losses, 0.5, 1.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="loss_bound"):
         loss_validator(losses, 0.5, 1.0, 0.95, 0.0)
-    with pytest.raises(ValueError, match="empty"):
-        loss_validator([], 0.5, 1.0, 0.95, 1.0)
     with pytest.raises(ValueError, match="epsilon"):
         sum_statistic_validator([1.0], 0.5, 0.0, 0.95, (0.0, 1.0))
     with pytest.raises(ValueError, match="value_range"):

@@ -13,7 +13,7 @@ from tfx.utils import io_utils, path_utils
 
 from sage_tfx import console
 from sage_tfx.components.dp_trainer.dp_sgd import with_reduction
-from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
+from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule, null_record
 from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.record_rule import finite
@@ -97,10 +97,12 @@ class Executor(base_executor.BaseExecutor):
         decoder = RecordDecoder(module, transform_output)
         # Bad records get their public defaults (record_rule) before the model or the metric
         # sees them: the serving signature would raise on a record missing a feature.
-        serialized = np.array(decoder.sanitise(read_split(examples.uri, TEST_SPLIT).numpy()),
-                              dtype=object)
+        # Row 0 is a null record, dropped after the metric ran: an empty test split (a dataset
+        # of size 0) takes the same path as any other and releases with count 0.
+        serialized = np.array(decoder.sanitise([null_record(decoder.raw_spec)] + list(
+            read_split(examples.uri, TEST_SPLIT).numpy())), dtype=object)
         labels = decoder.labels(serialized).numpy()
-        values = per_example_metric(metric, module, labels, predictions(model.uri, serialized))
+        values = per_example_metric(metric, module, labels, predictions(model.uri, serialized))[1:]
         if metric == "loss":
             result = loss_validator(values, target, epsilon, confidence, float(loss_bound))
         else:

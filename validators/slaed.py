@@ -98,11 +98,11 @@ def _check_common(epsilon: float, confidence: float) -> float:
     return (1.0 - confidence) / 2.0
 
 
-def _as_vector(values, name: str) -> np.ndarray:
-    array = np.asarray(values, dtype=np.float64).reshape(-1)
-    if array.size == 0:
-        raise ValueError(f"{name} is empty: nothing to validate on")
-    return array
+def _as_vector(values) -> np.ndarray:
+    """The values as a flat float vector. Empty is a dataset of size 0, not an error: the
+    release is then noise only (dp_count near 0, handled below), and refusing it after the
+    charge would tell 0 records from 1."""
+    return np.asarray(values, dtype=np.float64).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def loss_validator(per_example_losses, target: float, epsilon: float, confidence
     if not (isinstance(loss_bound, (int, float)) and math.isfinite(loss_bound) and loss_bound > 0):
         raise ValueError(f"loss_bound B must be a positive number, got {loss_bound!r}")
     _check_target(target, 0.0, loss_bound, "loss")
-    losses = _as_vector(per_example_losses, "per_example_losses")
+    losses = _as_vector(per_example_losses)
     clipped = np.clip(np.where(np.isfinite(losses), losses, loss_bound), 0.0, loss_bound)
     release = DPMeanRelease.of(clipped, loss_bound, epsilon)
     upper, lower = mean_upper_bound(release, eta), mean_lower_bound(release, eta)
@@ -186,7 +186,7 @@ def accuracy_validator(correct, target: float, epsilon: float, confidence: float
     """ACCEPT only if the expected accuracy is >= target, REJECT only if it is < target, each
     with probability >= 1 - (1 - confidence) / 2: the loss test on the error indicator."""
     _check_target(target, 0.0, 1.0, "accuracy")
-    correct = _as_vector(correct, "correct")
+    correct = _as_vector(correct)
     errors = np.where(np.isfinite(correct), 1.0 - np.clip(correct, 0.0, 1.0), 1.0)
     result = loss_validator(errors, 1.0 - target, epsilon, confidence, 1.0)
     # An error rate strictly above 1 - target is an accuracy strictly below target.
@@ -210,7 +210,7 @@ def sum_statistic_validator(values, target_abs_error: float, epsilon: float,
         raise ValueError(f"value_range must be finite with low < high, got {value_range!r}")
     width = high - low
     _check_target(target_abs_error, 0.0, width, "absolute error")
-    values = _as_vector(values, "values")
+    values = _as_vector(values)
     # A NaN value counts as the range's midpoint (a public constant, as DP analyzers do): whether
     # the test runs must not depend on one value. Infinities are clipped like any value.
     values = np.where(np.isnan(values), (low + high) / 2.0, values)

@@ -95,8 +95,10 @@ def adassp(features: np.ndarray, labels: np.ndarray, epsilon: float, delta: floa
     guess at a typical label) instead of toward 0, which matters at small epsilon when labels
     are far from 0. Being public, the offset costs no privacy."""
     features = np.asarray(features, dtype=np.float64)
-    if features.ndim != 2 or len(features) == 0 or len(features) != len(labels):
-        raise ValueError(f"need a non-empty 2-D feature matrix and one label per row; got "
+    # No rows is a dataset like any other: the Gram matrix and moment are 0 and the releases
+    # are noise only (refusing it after the charge would tell 0 records from 1).
+    if features.ndim != 2 or len(features) != len(labels):
+        raise ValueError(f"need a 2-D feature matrix and one label per row; got "
                          f"features {features.shape}, {len(labels)} labels")
     if not (feature_bound > 0 and label_bound > 0):
         raise ValueError(f"the bounds must be positive, got feature_bound={feature_bound}, "

@@ -10,9 +10,9 @@ size ObliviousSampleGen samples from: a public bound or a DP count, never an exa
 private data (oblivious_sample_gen/accounting.py).
 
 The accounting is the sampling's own (oblivious_sample_gen/accounting.py: the DpEvent of what
-ran, dp-accounting's RDP accountant, Poisson truncation reserved out of delta), and the search
-is dp-accounting's `calibrate_dp_mechanism` (Brent's method on the noise multiplier). For
-Poisson, the truncation reserve is computed for epsilon <= EPS, so calibration targets
+ran, dp-accounting's RDP accountant, Poisson truncation and routing overflow reserved out of
+delta), and the search is dp-accounting's `calibrate_dp_mechanism` (Brent's method on the
+noise multiplier). The reserve is computed for epsilon <= EPS, so calibration targets
 delta - truncation_delta(EPS) and the reported epsilon is checked against the cap EPS.
 """
 from __future__ import annotations
@@ -58,7 +58,8 @@ def calibrate(descriptor: SamplingDescriptor, epsilon: float, delta: float,
         raise CalibrationError(f"the sampling runs no step ({descriptor})")
     target_delta = delta - accounting.truncation_delta(descriptor, epsilon)
     if target_delta < delta / 2.0:
-        raise CalibrationError(f"delta={delta} is too small to cover Poisson truncation")
+        raise CalibrationError(f"delta={delta} is too small to cover Poisson truncation "
+                               "and routing overflow")
 
     def accounted(noise_multiplier: float) -> float:
         return accounting.epsilon(descriptor, noise_multiplier, delta, epsilon_cap=epsilon)

@@ -18,7 +18,7 @@ from sage_tfx import console
 from sage_tfx.components.dp_trainer import adassp as adassp_lib
 from sage_tfx.components.dp_trainer import dp_sgd
 from sage_tfx.components.dp_trainer.calibrate import DEFAULT_MAX_NOISE_MULTIPLIER, calibrate
-from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
+from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule, null_record
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
 from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT, read_split
@@ -64,24 +64,6 @@ def check_layout(sample_ids: np.ndarray, descriptor: SamplingDescriptor) -> None
     if np.any((sample_ids != 0) & (sample_ids != unit_ids)):
         raise SamplesMismatch(f"a slot's sample id is not the sample of its unit of "
                               f"{descriptor.slot_width} slots")
-
-
-def null_record(raw_spec: dict) -> bytes:
-    """A serialized tf.Example with every feature of `raw_spec` at zero (b"" for strings): what
-    null and dummy slots are decoded from, so that every slot is decoded the same way. Their
-    rows get weight 0 (and their decoded values are zeroed) in training."""
-    features = {}
-    for name, spec in raw_spec.items():
-        count = int(np.prod(getattr(spec, "shape", None) or [1]))
-        if getattr(spec, "shape", None) is None:  # VarLen/Sparse: no value
-            count = 0
-        if spec.dtype == tf.string:
-            features[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b""] * count))
-        elif spec.dtype.is_floating:
-            features[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[0.0] * count))
-        else:
-            features[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[0] * count))
-    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
 def decode_slots(decoder: RecordDecoder, records: list[bytes]) -> tuple[tf.Tensor, tf.Tensor,

@@ -41,9 +41,24 @@ Neighbouring relations. The ledger accounts in add-or-remove-one (Sage §4).
 Truncation (Poisson). A sample larger than w keeps w records, with probability <= t per epoch
 (union bound over the epoch's samples), and the data is cut with probability <= tau once per
 run (above). The mechanism that ran differs from the exact one only on those events, of total
-probability T = E * t + tau for every dataset. Each output probability therefore moves by at
-most T, so an (eps, delta) guarantee for the exact mechanism gives (eps, delta + (1 + e^eps) T)
-for the one that ran. `epsilon` reserves that term out of delta.
+probability E * t + tau for every dataset.
+
+Routing overflow (all schemes). Each oblivious routing pass stops the run with RouteOverflow
+with probability at most p_o = 2^-40 (melbourne.OVERFLOW_PROBABILITY), under every dataset. For
+the cut pass of to_size the plan is built from the exact n, so that probability depends on the
+data; the stop is an observable output. A run makes at most P routing passes: one per epoch
+for SWO and Poisson (the samples; shuffling copies without routing), plus the cut pass, counted
+whether or not it runs (it runs only when n > N, which is private). By a union bound the run
+stops with probability at most P * p_o for every dataset.
+
+Both are events of probability at most T = E * t + tau + P * p_o under every dataset, on which
+alone the mechanism that ran (M') differs from the exact one (M), under a coupling on the same
+randomness. For any output set S: P[M'(D) in S] <= P[M(D) in S] + T
+<= e^eps P[M(D') in S] + delta + T <= e^eps (P[M'(D') in S] + T) + delta + T. So an
+(eps, delta) guarantee for M gives (eps, delta + (1 + e^eps) T) for M'. (Adding only T is not
+enough when the event is correlated with the output: if M(D') gives `a` with probability
+q e^-eps exactly on its overflow event and M(D) gives `a` with probability q, M'(D') never gives
+`a`, and delta must cover q = e^eps T.) `epsilon` reserves the whole term out of delta.
 """
 from __future__ import annotations
 
@@ -54,6 +69,7 @@ import dp_accounting
 from dp_accounting import rdp
 
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
+from sage_tfx.components.oblivious_sample_gen.melbourne import OVERFLOW_PROBABILITY
 
 # P[the DP count undershoots by more than Poisson's size slack]: below 1e-18 of delta.
 SIZE_TRUNCATION_PROBABILITY = 2.0 ** -60
@@ -94,32 +110,37 @@ def rdp_epsilon(descriptor: SamplingDescriptor, noise_multiplier: float, delta: 
     return float(accountant.get_epsilon(delta))
 
 
+def routing_passes(descriptor: SamplingDescriptor) -> int:
+    """The most oblivious routing passes a run makes (module docstring): one per epoch for SWO
+    and Poisson, plus to_size's cut pass, counted whether or not n > N."""
+    return (descriptor.epochs if descriptor.scheme in ("swo", "poisson") else 0) + 1
+
+
 def truncation_delta(descriptor: SamplingDescriptor, epsilon_cap: float) -> float:
-    """The delta that pays for Poisson truncation when epsilon is at most `epsilon_cap`:
-    (1 + e^eps) * E * t (module docstring); 0 for schemes that never truncate."""
+    """The delta that pays for Poisson truncation and routing overflow when epsilon is at most
+    `epsilon_cap`: (1 + e^eps) * (E * t + tau + P * 2^-40) (module docstring)."""
     truncation = (descriptor.epochs * descriptor.truncation_probability
-                  + descriptor.size_truncation_probability)
-    return 0.0 if truncation == 0.0 else (1.0 + math.exp(min(epsilon_cap, 700.0))) * truncation
+                  + descriptor.size_truncation_probability
+                  + routing_passes(descriptor) * OVERFLOW_PROBABILITY)
+    return (1.0 + math.exp(min(epsilon_cap, 700.0))) * truncation
 
 
 def epsilon(descriptor: SamplingDescriptor, noise_multiplier: float, delta: float,
             epsilon_cap: Optional[float] = None) -> float:
     """The epsilon at `delta` of DP-SGD that ran with this sampling (RDP accountant).
 
-    Part of delta pays for Poisson truncation: epsilon is computed at
+    Part of delta pays for Poisson truncation and routing overflow: epsilon is computed at
     delta' = delta - truncation_delta(epsilon_cap). That is sound whenever the result is at most
     the cap, which is checked. The default cap is the epsilon at delta / 2, which bounds the
     result as long as delta' >= delta / 2. Calibration passes its target epsilon as the cap."""
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    if truncation_delta(descriptor, 0.0) == 0.0:
-        return rdp_epsilon(descriptor, noise_multiplier, delta)
     if epsilon_cap is None:
         epsilon_cap = rdp_epsilon(descriptor, noise_multiplier, delta / 2.0)
     reserved = truncation_delta(descriptor, epsilon_cap)
     if reserved > delta / 2.0:
-        raise ValueError(f"delta={delta} is too small to cover Poisson truncation "
-                         f"({reserved:.3g}); use a larger delta")
+        raise ValueError(f"delta={delta} is too small to cover Poisson truncation and "
+                         f"routing overflow ({reserved:.3g}); use a larger delta")
     result = rdp_epsilon(descriptor, noise_multiplier, delta - reserved)
     if result > epsilon_cap:
         raise ValueError(f"epsilon {result} exceeds the cap {epsilon_cap} its truncation "
@@ -136,7 +157,11 @@ def sized_for(scheme: str, count: int, count_epsilon: float,
     SWO and shuffling: N = max(n_hat, m) (at least one sample); cutting is covered by the
     replace-one coupling, tau = 0. Poisson: N = max(n_hat, 1) + t with t + 1 =
     ceil(ln(1 / tau) / eps_count), so P[n > N] <= P[Z <= -(t + 1)] <= e^{-eps_count (t + 1)}
-    <= tau for the discrete Laplace of scale 1 / eps_count."""
+    <= tau for the discrete Laplace of scale 1 / eps_count.
+
+    A count n_hat <= 0 (few or no records, negative noise) is clamped to the smallest valid
+    size: m rows (one sample) or 1 row plus the slack. N is a function of n_hat and public
+    parameters only, so the clamp is post-processing of the DP count and costs nothing."""
     if not (math.isfinite(count_epsilon) and count_epsilon > 0):
         raise ValueError(f"the count's epsilon must be positive, got {count_epsilon}")
     if scheme != "poisson":

@@ -24,14 +24,17 @@ TRAIN_SPLIT = "train"
 
 
 def read_split(examples_uri: str, split: str) -> tf.Tensor:
-    """Every serialized record of one split, as a string tensor."""
+    """Every serialized record of one split, as a string tensor; 0 rows for an empty split.
+
+    An empty split is a dataset of size 0, not an error: BlockExampleGen writes empty split
+    files for a block without records, and refusing it after the grant was charged would make
+    "run fails" vs "model released" tell a 0-record split from a 1-record one (epsilon =
+    infinity). Missing split files are a layout error, the same for every dataset."""
     files = sorted(glob.glob(os.path.join(examples_uri, f"Split-{split}", "*")))
     if not files:
         raise ValueError(f"the Examples at {examples_uri} have no {split!r} split files")
     batches = list(tf.data.TFRecordDataset(files, compression_type="GZIP").batch(65536))
-    if not batches:
-        raise ValueError(f"the {split!r} split of the Examples at {examples_uri} is empty")
-    return tf.concat(batches, axis=0)
+    return tf.concat(batches, axis=0) if batches else tf.zeros([0], tf.string)
 
 
 def dp_count(n: int, epsilon: float) -> int:
@@ -43,7 +46,9 @@ def dp_count(n: int, epsilon: float) -> int:
 def sampled_size(records: tf.Tensor, grant, exec_properties: dict[str, Any]) -> tuple[int, float]:
     """(N, tau): the public size the records are brought to (accounting.sized_for), from the
     user's `public_size` (SWO/shuffle only) or a DP count paid by the grant's COUNT_STEP share.
-    Only the count n_hat is released; the exact n decides nothing else."""
+    Only the count n_hat is released; the exact n decides nothing else. n_hat may be <= 0
+    (an empty or small split plus negative noise): sized_for clamps it to the smallest valid
+    public size, a function of n_hat and public parameters only, so post-processing."""
     scheme, public_size = exec_properties["scheme"], exec_properties.get("public_size")
     if public_size is not None:
         if scheme == "poisson":

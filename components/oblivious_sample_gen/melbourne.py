@@ -42,8 +42,10 @@ uniform subset of its members, which only lowers counts), and at most u = ceil(s
 units of width w overlap output bucket b, so the count is dominated by Binomial(s_in * u, gamma).
 
 If a chunk does overflow, we raise `RouteOverflow`. The caller's trace would then differ from
-every other run, so this event can leak; it has probability at most 2^-40 per pass. It is
-never retried silently.
+every other run, so this event can leak; it has probability at most 2^-40 per pass, under every
+dataset, and the sampling accountant adds it to delta (accounting.py). It is never retried
+silently, and its message holds no count or chunk size (c depends on the exact n in the cut
+pass).
 """
 from __future__ import annotations
 
@@ -162,7 +164,10 @@ def _route_maps(plan: RoutePlan, source_of_slot: np.ndarray) -> tuple[np.ndarray
     del out_bucket
     counts = np.bincount(pair, minlength=buckets * buckets)
     if counts.max(initial=0) > c:
-        raise RouteOverflow(f"a chunk received {counts.max()} copies, more than its {c} slots")
+        # No counts or chunk size in the message: c is a function of the exact n in the cut
+        # pass. The stop itself is paid for in delta (accounting.py).
+        raise RouteOverflow("a routing chunk overflowed (probability <= 2^-40 per pass, "
+                            "accounted in delta); the run stops and is not retried")
     # Fewer than 2^16 bucket pairs: numpy's stable sort is then a radix sort.
     order = np.argsort(pair.astype(np.uint16 if buckets <= 256 else np.int64), kind="stable")
     first_of_pair = np.concatenate(([0], np.cumsum(counts)[:-1]))

@@ -74,10 +74,11 @@ class Samples:
 
 
 def _as_records(records) -> np.ndarray:
-    """The records as a numpy array (a tf.Tensor of numbers is viewed, not copied)."""
+    """The records as a numpy array (a tf.Tensor of numbers is viewed, not copied). 0 rows are
+    a dataset like any other: to_size pads them to the public size with null rows."""
     records = records.numpy() if hasattr(records, "numpy") else np.asarray(records)
-    if records.ndim == 0 or records.shape[0] == 0:
-        raise ValueError("cannot sample from an empty dataset")
+    if records.ndim == 0:
+        raise ValueError("the records must be an array of rows, got a scalar")
     return records
 
 
