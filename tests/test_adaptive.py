@@ -22,7 +22,10 @@ def _database(tmp_path, months=12):
 
 
 @pytest.mark.slow
-def test_conserve_retries_then_accepts_and_every_charge_is_in_the_lineage(tmp_path):
+def test_conserve_retries_then_accepts_and_every_charge_is_in_the_lineage(tmp_path,
+                                                                        seeded_noise):
+    # Seeded throughout (the DP noise through the seeded_noise fixture): the outcomes of a
+    # privacy-adaptive run depend on its noise, and this test pins one run's path.
     store, source = _database(tmp_path)
     lines = []
     result = run_adaptive(adassp_spec(seed=7), Policy("conserve", initial_epsilon=0.25,
@@ -57,7 +60,7 @@ def test_conserve_retries_then_accepts_and_every_charge_is_in_the_lineage(tmp_pa
 
 
 @pytest.mark.slow
-def test_dp_sgd_pipeline_accepts_on_its_first_window(tmp_path):
+def test_dp_sgd_pipeline_accepts_on_its_first_window(tmp_path, seeded_noise):
     """The DP-SGD pipeline as the demo runs it (its first window and epsilon), seeded."""
     store, source = _database(tmp_path, months=MIN_WINDOW["dp_sgd"])
     result = run_adaptive(dp_sgd_spec(seed=1),

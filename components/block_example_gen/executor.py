@@ -10,8 +10,8 @@ blocks registered are those of the stream's public schedule, [schedule_start, sc
 the key, whether or not a record fell in them (an empty month is still a block, with empty
 splits); no count is stored, logged or printed; a record outside the schedule or without a
 usable key (a number, or an ISO 8601 date) is dropped without a trace (the add-or-remove-one
-relation covers dropping a record, and nothing says whether any was). Adding or removing one record therefore changes
-only the contents of one block's data files.
+relation covers dropping a record, and nothing says whether any was). Adding or removing one
+record therefore changes only the contents of one block's data files.
 
 Blocks are immutable once registered (their budget may already be spent): a schedule naming a
 block the ledger already has is refused (before any record is read). Data is written before a
