@@ -32,6 +32,7 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/slaed_table2.py --json
 	$(BIN)/python benchmarks/taxi_sample_complexity.py --json
 	$(BIN)/python benchmarks/workload.py --json
+	$(BIN)/python benchmarks/noise.py --json
 	$(BIN)/python benchmarks/audit.py --json
 
 # Mutation testing of the privacy-critical modules (docs/mutation.md), by hand, not in CI. The tool
