@@ -87,7 +87,7 @@ def create_pipeline(pipeline_root: str, data_root: Optional[str] = None,
     validator = SLAedValidator(model=trainer.outputs["model"], examples=grant.outputs["examples"],
                                grant=grant.outputs["grant"], module_file=module_file,
                                metric="loss", target=target_loss, loss_bound=1e6,
-                               confidence=0.95, grant_step="validation", seed=seed)
+                               confidence=0.95, grant_step="validation")
     pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
                     push_destination=pusher_pb2.PushDestination(
                         filesystem=pusher_pb2.PushDestination.Filesystem(

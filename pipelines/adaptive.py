@@ -104,8 +104,7 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
                                  pipeline_name=ledger_pipeline or name,
                                  new_blocks=ingest.outputs["examples"] if ingest else None)
     examples, grant_channel = grant.outputs["examples"], grant.outputs["grant"]
-    transform = DPTransform(examples=examples, grant=grant_channel, module_file=spec.module_file,
-                            seed=seed)
+    transform = DPTransform(examples=examples, grant=grant_channel, module_file=spec.module_file)
     components = ([ingest] if ingest else []) + [grant, transform]
     train_on = examples
     if spec.sampling is not None:
@@ -118,7 +117,7 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
                         **spec.trainer)
     validator = SLAedValidator(model=trainer.outputs["model"], examples=examples,
                                grant=grant_channel, module_file=spec.module_file,
-                               transform_graph=transform.outputs["transform_graph"], seed=seed,
+                               transform_graph=transform.outputs["transform_graph"],
                                **spec.validation)
     pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
                     push_destination=pusher_pb2.PushDestination(

@@ -37,13 +37,13 @@ def test_validator_blesses_only_on_accept_and_pusher_follows(tmp_path):
     # Durations are 100 s + 200 s a mile + jitter (variance 10 s^2); AdaSSP at the training
     # share (0.8) reaches an MSE of about 1,100 (naive: 53,000).
     components = [gen, grant, trainer]
-    outcomes = {"loose": (4000.0, "validation", 2), "strict": (5.0, "check", 3)}
-    for name, (target, step, seed) in outcomes.items():
+    outcomes = {"loose": (4000.0, "validation"), "strict": (5.0, "check")}
+    for name, (target, step) in outcomes.items():
         validator = SLAedValidator(model=trainer.outputs["model"],
                                    examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                                    module_file=MODULE, metric="loss", target=target,
-                                   confidence=0.95, loss_bound=5000.0, grant_step=step,
-                                   seed=seed).with_id(f"validator_{name}")
+                                   confidence=0.95, loss_bound=5000.0,
+                                   grant_step=step).with_id(f"validator_{name}")
         pusher = Pusher(model=trainer.outputs["model"],
                         model_blessing=validator.outputs["blessing"],
                         push_destination=pusher_pb2.PushDestination(

@@ -19,7 +19,6 @@ class SLAedValidatorSpec(component_spec.ComponentSpec):
         "confidence": component_spec.ExecutionParameter(type=float),
         "loss_bound": component_spec.ExecutionParameter(type=float, optional=True),
         "grant_step": component_spec.ExecutionParameter(type=str),
-        "seed": component_spec.ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
         "model": component_spec.ChannelParameter(type=standard_artifacts.Model),
@@ -47,8 +46,6 @@ class SLAedValidator(base_component.BaseComponent):
     Output: a ModelBlessing with `blessed` = 1 only on ACCEPT (TFX's Pusher reads it), and the
     custom properties outcome, metric, dp_metric, lower_bound, upper_bound, target,
     confidence, epsilon_used.
-    `seed` has no effect: the noise comes from sage_tfx.mechanisms, which cannot be seeded. It is
-    still accepted because pipelines/adaptive.py passes one seed to every component.
     """
 
     SPEC_CLASS = SLAedValidatorSpec
@@ -57,11 +54,10 @@ class SLAedValidator(base_component.BaseComponent):
     def __init__(self, model: channel.Channel, examples: channel.Channel, grant: channel.Channel,
                  module_file: str, metric: str, target: float, confidence: float = 0.95,
                  loss_bound: Optional[float] = None, grant_step: str = "validation",
-                 seed: Optional[int] = None,
                  transform_graph: Optional[channel.Channel] = None):
         executor.check_parameters(metric, target, confidence, loss_bound)
         super().__init__(spec=SLAedValidatorSpec(
             module_file=module_file, metric=metric, target=target, confidence=confidence,
-            loss_bound=loss_bound, grant_step=grant_step, seed=seed, model=model,
+            loss_bound=loss_bound, grant_step=grant_step, model=model,
             examples=examples, grant=grant, transform_graph=transform_graph,
             blessing=channel.Channel(type=standard_artifacts.ModelBlessing)))

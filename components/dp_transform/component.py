@@ -1,8 +1,6 @@
 """DPTransform component: TFT preprocessing where only DP analyzers see the granted data."""
 from __future__ import annotations
 
-from typing import Optional
-
 from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
@@ -14,7 +12,6 @@ class DPTransformSpec(component_spec.ComponentSpec):
     PARAMETERS = {
         "module_file": component_spec.ExecutionParameter(type=str),
         "grant_step": component_spec.ExecutionParameter(type=str),
-        "seed": component_spec.ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
         "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
@@ -36,17 +33,15 @@ class DPTransform(base_beam_component.BaseBeamComponent):
     the grant's `grant_step` share of epsilon. A TFT analyzer (tft.mean, tft.vocabulary, ...) is
     refused before any record is read. Outputs a standard TransformGraph (DPTrainer and the
     serving signature apply it) and the transformed train/test Examples, which carry the grant.
-    `seed` has no effect: the noise comes from sage_tfx.mechanisms, which cannot be seeded. It is
-    still accepted because pipelines/adaptive.py passes one seed to every component.
     """
 
     SPEC_CLASS = DPTransformSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, module_file: str,
-                 grant_step: str = "transform", seed: Optional[int] = None):
+                 grant_step: str = "transform"):
         super().__init__(spec=DPTransformSpec(
-            module_file=module_file, grant_step=grant_step, seed=seed, examples=examples,
+            module_file=module_file, grant_step=grant_step, examples=examples,
             grant=grant,
             transform_graph=channel.Channel(type=standard_artifacts.TransformGraph),
             transformed_examples=channel.Channel(type=standard_artifacts.Examples)))
