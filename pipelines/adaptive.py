@@ -73,7 +73,10 @@ class IterationSpec:
         if not os.path.isfile(self.module_file):
             raise BadRequest(f"module file {self.module_file!r} does not exist")
         split = check_split(self.split)
-        missing = {"transform", "training", "validation"} - set(split)
+        needed = {"transform", "training", "validation"}
+        if self.sampling is not None and self.sampling.get("public_size") is None:
+            needed.add(COUNT_STEP)  # ObliviousSampleGen pays its DP count of the records
+        missing = needed - set(split)
         if missing:
             raise BadRequest(f"the split needs shares for {sorted(missing)}; got {dict(split)}")
         if (self.trainer.get("mode", "dp_sgd") == "dp_sgd") != (self.sampling is not None):

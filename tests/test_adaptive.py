@@ -163,3 +163,14 @@ def test_the_driver_plans_on_an_rdp_ledger_with_the_iterations_events(tmp_path):
     with pytest.raises(BadRequest, match="'training' \\(dp_sgd\\) has no DP event .* rdp ledger"):
         _payable(ledger, dp_sgd_spec(), 0.5, "taxi")
     assert _nothing_charged(store)
+
+
+def test_a_dp_sgd_split_without_the_sampling_count_share_is_refused_before_its_grant():
+    # ObliviousSampleGen pays its DP count of the records from the grant's sampling_count
+    # share; without one it could only fail after the whole grant was charged.
+    spec = dataclasses.replace(dp_sgd_spec(), split={"transform": 0.1, "training": 0.5,
+                                                      "validation": 0.4})
+    with pytest.raises(BadRequest, match="sampling_count"):
+        spec.check()
+    public = dataclasses.replace(spec, sampling={**spec.sampling, "public_size": 5000})
+    public.check()  # a public size needs no count

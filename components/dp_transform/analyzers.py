@@ -22,8 +22,9 @@ The unit is the record: each analyzer takes exactly one value per record (a `[ba
 
 * Bad values. A value that is NaN or infinite is replaced by the midpoint of value_range BEFORE
   clamping (a data-independent default; `np.clip` keeps NaN, so without this one record could
-  make the whole release NaN). A feature a record may lack should be declared with
-  `FixedLenFeature(..., default_value=float("nan"))`, which routes it to the same default.
+  make the whole release NaN). Records reach the preprocessing_fn through the record rule
+  (components/record_rule.py), so a missing or non-finite feature already holds its public
+  default; this mapping covers non-finite values the preprocessing_fn itself computes (0 / 0).
 * dp_count: the number of records, plus discrete Laplace noise at epsilon (one record changes
   the count by 1; mechanisms.discrete_laplace).
 * dp_group_by_mean over public keys 0..K-1: each record's value is mapped as above, clamped to

@@ -17,8 +17,9 @@ from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
 from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
                                                                shuffle_and_split)
-from sage_tfx.mechanisms import discrete_laplace
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
+from sage_tfx.mechanisms import discrete_laplace
+from sage_tfx.sage_access.accounting import pure_dp_event
 
 TRAIN_SPLIT = "train"
 
@@ -56,6 +57,8 @@ def sampled_size(records: tf.Tensor, grant, exec_properties: dict[str, Any]) -> 
                              f"and give the grant a {accounting.COUNT_STEP!r} share")
         return int(public_size), 0.0
     count_epsilon, _ = grant.share(accounting.COUNT_STEP)
+    # The count is epsilon-DP (discrete Laplace): what the ledger recorded must say so.
+    grant.check_event(accounting.COUNT_STEP, pure_dp_event(count_epsilon))
     n_hat = dp_count(int(records.shape[0]), count_epsilon)
     return accounting.sized_for(scheme, n_hat, count_epsilon, exec_properties.get("sample_size"))
 
