@@ -1,4 +1,8 @@
-"""The only code in sage-tfx that draws privacy noise (DESIGN.md, "DP statistics").
+"""The only code in sage-tfx that draws privacy noise (DESIGN.md, "DP statistics"), with one
+exception: DP-SGD's per-step Gaussian is drawn inside TensorFlow's graph (one OpenDP call per
+step and per tensor is not workable), in float32 from a generator seeded by
+sage_tfx.randomness.secret_seed; components/dp_trainer/dp_sgd.py says what its epsilon does and
+does not prove.
 
 Why a vetted sampler, and why OpenDP
 ------------------------------------

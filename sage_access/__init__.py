@@ -12,12 +12,12 @@ from sage_tfx.sage_access.accounting import (DEFAULT_RDP_ORDERS, BasicCompositio
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy, LedgerError
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, Grant, RecentWindow
-from sage_tfx.sage_access.store import (StoreRefused, StoreUnreachable, connect,
+from sage_tfx.sage_access.store import (StoreRefused, connect,
                                         connect_read_only, kubeflow_grpc_config, sqlite_config)
 
 __all__ = [
     "BadRequest", "BasicComposition", "BlockIds", "BlockLedger", "BlockState", "BudgetExhausted",
     "BudgetRequest", "DEFAULT_RDP_ORDERS", "Grant", "LedgerBusy", "LedgerError", "RecentWindow",
-    "RenyiFilter", "StoreRefused", "StoreUnreachable", "connect", "connect_read_only",
+    "RenyiFilter", "StoreRefused", "connect", "connect_read_only",
     "kubeflow_grpc_config", "pure_dp_rdp_curve", "sqlite_config",
 ]

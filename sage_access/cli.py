@@ -123,7 +123,6 @@ def _run(handler, args) -> int:
     from ml_metadata import errors as mlmd_errors
 
     from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
-    from sage_tfx.sage_access.store import StoreUnreachable
 
     try:
         if not args.store:
@@ -136,7 +135,7 @@ def _run(handler, args) -> int:
         return _fail(args, EXIT_DENIED, str(error), error.remaining)
     except LedgerBusy as error:
         return _fail(args, EXIT_BUSY, str(error))
-    except (StoreUnreachable, mlmd_errors.UnavailableError,
+    except (mlmd_errors.UnavailableError,
             mlmd_errors.DeadlineExceededError) as error:
         return _fail(args, EXIT_UNREACHABLE, f"store {args.store} is unreachable: "
                                              f"{str(error).splitlines()[0]}")
@@ -243,18 +242,6 @@ def _finish(args) -> int:
     return 0
 
 
-def gaussian_rdp_curve(noise_multiplier: float, compositions: int, orders) -> list[float]:
-    """The RDP curve of `compositions` runs of a Gaussian mechanism (dp-accounting's RDP
-    accountant, add-or-remove-one relation: sensitivity 1, noise stddev `noise_multiplier`)."""
-    import dp_accounting
-    from dp_accounting.rdp import rdp_privacy_accountant
-
-    accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
-    accountant.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.GaussianDpEvent(noise_multiplier), compositions))
-    return [float(v) for v in accountant.rdp]
-
-
 def _request(args) -> int:
     from sage_tfx.sage_access.errors import BadRequest
     from sage_tfx.sage_access.ledger import BlockIds, RecentWindow
@@ -280,7 +267,12 @@ def _request(args) -> int:
         grant = ledger.request(selector, epsilon=args.epsilon, delta=args.delta,
                                pipeline=args.pipeline)
     else:
-        curve = gaussian_rdp_curve(args.noise_multiplier, args.compositions, ledger.orders)
+        from dp_accounting import dp_event
+
+        from sage_tfx.sage_access.accounting import rdp_curve_of
+
+        curve = list(rdp_curve_of([dp_event.SelfComposedDpEvent(
+            dp_event.GaussianDpEvent(args.noise_multiplier), args.compositions)], ledger.orders))
         grant = ledger.request(selector, rdp_curve=curve, delta=args.delta,
                                pipeline=args.pipeline)
     print(json.dumps(grant.to_json()))

@@ -226,8 +226,15 @@ class BlockLedger:
             _register_types(self._store)
         self._types = {
             name: self._store.get_artifact_type(name).id
-            for name in (STATE_TYPE, LEDGER_VERSION_TYPE, BLOCK_TYPE, BLOCK_VERSION_TYPE,
-                         GRANT_DATA_TYPE, SHARE_USE_TYPE)}
+            for name in (STATE_TYPE, LEDGER_VERSION_TYPE, BLOCK_TYPE, BLOCK_VERSION_TYPE)}
+        # Types a store made before grant binding lacks: a reader needs no id for them (it finds
+        # none of their records), and a writer registered them above.
+        for name in (GRANT_DATA_TYPE, SHARE_USE_TYPE):
+            try:
+                self._types[name] = self._store.get_artifact_type(name).id
+            except mlmd_errors.NotFoundError:
+                if not lookup_only:
+                    raise
         self._types[GRANT_TYPE] = self._store.get_execution_type(GRANT_TYPE).id
         self._types[UPDATE_TYPE] = self._store.get_execution_type(UPDATE_TYPE).id
 
@@ -317,13 +324,6 @@ class BlockLedger:
     def live_blocks(self, page: int = 256) -> list[BlockState]:
         """Blocks not yet retired, most recent arrival first (what a window can draw on)."""
         return [self._to_state(a) for a in self._live_blocks_newest_first(page)]
-
-    def payable_blocks(self, epsilon: float, delta: float, pipeline: Optional[str] = None,
-                       split: Optional[Mapping[str, str]] = None,
-                       events: Optional[Mapping[str, object]] = None) -> int:
-        """How many live blocks could pay (epsilon, delta) for `pipeline` now: the most a
-        RecentWindow request of that budget can cover (planning only; nothing is charged)."""
-        return len(self.payable_window(epsilon, delta, pipeline, split=split, events=events))
 
     def payable_window(self, epsilon: float, delta: float, pipeline: Optional[str] = None,
                        size: Optional[int] = None, split: Optional[Mapping[str, str]] = None,

@@ -27,7 +27,7 @@ from ml_metadata import errors as mlmd_errors
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
-from sage_tfx.sage_access.errors import BadRequest, LedgerError
+from sage_tfx.sage_access.errors import BadRequest
 
 StoreSpec = Union[str, os.PathLike, metadata_store_pb2.ConnectionConfig,
                   metadata_store_pb2.MetadataStoreClientConfig, metadata_store.MetadataStore]
@@ -42,10 +42,6 @@ GRPC_TIMEOUT_SECONDS = 30
 
 class StoreRefused(BadRequest):
     """The store is not one sage-tfx may use for this command; nothing was read or written."""
-
-
-class StoreUnreachable(LedgerError):
-    """The MLMD server did not answer; nothing was charged."""
 
 
 def sqlite_config(path: Union[str, os.PathLike], read_only: bool = False

@@ -14,6 +14,7 @@ from dp_accounting import dp_event
 from scipy import optimize, stats
 
 from sage_tfx import mechanisms
+from sage_tfx.audit.bounds import clopper_pearson_lower
 from sage_tfx.mechanisms import selection
 
 # Balle & Wang's exact delta is written once, in test_mechanisms (pytest's importlib mode does
@@ -31,18 +32,13 @@ def binomial_pvalue(kept: np.ndarray, probability: float) -> float:
     return stats.binomtest(int(kept.sum()), kept.size, probability).pvalue
 
 
-def clopper_pearson_lower(successes: int, trials: int) -> float:
-    """One-sided lower bound at confidence 1 - FALSE_FAILURE."""
-    return stats.beta.ppf(FALSE_FAILURE, successes, trials - successes + 1) if successes else 0.0
-
-
 def released_own_partition_rate(select, max_partitions_per_unit, users, **budget):
     """Each of ``users`` units holds C partitions of its own (count 1); the fraction of units
     with at least one released, and its Clopper-Pearson lower bound."""
     keep = select(np.ones(users * max_partitions_per_unit, np.int64),
                   max_partitions_per_unit=max_partitions_per_unit, **budget).value.keep
     exposed = int(keep.reshape(users, max_partitions_per_unit).any(axis=1).sum())
-    return exposed / users, clopper_pearson_lower(exposed, users)
+    return exposed / users, float(clopper_pearson_lower(exposed, users, FALSE_FAILURE))
 
 
 # --- Laplace thresholding --------------------------------------------------------------------

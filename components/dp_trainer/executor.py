@@ -124,7 +124,12 @@ class Executor(base_executor.BaseExecutor):
             raise ValueError(f"unknown trainer mode {mode!r}; use one of {MODES}")
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         grant = require_grant(input_dict["grant"], [examples])
-        epsilon, delta = grant.share(exec_properties.get("grant_step") or "training")
+        step = exec_properties.get("grant_step") or "training"
+        epsilon, delta = grant.share(step)
+        if mode == "dp_sgd":
+            # DP-SGD has no event before it runs (privacy_grant.planned_event), so the ledger
+            # must have charged its (epsilon, delta) share, not another mechanism's curve.
+            grant.check_event(step, None)
         module = UserModule.load(exec_properties.get("module_file"), mode)
         transform_output = None
         if input_dict.get("transform_graph"):
@@ -139,8 +144,7 @@ class Executor(base_executor.BaseExecutor):
             keras_model, properties = self._adassp(examples, decoder, epsilon, delta,
                                                    exec_properties)
             # The ledger charged the event it recorded for this step; release only if it ran.
-            grant.check_event(exec_properties.get("grant_step") or "training",
-                              adassp_lib.dp_event(properties["noise_multiplier"]))
+            grant.check_event(step, adassp_lib.dp_event(properties["noise_multiplier"]))
         else:
             keras_model, properties = self._dp_sgd(examples, module, decoder, epsilon, delta,
                                                    exec_properties, model_run.uri)
