@@ -73,6 +73,12 @@ def _add_compile_parser(groups) -> None:
     taxi = parser.add_argument_group("the taxi example (without --pipeline-module)")
     taxi.add_argument("--data-root", help="where the new months' CSV files arrive (required for "
                                           "taxi), e.g. gs://BUCKET/taxi/new-months")
+    taxi.add_argument("--first-month", default="2013-01",
+                      help="first month (YYYY-MM) this run ingests (default: the sample's first, "
+                           "2013-01); blocks are immutable, so each run names new months")
+    taxi.add_argument("--last-month", default="2016-12",
+                      help="last month (YYYY-MM) this run ingests (default: the sample's last, "
+                           "2016-12)")
     taxi.add_argument("--mode", choices=("adassp", "dp_sgd"), default="adassp",
                       help="the trainer (default: adassp)")
     taxi.add_argument("--window", type=int,

@@ -89,7 +89,8 @@ def _taxi_from_args(args):
     epsilon = INITIAL_EPSILON[args.mode] if args.epsilon is None else args.epsilon
     summary = (f"; a grant of epsilon {epsilon:g} on {window} block(s); ledger at "
                f"{KUBEFLOW_LEDGER_STORE}")
-    return taxi_pipeline(spec, args.pipeline_root, args.data_root, window, epsilon), summary
+    return taxi_pipeline(spec, args.pipeline_root, args.data_root, window, epsilon,
+                         months=(args.first_month, args.last_month)), summary
 
 
 def compile_command(args) -> int:

@@ -94,3 +94,14 @@ def test_no_silent_placeholders_and_no_directories_created(tmp_path):
     completed = compile_with("--out", str(nested), *TAXI)
     assert completed.returncode == 2 and "does not exist" in completed.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_the_taxi_job_ingests_the_months_it_is_given(tmp_path):
+    """Blocks are immutable, so a job compiled for the whole sample can run once: each later
+    run is compiled for the new months it ingests."""
+    from sage_tfx.components.block_example_gen import month_schedule
+
+    job = _compile(tmp_path, "--first-month", "2017-01", "--last-month", "2017-03")
+    ingest = json.dumps(job["pipelineSpec"]["root"]["dag"]["tasks"]["BlockExampleGen"]["inputs"])
+    start, end = month_schedule("2017-01", "2017-03")
+    assert str(start) in ingest and str(end) in ingest
