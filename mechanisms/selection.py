@@ -48,13 +48,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from fractions import Fraction
 from typing import Optional
 
 import numpy as np
 import opendp.prelude as dp
 from dp_accounting import dp_event
-from scipy import stats
 
 from sage_tfx.mechanisms.additive import (_delta, _integers, _positive, discrete_laplace,
                                           gaussian_lattice, gaussian_sigma,
@@ -149,7 +149,7 @@ def gaussian_threshold_tau(*, sigma: float, lattice_exponent: int, max_partition
     partitions, some is kept with probability <= 1 - (1 - delta_1)^C = threshold_delta."""
     delta_1 = per_partition_delta(_delta(threshold_delta),
                                   _partitions_per_unit(max_partitions_per_unit))
-    return 1.0 + 2.0 ** lattice_exponent + _positive("sigma", sigma) * stats.norm.isf(delta_1)
+    return 1.0 + 2.0 ** lattice_exponent + _positive("sigma", sigma) * -statistics.NormalDist().inv_cdf(delta_1)
 
 
 def gaussian_threshold(unit_counts, *, max_partitions_per_unit: int, epsilon: float,
