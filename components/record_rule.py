@@ -111,6 +111,12 @@ def _sanitised(example: tf.train.Example, feature_spec: Mapping) -> tf.train.Exa
     return clean
 
 
+def null_record(feature_spec: Mapping) -> bytes:
+    """A record with every feature at its public default: what null and dummy slots and the
+    decoders' shape-fixing first row are decoded from (the same as sanitising b"")."""
+    return _sanitised(tf.train.Example(), feature_spec).SerializeToString()
+
+
 def sanitise_record(serialized: bytes, feature_spec: Mapping) -> bytes:
     """One serialized record, mapped to a valid one of `feature_spec` (module docstring)."""
     try:

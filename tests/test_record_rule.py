@@ -80,7 +80,7 @@ def test_the_decoder_gives_finite_inputs_and_labels_for_bad_records():
     inputs, labels = decoder.decode([GOOD] + BAD)
     assert np.isfinite(inputs.numpy()).all() and np.isfinite(labels.numpy()).all()
     assert inputs.numpy()[:, 0].tolist() == [2.5, 0.0, 0.0, 0.0, 0.0, 2.5, 0.0]
-    assert decoder.labels([GOOD] + BAD).numpy().reshape(-1).tolist() == [600] * 5 + [0, 0]
+    assert decoder.labels(decoder.sanitise([GOOD] + BAD)).numpy().reshape(-1).tolist() == [600] * 5 + [0, 0]
 
 
 def test_adassp_after_the_decoder_fits_finite_weights_despite_one_nan_and_one_inf():

@@ -18,7 +18,7 @@ from sage_tfx import console
 from sage_tfx.components.dp_trainer import adassp as adassp_lib
 from sage_tfx.components.dp_trainer import dp_sgd
 from sage_tfx.components.dp_trainer.calibrate import DEFAULT_MAX_NOISE_MULTIPLIER, calibrate
-from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule, null_record
+from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
 from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT, read_split
@@ -68,11 +68,11 @@ def check_layout(sample_ids: np.ndarray, descriptor: SamplingDescriptor) -> None
 
 def decode_slots(decoder: RecordDecoder, records: list[bytes]) -> tuple[tf.Tensor, tf.Tensor,
                                                                          np.ndarray]:
-    """(inputs, labels, real) for every slot, real or not, in slot order: empty slots decode
-    from null_record and are zeroed, so all slots take the same path."""
+    """(inputs, labels, real) for every slot, real or not, in slot order: an empty slot is
+    sanitised to the null record (every feature at its default) and zeroed, so all slots take
+    the same path."""
     real = np.array([len(record) > 0 for record in records])
-    placeholder = null_record(decoder.raw_spec)
-    inputs, labels = decoder.decode([r if r else placeholder for r in records])
+    inputs, labels = decoder.decode(records)
     mask = tf.constant(real)
     inputs = tf.where(mask[:, None], inputs, tf.zeros_like(inputs))
     labels = tf.where(tf.reshape(mask, [-1] + [1] * (labels.shape.rank - 1)), labels,

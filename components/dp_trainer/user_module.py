@@ -22,10 +22,10 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import numpy as np
 import tensorflow as tf
 
-from sage_tfx.components.record_rule import check_spec, finite, sanitise_records
+from sage_tfx.components.record_rule import (check_spec, finite, null_record,
+                                              sanitise_records)
 
 # What each use of a module needs: the trainer's two modes and the SLAedValidator's metrics.
 REQUIRED = {"dp_sgd": ("LABEL_KEY", "feature_spec", "model_inputs", "build_model", "loss"),
@@ -62,24 +62,6 @@ class UserModule:
                    getattr(module, "build_model", None), getattr(module, "loss", None))
 
 
-def null_record(raw_spec: dict) -> bytes:
-    """A serialized tf.Example with every feature of `raw_spec` at zero (b"" for strings): what
-    null and dummy slots are decoded from, so that every slot is decoded the same way. Their
-    rows get weight 0 (and their decoded values are zeroed) in training."""
-    features = {}
-    for name, spec in raw_spec.items():
-        count = int(np.prod(getattr(spec, "shape", None) or [1]))
-        if getattr(spec, "shape", None) is None:  # VarLen/Sparse: no value
-            count = 0
-        if spec.dtype == tf.string:
-            features[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b""] * count))
-        elif spec.dtype.is_floating:
-            features[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[0.0] * count))
-        else:
-            features[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[0] * count))
-    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
-
-
 class RecordDecoder:
     """Serialized tf.Examples -> (model inputs, labels), optionally through a TransformGraph."""
 
@@ -110,22 +92,22 @@ class RecordDecoder:
         """The records, each mapped to a valid record of the raw spec (record_rule)."""
         return sanitise_records(serialized, self.raw_spec)
 
-    def _parse(self, serialized) -> dict:
-        """Sanitised records, parsed: never raises on a record's content."""
-        return tf.io.parse_example(tf.constant(self.sanitise(serialized), tf.string),
-                                   self.raw_spec)
+    def _parse(self, sanitised) -> dict:
+        """Records already sanitised (`sanitise`), parsed: never raises on a record's content."""
+        return tf.io.parse_example(tf.constant(list(sanitised), tf.string), self.raw_spec)
 
     def decode(self, serialized: list[bytes]) -> tuple[tf.Tensor, tf.Tensor]:
         """(inputs, labels), one row per record; 0 rows (of the spec's width) for no records.
         Every call decodes a null_record ahead of the records and drops it, so an empty split
         takes the same path as any other and the shapes never depend on the record count."""
-        raw = self._parse([null_record(self.raw_spec)] + list(serialized))
+        raw = self._parse(self.sanitise([null_record(self.raw_spec)] + list(serialized)))
         inputs, features = self._inputs(raw)
         return inputs[1:], self._label(raw, features)[1:]
 
-    def labels(self, serialized) -> tf.Tensor:
-        """The labels the model was trained on (transformed, when the transform outputs them)."""
-        raw = self._parse(serialized)
+    def labels(self, sanitised) -> tf.Tensor:
+        """The labels the model was trained on (transformed, when the transform outputs them), of
+        records already sanitised (`sanitise`; the caller needs them for the model too)."""
+        raw = self._parse(sanitised)
         features = self.transform_layer(raw) if self.transform_layer is not None else raw
         return self._label(raw, features)
 
