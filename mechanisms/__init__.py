@@ -40,6 +40,7 @@ DpEvent that describes exactly the noise that ran (sensitivity incl. lattice rou
 dp_accounting can express (0 for the additive mechanisms; see ``selection`` for partition
 selection: Laplace and Gaussian thresholding, truncated-geometric selection).
 """
+from sage_tfx.mechanisms.bounding import bounded
 from sage_tfx.mechanisms.release import Release
 from sage_tfx.mechanisms.additive import (discrete_gaussian, discrete_laplace, gaussian,
                                           gaussian_sigma, gaussian_with_noise_multiplier, laplace,
@@ -48,7 +49,7 @@ from sage_tfx.mechanisms.selection import (Selection, gaussian_threshold, laplac
                                            truncated_geometric_keep_probability,
                                            truncated_geometric_selection)
 
-__all__ = ["Release", "laplace", "discrete_laplace", "gaussian", "gaussian_sigma",
+__all__ = ["bounded", "Release", "laplace", "discrete_laplace", "gaussian", "gaussian_sigma",
            "gaussian_with_noise_multiplier", "discrete_gaussian", "laplace_count_and_sum",
            "Selection", "laplace_threshold", "gaussian_threshold",
            "truncated_geometric_keep_probability", "truncated_geometric_selection"]

@@ -211,10 +211,9 @@ def sum_statistic_validator(values, target_abs_error: float, epsilon: float,
     width = high - low
     _check_target(target_abs_error, 0.0, width, "absolute error")
     values = _as_vector(values)
-    # A NaN value counts as the range's midpoint (a public constant, as DP analyzers do): whether
-    # the test runs must not depend on one value. Infinities are clipped like any value.
-    values = np.where(np.isnan(values), (low + high) / 2.0, values)
-    release = DPMeanRelease.of(np.clip(values, low, high) - low, width, epsilon)
+    # A non-finite value counts as the range's midpoint (mechanisms.bounded, as in the DP
+    # analyzers): whether the test runs must not depend on one value.
+    release = DPMeanRelease.of(mechanisms.bounded(values, low, high) - low, width, epsilon)
     sum_slack = laplace_tail(release.sum_scale, eta / 3.0, two_sided=True)
     count_slack = laplace_tail(release.count_scale, eta / 3.0, two_sided=True)
     count_low = release.dp_count - count_slack

@@ -139,8 +139,7 @@ class _NoisyGroupSums(beam.PTransform):
         inside = (keys >= 0) & (keys < self.num_keys)
         keys = keys[inside].astype(np.int64)
         values = values[inside].astype(np.float64)
-        values = np.clip(np.where(np.isfinite(values), values, self.midpoint),
-                         self.lower, self.upper) - self.midpoint
+        values = mechanisms.bounded(values, self.lower, self.upper) - self.midpoint
         return np.stack([np.bincount(keys, minlength=self.num_keys),
                          np.bincount(keys, weights=values, minlength=self.num_keys)])
 
