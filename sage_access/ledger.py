@@ -629,8 +629,12 @@ class BlockLedger:
         execution = self._store.get_execution_by_type_and_name(GRANT_TYPE, f"grant-{grant_id}")
         if execution is None or _get(execution, "ledger") != self.context:
             raise BadRequest(f"ledger {self.context!r} has no grant {grant_id!r}")
+        return self._grant_of(execution)
+
+    def _grant_of(self, execution: pb.Execution) -> Grant:
+        """A Grant execution of this ledger, decoded."""
         curve = _get(execution, "rdp_curve")
-        return Grant(grant_id=grant_id, context=self.context,
+        return Grant(grant_id=_get(execution, "grant_id"), context=self.context,
                      blocks=tuple(json.loads(_get(execution, "blocks"))),
                      epsilon=_get_float(execution, "epsilon"),
                      delta=_get_float(execution, "delta"),
@@ -645,10 +649,14 @@ class BlockLedger:
         return None if recorded is None else event_from_json(recorded)
 
     # ------------------------------------------------- what a grant released and who used it
-    def _data_record(self, grant_id: str, uri: str, producer: str) -> pb.Artifact:
+    def _data_name(self, grant_id: str, uri: str) -> str:
+        """The unique name of the record that `grant_id` released (or derived) data at `uri`."""
         digest = hashlib.sha256(uri.encode()).hexdigest()[:32]
+        return f"{self.context}/grant-{grant_id}/data/{digest}"
+
+    def _data_record(self, grant_id: str, uri: str, producer: str) -> pb.Artifact:
         record = pb.Artifact(type_id=self._types[GRANT_DATA_TYPE],
-                             name=f"{self.context}/grant-{grant_id}/data/{digest}")
+                             name=self._data_name(grant_id, uri))
         _props(record, {"ledger": self.context, "grant_id": grant_id, "uri": uri,
                         "producer": producer})
         return record
@@ -666,9 +674,8 @@ class BlockLedger:
     def require_data(self, grant: Grant, uri: str) -> None:
         """BadRequest unless `grant` released (or a component derived from it) the data at
         `uri`: Examples are a grant's own output, never matched by copied properties."""
-        digest = hashlib.sha256(uri.encode()).hexdigest()[:32]
         record = self._store.get_artifact_by_type_and_name(
-            GRANT_DATA_TYPE, f"{self.context}/grant-{grant.grant_id}/data/{digest}")
+            GRANT_DATA_TYPE, self._data_name(grant.grant_id, uri))
         if record is None or _get(record, "uri") != uri:
             raise BadRequest(f"the Examples at {uri} are not the output of grant "
                              f"{grant.grant_id} (nor derived from it) in ledger {self.context!r}")
@@ -704,18 +711,15 @@ class BlockLedger:
                          f"custom_properties.ledger.string_value = '{self.context}'"))
         records = []
         for execution in executions:
-            split, curve = _get(execution, "split"), _get(execution, "rdp_curve")
-            events = _get(execution, "events")
+            grant = self._grant_of(execution)
             records.append({
-                "time_ms": execution.create_time_since_epoch,
-                "grant_id": _get(execution, "grant_id"), "pipeline": _get(execution, "pipeline"),
-                "run_id": _get(execution, "run_id"),
-                "blocks": json.loads(_get(execution, "blocks")),
-                "epsilon": _get_float(execution, "epsilon"),
-                "delta": _get_float(execution, "delta"),
-                "split": json.loads(split) if split else None,
-                "events": json.loads(events) if events else None,
-                "rdp_curve": json.loads(curve) if curve else None})
+                "time_ms": execution.create_time_since_epoch, "grant_id": grant.grant_id,
+                "pipeline": grant.pipeline, "run_id": _get(execution, "run_id"),
+                "blocks": list(grant.blocks), "epsilon": grant.epsilon, "delta": grant.delta,
+                # None when the grant recorded none (made before grants recorded them).
+                "split": grant.split if _get(execution, "split") else None,
+                "events": grant.events if _get(execution, "events") else None,
+                "rdp_curve": list(grant.rdp_curve) if grant.rdp_curve else None})
         return records
 
     def audit(self) -> list[str]:
