@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from tfx.types import artifact
 
-from sage_tfx.sage_access.accounting import exact_fraction, pure_dp_event, share_of
+from sage_tfx.sage_access.accounting import pure_dp_event, split_share
 from sage_tfx.sage_access.errors import BadRequest
 
 # Custom properties that name the grant on Examples (for people and UIs; never trusted).
@@ -128,8 +128,7 @@ def step_events(mechanisms: dict, split: dict[str, str], epsilon: float, delta: 
         raise BadRequest(f"step_mechanisms names step(s) {unknown} that the split {split} lacks")
     events = {}
     for step, mechanism in mechanisms.items():
-        fraction = exact_fraction(split[step])
-        event = planned_event(mechanism, share_of(epsilon, fraction), share_of(delta, fraction))
+        event = planned_event(mechanism, *split_share(epsilon, delta, split, step))
         if event is None and accounting == "rdp":
             raise BadRequest(f"step {step!r} ({mechanism['mechanism']}) has no DP event before "
                              "it runs, so an rdp ledger cannot charge it (see "

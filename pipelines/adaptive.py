@@ -45,7 +45,7 @@ from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import step_events
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
-from sage_tfx.sage_access.accounting import exact_fraction, share_of
+from sage_tfx.sage_access.accounting import split_share
 from sage_tfx.sage_access.ledger import check_split
 from sage_tfx.validators.component import SLAedValidator
 from sage_tfx.validators.slaed import ACCEPT, REJECT
@@ -328,7 +328,8 @@ def _check_window(spec: IterationSpec, ledger: BlockLedger, window: int, epsilon
         return
     sampling = spec.sampling
     epochs = int(spec.trainer.get("epochs") or sampling.get("epochs") or 1)
-    training_epsilon, training_delta = _share(spec, epsilon, "training")
+    training_epsilon, training_delta = split_share(epsilon, spec.delta, check_split(spec.split),
+                                                   "training")
     try:
         descriptor = plan("poisson", POISSON_STAND_IN_N, epochs, gamma=sampling.get("gamma"))
         calibrate(descriptor, training_epsilon, training_delta,
@@ -342,13 +343,6 @@ def _check_window(spec: IterationSpec, ledger: BlockLedger, window: int, epsilon
 # Poisson sampling's steps and accounting depend on gamma and the epochs only (sampling.py,
 # poisson_layout: k = floor(1/gamma) samples per epoch whatever n is).
 POISSON_STAND_IN_N = 1_000
-
-
-def _share(spec: IterationSpec, epsilon: float, step: str) -> tuple[float, float]:
-    """The (epsilon, delta) a grant of (epsilon, spec.delta) gives `step`, exactly as the
-    ledger computes it."""
-    fraction = exact_fraction(check_split(spec.split)[step])
-    return share_of(epsilon, fraction), share_of(spec.delta, fraction)
 
 
 def _line(iteration: Iteration, metric: str) -> str:

@@ -308,6 +308,13 @@ def exact_fraction(value) -> Fraction:
     return fraction
 
 
+def split_share(epsilon: float, delta: float, split, step: str) -> tuple[float, float]:
+    """The (epsilon, delta) that `step` of a (checked) split gets of a grant of (epsilon,
+    delta): each its exact fraction, rounded down (share_of)."""
+    fraction = exact_fraction(split[step])
+    return share_of(epsilon, fraction), share_of(delta, fraction)
+
+
 def share_of(total: float, fraction: Fraction) -> float:
     """total * fraction, rounded down to a double: the shares of a split whose fractions sum to
     at most 1 then sum to at most `total` (each is at most its exact value)."""

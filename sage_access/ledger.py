@@ -47,7 +47,7 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.sage_access import allocation
 from sage_tfx.sage_access.accounting import (BudgetRequest, accounting_for, event_from_json,
                                              event_to_json, exact_fraction, rdp_curve_of,
-                                             share_of)
+                                             split_share)
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
 from sage_tfx.sage_access.store import StoreSpec, connect, connect_read_only
@@ -117,8 +117,7 @@ class Grant:
         if self.epsilon is None:
             raise BadRequest(f"grant {self.grant_id} is an RDP curve; it has no (epsilon, delta) "
                              "shares")
-        fraction = exact_fraction(self.split[step])
-        return share_of(self.epsilon, fraction), share_of(self.delta or 0.0, fraction)
+        return split_share(self.epsilon, self.delta or 0.0, self.split, step)
 
 
 class _Conflict(Exception):
