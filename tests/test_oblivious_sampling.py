@@ -7,13 +7,13 @@ a correct sampler fails it with a fresh seed.
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from scipy import stats
-
 
 from sage_tfx.components.oblivious_sample_gen import access_trace, accounting, melbourne, sampling
 from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
@@ -23,6 +23,9 @@ from sage_tfx.components.oblivious_sample_gen.melbourne import (RoutePlan, Route
 from sage_tfx.components.oblivious_sample_gen.sampling import (plan, samples_poisson, samples_swo,
                                                                shuffle_and_split, to_size)
 from sage_tfx.components.oblivious_sample_gen.trace import dataset
+
+sys.path.insert(0, os.path.dirname(__file__))
+from oracles import gaussian_epsilon  # noqa: E402
 
 
 def ids_of(samples) -> list[np.ndarray]:
@@ -289,16 +292,6 @@ def test_accounting_orders_poisson_below_swo_below_shuffle_in_the_papers_mnist_s
     # dp-accounting's reference for Poisson (STACK.md): 0.659; truncation costs ~nothing.
     assert eps["poisson"] == pytest.approx(0.659, abs=0.01)
     assert accounting.neighboring_relation(swo).name == "REPLACE_ONE"
-
-
-def gaussian_epsilon(mu: float, delta: float) -> float:
-    """Exact epsilon at delta of a Gaussian mechanism with sensitivity / std = mu (Balle &
-    Wang 2018): the root of Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) = delta."""
-    from scipy import optimize
-    def excess(eps):
-        return (stats.norm.cdf(-eps / mu + mu / 2)
-                - np.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2) - delta)
-    return optimize.brentq(excess, 0.0, 100.0)
 
 
 def test_shuffle_epsilon_matches_the_closed_form_of_e_gaussians_of_sensitivity_2c():

@@ -4,9 +4,9 @@ OpenDP's samplers cannot be seeded, so every statistical check states its false-
 FALSE_FAILURE per binomial test (two-sided exact p-value) or per Clopper-Pearson bound. Each
 check is run on a deliberately broken variant too (tau too small, half the noise, keep
 probabilities for a larger delta) and shown to fail there."""
-import importlib.util
 import math
-import pathlib
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -17,13 +17,8 @@ from sage_tfx import mechanisms
 from sage_tfx.audit.bounds import clopper_pearson_lower
 from sage_tfx.mechanisms import selection
 
-# Balle & Wang's exact delta is written once, in test_mechanisms (pytest's importlib mode does
-# not put the tests directory on sys.path, so load it by path).
-_spec = importlib.util.spec_from_file_location(
-    "mechanism_oracles", pathlib.Path(__file__).with_name("test_mechanisms.py"))
-_oracles = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_oracles)
-balle_wang_delta = _oracles.balle_wang_delta
+sys.path.insert(0, os.path.dirname(__file__))
+from oracles import balle_wang_delta  # noqa: E402
 
 FALSE_FAILURE = 1e-6
 
