@@ -142,14 +142,15 @@ def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
 
 
 def _payable(ledger: BlockLedger, spec: IterationSpec, epsilon: float, pipeline: str,
-             size: Optional[int] = None) -> list:
+             size: Optional[int] = None, blocks: Optional[list] = None) -> list:
     """The blocks a grant of (epsilon, spec.delta) for this iteration would take now. An rdp
     ledger charges the RDP curve of the steps' events, so planning computes them too."""
     planned = {}
     if ledger.accounting.name == "rdp":
         planned = {"split": spec.split, "events": step_events(
             step_mechanisms(spec), check_split(spec.split), epsilon, spec.delta, "rdp")}
-    return ledger.payable_window(epsilon, spec.delta, pipeline, size=size, **planned)
+    return ledger.payable_window(epsilon, spec.delta, pipeline, size=size, blocks=blocks,
+                                 **planned)
 
 
 class BlockSource(Protocol):
@@ -208,14 +209,15 @@ class Policy:
 def _largest_payable_epsilon(ledger: BlockLedger, window: int, spec: IterationSpec,
                              pipeline: str) -> float:
     """The most epsilon that `window` blocks can all pay for `pipeline` (0 if none)."""
-    low, high = 0.0, max((b.epsilon_ceiling for b in ledger.live_blocks()), default=0.0)
-    if high <= 0 or len(_payable(ledger, spec, ledger.min_request_epsilon, pipeline)) < window:
-        return 0.0
+    live = ledger.live_blocks()  # read once: the bisection below only plans
+    high = max((b.epsilon_ceiling for b in live), default=0.0)
     low = ledger.min_request_epsilon
+    if high <= 0 or len(_payable(ledger, spec, low, pipeline, blocks=live)) < window:
+        return 0.0
     for _ in range(30):
         middle = (low + high) / 2
-        low, high = (middle, high) if len(_payable(ledger, spec, middle, pipeline)) >= window \
-            else (low, middle)
+        payable = len(_payable(ledger, spec, middle, pipeline, blocks=live))
+        low, high = (middle, high) if payable >= window else (low, middle)
     return low
 
 

@@ -326,15 +326,16 @@ class BlockLedger:
 
     def payable_window(self, epsilon: float, delta: float, pipeline: Optional[str] = None,
                        size: Optional[int] = None, split: Optional[Mapping[str, str]] = None,
-                       events: Optional[Mapping[str, object]] = None) -> list[BlockState]:
+                       events: Optional[Mapping[str, object]] = None,
+                       blocks: Optional[Sequence[BlockState]] = None) -> list[BlockState]:
         """The blocks a RecentWindow(size) request of (epsilon, delta) with this split and these
         events (see `request`) would take now, most recent first (all that can pay, without
-        `size`). Planning only: nothing is charged, and a concurrent grant may change the
-        answer before a request is made."""
+        `size`), among `blocks` (default: the live blocks, read now). Planning only: nothing is
+        charged, and a concurrent grant may change the answer before a request is made."""
         budget = BudgetRequest(epsilon=epsilon, delta=delta)
         demand = self._demand(budget, check_split(split) if split is not None else {},
                               dict(events or {}))
-        payable = [block for block in self.live_blocks()
+        payable = [block for block in (self.live_blocks() if blocks is None else blocks)
                    if allocation.can_pay(block, demand, pipeline, self.accounting)]
         return payable if size is None else payable[:size]
 
