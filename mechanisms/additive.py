@@ -211,9 +211,13 @@ def discrete_gaussian(values, *, l2_sensitivity: float, epsilon: float, delta: f
     array = _integers(values, "discrete_gaussian")
     sigma = _discrete_gaussian_sigma(l2_sensitivity, _positive("epsilon", epsilon),
                                      _delta(delta))
-    measurement, _ = _measurement("gaussian", "i64", None, sigma, None, None)
-    return Release(_invoke(measurement, array, np.int64),
-                   _zcdp_event(l2_sensitivity, sigma))
+    # OpenDP's map takes an integer sensitivity; zCDP's rho grows as its square, so its rho at
+    # sensitivity 1 times D^2 is what ran, and the event must not report less.
+    measurement, rho_per_unit = _measurement("gaussian", "i64", None, sigma, None, 1)
+    event = _zcdp_event(l2_sensitivity, sigma)
+    _check_calibration(event.rho >= l2_sensitivity ** 2 * rho_per_unit * (1 - 1e-9),
+                       l2_sensitivity ** 2 * rho_per_unit, event.rho)
+    return Release(_invoke(measurement, array, np.int64), event)
 
 
 def _zcdp_event(l2_sensitivity: float, sigma: float) -> dp_event.ZCDpEvent:

@@ -138,6 +138,8 @@ def test_release_epsilon_counts_additional_delta_against_delta(epsilon, delta):
     ("make_laplace", lambda: mechanisms.laplace([0.0], l1_sensitivity=1.0, epsilon=1.0)),
     ("make_gaussian", lambda: mechanisms.gaussian_with_noise_multiplier(
         [0.0], l2_sensitivity=1.0, noise_multiplier=2.0)),
+    ("make_gaussian", lambda: mechanisms.discrete_gaussian(
+        [0], l2_sensitivity=1.5, epsilon=1.0, delta=1e-6)),
 ])
 def test_a_mechanism_built_with_less_noise_than_calibrated_is_refused(monkeypatch, maker, release):
     # The event is read back from OpenDP's privacy map; if what is built spends more than the
