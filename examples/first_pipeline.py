@@ -42,9 +42,9 @@ from tfx.proto import pusher_pb2
 from sage_tfx.components import (BlockExampleGen, BlockLedger, DPTrainer, ObliviousSampleGen,
                                   SLAedValidator)
 from sage_tfx.components.block_example_gen import month_schedule
+from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
 
 MODEL_MODULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trip_model.py")
-KUBEFLOW_LEDGER_STORE = "grpc://metadata-grpc-service:8080"
 
 
 def create_pipeline(pipeline_root: str, data_root: Optional[str] = None,

@@ -20,8 +20,8 @@ from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 
 from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedule
 from sage_tfx.pipelines.adaptive import IterationSpec, build_iteration
+from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
 
-KUBEFLOW_LEDGER_STORE = "grpc://metadata-grpc-service:8080"
 
 
 def taxi_pipeline(spec: IterationSpec, pipeline_root: str, data_root: str, window: int,

@@ -50,12 +50,11 @@ from sage_tfx.sage_access.accounting import (BudgetRequest, accounting_for, even
                                              split_share)
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
-from sage_tfx.sage_access.store import StoreSpec, connect, connect_read_only
+from sage_tfx.sage_access.store import STATE_TYPE, StoreSpec, connect, connect_read_only
 
 LEDGER_CONTEXT_TYPE = "sage_tfx.Ledger"
 RUN_CONTEXT_TYPE = "sage_tfx.PipelineRun"
 TFX_RUN_CONTEXT_TYPE = "pipeline_run"  # the context TFX's orchestrators create per run
-STATE_TYPE = "sage_tfx.LedgerState"
 LEDGER_VERSION_TYPE = "sage_tfx.LedgerVersion"
 BLOCK_TYPE = "sage_tfx.Block"
 BLOCK_VERSION_TYPE = "sage_tfx.BlockVersion"

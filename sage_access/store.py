@@ -33,8 +33,11 @@ StoreSpec = Union[str, os.PathLike, metadata_store_pb2.ConnectionConfig,
                   metadata_store_pb2.MetadataStoreClientConfig, metadata_store.MetadataStore]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-# An artifact type every sage-tfx ledger store has (`BlockLedger.create` registers it).
-_LEDGER_TYPE = "sage_tfx.LedgerState"
+# An artifact type every sage-tfx ledger store has (`BlockLedger.create` registers it; the
+# ledger names it from here).
+STATE_TYPE = "sage_tfx.LedgerState"
+# Kubeflow Pipelines' own ML Metadata, where a ledger on the cluster lives.
+KUBEFLOW_LEDGER_STORE = "grpc://metadata-grpc-service:8080"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # How long a gRPC call may wait for an MLMD server before the store counts as unreachable.
 GRPC_TIMEOUT_SECONDS = 30
@@ -128,7 +131,7 @@ def inspect_sqlite(path: Union[str, os.PathLike]) -> str:
                 raise StoreRefused(f"store {path!r} is an SQLite database but not an ML Metadata "
                                    "store, so it is not a sage-tfx ledger; left unchanged")
             found = connection.execute("SELECT count(*) FROM Type WHERE name = ?",
-                                       (_LEDGER_TYPE,)).fetchone()[0]
+                                       (STATE_TYPE,)).fetchone()[0]
     except sqlite3.DatabaseError as error:
         raise StoreRefused(f"store {path!r} is damaged or truncated ({error}); left unchanged") \
             from None
