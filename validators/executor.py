@@ -12,16 +12,15 @@ from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
 from sage_tfx import console
-from sage_tfx.components.dp_trainer.dp_sgd import with_reduction
-from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
-from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.record_rule import finite, null_record
+from sage_tfx.components.util.examples_io import TEST_SPLIT, read_split
+from sage_tfx.components.util.losses import with_reduction
+from sage_tfx.components.util.user_module import RecordDecoder, UserModule
 from sage_tfx.sage_access.accounting import pure_dp_event
 from sage_tfx.validators.slaed import ACCEPT, accuracy_validator, loss_validator
 
 METRICS = ("loss", "accuracy")
-TEST_SPLIT = "test"
 _PREDICTION_BATCH = 4096
 
 

@@ -39,7 +39,7 @@ class DPTrainerSpec(component_spec.ComponentSpec):
 
 
 class DPTrainer(base_component.BaseComponent):
-    """Trains the model of `module_file` (see user_module.py) under the grant's `grant_step`
+    """Trains the model of `module_file` (see components/util/user_module.py) under the grant's `grant_step`
     share of (epsilon, delta).
 
     mode 'dp_sgd': `examples` are ObliviousSampleGen's samples; the noise multiplier is

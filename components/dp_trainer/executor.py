@@ -18,12 +18,12 @@ from sage_tfx import console
 from sage_tfx.components.dp_trainer import adassp as adassp_lib
 from sage_tfx.components.dp_trainer import dp_sgd
 from sage_tfx.components.dp_trainer.calibrate import DEFAULT_MAX_NOISE_MULTIPLIER, calibrate
-from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
-from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT, read_split
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import require_grant
+from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
+from sage_tfx.components.util.user_module import RecordDecoder, UserModule
 
 MODES = ("dp_sgd", "adassp")
 

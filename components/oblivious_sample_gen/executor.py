@@ -3,7 +3,6 @@ the requested epochs, and write the samples in training order with their descrip
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
 from typing import Any
 
@@ -18,25 +17,9 @@ from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
 from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
                                                                shuffle_and_split)
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
+from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
 from sage_tfx.mechanisms import discrete_laplace
 from sage_tfx.sage_access.accounting import pure_dp_event
-
-TRAIN_SPLIT = "train"
-
-
-def read_split(examples_uri: str, split: str) -> tf.Tensor:
-    """Every serialized record of one split, as a string tensor; 0 rows for an empty split.
-
-    An empty split is a dataset of size 0, not an error: BlockExampleGen writes empty split
-    files for a block without records, and refusing it after the grant was charged would make
-    "run fails" vs "model released" tell a 0-record split from a 1-record one (epsilon =
-    infinity). Missing split files are a layout error, the same for every dataset."""
-    files = sorted(glob.glob(os.path.join(examples_uri, f"Split-{split}", "*")))
-    if not files:
-        raise ValueError(f"the Examples at {examples_uri} have no {split!r} split files")
-    batches = list(tf.data.TFRecordDataset(files, compression_type="GZIP").batch(65536))
-    return tf.concat(batches, axis=0) if batches else tf.zeros([0], tf.string)
-
 
 def dp_count(n: int, epsilon: float) -> int:
     """n + DiscreteLaplace(1 / epsilon) (sensitivity 1 under add/remove), from the platform's
