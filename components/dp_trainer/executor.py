@@ -19,7 +19,7 @@ from sage_tfx.components.dp_trainer import adassp as adassp_lib
 from sage_tfx.components.dp_trainer import dp_sgd
 from sage_tfx.components.dp_trainer.calibrate import DEFAULT_MAX_NOISE_MULTIPLIER, calibrate
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
-from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
+from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
@@ -45,7 +45,7 @@ def read_descriptor(samples) -> SamplingDescriptor:
              sample_size=descriptor.sample_size, gamma=descriptor.gamma),
         # Poisson is always sized from a DP count, whose undershoot the accountant must cover.
         size_truncation_probability=(accounting.SIZE_TRUNCATION_PROBABILITY
-                                     if descriptor.scheme == "poisson" else 0.0))
+                                     if descriptor.scheme == Scheme.POISSON else 0.0))
     if descriptor != expected:
         raise SamplesMismatch(f"sampling descriptor {descriptor} is not what {descriptor.scheme} "
                               f"sampling of size {descriptor.n} produces ({expected})")

@@ -13,7 +13,7 @@ from tfx.types import artifact_utils
 
 from sage_tfx import console
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
-from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
+from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
                                                                shuffle_and_split)
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
@@ -33,9 +33,10 @@ def sampled_size(records: tf.Tensor, grant, exec_properties: dict[str, Any]) -> 
     Only the count n_hat is released; the exact n decides nothing else. n_hat may be <= 0
     (an empty or small split plus negative noise): sized_for clamps it to the smallest valid
     public size, a function of n_hat and public parameters only, so post-processing."""
-    scheme, public_size = exec_properties["scheme"], exec_properties.get("public_size")
+    scheme = Scheme.parse(exec_properties["scheme"], "scheme")
+    public_size = exec_properties.get("public_size")
     if public_size is not None:
-        if scheme == "poisson":
+        if scheme == Scheme.POISSON:
             raise ValueError("scheme 'poisson' sizes its layout from a DP count; drop public_size "
                              f"and give the grant a {accounting.COUNT_STEP!r} share")
         return int(public_size), 0.0
@@ -47,21 +48,19 @@ def sampled_size(records: tf.Tensor, grant, exec_properties: dict[str, Any]) -> 
 
 
 def sample(records: tf.Tensor, exec_properties: dict[str, Any], size: int):
-    scheme = exec_properties["scheme"]
+    scheme = Scheme.parse(exec_properties["scheme"], "scheme")
     seed = exec_properties.get("seed")
     common = dict(seed=None if seed is None else int(seed),
                   epochs=int(exec_properties.get("epochs") or 1), size=size)
-    if scheme == "poisson":
+    if scheme == Scheme.POISSON:
         gamma = exec_properties.get("gamma")
         if gamma is None:
             raise ValueError("scheme 'poisson' needs gamma")
         return samples_poisson(records, float(gamma), **common)
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; use one of {SCHEMES}")
     sample_size = exec_properties.get("sample_size")
     if sample_size is None:
         raise ValueError(f"scheme {scheme!r} needs sample_size")
-    sampler = samples_swo if scheme == "swo" else shuffle_and_split
+    sampler = samples_swo if scheme == Scheme.SWO else shuffle_and_split
     return sampler(records, int(sample_size), **common)
 
 
