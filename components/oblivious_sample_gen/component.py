@@ -8,6 +8,7 @@ from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.oblivious_sample_gen import executor
 from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
+from sage_tfx.components.oblivious_sample_gen.sampling import DEFAULT_EPOCHS
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
 
@@ -55,7 +56,7 @@ class ObliviousSampleGen(base_component.BaseComponent):
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, scheme: str,
                  sample_size: Optional[int] = None, gamma: Optional[float] = None,
-                 epochs: int = 1, encryption_key_env: Optional[str] = None,
+                 epochs: int = DEFAULT_EPOCHS, encryption_key_env: Optional[str] = None,
                  seed: Optional[int] = None, public_size: Optional[int] = None,
                  record_width: Optional[int] = None):
         scheme = Scheme.parse(scheme, "scheme")

@@ -14,8 +14,8 @@ from tfx.types import artifact_utils
 from sage_tfx import console
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
-from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
-                                                               shuffle_and_split)
+from sage_tfx.components.oblivious_sample_gen.sampling import (DEFAULT_EPOCHS, samples_poisson,
+                                                               samples_swo, shuffle_and_split)
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
 from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
 from sage_tfx.mechanisms import discrete_laplace
@@ -51,7 +51,7 @@ def sample(records: tf.Tensor, exec_properties: dict[str, Any], size: int):
     scheme = Scheme.parse(exec_properties["scheme"], "scheme")
     seed = exec_properties.get("seed")
     common = dict(seed=None if seed is None else int(seed),
-                  epochs=int(exec_properties.get("epochs") or 1), size=size)
+                  epochs=int(exec_properties.get("epochs") or DEFAULT_EPOCHS), size=size)
     if scheme == Scheme.POISSON:
         gamma = exec_properties.get("gamma")
         if gamma is None:

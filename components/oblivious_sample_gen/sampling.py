@@ -48,6 +48,7 @@ from sage_tfx.randomness import secret_rng
 # Per epoch, the probability that Poisson samples do not all fit in the padded layout.
 # It enters delta through the accountant (accounting.py); 2^-60 keeps that term below 1e-12.
 POISSON_TRUNCATION_PROBABILITY = 2.0 ** -60
+DEFAULT_EPOCHS = 1  # what ObliviousSampleGen samples when no epochs are given
 
 
 @dataclass(frozen=True)
