@@ -506,7 +506,7 @@ class BlockLedger:
                 pipeline: Optional[str] = None, run_id: Optional[str] = None,
                 split: Optional[Mapping[str, str]] = None,
                 events: Optional[Mapping[str, object]] = None,
-                data_uri: Optional[str] = None) -> Grant:
+                data_uri: Optional[str] = None, require_data: bool = False) -> Grant:
         """Grant (epsilon, delta) or an RDP curve on the selected blocks, all or nothing.
 
         `split` ({step: fraction}, exact, summing to at most 1) divides the grant among the
@@ -515,7 +515,10 @@ class BlockLedger:
         needs `events` for every step of the split: it charges the RDP curve of their
         composition, and (epsilon, delta) is the target the steps were calibrated to. A `basic`
         ledger charges (epsilon, delta). `data_uri` is where the granted Examples will be
-        written (recorded as the grant's data; see `require_data`).
+        written (recorded as the grant's data; see `require_data`). With `require_data`, the
+        grant is refused (BadRequest naming the blocks, nothing charged) unless every block it
+        takes has Examples registered (`add_block(data_uri=...)`); the check runs on the blocks
+        read inside the grant's transaction, so no concurrent grant can change what it checked.
 
         Raises BadRequest for malformed input (nothing charged) and BudgetExhausted when the
         blocks cannot pay (nothing charged; the error names each block and what it has left).
@@ -546,6 +549,8 @@ class BlockLedger:
 
         def attempt() -> Grant:
             chosen = self._choose(selector, demand, pipeline)
+            if require_data:
+                _check_data(chosen)
             grant_id = uuid.uuid4().hex
             changes = []
             for artifact, block in chosen:
@@ -777,6 +782,13 @@ class BlockLedger:
         if tfx_run is not None:
             return [tfx_run]
         return [pb.Context(type_id=self._store.get_context_type(RUN_CONTEXT_TYPE).id, name=run_id)]
+
+
+def _check_data(chosen: Sequence[tuple[pb.Artifact, BlockState]]) -> None:
+    without_data = [block.block_id for _, block in chosen if not block.data_uri]
+    if without_data:
+        raise BadRequest(f"block(s) {', '.join(without_data)} have no Examples registered "
+                         "(added without data); nothing was charged")
 
 
 def budget_view(accounting, block: BlockState, pipeline: Optional[str] = None) -> dict:

@@ -255,3 +255,21 @@ def test_a_store_made_before_grant_binding_opens_read_only_and_for_writing(tmp_p
     assert [b.block_id for b in BlockLedger(store, read_only=True).blocks()] == ["b0"]
     grant = BlockLedger(store).request(BlockIds(["b0"]), epsilon=0.5, delta=1e-7)
     assert BlockLedger(store, read_only=True).find_grant(grant.grant_id).blocks == ("b0",)
+
+
+def test_require_data_refuses_blocks_without_examples_inside_the_grant(tmp_path):
+    """The data check runs on the blocks the grant takes, in its transaction: a window that
+    reaches a block registered without data is refused whole, naming it, with nothing charged."""
+    ledger = BlockLedger.create(":memory:", min_request_epsilon=0.05)
+    ledger.add_block("old", 1.0, 1e-6, data_uri=str(tmp_path / "old"))
+    ledger.add_block("bare", 1.0, 1e-6)
+    ledger.add_block("new", 1.0, 1e-6, data_uri=str(tmp_path / "new"))
+    before = snapshot(ledger)
+    for selector in (RecentWindow(2), BlockIds(["old", "bare"])):
+        with pytest.raises(BadRequest, match=r"block\(s\) bare have no Examples.*nothing was"):
+            ledger.request(selector, epsilon=0.3, delta=0, require_data=True)
+    assert snapshot(ledger) == before
+    assert ledger.request(BlockIds(["old", "new"]), epsilon=0.3, delta=0,
+                          require_data=True).blocks == ("old", "new")
+    # Without the option the ledger grants data-less blocks (budget-only ledgers, the CLI).
+    assert ledger.request(RecentWindow(2), epsilon=0.3, delta=0).blocks == ("new", "bare")
