@@ -45,7 +45,7 @@ from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
 from sage_tfx.components.privacy_grant import step_events
 from sage_tfx.pipelines.policy import Policy, PolicyName, after_retry
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
-from sage_tfx.sage_access.ledger import check_split
+from sage_tfx.sage_access.accounting import check_split
 from sage_tfx.validators import constants as blessing_keys
 from sage_tfx.validators.component import SLAedValidator
 from sage_tfx.validators.slaed import Outcome
@@ -153,14 +153,14 @@ def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
 
 
 def _payable(ledger: BlockLedger, spec: IterationSpec, epsilon: float, pipeline: str,
-             size: Optional[int] = None, blocks: Optional[list] = None) -> list:
+             blocks: Optional[list] = None) -> list:
     """The blocks a grant of (epsilon, spec.delta) for this iteration would take now. An rdp
     ledger charges the RDP curve of the steps' events, so planning computes them too."""
     planned = {}
     if ledger.accounting.name == "rdp":
         planned = {"split": spec.split, "events": step_events(
             step_mechanisms(spec), check_split(spec.split), epsilon, spec.delta, "rdp")}
-    return ledger.payable_window(epsilon, spec.delta, pipeline, size=size, blocks=blocks,
+    return ledger.payable_window(epsilon, spec.delta, pipeline, blocks=blocks,
                                  **planned)
 
 
@@ -267,7 +267,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 report(f"  waiting for data: block {', '.join(arrived)} arrived")
                 if policy.name == PolicyName.AGGRESSIVE:
                     epsilon = _largest_payable_epsilon(ledger, window, spec, name)
-            _check_window(spec, ledger, window, epsilon, name)
+            _preflight(spec, epsilon)
             LocalDagRunner().run(build_iteration(spec, name, root, ledger_store, window, epsilon,
                                                  metadata_config=metadata_config))
             run_artifacts = _latest_run_artifacts(store, name)
@@ -300,16 +300,11 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
         ledger.finish_pipeline(name)
 
 
-def _check_window(spec: IterationSpec, ledger: BlockLedger, window: int, epsilon: float,
-                  pipeline: str) -> None:
-    """Refuse, before the grant is charged, an iteration that would fail after it, deciding only
-    from public values (issue 16 §1: whether the driver goes on must not depend on the data).
-    DPTrainer says whether its share can pay for its run (`preflight`)."""
-    blocks = _payable(ledger, spec, epsilon, pipeline, size=window)
-    without_data = [block.block_id for block in blocks if not block.data_uri]
-    if without_data:
-        raise BadRequest(f"block(s) {', '.join(without_data)} have no Examples registered "
-                         "(added without data); nothing was charged")
+def _preflight(spec: IterationSpec, epsilon: float) -> None:
+    """Refuse, before the grant is charged, an iteration that DPTrainer would refuse after it,
+    deciding only from public values (issue 16 §1: whether the driver goes on must not depend
+    on the data). A window holding a block without data is refused by the grant itself
+    (BlockLedger requests with require_data), inside the ledger's transaction."""
     try:
         preflight(spec.trainer, spec.sampling, epsilon, spec.delta, check_split(spec.split))
     except ValueError as error:

@@ -285,8 +285,6 @@ def ledger_table(ledger) -> dict:
     composition the sums spent (also given as `epsilon_spent`/`delta_spent`), under rdp the
     filter's ceiling once anything was charged (a conversion of the spent curve would be an
     odometer reading, not a bound under adaptive requests, so none is shown)."""
-    from sage_tfx.sage_access.ledger import budget_view
-
     basic = ledger.accounting.name == "basic"
     blocks = []
     for block in ledger.blocks():
@@ -299,7 +297,7 @@ def ledger_table(ledger) -> dict:
             row.update(epsilon_spent=guarantee_epsilon, delta_spent=guarantee_delta)
         row.update({"retired": block.retired, "charges": block.charges, "start": block.start,
                     "end": block.end, "reserved_for": sorted(block.reservations),
-                    "budget": budget_view(ledger.accounting, block)})
+                    "budget": ledger.accounting.budget_view(block)})
         blocks.append(row)
     table = {"context": ledger.context, "accounting": ledger.accounting.name,
              "min_request_epsilon": ledger.min_request_epsilon,
@@ -429,7 +427,7 @@ def _plot(args) -> int:
 
 
 def _contexts(args) -> int:
-    from sage_tfx.sage_access.ledger import ledger_contexts
+    from sage_tfx.sage_access.lineage import ledger_contexts
     from sage_tfx.sage_access.store import connect_read_only
 
     for name in ledger_contexts(connect_read_only(args.store)):

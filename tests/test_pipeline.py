@@ -15,7 +15,7 @@ from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedul
 from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.components.privacy_grant import GrantError, PrivacyGrant, require_grant
 from sage_tfx.sage_access import BlockLedger, connect
-from sage_tfx.sage_access.ledger import GRANT_TYPE
+from sage_tfx.sage_access.records import GRANT_TYPE
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pipeline_consumer import GrantChecker  # noqa: E402
