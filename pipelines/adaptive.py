@@ -45,7 +45,7 @@ from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
 from sage_tfx.components.privacy_grant import step_events
 from sage_tfx.pipelines.policy import Policy, PolicyName, after_retry
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
-from sage_tfx.sage_access.accounting import check_split
+from sage_tfx.sage_access.accounting import AccountingMode, check_split
 from sage_tfx.validators import constants as blessing_keys
 from sage_tfx.validators.component import SLAedValidator
 from sage_tfx.validators.slaed import Outcome
@@ -157,9 +157,10 @@ def _payable(ledger: BlockLedger, spec: IterationSpec, epsilon: float, pipeline:
     """The blocks a grant of (epsilon, spec.delta) for this iteration would take now. An rdp
     ledger charges the RDP curve of the steps' events, so planning computes them too."""
     planned = {}
-    if ledger.accounting.name == "rdp":
+    if ledger.accounting.name == AccountingMode.RDP:
         planned = {"split": spec.split, "events": step_events(
-            step_mechanisms(spec), check_split(spec.split), epsilon, spec.delta, "rdp")}
+            step_mechanisms(spec), check_split(spec.split), epsilon, spec.delta,
+            AccountingMode.RDP)}
     return ledger.payable_window(epsilon, spec.delta, pipeline, blocks=blocks,
                                  **planned)
 
@@ -308,8 +309,8 @@ def _preflight(spec: IterationSpec, epsilon: float) -> None:
     try:
         preflight(spec.trainer, spec.sampling, epsilon, spec.delta, check_split(spec.split))
     except ValueError as error:
-        raise BadRequest(f"DP-SGD cannot train at epsilon {epsilon:g}; nothing was charged "
-                         f"for it: {error}") from error
+        raise BadRequest(f"DP-SGD cannot train at epsilon {epsilon:g} (its grant step's share); "
+                         f"nothing was charged for it: {error}") from error
 
 
 def _line(iteration: Iteration, metric: str) -> str:

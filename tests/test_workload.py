@@ -1,15 +1,26 @@
 """The workload simulator drives the real ledger: budgets are conserved, and the strategies
 order as Sage §5.4 says at a fixed seed."""
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from sage_tfx.pipelines.workload import (STRATEGIES, BlockConserve, InverseEpsilonComplexity,
-                                         ValidationBoundComplexity, WorkloadConfig,
-                                         draw_pipelines, fit_validation_bound, simulate)
+import sage_tfx
+
+# The simulator is a research tool beside the benchmarks (not a package): loaded by path. The
+# repository root is the sage_tfx package.
+REPOSITORY = os.path.dirname(os.path.abspath(sage_tfx.__file__))
+_loaded = importlib.util.spec_from_file_location(
+    "workload_sim", os.path.join(REPOSITORY, "benchmarks", "workload_sim.py"))
+workload_sim = sys.modules["workload_sim"] = importlib.util.module_from_spec(_loaded)
+_loaded.loader.exec_module(workload_sim)
+from workload_sim import (STRATEGIES, BlockConserve, InverseEpsilonComplexity,  # noqa: E402
+                          ValidationBoundComplexity, WorkloadConfig, draw_pipelines,
+                          fit_validation_bound, simulate)
 
 CONFIG = WorkloadConfig(0.6, arrival_hours=60, drain_hours=30)
 
@@ -93,7 +104,7 @@ def test_benchmark_quick_prints_the_contract(tmp_path):
     plot = tmp_path / "fig8.png"
     out = subprocess.run([sys.executable, "benchmarks/workload.py", "--quick", "--json",
                           "--plot", str(plot)], capture_output=True, text=True, check=True,
-                         cwd=__file__.rsplit("/tests/", 1)[0]).stdout
+                         cwd=REPOSITORY).stdout
     result = json.loads(out)
     rates = result["arrival_rates_per_hour"]
     assert set(result["strategies"]) == set(STRATEGIES)
