@@ -11,6 +11,7 @@ from typing import Mapping, Optional
 from sage_tfx.choices import Choice
 from sage_tfx.components.dp_trainer.calibrate import (DEFAULT_MAX_NOISE_MULTIPLIER, Calibration,
                                                       calibrate)
+from sage_tfx.components.oblivious_sample_gen import accounting
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import DEFAULT_EPOCHS, plan
 from sage_tfx.sage_access.accounting import split_share
@@ -62,7 +63,11 @@ def preflight(trainer: Mapping, sampling: Optional[Mapping], epsilon: float, del
         return
     share_epsilon, share_delta = split_share(epsilon, delta, split,
                                              trainer.get("grant_step") or DEFAULT_GRANT_STEP)
-    samples = plan(Scheme.POISSON, POISSON_STAND_IN_N, sampling.get("epochs") or DEFAULT_EPOCHS,
-                   gamma=sampling.get("gamma"))
+    # ObliviousSampleGen sizes Poisson samples from a DP count (it refuses a public size), so
+    # their descriptor carries the count's truncation probability (accounting.sized_for).
+    samples = dataclasses.replace(
+        plan(Scheme.POISSON, POISSON_STAND_IN_N, sampling.get("epochs") or DEFAULT_EPOCHS,
+             gamma=sampling.get("gamma")),
+        size_truncation_probability=accounting.SIZE_TRUNCATION_PROBABILITY)
     calibrate_run(samples, trainer.get("epochs"), share_epsilon, share_delta,
                   trainer.get("max_noise_multiplier"))
