@@ -315,6 +315,11 @@ class BlockStrategy(Strategy):
         return [float(available_to(block, pipeline.name)[0])
                 if pipeline.name in block.reservations else free for block, free in self._live]
 
+    def usable(self, allowances: list[float]) -> list[float]:
+        """The allowances that pay the ledger's minimum request, largest first."""
+        return sorted((a for a in allowances if a >= self.config.min_request_epsilon),
+                      reverse=True)
+
     def train(self, pipeline: Pipeline, epsilon: float, allowances: list[float]) -> str:
         """Train on every block that can pay `epsilon` (Sage §6: "as much data as is available
         ..."), unless that is no more than the last RETRY had: then wait for more data."""
@@ -345,8 +350,7 @@ class BlockAggressive(BlockStrategy):
 
     def attempt(self, pipeline: Pipeline, hour: int) -> str:
         allowances = self.allowances(pipeline)
-        usable = sorted((a for a in allowances if a >= self.config.min_request_epsilon),
-                        reverse=True)
+        usable = self.usable(allowances)
         if not usable:
             return WAIT
         window = max(range(1, len(usable) + 1), key=lambda w: (w * usable[w - 1], w))
@@ -358,8 +362,7 @@ class BlockConserve(BlockStrategy):
 
     def attempt(self, pipeline: Pipeline, hour: int) -> str:
         allowances = self.allowances(pipeline)
-        usable = sorted((a for a in allowances if a >= self.config.min_request_epsilon),
-                        reverse=True)
+        usable = self.usable(allowances)
         # At least `window` blocks, at the planned epsilon or at what that many blocks can pay.
         options = [(w, min(pipeline.epsilon, usable[w - 1]))
                    for w in range(max(pipeline.window, 1), len(usable) + 1)]
