@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
 
+from sage_tfx.sage_access.exact import exact_decimal
+
 SCHEMES = ("swo", "poisson", "shuffle")
 
 
@@ -55,7 +57,7 @@ class SamplingDescriptor:
         return self.gamma * self.n if self.scheme == "poisson" else float(self.sample_size)
 
     def to_properties(self) -> dict[str, str | int]:
-        return {f"sampling_{key}": (repr(value) if isinstance(value, float) else
+        return {f"sampling_{key}": (exact_decimal(value) if isinstance(value, float) else
                                     "" if value is None else value)
                 for key, value in asdict(self).items()}
 
