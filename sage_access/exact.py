@@ -36,6 +36,7 @@ def set_exact_property(artifact, name: str, value) -> None:
 
 
 def exact_property(artifact, name: str) -> Optional[float]:
-    """The float a TFX artifact stored with `set_exact_property` (None when it has none)."""
-    properties = artifact.mlmd_artifact.custom_properties
+    """The float stored with `set_exact_property` (None when there is none), read from a TFX
+    artifact or an MLMD record."""
+    properties = getattr(artifact, "mlmd_artifact", artifact).custom_properties
     return float(properties[name].string_value) if name in properties else None

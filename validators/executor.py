@@ -18,6 +18,7 @@ from sage_tfx.components.util.examples_io import TEST_SPLIT, read_split
 from sage_tfx.components.util.losses import with_reduction
 from sage_tfx.components.util.user_module import RecordDecoder, UserModule
 from sage_tfx.sage_access.accounting import pure_dp_event
+from sage_tfx.sage_access.exact import set_exact_property
 from sage_tfx.validators import constants
 from sage_tfx.validators.slaed import ACCEPT, accuracy_validator, loss_validator
 
@@ -117,12 +118,11 @@ class Executor(base_executor.BaseExecutor):
         blessing.set_int_custom_property(constants.CURRENT_MODEL_ID, model.id)
         blessing.set_string_custom_property(constants.OUTCOME, result.outcome)
         blessing.set_string_custom_property(constants.METRIC, metric)
-        # Exact decimal strings: ML Metadata's SQLite backend rounds doubles to 6 places.
         for name, value in ((constants.DP_METRIC, result.dp_estimate),
                             (constants.LOWER_BOUND, result.lower_bound),
                             (constants.UPPER_BOUND, result.upper_bound), (constants.TARGET, target),
                             (constants.CONFIDENCE, confidence), (constants.EPSILON_USED, epsilon)):
-            blessing.set_string_custom_property(name, repr(float(value)))
+            set_exact_property(blessing, name, value)
         console.report("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
                        "confidence %.3g, epsilon %.3g)", result.outcome, metric, result.dp_estimate,
                        metric, result.lower_bound, result.upper_bound, confidence, epsilon)

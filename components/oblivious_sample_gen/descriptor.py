@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
 
 from sage_tfx.choices import Choice
+from sage_tfx.sage_access.exact import exact_decimal
 
 
 class Scheme(Choice):
@@ -62,7 +63,7 @@ class SamplingDescriptor:
         return self.gamma * self.n if self.scheme == Scheme.POISSON else float(self.sample_size)
 
     def to_properties(self) -> dict[str, str | int]:
-        return {f"sampling_{key}": (repr(value) if isinstance(value, float) else
+        return {f"sampling_{key}": (exact_decimal(value) if isinstance(value, float) else
                                     "" if value is None else value)
                 for key, value in asdict(self).items()}
 
