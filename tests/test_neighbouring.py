@@ -5,7 +5,6 @@ import csv
 import logging
 import os
 import shutil
-import sys
 
 import pytest
 from tfx.orchestration import metadata, pipeline
@@ -16,8 +15,7 @@ from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedul
 from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.sage_access import BlockLedger
 
-sys.path.insert(0, os.path.dirname(__file__))
-from neighbouring import differences, fingerprint  # noqa: E402
+from support.neighbouring import differences, fingerprint
 
 # The stream's public schedule: four months, the last of which has no trip at all.
 SCHEDULE = month_schedule("2024-01", "2024-04")

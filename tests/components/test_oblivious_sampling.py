@@ -7,7 +7,6 @@ a correct sampler fails it with a fresh seed.
 import dataclasses
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -24,8 +23,7 @@ from sage_tfx.components.oblivious_sample_gen.sampling import (plan, samples_poi
                                                                shuffle_and_split, to_size)
 from sage_tfx.components.oblivious_sample_gen.trace import dataset
 
-sys.path.insert(0, os.path.dirname(__file__))
-from oracles import gaussian_epsilon  # noqa: E402
+from support.oracles import gaussian_epsilon
 
 
 def ids_of(samples) -> list[np.ndarray]:

@@ -8,14 +8,15 @@ import sys
 from sage_tfx.examples.taxi.pipeline import INITIAL_EPSILON, MIN_WINDOW
 from sage_tfx.pipelines.kubeflow import KUBEFLOW_LEDGER_STORE
 
+from support import REPO_ROOT
+
 COMPONENTS = {"BlockExampleGen", "BlockLedger", "DPTransform", "DPTrainer", "SLAedValidator",
               "Pusher"}
 
 
 REQUIRED = ["--image", "example.com/sage-tfx:0.1.0", "--pipeline-root", "gs://bucket/sage"]
 TAXI = [*REQUIRED, "--data-root", "gs://bucket/taxi/new-months"]
-FIRST_PIPELINE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              "examples", "first_pipeline.py")
+FIRST_PIPELINE = os.path.join(REPO_ROOT, "examples", "first_pipeline.py")
 
 
 def _compile(tmp_path, *extra, options=TAXI):

@@ -11,6 +11,8 @@ from sage_tfx.pipelines.workload import (STRATEGIES, BlockConserve, InverseEpsil
                                          ValidationBoundComplexity, WorkloadConfig,
                                          draw_pipelines, fit_validation_bound, simulate)
 
+from support import REPO_ROOT
+
 CONFIG = WorkloadConfig(0.6, arrival_hours=60, drain_hours=30)
 
 
@@ -93,7 +95,7 @@ def test_benchmark_quick_prints_the_contract(tmp_path):
     plot = tmp_path / "fig8.png"
     out = subprocess.run([sys.executable, "benchmarks/workload.py", "--quick", "--json",
                           "--plot", str(plot)], capture_output=True, text=True, check=True,
-                         cwd=__file__.rsplit("/tests/", 1)[0]).stdout
+                         cwd=REPO_ROOT).stdout
     result = json.loads(out)
     rates = result["arrival_rates_per_hour"]
     assert set(result["strategies"]) == set(STRATEGIES)

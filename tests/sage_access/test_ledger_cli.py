@@ -13,6 +13,8 @@ import pytest
 
 from sage_tfx.sage_access import BlockLedger
 
+from support import REPO_ROOT
+
 CLI = [sys.executable, "-m", "sage_tfx.cli"]
 
 
@@ -304,8 +306,7 @@ def test_readme_cli_section_matches_the_parser():
     codes it documents are the ones the CLI uses."""
     from sage_tfx.sage_access import cli as ledger_cli
 
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "README.md")).read()
+    readme = open(os.path.join(REPO_ROOT, "README.md")).read()
     section = readme[readme.index("### CLI"):readme.index("## The main job")]
     listed = set(re.findall(r"sage-tfx ledger --store PATH ([a-z-]+)", section))
     groups = argparse.ArgumentParser().add_subparsers()
