@@ -321,6 +321,7 @@ def test_readme_cli_section_matches_the_parser():
         assert re.search(rf"{code} [^;]*{meaning}", section), (code, meaning)
 
 
+@pytest.mark.slow
 def test_init_adds_a_ledger_to_an_existing_metadata_store(tmp_path):
     """A pipeline's own ML Metadata store may hold the ledger (grants then show in its lineage)."""
     from sage_tfx.sage_access import connect
