@@ -1,5 +1,5 @@
 """Issue 16 §1: ingest two datasets that differ by one record; every non-DP value the platform
-stores (ML Metadata, blocks.json, the run's outputs) or logs is identical (tests/neighbouring.py
+stores (ML Metadata, blocks.json, the run's outputs) or logs is identical (tests/support/neighbouring.py
 says exactly what is compared)."""
 import csv
 import logging
