@@ -75,7 +75,7 @@ def test_a_grant_that_cannot_run_is_refused_at_compile_time(tmp_path):
 
 @pytest.mark.slow
 def test_compiles_a_user_pipeline_module(tmp_path):
-    """--pipeline-module: the README's plain-Pipeline example compiles as it is."""
+    """--pipeline-module: the plain-Pipeline example of docs/pipelines.md compiles as it is."""
     job = _compile(tmp_path, "--pipeline-module", FIRST_PIPELINE + ":training_pipeline",
                    options=REQUIRED)
     assert set(job["pipelineSpec"]["root"]["dag"]["tasks"]) == {

@@ -3,7 +3,7 @@ pythonpath, so a test in any folder imports them as `support.<module>`."""
 import os
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# The clone: README.md, the Dockerfile, benchmarks/ and examples/ are read from here.
+# The clone: docs/, the Dockerfile, setup.cfg, benchmarks/ and examples/ are read from here.
 REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
 
 # Files the code under test loads by path: a DPTrainer module file and a ledger worker process.
