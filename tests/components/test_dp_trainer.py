@@ -47,6 +47,7 @@ def test_calibration_spends_the_target_and_no_more(scheme):
                               epsilon_cap=10.0) > 2.0
 
 
+@pytest.mark.slow
 def test_calibrate_command_prints_the_contract():
     out = subprocess.run(
         [sys.executable, "-m", "sage_tfx.components.dp_trainer.calibrate", "--scheme", "poisson",

@@ -61,6 +61,7 @@ def test_dp_sgd_mode_adds_the_sampler(tmp_path):
     assert constant["epsilon"]["doubleValue"] == INITIAL_EPSILON["dp_sgd"]
 
 
+@pytest.mark.slow
 def test_a_grant_that_cannot_run_is_refused_at_compile_time(tmp_path):
     out = tmp_path / "taxi.json"
     for option, message in (("--window", "window must be a positive number of blocks, got 0"),

@@ -36,6 +36,7 @@ def test_no_block_exceeds_its_ceiling_and_reservations_add_up(strategy):
         assert holders <= waiting
 
 
+@pytest.mark.slow
 def test_strategies_order_as_in_sage_at_a_fixed_seed():
     config = WorkloadConfig(0.7, arrival_hours=120, drain_hours=60)
     release = {s: simulate(s, config, seed=1) for s in STRATEGIES}

@@ -87,6 +87,7 @@ def _application_database(path):
     connection.close()
 
 
+@pytest.mark.slow
 def test_no_command_changes_a_file_that_is_not_a_ledger(tmp_path, store_path):
     """Section 1: an application database, an empty file, a truncated ledger, a directory, and
     an ML Metadata store without a ledger are refused by every command and stay byte-for-byte
@@ -221,6 +222,7 @@ def _png_size(path):
     return width, height
 
 
+@pytest.mark.slow
 def test_plot_stays_readable_and_show_survives_a_closed_pipe_at_300_blocks(store_path,
                                                                             tmp_path):
     ledger_api = BlockLedger.create(store_path)
@@ -358,6 +360,7 @@ def _rdp_ledger_with_api_and_cli_grants(store_path):
     assert code == 0 and json.loads(out)["granted"]
 
 
+@pytest.mark.slow
 def test_rdp_ledger_shows_the_filters_guarantee_after_api_and_cli_grants(store_path, tmp_path):
     """After the merge of the CLI and the grant work: every view of an rdp ledger shows the
     filter's guarantee (the ceiling of a charged block), never a converted spent curve labelled
@@ -382,6 +385,7 @@ def test_rdp_ledger_shows_the_filters_guarantee_after_api_and_cli_grants(store_p
     assert code == 0 and "share of capacity" in out, err
 
 
+@pytest.mark.slow
 def test_rdp_grants_show_split_and_events_and_denials_name_reservations(store_path):
     _rdp_ledger_with_api_and_cli_grants(store_path)
     code, out, err = ledger(store_path, "grants")
