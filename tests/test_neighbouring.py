@@ -87,7 +87,6 @@ def _ingest_and_grant(root, trips):
     return fingerprint(store, root, log.lines)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("removed", [0, len(TRIPS) - 1])
 def test_ingestion_and_grant_store_nothing_that_depends_on_one_record(tmp_path, removed):
     root = str(tmp_path / "run")  # the same path for both runs
