@@ -9,13 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-import sage_tfx
+from support import REPO_ROOT
 
-# The simulator is a research tool beside the benchmarks (not a package): loaded by path. The
-# repository root is the sage_tfx package.
-REPOSITORY = os.path.dirname(os.path.abspath(sage_tfx.__file__))
+# The simulator is a research tool beside the benchmarks (not a package): loaded by path.
 _loaded = importlib.util.spec_from_file_location(
-    "workload_sim", os.path.join(REPOSITORY, "benchmarks", "workload_sim.py"))
+    "workload_sim", os.path.join(REPO_ROOT, "benchmarks", "workload_sim.py"))
 workload_sim = sys.modules["workload_sim"] = importlib.util.module_from_spec(_loaded)
 _loaded.loader.exec_module(workload_sim)
 from workload_sim import (STRATEGIES, BlockConserve, InverseEpsilonComplexity,  # noqa: E402
@@ -45,6 +43,7 @@ def test_no_block_exceeds_its_ceiling_and_reservations_add_up(strategy):
         assert holders <= waiting
 
 
+@pytest.mark.slow
 def test_strategies_order_as_in_sage_at_a_fixed_seed():
     config = WorkloadConfig(0.7, arrival_hours=120, drain_hours=60)
     release = {s: simulate(s, config, seed=1) for s in STRATEGIES}
@@ -104,7 +103,7 @@ def test_benchmark_quick_prints_the_contract(tmp_path):
     plot = tmp_path / "fig8.png"
     out = subprocess.run([sys.executable, "benchmarks/workload.py", "--quick", "--json",
                           "--plot", str(plot)], capture_output=True, text=True, check=True,
-                         cwd=REPOSITORY).stdout
+                         cwd=REPO_ROOT).stdout
     result = json.loads(out)
     rates = result["arrival_rates_per_hour"]
     assert set(result["strategies"]) == set(STRATEGIES)

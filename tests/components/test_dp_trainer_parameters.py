@@ -1,12 +1,9 @@
 """DPTrainer's preflight: the driver's pre-grant check is the trainer's own calibration, with the
-trainer's defaults (epochs from the samples, its grant step), and bad choices name the allowed
-values."""
+trainer's defaults (epochs from the samples, its grant step); a bad mode names the allowed ones."""
 import pytest
 
 from sage_tfx.components.dp_trainer import TrainerMode, preflight
 from sage_tfx.components.dp_trainer.calibrate import CalibrationError
-from sage_tfx.pipelines.policy import Policy, PolicyName, after_retry
-from sage_tfx.sage_access import BadRequest
 
 SPLIT = {"transform": 0.1, "training": 0.1, "fit": 0.4, "validation": 0.4}
 POISSON = {"scheme": "poisson", "gamma": 0.05, "epochs": 5}  # 20 steps per epoch
@@ -26,18 +23,9 @@ def test_preflight_uses_the_trainers_epochs_and_grant_step():
     preflight(trainer, {"scheme": "swo", "sample_size": 64, "epochs": 5}, 2.0, 1e-6, SPLIT)
 
 
-def test_bad_choices_name_the_allowed_values():
+def test_a_bad_mode_names_the_allowed_ones():
     with pytest.raises(ValueError, match=r"unknown trainer mode 'sgd'; use one of "
                                          r"\('dp_sgd', 'adassp'\)"):
         preflight({"mode": "sgd"}, POISSON, 2.0, 1e-6, SPLIT)
-    with pytest.raises(BadRequest, match=r"unknown policy 'fast'; use one of "
-                                         r"\('conserve', 'aggressive'\)"):
-        Policy("fast").check()
-    # The enums keep the string values TFX parameters and ML Metadata hold.
-    assert TrainerMode.DP_SGD == "dp_sgd" and f"{PolicyName.CONSERVE}" == "conserve"
-
-
-def test_after_retry_doubles_epsilon_only_when_conserve_can_pay_it():
-    assert after_retry("conserve", 0.5, 4, lambda epsilon: 4) == (1.0, 4)
-    assert after_retry("conserve", 0.5, 4, lambda epsilon: 3) == (0.5, 8)
-    assert after_retry("aggressive", 0.5, 4, lambda epsilon: 10) == (0.5, 8)
+    # The enum keeps the string values TFX parameters and ML Metadata hold.
+    assert TrainerMode.DP_SGD == "dp_sgd" and f"{TrainerMode.ADASSP}" == "adassp"
