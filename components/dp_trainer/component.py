@@ -40,8 +40,8 @@ class DPTrainerSpec(component_spec.ComponentSpec):
 
 
 class DPTrainer(base_component.BaseComponent):
-    """Trains the model of `module_file` (see components/util/user_module.py) under the grant's `grant_step`
-    share of (epsilon, delta).
+    """Trains the model of `module_file` (see components/util/user_module.py) under the grant's
+    `grant_step` share of (epsilon, delta).
 
     mode 'dp_sgd': `examples` are ObliviousSampleGen's samples; the noise multiplier is
     calibrated so that the accounted (epsilon, delta) of the sampling that ran, for the steps
@@ -61,7 +61,8 @@ class DPTrainer(base_component.BaseComponent):
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, module_file: str,
-                 mode: str = DEFAULT_MODE, grant_step: str = DEFAULT_GRANT_STEP, epochs: Optional[int] = None,
+                 mode: str = DEFAULT_MODE, grant_step: str = DEFAULT_GRANT_STEP,
+                 epochs: Optional[int] = None,
                  l2_norm_clip: Optional[float] = None, learning_rate: Optional[float] = None,
                  max_noise_multiplier: Optional[float] = None,
                  feature_bound: Optional[float] = None, label_bound: Optional[float] = None,
@@ -70,10 +71,11 @@ class DPTrainer(base_component.BaseComponent):
                  encryption_key_env: Optional[str] = None, seed: Optional[int] = None):
         mode = TrainerMode.parse(mode, "trainer mode")
         needed = (("l2_norm_clip", l2_norm_clip), ("learning_rate", learning_rate)) \
-            if mode == TrainerMode.DP_SGD else (("feature_bound", feature_bound), ("label_bound", label_bound))
+            if mode == TrainerMode.DP_SGD \
+            else (("feature_bound", feature_bound), ("label_bound", label_bound))
         missing = [name for name, value in needed if value is None]
         if missing:
-            raise ValueError(f"mode {mode!r} needs {missing}")
+            raise ValueError(f"mode {mode.value!r} needs {missing}")
         super().__init__(spec=DPTrainerSpec(
             module_file=module_file, mode=mode, grant_step=grant_step, epochs=epochs,
             l2_norm_clip=l2_norm_clip, learning_rate=learning_rate,

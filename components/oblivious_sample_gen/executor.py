@@ -59,7 +59,7 @@ def sample(records: tf.Tensor, exec_properties: dict[str, Any], size: int):
         return samples_poisson(records, float(gamma), **common)
     sample_size = exec_properties.get("sample_size")
     if sample_size is None:
-        raise ValueError(f"scheme {scheme!r} needs sample_size")
+        raise ValueError(f"scheme {scheme.value!r} needs sample_size")
     sampler = samples_swo if scheme == Scheme.SWO else shuffle_and_split
     return sampler(records, int(sample_size), **common)
 

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name in chosen:
         # Each pipeline gets its own replay of the stream and its own ledger, so either can be
-        # run alone; pipelines sharing one stream's blocks are what benchmarks/workload_sim.py shows.
+        # run alone; pipelines sharing one stream's blocks are what benchmarks/workload_sim.py
+        # shows.
         workdir = os.path.abspath(os.path.join(args.workdir, name))
         os.makedirs(workdir)
         store = os.path.join(workdir, "metadata.sqlite")
