@@ -294,12 +294,9 @@ class LedgerRecords:
         return execution
 
     def grant_executions(self, oldest_first: bool = False) -> list[pb.Execution]:
-        options = metadata_store.ListOptions(filter_query=ledger_filter(GRANT_TYPE, self.context))
-        if oldest_first:
-            options = metadata_store.ListOptions(
-                order_by=metadata_store.OrderByField.ID, is_asc=True,
-                filter_query=ledger_filter(GRANT_TYPE, self.context))
-        return self.store.get_executions(list_options=options)
+        order = {"order_by": metadata_store.OrderByField.ID, "is_asc": True} if oldest_first else {}
+        return self.store.get_executions(list_options=metadata_store.ListOptions(
+            filter_query=ledger_filter(GRANT_TYPE, self.context), **order))
 
     def grant_of(self, execution: pb.Execution) -> Grant:
         """A Grant execution of this ledger, decoded."""
