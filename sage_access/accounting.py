@@ -15,7 +15,7 @@ on the mode (only the CLI's tables name it, to label their units):
 
 Neighbouring relation: add-or-remove-one record (Sage Appendix A.1). A request states its
 (epsilon, delta) or RDP curve already in that relation; mechanisms analysed under replace-one must
-convert before asking (see DESIGN.md).
+convert before asking (see docs/architecture.md).
 
 Basic composition (Sage Theorem 4.3, proof in Appendix A.2)
 -----------------------------------------------------------
