@@ -46,7 +46,7 @@ from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import step_events
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.accounting import split_share
-from sage_tfx.sage_access.ledger import check_split
+from sage_tfx.sage_access.accounting import check_split
 from sage_tfx.validators.component import SLAedValidator
 from sage_tfx.validators.slaed import ACCEPT, REJECT
 
