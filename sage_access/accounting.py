@@ -2,13 +2,14 @@
 
 A block's state is a budget *vector*: `[epsilon, delta]` under basic composition, or one RDP value
 per order under the Rényi filter. Each mode is one object (`accounting_for`, chosen once when a
-ledger opens) answering the same questions, so the ledger, the allocation policy and the CLI never
-branch on the mode:
+ledger opens) answering the same questions, so the ledger and the allocation policy never branch
+on the mode (only the CLI's tables name it, to label their units):
 
 * `capacity(epsilon_g, delta_g)`: the vector a fresh block may spend;
 * `demand(request)`: the vector a request charges; `grant_demand(request, split, events)`: what a
   grant charges given what its steps run, and `granted_epsilon` what it records as granted;
 * `fits(used, demand, limit)`: may `used + demand` be spent against `limit`?
+* `requires_step_events`: must a grant give the DP event of every step of its split?
 * `guarantee(spent, ...)`, `budget_view(block, pipeline)` and `remaining(block, pipeline)`: what a
   block has given up and has left, in the unit the ledger grants.
 
@@ -176,7 +177,7 @@ class BasicComposition:
         """The epsilon a grant records: the request's, or what its RDP curve converted to."""
         return request.epsilon if request.epsilon is not None else float(demand[0])
 
-    def budget_view(self, block, pipeline: Optional[str] = None) -> dict:
+    def budget_view(self, block: allocation.BlockState, pipeline: Optional[str] = None) -> dict:
         """What the block has spent, reserved, free and available to `pipeline` (module
         docstring), in epsilon: a request fits when its epsilon is within its
         pipeline's reservation plus the free budget, and likewise for delta."""
@@ -186,7 +187,7 @@ class BasicComposition:
                 "free": float(free[0]), "delta_free": float(free[1]),
                 "available": float(max(available[0], 0.0))}
 
-    def remaining(self, block, pipeline: Optional[str] = None) -> str:
+    def remaining(self, block: allocation.BlockState, pipeline: Optional[str] = None) -> str:
         """A readable account of what the block has left: the sums spent, the (epsilon, delta)
         `pipeline` may still draw and what is reserved for the other waiting pipelines."""
         epsilon_spent, delta_spent = self.guarantee(
@@ -273,7 +274,7 @@ class RenyiFilter:
         """The epsilon a grant records: the request's; an RDP curve grants no epsilon."""
         return request.epsilon
 
-    def budget_view(self, block, pipeline: Optional[str] = None) -> dict:
+    def budget_view(self, block: allocation.BlockState, pipeline: Optional[str] = None) -> dict:
         """What the block has spent, reserved, free and available to `pipeline` (module
         docstring), as shares of the filter's capacity at one order, the order with the
         most room for `pipeline` (the filter admits a curve while some order still fits, so no
@@ -292,7 +293,7 @@ class RenyiFilter:
                 "reserved": {k: share(v) for k, v in reservations.items()},
                 "free": share(free), "available": share(available)}
 
-    def remaining(self, block, pipeline: Optional[str] = None) -> str:
+    def remaining(self, block: allocation.BlockState, pipeline: Optional[str] = None) -> str:
         """A readable account of what the block has left: the filter certifies its ceiling; its
         capacity at one order (budget_view) tells what is left, and what is reserved for the
         other waiting pipelines."""
@@ -309,7 +310,7 @@ class RenyiFilter:
 
 # Both modes' `budget_view` is in the unit the ledger grants (what `show`, `plot` and denial
 # messages say); a retired block has nothing free.
-def _budget_parts(block, pipeline: Optional[str]):
+def _budget_parts(block: allocation.BlockState, pipeline: Optional[str]):
     """(reservations, free, available to `pipeline`) of a block, as budget vectors."""
     reservations = {name: np.maximum(v, 0.0) for name, v in sorted(block.reservations.items())}
     # A retired block grants nothing again: its leftover (below the minimum request) is not free.
@@ -318,7 +319,9 @@ def _budget_parts(block, pipeline: Optional[str]):
     return reservations, free, allocation.available_to(block, pipeline) * live
 
 
-def _with_reservations(text: str, view: dict, block, pipeline: Optional[str], unit) -> str:
+def _with_reservations(text: str, view: dict, block: allocation.BlockState,
+                       pipeline: Optional[str], unit) -> str:
+    """`text`, then what `view` reserves for the other waiting pipelines (in `unit`)."""
     others = {name: value for name, value in view["reserved"].items()
               if name != pipeline and value > 0}
     text += ", reserved for other pipelines: " + (", ".join(

@@ -257,7 +257,7 @@ def _request(args) -> int:
     ledger = _open(args)
     selector = BlockIds(_requested_blocks(args)) if args.blocks is not None \
         else RecentWindow(args.window)
-    if args.noise_multiplier is None and ledger.accounting.name == "rdp" and args.delta > 0:
+    if args.noise_multiplier is None and ledger.accounting.requires_step_events and args.delta > 0:
         # The ledger would ask for each step's DP event, which only the Python API can give.
         raise BadRequest("an rdp ledger charges RDP curves: an (epsilon, delta > 0) grant needs "
                          "its mechanism's rdp_curve; use --gaussian-noise-multiplier Z "

@@ -271,7 +271,8 @@ class BlockLedger:
                           blocks=tuple(block.block_id for _, block in chosen),
                           epsilon=self.accounting.granted_epsilon(budget, demand),
                           delta=budget.delta, rdp_curve=budget.rdp_curve, pipeline=pipeline,
-                          execution_id=-1, split=split, events=recorded_events)
+                          execution_id=-1,  # known once committed, below
+                          split=split, events=recorded_events)
             changes = []
             for artifact, block in chosen:
                 version = get_property(artifact, "version") + 1

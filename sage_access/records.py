@@ -294,12 +294,9 @@ class LedgerRecords:
         return execution
 
     def grant_executions(self, oldest_first: bool = False) -> list[pb.Execution]:
-        options = metadata_store.ListOptions(filter_query=ledger_filter(GRANT_TYPE, self.context))
-        if oldest_first:
-            options = metadata_store.ListOptions(
-                order_by=metadata_store.OrderByField.ID, is_asc=True,
-                filter_query=ledger_filter(GRANT_TYPE, self.context))
-        return self.store.get_executions(list_options=options)
+        order = {"order_by": metadata_store.OrderByField.ID, "is_asc": True} if oldest_first else {}
+        return self.store.get_executions(list_options=metadata_store.ListOptions(
+            filter_query=ledger_filter(GRANT_TYPE, self.context), **order))
 
     def grant_of(self, execution: pb.Execution) -> Grant:
         """A Grant execution of this ledger, decoded."""
@@ -314,35 +311,38 @@ class LedgerRecords:
                      events=json.loads(get_property(execution, "events", "{}")))
 
     # ------------------------------------------------- what a grant released and who used it
-    def _data_name(self, grant_id: str, uri: str) -> str:
-        """The unique name of the record that `grant_id` released (or derived) data at `uri`."""
-        digest = hashlib.sha256(uri.encode()).hexdigest()[:32]
-        return f"{self.context}/grant-{grant_id}/data/{digest}"
+    # Append-only records named `<context>/grant-<id>/<kind>/<key>`: the unique name makes a
+    # second record of the same data or share fail as a whole (see transaction.py).
+    def _grant_record(self, type_name: str, grant_id: str, kind: str, key: str,
+                      **values) -> pb.Artifact:
+        record = pb.Artifact(type_id=self.types[type_name],
+                             name=f"{self.context}/grant-{grant_id}/{kind}/{key}")
+        set_properties(record, dict(values, ledger=self.context, grant_id=grant_id))
+        return record
+
+    def _recorded(self, record: pb.Artifact, type_name: str) -> Optional[pb.Artifact]:
+        """The stored record of `type_name` with `record`'s name (None if there is none)."""
+        return self.store.get_artifact_by_type_and_name(type_name, record.name)
+
+    @staticmethod
+    def _data_key(uri: str) -> str:
+        return hashlib.sha256(uri.encode()).hexdigest()[:32]
 
     def data_record(self, grant_id: str, uri: str, producer: str) -> pb.Artifact:
-        record = pb.Artifact(type_id=self.types[GRANT_DATA_TYPE],
-                             name=self._data_name(grant_id, uri))
-        set_properties(record, {"ledger": self.context, "grant_id": grant_id, "uri": uri,
-                                "producer": producer})
-        return record
+        """The record that `grant_id` released (or `producer` derived from it) data at `uri`."""
+        return self._grant_record(GRANT_DATA_TYPE, grant_id, "data", self._data_key(uri),
+                                  uri=uri, producer=producer)
 
     def has_data(self, grant_id: str, uri: str) -> bool:
-        record = self.store.get_artifact_by_type_and_name(
-            GRANT_DATA_TYPE, self._data_name(grant_id, uri))
+        record = self._recorded(self.data_record(grant_id, uri, ""), GRANT_DATA_TYPE)
         return record is not None and get_property(record, "uri") == uri
 
-    def _share_use_name(self, grant_id: str, step: str) -> str:
-        return f"{self.context}/grant-{grant_id}/share/{step}"
-
     def share_use_record(self, grant_id: str, step: str, consumer: str) -> pb.Artifact:
-        record = pb.Artifact(type_id=self.types[SHARE_USE_TYPE],
-                             name=self._share_use_name(grant_id, step))
-        set_properties(record, {"ledger": self.context, "grant_id": grant_id, "step": step,
-                                "consumer": consumer})
-        return record
+        """The record that `consumer` used `step`'s share of `grant_id`."""
+        return self._grant_record(SHARE_USE_TYPE, grant_id, "share", step, step=step,
+                                  consumer=consumer)
 
     def share_consumer(self, grant_id: str, step: str) -> Optional[str]:
         """Who consumed `step`'s share of `grant_id` (None if nobody recorded it)."""
-        record = self.store.get_artifact_by_type_and_name(
-            SHARE_USE_TYPE, self._share_use_name(grant_id, step))
+        record = self._recorded(self.share_use_record(grant_id, step, ""), SHARE_USE_TYPE)
         return None if record is None else get_property(record, "consumer")

@@ -1,7 +1,7 @@
 """The BlockLedger's optimistic-concurrency transaction on ML Metadata.
 
-ML Metadata has no multi-call transactions, and read-modify-write of a property loses updates
-(STACK.md). Every ledger change is therefore a single `put_execution` call, which MLMD commits
+ML Metadata has no multi-call transactions, and read-modify-write of a property loses updates.
+Every ledger change is therefore a single `put_execution` call, which MLMD commits
 atomically, and which creates a record with a *unique name* for every state it replaces: the next
 `BlockVersion` of each block it charges (and the next `LedgerVersion` for changes of the ledger
 state). Two writers that read the same version both try to create the same name; MLMD rejects the

@@ -30,6 +30,7 @@ from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitis
 from sage_tfx.components.util.examples_io import SPLITS, TRAIN_SPLIT
 from sage_tfx.components.util.user_module import import_module_file
 from sage_tfx.sage_access.accounting import pure_dp_event
+from sage_tfx.sage_access.exact import set_exact_property
 
 RECORDS = "data_tfrecord-00000-of-00001.gz"
 
@@ -153,5 +154,5 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             transform_graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR))
         carry_grant(grant, transformed, "DPTransform")
         transform_graph.set_string_custom_property("sage_grant_id", grant.grant_id)
-        transform_graph.set_string_custom_property(
-            "dp_epsilon", repr(epsilon * sum(share for _, share in shares)))
+        set_exact_property(transform_graph, "dp_epsilon",
+                           epsilon * sum(share for _, share in shares))

@@ -4,7 +4,7 @@ It describes the layout the trainer reads (epochs one after another, each `slots
 slots long, in units of `slot_width` slots, one unit per step) and everything the accountant
 needs. Every field is a function of public parameters and of `n`, the size the data was brought
 to: a public bound or a DP count (accounting.py). No exact count of private data is in it. It is stored as custom properties of the
-samples' Examples artifact (strings for floats: ML Metadata's SQLite backend rounds doubles).
+samples' Examples artifact (floats as exact decimal strings: sage_access/exact.py).
 """
 from __future__ import annotations
 
