@@ -699,19 +699,24 @@ class BlockLedger:
                              "a share is spent once: request a new grant") from None
         return share
 
-    def grant_records(self) -> list[dict]:
+    def grant_records(self, after: int = 0) -> list[dict]:
         """Every grant of this ledger, oldest first, as recorded: time (ms since the epoch),
         grant id, pipeline, run id, blocks, epsilon, delta, and the split among DP steps, the
         dp-accounting event of each step (as JSON) and the RDP curve when the grant recorded them.
-        Reads the whole history (operators, the CLI)."""
+        `execution_id` orders them; `after` reads only the grants whose execution_id is larger
+        (grants are append-only, so a reader that keeps what it read extends it with these).
+        Without `after`, reads the whole history (operators, the CLI)."""
+        query = (f"type = '{GRANT_TYPE}' AND "
+                 f"custom_properties.ledger.string_value = '{self.context}'")
+        if after:
+            query += f" AND id > {int(after)}"
         executions = self._store.get_executions(list_options=metadata_store.ListOptions(
-            order_by=metadata_store.OrderByField.ID, is_asc=True,
-            filter_query=f"type = '{GRANT_TYPE}' AND "
-                         f"custom_properties.ledger.string_value = '{self.context}'"))
+            order_by=metadata_store.OrderByField.ID, is_asc=True, filter_query=query))
         records = []
         for execution in executions:
             grant = self._grant_of(execution)
             records.append({
+                "execution_id": execution.id,
                 "time_ms": execution.create_time_since_epoch, "grant_id": grant.grant_id,
                 "pipeline": grant.pipeline, "run_id": _get(execution, "run_id"),
                 "blocks": list(grant.blocks), "epsilon": grant.epsilon, "delta": grant.delta,
@@ -720,6 +725,41 @@ class BlockLedger:
                 "events": grant.events if _get(execution, "events") else None,
                 "rdp_curve": list(grant.rdp_curve) if grant.rdp_curve else None})
         return records
+
+    def latest_change(self) -> int:
+        """The id of the newest execution recorded in this ledger context (a grant, a new block,
+        a pipeline registered or finished, ...): every change of a balance is one, so a reader
+        whose value did not move has nothing new to read. 0 for a ledger without any."""
+        newest = self._store.get_executions_by_context(
+            self._context_node.id, list_options=metadata_store.ListOptions(
+                limit=1, order_by=metadata_store.OrderByField.ID, is_asc=False))
+        return newest[0].id if newest else 0
+
+    def grant_run(self, grant_id: str) -> dict:
+        """The pipeline run that spent `grant_id` and what it produced: the run contexts the
+        grant is attributed to (TFX's `pipeline_run`, Kubeflow's run, or the ledger's own
+        `sage_tfx.PipelineRun`) and every artifact of those runs but the ledger's own records
+        (type, name, uri, state, time), oldest first. A grant without a run has none."""
+        grant = self.find_grant(grant_id)
+        runs = [c for c in self._store.get_contexts_by_execution(grant.execution_id)
+                if c.id != self._context_node.id]
+        # The grant's own records (blocks, versions, data) are attributed to the run too.
+        ledger_types = set(self._types.values())
+        artifacts = sorted({artifact.id: artifact for run in runs
+                            for artifact in self._store.get_artifacts_by_context(run.id)
+                            if artifact.type_id not in ledger_types}.values(),
+                           key=lambda artifact: artifact.id)
+        type_names = {t.id: t.name for t in self._store.get_context_types_by_id(
+            sorted({c.type_id for c in runs}))} if runs else {}
+        if artifacts:
+            type_names.update((t.id, t.name) for t in self._store.get_artifact_types_by_id(
+                sorted({a.type_id for a in artifacts})))
+        return {"grant_id": grant.grant_id, "pipeline": grant.pipeline,
+                "runs": [{"type": type_names[c.type_id], "name": c.name} for c in runs],
+                "artifacts": [{"id": a.id, "type": type_names[a.type_id], "name": a.name,
+                               "uri": a.uri, "state": pb.Artifact.State.Name(a.state),
+                               "time_ms": a.create_time_since_epoch}
+                              for a in artifacts]}
 
     def audit(self) -> list[str]:
         """Re-derive every balance from the append-only history; return the inconsistencies found.
@@ -796,6 +836,7 @@ def budget_view(accounting, block: BlockState, pipeline: Optional[str] = None) -
     if accounting.name == "basic":
         return {"unit": "epsilon", "total": block.epsilon_ceiling, "spent": float(block.spent[0]),
                 "reserved": {k: float(v[0]) for k, v in reservations.items()},
+                "delta_reserved": {k: float(v[1]) for k, v in reservations.items()},
                 "free": float(free[0]), "delta_free": float(free[1]),
                 "available": float(max(available[0], 0.0))}
     capacity = block.capacity
