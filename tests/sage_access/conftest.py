@@ -35,7 +35,12 @@ def _sqlite(path: str) -> pb.ConnectionConfig:
     return config
 
 
-def rename_by_hand(path: str, block_id: str, grant_pipeline: str, new_name: str) -> None:
+@pytest.fixture
+def rename_by_hand():
+    return _rename_by_hand
+
+
+def _rename_by_hand(path: str, block_id: str, grant_pipeline: str, new_name: str) -> None:
     """Give a block and a grant's pipeline `new_name`, as a hand-edited store or another writer
     could: the ledger's own API refuses such names, the page must still show them as text."""
     store = metadata_store.MetadataStore(_sqlite(path))

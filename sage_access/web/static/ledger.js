@@ -251,6 +251,8 @@ async function start() {
   await loadContext(state.context, Object.assign({error: listing.error}, summary),
                     listing.plotly);
   document.body.dataset.ready = "true";
+  // Milliseconds from navigation to a fully drawn page (benchmarks/ledger_web.py reads it).
+  document.body.dataset.readyMs = String(Math.round(performance.now()));
 }
 
 async function poll() {
