@@ -23,11 +23,13 @@ import importlib.resources
 import ipaddress
 import logging
 import math
+import socket
 import threading
 import time
 from typing import Optional
 
 import plotly
+import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
@@ -177,7 +179,7 @@ class LedgerViews:
                         self._snapshots[name] = read_snapshot(ledger, previous)
             self.error = None
         except Exception as error:  # the last snapshots stay readable
-            self.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            self.error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
             log.warning("ledger web: reading %s failed: %s", self.store, self.error)
 
     def contexts(self) -> list[str]:
@@ -366,3 +368,29 @@ def create_app(views: LedgerViews, token: Optional[str] = None,
                 "pipelines": snapshot.reservations}
 
     return app
+
+
+class BackgroundServer:
+    """The app over `store` on 127.0.0.1 (a free port), served by uvicorn on a daemon thread of
+    this process, as `sage-tfx ledger serve` serves it: for tests, benchmarks and notebooks."""
+
+    def __init__(self, store: str, token: Optional[str] = None,
+                 refresh_seconds: float = REFRESH_SECONDS, start_seconds: float = 30.0):
+        self.views = LedgerViews(store)
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        self._server = uvicorn.Server(uvicorn.Config(
+            create_app(self.views, token, refresh_seconds), log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [listener]},
+                                        name="ledger-web-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + start_seconds
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the ledger web server did not start within {start_seconds} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

@@ -1,16 +1,11 @@
 """A ledger store filled through the ledger API, and the web app serving it on a free port."""
-import socket
-import threading
-import time
-
 import pytest
-import uvicorn
 from dp_accounting import dp_event
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
-from sage_tfx.sage_access.web.app import LedgerViews, create_app
+from sage_tfx.sage_access.web.app import BackgroundServer
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -83,35 +78,12 @@ def ledger_path(tmp_path):
     return path
 
 
-class Served:
-    """The app on 127.0.0.1 in a thread of the test process (uvicorn, as the CLI runs it)."""
-
-    def __init__(self, store: str, token=None, refresh_seconds=0.2):
-        self.views = LedgerViews(store)
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(
-            create_app(self.views, token, refresh_seconds), log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [listener]},
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the ledger web server did not start"
-            time.sleep(0.02)
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 @pytest.fixture
 def serve():
     started = []
 
     def start(store, **options):
-        started.append(Served(store, **options))
+        started.append(BackgroundServer(store, **options))
         return started[-1]
 
     yield start

@@ -120,9 +120,10 @@ def test_serving_never_writes_the_store(ledger_path, serve):
     files = set(os.listdir(os.path.dirname(ledger_path)))
     served = serve(ledger_path)
     grant = fetch(f"{served.url}/api/contexts/default/grants")[2]["rows"][-1]
-    for path in ("/", "/api/contexts", "/api/contexts/default/blocks", "/api/contexts/default/chart",
-                 "/api/contexts/default/timeline", "/api/contexts/default/reservations",
-                 f"/api/contexts/default/grants/{grant['grant_id']}/run", "/openapi.json"):
+    for path in ("/", "/api/contexts", "/api/contexts/default", "/openapi.json",
+                 *(f"/api/contexts/default/{part}" for part in (
+                     "blocks", "chart", "timeline", "reservations", "grants",
+                     f"grants/{grant['grant_id']}/run"))):
         assert fetch(served.url + path)[0] == 200, path
     for method in ("POST", "PUT", "PATCH", "DELETE"):
         assert fetch(f"{served.url}/api/contexts/default/blocks", method=method)[0] == 405
