@@ -191,11 +191,16 @@ class LedgerViews:
             raise HTTPException(404, f"no ledger context {context!r} in this store")
         return found
 
-    def grant_run(self, context: str, grant_id: str) -> dict:
+    def ledger(self, context: str) -> BlockLedger:
+        """The read-only ledger this view reads `context` from."""
         self.snapshot(context)
+        return self._ledgers[context]
+
+    def grant_run(self, context: str, grant_id: str) -> dict:
+        ledger = self.ledger(context)
         try:
             with self._mlmd_lock:
-                return self._ledgers[context].grant_run(grant_id)
+                return ledger.grant_run(grant_id)
         except BadRequest as error:
             raise HTTPException(404, str(error)) from None
 

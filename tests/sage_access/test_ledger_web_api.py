@@ -128,6 +128,8 @@ def test_serving_never_writes_the_store(ledger_path, serve):
     for method in ("POST", "PUT", "PATCH", "DELETE"):
         assert fetch(f"{served.url}/api/contexts/default/blocks", method=method)[0] == 405
     served.views.refresh()
+    with pytest.raises(Exception, match="(?i)read.?only"):  # the server's own connection
+        served.views.ledger("default").register_pipeline("intruder")
     assert digest(ledger_path) == before
     assert set(os.listdir(os.path.dirname(ledger_path))) == files  # no journal, no WAL
 
