@@ -27,8 +27,9 @@ import urllib.request
 from sage_tfx.sage_access.errors import BudgetExhausted, BadRequest
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger
 from sage_tfx.sage_access.web.app import BackgroundServer
+from sage_tfx.sage_access.web.browser import CHROMIUM, headless_chromium
+from sage_tfx.sage_access.web.browser import available as browser_available
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 STEPS = {"sampling_count": "0.1", "train": "0.8", "validate": "0.1"}
 
 
@@ -66,21 +67,11 @@ def get_ms(url: str) -> float:
     return 1000 * (time.perf_counter() - started)
 
 
-def page_ready_ms(url: str, loads: int) -> list[int]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
+def page_ready_ms(url: str, loads: int) -> list[dict]:
     from selenium.webdriver.common.by import By
 
-    options = Options()
-    options.binary_location = CHROMIUM
     with tempfile.TemporaryDirectory() as profile:
-        for flag in ("--headless", "--no-sandbox", "--disable-gpu",
-                     "--disable-background-networking", "--disable-component-update",
-                     "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-                     "--window-size=1400,2400"):
-            options.add_argument(flag)
-        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+        driver = headless_chromium(profile)
         try:
             times = []
             for _ in range(loads):
@@ -137,7 +128,7 @@ def main() -> None:
                      "reservations": f"{api}/reservations"}
         result["endpoint_ms"] = {name: round(statistics.median(get_ms(url) for _ in range(7)), 1)
                                  for name, url in endpoints.items()}
-        if os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK):
+        if browser_available():
             loads = page_ready_ms(served.url + "/", 4)
             result["page_ready_ms"] = {
                 "first": loads[0]["ms"], "first_tables": loads[0]["tables_ms"],

@@ -6,11 +6,11 @@ import time
 import pytest
 
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger
+from sage_tfx.sage_access.web.browser import CHROMEDRIVER, CHROMIUM, headless_chromium
+from sage_tfx.sage_access.web.browser import available as browser_available
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 pytestmark = pytest.mark.skipif(
-    not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)),
+    not browser_available(),
     reason=f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}); "
            "`make browser` installs them (make test does)")
 # Where the screenshot goes: a temporary directory, or $SAGE_TFX_SCREENSHOT_DIR (docs/ uses it).
@@ -19,18 +19,7 @@ SCREENSHOT_DIR = os.environ.get("SAGE_TFX_SCREENSHOT_DIR")
 
 @pytest.fixture
 def browser(tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2400"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = headless_chromium(str(tmp_path / "profile"))
     yield driver
     driver.quit()
 
