@@ -301,32 +301,34 @@ def ledger_table(ledger) -> dict:
     composition the sums spent (also given as `epsilon_spent`/`delta_spent`), under rdp the
     filter's ceiling once anything was charged (a conversion of the spent curve would be an
     odometer reading, not a bound under adaptive requests, so none is shown)."""
-    from sage_tfx.sage_access.ledger import budget_view
-
-    basic = ledger.accounting.name == "basic"
-    blocks = []
-    for block in ledger.blocks():
-        guarantee_epsilon, guarantee_delta = ledger.accounting.guarantee(
-            block.spent, block.epsilon_ceiling, block.delta_ceiling)
-        row = {"id": block.block_id, "epsilon_ceiling": block.epsilon_ceiling,
-               "delta_ceiling": block.delta_ceiling, "guarantee_epsilon": guarantee_epsilon,
-               "guarantee_delta": guarantee_delta}
-        if basic:
-            row.update(epsilon_spent=guarantee_epsilon, delta_spent=guarantee_delta)
-        row.update({"retired": block.retired, "charges": block.charges, "start": block.start,
-                    "end": block.end, "reserved_for": sorted(block.reservations),
-                    "budget": budget_view(ledger.accounting, block)})
-        blocks.append(row)
     table = {"context": ledger.context, "accounting": ledger.accounting.name,
              "min_request_epsilon": ledger.min_request_epsilon,
-             "waiting_pipelines": ledger.waiting_pipelines(), "blocks": blocks}
-    if not basic:
+             "waiting_pipelines": ledger.waiting_pipelines(),
+             "blocks": [block_row(ledger, block) for block in ledger.blocks()]}
+    if ledger.accounting.name != "basic":
         table["guarantee"] = (
             "each block's Renyi filter enforces its (epsilon, delta) ceiling: guarantee_epsilon "
             "and guarantee_delta are the ceiling once the block was charged, (0, 0) before; "
             "budget gives spent, reserved and free as shares of the filter's capacity at the "
             "order with the most free room")
     return table
+
+
+def block_row(ledger, block) -> dict:
+    """One block's row of `ledger_table`."""
+    from sage_tfx.sage_access.ledger import budget_view
+
+    guarantee_epsilon, guarantee_delta = ledger.accounting.guarantee(
+        block.spent, block.epsilon_ceiling, block.delta_ceiling)
+    row = {"id": block.block_id, "epsilon_ceiling": block.epsilon_ceiling,
+           "delta_ceiling": block.delta_ceiling, "guarantee_epsilon": guarantee_epsilon,
+           "guarantee_delta": guarantee_delta}
+    if ledger.accounting.name == "basic":
+        row.update(epsilon_spent=guarantee_epsilon, delta_spent=guarantee_delta)
+    row.update({"retired": block.retired, "charges": block.charges, "start": block.start,
+                "end": block.end, "reserved_for": sorted(block.reservations),
+                "budget": budget_view(ledger.accounting, block)})
+    return row
 
 
 def format_table(table: dict) -> str:

@@ -311,8 +311,11 @@ class BlockLedger:
     def block(self, block_id: str) -> BlockState:
         return self._to_state(self._block_artifacts([block_id])[0])
 
-    def blocks(self) -> list[BlockState]:
-        """Every block of this ledger, in arrival order (retired ones included)."""
+    def blocks(self, ids: Optional[Sequence[str]] = None) -> list[BlockState]:
+        """Every block of this ledger, in arrival order (retired ones included); with `ids`, those
+        blocks, in that order (BadRequest naming any this ledger does not have)."""
+        if ids is not None:
+            return [self._to_state(a) for a in self._block_artifacts(ids)] if ids else []
         query = (f"type = '{BLOCK_TYPE}' AND "
                  f"custom_properties.ledger.string_value = '{self.context}'")
         artifacts = self._store.get_artifacts(list_options=metadata_store.ListOptions(
@@ -734,6 +737,28 @@ class BlockLedger:
             self._context_node.id, list_options=metadata_store.ListOptions(
                 limit=1, order_by=metadata_store.OrderByField.ID, is_asc=False))
         return newest[0].id if newest else 0
+
+    def changes(self, after: int = 0) -> list[dict]:
+        """The changes recorded in this ledger context after execution id `after` (see
+        `latest_change`), oldest first: {"execution_id", "kind", "blocks", "pipeline"}. `kind` is
+        "grant", "add_block", "register_pipeline", "finish_pipeline", "grant_data", "use_share" or
+        "init"; `blocks` names the blocks whose balance it changed ([] for none, None for any:
+        finishing a pipeline returns its reservations on every block holding one)."""
+        executions = self._store.get_executions_by_context(
+            self._context_node.id, list_options=metadata_store.ListOptions(
+                order_by=metadata_store.OrderByField.ID, is_asc=True,
+                filter_query=f"id > {int(after)}"))
+        found = []
+        for execution in executions:
+            if execution.type_id == self._types[GRANT_TYPE]:
+                kind, blocks = "grant", json.loads(_get(execution, "blocks"))
+            else:
+                kind = _get(execution, "kind")
+                blocks = {"add_block": [_get(execution, "block_id")],
+                          "finish_pipeline": None}.get(kind, [])
+            found.append({"execution_id": execution.id, "kind": kind, "blocks": blocks,
+                          "pipeline": _get(execution, "pipeline")})
+        return found
 
     def grant_run(self, grant_id: str) -> dict:
         """The pipeline run that spent `grant_id` and what it produced: the run contexts the

@@ -3,8 +3,9 @@
 Read-only by construction: every ledger is opened with `read_only=True` (an SQLite store in ML
 Metadata's READONLY mode, after Python's read-only SQLite checked it), and the app has only GET
 routes. It reads the store from one background thread, which keeps a snapshot per context and
-re-reads a context only when its newest execution (`BlockLedger.latest_change`) moved: grants
-are append-only, so only the new ones are read; the blocks are read again whole. Requests are
+re-reads a context only when its newest execution (`BlockLedger.latest_change`) moved, and then
+only what changed (`BlockLedger.changes`): the new grants (append-only) and the blocks they
+touched. Requests are
 answered from the snapshots (paged tables, charts aggregated on the server), so a page over
 10,000 blocks and 100,000 grants costs what one page of rows costs, not what the store holds.
 
@@ -33,7 +34,7 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
-from sage_tfx.sage_access.cli import describe_event, ledger_table, plot_bars
+from sage_tfx.sage_access.cli import block_row, describe_event, ledger_table, plot_bars
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger, ledger_contexts
 from sage_tfx.sage_access.store import connect_read_only
@@ -43,6 +44,8 @@ log = logging.getLogger("sage_tfx.ledger_web")
 REFRESH_SECONDS = 1.0
 MAX_PAGE_ROWS = 500
 TIMELINE_BUCKETS = 120
+# How many execution ids back a refresh re-reads (see read_snapshot).
+RECHECK_IDS = 256
 TOKEN_COOKIE = "sage_tfx_ledger_token"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 STATIC = importlib.resources.files("sage_tfx.sage_access.web") / "static"
@@ -139,14 +142,46 @@ def reservations(table: dict) -> list[dict]:
 
 
 def read_snapshot(ledger: BlockLedger, previous: Optional[Snapshot]) -> Snapshot:
-    """A new snapshot of `ledger`, reusing the grants `previous` already read."""
+    """A snapshot of `ledger`, reading only what changed since `previous`: the grants recorded
+    since (grants are append-only) and the blocks those changes touched (all of them after a
+    pipeline finished). Changes are re-read from RECHECK_IDS executions back, because an MLMD
+    server with concurrent writers (MySQL) may commit a smaller id after a larger one."""
     mark = ledger.latest_change()
-    grants = list(previous.grants) if previous else []
-    grants += ledger.grant_records(after=previous.last_grant if previous else 0)
-    table = ledger_table(ledger)
+    if previous is None:
+        grants = ledger.grant_records()
+        table = ledger_table(ledger)
+    else:
+        changes = ledger.changes(after=max(0, previous.mark - RECHECK_IDS))
+        mark = max([mark] + [change["execution_id"] for change in changes])
+        known = {grant["execution_id"] for grant in previous.grants[-RECHECK_IDS:]}
+        grants = previous.grants + [
+            grant for grant in ledger.grant_records(after=max(0, previous.last_grant - RECHECK_IDS))
+            if grant["execution_id"] not in known]
+        if any(grants[i]["execution_id"] > grants[i + 1]["execution_id"]
+               for i in range(len(previous.grants) - 1, len(grants) - 1)):
+            grants.sort(key=lambda grant: grant["execution_id"])
+        try:
+            table = _updated_table(ledger, previous.table, changes)
+        except BadRequest:  # a block no longer under the id a change names (an edited store)
+            table = ledger_table(ledger)
     return Snapshot(mark=mark, table=table, grants=grants, bars=plot_bars(table["blocks"]),
                     timeline=timeline(grants), reservations=reservations(table),
                     read_at=int(time.time() * 1000))
+
+
+def _updated_table(ledger: BlockLedger, table: dict, changes: list[dict]) -> dict:
+    """`table` (a ledger_table) with the blocks `changes` touched read again."""
+    if any(change["blocks"] is None for change in changes):
+        return ledger_table(ledger)
+    rows = list(table["blocks"])
+    where = {row["id"]: index for index, row in enumerate(rows)}
+    touched = list(dict.fromkeys(b for change in changes for b in change["blocks"]))
+    for block in ledger.blocks(ids=touched):
+        if block.block_id in where:
+            rows[where[block.block_id]] = block_row(ledger, block)
+        else:  # a new block: changes come in arrival order
+            rows.append(block_row(ledger, block))
+    return dict(table, blocks=rows, waiting_pipelines=ledger.waiting_pipelines())
 
 
 class LedgerViews:

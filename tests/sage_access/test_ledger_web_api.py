@@ -114,6 +114,20 @@ def test_a_grant_made_while_serving_is_served_without_a_restart(ledger_path, ser
     [block] = [row for row in fetch(f"{api}/blocks")[2]["rows"] if row["id"] == "2024-02"]
     assert block["charges"] == 2 and block["epsilon_spent"] == pytest.approx(0.2 + 0.25)
 
+    # A new block and a finished pipeline (its reservations return on every block): the
+    # served rows are again exactly `ledger show --json`'s.
+    writer = BlockLedger(ledger_path, "default")
+    for change in (lambda: writer.add_block("2024-09", 1.0, 1e-6),
+                   lambda: writer.finish_pipeline("taxi-adassp")):
+        before = fetch(api)[2]
+        change()
+        while (summary := fetch(api)[2])["version"] == before["version"]:
+            assert time.monotonic() < deadline + 20, "the change never reached the server"
+            time.sleep(0.1)
+        reader = BlockLedger(ledger_path, "default", read_only=True)
+        assert fetch(f"{api}/blocks")[2]["rows"] == ledger_table(reader)["blocks"]
+        assert summary["waiting_pipelines"] == reader.waiting_pipelines()
+
 
 def test_serving_never_writes_the_store(ledger_path, serve):
     before = digest(ledger_path)

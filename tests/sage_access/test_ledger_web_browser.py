@@ -32,10 +32,11 @@ def wait_for(driver, condition, what, seconds=30):
 
 
 def column(driver, table, index):
-    from selenium.webdriver.common.by import By
-
-    return [row.find_elements(By.TAG_NAME, "td")[index].text
-            for row in driver.find_elements(By.CSS_SELECTOR, f"#{table}-body tr")]
+    """The text of column `index` of every row of a table, read in one step (the page may
+    replace the rows at any moment as it follows the ledger)."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(`#${arguments[0]}-body tr`),"
+        " (row) => row.cells[arguments[1]].textContent);", table, index)
 
 
 def test_the_page_shows_the_ledger_escapes_names_and_follows_new_grants(
