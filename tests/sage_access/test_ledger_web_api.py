@@ -14,6 +14,7 @@ import pytest
 
 from sage_tfx.sage_access.cli import ledger_table
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger
+from sage_tfx.sage_access.web import app as web_app
 
 
 def fetch(url, headers=None, method="GET"):
@@ -99,7 +100,10 @@ def test_endpoints_give_what_the_ledger_recorded(ledger_path, serve, hostile):
     assert fetch(f"{api}/blocks?limit=100000")[0] == 422
 
 
-def test_a_grant_made_while_serving_is_served_without_a_restart(ledger_path, serve):
+def test_a_grant_made_while_serving_is_served_without_a_restart(ledger_path, serve,
+                                                                 monkeypatch):
+    # Without the margin of re-read executions, so that every change is read exactly once.
+    monkeypatch.setattr(web_app, "RECHECK_IDS", 0)
     served = serve(ledger_path, refresh_seconds=0.1)
     api = f"{served.url}/api/contexts/default"
     before = fetch(api)[2]
