@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ledger-demo test browser benchmark mutation lock clean
+.PHONY: demo ledger-demo test test-quick browser benchmark mutation lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ browser:
 	    || echo "make browser: apt-get could not install chromium: the browser tests will skip"; \
 	  else echo "make browser: not root or no apt-get: the browser tests will skip"; fi; \
 	fi
+
+# During development: the suite without the tests marked slow (TFX pipelines, several processes,
+# crashes, minutes of sampling). CI runs `make test`, the whole suite.
+test-quick: $(STAMP) browser
+	$(BIN)/python -m pytest tests -m "not slow"
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/ledger.py

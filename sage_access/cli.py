@@ -273,7 +273,7 @@ def _request(args) -> int:
     ledger = _open(args)
     selector = BlockIds(_requested_blocks(args)) if args.blocks is not None \
         else RecentWindow(args.window)
-    if args.noise_multiplier is None and ledger.accounting.name == "rdp" and args.delta > 0:
+    if args.noise_multiplier is None and ledger.accounting.requires_step_events and args.delta > 0:
         # The ledger would ask for each step's DP event, which only the Python API can give.
         raise BadRequest("an rdp ledger charges RDP curves: an (epsilon, delta > 0) grant needs "
                          "its mechanism's rdp_curve; use --gaussian-noise-multiplier Z "
@@ -316,8 +316,6 @@ def ledger_table(ledger) -> dict:
 
 def block_row(ledger, block) -> dict:
     """One block's row of `ledger_table`."""
-    from sage_tfx.sage_access.ledger import budget_view
-
     guarantee_epsilon, guarantee_delta = ledger.accounting.guarantee(
         block.spent, block.epsilon_ceiling, block.delta_ceiling)
     row = {"id": block.block_id, "epsilon_ceiling": block.epsilon_ceiling,
@@ -327,7 +325,7 @@ def block_row(ledger, block) -> dict:
         row.update(epsilon_spent=guarantee_epsilon, delta_spent=guarantee_delta)
     row.update({"retired": block.retired, "charges": block.charges, "start": block.start,
                 "end": block.end, "reserved_for": sorted(block.reservations),
-                "budget": budget_view(ledger.accounting, block)})
+                "budget": ledger.accounting.budget_view(block)})
     return row
 
 
@@ -447,7 +445,7 @@ def _plot(args) -> int:
 
 
 def _contexts(args) -> int:
-    from sage_tfx.sage_access.ledger import ledger_contexts
+    from sage_tfx.sage_access.lineage import ledger_contexts
     from sage_tfx.sage_access.store import connect_read_only
 
     for name in ledger_contexts(connect_read_only(args.store)):

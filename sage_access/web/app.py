@@ -36,7 +36,8 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
 from sage_tfx.sage_access.cli import block_row, describe_event, ledger_table, plot_bars
 from sage_tfx.sage_access.errors import BadRequest
-from sage_tfx.sage_access.ledger import BlockLedger, ledger_contexts
+from sage_tfx.sage_access.ledger import BlockLedger
+from sage_tfx.sage_access.lineage import ledger_contexts
 from sage_tfx.sage_access.store import connect_read_only
 
 log = logging.getLogger("sage_tfx.ledger_web")
