@@ -126,7 +126,8 @@ async function loadBlocks(context) {
   fillRows("blocks-body", page.rows, (row) => [
     node("td", row.id, "name"), row.retired ? "retired" : "live", number(row.budget.spent),
     number(sum(row.budget.reserved)), number(row.budget.free), number(row.epsilon_ceiling),
-    number(row.guarantee_delta), number(sum(row.budget.delta_reserved)),
+    number(row.guarantee_delta),
+    row.budget.delta_reserved ? number(sum(row.budget.delta_reserved)) : "—",  // rdp: no delta
     number(row.delta_ceiling), row.charges,
     Object.entries(row.budget.reserved).filter(([, value]) => value > 0)
       .map(([name, value]) => `${name} ${number(value)}`).join(", ") || "—",
