@@ -1,58 +1,10 @@
 """A ledger store filled through the ledger API, and the web app serving it on a free port."""
 import pytest
 from dp_accounting import dp_event
-from ml_metadata.metadata_store import metadata_store
-from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
 from sage_tfx.sage_access.web.app import BackgroundServer
-
-HOSTILE = "<script>alert(1)</script>"
-
-
-def tfx_run_with_model(path: str, run_id: str) -> None:
-    """What TFX's LocalDagRunner leaves for a run: its `pipeline_run` context and a Model the run
-    produced, attributed to it (written with ML Metadata, as TFX does)."""
-    store = metadata_store.MetadataStore(_sqlite(path))
-    context_type = store.put_context_type(pb.ContextType(name="pipeline_run"))
-    model_type = store.put_artifact_type(pb.ArtifactType(name="Model"))
-    [context_id] = store.put_contexts([pb.Context(type_id=context_type, name=run_id)])
-    [model_id] = store.put_artifacts([pb.Artifact(
-        type_id=model_type, uri=f"/pipelines/taxi/DPTrainer/model/{run_id}",
-        state=pb.Artifact.LIVE)])
-    store.put_attributions_and_associations(
-        [pb.Attribution(artifact_id=model_id, context_id=context_id)], [])
-
-
-def _sqlite(path: str) -> pb.ConnectionConfig:
-    config = pb.ConnectionConfig()
-    config.sqlite.filename_uri = path
-    return config
-
-
-@pytest.fixture
-def rename_by_hand():
-    return _rename_by_hand
-
-
-def _rename_by_hand(path: str, block_id: str, grant_pipeline: str, new_name: str) -> None:
-    """Give a block and a grant's pipeline `new_name`, as a hand-edited store or another writer
-    could: the ledger's own API refuses such names, the page must still show them as text."""
-    store = metadata_store.MetadataStore(_sqlite(path))
-    [block] = [a for a in store.get_artifacts_by_type("sage_tfx.Block")
-               if a.custom_properties["block_id"].string_value == block_id]
-    block.custom_properties["block_id"].string_value = new_name
-    store.put_artifacts([block])
-    grants = [e for e in store.get_executions_by_type("sage_tfx.Grant")
-              if e.custom_properties["pipeline"].string_value == grant_pipeline]
-    grants[0].custom_properties["pipeline"].string_value = new_name
-    store.put_executions(grants[:1])
-
-
-@pytest.fixture
-def hostile():
-    """A name that would run as script if a page put it into HTML unescaped."""
-    return HOSTILE
+from support.ledger_web import HOSTILE, tfx_run_with_model
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 
 from sage_tfx.sage_access.cli import ledger_table
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger
+from support.ledger_web import HOSTILE
 from sage_tfx.sage_access.web import app as web_app
 
 
@@ -40,7 +41,7 @@ def digest(path):
         return hashlib.sha256(handle.read()).hexdigest()
 
 
-def test_endpoints_give_what_the_ledger_recorded(ledger_path, serve, hostile):
+def test_endpoints_give_what_the_ledger_recorded(ledger_path, serve):
     served = serve(ledger_path)
     status, _, listing = fetch(f"{served.url}/api/contexts")
     assert status == 200 and listing["error"] is None
@@ -63,7 +64,7 @@ def test_endpoints_give_what_the_ledger_recorded(ledger_path, serve, hostile):
     _, _, grants = fetch(f"{api}/grants?limit=2")
     assert grants["total"] == 3
     newest, adassp = grants["rows"]  # newest first
-    assert newest["pipeline"] == "hostile-split" and newest["steps"][0]["step"] == hostile
+    assert newest["pipeline"] == "hostile-split" and newest["steps"][0]["step"] == HOSTILE
     assert adassp["pipeline"] == "taxi-adassp" and adassp["blocks"] == ["2024-07"]
     _, _, oldest = fetch(f"{api}/grants?offset=2&limit=2")
     [dpsgd] = oldest["rows"]

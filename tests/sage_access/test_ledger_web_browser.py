@@ -6,6 +6,7 @@ import time
 import pytest
 
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger
+from support.ledger_web import HOSTILE, rename_by_hand
 from sage_tfx.sage_access.web.browser import CHROMEDRIVER, CHROMIUM, headless_chromium
 from sage_tfx.sage_access.web.browser import available as browser_available
 
@@ -40,25 +41,25 @@ def column(driver, table, index):
 
 
 def test_the_page_shows_the_ledger_escapes_names_and_follows_new_grants(
-        ledger_path, serve, browser, hostile, rename_by_hand, tmp_path):
+        ledger_path, serve, browser, tmp_path):
     from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
 
-    rename_by_hand(ledger_path, block_id="2024-05", grant_pipeline="taxi-dpsgd", new_name=hostile)
+    rename_by_hand(ledger_path, block_id="2024-05", grant_pipeline="taxi-dpsgd", new_name=HOSTILE)
     served = serve(ledger_path, refresh_seconds=0.2)
     browser.get(served.url + "/")
     wait_for(browser, lambda: browser.find_element(By.TAG_NAME, "body")
              .get_attribute("data-ready") == "true", "the page to load")
 
     blocks = column(browser, "blocks", 0)
-    assert blocks == ["2024-01", "2024-02", "2024-03", "2024-04", hostile, "2024-06", "2024-07",
+    assert blocks == ["2024-01", "2024-02", "2024-03", "2024-04", HOSTILE, "2024-06", "2024-07",
                       "2024-08"]
     assert column(browser, "blocks", 1).count("retired") == 1
     assert column(browser, "retired", 0) == ["2024-07"]
     pipelines = column(browser, "grants", 1)
-    assert pipelines == ["hostile-split", "taxi-adassp", hostile]  # newest first
+    assert pipelines == ["hostile-split", "taxi-adassp", HOSTILE]  # newest first
     splits = column(browser, "grants", 5)
-    assert splits[0] == f"{hostile} 1" and "dp_sgd 0.9: Gaussian(noise_multiplier=4)" in splits[2]
+    assert splits[0] == f"{HOSTILE} 1" and "dp_sgd 0.9: Gaussian(noise_multiplier=4)" in splits[2]
     assert "<img src=x onerror=alert(2)>" in column(browser, "blocks", 11)[-1]
     assert column(browser, "waiting", 0) == ["taxi-adassp"]
     # Shown as text: nothing the store holds became an element, and no alert ran.
@@ -70,7 +71,7 @@ def test_the_page_shows_the_ledger_escapes_names_and_follows_new_grants(
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-timeline .main-svg")
     tick_labels = [t.text for t in browser.find_elements(By.CSS_SELECTOR,
                                                          "#chart-blocks .xtick text")]
-    assert hostile in tick_labels
+    assert HOSTILE in tick_labels
 
     # The run that spent the DP-SGD grant, with the Model it produced.
     browser.find_element(By.CSS_SELECTOR, "#grants-body button.run-link").click()
