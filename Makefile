@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ledger-demo test test-quick benchmark mutation lock clean
+.PHONY: demo ledger-demo test test-quick browser benchmark mutation lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,16 +21,28 @@ demo: $(STAMP)
 ledger-demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/ledger_demo.sh
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest tests
+
+# Debian's Chromium and its driver, for the ledger page's browser tests (tests/sage_access): when
+# they are missing and we may install them (root, apt-get); otherwise those tests skip, saying why.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends chromium chromium-driver >/dev/null) \
+	    || echo "make browser: apt-get could not install chromium: the browser tests will skip"; \
+	  else echo "make browser: not root or no apt-get: the browser tests will skip"; fi; \
+	fi
 
 # During development: the suite without the tests marked slow (TFX pipelines, several processes,
 # crashes, minutes of sampling). CI runs `make test`, the whole suite.
-test-quick: $(STAMP)
+test-quick: $(STAMP) browser
 	$(BIN)/python -m pytest tests -m "not slow"
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/ledger.py
+	$(BIN)/python benchmarks/ledger_web.py
 	$(BIN)/python benchmarks/oblivious_sampling.py --n 1000000 --json
 	$(BIN)/python benchmarks/dp_training.py --rows 100000 --json
 	$(BIN)/python benchmarks/digits_table2.py --json
