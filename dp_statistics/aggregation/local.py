@@ -107,6 +107,8 @@ def aggregate(data, query: AggregationQuery, plan: BudgetPlan,
     bounds, bounds_events = {}, {}
     for aggregate_spec in query.aggregates:
         name = aggregate_spec.output_name
+        if not aggregate_spec.bounded:
+            continue
         if not aggregate_spec.bounds_inferred:
             bounds[name] = (aggregate_spec.low, aggregate_spec.high)
             continue
@@ -125,4 +127,5 @@ def aggregate(data, query: AggregationQuery, plan: BudgetPlan,
                                                 contributions, len(keys))
     table, events = aggregators.release(query, plan, keys, accumulators, bounds, bounds_events)
     return Release(table, plan.epsilon, plan.delta, unit_description(query, unit), events,
-                   plan.additional_delta)
+                   plan.additional_delta,
+                   {name: (float(low), float(high)) for name, (low, high) in bounds.items()})
