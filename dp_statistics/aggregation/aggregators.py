@@ -50,7 +50,7 @@ import pandas as pd
 from dp_accounting import dp_event
 
 from sage_tfx import mechanisms
-from sage_tfx.dp_statistics.aggregation.budget import (SELECTION_STEP,
+from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, SELECTION_STEP,
                                                        BudgetPlan, component_budget,
                                                        count_distinct_from_selection,
                                                        run_selection)
@@ -249,6 +249,15 @@ def _bucket_edges(index: int) -> tuple[float, float]:
         return 2.0 ** j, 2.0 ** (j + 1)
     j = _LOG_BUCKETS - 1 - index + _LOG_LOW
     return -(2.0 ** (j + 1)), -(2.0 ** j)
+
+
+def infer_bounds(query: AggregationQuery, aggregate: Aggregate, plan: BudgetPlan,
+                 histogram: np.ndarray) -> tuple[tuple[float, float], dp_event.DpEvent]:
+    """The aggregate's DP bounds from its log histogram, at its ``bounds:`` step's epsilon."""
+    bounds, noisy = bounds_from_histogram(histogram, bounds_values_per_unit(query, aggregate),
+                                          plan.step(BOUNDS_STEP_PREFIX
+                                                    + aggregate.output_name).epsilon)
+    return bounds, noisy.event
 
 
 def bounds_input(aggregate: Aggregate, pair_of_row: np.ndarray, rank_in_pair: np.ndarray,
