@@ -66,7 +66,7 @@ def test_the_beam_engine_releases_with_the_local_noise_law():
     frame = pd.DataFrame({"key": np.repeat(np.arange(600), 10),
                           "uid": np.repeat(np.arange(3000), 2), "fare": 1.0})
     query = AggregationQuery(("key",), "uid", (Aggregate.count(),
-                                               Aggregate(AggregateKind.AVG, "fare")),
+                                               Aggregate(AggregateKind.SUM, "fare")),
                              selection=SelectionRule.PUBLIC,
                              public_partitions=tuple((k,) for k in range(600)))
     budget = plan(query, 1.0, 0.0)
@@ -77,6 +77,6 @@ def test_the_beam_engine_releases_with_the_local_noise_law():
     for release in (beam_release, local_release):
         errors = release.table["count"].to_numpy() - 10.0
         assert stats.kstest(errors, stats.laplace(scale=scale).cdf).pvalue > 1e-4
-        assert list(release.events) == ["count", "bounds:avg_fare", "avg_fare"]
+        assert list(release.events) == ["count", "bounds:sum_fare", "sum_fare"]
         assert release.table["key"].tolist() == list(range(600))
     assert stats.ks_2samp(beam_release.table["count"], local_release.table["count"]).pvalue > 1e-4
