@@ -243,13 +243,14 @@ def bounds_from_histogram(counts: np.ndarray, values_per_unit: int,
     epsilon-DP), then post-processing: keep the buckets whose noisy count passes
     t = b ln(B / (2 beta)) (b the noise scale: an empty bucket passes with probability
     e^(-t/b) / 2 = beta / B), and return [min(0, lowest kept bucket's lower edge),
-    max(0, highest kept bucket's upper edge)]; if none passes, the largest noisy bucket's."""
+    max(0, highest kept bucket's upper edge)]; if none passes, the zero bucket's [-2^-10, 2^-10]
+    (every value then counts as about 0, and ``Release.bounds`` shows it)."""
     noisy = mechanisms.laplace(counts, l1_sensitivity=float(values_per_unit), epsilon=epsilon)
     scale = values_per_unit / epsilon
     passing = np.flatnonzero(noisy.value > scale * math.log(LOG_HISTOGRAM_SIZE
                                                              / (2 * _EMPTY_BUCKET_PASS)))
-    if passing.size == 0:
-        passing = np.array([int(np.argmax(noisy.value))])
+    if passing.size == 0:  # too few values to tell: the zero bucket, a data-independent default
+        passing = np.array([_LOG_BUCKETS])
     edges = [_bucket_edges(i) for i in (passing.min(), passing.max())]
     return (min(0.0, edges[0][0]), max(0.0, edges[1][1])), noisy
 
@@ -401,7 +402,8 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
         elif aggregate.kind is AggregateKind.QUANTILE:
             noisy = _noisy(query, accumulators[:, block], query.max_contributions_per_partition,
                            step.epsilon, step.delta)
-            table[name] = quantile_from_histogram(noisy.value.reshape(len(table), -1),
+            table[name] = quantile_from_histogram(noisy.value.reshape(len(table),
+                                                                      QUANTILE_BUCKETS),
                                                   aggregate.q, low, high)
             events[name] = noisy.event
         else:
