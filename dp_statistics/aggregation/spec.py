@@ -49,7 +49,7 @@ class AggregateKind(str, enum.Enum):
 
 class SelectionRule(str, enum.Enum):
     """Which partitions (group-by keys) may appear in the release (mechanisms/selection.py)."""
-    LAPLACE_THRESHOLD = "laplace_threshold"      # the seed's tau-thresholding on a noisy unit count
+    LAPLACE_THRESHOLD = "laplace_threshold"      # the seed's tau-thresholding, noisy unit count
     GAUSSIAN_THRESHOLD = "gaussian_threshold"
     TRUNCATED_GEOMETRIC = "truncated_geometric"  # Desfontaines et al. 2022: the most partitions
     PUBLIC = "public"                            # the caller lists the keys: no selection, no budget
@@ -220,7 +220,8 @@ class AggregationQuery:
         for aggregate in self.aggregates:
             aggregate.check()
         names = [a.output_name for a in self.aggregates]
-        clashes = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(self.group_by)))
+        clashes = sorted({n for n in names if names.count(n) > 1}
+                         | (set(names) & set(self.group_by)))
         if clashes:
             raise QueryError(f"output column names clash: {clashes}; name the aggregates")
         for option in ("max_partitions_contributed", "max_contributions_per_partition"):
@@ -228,10 +229,10 @@ class AggregationQuery:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise QueryError(f"{option} must be a positive integer, got {value!r}")
         try:
-            selection, noise = SelectionRule(self.selection), NoiseKind(self.noise)
+            selection = SelectionRule(self.selection)
+            NoiseKind(self.noise)
         except ValueError as error:
             raise QueryError(f"unknown option: {error}") from None
-        del noise
         if (selection is SelectionRule.PUBLIC) != (self.public_partitions is not None):
             raise QueryError("public_partitions and selection=SelectionRule.PUBLIC go together "
                              f"(got selection={selection.value!r}, public_partitions "
