@@ -192,7 +192,8 @@ DEFAULT_MAX_CONTRIBUTIONS_PER_PARTITION = 8
 class AggregationQuery:
     """One DP GROUP BY. ``public_partitions``: the group-by key tuples to release (with
     ``selection=SelectionRule.PUBLIC``): rows in other partitions are dropped before bounding,
-    and listed partitions without rows are released with noise."""
+    and listed partitions without rows are released with noise. ``infer_bounds``: whether
+    aggregates without literal bounds get DP bounds (§4.2.5) or are refused."""
     group_by: tuple[str, ...]
     unit_column: str
     aggregates: tuple[Aggregate, ...]
@@ -201,6 +202,7 @@ class AggregationQuery:
     selection: SelectionRule = SelectionRule.TRUNCATED_GEOMETRIC
     public_partitions: Optional[tuple[tuple, ...]] = None
     noise: NoiseKind = NoiseKind.LAPLACE
+    infer_bounds: bool = True  # False: an aggregate without literal bounds is refused
 
     def check(self, columns=None) -> None:
         """Raise QueryError naming the first problem; with ``columns`` (the table's column
@@ -219,6 +221,9 @@ class AggregationQuery:
             raise QueryError("a query needs at least one aggregate")
         for aggregate in self.aggregates:
             aggregate.check()
+            if aggregate.bounds_inferred and not self.infer_bounds:
+                raise QueryError(f"aggregate {aggregate.output_name!r} has no bounds and bounds "
+                                 "inference is off (infer_bounds=False): give [low, high]")
         names = [a.output_name for a in self.aggregates]
         clashes = sorted({n for n in names if names.count(n) > 1}
                          | (set(names) & set(self.group_by)))

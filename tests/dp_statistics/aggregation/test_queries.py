@@ -27,6 +27,8 @@ def query(**changes):
     (dict(aggregates=(Aggregate(AggregateKind.SUM, "fare", 0, None),)), "both bounds"),
     (dict(aggregates=(Aggregate(AggregateKind.SUM, "fare", 5, 1),)), "low < high"),
     (dict(aggregates=(Aggregate(AggregateKind.SUM),)), "needs a column"),
+    (dict(aggregates=(Aggregate(AggregateKind.AVG, "fare"),), infer_bounds=False),
+     "'avg_fare' has no bounds and bounds inference is off"),
     (dict(aggregates=(Aggregate(AggregateKind.QUANTILE, "fare", 0, 1, q=1.5),)), "q in [0, 1]"),
     (dict(aggregates=(Aggregate.count(), Aggregate.count())), "names clash"),
     (dict(max_partitions_contributed=0), "max_partitions_contributed must be a positive"),
