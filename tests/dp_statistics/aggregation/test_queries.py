@@ -10,7 +10,7 @@ from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, Aggreg
                                                 plan)
 
 FRAME = pd.DataFrame({"uid": [1, 1, 2], "key": ["a", "b", "a"], "fare": [3.0, 4.0, 5.0],
-                      "name": ["x", "y", "z"]})
+                      "name": pd.Series(["x", "y", "z"], dtype="string")})
 
 
 def query(**changes):
@@ -123,3 +123,4 @@ def test_rows_without_a_unit_are_dropped_and_an_empty_table_releases_only_public
     assert release.table["key"].tolist() == ["a", "b"]
     # no value passes the DP bounds' threshold: the data-independent zero bucket is used
     assert release.bounds["sum_fare"] == (-2.0 ** -10, 2.0 ** -10)
+
