@@ -86,6 +86,17 @@ class QueryError(ValueError):
     read or charged."""
 
 
+def _as_enum(holder, field: str, enum_type) -> None:
+    """Store a valid string option as its enum member (the code compares members with ``is``);
+    an invalid one stays as given for ``check()`` to refuse with its name."""
+    value = getattr(holder, field)
+    if value is not None and not isinstance(value, enum_type):
+        try:
+            object.__setattr__(holder, field, enum_type(value))
+        except ValueError:
+            pass
+
+
 @dataclasses.dataclass(frozen=True)
 class Aggregate:
     """One DP output column. ``name`` defaults to ``kind`` or ``kind_column`` (``median_fare``
@@ -97,6 +108,10 @@ class Aggregate:
     q: Optional[float] = None
     name: Optional[str] = None
     scope: Optional[BoundsScope] = None  # None: UNIT for SUM, ROW for the others
+
+    def __post_init__(self):
+        _as_enum(self, "kind", AggregateKind)
+        _as_enum(self, "scope", BoundsScope)
 
     @classmethod
     def count(cls, name: Optional[str] = None) -> "Aggregate":
@@ -128,7 +143,8 @@ class Aggregate:
         if self.kind is AggregateKind.QUANTILE:
             label = {0.0: "min", 0.5: "median", 1.0: "max"}.get(self.q, f"quantile_{self.q:g}")
             return f"{label}_{self.column}"
-        return self.kind.value if self.column is None else f"{self.kind.value}_{self.column}"
+        kind = getattr(self.kind, "value", self.kind)  # an invalid kind is named by check()
+        return str(kind) if self.column is None else f"{kind}_{self.column}"
 
     @property
     def bounded(self) -> bool:
@@ -203,6 +219,16 @@ class AggregationQuery:
     public_partitions: Optional[tuple[tuple, ...]] = None
     noise: NoiseKind = NoiseKind.LAPLACE
     infer_bounds: bool = True  # False: an aggregate without literal bounds is refused
+
+    def __post_init__(self):
+        _as_enum(self, "selection", SelectionRule)
+        _as_enum(self, "noise", NoiseKind)
+        for field in ("group_by", "aggregates"):  # lists from a parser become tuples
+            if isinstance(getattr(self, field), list):
+                object.__setattr__(self, field, tuple(getattr(self, field)))
+        if isinstance(self.public_partitions, (list, tuple)):
+            object.__setattr__(self, "public_partitions", tuple(
+                tuple(key) if isinstance(key, list) else key for key in self.public_partitions))
 
     def check(self, columns=None) -> None:
         """Raise QueryError naming the first problem; with ``columns`` (the table's column

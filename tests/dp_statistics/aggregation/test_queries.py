@@ -124,3 +124,15 @@ def test_rows_without_a_unit_are_dropped_and_an_empty_table_releases_only_public
     # no value passes the DP bounds' threshold: the data-independent zero bucket is used
     assert release.bounds["sum_fare"] == (-2.0 ** -10, 2.0 ** -10)
 
+
+
+def test_options_given_as_strings_and_lists_are_the_enums_and_tuples():
+    parsed = AggregationQuery(["key"], "uid", [Aggregate("sum", "fare", 0, 10, scope="row")],
+                              selection="public", public_partitions=[["a"], ["b"]],
+                              noise="gaussian")
+    assert parsed == AggregationQuery(
+        ("key",), "uid", (Aggregate(AggregateKind.SUM, "fare", 0, 10, scope=BoundsScope.ROW),),
+        selection=SelectionRule.PUBLIC, public_partitions=(("a",), ("b",)),
+        noise=NoiseKind.GAUSSIAN)
+    with pytest.raises(QueryError, match="unknown kind 'median'"):
+        plan(query(aggregates=(Aggregate("median", "fare", 0, 1),)), 1.0, 1e-6)
