@@ -213,7 +213,7 @@ _LOG_LOW, _LOG_HIGH = -10, 50
 _LOG_BUCKETS = _LOG_HIGH - _LOG_LOW
 LOG_HISTOGRAM_SIZE = 2 * _LOG_BUCKETS + 1
 # An empty bucket's noisy count passes the threshold with probability <= this, over all buckets.
-_EMPTY_BUCKET_PASS = 1e-3
+_EMPTY_BUCKET_PASS = 1e-4
 
 
 def log_histogram(values: np.ndarray) -> np.ndarray:

@@ -113,7 +113,7 @@ def test_inferred_bounds_cover_the_bulk_of_the_data(kind):
     assert [s.name for s in budget.steps] == [f"bounds:{kind.value}_x", f"{kind.value}_x"]
     release = aggregate(frame, query, budget, seed=0)
     # With 20,000 values, bucket [32, 64) passes and no bucket above 64 does, except with
-    # probability < 1e-3 (the threshold's design): the bounds are [0, 64].
+    # probability < 1e-4 (the threshold's design, the false-failure rate): the bounds are [0, 64].
     assert release.bounds == {f"{kind.value}_x": (0.0, 64.0)}
     true = frame.groupby("k")["x"].agg("sum" if kind is AggregateKind.SUM else "mean")
     # Laplace errors: SUM's scale is C * 64 / 1 = 256 on sums near 175,000 (3% is 20 scales);

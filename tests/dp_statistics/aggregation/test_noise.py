@@ -116,7 +116,7 @@ def test_avg_var_and_stddev_follow_the_noisy_count_sum_and_squares_law():
     for name, oracle in (("avg_x", mean), ("var_x", variance),
                          ("stddev_x", np.sqrt(stddev_variance))):
         assert stats.ks_2samp(release.table[name], oracle).pvalue > P_VALUE, name
-    # power: the mean's law with the count's noise left out is rejected
+    # power: the mean's law at half the noise is rejected
     assert stats.ks_2samp(release.table["avg_x"],
                           _oracle_mean_and_variance(budget.step("avg_x").epsilon, 20_000,
                                                     rng)[0]).pvalue < P_VALUE
