@@ -26,8 +26,9 @@ Shares. By default a step weighs the number of noisy sums it releases (selection
 COUNT, SUM, QUANTILE: 1; AVG: 2; VAR/STDDEV: 3), which is PipelineDP's split (its
 NaiveBudgetAccountant gives each mechanism weight 1, and MEAN is two); ``weights`` overrides by
 step name. An aggregate that releases k noisy sums (AVG: count and centred sum; VAR/STDDEV:
-count, centred sum, centred sum of squares) splits its share evenly among them. Delta: with Laplace noise all of it goes to the selection; with Gaussian noise the
-selection gets half and the Gaussian steps share the rest in proportion to their weights.
+count, centred sum, centred sum of squares) splits its share evenly among them. Delta: with
+Laplace noise all of it goes to the selection; with Gaussian noise the selection gets half and
+the Gaussian steps share the rest in proportion to their weights.
 """
 from __future__ import annotations
 

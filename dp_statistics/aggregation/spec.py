@@ -52,7 +52,7 @@ class SelectionRule(str, enum.Enum):
     LAPLACE_THRESHOLD = "laplace_threshold"      # the seed's tau-thresholding, noisy unit count
     GAUSSIAN_THRESHOLD = "gaussian_threshold"
     TRUNCATED_GEOMETRIC = "truncated_geometric"  # Desfontaines et al. 2022: the most partitions
-    PUBLIC = "public"                            # the caller lists the keys: no selection, no budget
+    PUBLIC = "public"                            # listed by the caller: no selection, no budget
 
 
 class NoiseKind(str, enum.Enum):
