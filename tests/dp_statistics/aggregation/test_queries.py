@@ -41,7 +41,7 @@ def test_bad_queries_are_refused_by_plan(bad, message):
 
 
 @pytest.mark.parametrize("epsilon, delta, message", [
-    (0.0, 1e-6, "epsilon must be a positive"), (1.0, 1.5, "delta must lie"),
+    (0.0, 1e-6, "epsilon must be a positive"), (1.0, 1.5, r"^delta must lie in \[0, 1\)"),
     (1.0, 0.0, "partition selection spends some"),
 ])
 def test_bad_grants_are_refused(epsilon, delta, message):
