@@ -85,9 +85,6 @@ class BudgetPlan:
                 return step
         raise KeyError(f"no step {name!r} in this plan; steps: {[s.name for s in self.steps]}")
 
-    def has_step(self, name: str) -> bool:
-        return any(step.name == name for step in self.steps)
-
     @property
     def event(self) -> dp_event.DpEvent:
         return dp_event.ComposedDpEvent([step.event for step in self.steps])

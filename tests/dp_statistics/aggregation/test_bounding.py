@@ -140,6 +140,22 @@ def test_quantiles_of_a_histogram_interpolate_within_the_bucket():
                                [1.0, 6.0, 32.0])
 
 
+def test_dp_bounds_keep_the_buckets_whose_noisy_count_passes_b_ln_of_b_over_2_beta(
+        monkeypatch):
+    """With the noise stubbed to zero, the threshold is the closed form t = b ln(B / (2 beta)),
+    b = values per unit / epsilon, B = 121 buckets, beta = 1e-4: a bucket at t + 1 is kept, one
+    at t - 1 is not."""
+    from sage_tfx import mechanisms
+    monkeypatch.setattr(mechanisms, "laplace", lambda values, **_: mechanisms.Release(
+        np.asarray(values, dtype=np.float64), None))
+    b = 32 / 0.5
+    t = b * np.log(121 / (2 * 1e-4))
+    counts = aggregators.log_histogram(np.array([10.0, 1000.0, -3.0]))
+    counts[counts > 0] = [t + 1, t + 1, t - 1]  # buckets of -3, 10 and 1000, in index order
+    bounds, _ = aggregators.bounds_from_histogram(counts, 32, 0.5)
+    assert bounds == (-4.0, 16.0)
+
+
 @pytest.mark.parametrize("values, expected", [((-60.0, -10.0), (-64.0, 0.0)),
                                               ((-3.0, 5.0), (-4.0, 8.0))])
 def test_inferred_bounds_of_negative_and_mixed_values(values, expected):

@@ -13,7 +13,7 @@ from scipy import stats
 
 from sage_tfx import mechanisms
 from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
-                                                NoiseKind, SelectionRule, aggregate, aggregators,
+                                                BoundsScope, NoiseKind, SelectionRule, aggregate, aggregators,
                                                 plan)
 from sage_tfx.mechanisms import selection as selection_module
 
@@ -46,10 +46,12 @@ def _run(aggregates, noise=NoiseKind.LAPLACE, epsilon=1.0, delta=0.0):
 
 
 ADDITIVE = (Aggregate.count(), Aggregate.count_distinct(),
-            Aggregate(AggregateKind.SUM, "x", -20.0, 30.0))
-# true value and per-partition sensitivity Delta of each
+            Aggregate(AggregateKind.SUM, "x", -20.0, 30.0),
+            Aggregate(AggregateKind.SUM, "x", -2.0, 3.0, scope=BoundsScope.ROW, name="row_sum"))
+# true value and per-partition sensitivity Delta of each (a row-scoped SUM: m rows at max |L|, |U|)
 ADDITIVE_TRUTH = {"count": (10.0, M), "count_distinct": (5.0, 1.0),
-                  "sum_x": (ROW_VALUES.sum(), 30.0)}
+                  "sum_x": (ROW_VALUES.sum(), 30.0),
+                  "row_sum": (np.clip(ROW_VALUES, -2.0, 3.0).sum(), M * 3.0)}
 
 
 def test_count_count_distinct_and_sum_errors_are_laplace_at_c_u_times_delta_over_epsilon():
