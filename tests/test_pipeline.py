@@ -10,7 +10,7 @@ from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
 from sage_tfx.components.privacy_grant import GrantError, PrivacyGrant, require_grant
 from sage_tfx.sage_access import BlockLedger, connect
-from sage_tfx.sage_access.ledger import GRANT_TYPE
+from sage_tfx.sage_access.records import GRANT_TYPE
 
 from support.ingest import MONTHS, ingest_and_grant
 from support.pipeline_consumer import GrantChecker
