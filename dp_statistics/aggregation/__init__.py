@@ -1,0 +1,22 @@
+"""The DP SQL aggregation operator with bounded user contribution (issue 18; DP SQL §4.2.3).
+
+Public API (what the SQL front-end, the CLI and the DPAggregate component call)::
+
+    query = AggregationQuery(group_by=("area",), unit_column="taxi_id",
+                             aggregates=(Aggregate.count(), Aggregate(AggregateKind.AVG, "fare", 0, 50)))
+    budget = plan(query, epsilon=1.0, delta=1e-6)    # raises QueryError before anything runs
+    release = aggregate(table, query, budget)        # pyarrow.Table or pandas.DataFrame
+
+``plan`` splits the grant (budget.py); ``aggregate`` runs the in-process vectorised engine
+(local.py); ``beam.AggregateTransform`` runs the same math on Beam.
+"""
+from sage_tfx.dp_statistics.aggregation.spec import (Aggregate, AggregateKind, AggregationQuery,
+                                                     GuaranteeUnit, NoiseKind, QueryError,
+                                                     SelectionRule)
+from sage_tfx.dp_statistics.aggregation.budget import BudgetPlan, PlanStep, plan
+from sage_tfx.dp_statistics.aggregation.release import Release
+from sage_tfx.dp_statistics.aggregation.local import aggregate
+
+__all__ = ["Aggregate", "AggregateKind", "AggregationQuery", "GuaranteeUnit", "NoiseKind",
+           "QueryError", "SelectionRule", "BudgetPlan", "PlanStep", "plan", "Release",
+           "aggregate"]

@@ -1,0 +1,226 @@
+"""The DP aggregation query, frozen (issue 18; DP SQL, Wilson et al. 2020, §4.2.3).
+
+``SELECT WITH ANONYMIZATION g1, g2, ANON_COUNT(*), ANON_SUM(x, L, U) ... GROUP BY g1, g2`` is an
+:class:`AggregationQuery`: the group-by columns, the privacy-unit column, one :class:`Aggregate`
+per output column, the contribution bounds and the partition selection rule. It holds no data and
+no budget; ``plan`` splits a grant among its steps and ``aggregate`` runs it.
+
+What each aggregate reads (the two-stage aggregation of §4.2.3). After stability bounding, a unit
+keeps at most ``max_partitions_contributed`` (C_u) partitions, sampled uniformly, and in each at
+most ``max_contributions_per_partition`` (m) of its rows, sampled uniformly. Then:
+
+=================  =========================================================  ==================
+kind               the unit's contribution to one partition                   bounds [low, high]
+=================  =========================================================  ==================
+COUNT              its number of kept rows, in [0, m]                         none
+COUNT_DISTINCT     1                                                          none
+SUM                the sum of ALL its rows' values, clamped into [low, high]  the unit's total
+AVG, VAR, STDDEV   its kept rows, each value clamped into [low, high]         each row's value
+QUANTILE           its kept rows, each value clamped into [low, high]         each row's value
+=================  =========================================================  ==================
+
+``low``/``high`` left ``None`` are inferred with DP from the data (§4.2.5), at a budget share of
+their own. MEDIAN, MIN, MAX and NTILE are quantiles: q = 0.5, 0, 1 and the NTILE's fraction.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Optional
+
+
+class AggregateKind(str, enum.Enum):
+    COUNT = "count"                    # COUNT(*): rows
+    COUNT_DISTINCT = "count_distinct"  # COUNT(DISTINCT unit): privacy units
+    SUM = "sum"
+    AVG = "avg"
+    VAR = "var"
+    STDDEV = "stddev"
+    QUANTILE = "quantile"              # NTILE / MEDIAN / MIN / MAX
+
+
+class SelectionRule(str, enum.Enum):
+    """Which partitions (group-by keys) may appear in the release (mechanisms/selection.py)."""
+    LAPLACE_THRESHOLD = "laplace_threshold"      # the seed's tau-thresholding on a noisy unit count
+    GAUSSIAN_THRESHOLD = "gaussian_threshold"
+    TRUNCATED_GEOMETRIC = "truncated_geometric"  # Desfontaines et al. 2022: the most partitions
+    PUBLIC = "public"                            # the caller lists the keys: no selection, no budget
+
+
+class NoiseKind(str, enum.Enum):
+    """The additive noise of the aggregates: Laplace (pure epsilon, L1 sensitivity C_u * Delta)
+    or Gaussian (uses delta, L2 sensitivity sqrt(C_u) * Delta: less noise when C_u > 1)."""
+    LAPLACE = "laplace"
+    GAUSSIAN = "gaussian"
+
+
+class GuaranteeUnit(str, enum.Enum):
+    """What one neighbouring step adds or removes: all rows of one unit within the blocks the
+    grant read, or of one unit overall (when the ledger's blocks are split by the unit)."""
+    UNIT_WITHIN_BLOCKS_READ = "unit_within_blocks_read"
+    UNIT = "unit"
+
+
+_BOUNDED_KINDS = (AggregateKind.SUM, AggregateKind.AVG, AggregateKind.VAR, AggregateKind.STDDEV,
+                  AggregateKind.QUANTILE)
+_ROW_VALUE_KINDS = (AggregateKind.AVG, AggregateKind.VAR, AggregateKind.STDDEV,
+                    AggregateKind.QUANTILE)
+
+
+class QueryError(ValueError):
+    """A query the operator refuses; the message names what is wrong. Raised before anything is
+    read or charged."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregate:
+    """One DP output column. ``name`` defaults to ``kind`` or ``kind_column`` (``median_fare``
+    for q = 0.5). ``low``/``high``: see the module table; None infers them with DP."""
+    kind: AggregateKind
+    column: Optional[str] = None
+    low: Optional[float] = None
+    high: Optional[float] = None
+    q: Optional[float] = None
+    name: Optional[str] = None
+
+    @classmethod
+    def count(cls, name: Optional[str] = None) -> "Aggregate":
+        return cls(AggregateKind.COUNT, name=name)
+
+    @classmethod
+    def count_distinct(cls, name: Optional[str] = None) -> "Aggregate":
+        return cls(AggregateKind.COUNT_DISTINCT, name=name)
+
+    @classmethod
+    def median(cls, column: str, low: Optional[float] = None, high: Optional[float] = None,
+               name: Optional[str] = None) -> "Aggregate":
+        return cls(AggregateKind.QUANTILE, column, low, high, q=0.5, name=name)
+
+    @classmethod
+    def minimum(cls, column: str, low: Optional[float] = None, high: Optional[float] = None,
+                name: Optional[str] = None) -> "Aggregate":
+        return cls(AggregateKind.QUANTILE, column, low, high, q=0.0, name=name)
+
+    @classmethod
+    def maximum(cls, column: str, low: Optional[float] = None, high: Optional[float] = None,
+                name: Optional[str] = None) -> "Aggregate":
+        return cls(AggregateKind.QUANTILE, column, low, high, q=1.0, name=name)
+
+    @property
+    def output_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.kind is AggregateKind.QUANTILE:
+            label = {0.0: "min", 0.5: "median", 1.0: "max"}.get(self.q, f"quantile_{self.q:g}")
+            return f"{label}_{self.column}"
+        return self.kind.value if self.column is None else f"{self.kind.value}_{self.column}"
+
+    @property
+    def bounds_inferred(self) -> bool:
+        return self.kind in _BOUNDED_KINDS and self.low is None
+
+    @property
+    def bounds_rows(self) -> bool:
+        """True when [low, high] clamps each row's value, False when it clamps the unit's sum."""
+        return self.kind in _ROW_VALUE_KINDS
+
+    def check(self) -> None:
+        where = f"aggregate {self.output_name!r}"
+        try:
+            kind = AggregateKind(self.kind)
+        except ValueError:
+            raise QueryError(f"{where}: unknown kind {self.kind!r}; one of "
+                             f"{[k.value for k in AggregateKind]}") from None
+        if kind in (AggregateKind.COUNT, AggregateKind.COUNT_DISTINCT):
+            if (self.column, self.low, self.high, self.q) != (None, None, None, None):
+                raise QueryError(f"{where}: {kind.value} takes no column, bounds or q")
+            return
+        if not self.column:
+            raise QueryError(f"{where}: {kind.value} needs a column")
+        if (self.low is None) != (self.high is None):
+            raise QueryError(f"{where}: give both bounds or neither (neither infers them with "
+                             f"DP), got low={self.low!r} high={self.high!r}")
+        if self.low is not None:
+            if not (math.isfinite(self.low) and math.isfinite(self.high)
+                    and self.low < self.high):
+                raise QueryError(f"{where}: bounds must be finite with low < high, got "
+                                 f"[{self.low!r}, {self.high!r}]")
+        if kind is AggregateKind.QUANTILE:
+            if self.q is None or not 0.0 <= self.q <= 1.0:
+                raise QueryError(f"{where}: quantile needs q in [0, 1], got {self.q!r}")
+        elif self.q is not None:
+            raise QueryError(f"{where}: q is for quantiles, not {kind.value}")
+
+
+# BigQuery's max_groups_contributed default (WITH DIFFERENTIAL_PRIVACY OPTIONS) and PipelineDP's
+# usual setting; an analyst who knows the data sets both.
+DEFAULT_MAX_PARTITIONS_CONTRIBUTED = 4
+# Rows of one unit in one partition that COUNT(*) and the row-value aggregates read: the
+# sensitivity of COUNT(*) and of the row-value aggregates grows linearly with it.
+DEFAULT_MAX_CONTRIBUTIONS_PER_PARTITION = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregationQuery:
+    """One DP GROUP BY. ``public_partitions``: the group-by key tuples to release (with
+    ``selection=SelectionRule.PUBLIC``): rows in other partitions are dropped before bounding,
+    and listed partitions without rows are released with noise."""
+    group_by: tuple[str, ...]
+    unit_column: str
+    aggregates: tuple[Aggregate, ...]
+    max_partitions_contributed: int = DEFAULT_MAX_PARTITIONS_CONTRIBUTED
+    max_contributions_per_partition: int = DEFAULT_MAX_CONTRIBUTIONS_PER_PARTITION
+    selection: SelectionRule = SelectionRule.TRUNCATED_GEOMETRIC
+    public_partitions: Optional[tuple[tuple, ...]] = None
+    noise: NoiseKind = NoiseKind.LAPLACE
+
+    def check(self, columns=None) -> None:
+        """Raise QueryError naming the first problem; with ``columns`` (the table's column
+        names) also refuse unknown columns."""
+        if not self.group_by or not all(isinstance(c, str) and c for c in self.group_by):
+            raise QueryError(f"group_by must name at least one column, got {self.group_by!r}")
+        if len(set(self.group_by)) != len(self.group_by):
+            raise QueryError(f"group_by repeats a column: {self.group_by!r}")
+        if not isinstance(self.unit_column, str) or not self.unit_column:
+            raise QueryError(f"unit_column must name the privacy-unit column, got "
+                             f"{self.unit_column!r}")
+        if self.unit_column in self.group_by:
+            raise QueryError(f"group_by contains the unit column {self.unit_column!r}: every "
+                             "partition would hold one unit's rows")
+        if not self.aggregates:
+            raise QueryError("a query needs at least one aggregate")
+        for aggregate in self.aggregates:
+            aggregate.check()
+        names = [a.output_name for a in self.aggregates]
+        clashes = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(self.group_by)))
+        if clashes:
+            raise QueryError(f"output column names clash: {clashes}; name the aggregates")
+        for option in ("max_partitions_contributed", "max_contributions_per_partition"):
+            value = getattr(self, option)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise QueryError(f"{option} must be a positive integer, got {value!r}")
+        try:
+            selection, noise = SelectionRule(self.selection), NoiseKind(self.noise)
+        except ValueError as error:
+            raise QueryError(f"unknown option: {error}") from None
+        del noise
+        if (selection is SelectionRule.PUBLIC) != (self.public_partitions is not None):
+            raise QueryError("public_partitions and selection=SelectionRule.PUBLIC go together "
+                             f"(got selection={selection.value!r}, public_partitions "
+                             f"{'given' if self.public_partitions is not None else 'absent'})")
+        if self.public_partitions is not None:
+            width = len(self.group_by)
+            bad = [key for key in self.public_partitions
+                   if not isinstance(key, tuple) or len(key) != width]
+            if bad:
+                raise QueryError(f"public_partitions must be tuples of {width} key values "
+                                 f"(one per group_by column), got {bad[:3]!r}")
+            if len(set(self.public_partitions)) != len(self.public_partitions):
+                raise QueryError("public_partitions lists a key twice")
+        if columns is not None:
+            wanted = list(self.group_by) + [self.unit_column] + [
+                a.column for a in self.aggregates if a.column is not None]
+            missing = [c for c in dict.fromkeys(wanted) if c not in set(columns)]
+            if missing:
+                raise QueryError(f"unknown column(s) {missing}; the table has {list(columns)}")
