@@ -26,8 +26,6 @@ from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.aggregation.sql import (ARGUMENT_PREFIX, CheckedQuery, Filter,
                                                     GroupByUnit, Join, Project, Relation, Scan)
 
-ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "string": pa.string()}
-
 _COMPARISONS = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater,
                 exp.GTE: pc.greater_equal, exp.LT: pc.less, exp.LTE: pc.less_equal}
 _ARITHMETIC = {exp.Add: pc.add, exp.Sub: pc.subtract, exp.Mul: pc.multiply}
@@ -159,14 +157,11 @@ def evaluate(checked: CheckedQuery, read: Callable[[str], pa.Table]) -> pa.Table
                      for name, column in zip(projected.column_names, projected.columns)})
 
 
-def check_on_schema(checked: CheckedQuery, schemas: Mapping[str, Mapping[str, str]]) -> None:
-    """Run the relation on empty tables of the ingested schemas ({table: {column: type}}): an
-    expression whose types do not fit fails here, on public information, before any charge."""
-    def empty(table: str) -> pa.Table:
-        return pa.schema([(name, ARROW_TYPES[kind])
-                          for name, kind in schemas[table].items()]).empty_table()
+def check_on_schema(checked: CheckedQuery, schemas: Mapping[str, pa.Schema]) -> None:
+    """Run the relation on empty tables of the ingested schemas: an expression whose types do
+    not fit fails here, on public information, before any charge."""
     try:
-        evaluate(checked, empty)
+        evaluate(checked, lambda table: schemas[table].empty_table())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
         raise QueryError(f"the query does not fit the tables' column types: "
                          f"{str(error).splitlines()[0]}") from None
