@@ -117,8 +117,13 @@ class Aggregate:
         return self.kind.value if self.column is None else f"{self.kind.value}_{self.column}"
 
     @property
+    def bounded(self) -> bool:
+        """True for the aggregates that clamp values into [low, high]."""
+        return self.kind in _BOUNDED_KINDS
+
+    @property
     def bounds_inferred(self) -> bool:
-        return self.kind in _BOUNDED_KINDS and self.low is None
+        return self.bounded and self.low is None
 
     @property
     def bounds_rows(self) -> bool:
