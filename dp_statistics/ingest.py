@@ -45,11 +45,14 @@ def parse_time(text: str, what: str) -> int:
         return int(float(text))
     except ValueError:
         pass
-    try:
-        moment = dt.datetime.fromisoformat(text.strip())
+    try:  # fromisoformat reads no bare month, which a monthly schedule names most often
+        moment = dt.datetime.strptime(text.strip(), "%Y-%m")
     except ValueError:
-        raise BadRequest(f"{what} {text!r} is neither Unix seconds nor an ISO 8601 date or "
-                         "time (e.g. 2013-01-01)") from None
+        try:
+            moment = dt.datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise BadRequest(f"{what} {text!r} is neither Unix seconds nor an ISO 8601 date or "
+                             "time (e.g. 2013-01 or 2013-01-01)") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.timezone.utc)
     return int(moment.timestamp())
