@@ -373,9 +373,8 @@ def _aggregate_call(name: str, call: exp.Anonymous, scope: _Scope) -> AggregateC
                          "where a column is set: ANON_COUNT(*) ... WHERE col IS NOT NULL)")
     if not args:
         raise QueryError(f"{where}: {call.name.upper()} needs a column")
-    argument, rest = args[0], args[1:]
-    kind_of_column = _expression_type(argument, scope)
-    argument = _check_row_wise(argument, scope, where)
+    written, rest = args[0], args[1:]
+    argument = _check_row_wise(written, scope, where)
     ntiles = None
     if kind == "ntile":
         if not rest:
@@ -392,8 +391,8 @@ def _aggregate_call(name: str, call: exp.Anonymous, scope: _Scope) -> AggregateC
         if not lower < upper:
             raise QueryError(f"{where}: the lower bound {lower:g} must be below the upper "
                              f"bound {upper:g}")
-    if kind_of_column == "string":
-        raise QueryError(f"{where}: {_clause(argument)} is text; {call.name.upper()} needs "
+    if _expression_type(written, scope) == "string":
+        raise QueryError(f"{where}: {_clause(written)} is text; {call.name.upper()} needs "
                          "numbers (declare the column numeric at ingest)")
     return AggregateCall(name=name, kind=kind, argument=argument, lower=lower, upper=upper,
                          ntiles=ntiles, clause=where)
