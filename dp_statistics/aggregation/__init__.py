@@ -11,12 +11,12 @@ Public API (what the SQL front-end, the CLI and the DPAggregate component call):
 (local.py); ``beam.AggregateTransform`` runs the same math on Beam.
 """
 from sage_tfx.dp_statistics.aggregation.spec import (Aggregate, AggregateKind, AggregationQuery,
-                                                     GuaranteeUnit, NoiseKind, QueryError,
+                                                     BoundsScope, GuaranteeUnit, NoiseKind, QueryError,
                                                      SelectionRule)
 from sage_tfx.dp_statistics.aggregation.budget import BudgetPlan, PlanStep, plan
 from sage_tfx.dp_statistics.aggregation.release import Release
 from sage_tfx.dp_statistics.aggregation.local import aggregate
 
-__all__ = ["Aggregate", "AggregateKind", "AggregationQuery", "GuaranteeUnit", "NoiseKind",
+__all__ = ["Aggregate", "AggregateKind", "AggregationQuery", "BoundsScope", "GuaranteeUnit", "NoiseKind",
            "QueryError", "SelectionRule", "BudgetPlan", "PlanStep", "plan", "Release",
            "aggregate"]

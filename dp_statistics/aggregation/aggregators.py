@@ -22,7 +22,8 @@ block                  a kept pair's contribution                      Delta (L1
 =====================  ==============================================  ======================
 units                  1                                               1
 rows                   sampled rows, <= m                              m
-SUM [L, U]             clamp(sum of the unit's rows, L, U)             max(|L|, |U|)
+SUM [L, U], unit       clamp(sum of the unit's rows, L, U)             max(|L|, |U|)
+SUM [L, U], row        sum over sampled rows of clamp(x)               m max(|L|, |U|)
 centred sum (AVG...)   sum over sampled rows of clamp(x) - mid          m (U - L) / 2
 centred squares        sum over sampled rows of (clamp(x) - mid)^2     m h^2 / 2, h = (U-L)/2
                        - h^2 / 2  (in [-h^2/2, h^2/2])
@@ -50,9 +51,9 @@ import pandas as pd
 from dp_accounting import dp_event
 
 from sage_tfx import mechanisms
-from sage_tfx.dp_statistics.aggregation.budget import (SELECTION_STEP,
+from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, SELECTION_STEP,
                                                        BudgetPlan, component_budget,
-                                                       count_distinct_from_selection,
+                                                       derived_from,
                                                        run_selection)
 from sage_tfx.dp_statistics.aggregation.spec import (Aggregate, AggregateKind, AggregationQuery,
                                                      NoiseKind, SelectionRule)
@@ -157,14 +158,17 @@ def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float
     out[:, Layout.ROWS] = np.bincount(sampled_pairs, minlength=n_pairs)
     for aggregate in query.aggregates:
         block = spec.blocks[aggregate.output_name]
-        if aggregate.kind is AggregateKind.SUM:
+        if aggregate.kind is AggregateKind.SUM and not aggregate.bounds_rows:
             totals = np.bincount(pair_of_row, weights=columns[aggregate.column],
                                  minlength=n_pairs)
             out[:, block.start] = mechanisms.bounded(totals, *bounds[aggregate.output_name])
         elif aggregate.bounds_rows:
             low, high = bounds[aggregate.output_name]
             values = mechanisms.bounded(columns[aggregate.column][sampled], low, high)
-            if aggregate.kind is AggregateKind.QUANTILE:
+            if aggregate.kind is AggregateKind.SUM:
+                out[:, block.start] = np.bincount(sampled_pairs, weights=values,
+                                                  minlength=n_pairs)
+            elif aggregate.kind is AggregateKind.QUANTILE:
                 bucket = histogram_buckets(values, low, high)
                 out[:, block] = np.bincount(sampled_pairs * QUANTILE_BUCKETS + bucket,
                                             minlength=n_pairs * QUANTILE_BUCKETS
@@ -217,9 +221,9 @@ def log_histogram(values: np.ndarray) -> np.ndarray:
 
 
 def bounds_values_per_unit(query: AggregationQuery, aggregate: Aggregate) -> int:
-    """How many values one unit adds to the bounds histogram: a total per kept pair (SUM), or
-    each sampled row of its kept pairs."""
-    per_pair = 1 if aggregate.kind is AggregateKind.SUM else query.max_contributions_per_partition
+    """How many values one unit adds to the bounds histogram: a total per kept pair (unit-scoped
+    SUM), or each sampled row of its kept pairs."""
+    per_pair = query.max_contributions_per_partition if aggregate.bounds_rows else 1
     return query.max_partitions_contributed * per_pair
 
 
@@ -251,11 +255,20 @@ def _bucket_edges(index: int) -> tuple[float, float]:
     return -(2.0 ** (j + 1)), -(2.0 ** j)
 
 
+def infer_bounds(query: AggregationQuery, aggregate: Aggregate, plan: BudgetPlan,
+                 histogram: np.ndarray) -> tuple[tuple[float, float], dp_event.DpEvent]:
+    """The aggregate's DP bounds from its log histogram, at its ``bounds:`` step's epsilon."""
+    bounds, noisy = bounds_from_histogram(histogram, bounds_values_per_unit(query, aggregate),
+                                          plan.step(BOUNDS_STEP_PREFIX
+                                                    + aggregate.output_name).epsilon)
+    return bounds, noisy.event
+
+
 def bounds_input(aggregate: Aggregate, pair_of_row: np.ndarray, rank_in_pair: np.ndarray,
                  n_pairs: int, column: np.ndarray, max_rows: int) -> np.ndarray:
-    """The values one aggregate's bounds are inferred from: each kept pair's total (SUM) or
-    its sampled rows' values, for pairs given in pair order."""
-    if aggregate.kind is AggregateKind.SUM:
+    """The values one aggregate's bounds are inferred from: each kept pair's total (unit-scoped
+    SUM) or its sampled rows' values, for pairs given in pair order."""
+    if not aggregate.bounds_rows:
         return np.bincount(pair_of_row, weights=column, minlength=n_pairs)
     return column[rank_in_pair < max_rows]
 
@@ -274,27 +287,38 @@ def _noisy(query: AggregationQuery, values: np.ndarray, sensitivity: float, epsi
                                epsilon=epsilon, delta=delta)
 
 
+@dataclasses.dataclass(frozen=True)
+class _NoisyMoments:
+    """An AVG/VAR/STDDEV's noisy row count N and centred sum S, and its midpoint (the derived
+    COUNT is N, the derived row-scoped SUM mid * N + S)."""
+    rows: np.ndarray
+    centred_sum: np.ndarray
+    mid: float
+
+
 def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     """AVG / VAR from noisy (rows, centred sum[, centred squares]) (LLSY16, module docstring):
     mean = mid + S / max(N, 1), clamped to [L, U]; var = (Q / N + h^2 / 2) - (S / N)^2,
-    clamped to [0, h^2]; STDDEV its square root. Returns (values, events of the noisy sums)."""
+    clamped to [0, h^2]; STDDEV its square root. Returns (values, events of the noisy sums,
+    the noisy moments)."""
     step = plan.step(aggregate.output_name)
     epsilon, delta = component_budget(aggregate.kind, step.epsilon, step.delta)
     m = query.max_contributions_per_partition
     mid, half = midpoint_and_half_width(low, high)
     rows = _noisy(query, accumulators[:, Layout.ROWS], m, epsilon, delta)
     centred = _noisy(query, accumulators[:, block.start], m * half, epsilon, delta)
+    moments = _NoisyMoments(rows.value, centred.value, mid)
     count = np.maximum(rows.value, 1.0)
     mean = np.clip(mid + centred.value / count, low, high)
     if aggregate.kind is AggregateKind.AVG:
-        return mean, [rows.event, centred.event]
+        return mean, [rows.event, centred.event], moments
     squares = _noisy(query, accumulators[:, block.start + 1], m * half ** 2 / 2.0, epsilon,
                      delta)
     centred_mean = mean - mid
     variance = np.clip(squares.value / count + half ** 2 / 2.0 - centred_mean ** 2,
                        0.0, half ** 2)
     value = variance if aggregate.kind is AggregateKind.VAR else np.sqrt(variance)
-    return value, [rows.event, centred.event, squares.event]
+    return value, [rows.event, centred.event, squares.event], moments
 
 
 def quantile_from_histogram(noisy_counts: np.ndarray, q: float, low: float,
@@ -335,10 +359,20 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
         keys, accumulators = keys[keep], accumulators[keep]
     table = keys.reset_index(drop=True)
     spec = layout(query)
-    for aggregate in query.aggregates:
+    derived = derived_from(query)
+    moments: dict[str, _NoisyMoments] = {}
+    # Aggregates with a step first (in query order); the derived ones read their sources after.
+    for aggregate in sorted(query.aggregates, key=lambda a: a.output_name in derived):
         name = aggregate.output_name
-        if aggregate.kind is AggregateKind.COUNT_DISTINCT and count_distinct_from_selection(query):
-            table[name] = np.asarray(selected_counts, dtype=np.float64)
+        if name in derived:
+            source = derived[name]
+            if source == SELECTION_STEP:
+                table[name] = np.asarray(selected_counts, dtype=np.float64)
+            elif aggregate.kind is AggregateKind.COUNT:
+                table[name] = moments[source].rows
+            else:
+                table[name] = (moments[source].mid * moments[source].rows
+                               + moments[source].centred_sum)
             continue
         step = plan.step(name)
         block = spec.blocks[name]
@@ -351,7 +385,8 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
             continue
         low, high = bounds[name]
         if aggregate.kind is AggregateKind.SUM:
-            noisy = _noisy(query, accumulators[:, block.start], max(abs(low), abs(high)),
+            rows = query.max_contributions_per_partition if aggregate.bounds_rows else 1
+            noisy = _noisy(query, accumulators[:, block.start], rows * max(abs(low), abs(high)),
                            step.epsilon, step.delta)
             table[name], events[name] = noisy.value, noisy.event
         elif aggregate.kind is AggregateKind.QUANTILE:
@@ -361,7 +396,9 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
                                                   aggregate.q, low, high)
             events[name] = noisy.event
         else:
-            value, parts = _mean_and_square(query, accumulators, block, plan, aggregate, low, high)
+            value, parts, moments[name] = _mean_and_square(query, accumulators, block, plan,
+                                                           aggregate, low, high)
             table[name], events[name] = value, dp_event.ComposedDpEvent(parts)
+    table = table[list(query.group_by) + [a.output_name for a in query.aggregates]]
     ordered = {s.name: events[s.name] for s in plan.steps}
     return table.sort_values(list(query.group_by), ignore_index=True), ordered

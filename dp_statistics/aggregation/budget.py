@@ -2,8 +2,12 @@
 
 Steps. ``partition_selection`` (absent with public partitions), one step per aggregate named by
 its output column, and ``bounds:<output column>`` for each aggregate whose bounds are inferred
-(§4.2.5). COUNT(DISTINCT unit) under a thresholding rule has no step: it is the selection's noisy
-unit count, released as post-processing (the seed's remark after its thresholding theorem).
+(§4.2.5). Three aggregates are post-processing of another step and have no step of their own
+(:func:`derived_from`): COUNT(DISTINCT unit) under a thresholding rule is the selection's noisy
+unit count (the seed's remark after its thresholding theorem); COUNT(*) next to an AVG, VAR or
+STDDEV is that aggregate's noisy row count (the same rows, the same sensitivity m); a row-scoped
+SUM with the column and literal bounds of an AVG/VAR/STDDEV is mid * N + S from its noisy row
+count N and centred sum S (PipelineDP derives COUNT and SUM from MEAN the same way).
 
 Composition (DP SQL §4.2.3, "User-level differential privacy", reconstructed). A unit touches at
 most C_u partitions; on each, step s is (eps_s, delta_s)-DP in the partition's output. The seed
@@ -18,8 +22,10 @@ delta_s (Gaussian noise, and the selection's additional delta) is at most delta 
 composition, the seed's Proposition 5). ``BudgetPlan.event`` is the composed event for the
 ledger; the selection's ``additional_delta`` sits outside it (mechanisms.Release's contract).
 
-Shares. By default every step weighs 1 (PipelineDP's NaiveBudgetAccountant does the same);
-``weights`` overrides by step name. An aggregate that releases k noisy sums (AVG: count and
+Shares. By default a step weighs the number of noisy sums it releases (selection, bounds,
+COUNT, SUM, QUANTILE: 1; AVG: 2; VAR/STDDEV: 3), which is PipelineDP's split (its
+NaiveBudgetAccountant gives each mechanism weight 1, and MEAN is two); ``weights`` overrides by
+step name. An aggregate that releases k noisy sums (AVG: count and
 centred sum; VAR/STDDEV: count, centred sum, centred sum of squares) splits its share evenly
 among them. Delta: with Laplace noise all of it goes to the selection; with Gaussian noise the
 selection gets half and the Gaussian steps share the rest in proportion to their weights.
@@ -91,19 +97,36 @@ class BudgetPlan:
         return sum(step.additional_delta for step in self.steps)
 
 
-def count_distinct_from_selection(query: AggregationQuery) -> bool:
-    """COUNT(DISTINCT unit) is the thresholding rule's noisy unit count (no step of its own)."""
-    return SelectionRule(query.selection) in _THRESHOLDING
+_MEAN_KINDS = (AggregateKind.AVG, AggregateKind.VAR, AggregateKind.STDDEV)
 
 
-def _step_names(query: AggregationQuery) -> list[str]:
-    names = [] if SelectionRule(query.selection) is SelectionRule.PUBLIC else [SELECTION_STEP]
+def derived_from(query: AggregationQuery) -> dict[str, str]:
+    """Output name -> the step it is post-processed from (module docstring), for the
+    aggregates that have no step of their own."""
+    derived = {}
+    means = [a for a in query.aggregates if a.kind in _MEAN_KINDS]
+    for aggregate in query.aggregates:
+        if (aggregate.kind is AggregateKind.COUNT_DISTINCT
+                and SelectionRule(query.selection) in _THRESHOLDING):
+            derived[aggregate.output_name] = SELECTION_STEP
+        elif aggregate.kind is AggregateKind.COUNT and means:
+            derived[aggregate.output_name] = means[0].output_name
+        elif aggregate.kind is AggregateKind.SUM and aggregate.bounds_rows:
+            source = next((m for m in means if (m.column, m.low, m.high) == (
+                aggregate.column, aggregate.low, aggregate.high) and m.low is not None), None)
+            if source is not None:
+                derived[aggregate.output_name] = source.output_name
+    return derived
+
+
+def _step_weights(query: AggregationQuery) -> dict[str, float]:
+    names = {} if SelectionRule(query.selection) is SelectionRule.PUBLIC else {SELECTION_STEP: 1.0}
+    derived = derived_from(query)
     for aggregate in query.aggregates:
         if aggregate.bounds_inferred:
-            names.append(BOUNDS_STEP_PREFIX + aggregate.output_name)
-        if not (aggregate.kind is AggregateKind.COUNT_DISTINCT
-                and count_distinct_from_selection(query)):
-            names.append(aggregate.output_name)
+            names[BOUNDS_STEP_PREFIX + aggregate.output_name] = 1.0
+        if aggregate.output_name not in derived:
+            names[aggregate.output_name] = float(NOISY_SUMS[aggregate.kind])
     return names
 
 
@@ -126,12 +149,13 @@ def plan(query: AggregationQuery, epsilon: float, delta: float,
     (selection, Gaussian noise), or unknown/non-positive weights; nothing is charged here."""
     query.check()
     epsilon, delta = _grant(epsilon, delta)
-    names = _step_names(query)
+    default = _step_weights(query)
+    names = list(default)
     weights = dict(weights or {})
     unknown = sorted(set(weights) - set(names))
     if unknown:
         raise QueryError(f"weights name unknown steps {unknown}; the steps are {names}")
-    share = {name: float(weights.get(name, 1.0)) for name in names}
+    share = {name: float(weights.get(name, default[name])) for name in names}
     if not all(math.isfinite(w) and w > 0 for w in share.values()):
         raise QueryError(f"weights must be positive finite numbers, got {weights!r}")
     total = sum(share.values())

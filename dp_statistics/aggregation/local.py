@@ -1,6 +1,7 @@
 """The in-process engine (the default): vectorised numpy/pandas over aggregators.py's math."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -78,24 +79,27 @@ def partition_codes(frame: pd.DataFrame,
     return data_to_public[codes] if codes.size else codes, public_keys
 
 
-def aggregate(data, query: AggregationQuery, plan: BudgetPlan,
-              unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ, *,
-              seed: Optional[int] = None) -> Release:
-    """Run ``query`` on ``data`` (pyarrow.Table or pandas.DataFrame) at ``plan``'s budget:
-    contribution bounding, DP bounds where asked, DP aggregates, partition selection
-    (aggregators.py). ``unit``: what the grant's blocks make the neighbouring relation.
-    Rows whose unit is null belong to nobody and are dropped. ``seed`` fixes the contribution
-    sampling, for tests only (noise is never seeded). Raises QueryError (unknown or non-numeric
-    columns, a plan made for another query) before drawing any noise."""
-    frame = _frame(data, query)
-    check_plan(query, plan)
+@dataclasses.dataclass(frozen=True)
+class Accumulated:
+    """What an engine hands to ``aggregators.release``: the partitions' keys, their pre-noise
+    accumulators (one row each, ``aggregators.Layout``), the bounds of each bounded aggregate
+    and the events of the DP bounds steps that ran."""
+    keys: pd.DataFrame
+    accumulators: np.ndarray
+    bounds: dict
+    bounds_events: dict
+
+
+def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
+               rng: np.random.Generator) -> Accumulated:
+    """Steps 1-3 of aggregators.py (and the DP bounds) on a checked frame."""
     columns = {c: numeric_column(frame, c) for c in value_columns(query)}
     owned = frame[query.unit_column].notna().to_numpy()
     codes, keys = partition_codes(frame, query)
     rows = owned & (codes >= 0)
     unit_codes, _ = pd.factorize(frame[query.unit_column].to_numpy()[rows])
     pairs = aggregators.bound_contributions(unit_codes, codes[rows], len(keys),
-                                            query.max_partitions_contributed, secret_rng(seed))
+                                            query.max_partitions_contributed, rng)
     kept_row = pairs.pair_kept[pairs.pair_of_row]
     pair_index = np.cumsum(pairs.pair_kept) - 1
     pair_of_row = pair_index[pairs.pair_of_row[kept_row]]
@@ -115,17 +119,37 @@ def aggregate(data, query: AggregationQuery, plan: BudgetPlan,
         values = aggregators.bounds_input(aggregate_spec, pair_of_row, rank_in_pair, n_pairs,
                                           ordered[aggregate_spec.column],
                                           query.max_contributions_per_partition)
-        bounds[name], noisy = aggregators.bounds_from_histogram(
-            aggregators.log_histogram(values),
-            aggregators.bounds_values_per_unit(query, aggregate_spec),
-            plan.step(BOUNDS_STEP_PREFIX + name).epsilon)
-        bounds_events[BOUNDS_STEP_PREFIX + name] = noisy.event
+        bounds[name], bounds_events[BOUNDS_STEP_PREFIX + name] = aggregators.infer_bounds(
+            query, aggregate_spec, plan, aggregators.log_histogram(values))
 
     contributions = aggregators.pair_contributions(query, bounds, pair_of_row, rank_in_pair,
                                                    n_pairs, ordered)
     accumulators = aggregators.sum_by_partition(pairs.pair_partition[pairs.pair_kept],
                                                 contributions, len(keys))
-    table, events = aggregators.release(query, plan, keys, accumulators, bounds, bounds_events)
+    return Accumulated(keys, accumulators, bounds, bounds_events)
+
+
+def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: Accumulated,
+                        unit: GuaranteeUnit) -> Release:
+    """Step 4 (noise, selection, post-processing) and the guarantee, for either engine."""
+    table, events = aggregators.release(query, plan, accumulated.keys, accumulated.accumulators,
+                                        accumulated.bounds, accumulated.bounds_events)
     return Release(table, plan.epsilon, plan.delta, unit_description(query, unit), events,
                    plan.additional_delta,
-                   {name: (float(low), float(high)) for name, (low, high) in bounds.items()})
+                   {name: (float(low), float(high))
+                    for name, (low, high) in accumulated.bounds.items()})
+
+
+def aggregate(data, query: AggregationQuery, plan: BudgetPlan,
+              unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ, *,
+              seed: Optional[int] = None) -> Release:
+    """Run ``query`` on ``data`` (pyarrow.Table or pandas.DataFrame) at ``plan``'s budget:
+    contribution bounding, DP bounds where asked, DP aggregates, partition selection
+    (aggregators.py). ``unit``: what the grant's blocks make the neighbouring relation.
+    Rows whose unit is null belong to nobody and are dropped. ``seed`` fixes the contribution
+    sampling, for tests only (noise is never seeded). Raises QueryError (unknown or non-numeric
+    columns, a plan made for another query) before drawing any noise."""
+    frame = _frame(data, query)
+    check_plan(query, plan)
+    return release_accumulated(query, plan, accumulate(frame, query, plan, secret_rng(seed)),
+                               unit)

@@ -14,10 +14,17 @@ kind               the unit's contribution to one partition                   bo
 =================  =========================================================  ==================
 COUNT              its number of kept rows, in [0, m]                         none
 COUNT_DISTINCT     1                                                          none
-SUM                the sum of ALL its rows' values, clamped into [low, high]  the unit's total
+SUM (scope UNIT)   the sum of ALL its rows' values, clamped into [low, high]  the unit's total
+SUM (scope ROW)    the sum of its kept rows, each clamped into [low, high]    each row's value
 AVG, VAR, STDDEV   its kept rows, each value clamped into [low, high]         each row's value
 QUANTILE           its kept rows, each value clamped into [low, high]         each row's value
 =================  =========================================================  ==================
+
+SUM's bounds apply to the unit's total in the partition by default (the seed's ANON_SUM, and
+BigQuery's contribution_bounds_per_group); ``scope=BoundsScope.ROW`` clamps each row instead
+(BigQuery's contribution_bounds_per_row, PipelineDP's min_value/max_value). A row-scoped SUM
+with the same column and literal bounds as an AVG/VAR/STDDEV of the query, and COUNT(*) next to
+any of those, are post-processed from that aggregate's noisy row count and centred sum (budget.py).
 
 ``low``/``high`` left ``None`` are inferred with DP from the data (§4.2.5), at a budget share of
 their own. MEDIAN, MIN, MAX and NTILE are quantiles: q = 0.5, 0, 1 and the NTILE's fraction.
@@ -55,6 +62,12 @@ class NoiseKind(str, enum.Enum):
     GAUSSIAN = "gaussian"
 
 
+class BoundsScope(str, enum.Enum):
+    """What [low, high] clamps: the unit's total in the partition, or each of its rows."""
+    UNIT = "unit"
+    ROW = "row"
+
+
 class GuaranteeUnit(str, enum.Enum):
     """What one neighbouring step adds or removes: all rows of one unit within the blocks the
     grant read, or of one unit overall (when the ledger's blocks are split by the unit)."""
@@ -83,6 +96,7 @@ class Aggregate:
     high: Optional[float] = None
     q: Optional[float] = None
     name: Optional[str] = None
+    scope: Optional[BoundsScope] = None  # None: UNIT for SUM, ROW for the others
 
     @classmethod
     def count(cls, name: Optional[str] = None) -> "Aggregate":
@@ -128,7 +142,7 @@ class Aggregate:
     @property
     def bounds_rows(self) -> bool:
         """True when [low, high] clamps each row's value, False when it clamps the unit's sum."""
-        return self.kind in _ROW_VALUE_KINDS
+        return self.kind in _ROW_VALUE_KINDS or self.scope == BoundsScope.ROW
 
     def check(self) -> None:
         where = f"aggregate {self.output_name!r}"
@@ -138,8 +152,8 @@ class Aggregate:
             raise QueryError(f"{where}: unknown kind {self.kind!r}; one of "
                              f"{[k.value for k in AggregateKind]}") from None
         if kind in (AggregateKind.COUNT, AggregateKind.COUNT_DISTINCT):
-            if (self.column, self.low, self.high, self.q) != (None, None, None, None):
-                raise QueryError(f"{where}: {kind.value} takes no column, bounds or q")
+            if (self.column, self.low, self.high, self.q, self.scope) != (None,) * 5:
+                raise QueryError(f"{where}: {kind.value} takes no column, bounds, q or scope")
             return
         if not self.column:
             raise QueryError(f"{where}: {kind.value} needs a column")
@@ -151,6 +165,14 @@ class Aggregate:
                     and self.low < self.high):
                 raise QueryError(f"{where}: bounds must be finite with low < high, got "
                                  f"[{self.low!r}, {self.high!r}]")
+        if self.scope is not None:
+            try:
+                scope = BoundsScope(self.scope)
+            except ValueError:
+                raise QueryError(f"{where}: unknown bounds scope {self.scope!r}") from None
+            if scope is BoundsScope.UNIT and kind is not AggregateKind.SUM:
+                raise QueryError(f"{where}: only SUM can clamp the unit's total; {kind.value} "
+                                 "clamps each row")
         if kind is AggregateKind.QUANTILE:
             if self.q is None or not 0.0 <= self.q <= 1.0:
                 raise QueryError(f"{where}: quantile needs q in [0, 1], got {self.q!r}")

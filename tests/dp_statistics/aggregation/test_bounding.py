@@ -5,6 +5,7 @@ import pytest
 from scipy import stats
 
 from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
+                                                BoundsScope,
                                                 SelectionRule, aggregate, aggregators, plan)
 from sage_tfx.randomness import secret_rng
 
@@ -49,6 +50,20 @@ def test_the_operator_counts_the_heavy_unit_in_at_most_c_u_public_partitions(mon
     # rows: heavy unit's 3 rows per partition capped at m = 2 in its 4 partitions
     assert release.table["count"].sum() == 100 + 4 * 2
     assert (release.table["count_distinct"] <= 2).all()
+
+
+def test_count_and_row_sum_derived_from_avg_are_its_row_count_and_clamped_sum(monkeypatch):
+    frame = pd.DataFrame({"uid": [1, 1, 1, 2, 3], "key": [0, 0, 0, 0, 1],
+                          "x": [4.0, 30.0, -3.0, 5.0, 2.0]})
+    query = AggregationQuery(("key",), "uid", (
+        Aggregate.count(), Aggregate(AggregateKind.SUM, "x", 0, 10, scope=BoundsScope.ROW),
+        Aggregate(AggregateKind.AVG, "x", 0, 10)), selection=SelectionRule.PUBLIC,
+        public_partitions=((0,), (1,)), max_contributions_per_partition=3)
+    monkeypatch.setattr(aggregators, "_noisy", _noiseless)
+    table = aggregate(frame, query, plan(query, 1.0, 0.0)).table
+    assert table["count"].tolist() == [4.0, 1.0]
+    assert table["sum_x"].tolist() == [4.0 + 10.0 + 0.0 + 5.0, 2.0]
+    assert table["avg_x"].tolist() == [19.0 / 4, 2.0]
 
 
 def _noiseless(query, values, sensitivity, epsilon, delta):

@@ -5,6 +5,7 @@ import pyarrow as pa
 import pytest
 
 from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
+                                                BoundsScope,
                                                 NoiseKind, QueryError, SelectionRule, aggregate,
                                                 plan)
 
@@ -75,16 +76,27 @@ def test_a_plan_for_another_query_is_refused():
 
 def test_plan_steps_split_the_grant_and_name_each_aggregate():
     q = query(aggregates=(Aggregate.count(), Aggregate.count_distinct(),
-                          Aggregate(AggregateKind.AVG, "fare", 0, 10)),
+                          Aggregate(AggregateKind.SUM, "fare", 0, 10, scope=BoundsScope.ROW),
+                          Aggregate(AggregateKind.AVG, "fare", 0, 10),
+                          Aggregate(AggregateKind.SUM, "fare", 0, 40, name="fare_total")),
               selection=SelectionRule.LAPLACE_THRESHOLD)
-    budget = plan(q, 0.9, 1e-6, weights={"partition_selection": 2.0})
-    # COUNT(DISTINCT) is the thresholding's noisy unit count: no step of its own
-    assert [s.name for s in budget.steps] == ["partition_selection", "count", "avg_fare"]
+    # COUNT(DISTINCT) is the thresholding's noisy unit count, COUNT(*) and the row-scoped SUM
+    # come from AVG's noisy count and sum: none has a step of its own. AVG weighs 2 (two sums).
+    budget = plan(q, 1.0, 1e-6)
+    assert [s.name for s in budget.steps] == ["partition_selection", "avg_fare", "fare_total"]
+    assert [s.epsilon for s in budget.steps] == pytest.approx([0.25, 0.5, 0.25])
+    budget = plan(q, 0.9, 1e-6, weights={"partition_selection": 2.0, "avg_fare": 1.0})
     assert [s.epsilon for s in budget.steps] == pytest.approx([0.45, 0.225, 0.225])
     assert sum(s.epsilon for s in budget.steps) == pytest.approx(budget.epsilon)
     assert budget.delta == budget.additional_delta == 1e-6
     with pytest.raises(QueryError, match="weights name unknown steps"):
         plan(q, 1.0, 1e-6, weights={"sum": 1.0})
+
+
+def test_only_sum_clamps_a_units_total():
+    with pytest.raises(QueryError, match="only SUM can clamp the unit's total"):
+        plan(query(aggregates=(Aggregate(AggregateKind.AVG, "fare", 0, 1,
+                                         scope=BoundsScope.UNIT),)), 1.0, 1e-6)
 
 
 def test_the_release_states_its_guarantee_and_unit():
