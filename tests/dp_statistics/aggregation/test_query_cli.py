@@ -88,11 +88,14 @@ def test_query_charges_one_grant_and_prints_the_release_and_its_guarantee(
     assert len(grants) == 1
     assert sorted(grants[0]["blocks"]) == ["trips.2013-02", "trips.2013-03"]
     assert (grants[0]["epsilon"], grants[0]["delta"]) == (1.0, 1e-6)
-    assert set(grants[0]["split"]) == {"n", "mean_fare", "median_fare"}
+    # One share per step of the query's plan (COUNT(*) may be post-processed from the AVG's
+    # noisy count, with no step of its own).
+    assert {"mean_fare", "median_fare"} <= set(grants[0]["split"]) <= {"n", "mean_fare",
+                                                                       "median_fare"}
     # Its shares were consumed: the same grant cannot pay for a second release.
     ledger = BlockLedger(ledger_with_trips)
     with pytest.raises(Exception, match="already used"):
-        ledger.use_share(ledger.find_grant(grants[0]["grant_id"]), "n", "a second run")
+        ledger.use_share(ledger.find_grant(grants[0]["grant_id"]), "mean_fare", "a second run")
 
 
 @pytest.mark.parametrize("query, code, message", [
