@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sage-tfx", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sage-tfx {__version__}")
-    groups = parser.add_subparsers(dest="group", required=True, metavar="{ledger,compile,audit,ingest,query}")
+    groups = parser.add_subparsers(dest="group", required=True,
+                                   metavar="{ledger,compile,audit,ingest,query}")
     ledger_cli.add_parser(groups)
     _add_compile_parser(groups)
     audit_cli.add_parser(groups)

@@ -27,8 +27,8 @@ output row from rows of one unit only and carry uid along:
 | --- | --- | --- |
 | projection (subquery SELECT list) | keeps uid | a SELECT list without uid |
 | selection (WHERE) | any row-wise predicate | a subquery inside it (it reads other units' rows) |
-| aggregation (subquery GROUP BY) | groups by uid (and anything else) | aggregates not grouped by uid |
-| join | `USING (uid)`, or `ON a.uid = b.uid [AND ...]` | any other condition, a cross join |
+| aggregation (subquery GROUP BY) | groups by uid (and more) | aggregates not grouped by uid |
+| join | `USING (uid)`, or `ON a.uid = b.uid` | any other condition, a cross join |
 
 Window functions (they read other rows), set operations, and ANON_ aggregates below the top
 level are refused too. WHERE is applied to each row before the operator (a row-wise map: one
