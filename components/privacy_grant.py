@@ -1,7 +1,7 @@
 """The PrivacyGrant artifact and the check every DP component runs before touching data.
 
-DESIGN.md, "No data without a grant": a DP component takes the PrivacyGrant and refuses Examples
-that do not come with a grant covering them. `require_grant` is that check:
+docs/architecture.md, "No data without a grant": a DP component takes the PrivacyGrant and refuses
+Examples that do not come with a grant covering them. `require_grant` is that check:
 
     grant = require_grant(input_dict["grant"], input_dict["examples"])
     epsilon, delta = grant.share("training")   # consumes the share, once, in the ledger

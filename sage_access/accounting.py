@@ -10,7 +10,7 @@ the allocation policy and the CLI never branch on the mode:
 
 Neighbouring relation: add-or-remove-one record (Sage Appendix A.1). A request states its
 (epsilon, delta) or RDP curve already in that relation; mechanisms analysed under replace-one must
-convert before asking (see DESIGN.md).
+convert before asking (see docs/architecture.md).
 
 Basic composition (Sage Theorem 4.3, proof in Appendix A.2)
 -----------------------------------------------------------

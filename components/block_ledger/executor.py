@@ -1,7 +1,7 @@
 """BlockLedger component's executor: obtain a grant, then release the granted blocks' Examples.
 
-Order matters (DESIGN.md, "charge before release"): the ledger charges every selected block
-(all or nothing) before a single record is copied to the output. A denied or malformed request
+Order matters (docs/architecture.md, "charge before release"): the ledger charges every selected
+block (all or nothing) before a single record is copied to the output. A denied or malformed request
 fails the component with nothing charged and nothing written.
 """
 from __future__ import annotations

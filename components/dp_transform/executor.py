@@ -1,8 +1,8 @@
 """DPTransform executor: run the user's preprocessing_fn with tensorflow_transform on Beam, where
 only the DP analyzers of analyzers.py may look at the data.
 
-Order (DESIGN.md): check the grant, then trace the preprocessing_fn and refuse it if it uses a
-non-DP analyzer or spends more than the transform share, and only then read a record. The
+Order (docs/architecture.md): check the grant, then trace the preprocessing_fn and refuse it if it
+uses a non-DP analyzer or spends more than the transform share, and only then read a record. The
 analysis runs on the granted train split; both splits are transformed with the result.
 """
 from __future__ import annotations

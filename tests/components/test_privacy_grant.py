@@ -104,6 +104,7 @@ def _claim(store_path, grant_id, step, queue):
         queue.put("refused")
 
 
+@pytest.mark.slow
 def test_concurrent_consumers_of_one_share_exactly_one_wins(granted, store_path):
     grant, _ = granted
     context = multiprocessing.get_context("spawn")
