@@ -112,9 +112,17 @@ def _group_ranks(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return group, np.arange(sorted_keys.size) - starts[group]
 
 
-def _random_grouping(keys: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A permutation that sorts ``keys`` and is uniformly random within equal keys (a stable
-    sort of a uniformly shuffled array)."""
+def _random_grouping(keys: np.ndarray, key_limit: int, rng: np.random.Generator) -> np.ndarray:
+    """A permutation that sorts ``keys`` (integers in [0, key_limit)) and orders equal keys
+    uniformly at random. One unstable argsort of key * 2^r + r random bits when r >= 24 bits
+    fit beside the key in 64 (ties among equal random bits, rare, fall back to argsort's
+    order: the order of one unit's own rows, so sampling still depends only on the unit's
+    data); else a stable sort of a uniformly shuffled array."""
+    random_bits = 64 - max(int(key_limit - 1).bit_length(), 1)
+    if random_bits >= 24:
+        packed = (keys.astype(np.uint64) << np.uint64(random_bits)) | rng.integers(
+            0, 2 ** random_bits, size=keys.size, dtype=np.uint64)
+        return np.argsort(packed)
     shuffled = rng.permutation(keys.size)
     return shuffled[np.argsort(keys[shuffled], kind="stable")]
 
@@ -124,12 +132,13 @@ def bound_contributions(unit_codes: np.ndarray, partition_codes: np.ndarray, n_p
                         rng: np.random.Generator) -> BoundedPairs:
     """Steps 1 and 2 of the module docstring, vectorised over all rows."""
     pair_key = unit_codes.astype(np.int64) * n_partitions + partition_codes.astype(np.int64)
-    row_order = _random_grouping(pair_key, rng)
+    n_units = int(unit_codes.max()) + 1 if unit_codes.size else 1
+    row_order = _random_grouping(pair_key, n_units * n_partitions, rng)
     sorted_key = pair_key[row_order]
     pair_of_row, rank_in_pair = _group_ranks(sorted_key)
     pair_key = sorted_key[rank_in_pair == 0]
     pair_unit, pair_partition = pair_key // n_partitions, pair_key % n_partitions
-    by_unit = _random_grouping(pair_unit, rng)
+    by_unit = _random_grouping(pair_unit, n_units, rng)
     _, rank_in_unit = _group_ranks(pair_unit[by_unit])
     pair_kept = np.empty(pair_key.size, dtype=bool)
     pair_kept[by_unit] = rank_in_unit < max_partitions_contributed
@@ -234,13 +243,14 @@ def bounds_from_histogram(counts: np.ndarray, values_per_unit: int,
     epsilon-DP), then post-processing: keep the buckets whose noisy count passes
     t = b ln(B / (2 beta)) (b the noise scale: an empty bucket passes with probability
     e^(-t/b) / 2 = beta / B), and return [min(0, lowest kept bucket's lower edge),
-    max(0, highest kept bucket's upper edge)]; if none passes, the largest noisy bucket's."""
+    max(0, highest kept bucket's upper edge)]; if none passes, the zero bucket's [-2^-10, 2^-10]
+    (every value then counts as about 0, and ``Release.bounds`` shows it)."""
     noisy = mechanisms.laplace(counts, l1_sensitivity=float(values_per_unit), epsilon=epsilon)
     scale = values_per_unit / epsilon
     passing = np.flatnonzero(noisy.value > scale * math.log(LOG_HISTOGRAM_SIZE
                                                              / (2 * _EMPTY_BUCKET_PASS)))
-    if passing.size == 0:
-        passing = np.array([int(np.argmax(noisy.value))])
+    if passing.size == 0:  # too few values to tell: the zero bucket, a data-independent default
+        passing = np.array([_LOG_BUCKETS])
     edges = [_bucket_edges(i) for i in (passing.min(), passing.max())]
     return (min(0.0, edges[0][0]), max(0.0, edges[1][1])), noisy
 
@@ -392,7 +402,8 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
         elif aggregate.kind is AggregateKind.QUANTILE:
             noisy = _noisy(query, accumulators[:, block], query.max_contributions_per_partition,
                            step.epsilon, step.delta)
-            table[name] = quantile_from_histogram(noisy.value.reshape(len(table), -1),
+            table[name] = quantile_from_histogram(noisy.value.reshape(len(table),
+                                                                      QUANTILE_BUCKETS),
                                                   aggregate.q, low, high)
             events[name] = noisy.event
         else:

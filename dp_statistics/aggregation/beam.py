@@ -123,8 +123,8 @@ class AccumulateTransform(beam.PTransform):
             return tuple(row[c] for c in group_by), row[unit_column]
 
         def wanted(row):
-            if row.get(unit_column) is None:
-                return False  # owned by nobody
+            if pd.isna(row.get(unit_column)):
+                return False  # owned by nobody (None, or NaN from a pandas frame)
             return public is None or tuple(row[c] for c in group_by) in public
 
         pairs = (rows

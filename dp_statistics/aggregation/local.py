@@ -57,12 +57,15 @@ def partition_codes(frame: pd.DataFrame,
                     query: AggregationQuery) -> tuple[np.ndarray, pd.DataFrame]:
     """Each row's partition index (-1: not a public partition) and the partitions' keys."""
     keys_frame = frame[list(query.group_by)]
-    codes = np.zeros(len(frame), dtype=np.int64)
+    codes = None
     for column in query.group_by:
         column_codes, uniques = pd.factorize(keys_frame[column], use_na_sentinel=False)
         # Re-factorizing the combined code keeps it below the row count (no overflow).
-        codes, _ = pd.factorize(codes * max(len(uniques), 1) + column_codes)
-    first = np.unique(codes, return_index=True)[1]
+        codes = column_codes if codes is None else pd.factorize(
+            codes * max(len(uniques), 1) + column_codes)[0]
+    codes = codes.astype(np.int64, copy=False)
+    first = np.empty(int(codes.max()) + 1 if codes.size else 0, dtype=np.int64)
+    first[codes[::-1]] = np.arange(codes.size)[::-1]  # the last write, the first occurrence, wins
     keys = keys_frame.iloc[first].reset_index(drop=True)
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
         return codes, keys

@@ -107,3 +107,17 @@ def test_the_release_states_its_guarantee_and_unit():
     assert release.unit == "all rows of one uid within the blocks read"
     assert list(release.events) == ["count", "sum_fare"]
     assert np.isfinite(release.table[["count", "sum_fare"]].to_numpy()).all()
+
+
+def test_rows_without_a_unit_are_dropped_and_an_empty_table_releases_only_public_keys():
+    nobody = pd.DataFrame({"uid": [None, None], "key": ["a", "b"], "fare": [1.0, 2.0]})
+    inferred = (Aggregate.count(), Aggregate(AggregateKind.SUM, "fare"),
+                Aggregate.median("fare", 0, 10))
+    selected = query(aggregates=inferred)
+    assert aggregate(nobody, selected, plan(selected, 1.0, 1e-6)).table.empty
+    public = query(aggregates=inferred, selection=SelectionRule.PUBLIC,
+                   public_partitions=(("a",), ("b",)))
+    release = aggregate(nobody.iloc[:0], public, plan(public, 1.0, 0.0))
+    assert release.table["key"].tolist() == ["a", "b"]
+    # no value passes the DP bounds' threshold: the data-independent zero bucket is used
+    assert release.bounds["sum_fare"] == (-2.0 ** -10, 2.0 ** -10)
