@@ -36,8 +36,10 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
                             help="SQLite ledger file or grpc://HOST:PORT (default: "
                                  f"${STORE_ENVIRONMENT_VARIABLE})")
         parser.add_argument("--context", default="default", help="ledger context")
-        parser.add_argument("--epsilon", type=float, required=True)
-        parser.add_argument("--delta", type=float, required=True)
+        parser.add_argument("--epsilon", type=float, required=True,
+                            help="ingest: each block's epsilon ceiling; query: the grant's epsilon")
+        parser.add_argument("--delta", type=float, required=True,
+                            help="ingest: each block's delta ceiling; query: the grant's delta")
         parser.set_defaults(run=lambda args: ledger_cli._run(_refusing(handler), args),
                             command=None)
         return parser
@@ -49,7 +51,8 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
                         help="the privacy unit (user id) column; queries' unit is this one")
     ingest.add_argument("--time-column", help="cut blocks by this time column (ISO 8601 or "
                                               "Unix seconds)")
-    ingest.add_argument("--period", choices=["month", "day", "hour"], default="month")
+    ingest.add_argument("--period", choices=["month", "day", "hour"], default="month",
+                        help="with --time-column: one block per calendar period (default month)")
     ingest.add_argument("--start", help="with --time-column: the public schedule's start (ISO "
                                         "date/time or Unix seconds, a period boundary)")
     ingest.add_argument("--end", help="with --time-column: the schedule's end (exclusive)")
