@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE
 

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from sage_tfx.dp_statistics import tables
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
+from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
 
 _USER_HASH_KEY = b"sage-tfx-user-blocks"
 _NUMPY_PERIODS = {"month": "datetime64[M]", "day": "datetime64[D]", "hour": "datetime64[h]"}
@@ -145,9 +146,8 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
         raise BadRequest(f"the unit column {unit_column!r} is read as text; do not type it")
     columns = {c: ("int" if c == time_column else declared.get(c, "string")) for c in header}
     if time_column is not None:
-        from sage_tfx.components.block_example_gen.executor import schedule
-        if period not in tables.TIME_PERIODS:
-            raise BadRequest(f"--period must be one of {', '.join(tables.TIME_PERIODS)}")
+        if period not in TIME_UNITS:
+            raise BadRequest(f"--period must be one of {', '.join(TIME_UNITS)}")
         if start is None or end is None:
             raise BadRequest("--time-column needs the public schedule --start and --end (the "
                              "blocks registered never depend on the data)")
@@ -190,7 +190,6 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
         raw, seconds = raw[keep], seconds[keep]
         stamps = seconds.astype(np.int64).astype("datetime64[s]")
         starts = stamps.astype(_NUMPY_PERIODS[period]).astype("datetime64[s]").astype(np.int64)
-        from sage_tfx.components.block_example_gen.executor import block_of
         part_of = {int(s): block_of(int(s), period, 0)[0] for s in np.unique(starts)}
         row_parts = np.array([part_of[int(s)] for s in starts], dtype=object)
     else:

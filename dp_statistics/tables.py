@@ -36,7 +36,6 @@ from sage_tfx.sage_access.store import connect
 TABLE_TYPE = "sage_tfx.Table"
 ROWS_FILE = "rows.parquet"
 COLUMN_TYPES = ("int", "float", "string")
-TIME_PERIODS = ("month", "day", "hour")
 USER_HASH = "user_hash"
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "string": pa.string()}
