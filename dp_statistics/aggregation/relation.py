@@ -4,8 +4,9 @@ WHERE), evaluated with Arrow's compute engine on the granted blocks' rows.
 Every step is one of the seed's Table 4.3 forms (sql.py checked it), so each output row is
 derived from the rows of one unit: adding or removing a unit's rows adds or removes only rows
 owned by that unit, and the operator's bounding covers them. The expressions are row-wise and
-cannot fail on a value: arithmetic is unchecked, division is in floating point (x / 0 is +-inf
-or NaN, never an error), and a comparison of mismatched types fails on the schema alone.
+cannot fail on a value: arithmetic and casts to float are unchecked (an overflow wraps, an
+integer beyond 2^53 rounds), division is in floating point (x / 0 is +-inf or NaN, never an
+error), and a comparison of mismatched types fails on the schema alone.
 `check_on_schema` runs the whole relation on empty tables of the ingested schemas before
 anything is charged, so such an error refuses the query instead of stopping a charged run.
 
@@ -70,8 +71,8 @@ def to_arrow(node: exp.Expression) -> pc.Expression:
     if kind in _ARITHMETIC:
         return _ARITHMETIC[kind](to_arrow(node.this), to_arrow(node.expression))
     if kind is exp.Div:
-        return pc.divide(to_arrow(node.this).cast(pa.float64()),
-                         to_arrow(node.expression).cast(pa.float64()))
+        return pc.divide(to_arrow(node.this).cast(pa.float64(), safe=False),
+                         to_arrow(node.expression).cast(pa.float64(), safe=False))
     if kind is exp.Is:
         if not isinstance(node.expression, exp.Null):
             raise QueryError(f"{node.sql()}: only IS NULL / IS NOT NULL are supported")
@@ -147,7 +148,7 @@ def evaluate(checked: CheckedQuery, read: Callable[[str], pa.Table]) -> pa.Table
     columns.update({name: to_arrow(expression) for name, expression in checked.keys})
     for index, call in enumerate(checked.aggregates):
         if call.argument is not None:
-            value = to_arrow(call.argument).cast(pa.float64())
+            value = to_arrow(call.argument).cast(pa.float64(), safe=False)
             columns[f"{ARGUMENT_PREFIX}{index}"] = pc.if_else(
                 pc.is_finite(value), value, pc.scalar(0.0))
     projected = _project(rows, columns)

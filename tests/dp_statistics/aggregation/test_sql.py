@@ -171,3 +171,15 @@ def test_aggregate_arguments_follow_the_record_rule():
         "company": ["x", "y", "z"]}))
     # 1/0 = inf, NULL/2 = NULL, 0/0 = NaN: each becomes the public default 0, row by row.
     assert rows.column("__value0").to_pylist() == [0.0, 0.0, 0.0]
+
+
+def test_no_value_can_make_the_relation_fail_after_the_charge():
+    # An integer beyond float64's exact range and an overflowing product: Arrow's checked
+    # casts and arithmetic would raise on these values only; the relation uses unchecked ones.
+    checked = sql.check(sql.parse("SELECT WITH ANONYMIZATION area, ANON_SUM(area * 4, 0, 9), "
+                                  "ANON_AVG(area / 3, 0, 9) FROM trips WHERE area * area <> 1 "
+                                  "GROUP BY area"), SCHEMAS)
+    rows = relation.evaluate(checked, lambda _: pa.table({
+        "uid": ["a", "b"], "area": [2 ** 62 + 1, 3], "fare": [1.0, 2.0],
+        "company": ["x", "y"]}))
+    assert rows.num_rows == 2 and rows.column("uid").to_pylist() == ["a", "b"]
