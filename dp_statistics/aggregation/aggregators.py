@@ -335,7 +335,8 @@ def quantile_from_histogram(noisy_counts: np.ndarray, q: float, low: float,
                             high: float) -> np.ndarray:
     """Post-processing of a (partitions, B) noisy histogram: negative counts become 0, then the
     value where the cumulative count reaches q of the total, linear within its bucket (q = 0:
-    the lower edge of the first non-empty bucket; q = 1: the upper edge of the last)."""
+    the lower edge of the first non-empty bucket; q = 1: the upper edge of the last; no
+    positive count at all: the midpoint of [L, U])."""
     counts = np.maximum(noisy_counts, 0.0)
     cumulative = np.cumsum(counts, axis=1)
     target = q * cumulative[:, -1]
@@ -349,7 +350,8 @@ def quantile_from_histogram(noisy_counts: np.ndarray, q: float, low: float,
     inside = counts[rows, index]
     fraction = np.where(inside > 0, (target - before) / np.where(inside > 0, inside, 1.0), 0.0)
     width = (high - low) / QUANTILE_BUCKETS
-    return low + (index + np.clip(fraction, 0.0, 1.0)) * width
+    value = low + (index + np.clip(fraction, 0.0, 1.0)) * width
+    return np.where(cumulative[:, -1] > 0, value, (low + high) / 2.0)  # no mass: the midpoint
 
 
 def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,

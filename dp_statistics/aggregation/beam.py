@@ -24,16 +24,17 @@ from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, Budget
 from sage_tfx.dp_statistics.aggregation.local import (Accumulated, check_plan,
                                                       release_accumulated, value_columns)
 from sage_tfx.dp_statistics.aggregation.spec import (AggregationQuery, GuaranteeUnit,
-                                                     QueryError, SelectionRule)
+                                                     SelectionRule)
 from sage_tfx.randomness import secret_rng
 
 
-def _finite_or_nan(value) -> float:
+def _number_or_nan(value) -> float:
+    """A value that is not a number counts as missing (its clamp's midpoint): refusing the query
+    because of one row would reveal that the row is there (local.numeric_column)."""
     try:
         return float(value) if value is not None else float("nan")
     except (TypeError, ValueError):
-        raise QueryError(f"a value {value!r} is not numeric; SUM, AVG, VAR, STDDEV and "
-                         "quantiles need numbers") from None
+        return float("nan")
 
 
 class _ShufflePair(beam.DoFn):
@@ -49,7 +50,7 @@ class _ShufflePair(beam.DoFn):
         (partition, unit), rows = element
         rows = list(rows)
         order = self._rng.permutation(len(rows))
-        columns = {c: np.array([_finite_or_nan(rows[i].get(c)) for i in order])
+        columns = {c: np.array([_number_or_nan(rows[i].get(c)) for i in order])
                    for c in self._columns}
         yield unit, (partition, len(rows), columns)
 

@@ -34,7 +34,15 @@ def value_columns(query: AggregationQuery) -> list[str]:
 
 def _frame(data, query: AggregationQuery) -> pd.DataFrame:
     if hasattr(data, "to_pandas") and hasattr(data, "schema"):  # pyarrow.Table
+        import pyarrow as pa
+
         query.check(data.column_names)
+        for column in value_columns(query):
+            kind = data.schema.field(column).type
+            if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                    or pa.types.is_boolean(kind) or pa.types.is_decimal(kind)
+                    or pa.types.is_null(kind)):
+                raise _not_numeric(column, kind)
         needed = list(dict.fromkeys(list(query.group_by) + [query.unit_column]
                                     + value_columns(query)))
         return data.select(needed).to_pandas()
@@ -45,12 +53,24 @@ def _frame(data, query: AggregationQuery) -> pd.DataFrame:
     return data
 
 
+def _not_numeric(column: str, kind) -> QueryError:
+    return QueryError(f"column {column!r} is not numeric (type {kind}); SUM, AVG, VAR, STDDEV "
+                      "and quantiles need numbers")
+
+
 def numeric_column(frame: pd.DataFrame, column: str) -> np.ndarray:
-    try:
-        return frame[column].to_numpy(dtype=np.float64, na_value=np.nan)
-    except (TypeError, ValueError):
-        raise QueryError(f"column {column!r} is not numeric (dtype {frame[column].dtype}); "
-                         "SUM, AVG, VAR, STDDEV and quantiles need numbers") from None
+    """The column as doubles. The refusal depends on the column's type only (the schema, the
+    same on neighbouring tables): in an untyped (object) column a value that is not a number
+    counts as missing, i.e. its clamp's midpoint, since refusing the query because of one row
+    would reveal that the row is there."""
+    series = frame[column]
+    if pd.api.types.is_object_dtype(series.dtype):
+        return pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64,
+                                                               na_value=np.nan)
+    if not (pd.api.types.is_numeric_dtype(series.dtype)
+            or pd.api.types.is_bool_dtype(series.dtype)):
+        raise _not_numeric(column, series.dtype)
+    return series.to_numpy(dtype=np.float64, na_value=np.nan)
 
 
 def partition_codes(frame: pd.DataFrame,

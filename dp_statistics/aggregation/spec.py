@@ -49,7 +49,7 @@ class AggregateKind(str, enum.Enum):
 
 class SelectionRule(str, enum.Enum):
     """Which partitions (group-by keys) may appear in the release (mechanisms/selection.py)."""
-    LAPLACE_THRESHOLD = "laplace_threshold"      # the seed's tau-thresholding on a noisy unit count
+    LAPLACE_THRESHOLD = "laplace_threshold"      # the seed's tau-thresholding, noisy unit count
     GAUSSIAN_THRESHOLD = "gaussian_threshold"
     TRUNCATED_GEOMETRIC = "truncated_geometric"  # Desfontaines et al. 2022: the most partitions
     PUBLIC = "public"                            # the caller lists the keys: no selection, no budget
@@ -192,7 +192,8 @@ DEFAULT_MAX_CONTRIBUTIONS_PER_PARTITION = 8
 class AggregationQuery:
     """One DP GROUP BY. ``public_partitions``: the group-by key tuples to release (with
     ``selection=SelectionRule.PUBLIC``): rows in other partitions are dropped before bounding,
-    and listed partitions without rows are released with noise."""
+    and listed partitions without rows are released with noise. ``infer_bounds``: whether
+    aggregates without literal bounds get DP bounds (§4.2.5) or are refused."""
     group_by: tuple[str, ...]
     unit_column: str
     aggregates: tuple[Aggregate, ...]
@@ -201,6 +202,7 @@ class AggregationQuery:
     selection: SelectionRule = SelectionRule.TRUNCATED_GEOMETRIC
     public_partitions: Optional[tuple[tuple, ...]] = None
     noise: NoiseKind = NoiseKind.LAPLACE
+    infer_bounds: bool = True  # False: an aggregate without literal bounds is refused
 
     def check(self, columns=None) -> None:
         """Raise QueryError naming the first problem; with ``columns`` (the table's column
@@ -219,8 +221,12 @@ class AggregationQuery:
             raise QueryError("a query needs at least one aggregate")
         for aggregate in self.aggregates:
             aggregate.check()
+            if aggregate.bounds_inferred and not self.infer_bounds:
+                raise QueryError(f"aggregate {aggregate.output_name!r} has no bounds and bounds "
+                                 "inference is off (infer_bounds=False): give [low, high]")
         names = [a.output_name for a in self.aggregates]
-        clashes = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(self.group_by)))
+        clashes = sorted({n for n in names if names.count(n) > 1}
+                         | (set(names) & set(self.group_by)))
         if clashes:
             raise QueryError(f"output column names clash: {clashes}; name the aggregates")
         for option in ("max_partitions_contributed", "max_contributions_per_partition"):
@@ -228,10 +234,10 @@ class AggregationQuery:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise QueryError(f"{option} must be a positive integer, got {value!r}")
         try:
-            selection, noise = SelectionRule(self.selection), NoiseKind(self.noise)
+            selection = SelectionRule(self.selection)
+            NoiseKind(self.noise)
         except ValueError as error:
             raise QueryError(f"unknown option: {error}") from None
-        del noise
         if (selection is SelectionRule.PUBLIC) != (self.public_partitions is not None):
             raise QueryError("public_partitions and selection=SelectionRule.PUBLIC go together "
                              f"(got selection={selection.value!r}, public_partitions "

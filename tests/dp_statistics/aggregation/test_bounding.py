@@ -66,6 +66,17 @@ def test_count_and_row_sum_derived_from_avg_are_its_row_count_and_clamped_sum(mo
     assert table["avg_x"].tolist() == [19.0 / 4, 2.0]
 
 
+def test_a_stray_non_number_in_an_untyped_column_counts_as_missing(monkeypatch):
+    """Refusing the query because of one row's value would reveal the row: the value counts as
+    missing, i.e. its clamp's midpoint, on both engines' path (local shown here)."""
+    frame = pd.DataFrame({"uid": [1, 2], "key": [0, 0], "x": pd.Series([4.0, "n/a"],
+                                                                      dtype=object)})
+    query = AggregationQuery(("key",), "uid", (Aggregate(AggregateKind.SUM, "x", 0, 10),),
+                             selection=SelectionRule.PUBLIC, public_partitions=((0,),))
+    monkeypatch.setattr(aggregators, "_noisy", _noiseless)
+    assert aggregate(frame, query, plan(query, 1.0, 0.0)).table["sum_x"].tolist() == [9.0]
+
+
 def _noiseless(query, values, sensitivity, epsilon, delta):
     from dp_accounting import dp_event
     from sage_tfx.mechanisms import Release

@@ -10,7 +10,7 @@ from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, Aggreg
                                                 plan)
 
 FRAME = pd.DataFrame({"uid": [1, 1, 2], "key": ["a", "b", "a"], "fare": [3.0, 4.0, 5.0],
-                      "name": ["x", "y", "z"]})
+                      "name": pd.Series(["x", "y", "z"], dtype="string")})
 
 
 def query(**changes):
@@ -27,6 +27,8 @@ def query(**changes):
     (dict(aggregates=(Aggregate(AggregateKind.SUM, "fare", 0, None),)), "both bounds"),
     (dict(aggregates=(Aggregate(AggregateKind.SUM, "fare", 5, 1),)), "low < high"),
     (dict(aggregates=(Aggregate(AggregateKind.SUM),)), "needs a column"),
+    (dict(aggregates=(Aggregate(AggregateKind.AVG, "fare"),), infer_bounds=False),
+     "'avg_fare' has no bounds and bounds inference is off"),
     (dict(aggregates=(Aggregate(AggregateKind.QUANTILE, "fare", 0, 1, q=1.5),)), "q in [0, 1]"),
     (dict(aggregates=(Aggregate.count(), Aggregate.count())), "names clash"),
     (dict(max_partitions_contributed=0), "max_partitions_contributed must be a positive"),
@@ -121,3 +123,4 @@ def test_rows_without_a_unit_are_dropped_and_an_empty_table_releases_only_public
     assert release.table["key"].tolist() == ["a", "b"]
     # no value passes the DP bounds' threshold: the data-independent zero bucket is used
     assert release.bounds["sum_fare"] == (-2.0 ** -10, 2.0 ** -10)
+
