@@ -154,3 +154,26 @@ def test_user_blocks_make_the_guarantee_user_level(tmp_path, store_path, capsys)
     assert "for adding or removing all rows of one uid;" in printed
     record = json.loads(json.dumps(ledger.grant_records()[0]["split"]))
     assert record  # the grant recorded its split among the query's steps
+
+
+def test_a_join_using_the_unit_reads_and_charges_both_tables_blocks(ledger_with_trips, tmp_path,
+                                                                     capsys):
+    with open(tmp_path / "riders.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["uid", "age"])
+        writer.writerows([(f"u{i}", 20 + i) for i in range(40)])
+    assert main(["ingest", "--store", ledger_with_trips, "--csv", str(tmp_path / "riders.csv"),
+                 "--unit-column", "uid", "--user-blocks", "2", "--types", "age:int",
+                 "--epsilon", "2", "--delta", "1e-5", "--out", str(tmp_path / "riders")]) == 0
+    code = main(["query", "--store", ledger_with_trips, "--window", "2", "--epsilon", "1",
+                 "--delta", "1e-6",
+                 "SELECT WITH ANONYMIZATION OPTIONS(public_groups = ('a', 'b')) t.key, "
+                 "ANON_AVG(age, 0, 100) AS mean_age FROM trips t JOIN riders r USING (uid) "
+                 "WHERE fare > 0 GROUP BY t.key"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    # Time blocks for trips: the unit is protected within the blocks read, not overall.
+    assert "all rows of one uid within the blocks read" in printed
+    [grant] = BlockLedger(ledger_with_trips).grant_records()
+    assert sorted(grant["blocks"]) == ["riders.users-0-of-2", "riders.users-1-of-2",
+                                       "trips.2013-02", "trips.2013-03"]
