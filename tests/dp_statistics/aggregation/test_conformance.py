@@ -1,5 +1,5 @@
 """The local and Beam engines on the same input: equal pre-noise accumulators, the same noise
-law (DESIGN.md: one conformance test per operator). Beam runs on the DirectRunner."""
+law (docs/architecture.md: one conformance test per operator). Beam runs on the DirectRunner."""
 import numpy as np
 import pandas as pd
 from scipy import stats
