@@ -706,9 +706,6 @@ def to_query(checked: CheckedQuery) -> tuple[AggregationQuery, tuple[str, ...]]:
     keys = {name for name, _ in checked.keys}
     for index, call in enumerate(checked.aggregates):
         column = f"{ARGUMENT_PREFIX}{index}" if call.argument is not None else None
-        if column is not None and call.lower is None and not infer:
-            raise QueryError(f"{call.clause}: no bounds, and OPTIONS infer_bounds = false; give "
-                             "them as literals, e.g. ANON_SUM(fare, 0, 50)")
         bounds = {"low": call.lower, "high": call.upper}
         if call.kind == "count":
             made = [Aggregate.count(name=call.name)]
@@ -744,6 +741,6 @@ def to_query(checked: CheckedQuery) -> tuple[AggregationQuery, tuple[str, ...]]:
             options, ("max_rows_contributed_per_group",),
             DEFAULT_MAX_CONTRIBUTIONS_PER_PARTITION),
         selection=selection, public_partitions=public,
-        noise=_option_enum(options, "noise", NoiseKind, NoiseKind.LAPLACE))
+        noise=_option_enum(options, "noise", NoiseKind, NoiseKind.LAPLACE), infer_bounds=infer)
     query.check()
     return query, tuple(released)

@@ -131,7 +131,7 @@ def test_missing_bounds_are_inferred_unless_inference_is_off():
     assert query.aggregates[0].bounds_inferred
     message = refusal("SELECT WITH ANONYMIZATION OPTIONS(infer_bounds = false) area, "
                       "ANON_SUM(fare) FROM trips GROUP BY area")
-    assert "ANON_SUM(fare): no bounds" in message
+    assert "aggregate 'anon_sum_fare' has no bounds and bounds inference is off" in message
 
 
 @pytest.mark.parametrize("text, named", [
