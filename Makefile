@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ledger-demo test test-quick browser benchmark mutation lock clean
+.PHONY: demo taxi-statistics ledger-demo test test-quick browser benchmark mutation lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,12 @@ $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python -m sage_tfx.examples.taxi.run --workdir out/taxi-demo
+
+# DP statistics per community area (issue 18): `sage-tfx ingest` then `sage-tfx query`. The tfx
+# sample has no taxi id, so each trip is its own unit here (examples/taxi/statistics.py).
+taxi-statistics: $(STAMP)
+	$(BIN)/python -m sage_tfx.examples.taxi.statistics --workdir out/taxi-statistics \
+		--unit-column trip_id
 
 ledger-demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/ledger_demo.sh

@@ -11,6 +11,7 @@
 | ObliviousSampleGen | sage_tfx.components.oblivious_sample_gen |
 | DPTrainer | sage_tfx.components.dp_trainer |
 | SLAedValidator | sage_tfx.validators |
+| DPAggregate, DPStatistics (artifact type) | sage_tfx.components.dp_aggregate |
 | PrivacyGrant (artifact type) | sage_tfx.components.privacy_grant |
 
 Imported lazily (PEP 562): `import sage_tfx.components` does not import TFX or TensorFlow; the
@@ -31,6 +32,8 @@ _HOMES = {
     "DPTrainer": "sage_tfx.components.dp_trainer",
     "SLAedValidator": "sage_tfx.validators.component",
     "PrivacyGrant": "sage_tfx.components.privacy_grant",
+    "DPAggregate": "sage_tfx.components.dp_aggregate",
+    "DPStatistics": "sage_tfx.components.dp_aggregate",
 }
 
 __all__ = sorted(_HOMES)

@@ -357,6 +357,8 @@ def _event_types() -> dict:
 
     return {cls.__name__: cls for cls in (
         dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent, dp_event.ZCDpEvent,
+        # Truncated-geometric partition selection (DP statistics) runs discrete Laplace noise.
+        dp_event.DiscreteLaplaceDpEvent,
         dp_event.PoissonSampledDpEvent, dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent,
         dp_event.NoOpDpEvent)}
 

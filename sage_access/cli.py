@@ -164,7 +164,10 @@ def _run(handler, args) -> int:
 
 
 def _fail(args, code: int, message: str, remaining: dict | None = None) -> int:
-    print(f"sage-tfx ledger {args.command}: {message}", file=sys.stderr)
+    # `sage-tfx ingest` and `query` (dp_statistics/cli.py) share this error handling.
+    where = f"ledger {args.command}" if getattr(args, "group", "ledger") == "ledger" \
+        else args.group
+    print(f"sage-tfx {where}: {message}", file=sys.stderr)
     if args.command == "request":
         print(json.dumps({"granted": False, "grant_id": None, "blocks": _requested_blocks(args),
                           "epsilon": _json_number(args.epsilon),
