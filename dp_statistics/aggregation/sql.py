@@ -25,11 +25,14 @@ output row from rows of one unit only and carry uid along:
 
 | operator | allowed form | refused (the error names the clause) |
 | --- | --- | --- |
-| projection (subquery SELECT list) | keeps uid | a SELECT list without uid |
+| projection (subquery SELECT list) | keeps uid, the column itself | no uid; uid replaced (below) |
 | selection (WHERE) | any row-wise predicate | a subquery inside it (it reads other units' rows) |
 | aggregation (subquery GROUP BY) | groups by uid (and more) | aggregates not grouped by uid |
 | join | `USING (uid)`, or `ON a.uid = b.uid` | any other condition, a cross join |
 
+A subquery's output named uid must be the uid column itself (not an expression, nor another
+column aliased uid), and no two of its outputs may share a name: either would let a value other
+than the unit stand in for it, and the operator would bound the wrong thing.
 Window functions (they read other rows), set operations, and ANON_ aggregates below the top
 level are refused too. WHERE is applied to each row before the operator (a row-wise map: one
 unit's rows pass or not independently of every other unit's).
@@ -605,10 +608,17 @@ def _subquery(select: exp.Select, schemas: Mapping[str, TableSchema],
         else:
             projected.append((name, _check_row_wise(inner, inner_scope, clause)))
             kind = _expression_type(inner, inner_scope)
-        if isinstance(inner, exp.Column) and inner_scope.resolve(inner, clause) == unit:
-            if name != unit:
-                raise QueryError(f"{clause}: keep the unit column's name ({unit}), not {name}")
-            keeps_unit = True
+        if name in scope.plain:
+            raise QueryError(f"{clause}: two of its output columns are named {name}; alias one "
+                             "(the later would replace the earlier)")
+        is_unit = isinstance(inner, exp.Column) and inner_scope.resolve(inner, clause) == unit
+        if is_unit and name != unit:
+            raise QueryError(f"{clause}: keep the unit column's name ({unit}), not {name}")
+        if name == unit and not is_unit:
+            # Anything else named like the unit would become the unit the operator bounds.
+            raise QueryError(f"{clause}: {_clause(item)}: the output named {unit} must be the "
+                             f"privacy unit column {unit} itself (row ownership, seed Table 4.3)")
+        keeps_unit = keeps_unit or is_unit
         scope.add(None, name, name, kind)
     if not keeps_unit:
         raise QueryError(f"{clause}: its SELECT list drops the privacy unit {unit}; every "

@@ -95,6 +95,19 @@ def test_join_using_the_unit_and_a_subquery_grouped_by_it_are_accepted():
     # a projection that drops the unit
     ("SELECT WITH ANONYMIZATION area, ANON_SUM(fare, 0, 9) FROM (SELECT area, fare FROM trips) "
      "GROUP BY area", "drops the privacy unit uid"),
+    # a projection whose output named uid is not the unit column: it would become the unit
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT uid, company AS uid, area "
+     "FROM trips) GROUP BY area", "two of its output columns are named uid"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT uid, 'same' AS uid, area "
+     "FROM trips) GROUP BY area", "two of its output columns are named uid"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT company AS uid, area "
+     "FROM trips) GROUP BY area", "company AS uid: the output named uid must be the privacy "
+     "unit column uid itself"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT uid, area, MAX(company) AS "
+     "uid FROM trips GROUP BY uid, area) GROUP BY area", "two of its output columns are named "
+     "uid"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT area, MAX(uid) AS uid "
+     "FROM trips GROUP BY uid, area) GROUP BY area", "MAX(uid) AS uid: the output named uid"),
     # rows of other units read through WHERE or a window
     ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM trips WHERE uid IN "
      "(SELECT uid FROM riders) GROUP BY area", "WHERE uid IN (SELECT uid FROM riders)"),
