@@ -24,8 +24,9 @@ import pyarrow.dataset as ds
 from sqlglot import exp
 
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
-from sage_tfx.dp_statistics.aggregation.sql import (ARGUMENT_PREFIX, CheckedQuery, Filter,
-                                                    GroupByUnit, Join, Project, Relation, Scan)
+from sage_tfx.dp_statistics.aggregation.sql import (ARGUMENT_PREFIX, RESERVED_PREFIX,
+                                                    CheckedQuery, Filter, GroupByUnit, Join,
+                                                    Project, Relation, Scan)
 
 _COMPARISONS = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater,
                 exp.GTE: pc.greater_equal, exp.LT: pc.less, exp.LTE: pc.less_equal}
@@ -121,7 +122,7 @@ def _rows(relation: Relation, read: Callable[[str], pa.Table], unit: str) -> pa.
         columns = {name: to_arrow(e) for name, e in relation.keys}
         for index, (_, _, argument) in enumerate(relation.aggregates):
             if argument is not None:
-                columns[f"__argument{index}"] = to_arrow(argument)
+                columns[f"{RESERVED_PREFIX}argument{index}"] = to_arrow(argument)
         projected = _project(rows, columns)
         keys = [name for name, _ in relation.keys]
         specs, names = [], list(keys)
@@ -129,7 +130,7 @@ def _rows(relation: Relation, read: Callable[[str], pa.Table], unit: str) -> pa.
             if argument is None:  # COUNT(*)
                 specs.append(([], "count_all"))
             else:
-                specs.append((f"__argument{index}", kind))
+                specs.append((f"{RESERVED_PREFIX}argument{index}", kind))
             names.append(name)
         grouped = projected.group_by(keys, use_threads=False).aggregate(specs)
         # pyarrow names results "<column>_<function>" after the keys; rename in order.

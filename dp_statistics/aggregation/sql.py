@@ -243,6 +243,16 @@ def _clause(node: exp.Expression) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+def _check_name(name: str, where: str) -> str:
+    """An output (or unit) column's name, refused when it could collide with the relation's
+    internal columns (relation.py names them `__value<i>` and `__argument<i>`): a collision
+    would silently replace one column by another."""
+    if name.startswith(RESERVED_PREFIX):
+        raise QueryError(f"{where}: the name {name} starts with {RESERVED_PREFIX}, which is "
+                         "reserved for the operator's internal columns; choose another name")
+    return name
+
+
 # ---------------------------------------------------------------- checking
 class _Scope:
     """The columns a relation exposes: unqualified and alias-qualified names -> internal name."""
@@ -281,7 +291,7 @@ def check(parsed: ParsedQuery, schemas: Mapping[str, TableSchema]) -> CheckedQue
         raise QueryError("the DP query has no FROM clause")
     tables: list[str] = []
     source, scope = _source(select, schemas, tables)
-    unit = scope.unit
+    unit = _check_name(scope.unit, "the privacy unit column")
     group = select.args.get("group")
     group_items = list(group.expressions) if group else []
     keys: list[tuple[str, exp.Expression]] = []
@@ -299,7 +309,8 @@ def check(parsed: ParsedQuery, schemas: Mapping[str, TableSchema]) -> CheckedQue
         inner = item.this if isinstance(item, exp.Alias) else item
         if isinstance(inner, exp.Star):
             raise QueryError("SELECT *: a DP query names its group keys and aggregates")
-        name = item.alias if isinstance(item, exp.Alias) else _default_name(inner, index)
+        name = _check_name(item.alias if isinstance(item, exp.Alias)
+                           else _default_name(inner, index), f"SELECT {_clause(item)}")
         if _is_anon(inner):
             aggregates.append(_aggregate_call(name, inner, scope))
         else:
@@ -591,7 +602,7 @@ def _subquery(select: exp.Select, schemas: Mapping[str, TableSchema],
     keeps_unit = False
     for index, item in enumerate(select.expressions):
         inner = item.this if isinstance(item, exp.Alias) else item
-        name = item.alias_or_name or f"column_{index}"
+        name = _check_name(item.alias_or_name or f"column_{index}", clause)
         if isinstance(inner, exp.Star):
             raise QueryError(f"{clause}: SELECT * is not supported; name the columns")
         if group_items or has_aggregate:
@@ -658,7 +669,8 @@ def _inner_aggregate(node: exp.AggFunc, scope: _Scope,
 # epsilon and delta are not options: they are the grant's (--epsilon/--delta).
 OPTION_NAMES = ("max_groups_contributed", "kappa", "max_rows_contributed_per_group",
                 "selection", "public_groups", "noise", "infer_bounds", "privacy_unit_column")
-ARGUMENT_PREFIX = "__value"
+RESERVED_PREFIX = "__"  # no user column may start with it (_check_name)
+ARGUMENT_PREFIX = RESERVED_PREFIX + "value"
 
 
 def _option_int(options: Mapping[str, object], names: tuple[str, ...], default: int) -> int:

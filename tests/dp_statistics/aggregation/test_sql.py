@@ -162,6 +162,12 @@ def test_missing_bounds_are_inferred_unless_inference_is_off():
     ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM trips GROUP BY area ORDER BY area",
      "ORDER"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(*) FROM trips", "no GROUP BY"),
+    # names of the relation's internal columns: a key so named would be replaced by a value
+    ("SELECT WITH ANONYMIZATION company AS __value0, ANON_SUM(fare, 0, 1) FROM trips "
+     "GROUP BY company", "the name __value0 starts with __, which is reserved"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT uid, company AS __argument0, "
+     "MAX(fare) AS area FROM trips GROUP BY uid, company) GROUP BY area",
+     "the name __argument0 starts with __"),
 ])
 def test_other_malformed_queries_are_refused(text, named):
     assert named in refusal(text)
