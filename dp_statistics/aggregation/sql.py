@@ -413,11 +413,20 @@ def _aggregate_call(name: str, call: exp.Anonymous, scope: _Scope) -> AggregateC
 
 
 def _expression_type(node: exp.Expression, scope: _Scope) -> str:
-    """'string' when the expression is a bare text column or string literal, else 'number'."""
+    """'string' when the expression's values can be text, else 'number'. Text flows through
+    a column, a string literal, parentheses, COALESCE (any text operand) and a subquery's
+    MIN/MAX of text; every other row-wise form yields numbers or booleans, or fails on the
+    schema (relation.check_on_schema) before any charge."""
     if isinstance(node, exp.Column):
-        return scope.types.get(scope.resolve(node, _clause(node)), "number")
-    if isinstance(node, exp.Literal) and node.is_string:
-        return "string"
+        return scope.types.get(scope.resolve(node, _clause(node)), "string")
+    if isinstance(node, exp.Literal):
+        return "string" if node.is_string else "number"
+    if isinstance(node, (exp.Paren, exp.Min, exp.Max)):
+        return _expression_type(node.this, scope)
+    if isinstance(node, exp.Coalesce):
+        operands = [node.this, *node.expressions]
+        return "string" if any(_expression_type(o, scope) == "string" for o in operands) \
+            else "number"
     return "number"
 
 
@@ -443,6 +452,11 @@ def _check_row_wise(node: exp.Expression, scope: _Scope, where: str) -> exp.Expr
             raise QueryError(f"{where}: aggregate {_clause(child)} is not allowed here")
         if isinstance(child, exp.Column):
             scope.resolve(child, where)
+        elif isinstance(child, exp.Div) and "string" in (
+                _expression_type(child.this, scope), _expression_type(child.expression, scope)):
+            # Division converts its operands to floats row by row: text would fail on a value.
+            raise QueryError(f"{where}: {_clause(child)} divides text; division needs numbers "
+                             "(declare the column numeric at ingest)")
         elif not isinstance(child, _ROW_WISE):
             raise QueryError(f"{where}: {_clause(child)} ({type(child).__name__}) is not "
                              "supported in a DP query (row-wise comparisons, arithmetic, IN, "
@@ -608,7 +622,7 @@ def _subquery(select: exp.Select, schemas: Mapping[str, TableSchema],
         if group_items or has_aggregate:
             if isinstance(inner, exp.AggFunc):
                 aggregates.append((name, *_inner_aggregate(inner, inner_scope, clause)))
-                kind = "number"
+                kind = _expression_type(inner, inner_scope)
             else:
                 resolved = _check_row_wise(inner, inner_scope, clause)
                 if resolved not in resolved_groups:

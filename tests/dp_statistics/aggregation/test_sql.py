@@ -157,6 +157,14 @@ def test_missing_bounds_are_inferred_unless_inference_is_off():
      "SELECT company: not an ANON_ aggregate and not in GROUP BY"),
     ("SELECT WITH ANONYMIZATION area, ANON_SUM(company, 0, 1) FROM trips GROUP BY area",
      "company is text"),
+    ("SELECT WITH ANONYMIZATION area, ANON_SUM((company), 0, 1) FROM trips GROUP BY area",
+     "(company) is text"),
+    ("SELECT WITH ANONYMIZATION area, ANON_SUM(COALESCE(company, '0'), 0, 1) FROM trips "
+     "GROUP BY area", "COALESCE(company, '0') is text"),
+    ("SELECT WITH ANONYMIZATION area, ANON_SUM(c, 0, 1) FROM (SELECT uid, area, MIN(company) "
+     "AS c FROM trips GROUP BY uid, area) GROUP BY area", "c is text"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM trips WHERE company / 2 > 1 "
+     "GROUP BY area", "company / 2 divides text"),
     ("SELECT WITH ANONYMIZATION area, ANON_SUM(fare, 5, 1) FROM trips GROUP BY area",
      "lower bound 5 must be below"),
     ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM trips GROUP BY area ORDER BY area",
@@ -202,3 +210,19 @@ def test_no_value_can_make_the_relation_fail_after_the_charge():
         "uid": ["a", "b"], "area": [2 ** 62 + 1, 3], "fare": [1.0, 2.0],
         "company": ["x", "y"]}))
     assert rows.num_rows == 2 and rows.column("uid").to_pylist() == ["a", "b"]
+
+
+def test_a_text_argument_the_static_types_miss_is_refused_on_the_schema():
+    # The declared types say number, the Arrow schema says text: check_on_schema refuses it.
+    declared = {"trips": sql.TableSchema("uid", {"uid": "string", "area": "int",
+                                                 "company": "float"})}
+    checked = sql.check(sql.parse("SELECT WITH ANONYMIZATION area, ANON_SUM(company, 0, 9) "
+                                  "FROM trips GROUP BY area"), declared)
+    schemas = {"trips": pa.schema([("uid", pa.string()), ("area", pa.int64()),
+                                   ("company", pa.string())])}
+    with pytest.raises(QueryError, match="ANON_SUM.*its argument is string"):
+        relation.check_on_schema(checked, schemas)
+    # And the conversion after the charge is total: text that does not parse is the default 0.
+    rows = relation.evaluate(checked, lambda _: pa.table({
+        "uid": ["a", "b", "c"], "area": [1, 1, 1], "company": ["2.5", "secret", None]}))
+    assert rows.column("__value0").to_pylist() == [2.5, 0.0, 0.0]
