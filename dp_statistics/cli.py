@@ -135,7 +135,8 @@ def _query(args) -> int:
         for table in found.values():
             payable = ledger.payable_window(args.epsilon, args.delta, size=args.window,
                                             split=split, events=events,
-                                            blocks=[b for b in live if table.owns(b.block_id)])
+                                            blocks=[b for b in live if table.owns(b.block_id)],
+                                            additional_delta=budget.additional_delta)
             if len(payable) < args.window:
                 raise BudgetExhausted(
                     f"denied: only {len(payable)} block(s) of table {table.name} can pay the "
@@ -143,7 +144,7 @@ def _query(args) -> int:
                     {block.block_id: "can pay" for block in payable})
             block_ids += [block.block_id for block in payable]
     grant = ledger.request(BlockIds(block_ids), args.epsilon, args.delta, split=split,
-                           events=events)
+                           events=events, additional_delta=budget.additional_delta)
     unit = GuaranteeUnit.UNIT if all(t.guarantee_unit is GuaranteeUnit.UNIT
                                      for t in found.values()) \
         else GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ

@@ -222,3 +222,19 @@ def test_a_text_argument_is_refused_before_the_charge_on_neighbouring_tables_ali
         assert ledger_state(store) == before  # nothing charged
         outcomes.append((code, captured.err.replace(name, "")))
     assert outcomes[0] == outcomes[1] and outcomes[0][0] == 2, outcomes
+
+
+def test_an_rdp_ledger_refuses_a_selection_that_spends_delta_outside_its_event(
+        tmp_path, store_path, capsys):
+    BlockLedger.create(store_path, accounting="rdp")
+    write_trips(tmp_path / "trips.csv", [(f"u{i}", "a", 10, "2013-01-05") for i in range(30)])
+    assert main(["ingest", "--store", store_path, "--csv", str(tmp_path / "trips.csv"),
+                 "--unit-column", "uid", "--time-column", "ts", "--start", "2013-01",
+                 "--end", "2013-02", "--types", "fare:float", "--epsilon", "2", "--delta",
+                 "1e-5", "--out", str(tmp_path / "blocks")]) == 0
+    before = ledger_state(store_path)
+    assert main(["query", "--store", store_path, "--window", "1", "--epsilon", "1",
+                 "--delta", "1e-6", "SELECT WITH ANONYMIZATION OPTIONS(selection = "
+                 "gaussian_threshold) key, ANON_SUM(fare, 0, 20) FROM trips GROUP BY key"]) == 2
+    assert "rdp ledger cannot charge delta spent outside" in capsys.readouterr().err
+    assert ledger_state(store_path) == before
