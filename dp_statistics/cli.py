@@ -47,7 +47,10 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
     ingest.add_argument("--csv", required=True, help="the CSV file (its first line names the "
                                                      "columns)")
     ingest.add_argument("--unit-column", required=True,
-                        help="the privacy unit (user id) column; queries' unit is this one")
+                        help="the privacy unit (user id) column; queries' unit is this one. "
+                             "Tables joined in a query must use the same ids for the same "
+                             "people (only the column names are compared), and a unit's loss "
+                             "is bounded per table: across tables it adds up")
     ingest.add_argument("--time-column", help="cut blocks by this time column (ISO 8601 or "
                                               "Unix seconds)")
     ingest.add_argument("--period", choices=["month", "day", "hour"], default="month",

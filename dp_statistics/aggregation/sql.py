@@ -30,6 +30,9 @@ output row from rows of one unit only and carry uid along:
 | aggregation (subquery GROUP BY) | groups by uid (and more) | aggregates not grouped by uid |
 | join | `USING (uid)`, or `ON a.uid = b.uid` | any other condition, a cross join |
 
+A join compares the unit columns' names only: the tables' unit columns must hold the same
+people's ids (the ingesting user's promise; no check can see it), else a joined row mixes people.
+
 A subquery's output named uid must be the uid column itself (not an expression, nor another
 column aliased uid), and no two of its outputs may share a name: either would let a value other
 than the unit stand in for it, and the operator would bound the wrong thing.
@@ -529,7 +532,8 @@ def _join(left: Relation, left_scope: _Scope, join: exp.Join,
     unit = left_scope.unit
     if right_scope.unit != unit:
         raise QueryError(f"{clause}: the joined tables' unit columns differ ({unit} and "
-                         f"{right_scope.unit}); they must name the same privacy unit")
+                         f"{right_scope.unit}); they must name the same privacy unit (and hold "
+                         "the same people's ids: only the names are compared)")
     if using:
         names = [identifier.name for identifier in using]
         if unit not in names:

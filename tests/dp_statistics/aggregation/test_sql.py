@@ -87,6 +87,8 @@ def test_join_using_the_unit_and_a_subquery_grouped_by_it_are_accepted():
     # tables whose units differ
     ("SELECT WITH ANONYMIZATION t.area, ANON_COUNT(*) FROM trips t JOIN fleet f "
      "ON t.uid = f.car GROUP BY t.area", "JOIN fleet AS f ON t.uid = f.car"),
+    ("SELECT WITH ANONYMIZATION t.area, ANON_COUNT(*) FROM trips t JOIN fleet f "
+     "ON t.uid = f.car GROUP BY t.area", "same people's ids: only the names are compared"),
     # inner aggregation not grouped by the unit
     ("SELECT WITH ANONYMIZATION area, ANON_SUM(s, 0, 9) FROM (SELECT uid, area, SUM(fare) s "
      "FROM trips GROUP BY area) GROUP BY area", "GROUP BY area"),
