@@ -1,0 +1,1 @@
+"""Differentially private statistics released from granted blocks (beside training)."""
