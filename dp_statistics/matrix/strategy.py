@@ -70,6 +70,9 @@ from sage_tfx.dp_statistics.matrix.workload import Block, DomainError, Workload,
 # Eigenvalues below this fraction of the largest are zero (rank-deficient workloads, §4.1).
 _ZERO_EIGENVALUE = 1e-10
 _SUPPORT_TOLERANCE = 1e-7
+_NEGLIGIBLE_COMPLETION = 1e-3
+# Eigenvalues of A_i^T A_i below this fraction of the largest are rounding noise (pinv cut-off).
+_PINV_CUTOFF = 1e-10
 
 
 class UnsupportedWorkload(ValueError):
@@ -121,7 +124,8 @@ class Strategy:
     @functools.cached_property
     def covariances(self) -> tuple[np.ndarray, ...]:
         """X_i = (A_i^T A_i)^+ per factor (X = (x)_i X_i)."""
-        return tuple(np.linalg.pinv(f.T @ f, hermitian=True) for f in self.factors)
+        return tuple(np.linalg.pinv(f.T @ f, rcond=_PINV_CUTOFF, hermitian=True)
+                     for f in self.factors)
 
     @functools.cached_property
     def _pseudo_inverses(self) -> tuple[np.ndarray, ...]:
@@ -355,7 +359,9 @@ def eigen_design_matrix(gram: np.ndarray, *, separation_group: Optional[int] = N
     designed = np.sqrt(weights)[:, None] * queries
     column_loads = np.sum(designed ** 2, axis=0)
     completion = np.sqrt(np.maximum(column_loads.max() - column_loads, 0.0))
-    extra = np.nonzero(completion > 1e-9 * np.sqrt(column_loads.max()))[0]
+    # A completion row adds completion^2 of information; below 1e-6 of the sensitivity^2 it is
+    # negligible, and it would only make (A^T A)^+ ill-conditioned.
+    extra = np.nonzero(completion > _NEGLIGIBLE_COMPLETION * np.sqrt(column_loads.max()))[0]
     completed = np.zeros((extra.size, gram.shape[0]))
     completed[np.arange(extra.size), extra] = completion[extra]
     return np.vstack([designed, completed]), certificate
@@ -374,7 +380,7 @@ def _kronecker_eigen_design(workload: Workload, rounds: int, **options) -> Strat
     best, best_value = list(factors), objective(factors)
     for _ in range(rounds):
         for i in attributes:
-            covariances = [np.linalg.pinv(f.T @ f, hermitian=True) for f in factors]
+            covariances = Strategy(tuple(factors), "candidate").covariances
             weighted = sum(
                 np.prod([np.sum(g[k] * covariances[k]) for k in attributes if k != i]) * g[i]
                 for g in grams)
