@@ -85,8 +85,8 @@ class Strategy:
 
     ``name`` says how it was chosen; ``selection_seconds`` and ``duality_gap`` (Eigen-Design's
     certificate, relative) describe the selection."""
-    factors: tuple[np.ndarray, ...]
-    name: str
+    factors: tuple[np.ndarray, ...] = dataclasses.field(repr=False)
+    name: str = ""
     selection_seconds: float = 0.0
     duality_gap: Optional[float] = None
 

@@ -57,8 +57,8 @@ class Block:
     ``permutation``: query cell j of the base block reads cell permutation[j] of the data."""
     kind: BlockKind
     size: int
-    rows: Optional[np.ndarray] = None
-    permutation: Optional[np.ndarray] = None
+    rows: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
+    permutation: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
         if not (isinstance(self.size, (int, np.integer)) and self.size >= 1):
