@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ledger-demo test benchmark mutation lock clean
+.PHONY: demo ledger-demo test test-quick benchmark mutation lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ ledger-demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+# During development: the suite without the tests marked slow (TFX pipelines, several processes,
+# crashes, minutes of sampling). CI runs `make test`, the whole suite.
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not slow"
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/ledger.py

@@ -1,4 +1,5 @@
-"""The one source of randomness for privacy noise and sampling (DESIGN.md, "Randomness")."""
+"""The one source of randomness for privacy noise and sampling (docs/architecture.md,
+"Randomness")."""
 from __future__ import annotations
 
 import secrets

@@ -1,4 +1,4 @@
-"""The only code in sage-tfx that draws privacy noise (DESIGN.md, "DP statistics"), with one
+"""The only code in sage-tfx that draws privacy noise (docs/architecture.md), with one
 exception: DP-SGD's per-step Gaussian is drawn inside TensorFlow's graph (one OpenDP call per
 step and per tensor is not workable), in float32 from a generator seeded by
 sage_tfx.randomness.secret_seed; components/dp_trainer/dp_sgd.py says what its epsilon does and
@@ -22,7 +22,7 @@ We draw from OpenDP (pinned in requirements, 0.16.0) rather than Google's python
   guarantee back from those maps, so the DpEvent describes what ran, rounding included.
 * It is vectorised in Rust: one call adds noise to a whole vector. python-dp adds noise to one
   scalar per Python call, and has no discrete Gaussian.
-* Its randomness comes from the OS CSPRNG (no seed can be passed): DESIGN.md's
+* Its randomness comes from the OS CSPRNG (no seed can be passed): the architecture's
   cryptographically seeded default is the only mode, so there is no unsafe path to misuse.
 
 Randomness and tests

@@ -30,20 +30,21 @@ BIN = Path(sys.executable).parent
 # (it would triple the time per mutant); the other validator tests check the scales' effects.
 MODULES = [
     ("slaed", ["validators/slaed.py"],
-     ["tests/test_validators.py", "-k", "not test_noise_has_the_stated_laplace_scales"], 240),
+     ["tests/validators/test_slaed.py", "-k", "not test_noise_has_the_stated_laplace_scales"], 240),
     ("mechanisms", ["mechanisms/additive.py", "mechanisms/release.py"],
-     ["tests/test_mechanisms.py"], 90),
-    ("dp_analyzers", ["components/dp_transform/analyzers.py"], ["tests/test_dp_transform.py"], 300),
+     ["tests/mechanisms/test_additive.py"], 90),
+    ("dp_analyzers", ["components/dp_transform/analyzers.py"],
+     ["tests/components/test_dp_transform.py"], 300),
     ("sampling_accounting", ["components/oblivious_sample_gen/accounting.py"],
-     ["tests/test_oblivious_sampling.py", "-k",
+     ["tests/components/test_oblivious_sampling.py", "-k",
       "accounting or epsilon or size or descriptor or truncation"], 300),
     ("calibrate", ["components/dp_trainer/calibrate.py"],
-     ["tests/test_dp_trainer.py", "-k", "calibrat"], 300),
-    ("adassp", ["components/dp_trainer/adassp.py"], ["tests/test_dp_trainer.py", "-k", "adassp"],
-     300),
-    ("allocation", ["sage_access/allocation.py"], ["tests/test_allocation.py"], 90),
+     ["tests/components/test_dp_trainer.py", "-k", "calibrat"], 300),
+    ("adassp", ["components/dp_trainer/adassp.py"],
+     ["tests/components/test_dp_trainer.py", "-k", "adassp"], 300),
+    ("allocation", ["sage_access/allocation.py"], ["tests/sage_access/test_allocation.py"], 90),
     ("ledger_accounting", ["sage_access/accounting.py"],
-     ["tests/test_accounting.py", "tests/test_allocation.py"], 90),
+     ["tests/sage_access/test_accounting.py", "tests/sage_access/test_allocation.py"], 90),
 ]
 
 # Operators left out: swaps to bitwise/modulo operators and to identity comparisons (`is`), and

@@ -1,1 +1,1 @@
-"""Pipeline builders and the privacy-adaptive training driver (see DESIGN.md)."""
+"""Pipeline builders and the privacy-adaptive training driver (see docs/architecture.md)."""

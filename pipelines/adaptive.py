@@ -1,8 +1,8 @@
 """Privacy-adaptive training (Sage §3.3): run one DP iteration after another until a model is
 accepted, spending as little budget as the validator lets us.
 
-One iteration is a TFX pipeline run (DESIGN.md's data flow), on LocalDagRunner and the ledger's
-own SQLite MLMD store, so every grant is linked to the run that spent it:
+One iteration is a TFX pipeline run (docs/architecture.md's data flow), on LocalDagRunner and the
+ledger's own SQLite MLMD store, so every grant is linked to the run that spent it:
 
     BlockLedger grant -> DPTransform -> [ObliviousSampleGen] -> DPTrainer -> SLAedValidator -> Pusher
 
@@ -46,7 +46,7 @@ from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import step_events
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.accounting import split_share
-from sage_tfx.sage_access.ledger import check_split
+from sage_tfx.sage_access.accounting import check_split
 from sage_tfx.validators.component import SLAedValidator
 from sage_tfx.validators.slaed import ACCEPT, REJECT
 

@@ -11,7 +11,8 @@ from sage_tfx.sage_access.accounting import (DEFAULT_RDP_ORDERS, BasicCompositio
                                              RenyiFilter, pure_dp_rdp_curve)
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy, LedgerError
-from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, Grant, RecentWindow
+from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
+from sage_tfx.sage_access.records import Grant
 from sage_tfx.sage_access.store import (StoreRefused, connect,
                                         connect_read_only, kubeflow_grpc_config, sqlite_config)
 

@@ -1,16 +1,21 @@
 """How a block's budget is accounted: basic composition or a Rényi-DP filter.
 
 A block's state is a budget *vector*: `[epsilon, delta]` under basic composition, or one RDP value
-per order under the Rényi filter. Both accountings answer the same three questions, so the ledger,
-the allocation policy and the CLI never branch on the mode:
+per order under the Rényi filter. Each mode is one object (`accounting_for`, chosen once when a
+ledger opens) answering the same questions, so the ledger and the allocation policy never branch
+on the mode (only the CLI's tables name it, to label their units):
 
 * `capacity(epsilon_g, delta_g)`: the vector a fresh block may spend;
-* `demand(request)`: the vector a grant charges;
+* `demand(request)`: the vector a request charges; `grant_demand(request, split, events)`: what a
+  grant charges given what its steps run, and `granted_epsilon` what it records as granted;
 * `fits(used, demand, limit)`: may `used + demand` be spent against `limit`?
+* `requires_step_events`: must a grant give the DP event of every step of its split?
+* `guarantee(spent, ...)`, `budget_view(block, pipeline)` and `remaining(block, pipeline)`: what a
+  block has given up and has left, in the unit the ledger grants.
 
 Neighbouring relation: add-or-remove-one record (Sage Appendix A.1). A request states its
 (epsilon, delta) or RDP curve already in that relation; mechanisms analysed under replace-one must
-convert before asking (see DESIGN.md).
+convert before asking (see docs/architecture.md).
 
 Basic composition (Sage Theorem 4.3, proof in Appendix A.2)
 -----------------------------------------------------------
@@ -54,12 +59,14 @@ import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import attr
 import numpy as np
 
+from sage_tfx.sage_access import allocation
 from sage_tfx.sage_access.errors import BadRequest
+from sage_tfx.sage_access.exact import exact_decimal, exact_fraction
 
 # A fixed grid: every block's curve and every request's curve live on these orders.
 # Few orders keep the union bound's cost small (log 16 / (a - 1)); the range covers the
@@ -151,6 +158,41 @@ class BasicComposition:
         """The (epsilon, delta) the block has given up so far."""
         return float(spent[0]), float(spent[1])
 
+    # A step without a DP event known before it runs is charged its (epsilon, delta) share.
+    requires_step_events = False
+
+    def grant_demand(self, request: BudgetRequest, split: Mapping[str, str],
+                     events: Mapping[str, object]) -> np.ndarray:
+        """What a grant charges: the (epsilon, delta) of the request, whatever its steps run."""
+        return self.demand(request)
+
+    def granted_epsilon(self, request: BudgetRequest, demand: np.ndarray) -> float:
+        """The epsilon a grant records: the request's, or what its RDP curve converted to."""
+        return request.epsilon if request.epsilon is not None else float(demand[0])
+
+    def budget_view(self, block: allocation.BlockState, pipeline: Optional[str] = None) -> dict:
+        """What the block has spent, reserved, free and available to `pipeline` (module
+        docstring), in epsilon: a request fits when its epsilon is within its
+        pipeline's reservation plus the free budget, and likewise for delta."""
+        reservations, free, available = _budget_parts(block, pipeline)
+        return {"unit": "epsilon", "total": block.epsilon_ceiling, "spent": float(block.spent[0]),
+                "reserved": {k: float(v[0]) for k, v in reservations.items()},
+                "free": float(free[0]), "delta_free": float(free[1]),
+                "available": float(max(available[0], 0.0))}
+
+    def remaining(self, block: allocation.BlockState, pipeline: Optional[str] = None) -> str:
+        """A readable account of what the block has left: the sums spent, the (epsilon, delta)
+        `pipeline` may still draw and what is reserved for the other waiting pipelines."""
+        epsilon_spent, delta_spent = self.guarantee(
+            block.spent, block.epsilon_ceiling, block.delta_ceiling)
+        who = pipeline or "unallocated grants"
+        free = allocation.available_to(block, pipeline)
+        text = (f"spent ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
+                f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g}), available to "
+                f"{who}: ({free[0]:.6g}, {free[1]:.3g})")
+        return _with_reservations(text, self.budget_view(block, pipeline), block, pipeline,
+                                  lambda value: f"{value:.6g}")
+
 
 class RenyiFilter:
     """A Rényi-DP filter per block; see the module docstring for why it is valid."""
@@ -201,6 +243,83 @@ class RenyiFilter:
         if not np.any(spent > 0):
             return 0.0, 0.0
         return float(epsilon_g), float(delta_g)
+
+    # The filter charges RDP curves: every step of an (epsilon, delta > 0) grant needs its event.
+    requires_step_events = True
+
+    def grant_demand(self, request: BudgetRequest, split: Mapping[str, str],
+                     events: Mapping[str, object]) -> np.ndarray:
+        """What a grant charges: an (epsilon, delta > 0) grant charges the RDP curve of its
+        steps' events ((epsilon, delta) is the target they were calibrated to); otherwise the
+        request's own curve (`demand`)."""
+        if request.rdp_curve is None and request.delta > 0:
+            missing = sorted(set(split) - set(events))
+            if not split or missing:
+                raise BadRequest(
+                    "an rdp ledger charges the RDP curve of what the steps run: give the DP "
+                    f"event of every step of the split (missing: {missing or 'a split'})")
+            return self.demand(BudgetRequest(
+                rdp_curve=tuple(rdp_curve_of(list(events.values()), self.orders)),
+                delta=request.delta))
+        return self.demand(request)
+
+    def granted_epsilon(self, request: BudgetRequest, demand: np.ndarray) -> Optional[float]:
+        """The epsilon a grant records: the request's; an RDP curve grants no epsilon."""
+        return request.epsilon
+
+    def budget_view(self, block: allocation.BlockState, pipeline: Optional[str] = None) -> dict:
+        """What the block has spent, reserved, free and available to `pipeline` (module
+        docstring), as shares of the filter's capacity at one order, the order with the
+        most room for `pipeline` (the filter admits a curve while some order still fits, so no
+        single epsilon describes a spent curve; ties go to the least spent order)."""
+        reservations, free, available = _budget_parts(block, pipeline)
+        capacity = block.capacity
+        usable = capacity > 0
+        safe_capacity = np.where(usable, capacity, 1.0)
+        fraction = lambda v: np.where(usable, v / safe_capacity, 0.0)  # noqa: E731
+        room = np.where(usable, fraction(available), -np.inf)
+        best = int(np.lexsort((fraction(block.spent), -room))[0])
+        share = lambda v: float(min(1.0, max(0.0, fraction(v)[best])))  # noqa: E731
+        return {"unit": f"share of RDP capacity at order {self.orders[best]:g}", "total": 1.0,
+                "order": self.orders[best],
+                "spent": share(block.spent) if usable[best] else 1.0,
+                "reserved": {k: share(v) for k, v in reservations.items()},
+                "free": share(free), "available": share(available)}
+
+    def remaining(self, block: allocation.BlockState, pipeline: Optional[str] = None) -> str:
+        """A readable account of what the block has left: the filter certifies its ceiling; its
+        capacity at one order (budget_view) tells what is left, and what is reserved for the
+        other waiting pipelines."""
+        epsilon_g, delta_g = self.guarantee(block.spent, block.epsilon_ceiling,
+                                            block.delta_ceiling)
+        view = self.budget_view(block, pipeline)
+        who = pipeline or "unallocated grants"
+        text = (f"filter guarantee ({epsilon_g:.6g}, {delta_g:.3g}) of ceiling "
+                f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g}); at RDP order "
+                f"{view['order']:g} (most room for {who}): spent {view['spent']:.1%}, "
+                f"available to {who} {view['available']:.1%}")
+        return _with_reservations(text, view, block, pipeline, lambda value: f"{value:.1%}")
+
+
+# Both modes' `budget_view` is in the unit the ledger grants (what `show`, `plot` and denial
+# messages say); a retired block has nothing free.
+def _budget_parts(block: allocation.BlockState, pipeline: Optional[str]):
+    """(reservations, free, available to `pipeline`) of a block, as budget vectors."""
+    reservations = {name: np.maximum(v, 0.0) for name, v in sorted(block.reservations.items())}
+    # A retired block grants nothing again: its leftover (below the minimum request) is not free.
+    live = not block.retired
+    free = np.maximum(allocation.free_budget(block), 0.0) * live
+    return reservations, free, allocation.available_to(block, pipeline) * live
+
+
+def _with_reservations(text: str, view: dict, block: allocation.BlockState,
+                       pipeline: Optional[str], unit) -> str:
+    """`text`, then what `view` reserves for the other waiting pipelines (in `unit`)."""
+    others = {name: value for name, value in view["reserved"].items()
+              if name != pipeline and value > 0}
+    text += ", reserved for other pipelines: " + (", ".join(
+        f"{name} {unit(value)}" for name, value in others.items()) or "none")
+    return text + (", retired" if block.retired else "")
 
 
 def pure_dp_rdp_curve(epsilon: float, orders: Sequence[float]) -> np.ndarray:
@@ -296,16 +415,24 @@ def rdp_curve_of(events: Sequence[dp_event.DpEvent], orders: Sequence[float]) ->
 
 # --------------------------------------------------------------------- exact budget splits
 
-def exact_fraction(value) -> Fraction:
-    """A decimal fraction exactly as written (0.1 is 1/10, not the nearest double)."""
-    if isinstance(value, Fraction):
-        return value
-    text = repr(float(value)) if isinstance(value, float) else str(value)
-    try:
-        fraction = Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        raise BadRequest(f"not a finite number: {value!r}") from None
-    return fraction
+def check_split(split: Mapping[str, object]) -> dict[str, str]:
+    """A split of a grant among named DP steps: positive fractions summing to at most 1 in exact
+    arithmetic (decimal fractions as written: 0.1 + 0.5 + 0.4 is exactly 1). Returned as
+    {step: exact decimal string}."""
+    if not split:
+        raise BadRequest("the budget split is empty")
+    clean = {}
+    for step, fraction in split.items():
+        if not isinstance(step, str) or not step:
+            raise BadRequest(f"split step {step!r} must be a non-empty name")
+        if exact_fraction(fraction) <= 0:
+            raise BadRequest(f"split step {step!r} needs a positive fraction, got {fraction!r}")
+        clean[step] = str(fraction) if isinstance(fraction, str) else exact_decimal(fraction)
+    total = sum(exact_fraction(f) for f in clean.values())
+    if total > 1:
+        raise BadRequest(f"the split fractions sum to {float(total)!r} > 1 (exactly {total}): "
+                         f"{clean}")
+    return clean
 
 
 def split_share(epsilon: float, delta: float, split, step: str) -> tuple[float, float]:

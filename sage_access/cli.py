@@ -257,7 +257,7 @@ def _request(args) -> int:
     ledger = _open(args)
     selector = BlockIds(_requested_blocks(args)) if args.blocks is not None \
         else RecentWindow(args.window)
-    if args.noise_multiplier is None and ledger.accounting.name == "rdp" and args.delta > 0:
+    if args.noise_multiplier is None and ledger.accounting.requires_step_events and args.delta > 0:
         # The ledger would ask for each step's DP event, which only the Python API can give.
         raise BadRequest("an rdp ledger charges RDP curves: an (epsilon, delta > 0) grant needs "
                          "its mechanism's rdp_curve; use --gaussian-noise-multiplier Z "
@@ -285,8 +285,6 @@ def ledger_table(ledger) -> dict:
     composition the sums spent (also given as `epsilon_spent`/`delta_spent`), under rdp the
     filter's ceiling once anything was charged (a conversion of the spent curve would be an
     odometer reading, not a bound under adaptive requests, so none is shown)."""
-    from sage_tfx.sage_access.ledger import budget_view
-
     basic = ledger.accounting.name == "basic"
     blocks = []
     for block in ledger.blocks():
@@ -299,7 +297,7 @@ def ledger_table(ledger) -> dict:
             row.update(epsilon_spent=guarantee_epsilon, delta_spent=guarantee_delta)
         row.update({"retired": block.retired, "charges": block.charges, "start": block.start,
                     "end": block.end, "reserved_for": sorted(block.reservations),
-                    "budget": budget_view(ledger.accounting, block)})
+                    "budget": ledger.accounting.budget_view(block)})
         blocks.append(row)
     table = {"context": ledger.context, "accounting": ledger.accounting.name,
              "min_request_epsilon": ledger.min_request_epsilon,
@@ -429,7 +427,7 @@ def _plot(args) -> int:
 
 
 def _contexts(args) -> int:
-    from sage_tfx.sage_access.ledger import ledger_contexts
+    from sage_tfx.sage_access.lineage import ledger_contexts
     from sage_tfx.sage_access.store import connect_read_only
 
     for name in ledger_contexts(connect_read_only(args.store)):

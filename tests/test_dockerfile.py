@@ -5,11 +5,11 @@ import configparser
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import REPO_ROOT
 
 
 def read(name):
-    with open(os.path.join(ROOT, name)) as handle:
+    with open(os.path.join(REPO_ROOT, name)) as handle:
         return handle.read()
 
 
@@ -43,7 +43,7 @@ def test_base_image_matches_the_supported_python_and_the_lock():
     version = re.match(r"python:(\d+)\.(\d+)", base)
     assert version, base
     config = configparser.ConfigParser()
-    config.read(os.path.join(ROOT, "setup.cfg"))
+    config.read(os.path.join(REPO_ROOT, "setup.cfg"))
     assert config["options"]["python_requires"] == f">={version[1]}.{version[2]},<{version[1]}." \
                                                    f"{int(version[2]) + 1}"
     lock = read("requirements/lock.txt")

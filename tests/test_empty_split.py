@@ -17,7 +17,7 @@ from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, 
                                                                shuffle_and_split)
 from sage_tfx.validators import accuracy_validator, loss_validator
 
-MODULE = os.path.join(os.path.dirname(__file__), "trip_module.py")
+from support import TRIP_MODULE
 
 
 def test_read_split_returns_0_rows_for_an_empty_split_file(tmp_path):
@@ -50,8 +50,8 @@ def test_a_non_positive_dp_count_is_clamped_to_the_smallest_valid_size(scheme, s
 
 
 def test_the_decoder_gives_0_rows_of_the_model_width_for_no_records():
-    inputs, labels = RecordDecoder(UserModule.load(MODULE, "adassp")).decode([])
-    one_input, _ = RecordDecoder(UserModule.load(MODULE, "adassp")).decode([b""])
+    inputs, labels = RecordDecoder(UserModule.load(TRIP_MODULE, "adassp")).decode([])
+    one_input, _ = RecordDecoder(UserModule.load(TRIP_MODULE, "adassp")).decode([b""])
     assert inputs.shape[0] == 0 and labels.shape[0] == 0
     assert inputs.shape[1:] == one_input.shape[1:]
 

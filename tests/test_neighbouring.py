@@ -1,11 +1,10 @@
 """Issue 16 §1: ingest two datasets that differ by one record; every non-DP value the platform
-stores (ML Metadata, blocks.json, the run's outputs) or logs is identical (tests/neighbouring.py
+stores (ML Metadata, blocks.json, the run's outputs) or logs is identical (tests/support/neighbouring.py
 says exactly what is compared)."""
 import csv
 import logging
 import os
 import shutil
-import sys
 
 import pytest
 from tfx.orchestration import metadata, pipeline
@@ -16,8 +15,7 @@ from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedul
 from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.sage_access import BlockLedger
 
-sys.path.insert(0, os.path.dirname(__file__))
-from neighbouring import differences, fingerprint  # noqa: E402
+from support.neighbouring import differences, fingerprint
 
 # The stream's public schedule: four months, the last of which has no trip at all.
 SCHEDULE = month_schedule("2024-01", "2024-04")

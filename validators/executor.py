@@ -18,6 +18,7 @@ from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.record_rule import finite, null_record
 from sage_tfx.sage_access.accounting import pure_dp_event
+from sage_tfx.sage_access.exact import set_exact_property
 from sage_tfx.validators.slaed import ACCEPT, accuracy_validator, loss_validator
 
 METRICS = ("loss", "accuracy")
@@ -117,11 +118,10 @@ class Executor(base_executor.BaseExecutor):
         blessing.set_int_custom_property("current_model_id", model.id)
         blessing.set_string_custom_property("outcome", result.outcome)
         blessing.set_string_custom_property("metric", metric)
-        # Exact decimal strings: ML Metadata's SQLite backend rounds doubles to 6 places.
         for name, value in (("dp_metric", result.dp_estimate), ("lower_bound", result.lower_bound),
                             ("upper_bound", result.upper_bound), ("target", target),
                             ("confidence", confidence), ("epsilon_used", epsilon)):
-            blessing.set_string_custom_property(name, repr(float(value)))
+            set_exact_property(blessing, name, value)
         console.report("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
                        "confidence %.3g, epsilon %.3g)", result.outcome, metric, result.dp_estimate,
                        metric, result.lower_bound, result.upper_bound, confidence, epsilon)

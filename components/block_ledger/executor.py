@@ -1,7 +1,7 @@
 """BlockLedger component's executor: obtain a grant, then release the granted blocks' Examples.
 
-Order matters (DESIGN.md, "charge before release"): the ledger charges every selected block
-(all or nothing) before a single record is copied to the output. A denied or malformed request
+Order matters (docs/architecture.md, "charge before release"): the ledger charges every selected
+block (all or nothing) before a single record is copied to the output. A denied or malformed request
 fails the component with nothing charged and nothing written.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ from tfx.types import artifact_utils
 from sage_tfx import console
 from sage_tfx.components.privacy_grant import mark_examples, step_events, write_grant
 from sage_tfx.sage_access.errors import BadRequest
-from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow, check_split
+from sage_tfx.sage_access.accounting import check_split
+from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
 from sage_tfx.sage_access.store import parse
 
 SPLITS = ("train", "test")
@@ -50,20 +51,13 @@ class Executor(base_executor.BaseExecutor):
             self._context.pipeline_info.id if self._context and self._context.pipeline_info else None)
         run_id = self._context.pipeline_run_id if self._context else None
 
-        if isinstance(selector, BlockIds):
-            # Explicit blocks can be checked for data before anything is charged.
-            without_data = [block_id for block_id in selector.ids
-                            if not ledger.block(block_id).data_uri]
-            if without_data:
-                raise BadRequest(f"block(s) {', '.join(without_data)} have no Examples registered "
-                                 "(added without data); nothing was charged")
         epsilon, delta = float(exec_properties["epsilon"]), float(exec_properties["delta"])
         events = step_events(json.loads(exec_properties.get("step_mechanisms") or "{}"),
                              budget_split, epsilon, delta, ledger.accounting.name)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         grant = ledger.request(selector, epsilon=epsilon, delta=delta, pipeline=pipeline,
                                run_id=run_id, split=budget_split, events=events,
-                               data_uri=examples.uri)
+                               data_uri=examples.uri, require_data=True)
         blocks = ", ".join(grant.blocks) if len(grant.blocks) <= 4 else \
             f"{grant.blocks[0]} .. {grant.blocks[-1]} ({len(grant.blocks)} blocks)"
         console.report("BlockLedger: grant %s charged (%s, %s) on %s for pipeline %s",
@@ -71,10 +65,7 @@ class Executor(base_executor.BaseExecutor):
 
         examples.split_names = artifact_utils.encode_split_names(list(SPLITS))
         for block_id in grant.blocks:
-            data_uri = ledger.block(block_id).data_uri
-            if not data_uri:
-                raise BadRequest(f"block {block_id!r} has no Examples registered (it was added "
-                                 "without data); the grant stays charged")
+            data_uri = ledger.block(block_id).data_uri  # the grant required it (require_data)
             for split in SPLITS:
                 source_dir = os.path.join(data_uri, f"Split-{split}")
                 target_dir = os.path.join(examples.uri, f"Split-{split}")

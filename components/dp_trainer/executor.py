@@ -24,6 +24,7 @@ from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescript
 from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT, read_split
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import require_grant
+from sage_tfx.sage_access.exact import set_exact_property
 
 MODES = ("dp_sgd", "adassp")
 
@@ -78,11 +79,6 @@ def decode_slots(decoder: RecordDecoder, records: list[bytes]) -> tuple[tf.Tenso
     labels = tf.where(tf.reshape(mask, [-1] + [1] * (labels.shape.rank - 1)), labels,
                       tf.zeros_like(labels))
     return inputs, labels, real
-
-
-def _float_property(artifact, name: str, value: float) -> None:
-    # Exact decimal strings: ML Metadata's SQLite backend rounds doubles to 6 places.
-    artifact.set_string_custom_property(name, repr(float(value)))
 
 
 def write_scalar(tag: str, value: float) -> None:
@@ -153,7 +149,7 @@ class Executor(base_executor.BaseExecutor):
                           trainer_mode=mode)
         for name, value in properties.items():
             if isinstance(value, float):
-                _float_property(model, name, value)
+                set_exact_property(model, name, value)
             elif isinstance(value, int):
                 model.set_int_custom_property(name, value)
             else:

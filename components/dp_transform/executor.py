@@ -1,8 +1,8 @@
 """DPTransform executor: run the user's preprocessing_fn with tensorflow_transform on Beam, where
 only the DP analyzers of analyzers.py may look at the data.
 
-Order (DESIGN.md): check the grant, then trace the preprocessing_fn and refuse it if it uses a
-non-DP analyzer or spends more than the transform share, and only then read a record. The
+Order (docs/architecture.md): check the grant, then trace the preprocessing_fn and refuse it if it
+uses a non-DP analyzer or spends more than the transform share, and only then read a record. The
 analysis runs on the granted train split; both splits are transformed with the result.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ from sage_tfx.components.dp_trainer.user_module import import_module_file
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
 from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitise_record
 from sage_tfx.sage_access.accounting import pure_dp_event
+from sage_tfx.sage_access.exact import set_exact_property
 
 SPLITS = ("train", "test")
 RECORDS = "data_tfrecord-00000-of-00001.gz"
@@ -153,5 +154,5 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             transform_graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR))
         carry_grant(grant, transformed, "DPTransform")
         transform_graph.set_string_custom_property("sage_grant_id", grant.grant_id)
-        transform_graph.set_string_custom_property(
-            "dp_epsilon", repr(epsilon * sum(share for _, share in shares)))
+        set_exact_property(transform_graph, "dp_epsilon",
+                           epsilon * sum(share for _, share in shares))

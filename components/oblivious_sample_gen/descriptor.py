@@ -4,12 +4,14 @@ It describes the layout the trainer reads (epochs one after another, each `slots
 slots long, in units of `slot_width` slots, one unit per step) and everything the accountant
 needs. Every field is a function of public parameters and of `n`, the size the data was brought
 to: a public bound or a DP count (accounting.py). No exact count of private data is in it. It is stored as custom properties of the
-samples' Examples artifact (strings for floats: ML Metadata's SQLite backend rounds doubles).
+samples' Examples artifact (floats as exact decimal strings: sage_access/exact.py).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
+
+from sage_tfx.sage_access.exact import exact_decimal
 
 SCHEMES = ("swo", "poisson", "shuffle")
 
@@ -55,7 +57,7 @@ class SamplingDescriptor:
         return self.gamma * self.n if self.scheme == "poisson" else float(self.sample_size)
 
     def to_properties(self) -> dict[str, str | int]:
-        return {f"sampling_{key}": (repr(value) if isinstance(value, float) else
+        return {f"sampling_{key}": (exact_decimal(value) if isinstance(value, float) else
                                     "" if value is None else value)
                 for key, value in asdict(self).items()}
 

@@ -1,4 +1,4 @@
-"""A DPTrainer module file for the trips of test_pipeline.write_csv: trip_seconds from trip_miles."""
+"""A DPTrainer module file for the trips of support.ingest.write_csv: seconds from miles."""
 import tensorflow as tf
 
 LABEL_KEY = "trip_seconds"

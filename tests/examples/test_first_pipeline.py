@@ -10,8 +10,7 @@ import pytest
 
 from sage_tfx.sage_access import BlockLedger, connect
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_pipeline import write_csv  # noqa: E402
+from support.ingest import write_csv
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 granted training records, descriptor in MLMD, AES-GCM storage, refusal of ungranted data."""
 import base64
 import os
-import sys
 
 import pytest
 import tensorflow as tf
@@ -17,8 +16,7 @@ from sage_tfx.components.oblivious_sample_gen.samples_io import read_samples
 from sage_tfx.components.privacy_grant import GrantError
 from sage_tfx.sage_access import connect
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_pipeline import ingest_and_grant  # noqa: E402
+from support.ingest import ingest_and_grant
 
 KEY_VARIABLE = "SAGE_TEST_SAMPLES_KEY"
 

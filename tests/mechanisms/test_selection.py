@@ -5,8 +5,6 @@ FALSE_FAILURE per binomial test (two-sided exact p-value) or per Clopper-Pearson
 check is run on a deliberately broken variant too (tau too small, half the noise, keep
 probabilities for a larger delta) and shown to fail there."""
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -17,8 +15,7 @@ from sage_tfx import mechanisms
 from sage_tfx.audit.bounds import clopper_pearson_lower
 from sage_tfx.mechanisms import selection
 
-sys.path.insert(0, os.path.dirname(__file__))
-from oracles import balle_wang_delta  # noqa: E402
+from support.oracles import balle_wang_delta
 
 FALSE_FAILURE = 1e-6
 

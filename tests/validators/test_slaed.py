@@ -104,6 +104,7 @@ def test_sum_statistic_error_bound_holds_and_accepts_with_data():
     assert few.outcome == RETRY  # never REJECT: more data always tightens the bound
 
 
+@pytest.mark.slow
 def test_noise_has_the_stated_laplace_scales():
     releases = [DPMeanRelease.of(np.full(100, 0.5), 4.0, 0.5) for _ in range(20_000)]
     counts = np.array([r.dp_count for r in releases]) - 100

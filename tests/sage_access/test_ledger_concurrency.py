@@ -6,14 +6,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from sage_tfx.sage_access import BlockLedger
 
-WORKER = str(Path(__file__).with_name("ledger_worker.py"))
+from support import LEDGER_WORKER
+
 BLOCKS = 20
 
 
@@ -24,7 +24,8 @@ def make_store(path: str) -> None:
 
 
 def start_worker(store: str, seed: int, requests: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, WORKER, store, str(seed), str(requests), str(BLOCKS)],
+    return subprocess.Popen([sys.executable, LEDGER_WORKER, store, str(seed), str(requests),
+                             str(BLOCKS)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

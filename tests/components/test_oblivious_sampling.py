@@ -7,7 +7,6 @@ a correct sampler fails it with a fresh seed.
 import dataclasses
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -24,8 +23,7 @@ from sage_tfx.components.oblivious_sample_gen.sampling import (plan, samples_poi
                                                                shuffle_and_split, to_size)
 from sage_tfx.components.oblivious_sample_gen.trace import dataset
 
-sys.path.insert(0, os.path.dirname(__file__))
-from oracles import gaussian_epsilon  # noqa: E402
+from support.oracles import gaussian_epsilon
 
 
 def ids_of(samples) -> list[np.ndarray]:
@@ -136,6 +134,7 @@ def test_trace_depends_only_on_n_and_the_layout_length():
     assert trace_of(samples_swo, 200, 10, 0, 0)[0] != trace_of(samples_swo, 201, 10, 0, 0)[0]
 
 
+@pytest.mark.slow
 def test_trace_command_prints_equal_hashes_and_different_samples():
     command = [sys.executable, "-m", "sage_tfx.components.oblivious_sample_gen.trace",
                "--scheme", "poisson", "--n", "300", "--gamma", "0.05", "--seed", "4",
@@ -156,6 +155,7 @@ def test_oblivious_shuffle_is_a_permutation_for_any_n():
         assert np.array_equal(np.sort(source), np.arange(n))
 
 
+@pytest.mark.slow
 def test_oblivious_shuffle_is_uniform_over_permutations():
     # 4! = 24 permutations, 4,800 draws. Chi-square at p < 1e-4: false-failure rate 1e-4.
     counts = {}

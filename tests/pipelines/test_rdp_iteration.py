@@ -13,7 +13,7 @@ from sage_tfx.examples.taxi.pipeline import TaxiSource, adassp_spec
 from sage_tfx.pipelines.adaptive import build_iteration
 from sage_tfx.sage_access import BlockLedger, connect
 from sage_tfx.sage_access.accounting import event_from_json, rdp_curve_of
-from sage_tfx.sage_access.ledger import GRANT_TYPE
+from sage_tfx.sage_access.records import GRANT_TYPE
 
 
 @pytest.mark.slow

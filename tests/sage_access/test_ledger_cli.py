@@ -13,6 +13,8 @@ import pytest
 
 from sage_tfx.sage_access import BlockLedger
 
+from support import REPO_ROOT
+
 CLI = [sys.executable, "-m", "sage_tfx.cli"]
 
 
@@ -85,6 +87,7 @@ def _application_database(path):
     connection.close()
 
 
+@pytest.mark.slow
 def test_no_command_changes_a_file_that_is_not_a_ledger(tmp_path, store_path):
     """Section 1: an application database, an empty file, a truncated ledger, a directory, and
     an ML Metadata store without a ledger are refused by every command and stay byte-for-byte
@@ -219,6 +222,7 @@ def _png_size(path):
     return width, height
 
 
+@pytest.mark.slow
 def test_plot_stays_readable_and_show_survives_a_closed_pipe_at_300_blocks(store_path,
                                                                             tmp_path):
     ledger_api = BlockLedger.create(store_path)
@@ -299,14 +303,14 @@ def test_ledger_cli_does_not_import_tensorflow(populated):
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
-def test_readme_cli_section_matches_the_parser():
-    """Every command the README's CLI section lists exists and every command is listed; the exit
-    codes it documents are the ones the CLI uses."""
+def test_documented_cli_section_matches_the_parser():
+    """Every command the CLI section of docs/ledger.md lists exists and every command is listed;
+    the exit codes it documents are the ones the CLI uses."""
     from sage_tfx.sage_access import cli as ledger_cli
 
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "README.md")).read()
-    section = readme[readme.index("### CLI"):readme.index("## The main job")]
+    with open(os.path.join(REPO_ROOT, "docs", "ledger.md")) as handle:
+        document = handle.read()
+    section = document[document.index("## CLI"):]
     listed = set(re.findall(r"sage-tfx ledger --store PATH ([a-z-]+)", section))
     groups = argparse.ArgumentParser().add_subparsers()
     ledger_cli.add_parser(groups)
@@ -320,6 +324,7 @@ def test_readme_cli_section_matches_the_parser():
         assert re.search(rf"{code} [^;]*{meaning}", section), (code, meaning)
 
 
+@pytest.mark.slow
 def test_init_adds_a_ledger_to_an_existing_metadata_store(tmp_path):
     """A pipeline's own ML Metadata store may hold the ledger (grants then show in its lineage)."""
     from sage_tfx.sage_access import connect
@@ -355,6 +360,7 @@ def _rdp_ledger_with_api_and_cli_grants(store_path):
     assert code == 0 and json.loads(out)["granted"]
 
 
+@pytest.mark.slow
 def test_rdp_ledger_shows_the_filters_guarantee_after_api_and_cli_grants(store_path, tmp_path):
     """After the merge of the CLI and the grant work: every view of an rdp ledger shows the
     filter's guarantee (the ceiling of a charged block), never a converted spent curve labelled
@@ -379,6 +385,7 @@ def test_rdp_ledger_shows_the_filters_guarantee_after_api_and_cli_grants(store_p
     assert code == 0 and "share of capacity" in out, err
 
 
+@pytest.mark.slow
 def test_rdp_grants_show_split_and_events_and_denials_name_reservations(store_path):
     _rdp_ledger_with_api_and_cli_grants(store_path)
     code, out, err = ledger(store_path, "grants")

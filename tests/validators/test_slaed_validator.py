@@ -1,7 +1,6 @@
 """SLAedValidator on LocalDagRunner: AdaSSP model -> DP validation -> ModelBlessing, and TFX's
 Pusher pushing only a blessed model."""
 import os
-import sys
 
 import pytest
 from tfx.components.pusher.component import Pusher
@@ -14,10 +13,8 @@ from sage_tfx.components.dp_trainer import DPTrainer
 from sage_tfx.sage_access import BlockLedger, connect
 from sage_tfx.validators.component import SLAedValidator
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_pipeline import ingest_and_grant  # noqa: E402
-
-MODULE = os.path.join(os.path.dirname(__file__), "trip_module.py")
+from support import TRIP_MODULE
+from support.ingest import ingest_and_grant
 
 
 @pytest.mark.slow
@@ -32,7 +29,7 @@ def test_validator_blesses_only_on_accept_and_pusher_follows(tmp_path):
                                   block_epsilon=4.0, epsilon=4.0,
                                   split={"training": 0.2, "validation": 0.4, "check": 0.4})
     trainer = DPTrainer(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
-                        module_file=MODULE, mode="adassp", feature_bound=5.0, label_bound=1000.0,
+                        module_file=TRIP_MODULE, mode="adassp", feature_bound=5.0, label_bound=1000.0,
                         seed=1)
     # Durations are 100 s + 200 s a mile + jitter (variance 10 s^2); AdaSSP at the training
     # share (0.8) reaches an MSE of about 1,100 (naive: 53,000).
@@ -41,7 +38,7 @@ def test_validator_blesses_only_on_accept_and_pusher_follows(tmp_path):
     for name, (target, step) in outcomes.items():
         validator = SLAedValidator(model=trainer.outputs["model"],
                                    examples=grant.outputs["examples"], grant=grant.outputs["grant"],
-                                   module_file=MODULE, metric="loss", target=target,
+                                   module_file=TRIP_MODULE, metric="loss", target=target,
                                    confidence=0.95, loss_bound=5000.0,
                                    grant_step=step).with_id(f"validator_{name}")
         pusher = Pusher(model=trainer.outputs["model"],
@@ -79,7 +76,7 @@ def test_validator_blesses_only_on_accept_and_pusher_follows(tmp_path):
 
 
 def test_bad_parameters_are_refused_when_the_pipeline_is_built():
-    common = dict(model=None, examples=None, grant=None, module_file=MODULE)
+    common = dict(model=None, examples=None, grant=None, module_file=TRIP_MODULE)
     with pytest.raises(ValueError, match="outside"):
         SLAedValidator(metric="accuracy", target=1.5, **common)
     with pytest.raises(ValueError, match="loss_bound"):

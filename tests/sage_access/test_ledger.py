@@ -225,33 +225,46 @@ def test_conflicting_writer_is_detected_not_lost(store_path, monkeypatch):
 def test_a_store_made_before_grant_binding_opens_read_only_and_for_writing(tmp_path, monkeypatch):
     """Stores created before the GrantData and ShareUse record types existed keep working: a
     read-only open (show, grants, audit) needs neither type, and a writer registers them."""
-    from sage_tfx.sage_access import ledger as ledger_module
+    from sage_tfx.sage_access import records
 
     store = str(tmp_path / "old.sqlite")
 
-    def without_new_types(mlmd):
-        for name in (ledger_module.STATE_TYPE, ledger_module.LEDGER_VERSION_TYPE,
-                     ledger_module.BLOCK_TYPE, ledger_module.BLOCK_VERSION_TYPE):
-            mlmd.put_artifact_type(ledger_module.pb.ArtifactType(name=name))
-        for name in (ledger_module.GRANT_TYPE, ledger_module.UPDATE_TYPE):
-            mlmd.put_execution_type(ledger_module.pb.ExecutionType(name=name))
-        for name in (ledger_module.LEDGER_CONTEXT_TYPE, ledger_module.RUN_CONTEXT_TYPE):
-            mlmd.put_context_type(ledger_module.pb.ContextType(name=name))
+    def without_new_types(mlmd):  # what the code before grant binding registered
+        for name in (records.STATE_TYPE, records.LEDGER_VERSION_TYPE, records.BLOCK_TYPE,
+                     records.BLOCK_VERSION_TYPE):
+            mlmd.put_artifact_type(pb.ArtifactType(name=name))
+        for name in (records.GRANT_TYPE, records.UPDATE_TYPE):
+            mlmd.put_execution_type(pb.ExecutionType(name=name))
+        for name in (records.LEDGER_CONTEXT_TYPE, records.RUN_CONTEXT_TYPE):
+            mlmd.put_context_type(pb.ContextType(name=name))
 
-    register = BlockLedger._register_types
-
-    def register_as_before(self, lookup_only=False):  # the code before grant binding
-        without_new_types(self._store)
-        register(self, lookup_only=True)
-
-    monkeypatch.setattr(ledger_module, "_register_types", without_new_types)
-    monkeypatch.setattr(BlockLedger, "_register_types", register_as_before)
+    monkeypatch.setattr(records, "register_types", without_new_types)
+    monkeypatch.setattr(ledger_module, "register_types", without_new_types)
+    monkeypatch.setattr(records, "_GRANT_BINDING_TYPES", ())
     old = BlockLedger.create(store)
     old.add_block("b0", epsilon=1.0, delta=1e-6)
     monkeypatch.undo()
     with pytest.raises(Exception):  # the store really lacks the new types
-        ledger_module.connect(store).get_artifact_type(ledger_module.SHARE_USE_TYPE)
+        connect(store).get_artifact_type(records.SHARE_USE_TYPE)
 
     assert [b.block_id for b in BlockLedger(store, read_only=True).blocks()] == ["b0"]
     grant = BlockLedger(store).request(BlockIds(["b0"]), epsilon=0.5, delta=1e-7)
     assert BlockLedger(store, read_only=True).find_grant(grant.grant_id).blocks == ("b0",)
+
+
+def test_require_data_refuses_blocks_without_examples_inside_the_grant(tmp_path):
+    """The data check runs on the blocks the grant takes, in its transaction: a window that
+    reaches a block registered without data is refused whole, naming it, with nothing charged."""
+    ledger = BlockLedger.create(":memory:", min_request_epsilon=0.05)
+    ledger.add_block("old", 1.0, 1e-6, data_uri=str(tmp_path / "old"))
+    ledger.add_block("bare", 1.0, 1e-6)
+    ledger.add_block("new", 1.0, 1e-6, data_uri=str(tmp_path / "new"))
+    before = snapshot(ledger)
+    for selector in (RecentWindow(2), BlockIds(["old", "bare"])):
+        with pytest.raises(BadRequest, match=r"block\(s\) bare have no Examples.*nothing was"):
+            ledger.request(selector, epsilon=0.3, delta=0, require_data=True)
+    assert snapshot(ledger) == before
+    assert ledger.request(BlockIds(["old", "new"]), epsilon=0.3, delta=0,
+                          require_data=True).blocks == ("old", "new")
+    # Without the option the ledger grants data-less blocks (budget-only ledgers, the CLI).
+    assert ledger.request(RecentWindow(2), epsilon=0.3, delta=0).blocks == ("new", "bare")

@@ -1,7 +1,6 @@
 """The record rule: a record's bad content (NaN, infinity, a missing or malformed feature) becomes
 a public default before any DP component bounds it, so it cannot make a run raise after its
 grant was charged, nor turn a release into NaN."""
-import os
 
 import numpy as np
 import pytest
@@ -14,7 +13,8 @@ from sage_tfx.components.record_rule import (RecordRuleError, finite, sanitise_r
 from sage_tfx.validators.executor import per_example_metric
 from sage_tfx.validators.slaed import loss_validator
 
-MODULE = os.path.join(os.path.dirname(__file__), "trip_module.py")
+from support import TRIP_MODULE
+
 SPEC = {"trip_miles": tf.io.FixedLenFeature([1], tf.float32),
         "trip_seconds": tf.io.FixedLenFeature([1], tf.int64)}
 
@@ -76,7 +76,7 @@ def test_finite_maps_non_finite_entries_to_zero():
 
 
 def test_the_decoder_gives_finite_inputs_and_labels_for_bad_records():
-    decoder = RecordDecoder(UserModule.load(MODULE, "adassp"))
+    decoder = RecordDecoder(UserModule.load(TRIP_MODULE, "adassp"))
     inputs, labels = decoder.decode([GOOD] + BAD)
     assert np.isfinite(inputs.numpy()).all() and np.isfinite(labels.numpy()).all()
     assert inputs.numpy()[:, 0].tolist() == [2.5, 0.0, 0.0, 0.0, 0.0, 2.5, 0.0]
@@ -90,7 +90,7 @@ def test_adassp_after_the_decoder_fits_finite_weights_despite_one_nan_and_one_in
     miles = rng.uniform(0.5, 5.0, 200)
     records = [trip(trip_miles=[float(m)], trip_seconds=[int(100 + 200 * m)]) for m in miles]
     records[:2] = BAD[:2]
-    inputs, labels = RecordDecoder(UserModule.load(MODULE, "adassp")).decode(records)
+    inputs, labels = RecordDecoder(UserModule.load(TRIP_MODULE, "adassp")).decode(records)
     result = adassp(inputs.numpy(), labels.numpy().reshape(-1), 1.0, 1e-6, feature_bound=6.0,
                     label_bound=1200.0)
     assert np.isfinite(result.weights).all()
@@ -100,7 +100,7 @@ def test_adassp_after_the_decoder_fits_finite_weights_despite_one_nan_and_one_in
 
 
 def test_a_non_finite_prediction_or_label_counts_as_the_loss_bound():
-    module = UserModule.load(MODULE, "loss")
+    module = UserModule.load(TRIP_MODULE, "loss")
     labels = np.array([[1.0], [np.nan], [2.0], [1.0]])
     outputs = np.array([[1.5], [1.0], [np.inf], [np.nan]])
     values = per_example_metric("loss", module, labels, outputs)

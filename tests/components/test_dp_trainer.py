@@ -27,10 +27,9 @@ from sage_tfx.components.oblivious_sample_gen.sampling import samples_poisson, s
 from sage_tfx.components.privacy_grant import GrantError
 from sage_tfx.sage_access import connect
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_pipeline import ingest_and_grant  # noqa: E402
+from support import TRIP_MODULE
+from support.ingest import ingest_and_grant
 
-MODULE = os.path.join(os.path.dirname(__file__), "trip_module.py")
 KEY_VARIABLE = "SAGE_TEST_TRAINER_KEY"
 
 
@@ -48,6 +47,7 @@ def test_calibration_spends_the_target_and_no_more(scheme):
                               epsilon_cap=10.0) > 2.0
 
 
+@pytest.mark.slow
 def test_calibrate_command_prints_the_contract():
     out = subprocess.run(
         [sys.executable, "-m", "sage_tfx.components.dp_trainer.calibrate", "--scheme", "poisson",
@@ -93,17 +93,17 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     sampler = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                                  scheme="swo", sample_size=8, epochs=3, seed=3, public_size=48)
     trainer = DPTrainer(examples=sampler.outputs["samples"], grant=grant.outputs["grant"],
-                        module_file=MODULE, l2_norm_clip=1.0, learning_rate=0.05, seed=4)
+                        module_file=TRIP_MODULE, l2_norm_clip=1.0, learning_rate=0.05, seed=4)
     poisson = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                                  scheme="poisson", gamma=0.125, epochs=2,
                                  encryption_key_env=KEY_VARIABLE, record_width=1024,
                                  seed=6).with_id("poisson")
     poisson_trainer = DPTrainer(examples=poisson.outputs["samples"], grant=grant.outputs["grant"],
-                                module_file=MODULE, l2_norm_clip=1.0, learning_rate=0.05,
+                                module_file=TRIP_MODULE, l2_norm_clip=1.0, learning_rate=0.05,
                                 encryption_key_env=KEY_VARIABLE, grant_step="poisson",
                                 seed=7).with_id("poisson_trainer")
     linear = DPTrainer(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
-                       module_file=MODULE, mode="adassp", feature_bound=5.0, label_bound=400.0,
+                       module_file=TRIP_MODULE, mode="adassp", feature_bound=5.0, label_bound=400.0,
                        grant_step="linear", seed=5).with_id("linear")
     LocalDagRunner().run(pipeline.Pipeline(
         pipeline_name="training", pipeline_root=os.path.join(root, "pipeline"),
@@ -153,7 +153,7 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     outputs = {"model": [standard_artifacts.Model()], "model_run": [standard_artifacts.ModelRun()]}
     for artifact_list in outputs.values():
         artifact_list[0].uri = os.path.join(root, "refused", artifact_list[0].TYPE_NAME)
-    base = {"module_file": MODULE, "l2_norm_clip": 1.0, "learning_rate": 0.05}
+    base = {"module_file": TRIP_MODULE, "l2_norm_clip": 1.0, "learning_rate": 0.05}
 
     refused_steps = iter(["refused-1", "refused-2", "refused-3", "refused-4", "refused-5"])
 

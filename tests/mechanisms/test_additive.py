@@ -2,8 +2,6 @@
 statistical check states its false-failure rate; each has a half-noise variant that fails."""
 import functools
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -13,8 +11,7 @@ from scipy import stats
 from sage_tfx import mechanisms
 from sage_tfx.mechanisms import additive
 
-sys.path.insert(0, os.path.dirname(__file__))
-from oracles import balle_wang_delta  # noqa: E402
+from support.oracles import balle_wang_delta
 
 N = 20_000
 FALSE_FAILURE = 1e-6  # per Kolmogorov-Smirnov check

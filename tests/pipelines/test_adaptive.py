@@ -10,7 +10,7 @@ from sage_tfx.examples.taxi.pipeline import (BLOCK_EPSILON, INITIAL_EPSILON, MIN
                                              TaxiSource, adassp_spec, dp_sgd_spec)
 from sage_tfx.pipelines.adaptive import ACCEPTED, Policy, run_adaptive
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
-from sage_tfx.sage_access.ledger import GRANT_TYPE
+from sage_tfx.sage_access.records import GRANT_TYPE
 
 
 def _database(tmp_path, months=12):

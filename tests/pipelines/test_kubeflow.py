@@ -5,8 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from sage_tfx.examples.taxi.pipeline import INITIAL_EPSILON, MIN_WINDOW
 from sage_tfx.pipelines.kubeflow import KUBEFLOW_LEDGER_STORE
+
+from support import REPO_ROOT
 
 COMPONENTS = {"BlockExampleGen", "BlockLedger", "DPTransform", "DPTrainer", "SLAedValidator",
               "Pusher"}
@@ -14,8 +18,7 @@ COMPONENTS = {"BlockExampleGen", "BlockLedger", "DPTransform", "DPTrainer", "SLA
 
 REQUIRED = ["--image", "example.com/sage-tfx:0.1.0", "--pipeline-root", "gs://bucket/sage"]
 TAXI = [*REQUIRED, "--data-root", "gs://bucket/taxi/new-months"]
-FIRST_PIPELINE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              "examples", "first_pipeline.py")
+FIRST_PIPELINE = os.path.join(REPO_ROOT, "examples", "first_pipeline.py")
 
 
 def _compile(tmp_path, *extra, options=TAXI):
@@ -28,6 +31,7 @@ def _compile(tmp_path, *extra, options=TAXI):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_compiles_the_taxi_pipeline(tmp_path):
     job = _compile(tmp_path)
     spec = job["pipelineSpec"]
@@ -46,6 +50,7 @@ def test_compiles_the_taxi_pipeline(tmp_path):
     assert KUBEFLOW_LEDGER_STORE in ledger_parameters
 
 
+@pytest.mark.slow
 def test_dp_sgd_mode_adds_the_sampler(tmp_path):
     job = _compile(tmp_path, "--mode", "dp_sgd")
     assert set(job["pipelineSpec"]["components"]) == COMPONENTS | {"ObliviousSampleGen"}
@@ -56,6 +61,7 @@ def test_dp_sgd_mode_adds_the_sampler(tmp_path):
     assert constant["epsilon"]["doubleValue"] == INITIAL_EPSILON["dp_sgd"]
 
 
+@pytest.mark.slow
 def test_a_grant_that_cannot_run_is_refused_at_compile_time(tmp_path):
     out = tmp_path / "taxi.json"
     for option, message in (("--window", "window must be a positive number of blocks, got 0"),
@@ -68,8 +74,9 @@ def test_a_grant_that_cannot_run_is_refused_at_compile_time(tmp_path):
         assert not out.exists()
 
 
+@pytest.mark.slow
 def test_compiles_a_user_pipeline_module(tmp_path):
-    """--pipeline-module: the README's plain-Pipeline example compiles as it is."""
+    """--pipeline-module: the plain-Pipeline example of docs/pipelines.md compiles as it is."""
     job = _compile(tmp_path, "--pipeline-module", FIRST_PIPELINE + ":training_pipeline",
                    options=REQUIRED)
     assert set(job["pipelineSpec"]["root"]["dag"]["tasks"]) == {
@@ -96,6 +103,7 @@ def test_no_silent_placeholders_and_no_directories_created(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_taxi_job_ingests_the_months_it_is_given(tmp_path):
     """Blocks are immutable, so a job compiled for the whole sample can run once: each later
     run is compiled for the new months it ingests."""

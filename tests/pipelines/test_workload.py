@@ -11,6 +11,8 @@ from sage_tfx.pipelines.workload import (STRATEGIES, BlockConserve, InverseEpsil
                                          ValidationBoundComplexity, WorkloadConfig,
                                          draw_pipelines, fit_validation_bound, simulate)
 
+from support import REPO_ROOT
+
 CONFIG = WorkloadConfig(0.6, arrival_hours=60, drain_hours=30)
 
 
@@ -34,6 +36,7 @@ def test_no_block_exceeds_its_ceiling_and_reservations_add_up(strategy):
         assert holders <= waiting
 
 
+@pytest.mark.slow
 def test_strategies_order_as_in_sage_at_a_fixed_seed():
     config = WorkloadConfig(0.7, arrival_hours=120, drain_hours=60)
     release = {s: simulate(s, config, seed=1) for s in STRATEGIES}
@@ -93,7 +96,7 @@ def test_benchmark_quick_prints_the_contract(tmp_path):
     plot = tmp_path / "fig8.png"
     out = subprocess.run([sys.executable, "benchmarks/workload.py", "--quick", "--json",
                           "--plot", str(plot)], capture_output=True, text=True, check=True,
-                         cwd=__file__.rsplit("/tests/", 1)[0]).stdout
+                         cwd=REPO_ROOT).stdout
     result = json.loads(out)
     rates = result["arrival_rates_per_hour"]
     assert set(result["strategies"]) == set(STRATEGIES)

@@ -14,7 +14,7 @@ from sage_tfx.components.block_ledger import executor
 from sage_tfx.components.privacy_grant import (GrantError, PrivacyGrant, carry_grant,
                                                require_grant)
 from sage_tfx.sage_access import BadRequest, BlockLedger
-from sage_tfx.sage_access.ledger import check_split
+from sage_tfx.sage_access.accounting import check_split
 
 SPLIT = {"transform": 0.1, "training": 0.5, "validation": 0.4}
 
@@ -104,6 +104,7 @@ def _claim(store_path, grant_id, step, queue):
         queue.put("refused")
 
 
+@pytest.mark.slow
 def test_concurrent_consumers_of_one_share_exactly_one_wins(granted, store_path):
     grant, _ = granted
     context = multiprocessing.get_context("spawn")

@@ -1,0 +1,58 @@
+"""A grant checked against the ledger, and the one-time consumption of its steps' shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from sage_tfx.sage_access.errors import BadRequest
+
+
+class GrantError(BadRequest):
+    """Examples without a grant that covers them, or a grant the ledger did not issue."""
+
+
+@dataclass
+class GrantInfo:
+    """A grant as the ledger recorded it, checked against the PrivacyGrant artifact.
+
+    `share(step)` records the consumption of the step's share in the ledger with one atomic,
+    uniquely named MLMD record, so a second trainer or validator on the same share (same DAG,
+    a later run, an Importer) is refused.
+    """
+    grant_id: str
+    ledger_store: str
+    ledger_context: str
+    blocks: tuple[str, ...]
+    epsilon: Optional[float]
+    delta: Optional[float]
+    split: dict[str, str]
+    consumer: str
+    _ledger: Any = field(repr=False)
+    _record: Any = field(repr=False)
+    _used: dict = field(default_factory=dict, repr=False)
+
+    def share(self, step: str) -> tuple[float, float]:
+        """(epsilon, delta) this grant allots to the DP step `step`, consumed in the ledger: the
+        first call records the use atomically; any other consumer of this share is refused."""
+        if step not in self._used:
+            try:
+                self._used[step] = self._ledger.use_share(self._record, step, self.consumer)
+            except BadRequest as error:
+                raise GrantError(str(error)) from None
+        return self._used[step]
+
+    def event(self, step: str):
+        """The dp-accounting event the ledger recorded for `step` (None if it recorded none)."""
+        return self._ledger.grant_event(self._record, step)
+
+    def check_event(self, step: str, ran) -> None:
+        """Refuse to release unless what ran (`ran`, a DpEvent) is what the grant recorded for
+        `step`: the ledger charged the recorded event, so anything else is unaccounted."""
+        recorded = self.event(step)
+        if recorded is not None and recorded != ran:
+            raise GrantError(f"step {step!r} of grant {self.grant_id} ran {ran}, but the ledger "
+                             f"recorded and charged {recorded}; nothing was released")
+
+    def record_data(self, uri: str, producer: str) -> None:
+        """Record data derived from this grant's Examples at `uri` (see carry_grant)."""
+        self._ledger.record_data(self._record, uri, producer)

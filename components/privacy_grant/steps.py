@@ -1,0 +1,54 @@
+"""What each DP step of a grant runs (issue 17 §1): the BlockLedger component records these
+events in the grant, and each component checks that what it ran is what was recorded
+(GrantInfo.check_event)."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from sage_tfx.sage_access.accounting import accounting_for, pure_dp_event, split_share
+from sage_tfx.sage_access.errors import BadRequest
+
+MECHANISMS = ("adassp", "laplace", "dp_sgd")
+
+
+def planned_event(mechanism: Mapping[str, Any], epsilon: float, delta: float):
+    """The dp-accounting event a step of this mechanism runs on an (epsilon, delta) share, or
+    None when it cannot be known before the step runs.
+
+    * adassp: three self-composed Gaussians at the calibrated noise multiplier (adassp.py);
+    * laplace: any epsilon-DP step made of Laplace releases whose epsilons sum to its share
+      (SLAedValidator, DPTransform's analyzers), recorded as its zCDP bound;
+    * dp_sgd: None. Its steps depend on the sampling: SWO and shuffling on the data's size,
+      Poisson on a truncation probability that adds a delta an RDP curve cannot carry, so an
+      rdp ledger refuses it (a basic ledger charges its (epsilon, delta) share).
+    """
+    name = mechanism.get("mechanism")
+    if name == "adassp":
+        from sage_tfx.components.dp_trainer import adassp
+        return adassp.planned_event(epsilon, delta)
+    if name == "laplace":
+        return pure_dp_event(epsilon)
+    if name == "dp_sgd":
+        return None
+    raise BadRequest(f"unknown DP mechanism {name!r}; use one of {MECHANISMS}")
+
+
+def step_events(mechanisms: dict, split: dict[str, str], epsilon: float, delta: float,
+                accounting: str) -> dict:
+    """{step: the DpEvent it will run on its share of (epsilon, delta)}, for the steps whose
+    mechanism is named; a ledger whose accounting (its mode's name) charges the steps' events
+    (rdp) refuses a step without an event."""
+    unknown = sorted(set(mechanisms) - set(split))
+    if unknown:
+        raise BadRequest(f"step_mechanisms names step(s) {unknown} that the split {split} lacks")
+    requires_events = accounting_for(accounting).requires_step_events
+    events = {}
+    for step, mechanism in mechanisms.items():
+        event = planned_event(mechanism, *split_share(epsilon, delta, split, step))
+        if event is None and requires_events:
+            raise BadRequest(f"step {step!r} ({mechanism['mechanism']}) has no DP event before "
+                             f"it runs, so an {accounting} ledger cannot charge it (see "
+                             "privacy_grant.planned_event); use a basic ledger")
+        if event is not None:
+            events[step] = event
+    return events

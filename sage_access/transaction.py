@@ -1,0 +1,102 @@
+"""The BlockLedger's optimistic-concurrency transaction on ML Metadata.
+
+ML Metadata has no multi-call transactions, and read-modify-write of a property loses updates.
+Every ledger change is therefore a single `put_execution` call, which MLMD commits
+atomically, and which creates a record with a *unique name* for every state it replaces: the next
+`BlockVersion` of each block it charges (and the next `LedgerVersion` for changes of the ledger
+state). Two writers that read the same version both try to create the same name; MLMD rejects the
+second call as a whole (AlreadyExistsError, rolled back), and the loser re-reads and re-checks.
+This is optimistic concurrency control with the name as compare-and-swap: no lost update, and a
+process killed at any point leaves each grant whole or absent.
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Callable, Optional, Sequence, TypeVar
+
+from ml_metadata import errors as mlmd_errors
+from ml_metadata.proto import metadata_store_pb2 as pb
+
+from sage_tfx.sage_access.errors import LedgerBusy
+from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, LEDGER_VERSION_TYPE, LedgerRecords,
+                                          get_property, output_event, set_properties)
+
+_MAX_ATTEMPTS = 400
+_MAX_WAIT_SECONDS = 60.0
+
+T = TypeVar("T")
+
+
+class Conflict(Exception):
+    """Another writer committed first (a unique name exists already); re-read and retry."""
+
+
+def _is_lock_error(error: Exception) -> bool:
+    # SQLite reports a concurrent writer as a busy/locked database.
+    text = str(error).lower()
+    return "locked" in text or "busy" in text
+
+
+class Transactions:
+    """Commits of one ledger context: each one MLMD call, retried on conflict."""
+
+    def __init__(self, records: LedgerRecords):
+        self._records = records
+
+    def commit(self, kind: str, execution_props: dict,
+               artifact_and_events: list[tuple[pb.Artifact, pb.Event]],
+               extra_contexts: Sequence[pb.Context] = (), name: Optional[str] = None) -> int:
+        """Write an execution of type `kind` with its records in one MLMD call; Conflict if a
+        record's unique name (a version, a share use, the execution's name) exists already."""
+        records = self._records
+        execution = pb.Execution(type_id=records.types[kind],
+                                 last_known_state=pb.Execution.COMPLETE, name=name)
+        set_properties(execution, dict(execution_props, ledger=records.context))
+        try:
+            execution_id, _, _ = records.store.put_execution(
+                execution, artifact_and_events, [records.context_node, *extra_contexts],
+                reuse_context_if_already_exist=True)
+        except mlmd_errors.AlreadyExistsError as error:
+            raise Conflict(str(error)) from None
+        return execution_id
+
+    def retrying(self, attempt: Callable[[], T]) -> T:
+        """Run read-check-commit until it commits without a conflicting writer."""
+        deadline = time.monotonic() + _MAX_WAIT_SECONDS
+        for tries in range(_MAX_ATTEMPTS):
+            try:
+                return attempt()
+            except Conflict:
+                pass
+            except mlmd_errors.StatusError as error:
+                if not _is_lock_error(error):
+                    raise
+            if time.monotonic() > deadline:
+                break
+            time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(tries, 6))))
+        raise LedgerBusy(f"ledger {self._records.context!r}: gave up after repeated conflicts "
+                         "with concurrent writers; nothing was charged")
+
+    def block_version(self, block: str, version: int) -> pb.Artifact:
+        """The unique-named record of a block's next version: the compare-and-swap token.
+
+        Deliberately without properties (each costs a row per write on the grant path); what
+        changed is on the execution that created it (a Grant's blocks and demand, or an update's
+        kind), linked by an OUTPUT event.
+        """
+        records = self._records
+        return pb.Artifact(type_id=records.types[BLOCK_VERSION_TYPE],
+                           name=f"{records.context}/{block}/v{version}")
+
+    def ledger_version(self, state: pb.Artifact, kind: str, **changes) -> list:
+        """The updated LedgerState plus its unique version record (the compare-and-swap)."""
+        records = self._records
+        version = get_property(state, "version") + 1
+        updated = pb.Artifact()
+        updated.CopyFrom(state)
+        set_properties(updated, dict(changes, version=version))
+        record = pb.Artifact(type_id=records.types[LEDGER_VERSION_TYPE],
+                             name=f"{records.context}/ledger/v{version}")
+        set_properties(record, {"ledger": records.context, "kind": kind, "version": version})
+        return [(updated, output_event()), (record, output_event())]

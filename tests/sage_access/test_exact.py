@@ -1,0 +1,39 @@
+"""Exact decimals survive ML Metadata (sage_access/exact.py): what every budget record relies on."""
+from fractions import Fraction
+
+from ml_metadata.proto import metadata_store_pb2 as pb
+
+from sage_tfx.sage_access import connect
+from sage_tfx.sage_access.exact import (exact_decimal, exact_fraction, exact_property,
+                                        set_exact_property)
+
+# Values whose 7th and later decimals matter: a delta, a share rounded down, a tiny epsilon.
+AWKWARD = (1e-7, 0.1 + 0.2, 0.30000000000000004 / 3, 2.5e-12, 123456.789012345)
+
+
+class _Node:
+    """The TFX artifact surface `set_exact_property` uses, on a real MLMD artifact."""
+
+    def __init__(self, artifact):
+        self.mlmd_artifact = artifact
+
+    def set_string_custom_property(self, name, value):
+        self.mlmd_artifact.custom_properties[name].string_value = value
+
+
+def test_exact_values_read_back_bit_for_bit_from_a_sqlite_store(store_path):
+    store = connect(store_path)
+    type_id = store.put_artifact_type(pb.ArtifactType(name="ExactProbe"))
+    node = _Node(pb.Artifact(type_id=type_id))
+    for index, value in enumerate(AWKWARD):
+        set_exact_property(node, f"v{index}", value)
+    [artifact_id] = store.put_artifacts([node.mlmd_artifact])
+    [stored] = store.get_artifacts_by_id([artifact_id])
+    assert [exact_property(stored, f"v{i}") for i in range(len(AWKWARD))] == list(AWKWARD)
+    assert exact_property(stored, "absent") is None
+
+
+def test_decimal_fractions_are_the_decimals_as_written():
+    assert exact_fraction("0.1") == exact_fraction(0.1) == Fraction(1, 10)
+    assert sum(exact_fraction(f) for f in (0.7, 0.2, 0.1)) == 1 != 0.7 + 0.2 + 0.1
+    assert float(exact_decimal(1e-7)) == 1e-7

@@ -1,0 +1,11 @@
+"""Helpers shared by the tests (not tests themselves). setup.cfg puts tests/ on pytest's
+pythonpath, so a test in any folder imports them as `support.<module>`."""
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The clone: docs/, the Dockerfile, setup.cfg, benchmarks/ and examples/ are read from here.
+REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+# Files the code under test loads by path: a DPTrainer module file and a ledger worker process.
+TRIP_MODULE = os.path.join(_HERE, "trip_module.py")
+LEDGER_WORKER = os.path.join(_HERE, "ledger_worker.py")
