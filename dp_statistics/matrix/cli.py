@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import glob
 import json
 import math
 import os
@@ -50,39 +49,9 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=lambda args: _run(_answer, args), command="workload-answer")
 
 
-def _block_columns(data_uris, features):
-    """Each record's first value of each feature ({feature: [value or None]}), read from the
-    blocks' Examples. Bytes that are no tf.Example read as an empty one (the record rule)."""
-    import tensorflow as tf
-    from google.protobuf.message import DecodeError
-
-    columns = {feature: [] for feature in features}
-    for uri in data_uris:
-        for path in sorted(glob.glob(os.path.join(uri, "Split-*", "*"))):
-            for serialized in tf.data.TFRecordDataset(path, compression_type="GZIP"):
-                example = tf.train.Example()
-                try:
-                    example.ParseFromString(serialized.numpy())
-                except DecodeError:
-                    example = tf.train.Example()
-                for feature in features:
-                    columns[feature].append(_first_value(example, feature))
-    return columns
-
-
-def _first_value(example, feature: str):
-    if feature not in example.features.feature:
-        return None
-    field = example.features.feature[feature]
-    kind = field.WhichOneof("kind")
-    values = getattr(field, kind).value if kind else []
-    return values[0] if len(values) else None
-
-
 def _answer(args) -> int:
-    from dp_accounting import dp_event
-
-    from sage_tfx import mechanisms
+    from sage_tfx.components.matrix_mechanism.executor import (examples_histogram,
+                                                               planned_event)
     from sage_tfx.dp_statistics.matrix import eigen_design, mechanism
     from sage_tfx.dp_statistics.matrix.spec import parse_spec
     from sage_tfx.sage_access.errors import BadRequest
@@ -100,8 +69,6 @@ def _answer(args) -> int:
     except (OSError, DomainError, ValueError) as error:
         raise BadRequest(f"workload spec {args.spec}: {error}") from None
     strategy = eigen_design(spec.workload)
-    multiplier = mechanisms.gaussian_sigma(l2_sensitivity=1.0, epsilon=args.epsilon,
-                                           delta=args.delta)
     ledger = BlockLedger(args.store, args.context, read_only=True)
     selector = (BlockIds([b for b in args.blocks.split(",") if b]) if args.blocks is not None
                 else RecentWindow(args.window))
@@ -112,12 +79,12 @@ def _answer(args) -> int:
     ledger = BlockLedger(args.store, args.context)
     grant = ledger.request(selector, epsilon=args.epsilon, delta=args.delta,
                            pipeline=args.pipeline, split={STEP: "1"},
-                           events={STEP: dp_event.GaussianDpEvent(multiplier)})
+                           events={STEP: planned_event(args.epsilon, args.delta)})
     uris = [ledger.block(b).data_uri for b in grant.blocks]
     if not all(uris):
         raise BadRequest(f"grant {grant.grant_id}: a block has no Examples; the grant stays "
                          "charged and nothing was released")
-    histogram = spec.histogram(_block_columns(uris, spec.features))
+    histogram = sum(examples_histogram(spec, uri) for uri in uris)
     release = mechanism.answer_workload(spec.workload, strategy, histogram,
                                         epsilon=args.epsilon, delta=args.delta)
     with open(args.out, "w", newline="") as handle:

@@ -5,29 +5,10 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
+from support.trip_blocks import TRIP_SPEC as SPEC, write_block
 
 from sage_tfx import cli
 from sage_tfx.sage_access.ledger import BlockLedger
-
-SPEC = {"attributes": [{"name": "seconds", "feature": "trip_seconds", "bins": [0, 60, 120, 300]},
-                       {"name": "payment", "feature": "payment_type",
-                        "categories": ["Cash", "Credit Card"]}],
-        "queries": [{"kind": "all_ranges", "attributes": ["seconds"]},
-                    {"kind": "marginals", "way": 2}]}
-
-
-def _block(directory, records):
-    split = os.path.join(directory, "Split-train")
-    os.makedirs(split)
-    with tf.io.TFRecordWriter(os.path.join(split, "data.gz"), options="GZIP") as writer:
-        for seconds, payment in records:
-            example = tf.train.Example()
-            example.features.feature["trip_seconds"].float_list.value.append(seconds)
-            example.features.feature["payment_type"].bytes_list.value.append(payment)
-            writer.write(example.SerializeToString())
-        writer.write(b"not an example")  # the record rule: every feature's default cell
-
 
 @pytest.fixture
 def store(tmp_path):
@@ -35,7 +16,7 @@ def store(tmp_path):
     ledger = BlockLedger.create(path)
     for index in range(2):
         data = str(tmp_path / f"block{index}")
-        _block(data, [(30.0, b"Cash"), (200.0, b"Credit Card"), (90.0, b"Cash")])
+        write_block(data)
         ledger.add_block(f"b{index}", 1.0, 1e-5, data_uri=data)
     with open(tmp_path / "spec.json", "w") as handle:
         json.dump(SPEC, handle)
