@@ -108,7 +108,31 @@ def _compile(args) -> int:
               "arrive); or pass --pipeline-module for your own pipeline", file=sys.stderr)
         return 2
     from sage_tfx.pipelines import kubeflow
-    return kubeflow.compile_command(args)
+    if args.pipeline_module:
+        return kubeflow.compile_command(args.pipeline_module, args.out, args.image,
+                                        args.pipeline_root)
+    build, summary = _taxi_example(args)
+    return kubeflow.compile_command(build, args.out, args.image, args.pipeline_root, summary)
+
+
+def _taxi_example(args):
+    """The CLI's example pipeline (without --pipeline-module): a function building one taxi
+    iteration, and what it grants (for the summary line)."""
+    import dataclasses
+    import functools
+
+    from sage_tfx.examples.taxi.pipeline import (INITIAL_EPSILON, MIN_WINDOW, adassp_spec,
+                                                 dp_sgd_spec, kubeflow_pipeline)
+    from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
+    spec = (adassp_spec if args.mode == "adassp" else dp_sgd_spec)()
+    if args.module_file:
+        spec = dataclasses.replace(spec, module_file=args.module_file)
+    window = MIN_WINDOW[args.mode] if args.window is None else args.window
+    epsilon = INITIAL_EPSILON[args.mode] if args.epsilon is None else args.epsilon
+    build = functools.partial(kubeflow_pipeline, spec, data_root=args.data_root, window=window,
+                              epsilon=epsilon, months=(args.first_month, args.last_month))
+    return build, (f"; a grant of epsilon {epsilon:g} on {window} block(s); ledger at "
+                   f"{KUBEFLOW_LEDGER_STORE}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """How much data the taxi AdaSSP pipeline needs at each epsilon: the measured curve behind the
-workload simulator's "taxi_measured" complexity model (pipelines/workload.py).
+workload simulator's "taxi_measured" complexity model (benchmarks/workload_sim.py).
 
     python benchmarks/taxi_sample_complexity.py [--quick] [--json]
 
@@ -32,7 +32,7 @@ import tempfile
 
 from sage_tfx.examples.taxi.pipeline import TaxiSource, adassp_spec
 from sage_tfx.pipelines.adaptive import Policy, run_adaptive
-from sage_tfx.pipelines.workload import fit_validation_bound
+from workload_sim import fit_validation_bound
 from sage_tfx.sage_access import BlockLedger, connect
 
 FULL = {"windows": (12, 24, 36), "epsilons": (0.25, 0.5, 1.0, 2.0), "seeds": (1, 2)}

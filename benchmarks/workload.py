@@ -4,7 +4,7 @@ BlockLedger.
     python benchmarks/workload.py [--quick] [--json] [--plot FILE.png]
                                   [--complexity inverse_epsilon|taxi_measured]
 
-For each pipeline arrival rate, simulates the four strategies of pipelines/workload.py on a
+For each pipeline arrival rate, simulates the four strategies of workload_sim.py on a
 Taxi-like stream (16,000 samples per hour) and prints
 
     {"arrival_rates_per_hour": [...], "strategies": {"query": {"mean_release_hours": [...],
@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from sage_tfx.pipelines.workload import COMPLEXITY_MODELS, STRATEGIES, WorkloadConfig, simulate
+from workload_sim import COMPLEXITY_MODELS, STRATEGIES, WorkloadConfig, simulate
 
 FULL = {"rates": (0.1, 0.3, 0.5, 0.7, 0.9, 1.2), "arrival_hours": 300, "drain_hours": 150,
         "seeds": 3}

@@ -36,22 +36,32 @@ from tfx.types import artifact_utils
 
 from sage_tfx.components.block_example_gen import BlockExampleGen
 from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
-from sage_tfx.components.dp_trainer import DPTrainer
-from sage_tfx.components.dp_trainer.calibrate import (DEFAULT_MAX_NOISE_MULTIPLIER,
-                                                      CalibrationError, calibrate)
+from sage_tfx.choices import Choice
+from sage_tfx.components.dp_trainer import DPTrainer, TrainerMode, preflight
+from sage_tfx.components.dp_trainer.parameters import DEFAULT_MODE
 from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
-from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import step_events
+from sage_tfx.pipelines.policy import Policy, PolicyName, after_retry
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
-from sage_tfx.sage_access.accounting import split_share
-from sage_tfx.sage_access.accounting import check_split
+from sage_tfx.sage_access.accounting import AccountingMode, check_split
+from sage_tfx.validators import constants as blessing_keys
 from sage_tfx.validators.component import SLAedValidator
-from sage_tfx.validators.slaed import ACCEPT, REJECT
+from sage_tfx.validators.slaed import Outcome
 
-ACCEPTED, REJECTED, TIMEOUT = "ACCEPT", "REJECT", "TIMEOUT"
-POLICIES = ("conserve", "aggressive")
+__all__ = ["AdaptiveResult", "BlockSource", "Iteration", "IterationSpec", "Policy", "RunOutcome",
+           "build_iteration", "run_adaptive", "step_mechanisms"]
+
+
+class RunOutcome(Choice):
+    """How privacy-adaptive training ended (module docstring)."""
+    ACCEPT = "ACCEPT"
+    REJECT = "REJECT"
+    TIMEOUT = "TIMEOUT"
+
+
+ACCEPTED, REJECTED, TIMEOUT = RunOutcome.ACCEPT, RunOutcome.REJECT, RunOutcome.TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,8 @@ class IterationSpec:
         missing = needed - set(split)
         if missing:
             raise BadRequest(f"the split needs shares for {sorted(missing)}; got {dict(split)}")
-        if (self.trainer.get("mode", "dp_sgd") == "dp_sgd") != (self.sampling is not None):
+        dp_sgd = (self.trainer.get("mode") or DEFAULT_MODE) == TrainerMode.DP_SGD
+        if dp_sgd != (self.sampling is not None):
             raise BadRequest("mode dp_sgd trains on ObliviousSampleGen's samples: give `sampling` "
                              "for dp_sgd and only for dp_sgd")
         # The components check their own parameters when constructed (e.g. a target outside
@@ -134,7 +145,7 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
 def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
     """What each step of the iteration runs, for the events its grant records."""
     mechanisms = {"transform": {"mechanism": "laplace"}, "validation": {"mechanism": "laplace"},
-                  "training": {"mechanism": spec.trainer.get("mode", "dp_sgd")}}
+                  "training": {"mechanism": str(spec.trainer.get("mode") or DEFAULT_MODE)}}
     if spec.sampling and spec.sampling.get("public_size") is None:
         # ObliviousSampleGen's DP count of its records (discrete Laplace: pure epsilon-DP).
         mechanisms[COUNT_STEP] = {"mechanism": "laplace"}
@@ -142,14 +153,15 @@ def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
 
 
 def _payable(ledger: BlockLedger, spec: IterationSpec, epsilon: float, pipeline: str,
-             size: Optional[int] = None, blocks: Optional[list] = None) -> list:
+             blocks: Optional[list] = None) -> list:
     """The blocks a grant of (epsilon, spec.delta) for this iteration would take now. An rdp
     ledger charges the RDP curve of the steps' events, so planning computes them too."""
     planned = {}
-    if ledger.accounting.name == "rdp":
+    if ledger.accounting.name == AccountingMode.RDP:
         planned = {"split": spec.split, "events": step_events(
-            step_mechanisms(spec), check_split(spec.split), epsilon, spec.delta, "rdp")}
-    return ledger.payable_window(epsilon, spec.delta, pipeline, size=size, blocks=blocks,
+            step_mechanisms(spec), check_split(spec.split), epsilon, spec.delta,
+            AccountingMode.RDP)}
+    return ledger.payable_window(epsilon, spec.delta, pipeline, blocks=blocks,
                                  **planned)
 
 
@@ -168,7 +180,7 @@ class Iteration:
     window: int
     epsilon: float
     blocks: tuple[str, ...]
-    outcome: str
+    outcome: Outcome
     dp_metric: float
     lower_bound: float
     upper_bound: float
@@ -177,7 +189,7 @@ class Iteration:
 
 @dataclass
 class AdaptiveResult:
-    outcome: str
+    outcome: RunOutcome
     iterations: list[Iteration]
     pushed_model: Optional[str] = None
     message: str = ""
@@ -186,24 +198,6 @@ class AdaptiveResult:
     def epsilon_spent(self) -> float:
         """Per block, at most: the sum of the iterations' epsilons (basic composition)."""
         return sum(iteration.epsilon for iteration in self.iterations)
-
-
-@dataclass(frozen=True)
-class Policy:
-    name: str = "conserve"
-    initial_epsilon: float = 0.125
-    min_window: int = 1
-    max_iterations: int = 10
-
-    def check(self) -> None:
-        if self.name not in POLICIES:
-            raise BadRequest(f"unknown policy {self.name!r}; use one of {POLICIES}")
-        if not self.initial_epsilon > 0:
-            raise BadRequest(f"initial_epsilon must be positive, got {self.initial_epsilon}")
-        if not (isinstance(self.min_window, int) and self.min_window >= 1):
-            raise BadRequest(f"min_window must be a positive integer, got {self.min_window!r}")
-        if self.max_iterations < 1:
-            raise BadRequest(f"max_iterations must be >= 1, got {self.max_iterations}")
 
 
 def _largest_payable_epsilon(ledger: BlockLedger, window: int, spec: IterationSpec,
@@ -263,7 +257,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
     window, epsilon = policy.min_window, policy.initial_epsilon
     try:
         while len(iterations) < policy.max_iterations:
-            if policy.name == "aggressive":
+            if policy.name == PolicyName.AGGRESSIVE:
                 epsilon = _largest_payable_epsilon(ledger, window, spec, name)
             while epsilon <= 0 or len(_payable(
                     ledger, spec, max(epsilon, ledger.min_request_epsilon), name)) < window:
@@ -272,9 +266,9 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                     return AdaptiveResult(TIMEOUT, iterations, message=(
                         f"the stream ran out: no {window} block(s) can pay epsilon {epsilon:g}"))
                 report(f"  waiting for data: block {', '.join(arrived)} arrived")
-                if policy.name == "aggressive":
+                if policy.name == PolicyName.AGGRESSIVE:
                     epsilon = _largest_payable_epsilon(ledger, window, spec, name)
-            _check_window(spec, ledger, window, epsilon, name)
+            _preflight(spec, epsilon)
             LocalDagRunner().run(build_iteration(spec, name, root, ledger_store, window, epsilon,
                                                  metadata_config=metadata_config))
             run_artifacts = _latest_run_artifacts(store, name)
@@ -282,69 +276,41 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
             grant_blocks = _grant_blocks(store, blessing)
             iteration = Iteration(
                 number=len(iterations) + 1, window=window, epsilon=epsilon, blocks=grant_blocks,
-                outcome=_property(blessing, "outcome"),
-                dp_metric=float(_property(blessing, "dp_metric")),
-                lower_bound=float(_property(blessing, "lower_bound")),
-                upper_bound=float(_property(blessing, "upper_bound")),
-                target=float(_property(blessing, "target")))
+                outcome=Outcome(_property(blessing, blessing_keys.OUTCOME)),
+                dp_metric=float(_property(blessing, blessing_keys.DP_METRIC)),
+                lower_bound=float(_property(blessing, blessing_keys.LOWER_BOUND)),
+                upper_bound=float(_property(blessing, blessing_keys.UPPER_BOUND)),
+                target=float(_property(blessing, blessing_keys.TARGET)))
             iterations.append(iteration)
-            report(_line(iteration, _property(blessing, "metric")))
-            if iteration.outcome == ACCEPT:
+            metric = _property(blessing, blessing_keys.METRIC)
+            report(_line(iteration, metric))
+            if iteration.outcome == Outcome.ACCEPT:
                 return AdaptiveResult(ACCEPTED, iterations,
                                       _pushed(store, run_artifacts.get("PushedModel", [])))
-            if iteration.outcome == REJECT:
+            if iteration.outcome == Outcome.REJECT:
                 return AdaptiveResult(REJECTED, iterations, message=(
-                    f"the validator rejected the model: its {_property(blessing, 'metric')} is "
+                    f"the validator rejected the model: its {metric} is "
                     f"at least {iteration.lower_bound:.4g}, worse than the target "
                     f"{iteration.target:g} with this much data"))
-            if policy.name == "conserve" and \
-                    len(_payable(ledger, spec, 2 * epsilon, name)) >= window:
-                epsilon *= 2
-            else:
-                window *= 2
+            epsilon, window = after_retry(
+                policy.name, epsilon, window,
+                lambda doubled: len(_payable(ledger, spec, doubled, name)))
         return AdaptiveResult(TIMEOUT, iterations,
                               message=f"no ACCEPT after {policy.max_iterations} iterations")
     finally:
         ledger.finish_pipeline(name)
 
 
-def _check_window(spec: IterationSpec, ledger: BlockLedger, window: int, epsilon: float,
-                  pipeline: str) -> None:
-    """Refuse, before the grant is charged, an iteration that would fail after it, deciding only
-    from public values (issue 16 §1: whether the driver goes on must not depend on the data).
-
-    The grant component charges a window first and only then finds a block without data; and
-    DPTrainer refuses a training share too small for its DP-SGD steps (CalibrationError) after
-    the grant. The first is checked on the blocks the grant will take. The second is checked
-    for Poisson sampling, whose steps (epochs x floor(1/gamma)) and accounting do not depend on
-    the number of records: the plan below uses a stand-in n that the calibration never reads.
-    For SWO and shuffling the steps depend on the data's size, which the driver may not read;
-    the trainer calibrates them on a size the grant pays for.
-    """
-    blocks = _payable(ledger, spec, epsilon, pipeline, size=window)
-    without_data = [block.block_id for block in blocks if not block.data_uri]
-    if without_data:
-        raise BadRequest(f"block(s) {', '.join(without_data)} have no Examples registered "
-                         "(added without data); nothing was charged")
-    if spec.sampling is None or spec.sampling.get("scheme") != "poisson":
-        return
-    sampling = spec.sampling
-    epochs = int(spec.trainer.get("epochs") or sampling.get("epochs") or 1)
-    training_epsilon, training_delta = split_share(epsilon, spec.delta, check_split(spec.split),
-                                                   "training")
+def _preflight(spec: IterationSpec, epsilon: float) -> None:
+    """Refuse, before the grant is charged, an iteration that DPTrainer would refuse after it,
+    deciding only from public values (issue 16 §1: whether the driver goes on must not depend
+    on the data). A window holding a block without data is refused by the grant itself
+    (BlockLedger requests with require_data), inside the ledger's transaction."""
     try:
-        descriptor = plan("poisson", POISSON_STAND_IN_N, epochs, gamma=sampling.get("gamma"))
-        calibrate(descriptor, training_epsilon, training_delta,
-                  float(spec.trainer.get("max_noise_multiplier") or DEFAULT_MAX_NOISE_MULTIPLIER))
-    except (CalibrationError, ValueError) as error:
-        raise BadRequest(f"DP-SGD cannot train at epsilon {epsilon:g} (training share "
-                         f"{spec.split['training']:g}); nothing was charged for it: "
-                         f"{error}") from error
-
-
-# Poisson sampling's steps and accounting depend on gamma and the epochs only (sampling.py,
-# poisson_layout: k = floor(1/gamma) samples per epoch whatever n is).
-POISSON_STAND_IN_N = 1_000
+        preflight(spec.trainer, spec.sampling, epsilon, spec.delta, check_split(spec.split))
+    except ValueError as error:
+        raise BadRequest(f"DP-SGD cannot train at epsilon {epsilon:g} (its grant step's share); "
+                         f"nothing was charged for it: {error}") from error
 
 
 def _line(iteration: Iteration, metric: str) -> str:
@@ -356,7 +322,7 @@ def _line(iteration: Iteration, metric: str) -> str:
 
 
 def _grant_blocks(store, blessing) -> tuple[str, ...]:
-    model_id = blessing.custom_properties["current_model_id"].int_value
+    model_id = blessing.custom_properties[blessing_keys.CURRENT_MODEL_ID].int_value
     [model] = store.get_artifacts_by_id([model_id])
     return tuple(json.loads(model.custom_properties["blocks"].string_value))
 

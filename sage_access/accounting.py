@@ -64,6 +64,7 @@ from typing import Mapping, Optional, Sequence
 import attr
 import numpy as np
 
+from sage_tfx.choices import Choice
 from sage_tfx.sage_access import allocation
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.exact import exact_decimal, exact_fraction
@@ -118,10 +119,16 @@ class BudgetRequest:
             object.__setattr__(self, "delta", _check_delta(self.delta, "delta"))
 
 
+class AccountingMode(Choice):
+    """How a ledger composes the grants on a block: BasicComposition or RenyiFilter."""
+    BASIC = "basic"
+    RDP = "rdp"
+
+
 class BasicComposition:
     """Sage Theorem 4.3: per block, epsilons and deltas each sum to at most the ceiling."""
 
-    name = "basic"
+    name = AccountingMode.BASIC
     # RDP curves of requests are given on these orders and converted on arrival.
     orders: tuple[float, ...] = DEFAULT_RDP_ORDERS
 
@@ -197,7 +204,7 @@ class BasicComposition:
 class RenyiFilter:
     """A Rényi-DP filter per block; see the module docstring for why it is valid."""
 
-    name = "rdp"
+    name = AccountingMode.RDP
 
     def __init__(self, orders: Sequence[float] = DEFAULT_RDP_ORDERS):
         self.orders = tuple(float(a) for a in orders)
@@ -330,11 +337,11 @@ def pure_dp_rdp_curve(epsilon: float, orders: Sequence[float]) -> np.ndarray:
 
 
 def accounting_for(name: str) -> BasicComposition | RenyiFilter:
-    if name == "basic":
-        return BasicComposition()
-    if name == "rdp":
-        return RenyiFilter()
-    raise BadRequest(f"unknown accounting mode {name!r}; use 'basic' or 'rdp'")
+    try:
+        mode = AccountingMode.parse(name, "accounting mode")
+    except ValueError as error:
+        raise BadRequest(str(error)) from None
+    return BasicComposition() if mode == AccountingMode.BASIC else RenyiFilter()
 
 
 # --------------------------------------------------------------------- DP events of a grant

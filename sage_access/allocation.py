@@ -10,7 +10,7 @@ The policy:
   waiting than that allows (over 100 at the default minimum 0.01), the split goes to the ones
   that have waited longest. Sage splits among all of them; under overload that hands every
   waiting pipeline a share too small to spend on every new block, nobody is released again and
-  the queue only grows (the workload simulator, pipelines/workload.py, showed it: 97% of the
+  the queue only grows (the workload simulator, benchmarks/workload_sim.py, showed it: 97% of the
   pipelines never released at 1.2 arrivals per hour under the taxi curve).
 * A waiting pipeline draws on its reservation first, then on the block's free budget
   (capacity - spent - sum of the remaining reservations); any other grant (no pipeline, or a

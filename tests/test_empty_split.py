@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 from sage_tfx.components.dp_trainer.adassp import adassp
-from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
+from sage_tfx.components.util.user_module import RecordDecoder, UserModule
 from sage_tfx.components.oblivious_sample_gen import accounting
-from sage_tfx.components.oblivious_sample_gen.executor import read_split
+from sage_tfx.components.util.examples_io import read_split
 from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
                                                                shuffle_and_split)
 from sage_tfx.validators import accuracy_validator, loss_validator

@@ -12,17 +12,17 @@ from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
 from sage_tfx import console
-from sage_tfx.components.dp_trainer.dp_sgd import with_reduction
-from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
-from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.record_rule import finite, null_record
+from sage_tfx.components.util.examples_io import TEST_SPLIT, read_split
+from sage_tfx.components.util.losses import with_reduction
+from sage_tfx.components.util.user_module import RecordDecoder, UserModule
 from sage_tfx.sage_access.accounting import pure_dp_event
 from sage_tfx.sage_access.exact import set_exact_property
+from sage_tfx.validators import constants
 from sage_tfx.validators.slaed import ACCEPT, accuracy_validator, loss_validator
 
 METRICS = ("loss", "accuracy")
-TEST_SPLIT = "test"
 _PREDICTION_BATCH = 4096
 
 
@@ -113,14 +113,15 @@ class Executor(base_executor.BaseExecutor):
         blessed = result.outcome == ACCEPT
         io_utils.write_string_file(os.path.join(blessing.uri, "BLESSED" if blessed
                                                 else "NOT_BLESSED"), "")
-        blessing.set_int_custom_property("blessed", int(blessed))
-        blessing.set_string_custom_property("current_model", model.uri)
-        blessing.set_int_custom_property("current_model_id", model.id)
-        blessing.set_string_custom_property("outcome", result.outcome)
-        blessing.set_string_custom_property("metric", metric)
-        for name, value in (("dp_metric", result.dp_estimate), ("lower_bound", result.lower_bound),
-                            ("upper_bound", result.upper_bound), ("target", target),
-                            ("confidence", confidence), ("epsilon_used", epsilon)):
+        blessing.set_int_custom_property(constants.BLESSED, int(blessed))
+        blessing.set_string_custom_property(constants.CURRENT_MODEL, model.uri)
+        blessing.set_int_custom_property(constants.CURRENT_MODEL_ID, model.id)
+        blessing.set_string_custom_property(constants.OUTCOME, result.outcome)
+        blessing.set_string_custom_property(constants.METRIC, metric)
+        for name, value in ((constants.DP_METRIC, result.dp_estimate),
+                            (constants.LOWER_BOUND, result.lower_bound),
+                            (constants.UPPER_BOUND, result.upper_bound), (constants.TARGET, target),
+                            (constants.CONFIDENCE, confidence), (constants.EPSILON_USED, epsilon)):
             set_exact_property(blessing, name, value)
         console.report("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
                        "confidence %.3g, epsilon %.3g)", result.outcome, metric, result.dp_estimate,

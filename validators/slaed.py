@@ -47,13 +47,22 @@ import numpy as np
 from dp_accounting import dp_event
 
 from sage_tfx import mechanisms
+from sage_tfx.choices import Choice
 
-ACCEPT, REJECT, RETRY = "ACCEPT", "REJECT", "RETRY"
+
+class Outcome(Choice):
+    """What a SLAed test decides (module docstring)."""
+    ACCEPT = "ACCEPT"
+    REJECT = "REJECT"
+    RETRY = "RETRY"
+
+
+ACCEPT, REJECT, RETRY = Outcome.ACCEPT, Outcome.REJECT, Outcome.RETRY
 
 
 @dataclass(frozen=True)
 class ValidationResult:
-    outcome: str
+    outcome: Outcome
     dp_estimate: float  # the DP metric: S_dp / n_dp (as a mean of the metric)
     lower_bound: Optional[float]  # on the population metric (None if the test had no bound)
     upper_bound: Optional[float]

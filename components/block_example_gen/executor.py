@@ -34,10 +34,10 @@ from google.protobuf.message import DecodeError
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
+from sage_tfx.components.util.examples_io import SPLITS, TEST_SPLIT, TRAIN_SPLIT
 from sage_tfx.sage_access.ledger import BlockLedger
 from sage_tfx.sage_access.store import parse
 
-SPLITS = ("train", "test")
 TIME_UNITS = ("month", "day", "hour")
 
 
@@ -171,7 +171,7 @@ def csv_records(path: str) -> Iterable[bytes]:
 
 def _split_of(serialized: bytes, test_fraction: float) -> str:
     digest = hashlib.blake2b(serialized, digest_size=8, key=b"sage-tfx-split").digest()
-    return "test" if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else "train"
+    return TEST_SPLIT if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else TRAIN_SPLIT
 
 
 DATA_FILE = "data_tfrecord-00000-of-00001.gz"

@@ -16,12 +16,11 @@ from tfx.types import artifact_utils
 
 from sage_tfx import console
 from sage_tfx.components.privacy_grant import mark_examples, step_events, write_grant
+from sage_tfx.components.util.examples_io import SPLITS
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.accounting import check_split
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
 from sage_tfx.sage_access.store import parse
-
-SPLITS = ("train", "test")
 
 
 def _selector(exec_properties: dict[str, Any]):

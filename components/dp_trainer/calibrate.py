@@ -27,7 +27,7 @@ import dp_accounting
 from dp_accounting import mechanism_calibration, rdp
 
 from sage_tfx.components.oblivious_sample_gen import accounting
-from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES, SamplingDescriptor
+from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
 
 # Beyond this, the noise in an averaged gradient is so large (noise std / batch ~ sigma C / B)
@@ -85,7 +85,7 @@ def calibrate(descriptor: SamplingDescriptor, epsilon: float, delta: float,
 def plan_for_batch(scheme: str, size: int, batch: int, epochs: int) -> SamplingDescriptor:
     """The descriptor of `scheme` on `size` rows (public or DP) at batch size `batch`
     (Poisson: expected batch, sized from a DP count whose undershoot is accounted)."""
-    if scheme == "poisson":
+    if scheme == Scheme.POISSON:
         if not 0 < batch <= size:
             raise ValueError(f"batch {batch} must be in [1, size={size}]")
         return dataclasses.replace(
@@ -97,7 +97,7 @@ def plan_for_batch(scheme: str, size: int, batch: int, epochs: int) -> SamplingD
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sage_tfx.components.dp_trainer.calibrate",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scheme", choices=SCHEMES, required=True)
+    parser.add_argument("--scheme", choices=Scheme.values(), required=True)
     parser.add_argument("--size", type=int, required=True,
                         help="rows sampled from: a public bound or a DP count")
     parser.add_argument("--batch", type=int, required=True,

@@ -8,6 +8,7 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.dp_trainer import executor
+from sage_tfx.components.dp_trainer.parameters import DEFAULT_GRANT_STEP, DEFAULT_MODE, TrainerMode
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
 
@@ -39,8 +40,8 @@ class DPTrainerSpec(component_spec.ComponentSpec):
 
 
 class DPTrainer(base_component.BaseComponent):
-    """Trains the model of `module_file` (see user_module.py) under the grant's `grant_step`
-    share of (epsilon, delta).
+    """Trains the model of `module_file` (see components/util/user_module.py) under the grant's
+    `grant_step` share of (epsilon, delta).
 
     mode 'dp_sgd': `examples` are ObliviousSampleGen's samples; the noise multiplier is
     calibrated so that the accounted (epsilon, delta) of the sampling that ran, for the steps
@@ -60,20 +61,21 @@ class DPTrainer(base_component.BaseComponent):
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, module_file: str,
-                 mode: str = "dp_sgd", grant_step: str = "training", epochs: Optional[int] = None,
+                 mode: str = DEFAULT_MODE, grant_step: str = DEFAULT_GRANT_STEP,
+                 epochs: Optional[int] = None,
                  l2_norm_clip: Optional[float] = None, learning_rate: Optional[float] = None,
                  max_noise_multiplier: Optional[float] = None,
                  feature_bound: Optional[float] = None, label_bound: Optional[float] = None,
                  label_offset: Optional[float] = None,
                  transform_graph: Optional[channel.Channel] = None,
                  encryption_key_env: Optional[str] = None, seed: Optional[int] = None):
-        if mode not in executor.MODES:
-            raise ValueError(f"unknown trainer mode {mode!r}; use one of {executor.MODES}")
+        mode = TrainerMode.parse(mode, "trainer mode")
         needed = (("l2_norm_clip", l2_norm_clip), ("learning_rate", learning_rate)) \
-            if mode == "dp_sgd" else (("feature_bound", feature_bound), ("label_bound", label_bound))
+            if mode == TrainerMode.DP_SGD \
+            else (("feature_bound", feature_bound), ("label_bound", label_bound))
         missing = [name for name, value in needed if value is None]
         if missing:
-            raise ValueError(f"mode {mode!r} needs {missing}")
+            raise ValueError(f"mode {mode.value!r} needs {missing}")
         super().__init__(spec=DPTrainerSpec(
             module_file=module_file, mode=mode, grant_step=grant_step, epochs=epochs,
             l2_norm_clip=l2_norm_clip, learning_rate=learning_rate,

@@ -59,6 +59,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads, layer_registry  # noqa: E402
 
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor  # noqa: E402
+from sage_tfx.components.util.losses import with_reduction  # noqa: E402
 from sage_tfx.randomness import secret_seed  # noqa: E402
 
 
@@ -111,12 +112,6 @@ class StepPlan:
         rows = np.arange(steps * width, dtype=np.int32).reshape(steps, width)
         weights = np.asarray(real[:steps * width], dtype=np.float32).reshape(steps, width)
         return cls(rows, weights, descriptor.expected_batch_size, epochs)
-
-
-def with_reduction(loss: tf.keras.losses.Loss, reduction: str) -> tf.keras.losses.Loss:
-    """The same loss with another reduction: SUM gives sum_i w_i * loss_i (the clipped-gradient
-    objective), NONE the per-example losses."""
-    return type(loss).from_config(dict(loss.get_config(), reduction=reduction))
 
 
 def noise_generator(seed: Optional[int] = None) -> tf.random.Generator:

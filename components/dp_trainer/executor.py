@@ -17,16 +17,15 @@ from tfx.utils import path_utils
 from sage_tfx import console
 from sage_tfx.components.dp_trainer import adassp as adassp_lib
 from sage_tfx.components.dp_trainer import dp_sgd
-from sage_tfx.components.dp_trainer.calibrate import DEFAULT_MAX_NOISE_MULTIPLIER, calibrate
-from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
+from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
+                                                       TrainerMode, calibrate_run)
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
-from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
-from sage_tfx.components.oblivious_sample_gen.executor import TRAIN_SPLIT, read_split
+from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import require_grant
+from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
+from sage_tfx.components.util.user_module import RecordDecoder, UserModule
 from sage_tfx.sage_access.exact import set_exact_property
-
-MODES = ("dp_sgd", "adassp")
 
 
 class SamplesMismatch(ValueError):
@@ -46,7 +45,7 @@ def read_descriptor(samples) -> SamplingDescriptor:
              sample_size=descriptor.sample_size, gamma=descriptor.gamma),
         # Poisson is always sized from a DP count, whose undershoot the accountant must cover.
         size_truncation_probability=(accounting.SIZE_TRUNCATION_PROBABILITY
-                                     if descriptor.scheme == "poisson" else 0.0))
+                                     if descriptor.scheme == Scheme.POISSON else 0.0))
     if descriptor != expected:
         raise SamplesMismatch(f"sampling descriptor {descriptor} is not what {descriptor.scheme} "
                               f"sampling of size {descriptor.n} produces ({expected})")
@@ -115,14 +114,12 @@ class Executor(base_executor.BaseExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:
-        mode = exec_properties.get("mode") or "dp_sgd"
-        if mode not in MODES:
-            raise ValueError(f"unknown trainer mode {mode!r}; use one of {MODES}")
+        mode = TrainerMode.parse(exec_properties.get("mode") or DEFAULT_MODE, "trainer mode")
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         grant = require_grant(input_dict["grant"], [examples])
-        step = exec_properties.get("grant_step") or "training"
+        step = exec_properties.get("grant_step") or DEFAULT_GRANT_STEP
         epsilon, delta = grant.share(step)
-        if mode == "dp_sgd":
+        if mode == TrainerMode.DP_SGD:
             # DP-SGD has no event before it runs (privacy_grant.planned_event), so the ledger
             # must have charged its (epsilon, delta) share, not another mechanism's curve.
             grant.check_event(step, None)
@@ -136,7 +133,7 @@ class Executor(base_executor.BaseExecutor):
         model = artifact_utils.get_single_instance(output_dict["model"])
         model_run = artifact_utils.get_single_instance(output_dict["model_run"])
 
-        if mode == "adassp":
+        if mode == TrainerMode.ADASSP:
             keras_model, properties = self._adassp(examples, decoder, epsilon, delta,
                                                    exec_properties)
             # The ledger charged the event it recorded for this step; release only if it ran.
@@ -158,13 +155,10 @@ class Executor(base_executor.BaseExecutor):
     def _dp_sgd(self, samples, module: UserModule, decoder: RecordDecoder, epsilon: float,
                 delta: float, exec_properties: dict[str, Any], log_dir: str):
         descriptor = read_descriptor(samples)
-        epochs = int(exec_properties.get("epochs") or descriptor.epochs)
-        if not 1 <= epochs <= descriptor.epochs:
-            raise ValueError(f"epochs={epochs}: the samples hold {descriptor.epochs} epoch(s)")
-        run = dataclasses.replace(descriptor, epochs=epochs)
         # Calibrate before reading any record: a grant too small refuses here.
-        calibration = calibrate(run, epsilon, delta, float(
-            exec_properties.get("max_noise_multiplier") or DEFAULT_MAX_NOISE_MULTIPLIER))
+        run, calibration = calibrate_run(descriptor, exec_properties.get("epochs"), epsilon, delta,
+                                         exec_properties.get("max_noise_multiplier"))
+        epochs = run.epochs
         config = dp_sgd.DPSGDConfig(calibration.noise_multiplier,
                                     float(exec_properties["l2_norm_clip"]),
                                     float(exec_properties["learning_rate"]))

@@ -25,13 +25,13 @@ from sage_tfx.components.dp_transform import row_audit
 from sage_tfx import console
 from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_analyzer,
                                                         transform_budget)
-from sage_tfx.components.dp_trainer.user_module import import_module_file
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
 from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitise_record
+from sage_tfx.components.util.examples_io import SPLITS, TRAIN_SPLIT
+from sage_tfx.components.util.user_module import import_module_file
 from sage_tfx.sage_access.accounting import pure_dp_event
 from sage_tfx.sage_access.exact import set_exact_property
 
-SPLITS = ("train", "test")
 RECORDS = "data_tfrecord-00000-of-00001.gz"
 
 
@@ -133,7 +133,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                            | f"Decode{split}" >> source.BeamSource())
                    for split in SPLITS}
             adapter = source.TensorAdapterConfig()
-            transform_fn = ((raw["train"], adapter)
+            transform_fn = ((raw[TRAIN_SPLIT], adapter)
                             | "Analyze" >> tft_beam.AnalyzeDataset(budget.wrap(preprocessing_fn)))
             _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(transform_graph.uri)
             for split in SPLITS:

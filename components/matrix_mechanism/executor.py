@@ -23,12 +23,11 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx import console, mechanisms
-from sage_tfx.components.oblivious_sample_gen.executor import read_split
 from sage_tfx.components.privacy_grant import require_grant
+from sage_tfx.components.util.examples_io import SPLITS, read_split
 from sage_tfx.dp_statistics.matrix import eigen_design, mechanism
 from sage_tfx.dp_statistics.matrix.spec import WorkloadSpec, parse_spec
 
-SPLITS = ("train", "test")
 GUARANTEE = ("({epsilon}, {delta})-DP for adding or removing one record of the granted blocks "
              "(Gaussian matrix mechanism, L2 sensitivity {sensitivity:.6g} = the strategy's "
              "largest column norm)")

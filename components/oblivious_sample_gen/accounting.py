@@ -68,7 +68,7 @@ from typing import Optional
 import dp_accounting
 from dp_accounting import rdp
 
-from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
+from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.melbourne import OVERFLOW_PROBABILITY
 
 # P[the DP count undershoots by more than Poisson's size slack]: below 1e-18 of delta.
@@ -81,7 +81,7 @@ RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 
 
 def neighboring_relation(descriptor: SamplingDescriptor) -> dp_accounting.NeighboringRelation:
-    if descriptor.scheme == "poisson":
+    if descriptor.scheme == Scheme.POISSON:
         return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
     return dp_accounting.NeighboringRelation.REPLACE_ONE
 
@@ -90,13 +90,13 @@ def dp_event(descriptor: SamplingDescriptor, noise_multiplier: float) -> dp_acco
     """The DpEvent of DP-SGD with this sampling, for `descriptor.steps` noisy steps."""
     if noise_multiplier <= 0:
         raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
-    if descriptor.scheme == "poisson":
+    if descriptor.scheme == Scheme.POISSON:
         step = dp_accounting.PoissonSampledDpEvent(
             descriptor.gamma, dp_accounting.GaussianDpEvent(noise_multiplier))
         return dp_accounting.SelfComposedDpEvent(step, descriptor.steps)
     # Replace-one: a clipped sum moves by up to 2C (module docstring).
     replace_one_gaussian = dp_accounting.GaussianDpEvent(noise_multiplier / 2.0)
-    if descriptor.scheme == "swo":
+    if descriptor.scheme == Scheme.SWO:
         step = dp_accounting.SampledWithoutReplacementDpEvent(
             descriptor.n, descriptor.sample_size, replace_one_gaussian)
         return dp_accounting.SelfComposedDpEvent(step, descriptor.steps)
@@ -113,7 +113,7 @@ def rdp_epsilon(descriptor: SamplingDescriptor, noise_multiplier: float, delta: 
 def routing_passes(descriptor: SamplingDescriptor) -> int:
     """The most oblivious routing passes a run makes (module docstring): one per epoch for SWO
     and Poisson, plus to_size's cut pass, counted whether or not n > N."""
-    return (descriptor.epochs if descriptor.scheme in ("swo", "poisson") else 0) + 1
+    return (descriptor.epochs if descriptor.scheme in (Scheme.SWO, Scheme.POISSON) else 0) + 1
 
 
 def truncation_delta(descriptor: SamplingDescriptor, epsilon_cap: float) -> float:
@@ -164,7 +164,7 @@ def sized_for(scheme: str, count: int, count_epsilon: float,
     parameters only, so the clamp is post-processing of the DP count and costs nothing."""
     if not (math.isfinite(count_epsilon) and count_epsilon > 0):
         raise ValueError(f"the count's epsilon must be positive, got {count_epsilon}")
-    if scheme != "poisson":
+    if scheme != Scheme.POISSON:
         return max(int(count), int(sample_size or 1)), 0.0
     slack = math.ceil(math.log(1.0 / SIZE_TRUNCATION_PROBABILITY) / count_epsilon) - 1
     return max(int(count), 1) + slack, SIZE_TRUNCATION_PROBABILITY

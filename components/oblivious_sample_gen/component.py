@@ -7,7 +7,8 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.oblivious_sample_gen import executor
-from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
+from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
+from sage_tfx.components.oblivious_sample_gen.sampling import DEFAULT_EPOCHS
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
 
@@ -55,14 +56,14 @@ class ObliviousSampleGen(base_component.BaseComponent):
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, scheme: str,
                  sample_size: Optional[int] = None, gamma: Optional[float] = None,
-                 epochs: int = 1, encryption_key_env: Optional[str] = None,
+                 epochs: int = DEFAULT_EPOCHS, encryption_key_env: Optional[str] = None,
                  seed: Optional[int] = None, public_size: Optional[int] = None,
                  record_width: Optional[int] = None):
-        if scheme not in SCHEMES:
-            raise ValueError(f"unknown scheme {scheme!r}; use one of {SCHEMES}")
-        if (gamma is None) == (scheme == "poisson") or (sample_size is None) == (scheme != "poisson"):
+        scheme = Scheme.parse(scheme, "scheme")
+        poisson = scheme == Scheme.POISSON
+        if (gamma is None) == poisson or (sample_size is None) == (not poisson):
             raise ValueError("give gamma for scheme 'poisson' and sample_size for 'swo'/'shuffle'")
-        if public_size is not None and (scheme == "poisson" or public_size < sample_size):
+        if public_size is not None and (poisson or public_size < sample_size):
             raise ValueError(f"public_size={public_size} needs scheme 'swo' or 'shuffle' and at "
                              f"least sample_size={sample_size} rows")
         if (encryption_key_env is None) != (record_width is None) or (record_width or 1) < 1:

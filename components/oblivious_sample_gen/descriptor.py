@@ -11,14 +11,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
 
+from sage_tfx.choices import Choice
 from sage_tfx.sage_access.exact import exact_decimal
 
-SCHEMES = ("swo", "poisson", "shuffle")
+
+class Scheme(Choice):
+    """How ObliviousSampleGen samples (sampling.py): without replacement, Poisson, or one
+    shuffle split into batches per epoch."""
+    SWO = "swo"
+    POISSON = "poisson"
+    SHUFFLE = "shuffle"
 
 
 @dataclass(frozen=True)
 class SamplingDescriptor:
-    scheme: str
+    scheme: Scheme
     n: int  # rows sampled from: the data padded or cut to a public bound or a DP count
     epochs: int
     # Steps the trainer runs per epoch: one per sample. For Poisson it is the fixed
@@ -34,11 +41,10 @@ class SamplingDescriptor:
     size_truncation_probability: float = 0.0
 
     def __post_init__(self):
-        if self.scheme not in SCHEMES:
-            raise ValueError(f"unknown sampling scheme {self.scheme!r}; use one of {SCHEMES}")
-        if (self.gamma is None) != (self.scheme != "poisson"):
+        object.__setattr__(self, "scheme", Scheme.parse(self.scheme, "sampling scheme"))
+        if (self.gamma is None) != (self.scheme != Scheme.POISSON):
             raise ValueError("gamma is given exactly for the poisson scheme")
-        if (self.sample_size is None) != (self.scheme == "poisson"):
+        if (self.sample_size is None) != (self.scheme == Scheme.POISSON):
             raise ValueError("sample_size is given exactly for the swo and shuffle schemes")
 
     @property
@@ -54,7 +60,7 @@ class SamplingDescriptor:
     def expected_batch_size(self) -> float:
         """What the trainer divides a noisy gradient sum by (for Poisson the expected size, as
         the actual size is private; paper §5)."""
-        return self.gamma * self.n if self.scheme == "poisson" else float(self.sample_size)
+        return self.gamma * self.n if self.scheme == Scheme.POISSON else float(self.sample_size)
 
     def to_properties(self) -> dict[str, str | int]:
         return {f"sampling_{key}": (exact_decimal(value) if isinstance(value, float) else

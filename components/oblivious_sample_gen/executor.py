@@ -3,7 +3,6 @@ the requested epochs, and write the samples in training order with their descrip
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
 from typing import Any
 
@@ -14,29 +13,13 @@ from tfx.types import artifact_utils
 
 from sage_tfx import console
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
-from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES
-from sage_tfx.components.oblivious_sample_gen.sampling import (samples_poisson, samples_swo,
-                                                               shuffle_and_split)
+from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
+from sage_tfx.components.oblivious_sample_gen.sampling import (DEFAULT_EPOCHS, samples_poisson,
+                                                               samples_swo, shuffle_and_split)
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
+from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
 from sage_tfx.mechanisms import discrete_laplace
 from sage_tfx.sage_access.accounting import pure_dp_event
-
-TRAIN_SPLIT = "train"
-
-
-def read_split(examples_uri: str, split: str) -> tf.Tensor:
-    """Every serialized record of one split, as a string tensor; 0 rows for an empty split.
-
-    An empty split is a dataset of size 0, not an error: BlockExampleGen writes empty split
-    files for a block without records, and refusing it after the grant was charged would make
-    "run fails" vs "model released" tell a 0-record split from a 1-record one (epsilon =
-    infinity). Missing split files are a layout error, the same for every dataset."""
-    files = sorted(glob.glob(os.path.join(examples_uri, f"Split-{split}", "*")))
-    if not files:
-        raise ValueError(f"the Examples at {examples_uri} have no {split!r} split files")
-    batches = list(tf.data.TFRecordDataset(files, compression_type="GZIP").batch(65536))
-    return tf.concat(batches, axis=0) if batches else tf.zeros([0], tf.string)
-
 
 def dp_count(n: int, epsilon: float) -> int:
     """n + DiscreteLaplace(1 / epsilon) (sensitivity 1 under add/remove), from the platform's
@@ -50,9 +33,10 @@ def sampled_size(records: tf.Tensor, grant, exec_properties: dict[str, Any]) -> 
     Only the count n_hat is released; the exact n decides nothing else. n_hat may be <= 0
     (an empty or small split plus negative noise): sized_for clamps it to the smallest valid
     public size, a function of n_hat and public parameters only, so post-processing."""
-    scheme, public_size = exec_properties["scheme"], exec_properties.get("public_size")
+    scheme = Scheme.parse(exec_properties["scheme"], "scheme")
+    public_size = exec_properties.get("public_size")
     if public_size is not None:
-        if scheme == "poisson":
+        if scheme == Scheme.POISSON:
             raise ValueError("scheme 'poisson' sizes its layout from a DP count; drop public_size "
                              f"and give the grant a {accounting.COUNT_STEP!r} share")
         return int(public_size), 0.0
@@ -64,21 +48,19 @@ def sampled_size(records: tf.Tensor, grant, exec_properties: dict[str, Any]) -> 
 
 
 def sample(records: tf.Tensor, exec_properties: dict[str, Any], size: int):
-    scheme = exec_properties["scheme"]
+    scheme = Scheme.parse(exec_properties["scheme"], "scheme")
     seed = exec_properties.get("seed")
     common = dict(seed=None if seed is None else int(seed),
-                  epochs=int(exec_properties.get("epochs") or 1), size=size)
-    if scheme == "poisson":
+                  epochs=int(exec_properties.get("epochs") or DEFAULT_EPOCHS), size=size)
+    if scheme == Scheme.POISSON:
         gamma = exec_properties.get("gamma")
         if gamma is None:
             raise ValueError("scheme 'poisson' needs gamma")
         return samples_poisson(records, float(gamma), **common)
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; use one of {SCHEMES}")
     sample_size = exec_properties.get("sample_size")
     if sample_size is None:
-        raise ValueError(f"scheme {scheme!r} needs sample_size")
-    sampler = samples_swo if scheme == "swo" else shuffle_and_split
+        raise ValueError(f"scheme {scheme.value!r} needs sample_size")
+    sampler = samples_swo if scheme == Scheme.SWO else shuffle_and_split
     return sampler(records, int(sample_size), **common)
 
 

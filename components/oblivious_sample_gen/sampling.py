@@ -40,7 +40,7 @@ import numpy as np
 
 from sage_tfx.components.oblivious_sample_gen.access_trace import (AccessTrace, ExternalArray,
                                                                    null_rows, read, write)
-from sage_tfx.components.oblivious_sample_gen.descriptor import SCHEMES, SamplingDescriptor
+from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.melbourne import (EMPTY, RoutePlan,
                                                                  chernoff_threshold, route)
 from sage_tfx.randomness import secret_rng
@@ -48,6 +48,7 @@ from sage_tfx.randomness import secret_rng
 # Per epoch, the probability that Poisson samples do not all fit in the padded layout.
 # It enters delta through the accountant (accounting.py); 2^-60 keeps that term below 1e-12.
 POISSON_TRUNCATION_PROBABILITY = 2.0 ** -60
+DEFAULT_EPOCHS = 1  # what ObliviousSampleGen samples when no epochs are given
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def samples_swo(records, m: int, seed: Optional[int] = None,
     what a drop-remainder batcher would leave."""
     records = _as_records(records)
     size = int(records.shape[0]) if size is None else size
-    descriptor = plan("swo", size, epochs, sample_size=m)  # also checks m, size and epochs
+    descriptor = plan(Scheme.SWO, size, epochs, sample_size=m)  # also checks m, size and epochs
     rng = secret_rng(seed)
     sized, real_rows = to_size(records, size, rng, trace)
     slots = descriptor.slots_per_epoch
@@ -192,7 +193,7 @@ def samples_poisson(records, gamma: float, seed: Optional[int] = None,
     POISSON_TRUNCATION_PROBABILITY per epoch) keeps its first w records, a uniform subset."""
     records = _as_records(records)
     size = int(records.shape[0]) if size is None else size
-    descriptor = plan("poisson", size, epochs, gamma=gamma)  # also checks gamma and epochs
+    descriptor = plan(Scheme.POISSON, size, epochs, gamma=gamma)  # also checks gamma and epochs
     k, width, slots = descriptor.samples_per_epoch, descriptor.slot_width, descriptor.slots_per_epoch
     rng = secret_rng(seed)
     sized, real_rows = to_size(records, size, rng, trace)
@@ -228,7 +229,7 @@ def shuffle_and_split(records, m: int, seed: Optional[int] = None,
     it), then cut into size // m batches of m. Not oblivious; here for comparison."""
     records = _as_records(records)
     size = int(records.shape[0]) if size is None else size
-    descriptor = plan("shuffle", size, epochs, sample_size=m)  # also checks m and epochs
+    descriptor = plan(Scheme.SHUFFLE, size, epochs, sample_size=m)  # also checks m and epochs
     rng = secret_rng(seed)
     sized, real_rows = to_size(records, size, rng, trace)
     source = ExternalArray.of("sized", sized)
@@ -258,7 +259,8 @@ def plan(scheme: str, size: int, epochs: int, sample_size: Optional[int] = None,
     if not (isinstance(size, (int, np.integer)) and size >= 1):
         raise ValueError(f"size={size!r} must be a positive integer")
     _check_epochs(epochs)
-    if scheme == "poisson":
+    scheme = Scheme.parse(scheme, "sampling scheme")
+    if scheme == Scheme.POISSON:
         if not (isinstance(gamma, (float, int)) and 0.0 < gamma <= 1.0):
             raise ValueError(f"gamma={gamma!r} must be in (0, 1]")
         samples_per_epoch = max(1, math.floor(1.0 / gamma + 1e-12))
@@ -267,8 +269,6 @@ def plan(scheme: str, size: int, epochs: int, sample_size: Optional[int] = None,
                                   samples_per_epoch=samples_per_epoch,
                                   slots_per_epoch=samples_per_epoch * width, gamma=float(gamma),
                                   truncation_probability=POISSON_TRUNCATION_PROBABILITY)
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown sampling scheme {scheme!r}; use one of {SCHEMES}")
     if not (isinstance(sample_size, (int, np.integer)) and 0 < sample_size <= size):
         raise ValueError(f"sample size m={sample_size!r} must be in [1, size={size}]")
     samples_per_epoch = size // sample_size

@@ -16,6 +16,8 @@ import sys
 
 import numpy as np
 
+from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
+
 FEATURES = 4
 
 
@@ -28,7 +30,7 @@ def draw(scheme: str, records: np.ndarray, parameter, seed: int) -> dict:
     from sage_tfx.components.oblivious_sample_gen.access_trace import AccessTrace
     from sage_tfx.components.oblivious_sample_gen.sampling import samples_poisson, samples_swo
     trace = AccessTrace()
-    sampler = samples_swo if scheme == "swo" else samples_poisson
+    sampler = samples_swo if scheme == Scheme.SWO else samples_poisson
     samples = sampler(records, parameter, seed=seed, trace=trace)
     ids = [batch[:, 0].astype(np.int64).tolist() for batch in samples.batches()]
     return {"trace_sha256": trace.sha256(), "reads": trace.reads, "writes": trace.writes,
@@ -38,7 +40,7 @@ def draw(scheme: str, records: np.ndarray, parameter, seed: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sage_tfx.components.oblivious_sample_gen.trace",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scheme", choices=("swo", "poisson"), required=True)
+    parser.add_argument("--scheme", choices=(Scheme.SWO.value, Scheme.POISSON.value), required=True)
     parser.add_argument("--n", type=int, required=True)
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--m", type=int)
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    parameter = args.m if args.scheme == "swo" else args.gamma
+    parameter = args.m if args.scheme == Scheme.SWO else args.gamma
     if parameter is None:
         parser.error(f"--scheme {args.scheme} needs {'--m' if args.scheme == 'swo' else '--gamma'}")
     if args.n <= 0 or (args.repeat is not None and args.repeat <= 0):

@@ -16,7 +16,8 @@ from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
 from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedule
 from sage_tfx.examples.taxi.stream import TaxiStream
-from sage_tfx.pipelines.adaptive import IterationSpec
+from sage_tfx.pipelines.adaptive import IterationSpec, build_iteration
+from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
 
 MODULE_FILE = os.path.join(os.path.dirname(__file__), "taxi_module.py")
 # Every monthly block's ceiling. The sample has about 400 trips a month (Sage's taxi stream had
@@ -95,3 +96,20 @@ class TaxiSource:
     def wait(self) -> list[str]:
         months = min(self.months_per_wait, self.blocks_left())
         return self.ingest(months) if months else []
+
+
+def kubeflow_pipeline(spec: IterationSpec, pipeline_root: str, data_root: str, window: int,
+                      epsilon: float, ledger_store: str = KUBEFLOW_LEDGER_STORE,
+                      name: str = "sage-taxi",
+                      months: tuple[str, str] = ("2013-01", "2016-12")) -> pipeline.Pipeline:
+    """One taxi iteration with ingestion first, for a cluster (`sage-tfx compile`'s example):
+    BlockExampleGen -> BlockLedger -> DPTransform -> [ObliviousSampleGen] -> DPTrainer ->
+    SLAedValidator -> Pusher. `months` is the stream's public schedule."""
+    start, end = month_schedule(*months)
+    ingest = BlockExampleGen(input_base=data_root, block_key="trip_start_timestamp",
+                             block_by="month", schedule_start=start, schedule_end=end,
+                             ledger_store=ledger_store,
+                             block_epsilon=BLOCK_EPSILON, block_delta=BLOCK_DELTA,
+                             test_fraction=TEST_FRACTION)
+    return build_iteration(spec, name, pipeline_root, ledger_store, window, epsilon,
+                           ingest=ingest, push_to=os.path.join(pipeline_root, "serving"))

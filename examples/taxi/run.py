@@ -17,6 +17,7 @@ import sys
 import time
 
 import sage_tfx  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
+from sage_tfx.pipelines.policy import PolicyName
 
 
 def _quiet_logs() -> None:
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="out/taxi-demo")
     parser.add_argument("--pipelines", default="adassp,dp_sgd")
-    parser.add_argument("--policy", choices=("conserve", "aggressive"), default="conserve")
+    parser.add_argument("--policy", choices=PolicyName.values(), default=PolicyName.CONSERVE)
     parser.add_argument("--initial-epsilon", type=float,
                         help="the first iteration's epsilon (default: the pipeline's "
                              "INITIAL_EPSILON in pipeline.py)")
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name in chosen:
         # Each pipeline gets its own replay of the stream and its own ledger, so either can be
-        # run alone; pipelines sharing one stream's blocks are what pipelines/workload.py shows.
+        # run alone; pipelines sharing one stream's blocks are what benchmarks/workload_sim.py
+        # shows.
         workdir = os.path.abspath(os.path.join(args.workdir, name))
         os.makedirs(workdir)
         store = os.path.join(workdir, "metadata.sqlite")

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from sage_tfx.components.dp_trainer.adassp import adassp
-from sage_tfx.components.dp_trainer.user_module import RecordDecoder, UserModule
+from sage_tfx.components.util.user_module import RecordDecoder, UserModule
 from sage_tfx.components.record_rule import (RecordRuleError, finite, sanitise_record,
                                              sanitise_records)
 from sage_tfx.validators.executor import per_example_metric

@@ -113,3 +113,19 @@ def test_the_taxi_job_ingests_the_months_it_is_given(tmp_path):
     ingest = json.dumps(job["pipelineSpec"]["root"]["dag"]["tasks"]["BlockExampleGen"]["inputs"])
     start, end = month_schedule("2017-01", "2017-03")
     assert str(start) in ingest and str(end) in ingest
+
+
+@pytest.mark.slow
+def test_compiles_a_pipeline_object_or_a_dotted_module_function(tmp_path):
+    """Product code compiles any pipeline: a tfx Pipeline object, or `package.module:function`
+    (called with the given arguments); a name that is not there is refused by name."""
+    from sage_tfx.pipelines.kubeflow import compile_kubeflow, resolve_pipeline
+
+    source = "sage_tfx.examples.first_pipeline:training_pipeline"
+    built = resolve_pipeline(source, pipeline_root="gs://bucket/first")
+    job = compile_kubeflow(built, str(tmp_path / "first.json"), "example.com/sage-tfx:0.1.0")
+    assert "ObliviousSampleGen" in job["pipelineSpec"]["root"]["dag"]["tasks"]
+    with pytest.raises(ValueError, match="defines no function create_pipelin"):
+        resolve_pipeline("sage_tfx.examples.first_pipeline:create_pipelin")
+    with pytest.raises(ValueError, match="returned str, not a tfx Pipeline"):
+        resolve_pipeline(lambda pipeline_root: pipeline_root, pipeline_root="gs://bucket/first")

@@ -1,17 +1,24 @@
 """The workload simulator drives the real ledger: budgets are conserved, and the strategies
 order as Sage §5.4 says at a fixed seed."""
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from sage_tfx.pipelines.workload import (STRATEGIES, BlockConserve, InverseEpsilonComplexity,
-                                         ValidationBoundComplexity, WorkloadConfig,
-                                         draw_pipelines, fit_validation_bound, simulate)
-
 from support import REPO_ROOT
+
+# The simulator is a research tool beside the benchmarks (not a package): loaded by path.
+_loaded = importlib.util.spec_from_file_location(
+    "workload_sim", os.path.join(REPO_ROOT, "benchmarks", "workload_sim.py"))
+workload_sim = sys.modules["workload_sim"] = importlib.util.module_from_spec(_loaded)
+_loaded.loader.exec_module(workload_sim)
+from workload_sim import (STRATEGIES, BlockConserve, InverseEpsilonComplexity,  # noqa: E402
+                          ValidationBoundComplexity, WorkloadConfig, draw_pipelines,
+                          fit_validation_bound, simulate)
 
 CONFIG = WorkloadConfig(0.6, arrival_hours=60, drain_hours=30)
 

@@ -1,4 +1,5 @@
-"""Multi-pipeline workloads on the real BlockLedger (Sage §3.2, §5.4, Fig. 8).
+"""Multi-pipeline workloads on the real BlockLedger (Sage §3.2, §5.4, Fig. 8): the simulator
+behind benchmarks/workload.py (a research tool beside the benchmarks, not part of the package).
 
 A discrete-time simulation, one step per hour:
   1. `samples_per_hour` new samples arrive as one block with budget (block_epsilon, block_delta).
@@ -13,7 +14,9 @@ A discrete-time simulation, one step per hour:
 
 All budget goes through `sage_tfx.sage_access.BlockLedger` (MLMD's in-memory store). The ledger
 enforces the ceilings, splits new blocks among waiting pipelines and returns the reservations of
-finished ones. The strategies only decide what to ask for:
+finished ones; what a pipeline may draw is the ledger's own rule (allocation.available_to), and
+the block strategies retry by the driver's rule (pipelines/policy.after_retry). The strategies
+only decide what to ask for:
 
 * query: query-level composition. The whole stream is one database with one budget, so every
   grant charges the single `stream` block, whatever data it uses. Pipelines train on all data
@@ -47,8 +50,9 @@ from typing import Optional, Protocol
 
 import numpy as np
 
+from sage_tfx.pipelines.policy import PolicyName, after_retry
 from sage_tfx.sage_access import BlockIds, BlockLedger, BudgetExhausted, RecentWindow
-from sage_tfx.sage_access.allocation import free_budget
+from sage_tfx.sage_access.allocation import available_to
 
 STRATEGIES = ("query", "streaming", "block_aggressive", "block_conserve")
 RELEASED, RETRY, WAIT = "released", "retry", "wait"
@@ -277,6 +281,7 @@ class StreamingComposition(Strategy):
 class BlockStrategy(Strategy):
     """Block composition: pipelines register with the ledger, whose allocation policy splits
     each new block among the waiting ones, and finish when released."""
+    POLICY: PolicyName  # the driver's policy the strategy retries by
 
     def __init__(self, ledger: BlockLedger, config: WorkloadConfig):
         super().__init__(ledger, config)
@@ -301,13 +306,19 @@ class BlockStrategy(Strategy):
 
     def allowances(self, pipeline: Pipeline) -> list[float]:
         """Epsilon the pipeline may draw from each live block, newest first: its own
-        reservation plus the block's free budget (as allocation.available_to, epsilon part)."""
+        reservation plus the block's free budget (allocation.available_to, epsilon part)."""
         if self._live is None:
-            self._live = [(float(free_budget(block)[0]),
-                           {name: max(float(reserved[0]), 0.0)
-                            for name, reserved in block.reservations.items()})
+            # A pipeline without a reservation on a block may draw its free budget,
+            # available_to(block, None): read once per block, not once per pipeline.
+            self._live = [(block, float(available_to(block, None)[0]))
                           for block in self.ledger.live_blocks()]
-        return [free + reserved.get(pipeline.name, 0.0) for free, reserved in self._live]
+        return [float(available_to(block, pipeline.name)[0])
+                if pipeline.name in block.reservations else free for block, free in self._live]
+
+    def usable(self, allowances: list[float]) -> list[float]:
+        """The allowances that pay the ledger's minimum request, largest first."""
+        return sorted((a for a in allowances if a >= self.config.min_request_epsilon),
+                      reverse=True)
 
     def train(self, pipeline: Pipeline, epsilon: float, allowances: list[float]) -> str:
         """Train on every block that can pay `epsilon` (Sage §6: "as much data as is available
@@ -323,15 +334,23 @@ class BlockStrategy(Strategy):
         return RETRY
 
     def next_request(self, pipeline: Pipeline, spent: float, window: int) -> None:
-        pipeline.window = 2 * window  # double the data: wait for new blocks
+        """The driver's rule after a RETRY at `spent` on `window` blocks (after_retry): double
+        epsilon on as many blocks (conserve, when the allocation can pay it), or double the
+        data, waiting for new blocks."""
+        epsilon, next_window = after_retry(
+            self.POLICY, spent, window,
+            lambda doubled: sum(allowance >= doubled for allowance in self.allowances(pipeline)))
+        if next_window == window:
+            pipeline.epsilon = epsilon
+        pipeline.window = next_window
 
 
 class BlockAggressive(BlockStrategy):
+    POLICY = PolicyName.AGGRESSIVE
 
     def attempt(self, pipeline: Pipeline, hour: int) -> str:
         allowances = self.allowances(pipeline)
-        usable = sorted((a for a in allowances if a >= self.config.min_request_epsilon),
-                        reverse=True)
+        usable = self.usable(allowances)
         if not usable:
             return WAIT
         window = max(range(1, len(usable) + 1), key=lambda w: (w * usable[w - 1], w))
@@ -339,11 +358,11 @@ class BlockAggressive(BlockStrategy):
 
 
 class BlockConserve(BlockStrategy):
+    POLICY = PolicyName.CONSERVE
 
     def attempt(self, pipeline: Pipeline, hour: int) -> str:
         allowances = self.allowances(pipeline)
-        usable = sorted((a for a in allowances if a >= self.config.min_request_epsilon),
-                        reverse=True)
+        usable = self.usable(allowances)
         # At least `window` blocks, at the planned epsilon or at what that many blocks can pay.
         options = [(w, min(pipeline.epsilon, usable[w - 1]))
                    for w in range(max(pipeline.window, 1), len(usable) + 1)]
@@ -355,15 +374,8 @@ class BlockConserve(BlockStrategy):
         return self.train(pipeline, epsilon, allowances)
 
     def next_request(self, pipeline: Pipeline, spent: float, window: int) -> None:
-        """Double epsilon if the allocation can pay it on as much data, else double the data."""
         pipeline.resources = spent * window
-        doubled = 2 * spent
-        payable = sum(allowance >= doubled for allowance in self.allowances(pipeline))
-        if doubled <= self.config.block_epsilon and payable >= window:
-            pipeline.epsilon = doubled
-            pipeline.window = window
-        else:
-            super().next_request(pipeline, spent, window)
+        super().next_request(pipeline, spent, window)
 
 
 STRATEGY_CLASSES = {"query": QueryComposition, "streaming": StreamingComposition,
