@@ -15,19 +15,19 @@ event's. The strategy depends on the workload only (never on x), so choosing it 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Optional
 
 import numpy as np
 from dp_accounting import dp_event
 
 from sage_tfx import mechanisms
+from sage_tfx.choices import Choice
 from sage_tfx.dp_statistics.matrix import error
 from sage_tfx.dp_statistics.matrix.strategy import as_strategy, as_workload
 from sage_tfx.dp_statistics.matrix.workload import DomainError
 
 
-class Noise(enum.Enum):
+class Noise(Choice):
     GAUSSIAN = "gaussian"
     LAPLACE = "laplace"
 
@@ -65,6 +65,7 @@ def answer_workload(workload, strategy, data_vector, *, epsilon: float,
     Refuses, before any noise is drawn, a strategy that does not support the workload and a
     data vector outside the declared domain."""
     workload, strategy = as_workload(workload), as_strategy(strategy)
+    noise = Noise.parse(noise, "noise")
     strategy.require_support(workload)
     vector = histogram_vector(data_vector, workload.cells)
     exact = strategy.apply(vector)
@@ -75,13 +76,11 @@ def answer_workload(workload, strategy, data_vector, *, epsilon: float,
                                           epsilon=epsilon, delta=delta)
         release = mechanisms.gaussian(exact, l2_sensitivity=strategy.l2_sensitivity,
                                       epsilon=epsilon, delta=delta)
-    elif noise is Noise.LAPLACE:
+    else:  # Noise.LAPLACE
         delta = 0.0
         scale = np.sqrt(2.0) * strategy.l1_sensitivity / epsilon
         release = mechanisms.laplace(exact, l1_sensitivity=strategy.l1_sensitivity,
                                      epsilon=epsilon)
-    else:
-        raise ValueError(f"unknown noise {noise!r}; one of {[n.value for n in Noise]}")
     estimate = strategy.reconstruct(release.value)
     query_rmse = error.query_rmse(workload, strategy, scale)
     return WorkloadRelease(

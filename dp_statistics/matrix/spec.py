@@ -25,7 +25,6 @@ what runs (the cells, the strategy, the noise) does not depend on the data.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import itertools
 import json
 import math
@@ -33,10 +32,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from sage_tfx.choices import Choice
 from sage_tfx.dp_statistics.matrix.workload import Block, BlockKind, DomainError, Workload
 
 
-class QueryKind(enum.Enum):
+class QueryKind(Choice):
     ALL_RANGES = "all_ranges"
     PREFIX = "prefix"
     IDENTITY = "identity"
@@ -131,10 +131,9 @@ def _attribute(raw: Mapping[str, Any]) -> Attribute:
 
 def _terms(query: Mapping[str, Any], names: list[str], sizes: list[int]) -> list[tuple]:
     try:
-        kind = QueryKind(query.get("kind"))
-    except ValueError:
-        raise DomainError(f"unknown query kind {query.get('kind')!r}; one of "
-                          f"{[k.value for k in QueryKind]}") from None
+        kind = QueryKind.parse(query.get("kind"), "query kind")
+    except ValueError as error:
+        raise DomainError(str(error)) from None
     listed = query.get("attributes", names)
     unknown = [a for a in listed if a not in names]
     if unknown or not listed:

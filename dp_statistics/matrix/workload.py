@@ -24,7 +24,6 @@ strategy cache (strategy.eigen_design) is keyed by it.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import hashlib
 import itertools
@@ -32,8 +31,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from sage_tfx.choices import Choice
 
-class BlockKind(enum.Enum):
+
+class BlockKind(Choice):
     IDENTITY = "identity"
     TOTAL = "total"
     ALL_RANGES = "all_ranges"
