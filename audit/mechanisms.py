@@ -392,9 +392,9 @@ def matrix_mechanism_outputs(trials: int, seed: Optional[int] = None, *,
     N(||a_j*||, s^2).
 
     Batched: each call's workload is Identity(250 runs) (x) AllRanges(4), the strategy I (x) A,
-    so run i's 8 cells are read by its own block of A and noised independently: run i is one
-    release of the one-run mechanism on a neighbouring pair (D' adds one record per run). The lattice
-    rounding grows with the runs (trials * p * 2^-40 of the sensitivity: more noise).
+    so run i's 4 cells are read by its own block of A and noised independently: run i is one
+    release of the one-run mechanism on a neighbouring pair (D' adds one record per run). The
+    lattice rounding grows with the runs (250 * 10 * 2^-40 of the sensitivity: more noise).
     CSPRNG-seeded: `seed` is unused.
 
     broken = "unit_sensitivity" is the tests' deliberately broken variant: the strategy's L2

@@ -417,6 +417,8 @@ def _eigen_design(workload: Workload, separation_group, principal_fraction, kron
     if principal_fraction is not None:
         if not 0 < principal_fraction <= 1:
             raise ValueError(f"principal_fraction must lie in (0, 1], got {principal_fraction}")
+        if separation_group is not None:
+            raise ValueError("choose eigen-query separation or principal vectors, not both")
         options = {"principal_count": None}
     if kronecker is None:
         kronecker = workload.is_product() and workload.cells > 4096
