@@ -102,9 +102,9 @@ def test_no_strategy_beats_the_svd_bound_and_eigen_design_beats_identity(name):
     errors = {c.name: error.unit_rmse(target, c) for c in candidates}
     # Marginals reach the bound exactly (paper §5.1): equal up to rounding.
     assert min(errors.values()) >= bound * (1 - 1e-7), errors
-    # Program 1 at u = 1 is the identity rotated (A = Q, A^T A = I): its optimum is no worse.
-    assert errors["eigen-design"] <= errors["identity"] * (1 + 1e-6), errors
-    assert eigen_design(target).duality_gap < 1e-5
+    # Program 1 at u = 1 is the identity rotated (A = Q, A^T A = I): never worse (rounding).
+    assert errors["eigen-design"] <= errors["identity"] * (1 + 1e-9), errors
+    assert eigen_design(target).duality_gap < 1e-3  # the dual certificate, relative
 
 
 def test_eigen_design_reaches_the_bound_where_the_paper_does_and_is_representation_free():
