@@ -11,6 +11,7 @@
 | ObliviousSampleGen | sage_tfx.components.oblivious_sample_gen |
 | DPTrainer | sage_tfx.components.dp_trainer |
 | SLAedValidator | sage_tfx.validators |
+| MatrixMechanism (workload of counting queries) | sage_tfx.components.matrix_mechanism |
 | PrivacyGrant (artifact type) | sage_tfx.components.privacy_grant |
 
 Imported lazily (PEP 562): `import sage_tfx.components` does not import TFX or TensorFlow; the
@@ -30,6 +31,7 @@ _HOMES = {
     "ObliviousSampleGen": "sage_tfx.components.oblivious_sample_gen",
     "DPTrainer": "sage_tfx.components.dp_trainer",
     "SLAedValidator": "sage_tfx.validators.component",
+    "MatrixMechanism": "sage_tfx.components.matrix_mechanism",
     "PrivacyGrant": "sage_tfx.components.privacy_grant",
 }
 
