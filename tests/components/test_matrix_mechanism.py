@@ -59,3 +59,37 @@ def test_the_share_is_spent_once(granted, tmp_path):
     with pytest.raises(GrantError):
         _run(granted, tmp_path, "again")
     assert not os.path.exists(tmp_path / "again" / "answers.csv")
+
+
+@pytest.mark.slow
+def test_the_component_runs_in_a_tfx_pipeline_after_a_grant(tmp_path):
+    """BlockExampleGen -> BlockLedger -> MatrixMechanism on LocalDagRunner and real MLMD."""
+    from tfx.orchestration import metadata, pipeline
+    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+    from tfx.types import artifact_utils
+
+    from sage_tfx.components import MatrixMechanism
+    from sage_tfx.sage_access import connect
+    from support.ingest import ingest_and_grant
+
+    root = str(tmp_path)
+    store_path = os.path.join(root, "metadata.sqlite")
+    gen, grant = ingest_and_grant(root, store_path, split={"statistics": 1})
+    spec = json.dumps({"attributes": [
+        {"name": "seconds", "feature": "trip_seconds", "bins": [0, 300, 600, 900, 1200]},
+        {"name": "miles", "feature": "trip_miles", "bins": [0, 1, 2, 3, 5]}],
+        "queries": [{"kind": "range_marginals", "way": 2}]})
+    answers = MatrixMechanism(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                              workload_spec=spec)
+    LocalDagRunner().run(pipeline.Pipeline(
+        pipeline_name="statistics", pipeline_root=os.path.join(root, "pipeline"),
+        components=[gen, grant, answers],
+        metadata_connection_config=metadata.sqlite_metadata_connection_config(store_path)))
+    store = connect(store_path)
+    [answer] = [artifact_utils.deserialize_artifact(store.get_artifact_type(
+        WorkloadAnswers.TYPE_NAME), a) for a in store.get_artifacts_by_type(
+        WorkloadAnswers.TYPE_NAME)]
+    table = pq.read_table(os.path.join(answer.uri, "answers.parquet")).to_pydict()
+    assert len(table["query"]) == 10 * 10 == answer.get_int_custom_property("queries")
+    assert answer.get_float_custom_property("epsilon") == pytest.approx(0.4)
+    assert "GaussianDpEvent" in answer.get_string_custom_property("event")
