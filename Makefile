@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ledger-demo test test-quick benchmark mutation lock clean
+.PHONY: demo taxi-statistics ledger-demo test test-quick browser benchmark mutation lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,19 +18,39 @@ $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m sage_tfx.examples.taxi.run --workdir out/taxi-demo
 
+# DP statistics per community area (issue 18): `sage-tfx ingest` then `sage-tfx query`. The tfx
+# sample has no taxi id, so each trip is its own unit here (examples/taxi/statistics.py).
+taxi-statistics: $(STAMP)
+	$(BIN)/python -m sage_tfx.examples.taxi.statistics --workdir out/taxi-statistics \
+		--unit-column trip_id
+
 ledger-demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/ledger_demo.sh
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest tests
+
+# Debian's Chromium and its driver, for the ledger page's browser tests (tests/sage_access): when
+# they are missing and we may install them (root, apt-get); otherwise those tests skip, saying why.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends chromium chromium-driver >/dev/null) \
+	    || echo "make browser: apt-get could not install chromium: the browser tests will skip"; \
+	  else echo "make browser: not root or no apt-get: the browser tests will skip"; fi; \
+	fi
 
 # During development: the suite without the tests marked slow (TFX pipelines, several processes,
 # crashes, minutes of sampling). CI runs `make test`, the whole suite.
-test-quick: $(STAMP)
+test-quick: $(STAMP) browser
 	$(BIN)/python -m pytest tests -m "not slow"
 
 benchmark: $(STAMP)
+	# PipelineDP, the anchor of benchmarks/aggregation.py, is pinned apart from the lock.
+	$(BIN)/pip install --quiet --no-deps -r requirements/benchmark.txt
 	$(BIN)/python benchmarks/ledger.py
+	$(BIN)/python benchmarks/ledger_web.py
 	$(BIN)/python benchmarks/oblivious_sampling.py --n 1000000 --json
 	$(BIN)/python benchmarks/dp_training.py --rows 100000 --json
 	$(BIN)/python benchmarks/digits_table2.py --json
@@ -39,6 +59,7 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/workload.py --json
 	$(BIN)/python benchmarks/noise.py --json
 	$(BIN)/python benchmarks/audit.py --json
+	$(BIN)/python benchmarks/aggregation.py --rows 1000000 --json
 
 # Mutation testing of the privacy-critical modules (docs/mutation.md), by hand, not in CI. The tool
 # is pinned apart from the lock (requirements/mutation.txt) so CI never installs it.

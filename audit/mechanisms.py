@@ -430,6 +430,59 @@ def matrix_mechanism_outputs(trials: int, seed: Optional[int] = None, *,
         noisy = np.concatenate([np.asarray(r.value) for r in releases])
         outputs.append(noisy.reshape(-1, MATRIX_CELLS * (MATRIX_CELLS + 1) // 2)[:trials]
                        @ direction)
+
+# --- the DP aggregation operator (sage_tfx.dp_statistics.aggregation), end to end ---
+
+AGGREGATION_EPSILON = 1.0
+AGGREGATION_PARTITIONS_PER_USER = 10
+
+
+def aggregation_outputs(trials: int, seed: Optional[int] = None, *,
+                        epsilon: float = AGGREGATION_EPSILON,
+                        broken: Optional[str] = None) -> Outputs:
+    """``aggregate`` (local engine) of COUNT(*) over public partitions, C_u = 1 and m = 1, on
+    D = no rows and D' = one user with one row in each of K = 10 partitions: the statistic is
+    the sum of the K released counts. The user's rows change at most C_u = 1 count by at most
+    m = 1, so the sum moves by <= 1 under Laplace noise of scale 1 / epsilon per count: the
+    statistic is epsilon-DP (post-processing) though the user touches 10 partitions.
+
+    Batched: one run of the operator on trials * K public partitions, run i's user (its own
+    unit id) in partitions [i K, (i + 1) K); each unit is bounded on its own rows and the noise
+    is independent per partition at a scale that does not depend on the number of partitions,
+    so the block sums are independent runs. ``seed`` fixes the contribution sampling only (the
+    noise is CSPRNG-seeded).
+
+    broken = "no_contribution_bounding" is the deliberately broken variant of the tests: every
+    (user, partition) pair is kept (stability bounding skipped), so the sum moves by K."""
+    import pandas as pd
+    from sage_tfx.dp_statistics import aggregation
+    from sage_tfx.dp_statistics.aggregation import aggregators
+
+    if broken not in (None, "no_contribution_bounding"):
+        raise ValueError(f"unknown broken variant {broken!r}")
+    partitions = trials * AGGREGATION_PARTITIONS_PER_USER
+    query = aggregation.AggregationQuery(
+        ("key",), "user", (aggregation.Aggregate.count(),), max_partitions_contributed=1,
+        max_contributions_per_partition=1, selection=aggregation.SelectionRule.PUBLIC,
+        public_partitions=tuple((k,) for k in range(partitions)))
+    budget = aggregation.plan(query, epsilon, 0.0)
+
+    def keep_every_pair(original):
+        def unbounded(*args, **kwargs):
+            pairs = original(*args, **kwargs)
+            pairs.pair_kept[:] = True
+            return pairs
+        return unbounded
+
+    patch = (_patched(aggregators, "bound_contributions", keep_every_pair) if broken
+             else contextlib.nullcontext())
+    outputs = []
+    with patch:
+        for rows in (0, partitions):
+            frame = pd.DataFrame({"key": np.arange(rows),
+                                  "user": np.arange(rows) // AGGREGATION_PARTITIONS_PER_USER})
+            counts = aggregation.aggregate(frame, query, budget, seed=seed).table["count"]
+            outputs.append(counts.to_numpy().reshape(trials, -1).sum(axis=1))
     return outputs[0], outputs[1]
 
 
@@ -465,5 +518,10 @@ def shipped() -> dict[str, MechanismAudit]:
                                          partitions_per_unit=partitions),
                        f"partition selection: sage_tfx.mechanisms.selection.{rule}, a unit in "
                        f"{partitions} partition(s) of its own vs absent (the keep decision)")
-        for rule in SELECTION_RULES for partitions in (1, SELECTION_PARTITIONS_PER_UNIT)]
+        for rule in SELECTION_RULES for partitions in (1, SELECTION_PARTITIONS_PER_UNIT)] + [
+        MechanismAudit("dp_aggregation", AGGREGATION_EPSILON, 0.0, aggregation_outputs,
+                       "DP aggregation operator: COUNT over public partitions, one user in "
+                       f"{AGGREGATION_PARTITIONS_PER_USER} partitions vs absent (C_u = 1)",
+                       # OpenDP's exact noise costs ~10 us per partition: fewer runs
+                       vectorised=False)]
     return {audit.name: audit for audit in audits}

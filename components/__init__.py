@@ -12,6 +12,7 @@
 | DPTrainer | sage_tfx.components.dp_trainer |
 | SLAedValidator | sage_tfx.validators |
 | MatrixMechanism (workload of counting queries) | sage_tfx.components.matrix_mechanism |
+| DPAggregate, DPStatistics (artifact type) | sage_tfx.components.dp_aggregate |
 | PrivacyGrant (artifact type) | sage_tfx.components.privacy_grant |
 
 Imported lazily (PEP 562): `import sage_tfx.components` does not import TFX or TensorFlow; the
@@ -33,6 +34,8 @@ _HOMES = {
     "SLAedValidator": "sage_tfx.validators.component",
     "MatrixMechanism": "sage_tfx.components.matrix_mechanism",
     "PrivacyGrant": "sage_tfx.components.privacy_grant",
+    "DPAggregate": "sage_tfx.components.dp_aggregate",
+    "DPStatistics": "sage_tfx.components.dp_aggregate",
 }
 
 __all__ = sorted(_HOMES)

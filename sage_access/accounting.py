@@ -184,6 +184,7 @@ class BasicComposition:
         reservations, free, available = _budget_parts(block, pipeline)
         return {"unit": "epsilon", "total": block.epsilon_ceiling, "spent": float(block.spent[0]),
                 "reserved": {k: float(v[0]) for k, v in reservations.items()},
+                "delta_reserved": {k: float(v[1]) for k, v in reservations.items()},
                 "free": float(free[0]), "delta_free": float(free[1]),
                 "available": float(max(available[0], 0.0))}
 
@@ -356,6 +357,8 @@ def _event_types() -> dict:
 
     return {cls.__name__: cls for cls in (
         dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent, dp_event.ZCDpEvent,
+        # Truncated-geometric partition selection (DP statistics) runs discrete Laplace noise.
+        dp_event.DiscreteLaplaceDpEvent,
         dp_event.PoissonSampledDpEvent, dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent,
         dp_event.NoOpDpEvent)}
 

@@ -12,11 +12,13 @@
     contexts    the ledger contexts in the store
     grants      every grant: time, pipeline, blocks, epsilon, delta, split, run
     audit       re-derive every balance from the history and report inconsistencies
+    serve       a read-only web page of all the above, with JSON endpoints (localhost unless
+                --host says otherwise, and then only with a token)
 
 STORE is an SQLite file or grpc://HOST:PORT of an ML Metadata server (Kubeflow:
 grpc://metadata-grpc-service:8080); it defaults to $SAGE_TFX_LEDGER_STORE. Only `init` creates a
 store; every other command refuses a file that is not a sage-tfx ledger and leaves it unchanged,
-and `show`, `plot`, `contexts`, `grants` and `audit` open the store read-only.
+and `show`, `plot`, `contexts`, `grants`, `audit` and `serve` open the store read-only.
 
 Exit codes: 0 success; 2 bad input or a store that is not a ledger (nothing written); 3 request
 denied for lack of budget (nothing charged); 4 ledger busy (too many concurrent writers; nothing
@@ -37,6 +39,7 @@ EXIT_BUSY = 4
 EXIT_UNREACHABLE = 5
 EXIT_AUDIT_FAILED = 6
 STORE_ENVIRONMENT_VARIABLE = "SAGE_TFX_LEDGER_STORE"
+TOKEN_ENVIRONMENT_VARIABLE = "SAGE_TFX_LEDGER_TOKEN"
 # Above this many blocks the plot draws one bar per group of consecutive blocks (their mean).
 MAX_PLOT_BARS = 60
 # Okabe & Ito's colour-blind-safe palette: spent, reserved, free.
@@ -54,12 +57,14 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                         help=store_help)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+    def command(name: str, handler, help_text: str,
+                context_default: str | None = "default") -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         # SUPPRESS: given here it overrides the group's --store; absent, the group's value stays.
         sub.add_argument("--store", default=argparse.SUPPRESS, help=store_help)
-        sub.add_argument("--context", default="default",
-                         help="ledger context: an independent set of budgets (default: default)")
+        sub.add_argument("--context", default=context_default,
+                         help="ledger context: an independent set of budgets (default: "
+                              f"{context_default or 'every context in the store'})")
         sub.set_defaults(run=lambda args: _run(handler, args))
         return sub
 
@@ -117,6 +122,17 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     grants = command("grants", _grants, "list every grant: time, pipeline, blocks, budget, run")
     grants.add_argument("--json", action="store_true", help="print JSON instead of a table")
     command("audit", _audit, "re-derive every balance from the history; exit 6 on a mismatch")
+    serve = command("serve", _serve, "a read-only web page of the ledger: blocks, grants, runs, "
+                                     "waiting pipelines, with JSON endpoints", context_default=None)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1); any other than a loopback "
+                            "address requires a token")
+    serve.add_argument("--port", type=int, default=8765,
+                       help="port to listen on (default: 8765; 0 picks a free one)")
+    serve.add_argument("--token", default=os.environ.get(TOKEN_ENVIRONMENT_VARIABLE) or None,
+                       help="the token every request must carry, 16+ characters (default: "
+                            f"${TOKEN_ENVIRONMENT_VARIABLE}; generated and printed when --host "
+                            "is not a loopback address)")
 
 
 def _run(handler, args) -> int:
@@ -148,7 +164,10 @@ def _run(handler, args) -> int:
 
 
 def _fail(args, code: int, message: str, remaining: dict | None = None) -> int:
-    print(f"sage-tfx ledger {args.command}: {message}", file=sys.stderr)
+    # `sage-tfx ingest` and `query` (dp_statistics/cli.py) share this error handling.
+    where = f"ledger {args.command}" if getattr(args, "group", "ledger") == "ledger" \
+        else args.group
+    print(f"sage-tfx {where}: {message}", file=sys.stderr)
     if args.command == "request":
         print(json.dumps({"granted": False, "grant_id": None, "blocks": _requested_blocks(args),
                           "epsilon": _json_number(args.epsilon),
@@ -285,30 +304,32 @@ def ledger_table(ledger) -> dict:
     composition the sums spent (also given as `epsilon_spent`/`delta_spent`), under rdp the
     filter's ceiling once anything was charged (a conversion of the spent curve would be an
     odometer reading, not a bound under adaptive requests, so none is shown)."""
-    basic = ledger.accounting.name == "basic"
-    blocks = []
-    for block in ledger.blocks():
-        guarantee_epsilon, guarantee_delta = ledger.accounting.guarantee(
-            block.spent, block.epsilon_ceiling, block.delta_ceiling)
-        row = {"id": block.block_id, "epsilon_ceiling": block.epsilon_ceiling,
-               "delta_ceiling": block.delta_ceiling, "guarantee_epsilon": guarantee_epsilon,
-               "guarantee_delta": guarantee_delta}
-        if basic:
-            row.update(epsilon_spent=guarantee_epsilon, delta_spent=guarantee_delta)
-        row.update({"retired": block.retired, "charges": block.charges, "start": block.start,
-                    "end": block.end, "reserved_for": sorted(block.reservations),
-                    "budget": ledger.accounting.budget_view(block)})
-        blocks.append(row)
     table = {"context": ledger.context, "accounting": ledger.accounting.name,
              "min_request_epsilon": ledger.min_request_epsilon,
-             "waiting_pipelines": ledger.waiting_pipelines(), "blocks": blocks}
-    if not basic:
+             "waiting_pipelines": ledger.waiting_pipelines(),
+             "blocks": [block_row(ledger, block) for block in ledger.blocks()]}
+    if ledger.accounting.name != "basic":
         table["guarantee"] = (
             "each block's Renyi filter enforces its (epsilon, delta) ceiling: guarantee_epsilon "
             "and guarantee_delta are the ceiling once the block was charged, (0, 0) before; "
             "budget gives spent, reserved and free as shares of the filter's capacity at the "
             "order with the most free room")
     return table
+
+
+def block_row(ledger, block) -> dict:
+    """One block's row of `ledger_table`."""
+    guarantee_epsilon, guarantee_delta = ledger.accounting.guarantee(
+        block.spent, block.epsilon_ceiling, block.delta_ceiling)
+    row = {"id": block.block_id, "epsilon_ceiling": block.epsilon_ceiling,
+           "delta_ceiling": block.delta_ceiling, "guarantee_epsilon": guarantee_epsilon,
+           "guarantee_delta": guarantee_delta}
+    if ledger.accounting.name == "basic":
+        row.update(epsilon_spent=guarantee_epsilon, delta_spent=guarantee_delta)
+    row.update({"retired": block.retired, "charges": block.charges, "start": block.start,
+                "end": block.end, "reserved_for": sorted(block.reservations),
+                "budget": ledger.accounting.budget_view(block)})
+    return row
 
 
 def format_table(table: dict) -> str:
@@ -483,4 +504,47 @@ def _audit(args) -> int:
         return EXIT_AUDIT_FAILED
     print(f"ledger {ledger.context!r}: {len(ledger.blocks())} blocks and "
           f"{len(ledger.grant_records())} grants agree with the history")
+    return 0
+
+
+def _serve(args) -> int:
+    import secrets
+    import socket
+    import time
+
+    from sage_tfx.sage_access.errors import BadRequest
+
+    if not 0 <= args.port < 65536:
+        raise BadRequest(f"--port must be 0-65535, got {args.port}")
+    if args.token is not None and len(args.token) < 16:
+        raise BadRequest("--token must be at least 16 characters")
+    import uvicorn
+
+    from sage_tfx.sage_access.web.app import LedgerViews, create_app, is_loopback
+
+    token = args.token
+    if token is None and not is_loopback(args.host):
+        token = secrets.token_urlsafe(32)
+        print(f"--host {args.host} is reachable from other machines: every request needs this "
+              f"token (Authorization: Bearer TOKEN, or open the address below once): {token}")
+    started = time.monotonic()
+    views = LedgerViews(args.store, args.context)
+    counts = [views.snapshot(name).summary() for name in views.contexts()]
+    print(f"read {len(counts)} ledger context(s), {sum(c['blocks'] for c in counts)} blocks and "
+          f"{sum(c['grants'] for c in counts)} grants in {time.monotonic() - started:.2f} s")
+    try:
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((args.host, args.port))
+        listener.listen(128)  # connections wait in the backlog until the server accepts them
+    except OSError as error:
+        raise BadRequest(f"cannot listen on {args.host}:{args.port}: {error.strerror}") from None
+    port = listener.getsockname()[1]
+    shown_host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
+    print(f"serving ledger {args.store} read-only at http://{shown_host}:{port}/"
+          + (f"?token={token}" if token else "") + " (Ctrl-C stops)", flush=True)
+    server = uvicorn.Server(uvicorn.Config(create_app(views, token), log_level="warning",
+                                           server_header=False))
+    server.run(sockets=[listener])
     return 0

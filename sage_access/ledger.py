@@ -118,8 +118,11 @@ class BlockLedger:
     def block(self, block_id: str) -> BlockState:
         return self._to_state(self._records.block_artifacts([block_id])[0])
 
-    def blocks(self) -> list[BlockState]:
-        """Every block of this ledger, in arrival order (retired ones included)."""
+    def blocks(self, ids: Optional[Sequence[str]] = None) -> list[BlockState]:
+        """Every block of this ledger, in arrival order (retired ones included); with `ids`, those
+        blocks, in that order (BadRequest naming any this ledger does not have)."""
+        if ids is not None:
+            return [self._to_state(a) for a in self._records.block_artifacts(ids)] if ids else []
         return [self._to_state(a) for a in self._records.all_blocks()]
 
     def live_blocks(self, page: int = 256) -> list[BlockState]:
@@ -377,9 +380,22 @@ class BlockLedger:
         return share
 
     # ----------------------------------------------------------------- audit and lineage
-    def grant_records(self) -> list[dict]:
-        """Every grant of this ledger, oldest first, as recorded (lineage.grant_records)."""
-        return lineage.grant_records(self._records)
+    def grant_records(self, after: int = 0) -> list[dict]:
+        """Every grant of this ledger (after execution id `after`), oldest first, as recorded
+        (lineage.grant_records)."""
+        return lineage.grant_records(self._records, after)
+
+    def latest_change(self) -> int:
+        """The id of the newest execution of this ledger context (lineage.latest_change)."""
+        return lineage.latest_change(self._records)
+
+    def changes(self, after: int = 0) -> list[dict]:
+        """What changed after execution id `after`, and which blocks (lineage.changes)."""
+        return lineage.changes(self._records, after)
+
+    def grant_run(self, grant_id: str) -> dict:
+        """The run that spent `grant_id` and its artifacts (lineage.grant_run)."""
+        return lineage.grant_run(self._records, self.find_grant(grant_id))
 
     def audit(self) -> list[str]:
         """Re-derive every balance from the append-only history; return the inconsistencies found

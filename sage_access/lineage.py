@@ -13,20 +13,23 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.sage_access.allocation import BlockState
-from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, LEDGER_CONTEXT_TYPE,
-                                          RUN_CONTEXT_TYPE, TFX_RUN_CONTEXT_TYPE, LedgerRecords,
-                                          check_name, get_property)
+from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, GRANT_TYPE, LEDGER_CONTEXT_TYPE,
+                                          RUN_CONTEXT_TYPE, TFX_RUN_CONTEXT_TYPE, Grant,
+                                          LedgerRecords, check_name, get_property)
 from sage_tfx.sage_access.store import StoreSpec, connect
 
 
-def grant_records(records: LedgerRecords) -> list[dict]:
+def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
     """Every grant of the ledger, oldest first, as recorded: time (ms since the epoch), grant id,
     pipeline, run id, blocks, epsilon, delta, and the split among DP steps, the dp-accounting
-    event of each step (as JSON) and the RDP curve when the grant recorded them."""
+    event of each step (as JSON) and the RDP curve when the grant recorded them. `execution_id`
+    orders them; `after` reads only the grants whose execution_id is larger (grants are
+    append-only, so a reader that keeps what it read extends it with these)."""
     history = []
-    for execution in records.grant_executions(oldest_first=True):
+    for execution in records.grant_executions(after):
         grant = records.grant_of(execution)
         history.append({
+            "execution_id": execution.id,
             "time_ms": execution.create_time_since_epoch, "grant_id": grant.grant_id,
             "pipeline": grant.pipeline, "run_id": get_property(execution, "run_id"),
             "blocks": list(grant.blocks), "epsilon": grant.epsilon, "delta": grant.delta,
@@ -80,6 +83,66 @@ def audit(records: LedgerRecords, accounting, blocks: list[BlockState]) -> list[
             problems.append(f"block {block.block_id}: spent {list(block.spent)} is above its "
                             "ceiling")
     return problems
+
+
+def latest_change(records: LedgerRecords) -> int:
+    """The id of the newest execution recorded in the ledger context (a grant, a new block, a
+    pipeline registered or finished, ...): every change of a balance is one, so a reader whose
+    value did not move has nothing new to read. 0 for a ledger without any."""
+    newest = records.store.get_executions_by_context(
+        records.context_node.id, list_options=metadata_store.ListOptions(
+            limit=1, order_by=metadata_store.OrderByField.ID, is_asc=False))
+    return newest[0].id if newest else 0
+
+
+def changes(records: LedgerRecords, after: int = 0) -> list[dict]:
+    """The changes recorded in the ledger context after execution id `after`, oldest first:
+    {"execution_id", "kind", "blocks", "pipeline"}. `kind` is "grant", "add_block",
+    "register_pipeline", "finish_pipeline", "grant_data", "use_share" or "init"; `blocks` names
+    the blocks whose balance it changed ([] for none, None for any: finishing a pipeline returns
+    its reservations on every block holding one)."""
+    executions = records.store.get_executions_by_context(
+        records.context_node.id, list_options=metadata_store.ListOptions(
+            order_by=metadata_store.OrderByField.ID, is_asc=True,
+            filter_query=f"id > {int(after)}"))
+    found = []
+    for execution in executions:
+        if execution.type_id == records.types[GRANT_TYPE]:
+            kind, blocks = "grant", json.loads(get_property(execution, "blocks"))
+        else:
+            kind = get_property(execution, "kind")
+            blocks = {"add_block": [get_property(execution, "block_id")],
+                      "finish_pipeline": None}.get(kind, [])
+        found.append({"execution_id": execution.id, "kind": kind, "blocks": blocks,
+                      "pipeline": get_property(execution, "pipeline")})
+    return found
+
+
+def grant_run(records: LedgerRecords, grant: Grant) -> dict:
+    """The pipeline run that spent `grant` and what it produced: the run contexts the grant is
+    attributed to (TFX's `pipeline_run`, Kubeflow's run, or the ledger's own
+    `sage_tfx.PipelineRun`) and every artifact of those runs but the ledger's own records (type,
+    name, uri, state, time), oldest first. A grant without a run has none."""
+    store = records.store
+    runs = [c for c in store.get_contexts_by_execution(grant.execution_id)
+            if c.id != records.context_node.id]
+    # The grant's own records (blocks, versions, data) are attributed to the run too.
+    ledger_types = set(records.types.values())
+    artifacts = sorted({artifact.id: artifact for run in runs
+                        for artifact in store.get_artifacts_by_context(run.id)
+                        if artifact.type_id not in ledger_types}.values(),
+                       key=lambda artifact: artifact.id)
+    type_names = {t.id: t.name for t in store.get_context_types_by_id(
+        sorted({c.type_id for c in runs}))} if runs else {}
+    if artifacts:
+        type_names.update((t.id, t.name) for t in store.get_artifact_types_by_id(
+            sorted({a.type_id for a in artifacts})))
+    return {"grant_id": grant.grant_id, "pipeline": grant.pipeline,
+            "runs": [{"type": type_names[c.type_id], "name": c.name} for c in runs],
+            "artifacts": [{"id": a.id, "type": type_names[a.type_id], "name": a.name,
+                           "uri": a.uri, "state": pb.Artifact.State.Name(a.state),
+                           "time_ms": a.create_time_since_epoch}
+                          for a in artifacts]}
 
 
 def run_contexts(store: metadata_store.MetadataStore, run_id: Optional[str]) -> list[pb.Context]:

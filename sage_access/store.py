@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import sqlite3
+import time
 import urllib.parse
 from typing import Union
 
@@ -101,8 +103,25 @@ def connect(store: StoreSpec) -> metadata_store.MetadataStore:
     if isinstance(store, (str, os.PathLike)):
         parent = os.path.dirname(os.path.abspath(os.fspath(store)))
         os.makedirs(parent, exist_ok=True)
-        store = sqlite_config(store)
+        return _open_sqlite(sqlite_config(store))
     return metadata_store.MetadataStore(store)
+
+
+# Opening an SQLite store runs MLMD's schema check in a write transaction; when many processes
+# open the same file at once (pipelines starting together), MLMD gives up after its own few
+# retries with "Concurrent writes aborted". Opening changes nothing, so it is safe to try again.
+_OPEN_ATTEMPTS = 20
+
+
+def _open_sqlite(config) -> metadata_store.MetadataStore:
+    for _ in range(_OPEN_ATTEMPTS - 1):
+        try:
+            return metadata_store.MetadataStore(config)
+        except RuntimeError as error:
+            if "Concurrent writes aborted" not in str(error):
+                raise
+            time.sleep(random.uniform(0.05, 0.5))
+    return metadata_store.MetadataStore(config)
 
 
 def inspect_sqlite(path: Union[str, os.PathLike]) -> str:

@@ -39,8 +39,9 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     selector = parser.add_mutually_exclusive_group(required=True)
     selector.add_argument("--blocks", help="comma-separated block ids")
     selector.add_argument("--window", type=int, help="the most recent W blocks that can still pay")
-    parser.add_argument("--epsilon", type=float, required=True)
-    parser.add_argument("--delta", type=float, required=True)
+    parser.add_argument("--epsilon", type=float, required=True,
+                        help="epsilon of the grant, all spent on the one Gaussian release")
+    parser.add_argument("--delta", type=float, required=True, help="delta of the grant, in (0, 1)")
     parser.add_argument("--spec", required=True, help="the workload spec (JSON; see "
                         "sage_tfx.dp_statistics.matrix.spec)")
     parser.add_argument("--out", required=True, help="the CSV to write (its directory must exist)")

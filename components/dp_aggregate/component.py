@@ -1,0 +1,65 @@
+"""DPAggregate: a DP SQL query (SELECT WITH ANONYMIZATION ...) over a grant's Examples."""
+from __future__ import annotations
+
+import json
+from typing import Mapping
+
+from tfx.dsl.components.base import base_beam_component, executor_spec
+from tfx.types import artifact, channel, component_spec, standard_artifacts
+
+from sage_tfx.components.dp_aggregate import executor
+from sage_tfx.components.privacy_grant import PrivacyGrant
+
+
+class DPStatistics(artifact.Artifact):
+    """A DP release: `release.csv` and `release.parquet` under its uri (one row per released
+    group). Custom properties only (Kubeflow V2): epsilon, delta (what the steps spend), unit
+    (the guarantee's neighbouring relation, in words), grant_id, query, columns (JSON, the
+    released column order). TFX's ExampleStatistics holds TFDV feature statistics, which
+    StatisticsGen's consumers would read: a table of released aggregates is another type."""
+
+    TYPE_NAME = "sage_tfx.DPStatistics"
+
+
+class DPAggregateSpec(component_spec.ComponentSpec):
+    PARAMETERS = {
+        "query": component_spec.ExecutionParameter(type=str),
+        "unit_column": component_spec.ExecutionParameter(type=str),
+        "columns": component_spec.ExecutionParameter(type=str),
+    }
+    INPUTS = {
+        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "grant": component_spec.ChannelParameter(type=PrivacyGrant),
+    }
+    OUTPUTS = {"statistics": component_spec.ChannelParameter(type=DPStatistics)}
+
+
+class DPAggregate(base_beam_component.BaseBeamComponent):
+    """Runs `query` on the granted Examples (all splits) with the Beam engine of
+    sage_tfx.dp_statistics.aggregation, paid by the grant's shares.
+
+    `columns` ({name: "int" | "float" | "string"}) is the Examples' public schema: each record
+    is mapped to it by the record rule before anything else; `unit_column` (one of them) is the
+    privacy unit. The query is parsed and checked (row ownership, columns, options) when the
+    pipeline is built. Request its grant with `split=DPAggregate.split(...)` on the BlockLedger
+    component (a basic ledger: the steps' events are checked, when recorded, at run time).
+    """
+
+    SPEC_CLASS = DPAggregateSpec
+    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
+
+    def __init__(self, examples: channel.Channel, grant: channel.Channel, query: str,
+                 unit_column: str, columns: Mapping[str, str]):
+        executor.prepared(query, unit_column, dict(columns))  # refuse a bad query now
+        super().__init__(spec=DPAggregateSpec(
+            query=query, unit_column=unit_column, columns=json.dumps(dict(columns)),
+            examples=examples, grant=grant, statistics=channel.Channel(type=DPStatistics)))
+
+    @staticmethod
+    def split(query: str, unit_column: str, columns: Mapping[str, str], epsilon: float,
+              delta: float) -> dict[str, str]:
+        """The grant's split among the query's steps (for BlockLedger's `split`)."""
+        from sage_tfx.dp_statistics.aggregation import frontend, plan
+
+        prepared = executor.prepared(query, unit_column, dict(columns))
+        return frontend.grant_terms(plan(prepared.query, epsilon, delta))[0]

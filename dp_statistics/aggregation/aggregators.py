@@ -1,0 +1,417 @@
+"""The operator's math, shared by both engines (numpy only; no noise is drawn here except through
+sage_tfx.mechanisms).
+
+Two-stage aggregation (DP SQL §4.2.3), as both engines run it
+------------------------------------------------------------
+1. Rows are grouped by (partition, unit): a *pair*. Each pair's rows are put in a uniformly random
+   order (``rank_in_pair``): the first m = ``max_contributions_per_partition`` are its *sampled*
+   rows (the seed's per-partition reservoir sample).
+2. Each unit keeps a uniformly random set of at most C_u = ``max_partitions_contributed`` of its
+   pairs (stability bounding: a unit then touches at most C_u partitions).
+3. Each kept pair becomes one fixed-width vector, its *contribution* (:func:`pair_contributions`,
+   :class:`Layout`), whatever the unit's data; the partition's accumulator is the sum of its
+   pairs' vectors (the cross-unit aggregation).
+4. :func:`release` draws the noise (through sage_tfx.mechanisms), selects partitions and
+   post-processes the noisy sums into the released aggregates.
+
+Per-partition sensitivities Delta (one unit added or removed changes one partition's vector by at
+most Delta in each block; derivations beside the layout entries):
+
+=====================  ==============================================  ======================
+block                  a kept pair's contribution                      Delta (L1 = L2 here)
+=====================  ==============================================  ======================
+units                  1                                               1
+rows                   sampled rows, <= m                              m
+SUM [L, U], unit       clamp(sum of the unit's rows, L, U)             max(|L|, |U|)
+SUM [L, U], row        sum over sampled rows of clamp(x)               m max(|L|, |U|)
+centred sum (AVG...)   sum over sampled rows of clamp(x) - mid          m (U - L) / 2
+centred squares        sum over sampled rows of (clamp(x) - mid)^2     m h^2 / 2, h = (U-L)/2
+                       - h^2 / 2  (in [-h^2/2, h^2/2])
+histogram (QUANTILE)   counts of sampled rows per bucket of [L, U]     m (one bucket: L1=L2=m)
+=====================  ==============================================  ======================
+
+Over the C_u partitions a unit touches (different coordinates), the block's vector changes by at
+most C_u * Delta in L1 and sqrt(C_u) * Delta in L2: the Laplace / Gaussian sensitivities
+(budget.py says how the steps compose). The histogram block of one partition is B coordinates,
+but a unit's <= m rows change it by <= m in L1 and in L2 (all in one bucket is the worst case for
+L2: |v|_2 <= |v|_1), so the same C_u * m / sqrt(C_u) * m hold for the whole matrix.
+
+Midpoint centring (LLSY16 Alg. 2.4, as the seed's ANON_AVG): centring on mid = (L + U) / 2 halves
+the sum's sensitivity from m max(|L|, |U|) to m (U - L) / 2, and the count's noise then moves the
+mean only by (mean - mid) * noise / count.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Optional
+
+import numpy as np
+import pandas as pd
+from dp_accounting import dp_event
+
+from sage_tfx import mechanisms
+from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, SELECTION_STEP,
+                                                       BudgetPlan, component_budget,
+                                                       derived_from,
+                                                       run_selection)
+from sage_tfx.dp_statistics.aggregation.spec import (Aggregate, AggregateKind, AggregationQuery,
+                                                     NoiseKind, SelectionRule)
+
+# Equal-width buckets of [L, U] for quantiles: the resolution is (U - L) / 64, and the noise of
+# a cumulative count over k buckets grows as sqrt(k).
+QUANTILE_BUCKETS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Which columns of a contribution vector hold what: ``units`` (col 0), ``rows`` (col 1),
+    then one block per aggregate, in query order (``blocks[output_name]``)."""
+    width: int
+    blocks: Mapping[str, slice]
+
+    UNITS = 0
+    ROWS = 1
+
+
+def layout(query: AggregationQuery) -> Layout:
+    widths = {AggregateKind.SUM: 1, AggregateKind.AVG: 1, AggregateKind.VAR: 2,
+              AggregateKind.STDDEV: 2, AggregateKind.QUANTILE: QUANTILE_BUCKETS}
+    blocks, start = {}, 2
+    for aggregate in query.aggregates:
+        width = widths.get(aggregate.kind, 0)  # COUNT and COUNT_DISTINCT read units / rows
+        blocks[aggregate.output_name] = slice(start, start + width)
+        start += width
+    return Layout(start, blocks)
+
+
+# --- 1 and 2: contribution bounding ----------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class BoundedPairs:
+    """Rows ordered by pair (``row_order``: input row index of each position), a uniformly random
+    order within each pair; ``pair_of_row``: the pair index of each position; ``rank_in_pair``;
+    and per pair its unit and partition codes and whether the unit kept it."""
+    row_order: np.ndarray
+    pair_of_row: np.ndarray
+    rank_in_pair: np.ndarray
+    pair_unit: np.ndarray
+    pair_partition: np.ndarray
+    pair_kept: np.ndarray
+
+
+def _group_ranks(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For keys sorted ascending: the group index of each position and its rank in the group."""
+    if sorted_keys.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    first = np.empty(sorted_keys.size, dtype=bool)
+    first[0] = True
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=first[1:])
+    group = np.cumsum(first) - 1
+    starts = np.flatnonzero(first)
+    return group, np.arange(sorted_keys.size) - starts[group]
+
+
+def _random_grouping(keys: np.ndarray, key_limit: int, rng: np.random.Generator) -> np.ndarray:
+    """A permutation that sorts ``keys`` (integers in [0, key_limit)) and orders equal keys
+    uniformly at random. One unstable argsort of key * 2^r + r random bits when r >= 24 bits
+    fit beside the key in 64 (ties among equal random bits, rare, fall back to argsort's
+    order: the order of one unit's own rows, so sampling still depends only on the unit's
+    data); else a stable sort of a uniformly shuffled array."""
+    random_bits = 64 - max(int(key_limit - 1).bit_length(), 1)
+    if random_bits >= 24:
+        packed = (keys.astype(np.uint64) << np.uint64(random_bits)) | rng.integers(
+            0, 2 ** random_bits, size=keys.size, dtype=np.uint64)
+        return np.argsort(packed)
+    shuffled = rng.permutation(keys.size)
+    return shuffled[np.argsort(keys[shuffled], kind="stable")]
+
+
+def bound_contributions(unit_codes: np.ndarray, partition_codes: np.ndarray, n_partitions: int,
+                        max_partitions_contributed: int,
+                        rng: np.random.Generator) -> BoundedPairs:
+    """Steps 1 and 2 of the module docstring, vectorised over all rows."""
+    pair_key = unit_codes.astype(np.int64) * n_partitions + partition_codes.astype(np.int64)
+    n_units = int(unit_codes.max()) + 1 if unit_codes.size else 1
+    row_order = _random_grouping(pair_key, n_units * n_partitions, rng)
+    sorted_key = pair_key[row_order]
+    pair_of_row, rank_in_pair = _group_ranks(sorted_key)
+    pair_key = sorted_key[rank_in_pair == 0]
+    pair_unit, pair_partition = pair_key // n_partitions, pair_key % n_partitions
+    by_unit = _random_grouping(pair_unit, n_units, rng)
+    _, rank_in_unit = _group_ranks(pair_unit[by_unit])
+    pair_kept = np.empty(pair_key.size, dtype=bool)
+    pair_kept[by_unit] = rank_in_unit < max_partitions_contributed
+    return BoundedPairs(row_order, pair_of_row, rank_in_pair, pair_unit, pair_partition,
+                        pair_kept)
+
+
+# --- 3: contributions --------------------------------------------------------------------------
+
+def midpoint_and_half_width(low: float, high: float) -> tuple[float, float]:
+    return (low + high) / 2.0, (high - low) / 2.0
+
+
+def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float, float]],
+                       pair_of_row: np.ndarray, rank_in_pair: np.ndarray, n_pairs: int,
+                       columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The (n_pairs, width) contribution vectors of pairs whose rows are given in pair order
+    (``pair_of_row`` ascending, ``rank_in_pair`` a uniformly random order within each pair),
+    ``columns[c]`` the values of column c in that order. ``bounds[name]``: the aggregate's
+    [L, U]. The Beam engine calls it with one pair, the local one with all kept pairs."""
+    spec = layout(query)
+    sampled = rank_in_pair < query.max_contributions_per_partition
+    sampled_pairs = pair_of_row[sampled]
+    out = np.zeros((n_pairs, spec.width))
+    out[:, Layout.UNITS] = 1.0
+    out[:, Layout.ROWS] = np.bincount(sampled_pairs, minlength=n_pairs)
+    for aggregate in query.aggregates:
+        block = spec.blocks[aggregate.output_name]
+        if aggregate.kind is AggregateKind.SUM and not aggregate.bounds_rows:
+            totals = np.bincount(pair_of_row, weights=columns[aggregate.column],
+                                 minlength=n_pairs)
+            out[:, block.start] = mechanisms.bounded(totals, *bounds[aggregate.output_name])
+        elif aggregate.bounds_rows:
+            low, high = bounds[aggregate.output_name]
+            values = mechanisms.bounded(columns[aggregate.column][sampled], low, high)
+            if aggregate.kind is AggregateKind.SUM:
+                out[:, block.start] = np.bincount(sampled_pairs, weights=values,
+                                                  minlength=n_pairs)
+            elif aggregate.kind is AggregateKind.QUANTILE:
+                bucket = histogram_buckets(values, low, high)
+                out[:, block] = np.bincount(sampled_pairs * QUANTILE_BUCKETS + bucket,
+                                            minlength=n_pairs * QUANTILE_BUCKETS
+                                            ).reshape(n_pairs, QUANTILE_BUCKETS)
+                continue
+            mid, half = midpoint_and_half_width(low, high)
+            centred = values - mid
+            out[:, block.start] = np.bincount(sampled_pairs, weights=centred, minlength=n_pairs)
+            if aggregate.kind in (AggregateKind.VAR, AggregateKind.STDDEV):
+                out[:, block.start + 1] = np.bincount(
+                    sampled_pairs, weights=centred ** 2 - half ** 2 / 2.0, minlength=n_pairs)
+    return out
+
+
+def histogram_buckets(values: np.ndarray, low: float, high: float) -> np.ndarray:
+    width = (high - low) / QUANTILE_BUCKETS
+    return np.clip(np.floor((values - low) / width), 0, QUANTILE_BUCKETS - 1).astype(np.int64)
+
+
+def sum_by_partition(partitions: np.ndarray, contributions: np.ndarray,
+                     n_partitions: int) -> np.ndarray:
+    """The (n_partitions, width) accumulators: the sum of each partition's pair vectors."""
+    return np.stack([np.bincount(partitions, weights=contributions[:, j], minlength=n_partitions)
+                     for j in range(contributions.shape[1])], axis=1).reshape(
+                         n_partitions, contributions.shape[1])
+
+
+# --- DP bounds (§4.2.5) ----------------------------------------------------------------------
+
+# Log-scale buckets ±[2^j, 2^(j+1)) for j in [-10, 50), and |x| < 2^-10 as zero: a bucket
+# index is a public function of one value, so a unit with k values changes k counts by 1.
+_LOG_LOW, _LOG_HIGH = -10, 50
+_LOG_BUCKETS = _LOG_HIGH - _LOG_LOW
+LOG_HISTOGRAM_SIZE = 2 * _LOG_BUCKETS + 1
+# An empty bucket's noisy count passes the threshold with probability <= this, over all buckets.
+_EMPTY_BUCKET_PASS = 1e-4
+
+
+def log_histogram(values: np.ndarray) -> np.ndarray:
+    """Counts of the finite ``values`` in the log-scale buckets: index 0..59 negative (most
+    negative first), 60 the zero bucket, 61..120 positive (smallest first)."""
+    values = values[np.isfinite(values)]
+    magnitude = np.clip(np.floor(np.log2(np.maximum(np.abs(values), 2.0 ** _LOG_LOW))),
+                        _LOG_LOW, _LOG_HIGH - 1).astype(np.int64) - _LOG_LOW
+    zero = np.abs(values) < 2.0 ** _LOG_LOW
+    index = np.where(zero, _LOG_BUCKETS,
+                     np.where(values > 0, _LOG_BUCKETS + 1 + magnitude,
+                              _LOG_BUCKETS - 1 - magnitude))
+    return np.bincount(index, minlength=LOG_HISTOGRAM_SIZE).astype(np.float64)
+
+
+def bounds_values_per_unit(query: AggregationQuery, aggregate: Aggregate) -> int:
+    """How many values one unit adds to the bounds histogram: a total per kept pair (unit-scoped
+    SUM), or each sampled row of its kept pairs."""
+    per_pair = query.max_contributions_per_partition if aggregate.bounds_rows else 1
+    return query.max_partitions_contributed * per_pair
+
+
+def bounds_from_histogram(counts: np.ndarray, values_per_unit: int,
+                          epsilon: float) -> tuple[tuple[float, float], mechanisms.Release]:
+    """DP [L, U] from the log histogram (DP SQL §4.2.5, as Google's ApproxBounds): Laplace noise
+    on every bucket (one unit changes the counts by at most ``values_per_unit`` in L1, so this is
+    epsilon-DP), then post-processing: keep the buckets whose noisy count passes
+    t = b ln(B / (2 beta)) (b the noise scale: an empty bucket passes with probability
+    e^(-t/b) / 2 = beta / B), and return [min(0, lowest kept bucket's lower edge),
+    max(0, highest kept bucket's upper edge)]; if none passes, the zero bucket's [-2^-10, 2^-10]
+    (every value then counts as about 0, and ``Release.bounds`` shows it)."""
+    noisy = mechanisms.laplace(counts, l1_sensitivity=float(values_per_unit), epsilon=epsilon)
+    scale = values_per_unit / epsilon
+    passing = np.flatnonzero(noisy.value > scale * math.log(LOG_HISTOGRAM_SIZE
+                                                             / (2 * _EMPTY_BUCKET_PASS)))
+    if passing.size == 0:  # too few values to tell: the zero bucket, a data-independent default
+        passing = np.array([_LOG_BUCKETS])
+    edges = [_bucket_edges(i) for i in (passing.min(), passing.max())]
+    return (min(0.0, edges[0][0]), max(0.0, edges[1][1])), noisy
+
+
+def _bucket_edges(index: int) -> tuple[float, float]:
+    if index == _LOG_BUCKETS:
+        return -(2.0 ** _LOG_LOW), 2.0 ** _LOG_LOW
+    if index > _LOG_BUCKETS:
+        j = index - _LOG_BUCKETS - 1 + _LOG_LOW
+        return 2.0 ** j, 2.0 ** (j + 1)
+    j = _LOG_BUCKETS - 1 - index + _LOG_LOW
+    return -(2.0 ** (j + 1)), -(2.0 ** j)
+
+
+def infer_bounds(query: AggregationQuery, aggregate: Aggregate, plan: BudgetPlan,
+                 histogram: np.ndarray) -> tuple[tuple[float, float], dp_event.DpEvent]:
+    """The aggregate's DP bounds from its log histogram, at its ``bounds:`` step's epsilon."""
+    bounds, noisy = bounds_from_histogram(histogram, bounds_values_per_unit(query, aggregate),
+                                          plan.step(BOUNDS_STEP_PREFIX
+                                                    + aggregate.output_name).epsilon)
+    return bounds, noisy.event
+
+
+def bounds_input(aggregate: Aggregate, pair_of_row: np.ndarray, rank_in_pair: np.ndarray,
+                 n_pairs: int, column: np.ndarray, max_rows: int) -> np.ndarray:
+    """The values one aggregate's bounds are inferred from: each kept pair's total (unit-scoped
+    SUM) or its sampled rows' values, for pairs given in pair order."""
+    if not aggregate.bounds_rows:
+        return np.bincount(pair_of_row, weights=column, minlength=n_pairs)
+    return column[rank_in_pair < max_rows]
+
+
+# --- 4: noise, selection, post-processing ----------------------------------------------------
+
+def _noisy(query: AggregationQuery, values: np.ndarray, sensitivity: float, epsilon: float,
+           delta: float) -> mechanisms.Release:
+    """One block's noisy sums at (epsilon, delta), sensitivity Delta per partition (module
+    docstring: C_u Delta in L1, sqrt(C_u) Delta in L2)."""
+    partitions = query.max_partitions_contributed
+    if NoiseKind(query.noise) is NoiseKind.LAPLACE:
+        return mechanisms.laplace(values, l1_sensitivity=partitions * sensitivity,
+                                  epsilon=epsilon)
+    return mechanisms.gaussian(values, l2_sensitivity=math.sqrt(partitions) * sensitivity,
+                               epsilon=epsilon, delta=delta)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoisyMoments:
+    """An AVG/VAR/STDDEV's noisy row count N and centred sum S, and its midpoint (the derived
+    COUNT is N, the derived row-scoped SUM mid * N + S)."""
+    rows: np.ndarray
+    centred_sum: np.ndarray
+    mid: float
+
+
+def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
+    """AVG / VAR from noisy (rows, centred sum[, centred squares]) (LLSY16, module docstring):
+    mean = mid + S / max(N, 1), clamped to [L, U]; var = (Q / N + h^2 / 2) - (S / N)^2,
+    clamped to [0, h^2]; STDDEV its square root. Returns (values, events of the noisy sums,
+    the noisy moments)."""
+    step = plan.step(aggregate.output_name)
+    epsilon, delta = component_budget(aggregate.kind, step.epsilon, step.delta)
+    m = query.max_contributions_per_partition
+    mid, half = midpoint_and_half_width(low, high)
+    rows = _noisy(query, accumulators[:, Layout.ROWS], m, epsilon, delta)
+    centred = _noisy(query, accumulators[:, block.start], m * half, epsilon, delta)
+    moments = _NoisyMoments(rows.value, centred.value, mid)
+    count = np.maximum(rows.value, 1.0)
+    mean = np.clip(mid + centred.value / count, low, high)
+    if aggregate.kind is AggregateKind.AVG:
+        return mean, [rows.event, centred.event], moments
+    squares = _noisy(query, accumulators[:, block.start + 1], m * half ** 2 / 2.0, epsilon,
+                     delta)
+    centred_mean = mean - mid
+    variance = np.clip(squares.value / count + half ** 2 / 2.0 - centred_mean ** 2,
+                       0.0, half ** 2)
+    value = variance if aggregate.kind is AggregateKind.VAR else np.sqrt(variance)
+    return value, [rows.event, centred.event, squares.event], moments
+
+
+def quantile_from_histogram(noisy_counts: np.ndarray, q: float, low: float,
+                            high: float) -> np.ndarray:
+    """Post-processing of a (partitions, B) noisy histogram: negative counts become 0, then the
+    value where the cumulative count reaches q of the total, linear within its bucket (q = 0:
+    the lower edge of the first non-empty bucket; q = 1: the upper edge of the last; no
+    positive count at all: the midpoint of [L, U])."""
+    counts = np.maximum(noisy_counts, 0.0)
+    cumulative = np.cumsum(counts, axis=1)
+    target = q * cumulative[:, -1]
+    if q < 1.0:
+        index = (cumulative <= target[:, None]).sum(axis=1)
+    else:
+        index = (cumulative < target[:, None]).sum(axis=1)
+    index = np.minimum(index, QUANTILE_BUCKETS - 1)
+    rows = np.arange(counts.shape[0])
+    before = np.where(index > 0, cumulative[rows, np.maximum(index - 1, 0)], 0.0)
+    inside = counts[rows, index]
+    fraction = np.where(inside > 0, (target - before) / np.where(inside > 0, inside, 1.0), 0.0)
+    width = (high - low) / QUANTILE_BUCKETS
+    value = low + (index + np.clip(fraction, 0.0, 1.0)) * width
+    return np.where(cumulative[:, -1] > 0, value, (low + high) / 2.0)  # no mass: the midpoint
+
+
+def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
+            accumulators: np.ndarray, bounds: Mapping[str, tuple[float, float]],
+            bounds_events: Mapping[str, object]) -> tuple[pd.DataFrame, dict]:
+    """Step 4: select partitions (unless public), add each aggregate's noise on the kept ones
+    and post-process. ``keys``: one row per accumulator row (the group-by values). Returns the
+    released table (sorted by the keys) and the events by step name, in plan order."""
+    events = dict(bounds_events)
+    selected_counts: Optional[np.ndarray] = None
+    if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
+        selection = run_selection(query, plan.step(SELECTION_STEP),
+                                  accumulators[:, Layout.UNITS].astype(np.int64))
+        events[SELECTION_STEP] = selection.event
+        keep = selection.value.keep
+        selected_counts = selection.value.noisy_unit_counts
+        keys, accumulators = keys[keep], accumulators[keep]
+    table = keys.reset_index(drop=True)
+    spec = layout(query)
+    derived = derived_from(query)
+    moments: dict[str, _NoisyMoments] = {}
+    # Aggregates with a step first (in query order); the derived ones read their sources after.
+    for aggregate in sorted(query.aggregates, key=lambda a: a.output_name in derived):
+        name = aggregate.output_name
+        if name in derived:
+            source = derived[name]
+            if source == SELECTION_STEP:
+                table[name] = np.asarray(selected_counts, dtype=np.float64)
+            elif aggregate.kind is AggregateKind.COUNT:
+                table[name] = moments[source].rows
+            else:
+                table[name] = (moments[source].mid * moments[source].rows
+                               + moments[source].centred_sum)
+            continue
+        step = plan.step(name)
+        block = spec.blocks[name]
+        if aggregate.kind in (AggregateKind.COUNT, AggregateKind.COUNT_DISTINCT):
+            column = Layout.ROWS if aggregate.kind is AggregateKind.COUNT else Layout.UNITS
+            sensitivity = (query.max_contributions_per_partition
+                           if aggregate.kind is AggregateKind.COUNT else 1)
+            noisy = _noisy(query, accumulators[:, column], sensitivity, step.epsilon, step.delta)
+            table[name], events[name] = noisy.value, noisy.event
+            continue
+        low, high = bounds[name]
+        if aggregate.kind is AggregateKind.SUM:
+            rows = query.max_contributions_per_partition if aggregate.bounds_rows else 1
+            noisy = _noisy(query, accumulators[:, block.start], rows * max(abs(low), abs(high)),
+                           step.epsilon, step.delta)
+            table[name], events[name] = noisy.value, noisy.event
+        elif aggregate.kind is AggregateKind.QUANTILE:
+            noisy = _noisy(query, accumulators[:, block], query.max_contributions_per_partition,
+                           step.epsilon, step.delta)
+            table[name] = quantile_from_histogram(noisy.value.reshape(len(table),
+                                                                      QUANTILE_BUCKETS),
+                                                  aggregate.q, low, high)
+            events[name] = noisy.event
+        else:
+            value, parts, moments[name] = _mean_and_square(query, accumulators, block, plan,
+                                                           aggregate, low, high)
+            table[name], events[name] = value, dp_event.ComposedDpEvent(parts)
+    table = table[list(query.group_by) + [a.output_name for a in query.aggregates]]
+    ordered = {s.name: events[s.name] for s in plan.steps}
+    return table.sort_values(list(query.group_by), ignore_index=True), ordered

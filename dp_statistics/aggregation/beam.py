@@ -1,0 +1,241 @@
+"""The Beam engine: the same steps as local.py over aggregators.py's math, for data that does not
+fit one machine (DirectRunner in tests; Flink/Dataflow in production).
+
+Input: a PCollection of rows as dicts (column -> value). Output of :class:`AggregateTransform`:
+a PCollection holding one ``Release``. Rows are grouped by (partition, unit) and each pair's rows
+shuffled (step 1), grouped by unit and at most C_u pairs sampled (step 2), turned into
+contribution vectors by ``aggregators.pair_contributions`` called on the one pair (step 3) and
+summed per partition; the partitions' accumulators then meet in one element, where
+``local.release_accumulated`` adds the noise and selects partitions (step 4). DP bounds (§4.2.5):
+each pair's values are counted into the log histogram, the histograms summed globally and turned
+into bounds by ``aggregators.infer_bounds`` (noise from sage_tfx.mechanisms), a side input of
+step 3. Sampling uses ``sage_tfx.randomness.secret_rng`` per DoFn instance.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import apache_beam as beam
+import numpy as np
+import pandas as pd
+
+from sage_tfx.dp_statistics.aggregation import aggregators
+from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
+from sage_tfx.dp_statistics.aggregation.local import (Accumulated, check_plan,
+                                                      release_accumulated, value_columns)
+from sage_tfx.dp_statistics.aggregation.spec import (AggregationQuery, GuaranteeUnit,
+                                                     SelectionRule)
+from sage_tfx.randomness import secret_rng
+
+
+def _number_or_nan(value) -> float:
+    """A value that is not a number counts as missing (its clamp's midpoint): refusing the query
+    because of one row would reveal that the row is there (local.numeric_column)."""
+    try:
+        return float(value) if value is not None else float("nan")
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+class _ShufflePair(beam.DoFn):
+    """Step 1: one (partition, unit) pair's rows in a uniformly random order, as arrays."""
+
+    def __init__(self, columns: list[str], seed: Optional[int]):
+        self._columns, self._seed = columns, seed
+
+    def setup(self):
+        self._rng = secret_rng(self._seed)
+
+    def process(self, element):
+        (partition, unit), rows = element
+        rows = list(rows)
+        order = self._rng.permutation(len(rows))
+        columns = {c: np.array([_number_or_nan(rows[i].get(c)) for i in order])
+                   for c in self._columns}
+        yield unit, (partition, len(rows), columns)
+
+
+class _SamplePartitions(beam.DoFn):
+    """Step 2: at most C_u of a unit's pairs, uniformly."""
+
+    def __init__(self, max_partitions: int, seed: Optional[int]):
+        self._max_partitions, self._seed = max_partitions, seed
+
+    def setup(self):
+        self._rng = secret_rng(self._seed)
+
+    def process(self, element):
+        _, pairs = element
+        pairs = list(pairs)
+        for index in self._rng.permutation(len(pairs))[:self._max_partitions]:
+            yield pairs[index]
+
+
+def _one_pair(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``pair_of_row`` and ``rank_in_pair`` of one pair whose rows are already shuffled."""
+    return np.zeros(size, dtype=np.int64), np.arange(size)
+
+
+def _given_bounds(query: AggregationQuery, inferred: dict) -> dict:
+    bounds = {a.output_name: (a.low, a.high) for a in query.aggregates
+              if a.bounded and not a.bounds_inferred}
+    bounds.update({name: value[0] for name, value in inferred.items()})
+    return bounds
+
+
+def _pair_histogram(pair, query: AggregationQuery, name: str) -> np.ndarray:
+    aggregate = next(a for a in query.aggregates if a.output_name == name)
+    _, size, columns = pair
+    pair_of_row, rank = _one_pair(size)
+    return aggregators.log_histogram(aggregators.bounds_input(
+        aggregate, pair_of_row, rank, 1, columns[aggregate.column],
+        query.max_contributions_per_partition))
+
+
+def _contribution(pair, query: AggregationQuery, inferred: dict):
+    partition, size, columns = pair
+    pair_of_row, rank = _one_pair(size)
+    return partition, aggregators.pair_contributions(query, _given_bounds(query, inferred),
+                                                     pair_of_row, rank, 1, columns)[0]
+
+
+def _release(pairs: list, query: AggregationQuery, plan: BudgetPlan, inferred: dict,
+             unit: GuaranteeUnit):
+    return release_accumulated(query, plan, _accumulated(pairs, query, inferred), unit)
+
+
+class AccumulateTransform(beam.PTransform):
+    """rows (dicts) -> (the partitions' (key tuple, contribution sum) pairs, the inferred bounds
+    as (output name, ((low, high), event)) pairs): steps 1-3 and the DP bounds."""
+
+    def __init__(self, query: AggregationQuery, plan: BudgetPlan, seed: Optional[int] = None):
+        super().__init__()
+        query.check()
+        check_plan(query, plan)
+        self._query, self._plan, self._seed = query, plan, seed
+
+    def expand(self, rows):
+        query = self._query
+        group_by, unit_column = list(query.group_by), query.unit_column
+        public = (set(query.public_partitions)
+                  if SelectionRule(query.selection) is SelectionRule.PUBLIC else None)
+
+        def pair_key(row):
+            return tuple(row[c] for c in group_by), row[unit_column]
+
+        def wanted(row):
+            if pd.isna(row.get(unit_column)):
+                return False  # owned by nobody (None, or NaN from a pandas frame)
+            return public is None or tuple(row[c] for c in group_by) in public
+
+        pairs = (rows
+                 | "Owned" >> beam.Filter(wanted)
+                 | "ByPair" >> beam.Map(lambda row: (pair_key(row), row))
+                 | "GroupPairs" >> beam.GroupByKey()
+                 | "ShufflePair" >> beam.ParDo(_ShufflePair(value_columns(query), self._seed))
+                 | "GroupUnits" >> beam.GroupByKey()
+                 | "SampleC" >> beam.ParDo(_SamplePartitions(query.max_partitions_contributed,
+                                                             self._seed)))
+        histograms = []
+        for aggregate in query.aggregates:
+            if aggregate.bounds_inferred:
+                name = aggregate.output_name
+                histograms.append(
+                    pairs
+                    | f"Histogram[{name}]" >> beam.Map(_pair_histogram, query, name)
+                    | f"SumHistogram[{name}]" >> beam.CombineGlobally(
+                        lambda hs: np.sum([*hs, np.zeros(aggregators.LOG_HISTOGRAM_SIZE)],
+                                          axis=0))
+                    | f"Bounds[{name}]" >> beam.Map(
+                        lambda h, a=aggregate: (a.output_name, aggregators.infer_bounds(
+                            query, a, self._plan, h))))
+        inferred = (tuple(histograms) | "AllBounds" >> beam.Flatten() if histograms
+                    else rows.pipeline | "NoBounds" >> beam.Create([]))
+        vectors = pairs | "Contribute" >> beam.Map(_contribution, query,
+                                                   beam.pvalue.AsDict(inferred))
+        if public is not None:  # listed partitions without rows are released too
+            width = aggregators.layout(query).width
+            zeros = (rows.pipeline | "PublicKeys" >> beam.Create(
+                [(key, np.zeros(width)) for key in query.public_partitions]))
+            vectors = (vectors, zeros) | "WithPublic" >> beam.Flatten()
+        return (vectors | "SumPartitions" >> beam.CombinePerKey(
+            lambda vs: np.sum(list(vs), axis=0)), inferred)
+
+
+class AggregateTransform(beam.PTransform):
+    """rows (dicts) -> one Release: ``query`` at ``plan``'s budget (local.aggregate's contract).
+    ``seed`` fixes the sampling for tests only."""
+
+    def __init__(self, query: AggregationQuery, plan: BudgetPlan,
+                 unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ,
+                 seed: Optional[int] = None):
+        super().__init__()
+        self._accumulate = AccumulateTransform(query, plan, seed)
+        self._query, self._plan, self._unit = query, plan, unit
+
+    def expand(self, rows):
+        vectors, inferred = rows | "Accumulate" >> self._accumulate
+        return (vectors
+                | "Gather" >> beam.combiners.ToList()
+                | "Release" >> beam.Map(_release, self._query, self._plan,
+                                        beam.pvalue.AsDict(inferred), self._unit))
+
+
+def _run(rows, transform, options):
+    """Run ``transform`` on ``rows`` in a pipeline of its own and return its one output; it
+    crosses from the workers through a pickle in a temporary directory."""
+    import pickle
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = f"{directory}/output.pickle"
+
+        def save(output):
+            with open(path, "wb") as file:
+                pickle.dump(output, file)
+
+        with beam.Pipeline(options=options) as pipeline:
+            _ = (pipeline | "Rows" >> beam.Create(list(rows)) | "Run" >> transform
+                 | "Save" >> beam.Map(save))
+        with open(path, "rb") as file:
+            return pickle.load(file)
+
+
+def _records(rows, query: AggregationQuery):
+    if isinstance(rows, pd.DataFrame):
+        query.check(rows.columns)
+        return rows.to_dict("records")
+    return rows
+
+
+def accumulate_with_beam(rows, query: AggregationQuery, plan: BudgetPlan, *,
+                         seed: Optional[int] = None) -> Accumulated:
+    """Steps 1-3 on Beam, as ``local.accumulate`` returns them (the conformance test compares
+    the two). Draws the DP bounds' noise when the query infers bounds."""
+
+    class Gathered(beam.PTransform):
+        def expand(self, rows):
+            vectors, inferred = rows | AccumulateTransform(query, plan, seed)
+            return (vectors | "Gather" >> beam.combiners.ToList()
+                    | "Pack" >> beam.Map(lambda pairs, bounds: (pairs, bounds),
+                                         beam.pvalue.AsDict(inferred)))
+
+    pairs, inferred = _run(_records(rows, query), Gathered(), None)
+    return _accumulated(pairs, query, inferred)
+
+
+def _accumulated(pairs: list, query: AggregationQuery, inferred: dict) -> Accumulated:
+    width = aggregators.layout(query).width
+    keys = pd.DataFrame([partition for partition, _ in pairs], columns=list(query.group_by))
+    matrix = np.stack([vector for _, vector in pairs]) if pairs else np.zeros((0, width))
+    events = {BOUNDS_STEP_PREFIX + name: value[1] for name, value in inferred.items()}
+    return Accumulated(keys, matrix, _given_bounds(query, inferred), events)
+
+
+def aggregate_with_beam(rows, query: AggregationQuery, plan: BudgetPlan,
+                        unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ, *,
+                        options: Optional[beam.options.pipeline_options.PipelineOptions] = None,
+                        seed: Optional[int] = None):
+    """Run :class:`AggregateTransform` on ``rows`` (an iterable of dicts, or a pandas frame) in
+    a pipeline of its own (DirectRunner unless ``options`` say otherwise); the Release."""
+    return _run(_records(rows, query), AggregateTransform(query, plan, unit, seed), options)

@@ -1,0 +1,223 @@
+"""One grant (epsilon, delta) split among a query's steps, and the dp-accounting events of each.
+
+Steps. ``partition_selection`` (absent with public partitions), one step per aggregate named by
+its output column, and ``bounds:<output column>`` for each aggregate whose bounds are inferred
+(§4.2.5). Three aggregates are post-processing of another step and have no step of their own
+(:func:`derived_from`): COUNT(DISTINCT unit) under a thresholding rule is the selection's noisy
+unit count (the seed's remark after its thresholding theorem); COUNT(*) next to an AVG, VAR or
+STDDEV is that aggregate's noisy row count (the same rows, the same sensitivity m); a row-scoped
+SUM with the column and literal bounds of an AVG/VAR/STDDEV is mid * N + S from its noisy row
+count N and centred sum S (PipelineDP derives COUNT and SUM from MEAN the same way).
+
+Composition (DP SQL §4.2.3, "User-level differential privacy", reconstructed). A unit touches at
+most C_u partitions; on each, step s is (eps_s, delta_s)-DP in the partition's output. The seed
+bounds the unit's loss by the sum of the C_u largest per-partition costs; every partition here
+pays the same, so that is C_u times one partition's cost, and we calibrate each step's noise on
+the WHOLE vector of partitions instead: the L1 norm of a unit's change over its C_u partitions is
+at most C_u * Delta_s (Laplace), its L2 norm at most sqrt(C_u) * Delta_s (Gaussian, different
+partitions are different coordinates), where Delta_s is the step's per-partition sensitivity
+(aggregators.py). So each step is one vector mechanism at (eps_s, delta_s), its event a
+Laplace/GaussianDpEvent, and the steps compose: the sum of eps_s is epsilon and the sum of
+delta_s (Gaussian noise, and the selection's additional delta) is at most delta (basic
+composition, the seed's Proposition 5). ``BudgetPlan.event`` is the composed event for the
+ledger; the selection's ``additional_delta`` sits outside it (mechanisms.Release's contract).
+
+Shares. By default a step weighs the number of noisy sums it releases (selection, bounds,
+COUNT, SUM, QUANTILE: 1; AVG: 2; VAR/STDDEV: 3), which is PipelineDP's split (its
+NaiveBudgetAccountant gives each mechanism weight 1, and MEAN is two); ``weights`` overrides by
+step name. An aggregate that releases k noisy sums (AVG: count and centred sum; VAR/STDDEV:
+count, centred sum, centred sum of squares) splits its share evenly among them. Delta: with
+Laplace noise all of it goes to the selection; with Gaussian noise the selection gets half and
+the Gaussian steps share the rest in proportion to their weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Optional
+
+import numpy as np
+from dp_accounting import dp_event
+
+from sage_tfx import mechanisms
+from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQuery, NoiseKind,
+                                                     QueryError, SelectionRule)
+
+SELECTION_STEP = "partition_selection"
+BOUNDS_STEP_PREFIX = "bounds:"
+
+_SELECTION_MECHANISMS = {
+    SelectionRule.LAPLACE_THRESHOLD: mechanisms.laplace_threshold,
+    SelectionRule.GAUSSIAN_THRESHOLD: mechanisms.gaussian_threshold,
+    SelectionRule.TRUNCATED_GEOMETRIC: mechanisms.truncated_geometric_selection,
+}
+_THRESHOLDING = (SelectionRule.LAPLACE_THRESHOLD, SelectionRule.GAUSSIAN_THRESHOLD)
+
+# Noisy sums each aggregate releases per partition (aggregators.py says which).
+NOISY_SUMS = {AggregateKind.COUNT: 1, AggregateKind.COUNT_DISTINCT: 1, AggregateKind.SUM: 1,
+              AggregateKind.AVG: 2, AggregateKind.VAR: 3, AggregateKind.STDDEV: 3,
+              AggregateKind.QUANTILE: 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanStep:
+    """A step's share of the grant and the event of the noise it runs. ``additional_delta``:
+    the part of ``delta`` spent outside ``event`` (partition selection only)."""
+    name: str
+    epsilon: float
+    delta: float
+    event: dp_event.DpEvent
+    additional_delta: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetPlan:
+    """The grant split for ``query``. ``epsilon``/``delta``: what the steps spend in total (basic
+    composition; at most the grant)."""
+    query: AggregationQuery
+    epsilon: float
+    delta: float
+    steps: tuple[PlanStep, ...]
+
+    def step(self, name: str) -> PlanStep:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(f"no step {name!r} in this plan; steps: {[s.name for s in self.steps]}")
+
+    @property
+    def event(self) -> dp_event.DpEvent:
+        return dp_event.ComposedDpEvent([step.event for step in self.steps])
+
+    @property
+    def additional_delta(self) -> float:
+        return sum(step.additional_delta for step in self.steps)
+
+
+_MEAN_KINDS = (AggregateKind.AVG, AggregateKind.VAR, AggregateKind.STDDEV)
+
+
+def derived_from(query: AggregationQuery) -> dict[str, str]:
+    """Output name -> the step it is post-processed from (module docstring), for the
+    aggregates that have no step of their own."""
+    derived = {}
+    means = [a for a in query.aggregates if a.kind in _MEAN_KINDS]
+    for aggregate in query.aggregates:
+        if (aggregate.kind is AggregateKind.COUNT_DISTINCT
+                and SelectionRule(query.selection) in _THRESHOLDING):
+            derived[aggregate.output_name] = SELECTION_STEP
+        elif aggregate.kind is AggregateKind.COUNT and means:
+            derived[aggregate.output_name] = means[0].output_name
+        elif aggregate.kind is AggregateKind.SUM and aggregate.bounds_rows:
+            source = next((m for m in means if (m.column, m.low, m.high) == (
+                aggregate.column, aggregate.low, aggregate.high) and m.low is not None), None)
+            if source is not None:
+                derived[aggregate.output_name] = source.output_name
+    return derived
+
+
+def _step_weights(query: AggregationQuery) -> dict[str, float]:
+    names = {} if SelectionRule(query.selection) is SelectionRule.PUBLIC else {SELECTION_STEP: 1.0}
+    derived = derived_from(query)
+    for aggregate in query.aggregates:
+        if aggregate.bounds_inferred:
+            names[BOUNDS_STEP_PREFIX + aggregate.output_name] = 1.0
+        if aggregate.output_name not in derived:
+            names[aggregate.output_name] = float(NOISY_SUMS[aggregate.kind])
+    return names
+
+
+def _grant(epsilon, delta) -> tuple[float, float]:
+    try:
+        epsilon, delta = float(epsilon), float(delta)
+    except (TypeError, ValueError):
+        raise QueryError(f"epsilon and delta must be numbers, got {epsilon!r}, {delta!r}") from None
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise QueryError(f"epsilon must be a positive finite number, got {epsilon!r}")
+    if not 0 <= delta < 1:
+        raise QueryError(f"delta must lie in [0, 1), got {delta!r}")
+    return epsilon, delta
+
+
+def plan(query: AggregationQuery, epsilon: float, delta: float,
+         weights: Optional[Mapping[str, float]] = None) -> BudgetPlan:
+    """Split the grant (epsilon, delta) among ``query``'s steps (module docstring). Raises
+    QueryError for a bad query, a bad grant, a grant whose delta is 0 when a step needs some
+    (selection, Gaussian noise), or unknown/non-positive weights; nothing is charged here."""
+    query.check()
+    epsilon, delta = _grant(epsilon, delta)
+    default = _step_weights(query)
+    names = list(default)
+    weights = dict(weights or {})
+    unknown = sorted(set(weights) - set(names))
+    if unknown:
+        raise QueryError(f"weights name unknown steps {unknown}; the steps are {names}")
+    share = {name: float(weights.get(name, default[name])) for name in names}
+    if not all(math.isfinite(w) and w > 0 for w in share.values()):
+        raise QueryError(f"weights must be positive finite numbers, got {weights!r}")
+    total = sum(share.values())
+    aggregates = {a.output_name: a for a in query.aggregates}
+    gaussian_steps = [n for n in names if n in aggregates
+                      and NoiseKind(query.noise) is NoiseKind.GAUSSIAN]
+    selection_delta = 0.0
+    if SELECTION_STEP in names:
+        selection_delta = delta / 2.0 if gaussian_steps else delta
+    if delta == 0 and (SELECTION_STEP in names or gaussian_steps):
+        raise QueryError("delta must be positive: "
+                         + ("partition selection" if SELECTION_STEP in names else
+                            "Gaussian noise") + " spends some")
+    gaussian_weight = sum(share[n] for n in gaussian_steps)
+    steps = []
+    for name in names:
+        step_epsilon = epsilon * share[name] / total
+        if name == SELECTION_STEP:
+            steps.append(_selection_step(query, step_epsilon, selection_delta))
+        elif name.startswith(BOUNDS_STEP_PREFIX):
+            steps.append(PlanStep(name, step_epsilon, 0.0,
+                                  dp_event.LaplaceDpEvent(noise_multiplier=1.0 / step_epsilon)))
+        else:
+            step_delta = ((delta - selection_delta) * share[name] / gaussian_weight
+                          if name in gaussian_steps else 0.0)
+            steps.append(PlanStep(name, step_epsilon, step_delta,
+                                  component_event(query, aggregates[name].kind, step_epsilon,
+                                                  step_delta)))
+    spent_delta = sum(step.delta for step in steps)
+    return BudgetPlan(query, epsilon, spent_delta, tuple(steps))
+
+
+def component_budget(kind: AggregateKind, epsilon: float, delta: float) -> tuple[float, float]:
+    """(epsilon, delta) of each of the aggregate's noisy sums (an even split)."""
+    parts = NOISY_SUMS[kind]
+    return epsilon / parts, delta / parts
+
+
+def component_event(query: AggregationQuery, kind: AggregateKind, epsilon: float,
+                    delta: float) -> dp_event.DpEvent:
+    part_epsilon, part_delta = component_budget(kind, epsilon, delta)
+    if NoiseKind(query.noise) is NoiseKind.LAPLACE:
+        one = dp_event.LaplaceDpEvent(noise_multiplier=1.0 / part_epsilon)
+    else:
+        one = dp_event.GaussianDpEvent(noise_multiplier=mechanisms.gaussian_sigma(
+            l2_sensitivity=1.0, epsilon=part_epsilon, delta=part_delta))
+    parts = NOISY_SUMS[kind]
+    return one if parts == 1 else dp_event.SelfComposedDpEvent(one, parts)
+
+
+def run_selection(query: AggregationQuery, step: PlanStep, unit_counts) -> mechanisms.Release:
+    """The selection rule of ``query`` on the per-partition unit counts, at the step's share."""
+    return _SELECTION_MECHANISMS[SelectionRule(query.selection)](
+        np.asarray(unit_counts, dtype=np.int64),
+        max_partitions_per_unit=query.max_partitions_contributed,
+        epsilon=step.epsilon, delta=step.delta)
+
+
+def _selection_step(query: AggregationQuery, epsilon: float, delta: float) -> PlanStep:
+    # The event is read from the selection mechanism itself, run on no partitions: the same
+    # code that will run on the data states what it spends.
+    try:
+        dry = run_selection(query, PlanStep(SELECTION_STEP, epsilon, delta,
+                                            dp_event.NoOpDpEvent()), [])
+    except ValueError as error:
+        raise QueryError(f"partition selection cannot run at epsilon {epsilon:g}, delta "
+                         f"{delta:g}: {error}") from None
+    return PlanStep(SELECTION_STEP, epsilon, delta, dry.event, dry.additional_delta)

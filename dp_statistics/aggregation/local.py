@@ -1,0 +1,178 @@
+"""The in-process engine (the default): vectorised numpy/pandas over aggregators.py's math."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from sage_tfx.dp_statistics.aggregation import aggregators
+from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
+from sage_tfx.dp_statistics.aggregation.release import Release
+from sage_tfx.dp_statistics.aggregation.spec import (AggregationQuery, GuaranteeUnit,
+                                                     QueryError, SelectionRule)
+from sage_tfx.randomness import secret_rng
+
+
+def unit_description(query: AggregationQuery, unit: GuaranteeUnit) -> str:
+    """The neighbouring relation of the guarantee, in words."""
+    if GuaranteeUnit(unit) is GuaranteeUnit.UNIT:
+        return f"all rows of one {query.unit_column}"
+    return f"all rows of one {query.unit_column} within the blocks read"
+
+
+def check_plan(query: AggregationQuery, plan: BudgetPlan) -> None:
+    if not isinstance(plan, BudgetPlan) or plan.query != query:
+        raise QueryError("the plan was made for another query; call plan(query, epsilon, delta) "
+                         "with this query")
+
+
+def value_columns(query: AggregationQuery) -> list[str]:
+    return list(dict.fromkeys(a.column for a in query.aggregates if a.column is not None))
+
+
+def _frame(data, query: AggregationQuery) -> pd.DataFrame:
+    if hasattr(data, "to_pandas") and hasattr(data, "schema"):  # pyarrow.Table
+        import pyarrow as pa
+
+        query.check(data.column_names)
+        for column in value_columns(query):
+            kind = data.schema.field(column).type
+            if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                    or pa.types.is_boolean(kind) or pa.types.is_decimal(kind)
+                    or pa.types.is_null(kind)):
+                raise _not_numeric(column, kind)
+        needed = list(dict.fromkeys(list(query.group_by) + [query.unit_column]
+                                    + value_columns(query)))
+        return data.select(needed).to_pandas()
+    if not isinstance(data, pd.DataFrame):
+        raise QueryError(f"data must be a pyarrow.Table or a pandas.DataFrame, got "
+                         f"{type(data).__name__}")
+    query.check(data.columns)
+    return data
+
+
+def _not_numeric(column: str, kind) -> QueryError:
+    return QueryError(f"column {column!r} is not numeric (type {kind}); SUM, AVG, VAR, STDDEV "
+                      "and quantiles need numbers")
+
+
+def numeric_column(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """The column as doubles. The refusal depends on the column's type only (the schema, the
+    same on neighbouring tables): in an untyped (object) column a value that is not a number
+    counts as missing, i.e. its clamp's midpoint, since refusing the query because of one row
+    would reveal that the row is there."""
+    series = frame[column]
+    if pd.api.types.is_object_dtype(series.dtype):
+        return pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64,
+                                                               na_value=np.nan)
+    if not (pd.api.types.is_numeric_dtype(series.dtype)
+            or pd.api.types.is_bool_dtype(series.dtype)):
+        raise _not_numeric(column, series.dtype)
+    return series.to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def partition_codes(frame: pd.DataFrame,
+                    query: AggregationQuery) -> tuple[np.ndarray, pd.DataFrame]:
+    """Each row's partition index (-1: not a public partition) and the partitions' keys."""
+    keys_frame = frame[list(query.group_by)]
+    codes = None
+    for column in query.group_by:
+        column_codes, uniques = pd.factorize(keys_frame[column], use_na_sentinel=False)
+        # Re-factorizing the combined code keeps it below the row count (no overflow).
+        codes = column_codes if codes is None else pd.factorize(
+            codes * max(len(uniques), 1) + column_codes)[0]
+    codes = codes.astype(np.int64, copy=False)
+    first = np.empty(int(codes.max()) + 1 if codes.size else 0, dtype=np.int64)
+    first[codes[::-1]] = np.arange(codes.size)[::-1]  # the last write, the first occurrence, wins
+    keys = keys_frame.iloc[first].reset_index(drop=True)
+    if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
+        return codes, keys
+    public = {key: i for i, key in enumerate(query.public_partitions)}
+    data_to_public = np.array([public.get(key, -1) for key in keys.itertuples(index=False,
+                                                                           name=None)],
+                              dtype=np.int64)
+    public_keys = pd.DataFrame(list(query.public_partitions), columns=list(query.group_by))
+    for column in query.group_by:  # the data's dtypes where the listed values allow
+        try:
+            public_keys[column] = public_keys[column].astype(keys[column].dtype)
+        except (TypeError, ValueError):
+            pass
+    return data_to_public[codes] if codes.size else codes, public_keys
+
+
+@dataclasses.dataclass(frozen=True)
+class Accumulated:
+    """What an engine hands to ``aggregators.release``: the partitions' keys, their pre-noise
+    accumulators (one row each, ``aggregators.Layout``), the bounds of each bounded aggregate
+    and the events of the DP bounds steps that ran."""
+    keys: pd.DataFrame
+    accumulators: np.ndarray
+    bounds: dict
+    bounds_events: dict
+
+
+def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
+               rng: np.random.Generator) -> Accumulated:
+    """Steps 1-3 of aggregators.py (and the DP bounds) on a checked frame."""
+    columns = {c: numeric_column(frame, c) for c in value_columns(query)}
+    owned = frame[query.unit_column].notna().to_numpy()
+    codes, keys = partition_codes(frame, query)
+    rows = owned & (codes >= 0)
+    unit_codes, _ = pd.factorize(frame[query.unit_column].to_numpy()[rows])
+    pairs = aggregators.bound_contributions(unit_codes, codes[rows], len(keys),
+                                            query.max_partitions_contributed, rng)
+    kept_row = pairs.pair_kept[pairs.pair_of_row]
+    pair_index = np.cumsum(pairs.pair_kept) - 1
+    pair_of_row = pair_index[pairs.pair_of_row[kept_row]]
+    rank_in_pair = pairs.rank_in_pair[kept_row]
+    n_pairs = int(pairs.pair_kept.sum())
+    order = np.flatnonzero(rows)[pairs.row_order[kept_row]]
+    ordered = {c: values[order] for c, values in columns.items()}
+
+    bounds, bounds_events = {}, {}
+    for aggregate_spec in query.aggregates:
+        name = aggregate_spec.output_name
+        if not aggregate_spec.bounded:
+            continue
+        if not aggregate_spec.bounds_inferred:
+            bounds[name] = (aggregate_spec.low, aggregate_spec.high)
+            continue
+        values = aggregators.bounds_input(aggregate_spec, pair_of_row, rank_in_pair, n_pairs,
+                                          ordered[aggregate_spec.column],
+                                          query.max_contributions_per_partition)
+        bounds[name], bounds_events[BOUNDS_STEP_PREFIX + name] = aggregators.infer_bounds(
+            query, aggregate_spec, plan, aggregators.log_histogram(values))
+
+    contributions = aggregators.pair_contributions(query, bounds, pair_of_row, rank_in_pair,
+                                                   n_pairs, ordered)
+    accumulators = aggregators.sum_by_partition(pairs.pair_partition[pairs.pair_kept],
+                                                contributions, len(keys))
+    return Accumulated(keys, accumulators, bounds, bounds_events)
+
+
+def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: Accumulated,
+                        unit: GuaranteeUnit) -> Release:
+    """Step 4 (noise, selection, post-processing) and the guarantee, for either engine."""
+    table, events = aggregators.release(query, plan, accumulated.keys, accumulated.accumulators,
+                                        accumulated.bounds, accumulated.bounds_events)
+    return Release(table, plan.epsilon, plan.delta, unit_description(query, unit), events,
+                   plan.additional_delta,
+                   {name: (float(low), float(high))
+                    for name, (low, high) in accumulated.bounds.items()})
+
+
+def aggregate(data, query: AggregationQuery, plan: BudgetPlan,
+              unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ, *,
+              seed: Optional[int] = None) -> Release:
+    """Run ``query`` on ``data`` (pyarrow.Table or pandas.DataFrame) at ``plan``'s budget:
+    contribution bounding, DP bounds where asked, DP aggregates, partition selection
+    (aggregators.py). ``unit``: what the grant's blocks make the neighbouring relation.
+    Rows whose unit is null belong to nobody and are dropped. ``seed`` fixes the contribution
+    sampling, for tests only (noise is never seeded). Raises QueryError (unknown or non-numeric
+    columns, a plan made for another query) before drawing any noise."""
+    frame = _frame(data, query)
+    check_plan(query, plan)
+    return release_accumulated(query, plan, accumulate(frame, query, plan, secret_rng(seed)),
+                               unit)

@@ -1,0 +1,160 @@
+"""`sage-tfx ingest` and `sage-tfx query`: DP statistics over tables kept as ledger blocks.
+
+    sage-tfx ingest --store S [--context C] --csv FILE --unit-column COL
+        (--time-column COL --period month|day|hour --start T --end T | --user-blocks K)
+        [--types COL:TYPE,...] --epsilon E --delta D [--table NAME] --out DIR
+    sage-tfx query --store S [--context C] (--window W | --blocks IDS) --epsilon E --delta D
+        [--out FILE.csv] "SELECT WITH ANONYMIZATION ..."
+
+`query` parses and checks the query first (nothing is charged for a query it refuses), then
+charges one grant on the blocks, split among the query's steps, reads only the granted blocks of
+the tables it names, and prints the released table and its guarantee.
+
+Exit codes (as `sage-tfx ledger`): 0 success; 2 bad input, a refused query, or a store that is
+not a ledger (nothing charged); 3 denied for lack of budget (nothing charged); 4 ledger busy;
+5 store unreachable.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE
+
+INGEST_HELP = "register a CSV file as a table of ledger blocks (for `sage-tfx query`)"
+QUERY_HELP = "run a DP SQL query on ingested tables, charged to the ledger"
+
+
+def add_parsers(groups: argparse._SubParsersAction) -> None:
+    from sage_tfx.sage_access import cli as ledger_cli
+
+    def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+        parser = groups.add_parser(name, help=help_text, description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
+                            help="SQLite ledger file or grpc://HOST:PORT (default: "
+                                 f"${STORE_ENVIRONMENT_VARIABLE})")
+        parser.add_argument("--context", default="default", help="ledger context")
+        parser.add_argument("--epsilon", type=float, required=True,
+                            help="ingest: each block's epsilon ceiling; query: the grant's epsilon")
+        parser.add_argument("--delta", type=float, required=True,
+                            help="ingest: each block's delta ceiling; query: the grant's delta")
+        parser.set_defaults(run=lambda args: ledger_cli._run(_refusing(handler), args),
+                            command=None)
+        return parser
+
+    ingest = command("ingest", _ingest, INGEST_HELP)
+    ingest.add_argument("--csv", required=True, help="the CSV file (its first line names the "
+                                                     "columns)")
+    ingest.add_argument("--unit-column", required=True,
+                        help="the privacy unit (user id) column; queries' unit is this one")
+    ingest.add_argument("--time-column", help="cut blocks by this time column (ISO 8601 or "
+                                              "Unix seconds)")
+    ingest.add_argument("--period", choices=["month", "day", "hour"], default="month",
+                        help="with --time-column: one block per calendar period (default month)")
+    ingest.add_argument("--start", help="with --time-column: the public schedule's start (ISO "
+                                        "date/time or Unix seconds, a period boundary)")
+    ingest.add_argument("--end", help="with --time-column: the schedule's end (exclusive)")
+    ingest.add_argument("--user-blocks", type=int,
+                        help="instead of time: K blocks by a keyed hash of the unit (a release "
+                             "is then DP for the unit, not the unit within the blocks read)")
+    ingest.add_argument("--types", help="column types COL:TYPE,... with TYPE int, float or "
+                                        "string (default string; never inferred from the data)")
+    ingest.add_argument("--table", help="the table's name in SQL (default: the CSV file's stem)")
+    ingest.add_argument("--out", required=True, help="the directory for the blocks' Parquet files")
+
+    query = command("query", _query, QUERY_HELP)
+    selector = query.add_mutually_exclusive_group(required=True)
+    selector.add_argument("--window", type=int, help="the W most recent blocks of each table "
+                                                     "the query reads that can pay")
+    selector.add_argument("--blocks", help="comma-separated block ids")
+    query.add_argument("--out", help="also write the released table to this CSV file")
+    query.add_argument("sql", help='the query, e.g. "SELECT WITH ANONYMIZATION key, '
+                                   'ANON_COUNT(*) FROM trips GROUP BY key"')
+
+
+def _refusing(handler):
+    """The operator's QueryError is bad input (exit 2), like the ledger's BadRequest."""
+    def run(args) -> int:
+        from sage_tfx.dp_statistics.aggregation.spec import QueryError
+        from sage_tfx.sage_access.errors import BadRequest
+        try:
+            return handler(args)
+        except QueryError as error:
+            raise BadRequest(str(error)) from None
+    return run
+
+
+def _ingest(args) -> int:
+    from sage_tfx.dp_statistics.ingest import ingest, parse_types
+    from sage_tfx.sage_access.cli import _open
+
+    ledger = _open(args)
+    table, blocks = ingest(
+        ledger, args.csv, args.out, args.unit_column, args.epsilon, args.delta,
+        table_name=args.table, time_column=args.time_column,
+        period=args.period if args.time_column else None, start=args.start, end=args.end,
+        user_blocks=args.user_blocks, types=parse_types(args.types))
+    print(f"table {table.name}: unit {table.unit_column}, {len(blocks)} block(s) "
+          f"{blocks[0]} .. {blocks[-1]} with ceiling ({args.epsilon:g}, {args.delta:g}), "
+          f"rows in {os.path.abspath(os.path.join(args.out, table.name))}")
+    return 0
+
+
+def _query(args) -> int:
+    from sage_tfx.dp_statistics import tables
+    from sage_tfx.dp_statistics.aggregation import frontend, relation, sql
+    from sage_tfx.dp_statistics.aggregation.budget import plan
+    from sage_tfx.dp_statistics.aggregation.spec import GuaranteeUnit
+    from sage_tfx.sage_access.cli import _open
+    from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted
+    from sage_tfx.sage_access.ledger import BlockIds
+
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise BadRequest(f"--out {args.out}: its directory does not exist (nothing charged)")
+    ledger = _open(args)
+    parsed = sql.parse(args.sql)
+    names = dict.fromkeys(t.name for t in parsed.select.find_all(sql.exp.Table))
+    found = {name: tables.find_table(ledger, name) for name in names}
+    prepared = frontend.prepare(
+        args.sql, {n: sql.TableSchema(t.unit_column, t.columns) for n, t in found.items()},
+        {n: t.schema for n, t in found.items()})
+    budget = plan(prepared.query, args.epsilon, args.delta)
+    split, events = frontend.grant_terms(budget)
+    if args.blocks:
+        block_ids = [b for b in args.blocks.split(",") if b]
+        foreign = [b for b in block_ids if not any(t.owns(b) for t in found.values())]
+        if foreign:
+            raise BadRequest(f"--blocks {', '.join(foreign)}: not blocks of the table(s) the "
+                             f"query reads ({', '.join(found)})")
+    else:
+        if args.window < 1:
+            raise BadRequest(f"--window must be at least 1, got {args.window}")
+        live = ledger.live_blocks()
+        block_ids = []
+        for table in found.values():
+            payable = ledger.payable_window(args.epsilon, args.delta, size=args.window,
+                                            split=split, events=events,
+                                            blocks=[b for b in live if table.owns(b.block_id)])
+            if len(payable) < args.window:
+                raise BudgetExhausted(
+                    f"denied: only {len(payable)} block(s) of table {table.name} can pay the "
+                    f"request; the window needs {args.window}",
+                    {block.block_id: "can pay" for block in payable})
+            block_ids += [block.block_id for block in payable]
+    grant = ledger.request(BlockIds(block_ids), args.epsilon, args.delta, split=split,
+                           events=events)
+    unit = GuaranteeUnit.UNIT if all(t.guarantee_unit is GuaranteeUnit.UNIT
+                                     for t in found.values()) \
+        else GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ
+    rows = relation.evaluate(
+        prepared.checked, lambda name: tables.read_blocks(ledger, found[name], grant.blocks))
+    release = frontend.run(rows, prepared.query, grant,
+                           lambda step: ledger.use_share(grant, step, "sage-tfx query"), unit,
+                           prepared.columns)
+    print(release.table.to_string(index=False) if len(release.table) else "(no group released)")
+    print(f"guarantee: ({release.epsilon:g}, {release.delta:g})-DP for adding or removing "
+          f"{release.unit}; grant {grant.grant_id} on {len(grant.blocks)} block(s)")
+    if args.out:
+        release.table.to_csv(args.out, index=False)
+    return 0

@@ -1,0 +1,218 @@
+"""`sage-tfx ingest`: a CSV file into ledger blocks with their rows (what BlockExampleGen does,
+without a TFX run), as a table the DP statistics can query (tables.py).
+
+What is stored depends on the rows only through the rows themselves (issue 16 §1):
+* the blocks registered are the public schedule's, never the data's: every period of
+  [--start, --end) for a time column (an empty month is still a block, as in BlockExampleGen),
+  or the K hash buckets of --user-blocks K;
+* the columns' types are declared (--types), never inferred from the rows: an inferred type
+  would let one odd cell change how every other row is read;
+* nothing is counted, logged or printed about the rows.
+
+Bad rows (the project's record rule, components/record_rule.py, applied column-wise): each cell
+is mapped on its own to a valid value of its column's declared type, and a cell that is not one
+(text in a number column, an empty cell, NaN or an infinity) becomes the type's public default,
+0 or "". A row without a unit id, or whose time is missing, unreadable or outside the schedule,
+is dropped (add-or-remove-one covers dropping it, and nothing says whether any was). So the
+rows stored are f(row) for a per-row map f, and adding or removing one input row changes one
+stored row of one block.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hashlib
+import os
+from typing import Mapping, Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from sage_tfx.dp_statistics import tables
+from sage_tfx.sage_access.errors import BadRequest
+from sage_tfx.sage_access.ledger import BlockLedger
+from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
+
+_USER_HASH_KEY = b"sage-tfx-user-blocks"
+_NUMPY_PERIODS = {"month": "datetime64[M]", "day": "datetime64[D]", "hour": "datetime64[h]"}
+
+
+def parse_time(text: str, what: str) -> int:
+    """Unix seconds of an ISO 8601 date or time (UTC when it names no zone) or of a number."""
+    try:
+        return int(float(text))
+    except ValueError:
+        pass
+    try:  # fromisoformat reads no bare month, which a monthly schedule names most often
+        moment = dt.datetime.strptime(text.strip(), "%Y-%m")
+    except ValueError:
+        try:
+            moment = dt.datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise BadRequest(f"{what} {text!r} is neither Unix seconds nor an ISO 8601 date or "
+                             "time (e.g. 2013-01 or 2013-01-01)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return int(moment.timestamp())
+
+
+def parse_types(text: Optional[str]) -> dict[str, str]:
+    """--types "fare:float,trip_seconds:int" as {column: type}."""
+    declared: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, _, kind = item.partition(":")
+        name, kind = name.strip(), kind.strip()
+        if kind not in tables.COLUMN_TYPES:
+            raise BadRequest(f"--types {item!r}: give COLUMN:TYPE with TYPE one of "
+                             f"{', '.join(tables.COLUMN_TYPES)}")
+        declared[name] = kind
+    return declared
+
+
+def _header(path: str) -> list[str]:
+    try:
+        with open(path, newline="") as handle:
+            header = next(csv.reader(handle), None)
+    except OSError as error:
+        raise BadRequest(f"cannot read --csv {path}: {error.strerror}") from None
+    if not header:
+        raise BadRequest(f"--csv {path} is empty; its first line must name the columns")
+    header = [name.strip() for name in header]
+    if len(set(header)) != len(header) or not all(header):
+        raise BadRequest(f"--csv {path}: the header must name each column once: {header}")
+    return header
+
+
+def _typed(cells: pd.Series, kind: str) -> pa.Array:
+    """The record rule on one column: each cell as `kind`, or the public default."""
+    if kind == "string":
+        return pa.array(cells.fillna(""), pa.string())
+    numbers = pd.to_numeric(cells.str.strip(), errors="coerce").astype("float64").to_numpy()
+    if kind == "float":
+        return pa.array(np.where(np.isfinite(numbers), numbers, 0.0), pa.float64())
+    whole = np.isfinite(numbers) & (numbers == np.round(numbers)) & (np.abs(numbers) < 2 ** 62)
+    return pa.array(np.where(whole, numbers, 0.0).astype(np.int64), pa.int64())
+
+
+def _time_seconds(cells: pd.Series) -> np.ndarray:
+    """Unix seconds of each cell (a number, or an ISO 8601 date/time, UTC without a zone);
+    NaN where the cell is neither."""
+    text = cells.fillna("").str.strip()
+    seconds = pd.to_numeric(text, errors="coerce").astype("float64").to_numpy()
+    iso = pd.to_datetime(text.where(np.isnan(seconds), ""), errors="coerce", utc=True,
+                         format="ISO8601")
+    iso_seconds = (iso - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)
+    return np.where(np.isnan(seconds), iso_seconds.to_numpy(dtype="float64", na_value=np.nan),
+                    seconds)
+
+
+def user_block_of(units: np.ndarray, blocks: int) -> np.ndarray:
+    """The bucket (0..blocks-1) of each unit id: a keyed hash, so a unit's rows share a block."""
+    unique, inverse = np.unique(units, return_inverse=True)
+    buckets = np.array([int.from_bytes(hashlib.blake2b(
+        unit.encode("utf-8"), digest_size=8, key=_USER_HASH_KEY).digest(), "big") % blocks
+        for unit in unique], dtype=np.int64)
+    return buckets[inverse] if len(unique) else np.zeros(0, dtype=np.int64)
+
+
+def _user_part(index: int, blocks: int) -> str:
+    width = len(str(blocks - 1))
+    return f"users-{index:0{width}d}-of-{blocks}"
+
+
+def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, epsilon: float,
+           delta: float, table_name: Optional[str] = None, time_column: Optional[str] = None,
+           period: Optional[str] = None, start: Optional[str] = None, end: Optional[str] = None,
+           user_blocks: Optional[int] = None,
+           types: Optional[Mapping[str, str]] = None) -> tuple[tables.Table, list[str]]:
+    """Register `csv_path` as a table's blocks in `ledger` (module docstring); returns the table
+    and the block ids registered, in key order. Everything is checked before a row is read."""
+    name = tables.check_table_name(table_name or os.path.splitext(os.path.basename(csv_path))[0])
+    header = _header(csv_path)
+    declared = dict(types or {})
+    for column, what in [(unit_column, "--unit-column"), (time_column, "--time-column"),
+                         *[(c, "--types") for c in declared]]:
+        if column is not None and column not in header:
+            raise BadRequest(f"{what} {column!r} is not a column of {csv_path} ({header})")
+    if (time_column is None) == (user_blocks is None):
+        raise BadRequest("give either --time-column with --period, --start and --end, or "
+                         "--user-blocks K")
+    if unit_column in declared and declared[unit_column] != "string":
+        raise BadRequest(f"the unit column {unit_column!r} is read as text; do not type it")
+    columns = {c: ("int" if c == time_column else declared.get(c, "string")) for c in header}
+    if time_column is not None:
+        if period not in TIME_UNITS:
+            raise BadRequest(f"--period must be one of {', '.join(TIME_UNITS)}")
+        if start is None or end is None:
+            raise BadRequest("--time-column needs the public schedule --start and --end (the "
+                             "blocks registered never depend on the data)")
+        first, last = parse_time(start, "--start"), parse_time(end, "--end")
+        try:
+            planned = schedule(first, last, period, 0)
+        except ValueError as error:
+            raise BadRequest(f"--start/--end: {error}") from None
+        table = tables.Table(name, unit_column, columns, period, time_column=time_column)
+        parts = [(block[0], block[2], block[3]) for block in planned]
+    else:
+        if isinstance(user_blocks, bool) or not isinstance(user_blocks, int) or user_blocks < 1:
+            raise BadRequest(f"--user-blocks must be a positive integer, got {user_blocks!r}")
+        table = tables.Table(name, unit_column, columns, tables.USER_HASH,
+                             user_blocks=user_blocks)
+        parts = [(_user_part(k, user_blocks), None, None) for k in range(user_blocks)]
+    existing = tables.find_table(ledger, name, missing_ok=True)
+    if existing is not None and existing != table:
+        raise BadRequest(f"table {name!r} exists in ledger {ledger.context!r} with another "
+                         f"definition ({existing.to_json()}); ingest under a new --table name")
+    known = {block.block_id for block in ledger.blocks()}
+    taken = [table.block_id(part) for part, _, _ in parts if table.block_id(part) in known]
+    if taken:
+        raise BadRequest(f"ledger {ledger.context!r} already has block(s) {taken[:5]}: blocks "
+                         "are immutable once registered; ingest the next period")
+    directories = {part: os.path.abspath(os.path.join(out_dir, name, table.block_id(part)))
+                   for part, _, _ in parts}
+    present = [d for d in directories.values() if os.path.exists(d)]
+    if present:
+        raise BadRequest(f"--out already holds {present[0]}; give a new directory")
+
+    raw = pacsv.read_csv(csv_path, convert_options=pacsv.ConvertOptions(
+        column_types={c: pa.string() for c in header}, strings_can_be_null=False,
+        quoted_strings_can_be_null=False)).to_pandas()
+    units = raw[unit_column].fillna("").str.strip()
+    keep = (units != "").to_numpy()
+    if time_column is not None:
+        seconds = _time_seconds(raw[time_column])
+        keep &= np.isfinite(seconds) & (seconds >= first) & (seconds < last)
+        raw, seconds = raw[keep], seconds[keep]
+        stamps = seconds.astype(np.int64).astype("datetime64[s]")
+        starts = stamps.astype(_NUMPY_PERIODS[period]).astype("datetime64[s]").astype(np.int64)
+        part_of = {int(s): block_of(int(s), period, 0)[0] for s in np.unique(starts)}
+        row_parts = np.array([part_of[int(s)] for s in starts], dtype=object)
+    else:
+        raw = raw[keep]
+        buckets = user_block_of(raw[unit_column].str.strip().to_numpy(dtype=str), user_blocks)
+        row_parts = np.array([_user_part(int(b), user_blocks) for b in buckets], dtype=object)
+    arrays = []
+    for column, kind in columns.items():
+        if column == time_column:
+            arrays.append(pa.array(seconds.astype(np.int64), pa.int64()))
+        elif column == unit_column:
+            arrays.append(pa.array(raw[column].str.strip(), pa.string()))
+        else:
+            arrays.append(_typed(raw[column], kind))
+    rows = pa.Table.from_arrays(arrays, schema=table.schema)
+    for part, _, _ in parts:  # data first: a registered block always has its rows
+        os.makedirs(directories[part])
+        pq.write_table(rows.filter(pa.array(row_parts == part)),
+                       os.path.join(directories[part], tables.ROWS_FILE))
+    tables.register_table(ledger, table)
+    registered = []
+    for part, block_start, block_end in parts:
+        ledger.add_block(table.block_id(part), float(epsilon), float(delta), block_start,
+                         block_end, directories[part])
+        registered.append(table.block_id(part))
+    return table, registered

@@ -1,0 +1,129 @@
+"""Tables of the DP statistics: ledger blocks with their rows, under a name, with the privacy unit.
+
+`sage-tfx ingest` (ingest.py) registers a table once and then its blocks. The table's record is
+an ML Metadata artifact `sage_tfx.Table` named `<context>/table/<name>` in the ledger's store,
+holding its definition as JSON: the unit column (so a query's unit comes from ingest, never from
+the query), the columns and their types, and how rows are cut into blocks:
+
+* by time (`month`, `day`, `hour` of a time column): a unit's rows spread over many blocks, so a
+  release is DP for the unit *within the blocks read*;
+* by a keyed hash of the unit into K blocks (`user_hash`): all rows of a unit lie in one block,
+  so a release is DP for the unit, and the ledger's per-block ceilings bound each unit's total
+  loss (Sage §4.4, user-level accounting).
+
+Each block is the ledger block `<table>.<part>` (e.g. `trips.2013-01`, `trips.users-003-of-016`)
+whose data_uri is a directory holding `rows.parquet`. The definition holds nothing computed from
+the rows (issue 16: no count leaves without DP).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Mapping, Optional, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from ml_metadata import errors as mlmd_errors
+from ml_metadata.proto import metadata_store_pb2 as pb
+
+from sage_tfx.dp_statistics.aggregation.spec import GuaranteeUnit
+from sage_tfx.sage_access.errors import BadRequest
+from sage_tfx.sage_access.ledger import BlockLedger
+from sage_tfx.sage_access.store import connect
+
+TABLE_TYPE = "sage_tfx.Table"
+ROWS_FILE = "rows.parquet"
+COLUMN_TYPES = ("int", "float", "string")
+USER_HASH = "user_hash"
+_TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "string": pa.string()}
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table's definition as ingest recorded it."""
+    name: str
+    unit_column: str
+    columns: Mapping[str, str]  # name -> "int" | "float" | "string", in CSV order
+    partition: str  # "month" | "day" | "hour" | "user_hash"
+    time_column: Optional[str] = None
+    user_blocks: Optional[int] = None
+
+    @property
+    def guarantee_unit(self) -> GuaranteeUnit:
+        return GuaranteeUnit.UNIT if self.partition == USER_HASH \
+            else GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([(name, ARROW_TYPES[kind]) for name, kind in self.columns.items()])
+
+    def block_id(self, part: str) -> str:
+        return f"{self.name}.{part}"
+
+    def owns(self, block_id: str) -> bool:
+        return block_id.startswith(self.name + ".")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self) | {"columns": dict(self.columns)}, sort_keys=True)
+
+
+def check_table_name(name: str) -> str:
+    if not isinstance(name, str) or not _TABLE_NAME.match(name):
+        raise BadRequest(f"table name {name!r} must be a letter then up to 63 letters, digits "
+                         "or _ (it names the table in SQL and prefixes its block ids)")
+    return name
+
+
+def _record_name(context: str, table: str) -> str:
+    return f"{context}/table/{table}"
+
+
+def register_table(ledger: BlockLedger, table: Table) -> None:
+    """Record `table` in the ledger's store; an existing table of that name must have the same
+    definition (a later ingest adds blocks to it), else BadRequest."""
+    check_table_name(table.name)
+    store = connect(ledger.store_spec)
+    type_id = store.put_artifact_type(pb.ArtifactType(name=TABLE_TYPE))
+    existing = find_table(ledger, table.name, missing_ok=True)
+    if existing is None:
+        record = pb.Artifact(type_id=type_id, name=_record_name(ledger.context, table.name))
+        record.custom_properties["ledger"].string_value = ledger.context
+        record.custom_properties["definition"].string_value = table.to_json()
+        try:
+            store.put_artifacts([record])
+            return
+        except mlmd_errors.AlreadyExistsError:  # a concurrent ingest registered it first
+            existing = find_table(ledger, table.name)
+    if existing != table:
+        raise BadRequest(f"table {table.name!r} exists in ledger {ledger.context!r} with another "
+                         f"definition ({existing.to_json()}); ingest under a new --table name")
+
+
+def find_table(ledger: BlockLedger, name: str, missing_ok: bool = False) -> Optional[Table]:
+    store = connect(ledger.store_spec)
+    try:
+        record = store.get_artifact_by_type_and_name(TABLE_TYPE,
+                                                     _record_name(ledger.context, name))
+    except mlmd_errors.NotFoundError:  # the type itself is unknown: no table was ever ingested
+        record = None
+    if record is None:
+        if missing_ok:
+            return None
+        raise BadRequest(f"no table {name!r} in ledger {ledger.context!r}; ingest it first "
+                         "(sage-tfx ingest)")
+    definition = json.loads(record.custom_properties["definition"].string_value)
+    return Table(**definition)
+
+
+def read_blocks(ledger: BlockLedger, table: Table, block_ids: Sequence[str]) -> pa.Table:
+    """The rows of `table` in the given blocks (of a grant), in the table's schema."""
+    parts = []
+    for block_id in block_ids:
+        if not table.owns(block_id):
+            continue
+        uri = ledger.block(block_id).data_uri
+        parts.append(pq.read_table(os.path.join(uri, ROWS_FILE), schema=table.schema))
+    return pa.concat_tables(parts) if parts else table.schema.empty_table()

@@ -1,0 +1,437 @@
+"""The ledger's web view: JSON endpoints over snapshots of every ledger context, and one page.
+
+Read-only by construction: every ledger is opened with `read_only=True` (an SQLite store in ML
+Metadata's READONLY mode, after Python's read-only SQLite checked it), and the app has only GET
+routes. It reads the store from one background thread, which keeps a snapshot per context and
+re-reads a context only when its newest execution (`BlockLedger.latest_change`) moved, and then
+only what changed (`BlockLedger.changes`): the new grants (append-only) and the blocks they
+touched. Requests are
+answered from the snapshots (paged tables, charts aggregated on the server), so a page over
+10,000 blocks and 100,000 grants costs what one page of rows costs, not what the store holds.
+
+Access: on a loopback address without a token the app answers only requests whose Host is a
+loopback name (a web page cannot reach it by DNS rebinding); anywhere else it needs the token,
+given as `Authorization: Bearer TOKEN`, or once as `/?token=TOKEN`, which sets an HttpOnly cookie.
+The page builds its DOM with textContent only, and the Content-Security-Policy allows no inline
+script: a name such as `<script>alert(1)</script>` is shown as text.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hmac
+import importlib.resources
+import ipaddress
+import logging
+import math
+import socket
+import threading
+import time
+from typing import Optional
+
+import plotly
+import uvicorn
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+
+from sage_tfx.sage_access.cli import block_row, describe_event, ledger_table, plot_bars
+from sage_tfx.sage_access.errors import BadRequest
+from sage_tfx.sage_access.ledger import BlockLedger
+from sage_tfx.sage_access.lineage import ledger_contexts
+from sage_tfx.sage_access.store import connect_read_only
+
+log = logging.getLogger("sage_tfx.ledger_web")
+
+REFRESH_SECONDS = 1.0
+MAX_PAGE_ROWS = 500
+TIMELINE_BUCKETS = 120
+# How many execution ids back a refresh re-reads (see read_snapshot).
+RECHECK_IDS = 256
+TOKEN_COOKIE = "sage_tfx_ledger_token"
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+STATIC = importlib.resources.files("sage_tfx.sage_access.web") / "static"
+PLOTLY_JS = importlib.resources.files("plotly") / "package_data" / "plotly.min.js"
+PLOTLY_PATH = f"/static/plotly-{plotly.__version__}.min.js"
+# No inline script and nothing from another origin; plotly sets inline styles on its SVG.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; connect-src 'self'; "
+                               "style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                               "font-src 'self'; base-uri 'none'; form-action 'none'; "
+                               "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY"}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or address to bind) is only reachable from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What the pages show of one ledger context, as read at `read_at` (ms since the epoch)."""
+    mark: int  # BlockLedger.latest_change when read
+    table: dict  # cli.ledger_table: the ledger's settings and every block, in arrival order
+    grants: list  # grant_records, oldest first
+    bars: list  # cli.plot_bars of the blocks: at most 60 bars
+    timeline: dict
+    reservations: list
+    read_at: int
+
+    @property
+    def last_grant(self) -> int:
+        return self.grants[-1]["execution_id"] if self.grants else 0
+
+    def summary(self) -> dict:
+        blocks = self.table["blocks"]
+        retired = sum(row["retired"] for row in blocks)
+        return {"context": self.table["context"], "accounting": self.table["accounting"],
+                "min_request_epsilon": self.table["min_request_epsilon"],
+                "version": self.mark, "read_at_ms": self.read_at, "blocks": len(blocks),
+                "live_blocks": len(blocks) - retired, "retired_blocks": retired,
+                "grants": len(self.grants),
+                "waiting_pipelines": self.table["waiting_pipelines"],
+                "guarantee": self.table.get("guarantee")}
+
+
+def timeline(grants: list[dict], buckets: int = TIMELINE_BUCKETS) -> dict:
+    """Consumption over time in at most `buckets` equal intervals: the grants in each, the epsilon
+    they charged (a grant of epsilon on k blocks charges k * epsilon; rdp grants, which have no
+    epsilon, are counted but add none) and the running total."""
+    if not grants:
+        return {"bucket_ms": 0, "buckets": []}
+    first, last = grants[0]["time_ms"], grants[-1]["time_ms"]
+    width = max(1000, math.ceil((last - first + 1) / buckets))
+    counts = [0] * (((last - first) // width) + 1)
+    charged = [0.0] * len(counts)
+    for grant in grants:
+        index = (grant["time_ms"] - first) // width
+        counts[index] += 1
+        if grant["epsilon"] is not None:
+            charged[index] += grant["epsilon"] * len(grant["blocks"])
+    total, rows = 0.0, []
+    for index, (count, epsilon) in enumerate(zip(counts, charged)):
+        total += epsilon
+        rows.append({"start_ms": first + index * width, "grants": count,
+                     "epsilon_charged": epsilon, "epsilon_total": total})
+    return {"bucket_ms": width, "buckets": rows}
+
+
+def reservations(table: dict) -> list[dict]:
+    """Per pipeline holding reservations or waiting: the live blocks reserving for it and the
+    budget they hold (in the ledger's unit), waiting pipelines first in their waiting order."""
+    held: dict[str, dict] = {name: {"pipeline": name, "waiting": True, "blocks": 0,
+                                    "reserved": 0.0, "delta_reserved": 0.0}
+                             for name in table["waiting_pipelines"]}
+    for row in table["blocks"]:
+        if row["retired"]:
+            continue
+        budget = row["budget"]
+        for name, value in budget["reserved"].items():
+            entry = held.setdefault(name, {"pipeline": name, "waiting": False, "blocks": 0,
+                                           "reserved": 0.0, "delta_reserved": 0.0})
+            if value > 0:
+                entry["blocks"] += 1
+                entry["reserved"] += value
+                entry["delta_reserved"] += budget.get("delta_reserved", {}).get(name, 0.0)
+    return list(held.values())
+
+
+def read_snapshot(ledger: BlockLedger, previous: Optional[Snapshot]) -> Snapshot:
+    """A snapshot of `ledger`, reading only what changed since `previous`: the grants recorded
+    since (grants are append-only) and the blocks those changes touched (all of them after a
+    pipeline finished). Changes are re-read from RECHECK_IDS executions back, because an MLMD
+    server with concurrent writers (MySQL) may commit a smaller id after a larger one."""
+    mark = ledger.latest_change()
+    if previous is None:
+        grants = ledger.grant_records()
+        table = ledger_table(ledger)
+    else:
+        changes = ledger.changes(after=max(0, previous.mark - RECHECK_IDS))
+        mark = max([mark] + [change["execution_id"] for change in changes])
+        known = {grant["execution_id"] for grant in previous.grants[-RECHECK_IDS:]}
+        grants = previous.grants + [
+            grant for grant in ledger.grant_records(after=max(0, previous.last_grant - RECHECK_IDS))
+            if grant["execution_id"] not in known]
+        if any(grants[i]["execution_id"] > grants[i + 1]["execution_id"]
+               for i in range(len(previous.grants) - 1, len(grants) - 1)):
+            grants.sort(key=lambda grant: grant["execution_id"])
+        try:
+            table = _updated_table(ledger, previous.table, changes)
+        except BadRequest:  # a block no longer under the id a change names (an edited store)
+            table = ledger_table(ledger)
+    return Snapshot(mark=mark, table=table, grants=grants, bars=plot_bars(table["blocks"]),
+                    timeline=timeline(grants), reservations=reservations(table),
+                    read_at=int(time.time() * 1000))
+
+
+def _updated_table(ledger: BlockLedger, table: dict, changes: list[dict]) -> dict:
+    """`table` (a ledger_table) with the blocks `changes` touched read again."""
+    if any(change["blocks"] is None for change in changes):
+        return ledger_table(ledger)
+    rows = list(table["blocks"])
+    where = {row["id"]: index for index, row in enumerate(rows)}
+    touched = list(dict.fromkeys(b for change in changes for b in change["blocks"]))
+    for block in ledger.blocks(ids=touched):
+        if block.block_id in where:
+            rows[where[block.block_id]] = block_row(ledger, block)
+        else:  # a new block: changes come in arrival order
+            rows.append(block_row(ledger, block))
+    return dict(table, blocks=rows, waiting_pipelines=ledger.waiting_pipelines())
+
+
+class LedgerViews:
+    """Snapshots of the ledger contexts of one store (all of them, or `only` one), kept fresh by
+    `refresh`: a context is re-read when its ledger changed."""
+
+    def __init__(self, store: str, only: Optional[str] = None):
+        self.store = store
+        self.only = only
+        self._mlmd_lock = threading.Lock()  # one ML Metadata call at a time
+        self._ledgers: dict[str, BlockLedger] = {}
+        self._snapshots: dict[str, Snapshot] = {}
+        self.error: Optional[str] = None
+        self._contexts = connect_read_only(store)
+        if only is not None:
+            self._ledgers[only] = BlockLedger(store, only, read_only=True)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read what changed since the last refresh. A store that fails keeps the last snapshots
+        and sets `error` (the page shows it) until a refresh succeeds."""
+        try:
+            with self._mlmd_lock:
+                names = [self.only] if self.only else ledger_contexts(self._contexts)
+                for name in names:
+                    if name not in self._ledgers:
+                        self._ledgers[name] = BlockLedger(self.store, name, read_only=True)
+                    ledger, previous = self._ledgers[name], self._snapshots.get(name)
+                    if previous is None or ledger.latest_change() != previous.mark:
+                        self._snapshots[name] = read_snapshot(ledger, previous)
+            self.error = None
+        except Exception as error:  # the last snapshots stay readable
+            self.error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+            log.warning("ledger web: reading %s failed: %s", self.store, self.error)
+
+    def contexts(self) -> list[str]:
+        return sorted(self._snapshots)
+
+    def snapshot(self, context: str) -> Snapshot:
+        found = self._snapshots.get(context)
+        if found is None:
+            raise HTTPException(404, f"no ledger context {context!r} in this store")
+        return found
+
+    def ledger(self, context: str) -> BlockLedger:
+        """The read-only ledger this view reads `context` from."""
+        self.snapshot(context)
+        return self._ledgers[context]
+
+    def grant_run(self, context: str, grant_id: str) -> dict:
+        ledger = self.ledger(context)
+        try:
+            with self._mlmd_lock:
+                return ledger.grant_run(grant_id)
+        except BadRequest as error:
+            raise HTTPException(404, str(error)) from None
+
+
+class Refresher:
+    """Calls `views.refresh()` every `seconds` on a daemon thread until stopped."""
+
+    def __init__(self, views: LedgerViews, seconds: float = REFRESH_SECONDS):
+        self._views, self._seconds = views, seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledger-web-refresh", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._seconds):
+            self._views.refresh()
+
+
+def _page(rows: list, offset: int, limit: int) -> dict:
+    return {"total": len(rows), "offset": offset, "limit": limit,
+            "rows": rows[offset:offset + limit]}
+
+
+def _grant_row(record: dict) -> dict:
+    events = record["events"] or {}
+    return dict(record, moment=dt.datetime.fromtimestamp(
+        record["time_ms"] / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        steps=[{"step": step, "fraction": fraction,
+                "event": describe_event(events[step]) if step in events else None}
+               for step, fraction in (record["split"] or {}).items()])
+
+
+def create_app(views: LedgerViews, token: Optional[str] = None,
+               refresh_seconds: Optional[float] = REFRESH_SECONDS) -> FastAPI:
+    """The web app over `views`. With `token`, every request must carry it; without, only
+    requests addressed to a loopback name are answered (bind it to a loopback address).
+    `refresh_seconds=None` leaves refreshing to the caller."""
+    refresher = Refresher(views, refresh_seconds) if refresh_seconds else None
+
+    async def lifespan(_app):
+        if refresher:
+            refresher.start()
+        yield
+        if refresher:
+            refresher.stop()
+
+    app = FastAPI(title="sage-tfx ledger", version="1", lifespan=lifespan,
+                  description="Read-only JSON view of a sage-tfx privacy-budget ledger: every "
+                              "route is GET, every number as the ledger recorded it.",
+                  docs_url=None, redoc_url=None)  # their pages load assets from a CDN
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if request.method not in ("GET", "HEAD"):
+            return JSONResponse({"detail": "read-only: only GET"}, 405,
+                                headers={"Allow": "GET, HEAD"})
+        if token is None:
+            host = (request.headers.get("host") or "").rsplit(":", 1)[0].strip("[]")
+            if host not in LOOPBACK_NAMES:
+                return JSONResponse({"detail": f"host {host!r} refused: without a token this "
+                                               "server answers loopback names only"}, 403)
+            response = await call_next(request)
+        else:
+            given = request.query_params.get("token")
+            if given is not None and request.url.path == "/":
+                if not hmac.compare_digest(given.encode(), token.encode()):
+                    return JSONResponse({"detail": "wrong token"}, 401)
+                response = RedirectResponse("/", 303)  # drop the token from the address bar
+                response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+            else:
+                header = request.headers.get("authorization", "")
+                given = header[len("Bearer "):] if header.startswith("Bearer ") \
+                    else request.cookies.get(TOKEN_COOKIE, "")
+                if not hmac.compare_digest(given.encode(), token.encode()):
+                    return JSONResponse({"detail": "a token is required: Authorization: Bearer "
+                                                   "TOKEN, or open /?token=TOKEN once"}, 401,
+                                        headers={"WWW-Authenticate": "Bearer"})
+                response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        if request.url.path.startswith("/api/"):
+            response.headers["Cache-Control"] = "no-store"
+        return response
+
+    @app.get("/", include_in_schema=False)
+    def index():
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def static(name: str):
+        if name == PLOTLY_PATH.rsplit("/", 1)[1]:
+            return FileResponse(PLOTLY_JS, media_type="text/javascript",
+                                headers={"Cache-Control": "max-age=86400, immutable"})
+        if name not in ("ledger.js", "ledger.css"):
+            raise HTTPException(404, "no such file")
+        return FileResponse(STATIC / name, media_type="text/javascript"
+                            if name.endswith(".js") else "text/css")
+
+    @app.get("/api/contexts", summary="The ledger contexts with their counts")
+    def contexts() -> dict:
+        """Every ledger context in the store (or the one `--context` named) and its summary;
+        `error` is set while the store cannot be read (the data is then the last read)."""
+        return {"error": views.error, "plotly": PLOTLY_PATH,
+                "contexts": [views.snapshot(name).summary() for name in views.contexts()]}
+
+    @app.get("/api/contexts/{context}", summary="One context's summary and version")
+    def summary(context: str) -> dict:
+        """Settings and counts of one context. `version` changes whenever the ledger does (a
+        grant, a block, a pipeline registered or finished): poll it to know when to re-read."""
+        return dict(views.snapshot(context).summary(), error=views.error)
+
+    @app.get("/api/contexts/{context}/blocks", summary="Blocks, paged")
+    def blocks(context: str, state: str = Query("all", pattern="^(all|live|retired)$"),
+               offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=MAX_PAGE_ROWS)
+               ) -> dict:
+        """Blocks in arrival order: id, epsilon and delta ceilings, spent (`epsilon_spent`,
+        `delta_spent` on basic ledgers; `guarantee_*` on both), `budget` (spent, reserved per
+        pipeline, free, in its `unit`), charges, state. `total` counts the rows of `state`."""
+        rows = views.snapshot(context).table["blocks"]
+        if state != "all":
+            rows = [row for row in rows if row["retired"] == (state == "retired")]
+        return _page(rows, offset, limit)
+
+    @app.get("/api/contexts/{context}/chart", summary="Spent, reserved and free per block")
+    def chart(context: str) -> dict:
+        """At most 60 bars: one per block, or per group of consecutive blocks (their mean)."""
+        snapshot = views.snapshot(context)
+        rows = snapshot.table["blocks"]
+        return {"unit": rows[0]["budget"]["unit"] if rows else None,
+                "blocks_per_bar": max(1, math.ceil(len(rows) / max(1, len(snapshot.bars)))),
+                "bars": snapshot.bars}
+
+    @app.get("/api/contexts/{context}/timeline", summary="Consumption over time")
+    def consumption(context: str) -> dict:
+        """Grants and epsilon charged per time bucket (at most 120), with the running total."""
+        return views.snapshot(context).timeline
+
+    @app.get("/api/contexts/{context}/grants", summary="Grants, newest first, paged")
+    def grants(context: str, offset: int = Query(0, ge=0),
+               limit: int = Query(50, ge=1, le=MAX_PAGE_ROWS),
+               pipeline: Optional[str] = None) -> dict:
+        """Each grant: time, pipeline, run, blocks, epsilon, delta, the split among DP steps
+        with each step's recorded dp-accounting event (`steps`), and the RDP curve if any.
+        `pipeline` keeps that pipeline's grants only."""
+        rows = views.snapshot(context).grants
+        if pipeline is not None:
+            rows = [row for row in rows if row["pipeline"] == pipeline]
+        page = _page(rows[::-1], offset, limit)
+        page["rows"] = [_grant_row(row) for row in page["rows"]]
+        return page
+
+    @app.get("/api/contexts/{context}/grants/{grant_id}/run",
+             summary="The run that spent a grant and its artifacts")
+    def grant_run(context: str, grant_id: str) -> dict:
+        """The pipeline run contexts the grant is attributed to and every artifact they hold
+        (model, statistics, examples ...): type, name, uri, state, time. Read from the store."""
+        return views.grant_run(context, grant_id)
+
+    @app.get("/api/contexts/{context}/reservations", summary="Waiting pipelines")
+    def waiting(context: str) -> dict:
+        """Each waiting pipeline (and any other holding reservations): how many live blocks
+        reserve budget for it and how much (epsilon or capacity share; delta on basic)."""
+        snapshot = views.snapshot(context)
+        return {"waiting": snapshot.table["waiting_pipelines"],
+                "pipelines": snapshot.reservations}
+
+    return app
+
+
+class BackgroundServer:
+    """The app over `store` on 127.0.0.1 (a free port), served by uvicorn on a daemon thread of
+    this process, as `sage-tfx ledger serve` serves it: for tests, benchmarks and notebooks."""
+
+    def __init__(self, store: str, token: Optional[str] = None,
+                 refresh_seconds: float = REFRESH_SECONDS, start_seconds: float = 30.0):
+        self.views = LedgerViews(store)
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        self._server = uvicorn.Server(uvicorn.Config(
+            create_app(self.views, token, refresh_seconds), log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [listener]},
+                                        name="ledger-web-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + start_seconds
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the ledger web server did not start within {start_seconds} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

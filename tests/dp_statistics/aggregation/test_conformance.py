@@ -1,0 +1,82 @@
+"""The local and Beam engines on the same input: equal pre-noise accumulators, the same noise
+law (docs/architecture.md: one conformance test per operator). Beam runs on the DirectRunner."""
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
+                                                SelectionRule, local, plan)
+from sage_tfx.dp_statistics.aggregation.beam import accumulate_with_beam, aggregate_with_beam
+from sage_tfx.randomness import secret_rng
+
+
+def _frame() -> pd.DataFrame:
+    """40 units, each in at most 3 partitions with at most 4 rows per partition (under C_u = 3
+    and m = 4: no sampling changes anything), values up to 40 so SUM's clamp bites."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for unit in range(40):
+        for key in rng.choice(12, size=rng.integers(1, 4), replace=False):
+            for _ in range(rng.integers(1, 5)):
+                rows.append({"area": f"a{key}", "day": int(key % 2), "uid": unit,
+                             "fare": float(rng.uniform(0, 40))})
+    return pd.DataFrame(rows)
+
+
+QUERY = AggregationQuery(
+    ("area", "day"), "uid",
+    (Aggregate.count(), Aggregate.count_distinct(), Aggregate(AggregateKind.SUM, "fare", 0, 50),
+     Aggregate(AggregateKind.VAR, "fare", 0, 30), Aggregate.median("fare", 0, 30)),
+    max_partitions_contributed=3, max_contributions_per_partition=4)
+
+
+def _sorted(accumulated):
+    order = accumulated.keys.sort_values(list(QUERY.group_by)).index.to_numpy()
+    return accumulated.keys.iloc[order].reset_index(drop=True), accumulated.accumulators[order]
+
+
+def test_both_engines_accumulate_the_same_pre_noise_sums():
+    frame, budget = _frame(), plan(QUERY, 1.0, 1e-6)
+    local_keys, local_sums = _sorted(local.accumulate(frame, QUERY, budget, secret_rng(0)))
+    beam_keys, beam_sums = _sorted(accumulate_with_beam(frame, QUERY, budget))
+    pd.testing.assert_frame_equal(local_keys, beam_keys)
+    np.testing.assert_allclose(local_sums, beam_sums)
+    # the sums are the data's: units per partition, and fares clamped per unit into [0, 50]
+    truth = frame.groupby(["area", "day"]).agg(units=("uid", "nunique"), rows=("uid", "size"))
+    np.testing.assert_array_equal(local_sums[:, 0], truth["units"].to_numpy())
+    np.testing.assert_array_equal(local_sums[:, 1], truth["rows"].to_numpy())
+    unit_totals = frame.groupby(["area", "day", "uid"])["fare"].sum().clip(0, 50)
+    np.testing.assert_allclose(local_sums[:, 2], unit_totals.groupby(level=[0, 1]).sum())
+
+
+def test_both_engines_bound_a_heavy_unit_alike():
+    """With sampling active (one unit in all 12 partitions), both keep C_u of its partitions."""
+    frame = pd.concat([_frame(), pd.DataFrame({"area": [f"a{k}" for k in range(12)],
+                                               "day": [k % 2 for k in range(12)],
+                                               "uid": 99, "fare": 1.0})])
+    budget = plan(QUERY, 1.0, 1e-6)
+    local_units = local.accumulate(frame, QUERY, budget, secret_rng(1)).accumulators[:, 0].sum()
+    beam_units = accumulate_with_beam(frame, QUERY, budget).accumulators[:, 0].sum()
+    assert local_units == beam_units == _frame().groupby("uid")["area"].nunique().sum() + 3
+
+
+def test_the_beam_engine_releases_with_the_local_noise_law():
+    """600 identical public partitions (5 units, 2 rows each): COUNT's errors are Laplace at
+    C_u m / epsilon on Beam as on the local engine (KS, false-failure rate 1e-4 each)."""
+    frame = pd.DataFrame({"key": np.repeat(np.arange(600), 10),
+                          "uid": np.repeat(np.arange(3000), 2), "fare": 1.0})
+    query = AggregationQuery(("key",), "uid", (Aggregate.count(),
+                                               Aggregate(AggregateKind.SUM, "fare")),
+                             selection=SelectionRule.PUBLIC,
+                             public_partitions=tuple((k,) for k in range(600)))
+    budget = plan(query, 1.0, 0.0)
+    scale = query.max_partitions_contributed * query.max_contributions_per_partition / (
+        budget.step("count").epsilon)
+    beam_release = aggregate_with_beam(frame, query, budget)
+    local_release = local.aggregate(frame, query, budget)
+    for release in (beam_release, local_release):
+        errors = release.table["count"].to_numpy() - 10.0
+        assert stats.kstest(errors, stats.laplace(scale=scale).cdf).pvalue > 1e-4
+        assert list(release.events) == ["count", "bounds:sum_fare", "sum_fare"]
+        assert release.table["key"].tolist() == list(range(600))
+    assert stats.ks_2samp(beam_release.table["count"], local_release.table["count"]).pvalue > 1e-4

@@ -1,0 +1,48 @@
+"""`dp_aggregate(data, query_or_sql, grant)`: the operator on a frame, paid by one ledger grant."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from sage_tfx.dp_statistics.aggregation import frontend, plan, sql
+from sage_tfx.sage_access import BlockLedger
+from sage_tfx.sage_access.errors import BadRequest
+from sage_tfx.sage_access.ledger import BlockIds
+
+SQL = ("SELECT WITH ANONYMIZATION OPTIONS(privacy_unit_column = uid, public_groups = (1, 2)) "
+       "area, ANON_COUNT(*) AS trips, ANON_SUM(fare, 0, 20) AS fares FROM t GROUP BY area")
+
+
+def frame():
+    rng = np.random.default_rng(3)
+    return pd.DataFrame({"uid": rng.integers(0, 50, 400).astype(str),
+                         "area": rng.integers(1, 3, 400), "fare": rng.uniform(0, 30, 400)})
+
+
+def granted(store_path, text=SQL, epsilon=1.0):
+    ledger = BlockLedger.create(store_path)
+    ledger.add_block("b1", 5.0, 1e-5)
+    parsed = sql.parse(text)
+    schema = sql.TableSchema("uid", {"uid": "string", "area": "int", "fare": "float"})
+    query, _ = sql.to_query(sql.check(parsed, {"t": schema}))
+    split, events = frontend.grant_terms(plan(query, epsilon, 1e-6))
+    return ledger, ledger.request(BlockIds(["b1"]), epsilon, 1e-6, split=split, events=events)
+
+
+def test_a_grant_pays_for_one_release_of_its_query(store_path):
+    ledger, grant = granted(store_path)
+    release = frontend.dp_aggregate(frame(), SQL, grant, ledger=ledger)
+    assert list(release.table.columns) == ["area", "trips", "fares"]
+    assert sorted(release.table["area"]) == [1, 2]
+    with pytest.raises(BadRequest, match="already used"):
+        frontend.dp_aggregate(frame(), SQL, grant, ledger=ledger)
+
+
+def test_a_grant_for_another_query_or_without_its_ledger_is_refused(store_path):
+    other = SQL.replace("ANON_SUM(fare, 0, 20) AS fares", "ANON_AVG(fare, 0, 20) AS fares")
+    ledger, grant = granted(store_path, text=other)
+    with pytest.raises(sql.QueryError, match="was not made for this query"):
+        frontend.dp_aggregate(frame(), SQL, grant, ledger=ledger)
+    with pytest.raises(sql.QueryError, match="pass the ledger"):
+        frontend.dp_aggregate(frame(), SQL, grant)
+    # Nothing was consumed by the refusals: the right query still runs on it.
+    assert len(frontend.dp_aggregate(frame(), other, grant, ledger=ledger).table) == 2

@@ -1,0 +1,186 @@
+"""Each aggregate's error has the law its noise scale says (KS tests), and partition selection
+releases a unit's own partitions no more often than its delta allows.
+
+False-failure rates: each KS assertion "the law matches" fails for a correct operator with
+probability 1e-4 (p-value threshold); each binomial bound with probability <= 1e-6. The noise is
+OpenDP's (CSPRNG, no seed), so these are random runs; the oracles are seeded numpy draws."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from sage_tfx import mechanisms
+from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
+                                                BoundsScope, NoiseKind, SelectionRule, aggregate, aggregators,
+                                                plan)
+from sage_tfx.mechanisms import selection as selection_module
+
+P_VALUE = 1e-4
+PARTITIONS, UNITS_PER_PARTITION, C, M = 600, 5, 4, 8
+LOW, HIGH = 0.0, 10.0
+
+
+def _identical_partitions() -> pd.DataFrame:
+    """600 partitions, each with 5 units of 2 rows (values j + 1 and j + 1.5 for unit j): no
+    unit exceeds C_u or m, so every partition's pre-noise aggregates are known and equal."""
+    keys = np.repeat(np.arange(PARTITIONS), UNITS_PER_PARTITION * 2)
+    units = np.repeat(np.arange(PARTITIONS * UNITS_PER_PARTITION), 2)
+    unit_in_partition = np.tile(np.repeat(np.arange(UNITS_PER_PARTITION), 2), PARTITIONS)
+    values = unit_in_partition + 1 + np.tile([0.0, 0.5], PARTITIONS * UNITS_PER_PARTITION)
+    return pd.DataFrame({"key": keys, "uid": units, "x": values})
+
+
+FRAME = _identical_partitions()
+ROW_VALUES = FRAME["x"].to_numpy()[:UNITS_PER_PARTITION * 2]
+
+
+def _run(aggregates, noise=NoiseKind.LAPLACE, epsilon=1.0, delta=0.0):
+    query = AggregationQuery(("key",), "uid", aggregates, max_partitions_contributed=C,
+                             max_contributions_per_partition=M, selection=SelectionRule.PUBLIC,
+                             public_partitions=tuple((k,) for k in range(PARTITIONS)),
+                             noise=noise)
+    budget = plan(query, epsilon, delta)
+    return budget, aggregate(FRAME, query, budget)
+
+
+ADDITIVE = (Aggregate.count(), Aggregate.count_distinct(),
+            Aggregate(AggregateKind.SUM, "x", -20.0, 30.0),
+            Aggregate(AggregateKind.SUM, "x", -2.0, 3.0, scope=BoundsScope.ROW, name="row_sum"))
+# true value and per-partition sensitivity Delta of each (a row-scoped SUM: m rows at max |L|, |U|)
+ADDITIVE_TRUTH = {"count": (10.0, M), "count_distinct": (5.0, 1.0),
+                  "sum_x": (ROW_VALUES.sum(), 30.0),
+                  "row_sum": (np.clip(ROW_VALUES, -2.0, 3.0).sum(), M * 3.0)}
+
+
+def test_count_count_distinct_and_sum_errors_are_laplace_at_c_u_times_delta_over_epsilon():
+    budget, release = _run(ADDITIVE)
+    for name, (truth, sensitivity) in ADDITIVE_TRUTH.items():
+        scale = C * sensitivity / budget.step(name).epsilon
+        errors = release.table[name].to_numpy() - truth
+        assert stats.kstest(errors, stats.laplace(scale=scale).cdf).pvalue > P_VALUE, name
+        # The check has power: a law at half the scale (noise calibrated as if a unit touched
+        # one partition, at C = 2) is rejected.
+        assert stats.kstest(errors, stats.laplace(scale=scale / 2).cdf).pvalue < P_VALUE, name
+
+
+def test_gaussian_noise_uses_l2_sensitivity_sqrt_c_u_times_delta():
+    budget, release = _run(ADDITIVE[:1], noise=NoiseKind.GAUSSIAN, delta=1e-6)
+    step = budget.step("count")
+    sigma = mechanisms.gaussian_sigma(l2_sensitivity=math.sqrt(C) * M, epsilon=step.epsilon,
+                                      delta=step.delta)
+    errors = release.table["count"].to_numpy() - 10.0
+    assert stats.kstest(errors, stats.norm(scale=sigma).cdf).pvalue > P_VALUE
+    assert stats.kstest(errors, stats.norm(scale=sigma * 2).cdf).pvalue < P_VALUE
+
+
+def test_a_broken_operator_that_ignores_c_u_is_caught(monkeypatch):
+    """Deliberately broken: noise calibrated on one partition's sensitivity (no C_u factor)."""
+    original = aggregators._noisy
+
+    def one_partition(query, values, sensitivity, epsilon, delta):
+        return original(query, values, sensitivity / query.max_partitions_contributed,
+                        epsilon, delta)
+    monkeypatch.setattr(aggregators, "_noisy", one_partition)
+    budget, release = _run(ADDITIVE[:1])
+    errors = release.table["count"].to_numpy() - 10.0
+    scale = C * M / budget.step("count").epsilon
+    assert stats.kstest(errors, stats.laplace(scale=scale).cdf).pvalue < P_VALUE
+
+
+def _oracle_mean_and_variance(epsilon, draws, rng):
+    """AVG / VAR of the identical partitions, noised by seeded numpy with the scales the
+    derivation (aggregators.py) gives: rows C m / e, centred sum C m h / e, centred squares
+    C m h^2 / 2 / e, e = the step's epsilon / number of noisy sums."""
+    mid, half = (LOW + HIGH) / 2, (HIGH - LOW) / 2
+    centred = ROW_VALUES - mid
+    rows = len(ROW_VALUES) + rng.laplace(0, C * M / epsilon, draws)
+    sums = centred.sum() + rng.laplace(0, C * M * half / epsilon, draws)
+    squares = (centred ** 2 - half ** 2 / 2).sum() + rng.laplace(0, C * M * half ** 2 / 2
+                                                                  / epsilon, draws)
+    count = np.maximum(rows, 1.0)
+    mean = np.clip(mid + sums / count, LOW, HIGH)
+    variance = np.clip(squares / count + half ** 2 / 2 - (mean - mid) ** 2, 0, half ** 2)
+    return mean, variance
+
+
+def test_avg_var_and_stddev_follow_the_noisy_count_sum_and_squares_law():
+    aggregates = (Aggregate(AggregateKind.AVG, "x", LOW, HIGH),
+                  Aggregate(AggregateKind.VAR, "x", LOW, HIGH),
+                  Aggregate(AggregateKind.STDDEV, "x", LOW, HIGH))
+    budget, release = _run(aggregates, epsilon=30.0)
+    rng = np.random.default_rng(0)
+    mean, _ = _oracle_mean_and_variance(budget.step("avg_x").epsilon / 2, 20_000, rng)
+    _, variance = _oracle_mean_and_variance(budget.step("var_x").epsilon / 3, 20_000, rng)
+    _, stddev_variance = _oracle_mean_and_variance(budget.step("stddev_x").epsilon / 3, 20_000,
+                                                   rng)
+    for name, oracle in (("avg_x", mean), ("var_x", variance),
+                         ("stddev_x", np.sqrt(stddev_variance))):
+        assert stats.ks_2samp(release.table[name], oracle).pvalue > P_VALUE, name
+    # power: the mean's law at half the noise is rejected
+    assert stats.ks_2samp(release.table["avg_x"],
+                          _oracle_mean_and_variance(budget.step("avg_x").epsilon, 20_000,
+                                                    rng)[0]).pvalue < P_VALUE
+
+
+def test_quantiles_follow_the_noisy_histogram_law():
+    budget, release = _run((Aggregate.median("x", LOW, HIGH),), epsilon=20.0)
+    counts = np.bincount(aggregators.histogram_buckets(ROW_VALUES, LOW, HIGH),
+                         minlength=aggregators.QUANTILE_BUCKETS).astype(float)
+    scale = C * M / budget.step("median_x").epsilon
+    rng = np.random.default_rng(1)
+    noisy = counts + rng.laplace(0, scale, (20_000, counts.size))
+    oracle = aggregators.quantile_from_histogram(noisy, 0.5, LOW, HIGH)
+    assert stats.ks_2samp(release.table["median_x"], oracle).pvalue > P_VALUE
+    broken = aggregators.quantile_from_histogram(
+        counts + rng.laplace(0, scale / 3, (20_000, counts.size)), 0.5, LOW, HIGH)
+    assert stats.ks_2samp(release.table["median_x"], broken).pvalue < P_VALUE
+
+
+def test_a_quantile_of_a_large_partition_is_within_a_bucket_and_noise():
+    rng = np.random.default_rng(2)
+    frame = pd.DataFrame({"key": 0, "uid": np.arange(20_000), "x": rng.uniform(0, 100, 20_000)})
+    query = AggregationQuery(("key",), "uid", (Aggregate.median("x", 0.0, 100.0),
+                                               Aggregate.minimum("x", 0.0, 100.0),
+                                               Aggregate.maximum("x", 0.0, 100.0)),
+                             selection=SelectionRule.PUBLIC, public_partitions=((0,),))
+    table = aggregate(frame, query, plan(query, 3.0, 0.0)).table
+    # Laplace scale 4 * 8 / 1 = 32 per bucket of ~312 values: the median's cumulative noise over
+    # 32 buckets has sd ~ 256, i.e. < 1.3 buckets (2 of 100); |error| < 6 fails w.p. < 1e-6.
+    assert abs(table["median_x"][0] - 50.0) < 6.0
+    assert table["min_x"][0] < 6.0 and table["max_x"][0] > 94.0
+
+
+def _own_partitions(units: int) -> pd.DataFrame:
+    """Each unit alone in C partitions of its own (one row each)."""
+    return pd.DataFrame({"key": np.arange(units * C), "uid": np.repeat(np.arange(units), C)})
+
+
+@pytest.mark.parametrize("rule", [SelectionRule.LAPLACE_THRESHOLD,
+                                  SelectionRule.GAUSSIAN_THRESHOLD,
+                                  SelectionRule.TRUNCATED_GEOMETRIC])
+def test_a_units_own_partitions_are_released_at_most_with_the_selection_delta(rule):
+    units, delta = 2000, 0.02
+    query = AggregationQuery(("key",), "uid", (Aggregate.count_distinct(),),
+                             max_partitions_contributed=C, selection=rule)
+    release = aggregate(_own_partitions(units), query, plan(query, 1.0, delta))
+    exposed = release.table["key"].floordiv(C).nunique()  # units with a partition shown
+    allowed = release.additional_delta
+    assert allowed <= delta
+    assert exposed <= stats.binom.isf(1e-6, units, allowed)
+
+
+def test_a_threshold_set_too_low_is_caught(monkeypatch):
+    """Deliberately broken: tau 6 lower than the derivation's (4.5 times the keep rate)."""
+    original = selection_module.laplace_threshold_tau
+    monkeypatch.setattr(selection_module, "laplace_threshold_tau",
+                        lambda **kwargs: original(**kwargs) - 6)
+    units = 2000
+    query = AggregationQuery(("key",), "uid", (Aggregate.count_distinct(),),
+                             max_partitions_contributed=C,
+                             selection=SelectionRule.LAPLACE_THRESHOLD)
+    release = aggregate(_own_partitions(units), query, plan(query, 1.0, 0.02))
+    exposed = release.table["key"].floordiv(C).nunique()
+    # expected ~ 170 against a bound of ~ 70; it stays under it with probability < 1e-6
+    assert exposed > stats.binom.isf(1e-6, units, release.additional_delta)

@@ -1,0 +1,138 @@
+"""Bad queries and grants are refused with an error that names the problem, before any noise."""
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
+                                                BoundsScope,
+                                                NoiseKind, QueryError, SelectionRule, aggregate,
+                                                plan)
+
+FRAME = pd.DataFrame({"uid": [1, 1, 2], "key": ["a", "b", "a"], "fare": [3.0, 4.0, 5.0],
+                      "name": pd.Series(["x", "y", "z"], dtype="string")})
+
+
+def query(**changes):
+    fields = dict(group_by=("key",), unit_column="uid",
+                  aggregates=(Aggregate.count(), Aggregate(AggregateKind.SUM, "fare", 0, 10)))
+    fields.update(changes)
+    return AggregationQuery(**fields)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(group_by=()), "group_by must name"),
+    (dict(group_by=("uid",)), "group_by contains the unit column"),
+    (dict(aggregates=()), "at least one aggregate"),
+    (dict(aggregates=(Aggregate(AggregateKind.SUM, "fare", 0, None),)), "both bounds"),
+    (dict(aggregates=(Aggregate(AggregateKind.SUM, "fare", 5, 1),)), "low < high"),
+    (dict(aggregates=(Aggregate(AggregateKind.SUM),)), "needs a column"),
+    (dict(aggregates=(Aggregate(AggregateKind.AVG, "fare"),), infer_bounds=False),
+     "'avg_fare' has no bounds and bounds inference is off"),
+    (dict(aggregates=(Aggregate(AggregateKind.QUANTILE, "fare", 0, 1, q=1.5),)), "q in [0, 1]"),
+    (dict(aggregates=(Aggregate.count(), Aggregate.count())), "names clash"),
+    (dict(max_partitions_contributed=0), "max_partitions_contributed must be a positive"),
+    (dict(public_partitions=(("a",),)), "public_partitions and selection"),
+    (dict(selection=SelectionRule.PUBLIC, public_partitions=(("a", 1),)), "tuples of 1"),
+])
+def test_bad_queries_are_refused_by_plan(bad, message):
+    with pytest.raises(QueryError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        plan(query(**bad), 1.0, 1e-6)
+
+
+@pytest.mark.parametrize("epsilon, delta, message", [
+    (0.0, 1e-6, "epsilon must be a positive"), (1.0, 1.5, r"^delta must lie in \[0, 1\)"),
+    (1.0, 0.0, "partition selection spends some"),
+])
+def test_bad_grants_are_refused(epsilon, delta, message):
+    with pytest.raises(QueryError, match=message):
+        plan(query(), epsilon, delta)
+
+
+def test_gaussian_noise_needs_delta_even_with_public_partitions():
+    public = query(selection=SelectionRule.PUBLIC, public_partitions=(("a",),),
+                   noise=NoiseKind.GAUSSIAN)
+    with pytest.raises(QueryError, match="Gaussian noise spends some"):
+        plan(public, 1.0, 0.0)
+
+
+def test_a_grant_too_small_for_truncated_geometric_selection_is_refused():
+    with pytest.raises(QueryError, match="partition selection cannot run"):
+        plan(query(), 1.0, 1e-300)
+
+
+@pytest.mark.parametrize("data", [FRAME, pa.Table.from_pandas(FRAME)])
+def test_unknown_and_non_numeric_columns_are_refused(data):
+    unknown = query(aggregates=(Aggregate(AggregateKind.SUM, "tip", 0, 1),))
+    with pytest.raises(QueryError, match=r"unknown column\(s\) \['tip'\]"):
+        aggregate(data, unknown, plan(unknown, 1.0, 1e-6))
+    text = query(aggregates=(Aggregate(AggregateKind.AVG, "name", 0, 1),))
+    with pytest.raises(QueryError, match="column 'name' is not numeric"):
+        aggregate(data, text, plan(text, 1.0, 1e-6))
+
+
+def test_a_plan_for_another_query_is_refused():
+    with pytest.raises(QueryError, match="made for another query"):
+        aggregate(FRAME, query(), plan(query(max_partitions_contributed=1), 1.0, 1e-6))
+
+
+def test_plan_steps_split_the_grant_and_name_each_aggregate():
+    q = query(aggregates=(Aggregate.count(), Aggregate.count_distinct(),
+                          Aggregate(AggregateKind.SUM, "fare", 0, 10, scope=BoundsScope.ROW),
+                          Aggregate(AggregateKind.AVG, "fare", 0, 10),
+                          Aggregate(AggregateKind.SUM, "fare", 0, 40, name="fare_total")),
+              selection=SelectionRule.LAPLACE_THRESHOLD)
+    # COUNT(DISTINCT) is the thresholding's noisy unit count, COUNT(*) and the row-scoped SUM
+    # come from AVG's noisy count and sum: none has a step of its own. AVG weighs 2 (two sums).
+    budget = plan(q, 1.0, 1e-6)
+    assert [s.name for s in budget.steps] == ["partition_selection", "avg_fare", "fare_total"]
+    assert [s.epsilon for s in budget.steps] == pytest.approx([0.25, 0.5, 0.25])
+    budget = plan(q, 0.9, 1e-6, weights={"partition_selection": 2.0, "avg_fare": 1.0})
+    assert [s.epsilon for s in budget.steps] == pytest.approx([0.45, 0.225, 0.225])
+    assert sum(s.epsilon for s in budget.steps) == pytest.approx(budget.epsilon)
+    assert budget.delta == budget.additional_delta == 1e-6
+    with pytest.raises(QueryError, match="weights name unknown steps"):
+        plan(q, 1.0, 1e-6, weights={"sum": 1.0})
+
+
+def test_only_sum_clamps_a_units_total():
+    with pytest.raises(QueryError, match="only SUM can clamp the unit's total"):
+        plan(query(aggregates=(Aggregate(AggregateKind.AVG, "fare", 0, 1,
+                                         scope=BoundsScope.UNIT),)), 1.0, 1e-6)
+
+
+def test_the_release_states_its_guarantee_and_unit():
+    q = query(selection=SelectionRule.PUBLIC, public_partitions=(("a",), ("b",), ("c",)))
+    release = aggregate(FRAME, q, plan(q, 1.0, 0.0))
+    assert release.table["key"].tolist() == ["a", "b", "c"]  # public keys, data or not
+    assert (release.epsilon, release.delta) == (1.0, 0.0)
+    assert release.unit == "all rows of one uid within the blocks read"
+    assert list(release.events) == ["count", "sum_fare"]
+    assert np.isfinite(release.table[["count", "sum_fare"]].to_numpy()).all()
+
+
+def test_rows_without_a_unit_are_dropped_and_an_empty_table_releases_only_public_keys():
+    nobody = pd.DataFrame({"uid": [None, None], "key": ["a", "b"], "fare": [1.0, 2.0]})
+    inferred = (Aggregate.count(), Aggregate(AggregateKind.SUM, "fare"),
+                Aggregate.median("fare", 0, 10))
+    selected = query(aggregates=inferred)
+    assert aggregate(nobody, selected, plan(selected, 1.0, 1e-6)).table.empty
+    public = query(aggregates=inferred, selection=SelectionRule.PUBLIC,
+                   public_partitions=(("a",), ("b",)))
+    release = aggregate(nobody.iloc[:0], public, plan(public, 1.0, 0.0))
+    assert release.table["key"].tolist() == ["a", "b"]
+    # no value passes the DP bounds' threshold: the data-independent zero bucket is used
+    assert release.bounds["sum_fare"] == (-2.0 ** -10, 2.0 ** -10)
+
+
+
+def test_options_given_as_strings_and_lists_are_the_enums_and_tuples():
+    parsed = AggregationQuery(["key"], "uid", [Aggregate("sum", "fare", 0, 10, scope="row")],
+                              selection="public", public_partitions=[["a"], ["b"]],
+                              noise="gaussian")
+    assert parsed == AggregationQuery(
+        ("key",), "uid", (Aggregate(AggregateKind.SUM, "fare", 0, 10, scope=BoundsScope.ROW),),
+        selection=SelectionRule.PUBLIC, public_partitions=(("a",), ("b",)),
+        noise=NoiseKind.GAUSSIAN)
+    with pytest.raises(QueryError, match="unknown kind 'median'"):
+        plan(query(aggregates=(Aggregate("median", "fare", 0, 1),)), 1.0, 1e-6)

@@ -1,0 +1,179 @@
+"""`sage-tfx ingest` then `sage-tfx query` on a temporary SQLite ledger, end to end through the
+console entry point: what is registered, what is released with which guarantee, and that every
+refused query leaves the ledger exactly as it was (nothing charged)."""
+import csv
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from sage_tfx.cli import main
+from sage_tfx.dp_statistics import tables
+from sage_tfx.sage_access import BlockLedger
+
+QUERY = ("SELECT WITH ANONYMIZATION OPTIONS(max_groups_contributed = 2, public_groups = "
+         "('a', 'b')) key, ANON_COUNT(*) AS n, ANON_AVG(fare, 0, 50) AS mean_fare, "
+         "ANON_MEDIAN(fare, 0, 50) AS median_fare FROM trips WHERE fare >= 0 GROUP BY key")
+
+
+def write_trips(path, rows):
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["uid", "key", "fare", "ts"])
+        writer.writerows(rows)
+
+
+@pytest.fixture
+def ledger_with_trips(tmp_path, store_path):
+    BlockLedger.create(store_path)
+    rows = [(f"u{i % 40}", "ab"[i % 2], 10 + i % 7, f"2013-01-{1 + i % 28:02d}T10:00:00")
+            for i in range(300)]
+    rows += [("u1", "a", "oops", "2013-02-03"),  # a bad fare becomes 0 (record rule)
+             ("u2", "b", "12", "not a time"),  # no usable time: dropped
+             ("", "a", "3", "2013-01-05"),  # no unit: dropped
+             ("u3", "a", "7", "1359900000")]  # Unix seconds (2013-02-03)
+    write_trips(tmp_path / "trips.csv", rows)
+    code = main(["ingest", "--store", store_path, "--csv", str(tmp_path / "trips.csv"),
+                 "--unit-column", "uid", "--time-column", "ts", "--period", "month",
+                 "--start", "2013-01", "--end", "2013-04", "--types", "fare:float",
+                 "--epsilon", "2", "--delta", "1e-5", "--out", str(tmp_path / "blocks")])
+    assert code == 0
+    return store_path
+
+
+def ledger_state(store_path):
+    ledger = BlockLedger(store_path)
+    return ([(b.block_id, list(b.spent), b.charges) for b in ledger.blocks()],
+            ledger.grant_records())
+
+
+def test_ingest_registers_the_public_schedule_with_the_unit_and_no_counts(
+        ledger_with_trips, tmp_path, capsys):
+    ledger = BlockLedger(ledger_with_trips)
+    # March has no row and is a block all the same: which blocks exist never depends on data.
+    assert [b.block_id for b in ledger.blocks()] == ["trips.2013-01", "trips.2013-02",
+                                                     "trips.2013-03"]
+    table = tables.find_table(ledger, "trips")
+    assert (table.unit_column, table.time_column, table.partition) == ("uid", "ts", "month")
+    assert dict(table.columns) == {"uid": "string", "key": "string", "fare": "float",
+                                   "ts": "int"}
+    february = tables.read_blocks(ledger, table, ["trips.2013-02"]).to_pydict()
+    assert sorted(zip(february["uid"], february["fare"])) == [("u1", 0.0), ("u3", 7.0)]
+    printed = capsys.readouterr().out
+    assert "302" not in printed and "300" not in printed  # no row count leaves ingest
+    # Blocks are immutable: the same months again are refused before anything is written.
+    code = main(["ingest", "--store", ledger_with_trips, "--csv", str(tmp_path / "trips.csv"),
+                 "--unit-column", "uid", "--time-column", "ts", "--start", "2013-03",
+                 "--end", "2013-04", "--types", "fare:float", "--epsilon", "2", "--delta",
+                 "1e-5", "--out", str(tmp_path / "again")])
+    assert code == 2 and "already has block(s) ['trips.2013-03']" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists()
+
+
+def test_query_charges_one_grant_and_prints_the_release_and_its_guarantee(
+        ledger_with_trips, tmp_path, capsys):
+    out = tmp_path / "release.csv"
+    code = main(["query", "--store", ledger_with_trips, "--window", "2", "--epsilon", "1",
+                 "--delta", "1e-6", "--out", str(out), QUERY])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    # The delta printed is what the steps spend (none here: Laplace noise, public groups).
+    assert re.search(r"guarantee: \(1, [0-9.e-]+\)-DP for adding or removing all rows of one "
+                     r"uid within the blocks read", printed), printed
+    released = pd.read_csv(out)
+    assert list(released.columns) == ["key", "n", "mean_fare", "median_fare"]
+    assert sorted(released["key"]) == ["a", "b"]  # public groups: both, no selection
+    grants = BlockLedger(ledger_with_trips).grant_records()
+    assert len(grants) == 1
+    assert sorted(grants[0]["blocks"]) == ["trips.2013-02", "trips.2013-03"]
+    assert (grants[0]["epsilon"], grants[0]["delta"]) == (1.0, 1e-6)
+    # One share per step of the query's plan (COUNT(*) may be post-processed from the AVG's
+    # noisy count, with no step of its own).
+    assert {"mean_fare", "median_fare"} <= set(grants[0]["split"]) <= {"n", "mean_fare",
+                                                                       "median_fare"}
+    # Its shares were consumed: the same grant cannot pay for a second release.
+    ledger = BlockLedger(ledger_with_trips)
+    with pytest.raises(Exception, match="already used"):
+        ledger.use_share(ledger.find_grant(grants[0]["grant_id"]), "mean_fare", "a second run")
+
+
+@pytest.mark.parametrize("query, code, message", [
+    ("SELECT WITH ANONYMIZATION t.key, ANON_COUNT(*) FROM trips t JOIN trips s "
+     "ON t.key = s.key GROUP BY t.key", 2, "JOIN trips AS s ON t.key = s.key"),
+    ("SELECT WITH ANONYMIZATION key, ANON_SUM(s, 0, 9) FROM (SELECT uid, key, SUM(fare) AS s "
+     "FROM trips GROUP BY key) GROUP BY key", 2, "GROUP BY key is not grouped by the privacy "
+                                                 "unit uid"),
+    ("SELECT WITH ANONYMIZATION key, ANON_SUM(tip, 0, 9) FROM trips GROUP BY key", 2,
+     "unknown column tip"),
+    ("SELECT WITH ANONYMIZATION OPTIONS(infer_bounds = false) key, ANON_SUM(fare) FROM trips "
+     "GROUP BY key", 2, "no bounds"),
+    ("SELECT WITH ANONYMIZATION key, ANON_COUNT(*) FROM trips WHERE key > 3 GROUP BY key", 2,
+     "column types"),
+    ("SELECT WITH ANONYMIZATION key, ANON_COUNT(*) FROM cabs GROUP BY key", 2,
+     "no table 'cabs'"),
+])
+def test_refused_queries_charge_nothing(ledger_with_trips, capsys, query, code, message):
+    before = ledger_state(ledger_with_trips)
+    assert main(["query", "--store", ledger_with_trips, "--window", "2", "--epsilon", "1",
+                 "--delta", "1e-6", query]) == code
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert ledger_state(ledger_with_trips) == before
+
+
+def test_a_grant_too_small_is_denied_before_anything_is_charged(ledger_with_trips, capsys):
+    before = ledger_state(ledger_with_trips)
+    # The blocks' ceiling is epsilon 2: a query asking 3 is denied (exit 3, as `ledger request`).
+    assert main(["query", "--store", ledger_with_trips, "--window", "2", "--epsilon", "3",
+                 "--delta", "1e-6", QUERY]) == 3
+    assert "denied" in capsys.readouterr().err
+    assert main(["query", "--store", ledger_with_trips, "--blocks", "trips.2013-01",
+                 "--epsilon", "3", "--delta", "1e-6", QUERY]) == 3
+    assert ledger_state(ledger_with_trips) == before
+    assert BlockLedger(ledger_with_trips).audit() == []
+
+
+def test_user_blocks_make_the_guarantee_user_level(tmp_path, store_path, capsys):
+    BlockLedger.create(store_path)
+    write_trips(tmp_path / "rides.csv", [(f"u{i % 30}", "ab"[i % 2], 10, "2013-01-01")
+                                         for i in range(200)])
+    assert main(["ingest", "--store", store_path, "--csv", str(tmp_path / "rides.csv"),
+                 "--unit-column", "uid", "--user-blocks", "4", "--types", "fare:float",
+                 "--epsilon", "2", "--delta", "1e-5", "--out", str(tmp_path / "blocks")]) == 0
+    ledger = BlockLedger(store_path)
+    table = tables.find_table(ledger, "rides")
+    ids = [b.block_id for b in ledger.blocks()]
+    assert ids == [f"rides.users-{k}-of-4" for k in range(4)]
+    per_block = [set(tables.read_blocks(ledger, table, [b]).column("uid").to_pylist())
+                 for b in ids]
+    assert all(a.isdisjoint(b) for i, a in enumerate(per_block) for b in per_block[i + 1:])
+    assert main(["query", "--store", store_path, "--blocks", ",".join(ids), "--epsilon", "1",
+                 "--delta", "1e-6", QUERY.replace("FROM trips", "FROM rides")]) == 0
+    printed = capsys.readouterr().out
+    assert "for adding or removing all rows of one uid;" in printed
+    record = json.loads(json.dumps(ledger.grant_records()[0]["split"]))
+    assert record  # the grant recorded its split among the query's steps
+
+
+def test_a_join_using_the_unit_reads_and_charges_both_tables_blocks(ledger_with_trips, tmp_path,
+                                                                     capsys):
+    with open(tmp_path / "riders.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["uid", "age"])
+        writer.writerows([(f"u{i}", 20 + i) for i in range(40)])
+    assert main(["ingest", "--store", ledger_with_trips, "--csv", str(tmp_path / "riders.csv"),
+                 "--unit-column", "uid", "--user-blocks", "2", "--types", "age:int",
+                 "--epsilon", "2", "--delta", "1e-5", "--out", str(tmp_path / "riders")]) == 0
+    code = main(["query", "--store", ledger_with_trips, "--window", "2", "--epsilon", "1",
+                 "--delta", "1e-6",
+                 "SELECT WITH ANONYMIZATION OPTIONS(public_groups = ('a', 'b')) t.key, "
+                 "ANON_AVG(age, 0, 100) AS mean_age FROM trips t JOIN riders r USING (uid) "
+                 "WHERE fare > 0 GROUP BY t.key"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    # Time blocks for trips: the unit is protected within the blocks read, not overall.
+    assert "all rows of one uid within the blocks read" in printed
+    [grant] = BlockLedger(ledger_with_trips).grant_records()
+    assert sorted(grant["blocks"]) == ["riders.users-0-of-2", "riders.users-1-of-2",
+                                       "trips.2013-02", "trips.2013-03"]

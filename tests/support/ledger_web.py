@@ -1,0 +1,40 @@
+"""A ledger store for the web view's tests: what TFX and a hand-edited store leave in it."""
+from ml_metadata.metadata_store import metadata_store
+from ml_metadata.proto import metadata_store_pb2 as pb
+
+# A name that would run as script if a page put it into HTML unescaped.
+HOSTILE = "<script>alert(1)</script>"
+
+
+def _store(path: str) -> metadata_store.MetadataStore:
+    config = pb.ConnectionConfig()
+    config.sqlite.filename_uri = path
+    return metadata_store.MetadataStore(config)
+
+
+def tfx_run_with_model(path: str, run_id: str) -> None:
+    """What TFX's LocalDagRunner leaves for a run: its `pipeline_run` context and a Model the run
+    produced, attributed to it (written with ML Metadata, as TFX does)."""
+    store = _store(path)
+    context_type = store.put_context_type(pb.ContextType(name="pipeline_run"))
+    model_type = store.put_artifact_type(pb.ArtifactType(name="Model"))
+    [context_id] = store.put_contexts([pb.Context(type_id=context_type, name=run_id)])
+    [model_id] = store.put_artifacts([pb.Artifact(
+        type_id=model_type, uri=f"/pipelines/taxi/DPTrainer/model/{run_id}",
+        state=pb.Artifact.LIVE)])
+    store.put_attributions_and_associations(
+        [pb.Attribution(artifact_id=model_id, context_id=context_id)], [])
+
+
+def rename_by_hand(path: str, block_id: str, grant_pipeline: str, new_name: str) -> None:
+    """Give a block and a grant's pipeline `new_name`, as a hand-edited store or another writer
+    could: the ledger's own API refuses such names, the page must still show them as text."""
+    store = _store(path)
+    [block] = [a for a in store.get_artifacts_by_type("sage_tfx.Block")
+               if a.custom_properties["block_id"].string_value == block_id]
+    block.custom_properties["block_id"].string_value = new_name
+    store.put_artifacts([block])
+    grants = [e for e in store.get_executions_by_type("sage_tfx.Grant")
+              if e.custom_properties["pipeline"].string_value == grant_pipeline]
+    grants[0].custom_properties["pipeline"].string_value = new_name
+    store.put_executions(grants[:1])
