@@ -430,6 +430,8 @@ def matrix_mechanism_outputs(trials: int, seed: Optional[int] = None, *,
         noisy = np.concatenate([np.asarray(r.value) for r in releases])
         outputs.append(noisy.reshape(-1, MATRIX_CELLS * (MATRIX_CELLS + 1) // 2)[:trials]
                        @ direction)
+    return outputs[0], outputs[1]
+
 
 # --- the DP aggregation operator (sage_tfx.dp_statistics.aggregation), end to end ---
 
