@@ -17,6 +17,8 @@ sage-tfx: differentially private ML pipelines with a per-block privacy budget.
   sage-tfx audit ...     measure, by running them, lower bounds on the mechanisms' epsilon
   sage-tfx ingest ...    register a CSV file as a table of ledger blocks
   sage-tfx query ...     run a DP SQL query (SELECT WITH ANONYMIZATION ...) on ingested tables
+  sage-tfx workload-answer ...  answer a workload of counting queries from granted blocks
+                         (the matrix mechanism; one grant charged)
 
 Start with `sage-tfx ledger --store ledger.sqlite init`, then `sage-tfx ledger --help`.
 Set SAGE_TFX_DEBUG=1 to see a Python traceback when a command fails unexpectedly."""
@@ -26,6 +28,7 @@ EXIT_INTERNAL_ERROR = 1
 def main(argv: list[str] | None = None) -> int:
     from sage_tfx.audit import cli as audit_cli
     from sage_tfx.dp_statistics import cli as statistics_cli
+    from sage_tfx.dp_statistics.matrix import cli as matrix_cli
     from sage_tfx import __version__
     from sage_tfx.sage_access import cli as ledger_cli
 
@@ -33,11 +36,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sage-tfx {__version__}")
     groups = parser.add_subparsers(dest="group", required=True,
-                                   metavar="{ledger,compile,audit,ingest,query}")
+                                   metavar="{ledger,compile,audit,ingest,query,workload-answer}")
     ledger_cli.add_parser(groups)
     _add_compile_parser(groups)
     audit_cli.add_parser(groups)
     statistics_cli.add_parsers(groups)
+    matrix_cli.add_parser(groups)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

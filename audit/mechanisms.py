@@ -369,6 +369,70 @@ def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
     return outputs[0], outputs[1]
 
 
+# --- the matrix mechanism (sage_tfx.dp_statistics.matrix): noisy strategy answers ---
+
+MATRIX_EPSILON, MATRIX_DELTA = 2.0, 1e-5
+MATRIX_CELLS = 4
+MATRIX_RUNS_PER_CALL = 250
+# Least squares is scale-free, so 4 W answers W as well as W does; its column norms (up to
+# 4 sqrt(6)) make a sensitivity-1 calibration 9.8 times too little noise: a break the auditor
+# sees in a few thousand runs.
+MATRIX_STRATEGY_SCALE = 4.0
+
+
+def matrix_mechanism_outputs(trials: int, seed: Optional[int] = None, *,
+                             epsilon: float = MATRIX_EPSILON,
+                             broken: Optional[str] = None) -> Outputs:
+    """answer_workload with 4 times the workload as the strategy (all ranges of 4 cells: column
+    norms 4 sqrt((j + 1)(4 - j)), sensitivity 4 sqrt(6) at the middle cells) on D = no record and
+    D' = one record in the cell of largest column norm j*. The adapter records the noisy
+    strategy answers y (mechanisms.gaussian patched to keep its Release; the answers are
+    unchanged) and returns y . a_j* / ||a_j*||: the noise is isotropic, so this projection is
+    the likelihood ratio's statistic and shows the whole privacy loss, N(0, s^2) vs
+    N(||a_j*||, s^2).
+
+    Batched: each call's workload is Identity(250 runs) (x) AllRanges(4), the strategy I (x) A,
+    so run i's 4 cells are read by its own block of A and noised independently: run i is one
+    release of the one-run mechanism on a neighbouring pair (D' adds one record per run). The
+    lattice rounding grows with the runs (250 * 10 * 2^-40 of the sensitivity: more noise).
+    CSPRNG-seeded: `seed` is unused.
+
+    broken = "unit_sensitivity" is the tests' deliberately broken variant: the strategy's L2
+    sensitivity taken as 1 instead of its largest column norm (noise 4 sqrt(6) times too small).
+    OpenDP's exact Gaussian costs ~70 us per value here (10 per run), so tests run thousands,
+    not the noise module's 50000."""
+    from sage_tfx.dp_statistics.matrix import mechanism, strategy, workload
+
+    del seed
+    if broken not in (None, "unit_sensitivity"):
+        raise ValueError(f"unknown broken variant {broken!r}")
+    ranges = workload.Block(workload.BlockKind.ALL_RANGES, MATRIX_CELLS)
+    columns = ranges.dense()
+    worst = int(np.argmax(np.sum(columns ** 2, axis=0)))
+    direction = columns[:, worst] / np.linalg.norm(columns[:, worst])
+    batches = -(-trials // MATRIX_RUNS_PER_CALL)
+    batched = workload.Workload(("run", "x"), (MATRIX_RUNS_PER_CALL, MATRIX_CELLS), ((
+        workload.Block(workload.BlockKind.IDENTITY, MATRIX_RUNS_PER_CALL), ranges),))
+    chosen = strategy.Strategy((np.eye(MATRIX_RUNS_PER_CALL), MATRIX_STRATEGY_SCALE * columns),
+                               "scaled workload (batched)")
+    def sensitivity():
+        return _patched(strategy.Strategy, "l2_sensitivity", lambda original: property(
+            lambda self: 1.0)) if broken else contextlib.nullcontext()
+    outputs = []
+    for records in (0, 1):
+        data = np.zeros((MATRIX_RUNS_PER_CALL, MATRIX_CELLS), dtype=np.int64)
+        data[:, worst] = records
+        releases = []
+        with sensitivity(), _recorded(mechanism.mechanisms, "gaussian", releases):
+            for _ in range(batches):
+                mechanism.answer_workload(batched, chosen, data.reshape(-1), epsilon=epsilon,
+                                          delta=MATRIX_DELTA)
+        noisy = np.concatenate([np.asarray(r.value) for r in releases])
+        outputs.append(noisy.reshape(-1, MATRIX_CELLS * (MATRIX_CELLS + 1) // 2)[:trials]
+                       @ direction)
+    return outputs[0], outputs[1]
+
+
 # --- the DP aggregation operator (sage_tfx.dp_statistics.aggregation), end to end ---
 
 AGGREGATION_EPSILON = 1.0
@@ -444,6 +508,12 @@ def shipped() -> dict[str, MechanismAudit]:
                        vectorised=False),
         MechanismAudit("dp_sgd_step", dp_sgd_claimed_epsilon(), DP_SGD_DELTA,
                        dp_sgd_step_outputs, "DP-SGD: one step of a 1-parameter model"),
+        MechanismAudit("matrix_mechanism", MATRIX_EPSILON, MATRIX_DELTA,
+                       matrix_mechanism_outputs,
+                       "matrix mechanism: the noisy strategy answers, projected on the column "
+                       "of largest norm (all ranges of 4 cells, 4 x the workload as strategy)",
+                       # 10 exact Gaussians per run at ~70 us each: run fewer, like per-call ones.
+                       vectorised=False),
     ] + [
         MechanismAudit(f"{rule}_c{partitions}", SELECTION_EPSILON, SELECTION_DELTA,
                        functools.partial(selection_outputs, rule,

@@ -11,6 +11,7 @@
 | ObliviousSampleGen | sage_tfx.components.oblivious_sample_gen |
 | DPTrainer | sage_tfx.components.dp_trainer |
 | SLAedValidator | sage_tfx.validators |
+| MatrixMechanism (workload of counting queries) | sage_tfx.components.matrix_mechanism |
 | DPAggregate, DPStatistics (artifact type) | sage_tfx.components.dp_aggregate |
 | PrivacyGrant (artifact type) | sage_tfx.components.privacy_grant |
 
@@ -31,6 +32,7 @@ _HOMES = {
     "ObliviousSampleGen": "sage_tfx.components.oblivious_sample_gen",
     "DPTrainer": "sage_tfx.components.dp_trainer",
     "SLAedValidator": "sage_tfx.validators.component",
+    "MatrixMechanism": "sage_tfx.components.matrix_mechanism",
     "PrivacyGrant": "sage_tfx.components.privacy_grant",
     "DPAggregate": "sage_tfx.components.dp_aggregate",
     "DPStatistics": "sage_tfx.components.dp_aggregate",

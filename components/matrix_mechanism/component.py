@@ -1,0 +1,45 @@
+"""MatrixMechanism component: Examples + PrivacyGrant + a workload spec -> noisy answers."""
+from __future__ import annotations
+
+from tfx.dsl.components.base import base_component, executor_spec
+from tfx.types import artifact, channel, component_spec, standard_artifacts
+
+from sage_tfx.components.matrix_mechanism import executor
+from sage_tfx.components.privacy_grant import PrivacyGrant
+from sage_tfx.dp_statistics.matrix.spec import parse_spec
+
+
+class WorkloadAnswers(artifact.Artifact):
+    """answers.csv and answers.parquet (query, answer, expected_rmse) at the artifact's uri.
+    Custom properties only (Kubeflow V2): epsilon, delta, expected_rmse, queries, strategy,
+    guarantee (text), event (text), query_rmse (JSON list, in query order)."""
+
+    TYPE_NAME = "sage_tfx.WorkloadAnswers"
+
+
+class MatrixMechanismSpec(component_spec.ComponentSpec):
+    PARAMETERS = {
+        "workload_spec": component_spec.ExecutionParameter(type=str),
+        "grant_step": component_spec.ExecutionParameter(type=str),
+    }
+    INPUTS = {
+        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "grant": component_spec.ChannelParameter(type=PrivacyGrant),
+    }
+    OUTPUTS = {"answers": component_spec.ChannelParameter(type=WorkloadAnswers)}
+
+
+class MatrixMechanism(base_component.BaseComponent):
+    """Answers every query of `workload_spec` (JSON, sage_tfx.dp_statistics.matrix.spec) from
+    the granted `examples` (both splits), spending the grant's `grant_step` share (epsilon,
+    delta) on one Gaussian release of the Eigen-Design strategy's answers."""
+
+    SPEC_CLASS = MatrixMechanismSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
+
+    def __init__(self, examples: channel.Channel, grant: channel.Channel, workload_spec: str,
+                 grant_step: str = "statistics"):
+        parse_spec(workload_spec)  # a bad spec fails when the pipeline is built
+        super().__init__(spec=MatrixMechanismSpec(
+            workload_spec=workload_spec, grant_step=grant_step, examples=examples, grant=grant,
+            answers=channel.Channel(type=WorkloadAnswers)))

@@ -1,0 +1,102 @@
+"""MatrixMechanism executor: grant check, histogram, matrix mechanism, CSV + Parquet + MLMD.
+
+Order: the spec is parsed and the strategy chosen (both data independent) before the grant's
+share is consumed; the share's recorded event must be the Gaussian that runs; the records of
+both splits are read, each mapped to one cell by the record rule (spec.py: a bad or
+out-of-domain value counts in its attribute's public default cell; bytes that are no
+tf.Example read as an empty one), and only the mechanism's output is written or logged.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv
+import pyarrow.parquet
+import tensorflow as tf
+from dp_accounting import dp_event
+from google.protobuf.message import DecodeError
+from tfx.dsl.components.base import base_executor
+from tfx.types import artifact_utils
+
+from sage_tfx import console, mechanisms
+from sage_tfx.components.privacy_grant import require_grant
+from sage_tfx.components.util.examples_io import SPLITS, read_split
+from sage_tfx.dp_statistics.matrix import eigen_design, mechanism
+from sage_tfx.dp_statistics.matrix.spec import WorkloadSpec, parse_spec
+
+GUARANTEE = ("({epsilon}, {delta})-DP for adding or removing one record of the granted blocks "
+             "(Gaussian matrix mechanism, L2 sensitivity {sensitivity:.6g} = the strategy's "
+             "largest column norm)")
+
+
+def record_columns(serialized: Iterable[bytes], features: Sequence[str]) -> dict[str, list]:
+    """Each record's first value of each feature (None when absent); a record that does not
+    parse as a tf.Example reads as an empty one (the record rule: a public default)."""
+    columns = {feature: [] for feature in features}
+    for record in serialized:
+        example = tf.train.Example()
+        try:
+            example.ParseFromString(record)
+        except DecodeError:
+            example = tf.train.Example()
+        for feature in features:
+            field = example.features.feature.get(feature)
+            kind = field.WhichOneof("kind") if field is not None else None
+            values = getattr(field, kind).value if kind else []
+            columns[feature].append(values[0] if len(values) else None)
+    return columns
+
+
+def examples_histogram(spec: WorkloadSpec, examples_uri: str) -> np.ndarray:
+    """The data vector of every record in the Examples' splits."""
+    records = [r for split in SPLITS for r in read_split(examples_uri, split).numpy()]
+    return spec.histogram(record_columns(records, spec.features))
+
+
+def planned_event(epsilon: float, delta: float) -> dp_event.GaussianDpEvent:
+    """What mechanism.answer_workload runs on an (epsilon, delta) share."""
+    return dp_event.GaussianDpEvent(
+        mechanisms.gaussian_sigma(l2_sensitivity=1.0, epsilon=epsilon, delta=delta))
+
+
+def write_answers(directory: str, labels, release) -> None:
+    table = pa.table({"query": labels, "answer": release.answers,
+                      "expected_rmse": release.query_rmse})
+    os.makedirs(directory, exist_ok=True)
+    pyarrow.csv.write_csv(table, os.path.join(directory, "answers.csv"))
+    pyarrow.parquet.write_table(table, os.path.join(directory, "answers.parquet"))
+
+
+class Executor(base_executor.BaseExecutor):
+
+    def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
+           exec_properties: dict[str, Any]) -> None:
+        spec = parse_spec(exec_properties["workload_spec"])
+        strategy = eigen_design(spec.workload)
+        examples = artifact_utils.get_single_instance(input_dict["examples"])
+        grant = require_grant(input_dict["grant"], [examples])
+        step = exec_properties.get("grant_step") or "statistics"
+        epsilon, delta = grant.share(step)
+        grant.check_event(step, planned_event(epsilon, delta))
+        release = mechanism.answer_workload(spec.workload, strategy,
+                                            examples_histogram(spec, examples.uri),
+                                            epsilon=epsilon, delta=delta)
+        answers = artifact_utils.get_single_instance(output_dict["answers"])
+        write_answers(answers.uri, spec.workload.labels(), release)
+        for name, value in (("epsilon", epsilon), ("delta", delta),
+                            ("expected_rmse", release.expected_rmse)):
+            answers.set_float_custom_property(name, float(value))
+        answers.set_int_custom_property("queries", spec.workload.query_count)
+        answers.set_string_custom_property("strategy", strategy.name)
+        answers.set_string_custom_property("event", str(release.event))
+        answers.set_string_custom_property("guarantee", GUARANTEE.format(
+            epsilon=epsilon, delta=delta, sensitivity=strategy.l2_sensitivity))
+        answers.set_string_custom_property("query_rmse", json.dumps(
+            [float(v) for v in release.query_rmse]))
+        console.report("MatrixMechanism: %d queries answered at (%.3g, %.3g), expected RMSE "
+                       "%.4g per query", spec.workload.query_count, epsilon, delta,
+                       release.expected_rmse)

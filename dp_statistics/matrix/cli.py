@@ -1,0 +1,100 @@
+"""`sage-tfx workload-answer`: a workload of counting queries answered from granted blocks.
+
+    sage-tfx workload-answer --store S (--window W | --blocks IDS) --epsilon E --delta D
+                             --spec SPEC.json --out FILE.csv [--context C] [--pipeline P]
+
+Order (DESIGN.md "charge before release"): the spec, the budget and the output path are checked
+and the strategy chosen (data independent) before anything is charged; then ONE grant of
+(E, D) is charged on the blocks, all or nothing, recording the Gaussian event that will run;
+then the blocks' Examples are read, the histogram built (spec.py's record rule), the matrix
+mechanism run, and FILE.csv written (query, noisy answer, expected RMSE). The last stdout line is
+one JSON object: grant, blocks, epsilon, delta, queries, expected_rmse, event. Nothing
+data-dependent is printed except the mechanism's output.
+
+Exit codes as `sage-tfx ledger request`: 0 success; 2 bad input (nothing charged); 3 denied for
+lack of budget (nothing charged); 4 ledger busy; 5 store unreachable.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+
+from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE, _run
+
+STEP = "matrix_mechanism"
+
+
+def add_parser(groups: argparse._SubParsersAction) -> None:
+    parser = groups.add_parser("workload-answer", help="answer a workload of counting queries "
+                               "from granted blocks (the matrix mechanism)",
+                               description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
+                        help=f"SQLite ledger file or grpc://HOST:PORT "
+                             f"(default: ${STORE_ENVIRONMENT_VARIABLE})")
+    parser.add_argument("--context", default="default", help="ledger context (default: default)")
+    selector = parser.add_mutually_exclusive_group(required=True)
+    selector.add_argument("--blocks", help="comma-separated block ids")
+    selector.add_argument("--window", type=int, help="the most recent W blocks that can still pay")
+    parser.add_argument("--epsilon", type=float, required=True,
+                        help="epsilon of the grant, all spent on the one Gaussian release")
+    parser.add_argument("--delta", type=float, required=True, help="delta of the grant, in (0, 1)")
+    parser.add_argument("--spec", required=True, help="the workload spec (JSON; see "
+                        "sage_tfx.dp_statistics.matrix.spec)")
+    parser.add_argument("--out", required=True, help="the CSV to write (its directory must exist)")
+    parser.add_argument("--pipeline", default="workload-answer",
+                        help="the pipeline name the grant is charged to")
+    parser.set_defaults(run=lambda args: _run(_answer, args), command="workload-answer")
+
+
+def _answer(args) -> int:
+    from sage_tfx.components.matrix_mechanism.executor import (examples_histogram,
+                                                               planned_event)
+    from sage_tfx.dp_statistics.matrix import eigen_design, mechanism
+    from sage_tfx.dp_statistics.matrix.spec import parse_spec
+    from sage_tfx.sage_access.errors import BadRequest
+    from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
+    from sage_tfx.dp_statistics.matrix.workload import DomainError
+
+    if not args.out.endswith(".csv") or not os.path.isdir(os.path.dirname(args.out) or "."):
+        raise BadRequest(f"--out must be a .csv file in an existing directory, got {args.out!r}")
+    if not (math.isfinite(args.epsilon) and args.epsilon > 0 and 0 < args.delta < 1):
+        raise BadRequest(f"--epsilon must be positive and --delta in (0, 1), got "
+                         f"{args.epsilon!r}, {args.delta!r}")
+    try:
+        with open(args.spec) as handle:
+            spec = parse_spec(handle.read())
+    except (OSError, DomainError, ValueError) as error:
+        raise BadRequest(f"workload spec {args.spec}: {error}") from None
+    strategy = eigen_design(spec.workload)
+    ledger = BlockLedger(args.store, args.context, read_only=True)
+    selector = (BlockIds([b for b in args.blocks.split(",") if b]) if args.blocks is not None
+                else RecentWindow(args.window))
+    if isinstance(selector, BlockIds):
+        missing = [b for b in selector.ids if not ledger.block(b).data_uri]
+        if missing:
+            raise BadRequest(f"block(s) {', '.join(missing)} have no Examples; nothing charged")
+    ledger = BlockLedger(args.store, args.context)
+    grant = ledger.request(selector, epsilon=args.epsilon, delta=args.delta,
+                           pipeline=args.pipeline, split={STEP: "1"},
+                           events={STEP: planned_event(args.epsilon, args.delta)})
+    uris = [ledger.block(b).data_uri for b in grant.blocks]
+    if not all(uris):
+        raise BadRequest(f"grant {grant.grant_id}: a block has no Examples; the grant stays "
+                         "charged and nothing was released")
+    histogram = sum(examples_histogram(spec, uri) for uri in uris)
+    release = mechanism.answer_workload(spec.workload, strategy, histogram,
+                                        epsilon=args.epsilon, delta=args.delta)
+    with open(args.out, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["query", "answer", "expected_rmse"])
+        writer.writerows(zip(spec.workload.labels(), release.answers, release.query_rmse))
+    print(json.dumps({"grant_id": grant.grant_id, "blocks": list(grant.blocks),
+                      "epsilon": args.epsilon, "delta": args.delta,
+                      "queries": spec.workload.query_count,
+                      "expected_rmse": release.expected_rmse, "strategy": strategy.name,
+                      "event": str(release.event), "out": args.out}))
+    return 0

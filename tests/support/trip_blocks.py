@@ -1,0 +1,29 @@
+"""Blocks of trip records as BlockExampleGen writes them (for the matrix mechanism's tests)."""
+import os
+
+import tensorflow as tf
+
+# A workload over them: all ranges of the duration bins, and the (duration, payment) cells.
+TRIP_SPEC = {
+    "attributes": [{"name": "seconds", "feature": "trip_seconds", "bins": [0, 60, 120, 300]},
+                   {"name": "payment", "feature": "payment_type",
+                    "categories": ["Cash", "Credit Card"]}],
+    "queries": [{"kind": "all_ranges", "attributes": ["seconds"]},
+                {"kind": "marginals", "way": 2}]}
+TRIPS = [(30.0, b"Cash"), (200.0, b"Credit Card"), (90.0, b"Cash")]
+
+
+def write_block(directory, records=TRIPS):
+    """Gzipped TFRecords of (trip_seconds, payment_type) in Split-train and Split-test; the last
+    record of train is no tf.Example (the record rule's default cells)."""
+    for split, rows in (("train", records[:-1]), ("test", records[-1:])):
+        os.makedirs(os.path.join(directory, f"Split-{split}"))
+        path = os.path.join(directory, f"Split-{split}", "data.gz")
+        with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+            for seconds, payment in rows:
+                example = tf.train.Example()
+                example.features.feature["trip_seconds"].float_list.value.append(seconds)
+                example.features.feature["payment_type"].bytes_list.value.append(payment)
+                writer.write(example.SerializeToString())
+            if split == "train":
+                writer.write(b"not an example")
