@@ -71,12 +71,21 @@ def write_answers(directory: str, labels, release) -> None:
     pyarrow.parquet.write_table(table, os.path.join(directory, "answers.parquet"))
 
 
+def pipeline_strategy_cache(output_uri: str) -> str:
+    """`strategies` under the pipeline root: TFX lays an output out as
+    <pipeline root>/<component id>/<output key>/<execution id>."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.normpath(output_uri)))), "strategies")
+
+
 class Executor(base_executor.BaseExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:
         spec = parse_spec(exec_properties["workload_spec"])
-        strategy = eigen_design(spec.workload)
+        answers = artifact_utils.get_single_instance(output_dict["answers"])
+        strategy = eigen_design(spec.workload, cache_dir=exec_properties.get("strategy_cache")
+                                or pipeline_strategy_cache(answers.uri))
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         grant = require_grant(input_dict["grant"], [examples])
         step = exec_properties.get("grant_step") or "statistics"
@@ -85,7 +94,6 @@ class Executor(base_executor.BaseExecutor):
         release = mechanism.answer_workload(spec.workload, strategy,
                                             examples_histogram(spec, examples.uri),
                                             epsilon=epsilon, delta=delta)
-        answers = artifact_utils.get_single_instance(output_dict["answers"])
         write_answers(answers.uri, spec.workload.labels(), release)
         for name, value in (("epsilon", epsilon), ("delta", delta),
                             ("expected_rmse", release.expected_rmse)):
