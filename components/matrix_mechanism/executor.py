@@ -27,6 +27,7 @@ from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.util.examples_io import SPLITS, read_split
 from sage_tfx.dp_statistics.matrix import eigen_design, mechanism
 from sage_tfx.dp_statistics.matrix.spec import WorkloadSpec, parse_spec
+from sage_tfx.dp_statistics.tables import ROWS_FILE
 
 GUARANTEE = ("({epsilon}, {delta})-DP for adding or removing one record of the granted blocks "
              "(Gaussian matrix mechanism, L2 sensitivity {sensitivity:.6g} = the strategy's "
@@ -55,6 +56,20 @@ def examples_histogram(spec: WorkloadSpec, examples_uri: str) -> np.ndarray:
     """The data vector of every record in the Examples' splits."""
     records = [r for split in SPLITS for r in read_split(examples_uri, split).numpy()]
     return spec.histogram(record_columns(records, spec.features))
+
+
+def block_histogram(spec: WorkloadSpec, data_uri: str) -> np.ndarray:
+    """The data vector of one ledger block: an ingested table's rows (`sage-tfx ingest`, a
+    directory holding rows.parquet) or BlockExampleGen's Examples. A spec feature the table
+    lacks reads as missing in every row (the record rule: its attribute's default cell), as a
+    feature absent from an Example does."""
+    rows_file = os.path.join(data_uri, ROWS_FILE)
+    if not os.path.exists(rows_file):
+        return examples_histogram(spec, data_uri)
+    present = set(pyarrow.parquet.read_schema(rows_file).names)
+    rows = pyarrow.parquet.read_table(rows_file, columns=sorted(present & set(spec.features)))
+    return spec.histogram({feature: rows.column(feature).to_pylist() if feature in present
+                           else [None] * rows.num_rows for feature in spec.features})
 
 
 def planned_event(epsilon: float, delta: float) -> dp_event.GaussianDpEvent:
