@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo taxi-statistics ledger-demo test test-quick browser web benchmark mutation lock clean
+.PHONY: demo taxi-statistics taxi-workloads ledger-demo test test-quick browser web benchmark \
+	mutation lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,11 @@ demo: $(STAMP)
 taxi-statistics: $(STAMP)
 	$(BIN)/python -m sage_tfx.examples.taxi.statistics --workdir out/taxi-statistics \
 		--unit-column trip_id
+
+# The taxi workloads by the matrix mechanism (issue 20): duration ranges and the 2-way marginals
+# of (hour, community area, payment type), from the ingested trips (examples/taxi/workloads).
+taxi-workloads: $(STAMP)
+	$(BIN)/python -m sage_tfx.examples.taxi.workload_answers --workdir out/taxi-workloads
 
 ledger-demo: $(STAMP) $(WEB_ASSETS)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/ledger_demo.sh
