@@ -38,6 +38,7 @@ from sage_tfx.components.block_example_gen import BlockExampleGen
 from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.choices import Choice
 from sage_tfx.components.dp_trainer import DPTrainer, TrainerMode, preflight
+from sage_tfx.components.dp_trainer import constants as model_keys
 from sage_tfx.components.dp_trainer.parameters import DEFAULT_MODE
 from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
@@ -324,7 +325,7 @@ def _line(iteration: Iteration, metric: str) -> str:
 def _grant_blocks(store, blessing) -> tuple[str, ...]:
     model_id = blessing.custom_properties[blessing_keys.CURRENT_MODEL_ID].int_value
     [model] = store.get_artifacts_by_id([model_id])
-    return tuple(json.loads(model.custom_properties["blocks"].string_value))
+    return tuple(json.loads(model.custom_properties[model_keys.BLOCKS].string_value))
 
 
 def _pushed(store, pushed_models: list) -> Optional[str]:
