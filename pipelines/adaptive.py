@@ -49,7 +49,7 @@ from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.accounting import AccountingMode, check_split
 from sage_tfx.validators import constants as blessing_keys
 from sage_tfx.validators.component import SLAedValidator
-from sage_tfx.validators.slaed import Outcome
+from sage_tfx.validators.slaed import Metric, Outcome
 
 __all__ = ["AdaptiveResult", "BlockSource", "Iteration", "IterationSpec", "Policy", "RunOutcome",
            "build_iteration", "run_adaptive", "step_mechanisms"]
@@ -283,7 +283,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 upper_bound=float(_property(blessing, blessing_keys.UPPER_BOUND)),
                 target=float(_property(blessing, blessing_keys.TARGET)))
             iterations.append(iteration)
-            metric = _property(blessing, blessing_keys.METRIC)
+            metric = Metric(_property(blessing, blessing_keys.METRIC))
             report(_line(iteration, metric))
             if iteration.outcome == Outcome.ACCEPT:
                 return AdaptiveResult(ACCEPTED, iterations,
@@ -314,7 +314,7 @@ def _preflight(spec: IterationSpec, epsilon: float) -> None:
                          f"nothing was charged for it: {error}") from error
 
 
-def _line(iteration: Iteration, metric: str) -> str:
+def _line(iteration: Iteration, metric: Metric) -> str:
     span = f"{iteration.blocks[-1]}..{iteration.blocks[0]}" if iteration.blocks else "-"
     return (f"iteration {iteration.number}: window {iteration.window} block(s) ({span}), "
             f"epsilon {iteration.epsilon:.4g} -> {iteration.outcome}  (DP {metric} "
