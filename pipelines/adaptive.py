@@ -43,7 +43,7 @@ from sage_tfx.components.dp_trainer.parameters import DEFAULT_MODE
 from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
-from sage_tfx.components.privacy_grant import step_events
+from sage_tfx.components.privacy_grant import Mechanism, step_events
 from sage_tfx.pipelines.policy import Policy, PolicyName, after_retry
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.accounting import AccountingMode, check_split
@@ -145,11 +145,12 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
 
 def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
     """What each step of the iteration runs, for the events its grant records."""
-    mechanisms = {"transform": {"mechanism": "laplace"}, "validation": {"mechanism": "laplace"},
+    mechanisms = {"transform": {"mechanism": Mechanism.LAPLACE},
+                  "validation": {"mechanism": Mechanism.LAPLACE},
                   "training": {"mechanism": str(spec.trainer.get("mode") or DEFAULT_MODE)}}
     if spec.sampling and spec.sampling.get("public_size") is None:
         # ObliviousSampleGen's DP count of its records (discrete Laplace: pure epsilon-DP).
-        mechanisms[COUNT_STEP] = {"mechanism": "laplace"}
+        mechanisms[COUNT_STEP] = {"mechanism": Mechanism.LAPLACE}
     return mechanisms
 
 

@@ -33,6 +33,9 @@ import math
 import os
 import sys
 
+# Light (no dp_accounting, no TensorFlow); the package's __init__ imports it anyway.
+from sage_tfx.sage_access.accounting import AccountingMode, accounting_for
+
 EXIT_BAD_INPUT = 2
 EXIT_DENIED = 3
 EXIT_BUSY = 4
@@ -69,7 +72,8 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
         return sub
 
     init = command("init", _init, "create a ledger context (creates the store if needed)")
-    init.add_argument("--accounting", choices=["basic", "rdp"], default="basic",
+    init.add_argument("--accounting", choices=AccountingMode.values(),
+                      default=AccountingMode.BASIC,
                       help="basic: epsilons and deltas add up per block; rdp: a Renyi-DP filter "
                            "per block (default: basic)")
     init.add_argument("--min-request", type=float, default=0.01, dest="min_request",
@@ -330,8 +334,6 @@ def block_row(ledger, block) -> dict:
 
 def format_table(table: dict) -> str:
     """`show`'s text view of a `ledger_table`."""
-    from sage_tfx.sage_access.accounting import accounting_for
-
     rdp = accounting_for(table["accounting"]).budget_in_shares
     lines = [f"ledger {table['context']!r}: {table['accounting']} accounting, minimum request "
              f"epsilon {table['min_request_epsilon']}, waiting pipelines: "
@@ -427,8 +429,6 @@ def _plot(args) -> int:
         text = f"{bar['spent']:.2g}" + (" R" if bar["retired"] else "")
         axes.text(index, bottom[index], text, ha="center", va="bottom", fontsize=7,
                   rotation=90 if crowded else 0)
-    from sage_tfx.sage_access.accounting import accounting_for
-
     unit = accounting_for(table["accounting"]).summary_unit
     axes.set_ylabel(unit + (" (mean per block)" if grouped else ""))
     axes.set_ylim(0, max(bottom) * 1.25)
