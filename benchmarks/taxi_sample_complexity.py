@@ -33,6 +33,7 @@ import tempfile
 from sage_tfx.components.block_example_gen.constants import BLOCK_ID
 from sage_tfx.examples.taxi.pipeline import TaxiSource, adassp_spec
 from sage_tfx.pipelines.adaptive import Policy, run_adaptive
+from sage_tfx.pipelines.policy import PolicyName
 from workload_sim import fit_validation_bound
 from sage_tfx.sage_access import BlockLedger, connect
 
@@ -60,7 +61,7 @@ def one_iteration(window: int, epsilon: float, seed: int, workdir: str) -> dict:
     source = TaxiSource(store, workdir)
     source.ingest(window)
     result = run_adaptive(adassp_spec(seed=seed),
-                          Policy("conserve", initial_epsilon=epsilon, min_window=window,
+                          Policy(PolicyName.CONSERVE, initial_epsilon=epsilon, min_window=window,
                                  max_iterations=1),
                           "taxi-adassp", os.path.join(workdir, "run"), store, source,
                           report=lambda _: None)

@@ -23,6 +23,8 @@ from sage_tfx.validators import constants
 from sage_tfx.validators.slaed import ACCEPT, Metric, accuracy_validator, loss_validator
 
 _PREDICTION_BATCH = 4096
+# What each metric needs of the user's module (beyond user_module.ALWAYS_NEEDED).
+MODULE_NEEDS = {Metric.LOSS: ("loss",), Metric.ACCURACY: ()}
 
 
 def check_parameters(metric: str, target: float, confidence: float,
@@ -86,7 +88,7 @@ class Executor(base_executor.BaseExecutor):
         step = exec_properties.get("grant_step") or "validation"
         epsilon, _ = grant.share(step)
         grant.check_event(step, pure_dp_event(epsilon))  # Laplace releases summing to epsilon
-        module = UserModule.load(exec_properties.get("module_file"), metric)
+        module = UserModule.load(exec_properties.get("module_file"), metric, MODULE_NEEDS[metric])
         model = artifact_utils.get_single_instance(input_dict["model"])
 
         transform_output = None

@@ -19,7 +19,7 @@ from sage_tfx.components.dp_trainer import adassp as adassp_lib
 from sage_tfx.components.dp_trainer import constants as model_keys
 from sage_tfx.components.dp_trainer import dp_sgd
 from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
-                                                       TrainerMode, calibrate_run)
+                                                       MODULE_NEEDS, TrainerMode, calibrate_run)
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen import constants as sample_keys
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
@@ -125,7 +125,7 @@ class Executor(base_executor.BaseExecutor):
             # DP-SGD has no event before it runs (privacy_grant.planned_event), so the ledger
             # must have charged its (epsilon, delta) share, not another mechanism's curve.
             grant.check_event(step, None)
-        module = UserModule.load(exec_properties.get("module_file"), mode)
+        module = UserModule.load(exec_properties.get("module_file"), mode, MODULE_NEEDS[mode])
         transform_output = None
         if input_dict.get("transform_graph"):
             import tensorflow_transform as tft
