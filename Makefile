@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo taxi-statistics ledger-demo test test-quick browser benchmark mutation lock clean
+.PHONY: demo taxi-statistics taxi-workloads ledger-demo test test-quick browser web benchmark \
+	mutation lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +15,15 @@ $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -r requirements/lock.txt
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+
+# The ledger page's chart library (plotly.js's basic bundle) from the npm registry, exactly as
+# sage_access/web/package-lock.json pins it, served by `sage-tfx ledger serve` (no CDN).
+WEB_ASSETS := sage_access/web/node_modules/.package-lock.json
+$(WEB_ASSETS): sage_access/web/package-lock.json
+	cd sage_access/web && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $(WEB_ASSETS)
+
+web: $(WEB_ASSETS)
 
 demo: $(STAMP)
 	$(BIN)/python -m sage_tfx.examples.taxi.run --workdir out/taxi-demo
@@ -24,10 +34,15 @@ taxi-statistics: $(STAMP)
 	$(BIN)/python -m sage_tfx.examples.taxi.statistics --workdir out/taxi-statistics \
 		--unit-column trip_id
 
-ledger-demo: $(STAMP)
+# The taxi workloads by the matrix mechanism (issue 20): duration ranges and the 2-way marginals
+# of (hour, community area, payment type), from the ingested trips (examples/taxi/workloads).
+taxi-workloads: $(STAMP)
+	$(BIN)/python -m sage_tfx.examples.taxi.workload_answers --workdir out/taxi-workloads
+
+ledger-demo: $(STAMP) $(WEB_ASSETS)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/ledger_demo.sh
 
-test: $(STAMP) browser
+test: $(STAMP) $(WEB_ASSETS) browser
 	$(BIN)/python -m pytest tests
 
 # Debian's Chromium and its driver, for the ledger page's browser tests (tests/sage_access): when
@@ -43,10 +58,10 @@ browser:
 
 # During development: the suite without the tests marked slow (TFX pipelines, several processes,
 # crashes, minutes of sampling). CI runs `make test`, the whole suite.
-test-quick: $(STAMP) browser
+test-quick: $(STAMP) $(WEB_ASSETS) browser
 	$(BIN)/python -m pytest tests -m "not slow"
 
-benchmark: $(STAMP)
+benchmark: $(STAMP) $(WEB_ASSETS)
 	# PipelineDP, the anchor of benchmarks/aggregation.py, is pinned apart from the lock.
 	$(BIN)/pip install --quiet --no-deps -r requirements/benchmark.txt
 	$(BIN)/python benchmarks/ledger.py

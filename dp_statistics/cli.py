@@ -47,7 +47,10 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
     ingest.add_argument("--csv", required=True, help="the CSV file (its first line names the "
                                                      "columns)")
     ingest.add_argument("--unit-column", required=True,
-                        help="the privacy unit (user id) column; queries' unit is this one")
+                        help="the privacy unit (user id) column; queries' unit is this one. "
+                             "Tables joined in a query must use the same ids for the same "
+                             "people (only the column names are compared), and a unit's loss "
+                             "is bounded per table: across tables it adds up")
     ingest.add_argument("--time-column", help="cut blocks by this time column (ISO 8601 or "
                                               "Unix seconds)")
     ingest.add_argument("--period", choices=["month", "day", "hour"], default="month",
@@ -135,7 +138,8 @@ def _query(args) -> int:
         for table in found.values():
             payable = ledger.payable_window(args.epsilon, args.delta, size=args.window,
                                             split=split, events=events,
-                                            blocks=[b for b in live if table.owns(b.block_id)])
+                                            blocks=[b for b in live if table.owns(b.block_id)],
+                                            additional_delta=budget.additional_delta)
             if len(payable) < args.window:
                 raise BudgetExhausted(
                     f"denied: only {len(payable)} block(s) of table {table.name} can pay the "
@@ -143,7 +147,7 @@ def _query(args) -> int:
                     {block.block_id: "can pay" for block in payable})
             block_ids += [block.block_id for block in payable]
     grant = ledger.request(BlockIds(block_ids), args.epsilon, args.delta, split=split,
-                           events=events)
+                           events=events, additional_delta=budget.additional_delta)
     unit = GuaranteeUnit.UNIT if all(t.guarantee_unit is GuaranteeUnit.UNIT
                                      for t in found.values()) \
         else GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ

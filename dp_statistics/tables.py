@@ -7,9 +7,16 @@ the query), the columns and their types, and how rows are cut into blocks:
 
 * by time (`month`, `day`, `hour` of a time column): a unit's rows spread over many blocks, so a
   release is DP for the unit *within the blocks read*;
-* by a keyed hash of the unit into K blocks (`user_hash`): all rows of a unit lie in one block,
-  so a release is DP for the unit, and the ledger's per-block ceilings bound each unit's total
-  loss (Sage §4.4, user-level accounting).
+* by a keyed hash of the unit into K blocks (`user_hash`): all rows of a unit lie in one block
+  of the table, so a release is DP for the unit, and the ledger's per-block ceilings bound each
+  unit's total loss *through this table's blocks* (Sage §4.4, user-level accounting).
+
+The bound is per table. A person who appears in several tables (or in the same data ingested
+again under another name, with or without --user-blocks) has rows in blocks of each, and each
+table's blocks have their own ceilings: that person's loss is the sum over the tables. A JOIN
+requires the tables' unit columns to have the same *name*; that they mean the same people (the
+same id space) is the ingesting user's promise, which no check can verify. Joined tables whose
+same-named unit columns hold different people's ids would pair rows of different people.
 
 Each block is the ledger block `<table>.<part>` (e.g. `trips.2013-01`, `trips.users-003-of-016`)
 whose data_uri is a directory holding `rows.parquet`. The definition holds nothing computed from

@@ -6,8 +6,9 @@ ledger opens) answering the same questions, so the ledger and the allocation pol
 on the mode (only the CLI's tables name it, to label their units):
 
 * `capacity(epsilon_g, delta_g)`: the vector a fresh block may spend;
-* `demand(request)`: the vector a request charges; `grant_demand(request, split, events)`: what a
-  grant charges given what its steps run, and `granted_epsilon` what it records as granted;
+* `demand(request)`: the vector a request charges; `grant_demand(request, split, events,
+  additional_delta)`: what a grant charges given what its steps run (an rdp ledger refuses delta
+  spent outside the events), and `granted_epsilon` what it records as granted;
 * `fits(used, demand, limit)`: may `used + demand` be spent against `limit`?
 * `requires_step_events`: must a grant give the DP event of every step of its split?
 * `guarantee(spent, ...)`, `budget_view(block, pipeline)` and `remaining(block, pipeline)`: what a
@@ -169,8 +170,14 @@ class BasicComposition:
     requires_step_events = False
 
     def grant_demand(self, request: BudgetRequest, split: Mapping[str, str],
-                     events: Mapping[str, object]) -> np.ndarray:
-        """What a grant charges: the (epsilon, delta) of the request, whatever its steps run."""
+                     events: Mapping[str, object], additional_delta: float = 0.0) -> np.ndarray:
+        """What a grant charges: the (epsilon, delta) of the request, whatever its steps run.
+        `additional_delta` (delta its steps spend outside their events, e.g. partition
+        selection's) is part of that delta, so it may not exceed it."""
+        additional_delta = _check_delta(additional_delta, "additional_delta")
+        if additional_delta > (request.delta or 0.0):
+            raise BadRequest(f"the steps spend additional delta {additional_delta:g} outside "
+                             f"their events, more than the grant's delta {request.delta}")
         return self.demand(request)
 
     def granted_epsilon(self, request: BudgetRequest, demand: np.ndarray) -> float:
@@ -256,10 +263,22 @@ class RenyiFilter:
     requires_step_events = True
 
     def grant_demand(self, request: BudgetRequest, split: Mapping[str, str],
-                     events: Mapping[str, object]) -> np.ndarray:
+                     events: Mapping[str, object], additional_delta: float = 0.0) -> np.ndarray:
         """What a grant charges: an (epsilon, delta > 0) grant charges the RDP curve of its
         steps' events ((epsilon, delta) is the target they were calibrated to); otherwise the
-        request's own curve (`demand`)."""
+        request's own curve (`demand`).
+
+        A grant whose steps spend delta outside their events (`additional_delta` > 0, e.g.
+        partition selection's, mechanisms.Release) is refused: a (0, delta) part has no finite
+        RDP curve, and the filter's conversion already gives each block's whole delta ceiling
+        to the RDP curve (delta_g / |A| per order), so no delta is left to charge it on.
+        Charging it soundly needs a share of delta_g set aside for such deltas when the block
+        is created (a second budget entry), which this filter does not keep."""
+        if _check_delta(additional_delta, "additional_delta") > 0:
+            raise BadRequest(
+                f"an rdp ledger cannot charge delta spent outside the steps' DP events "
+                f"(additional delta {additional_delta:g}, e.g. partition selection's): an RDP "
+                "curve cannot carry it; use a basic ledger (or, for DP SQL, public_groups)")
         if request.rdp_curve is None and request.delta > 0:
             missing = sorted(set(split) - set(events))
             if not split or missing:

@@ -520,8 +520,9 @@ def _serve(args) -> int:
         raise BadRequest("--token must be at least 16 characters")
     import uvicorn
 
-    from sage_tfx.sage_access.web.app import LedgerViews, create_app, is_loopback
+    from sage_tfx.sage_access.web.app import LedgerViews, chart_library, create_app, is_loopback
 
+    chart_library()  # a missing install is said now, not after reading the whole store
     token = args.token
     if token is None and not is_loopback(args.host):
         token = secrets.token_urlsafe(32)

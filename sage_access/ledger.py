@@ -132,14 +132,15 @@ class BlockLedger:
     def payable_window(self, epsilon: float, delta: float, pipeline: Optional[str] = None,
                        size: Optional[int] = None, split: Optional[Mapping[str, str]] = None,
                        events: Optional[Mapping[str, object]] = None,
-                       blocks: Optional[Sequence[BlockState]] = None) -> list[BlockState]:
+                       blocks: Optional[Sequence[BlockState]] = None,
+                       additional_delta: float = 0.0) -> list[BlockState]:
         """The blocks a RecentWindow(size) request of (epsilon, delta) with this split and these
         events (see `request`) would take now, most recent first (all that can pay, without
         `size`), among `blocks` (default: the live blocks, read now). Planning only: nothing is
         charged, and a concurrent grant may change the answer before a request is made."""
         budget = BudgetRequest(epsilon=epsilon, delta=delta)
         demand = self._demand(budget, check_split(split) if split is not None else {},
-                              dict(events or {}))
+                              dict(events or {}), additional_delta)
         payable = [block for block in (self.live_blocks() if blocks is None else blocks)
                    if allocation.can_pay(block, demand, pipeline, self.accounting)]
         return payable if size is None else payable[:size]
@@ -236,7 +237,8 @@ class BlockLedger:
                 pipeline: Optional[str] = None, run_id: Optional[str] = None,
                 split: Optional[Mapping[str, str]] = None,
                 events: Optional[Mapping[str, object]] = None,
-                data_uri: Optional[str] = None, require_data: bool = False) -> Grant:
+                data_uri: Optional[str] = None, require_data: bool = False,
+                additional_delta: float = 0.0) -> Grant:
         """Grant (epsilon, delta) or an RDP curve on the selected blocks, all or nothing.
 
         `split` ({step: fraction}, exact, summing to at most 1) divides the grant among the
@@ -244,8 +246,11 @@ class BlockLedger:
         will run; both are recorded on the grant. On an `rdp` ledger an (epsilon, delta) grant
         needs `events` for every step of the split: it charges the RDP curve of their
         composition, and (epsilon, delta) is the target the steps were calibrated to. A `basic`
-        ledger charges (epsilon, delta). `data_uri` is where the granted Examples will be
-        written (recorded as the grant's data; see `require_data`). With `require_data`, the
+        ledger charges (epsilon, delta). `additional_delta` is the part of delta the steps
+        spend outside their events (partition selection's): a basic ledger charges it within
+        delta, an rdp ledger refuses it (accounting.RenyiFilter.grant_demand). `data_uri` is
+        where the granted Examples will be written (recorded as the grant's data; see
+        `require_data`). With `require_data`, the
         grant is refused (BadRequest naming the blocks, nothing charged) unless every block it
         takes has Examples registered (`add_block(data_uri=...)`); the check runs on the blocks
         read inside the grant's transaction, so no concurrent grant can change what it checked.
@@ -259,7 +264,7 @@ class BlockLedger:
                                rdp_curve=tuple(rdp_curve) if rdp_curve is not None else None)
         split = check_split(split) if split is not None else {}
         events = dict(events or {})
-        demand = self._demand(budget, split, events)
+        demand = self._demand(budget, split, events, additional_delta)
         recorded_events = {step: event_to_json(event) for step, event in events.items()}
         if pipeline is not None:
             check_name(pipeline, "pipeline")
@@ -295,12 +300,12 @@ class BlockLedger:
         return self._transactions.retrying(attempt)
 
     def _demand(self, budget: BudgetRequest, split: Mapping[str, str],
-                events: Mapping[str, object]) -> np.ndarray:
+                events: Mapping[str, object], additional_delta: float = 0.0) -> np.ndarray:
         """What a grant charges, as the ledger's accounting prices it (accounting.grant_demand)."""
         if set(events) - set(split):
             raise BadRequest(f"events for step(s) {sorted(set(events) - set(split))} that the "
                              f"split {split} does not name")
-        return self.accounting.grant_demand(budget, split, events)
+        return self.accounting.grant_demand(budget, split, events, additional_delta)
 
     def _choose(self, selector, demand: np.ndarray,
                 pipeline: Optional[str]) -> list[tuple[pb.Artifact, BlockState]]:

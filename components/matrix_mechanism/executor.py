@@ -27,6 +27,7 @@ from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.util.examples_io import SPLITS, read_split
 from sage_tfx.dp_statistics.matrix import eigen_design, mechanism
 from sage_tfx.dp_statistics.matrix.spec import WorkloadSpec, parse_spec
+from sage_tfx.dp_statistics.tables import ROWS_FILE
 
 GUARANTEE = ("({epsilon}, {delta})-DP for adding or removing one record of the granted blocks "
              "(Gaussian matrix mechanism, L2 sensitivity {sensitivity:.6g} = the strategy's "
@@ -57,6 +58,20 @@ def examples_histogram(spec: WorkloadSpec, examples_uri: str) -> np.ndarray:
     return spec.histogram(record_columns(records, spec.features))
 
 
+def block_histogram(spec: WorkloadSpec, data_uri: str) -> np.ndarray:
+    """The data vector of one ledger block: an ingested table's rows (`sage-tfx ingest`, a
+    directory holding rows.parquet) or BlockExampleGen's Examples. A spec feature the table
+    lacks reads as missing in every row (the record rule: its attribute's default cell), as a
+    feature absent from an Example does."""
+    rows_file = os.path.join(data_uri, ROWS_FILE)
+    if not os.path.exists(rows_file):
+        return examples_histogram(spec, data_uri)
+    present = set(pyarrow.parquet.read_schema(rows_file).names)
+    rows = pyarrow.parquet.read_table(rows_file, columns=sorted(present & set(spec.features)))
+    return spec.histogram({feature: rows.column(feature).to_pylist() if feature in present
+                           else [None] * rows.num_rows for feature in spec.features})
+
+
 def planned_event(epsilon: float, delta: float) -> dp_event.GaussianDpEvent:
     """What mechanism.answer_workload runs on an (epsilon, delta) share."""
     return dp_event.GaussianDpEvent(
@@ -71,12 +86,21 @@ def write_answers(directory: str, labels, release) -> None:
     pyarrow.parquet.write_table(table, os.path.join(directory, "answers.parquet"))
 
 
+def pipeline_strategy_cache(output_uri: str) -> str:
+    """`strategies` under the pipeline root: TFX lays an output out as
+    <pipeline root>/<component id>/<output key>/<execution id>."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.normpath(output_uri)))), "strategies")
+
+
 class Executor(base_executor.BaseExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:
         spec = parse_spec(exec_properties["workload_spec"])
-        strategy = eigen_design(spec.workload)
+        answers = artifact_utils.get_single_instance(output_dict["answers"])
+        strategy = eigen_design(spec.workload, cache_dir=exec_properties.get("strategy_cache")
+                                or pipeline_strategy_cache(answers.uri))
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         grant = require_grant(input_dict["grant"], [examples])
         step = exec_properties.get("grant_step") or "statistics"
@@ -85,7 +109,6 @@ class Executor(base_executor.BaseExecutor):
         release = mechanism.answer_workload(spec.workload, strategy,
                                             examples_histogram(spec, examples.uri),
                                             epsilon=epsilon, delta=delta)
-        answers = artifact_utils.get_single_instance(output_dict["answers"])
         write_answers(answers.uri, spec.workload.labels(), release)
         for name, value in (("epsilon", epsilon), ("delta", delta),
                             ("expected_rmse", release.expected_rmse)):

@@ -114,15 +114,16 @@ def _group_ranks(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _random_grouping(keys: np.ndarray, key_limit: int, rng: np.random.Generator) -> np.ndarray:
     """A permutation that sorts ``keys`` (integers in [0, key_limit)) and orders equal keys
-    uniformly at random. One unstable argsort of key * 2^r + r random bits when r >= 24 bits
-    fit beside the key in 64 (ties among equal random bits, rare, fall back to argsort's
-    order: the order of one unit's own rows, so sampling still depends only on the unit's
-    data); else a stable sort of a uniformly shuffled array."""
+    uniformly at random. One stable argsort of key * 2^r + r random bits when r >= 24 bits
+    fit beside the key in 64 (ties among equal random bits, rare, keep the rows' input order:
+    the order of one unit's own rows, so sampling still depends only on the unit's data; an
+    unstable sort would order them by where other units' rows sit); else a stable sort of a
+    uniformly shuffled array."""
     random_bits = 64 - max(int(key_limit - 1).bit_length(), 1)
     if random_bits >= 24:
         packed = (keys.astype(np.uint64) << np.uint64(random_bits)) | rng.integers(
             0, 2 ** random_bits, size=keys.size, dtype=np.uint64)
-        return np.argsort(packed)
+        return np.argsort(packed, kind="stable")
     shuffled = rng.permutation(keys.size)
     return shuffled[np.argsort(keys[shuffled], kind="stable")]
 

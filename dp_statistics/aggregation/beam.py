@@ -120,13 +120,18 @@ class AccumulateTransform(beam.PTransform):
         public = (set(query.public_partitions)
                   if SelectionRule(query.selection) is SelectionRule.PUBLIC else None)
 
+        def partition(row):
+            # A row without a key column has a null key there (the local engine's frame has
+            # NaN): raising would stop a charged run because of one row.
+            return tuple(row.get(c) for c in group_by)
+
         def pair_key(row):
-            return tuple(row[c] for c in group_by), row[unit_column]
+            return partition(row), row[unit_column]
 
         def wanted(row):
             if pd.isna(row.get(unit_column)):
                 return False  # owned by nobody (None, or NaN from a pandas frame)
-            return public is None or tuple(row[c] for c in group_by) in public
+            return public is None or partition(row) in public
 
         pairs = (rows
                  | "Owned" >> beam.Filter(wanted)

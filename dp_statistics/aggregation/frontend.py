@@ -24,7 +24,7 @@ from sage_tfx.dp_statistics.aggregation.local import aggregate
 from sage_tfx.dp_statistics.aggregation.release import Release
 from sage_tfx.dp_statistics.aggregation.spec import (AggregationQuery, GuaranteeUnit,
                                                      QueryError)
-from sage_tfx.sage_access.accounting import event_from_json
+from sage_tfx.sage_access.accounting import AccountingMode, event_from_json
 
 # A step's fraction of the grant, written exactly (decimal) and rounded down, so the fractions
 # never sum to more than 1 (sage_access.ledger.check_split).
@@ -52,7 +52,9 @@ def prepare(text: str, schemas: Mapping[str, sql.TableSchema],
 
 def grant_terms(budget: BudgetPlan) -> tuple[dict[str, str], dict[str, object]]:
     """(split, events) to request the grant with: each step's exact fraction of the budget and
-    the dp-accounting event it runs."""
+    the dp-accounting event it runs. Request it with `additional_delta=budget.additional_delta`
+    too (the delta partition selection spends outside its event), so that an rdp ledger, whose
+    RDP curves cannot carry it, refuses the grant before charging it."""
     split = {step.name: str(Decimal(step.epsilon / budget.epsilon).quantize(
         _FRACTION_DIGITS, rounding=ROUND_DOWN)) for step in budget.steps}
     return split, {step.name: step.event for step in budget.steps}
@@ -84,10 +86,17 @@ def _budget_of(grant, query: AggregationQuery) -> BudgetPlan:
 
 def run(rows: pa.Table, prepared_query: AggregationQuery, grant, use_share,
         unit: GuaranteeUnit, columns: Optional[tuple[str, ...]] = None,
-        engine: Callable = aggregate) -> Release:
+        engine: Callable = aggregate, rdp_ledger: bool = False) -> Release:
     """Consume every share of `grant` (`use_share(step)`), then run the operator on `rows`
-    with `engine` (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam)."""
+    with `engine` (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam).
+    `rdp_ledger`: the grant is on an rdp ledger, which charged only its events' RDP curve, so
+    a plan spending delta outside its events is refused before anything is released."""
     budget = _budget_of(grant, prepared_query)
+    if rdp_ledger and budget.additional_delta > 0:
+        raise QueryError(f"grant {grant.grant_id} is on an rdp ledger, which cannot charge the "
+                         f"delta ({budget.additional_delta:g}) partition selection spends "
+                         "outside its event; nothing was released (use a basic ledger or "
+                         "public_groups)")
     for step in budget.steps:
         use_share(step.name)
     release = engine(rows, prepared_query, budget, unit)
@@ -112,6 +121,7 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_or_sql: Union[str, A
     if not isinstance(data, pa.Table):
         raise QueryError(f"data must be a pyarrow.Table or a pandas.DataFrame, got "
                          f"{type(data).__name__}")
+    rdp_ledger = ledger is not None and ledger.accounting.name == AccountingMode.RDP
     if hasattr(grant, "share") and hasattr(grant, "consumer"):  # a component's GrantInfo
         use_share = grant.share
     elif ledger is not None:
@@ -121,7 +131,7 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_or_sql: Union[str, A
         raise QueryError("pass the ledger that issued the grant (ledger=...), so that its shares "
                          "are spent once")
     if isinstance(query_or_sql, AggregationQuery):
-        return run(data, query_or_sql, grant, use_share, unit)
+        return run(data, query_or_sql, grant, use_share, unit, rdp_ledger=rdp_ledger)
     parsed = sql.parse(query_or_sql)
     unit_column = parsed.options.get("privacy_unit_column")
     if not isinstance(unit_column, str):
@@ -133,7 +143,8 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_or_sql: Union[str, A
     prepared = prepare(query_or_sql, {name: schema for name in names},
                        {name: data.schema for name in names})
     rows = relation.evaluate(prepared.checked, lambda _: data)
-    return run(rows, prepared.query, grant, use_share, unit, prepared.columns)
+    return run(rows, prepared.query, grant, use_share, unit, prepared.columns,
+               rdp_ledger=rdp_ledger)
 
 
 def _kind(arrow_type: pa.DataType) -> str:

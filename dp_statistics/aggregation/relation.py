@@ -12,7 +12,9 @@ anything is charged, so such an error refuses the query instead of stopping a ch
 
 The aggregates' arguments then follow the project's record rule (components/record_rule.py):
 a NaN, infinite or NULL value becomes the public default 0, row by row, so no row's content
-can make the operator raise or release NaN.
+can make the operator raise or release NaN. An argument must be numeric (sql.py types it and
+`check_on_schema` checks Arrow's type before the charge); the conversion to float is total all
+the same (text that does not parse is NULL, so the default), so no value can fail a charged run.
 """
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ import pyarrow.dataset as ds
 from sqlglot import exp
 
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
-from sage_tfx.dp_statistics.aggregation.sql import (ARGUMENT_PREFIX, CheckedQuery, Filter,
-                                                    GroupByUnit, Join, Project, Relation, Scan)
+from sage_tfx.dp_statistics.aggregation.sql import (ARGUMENT_PREFIX, RESERVED_PREFIX,
+                                                    CheckedQuery, Filter, GroupByUnit, Join,
+                                                    Project, Relation, Scan)
 
 _COMPARISONS = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater,
                 exp.GTE: pc.greater_equal, exp.LT: pc.less, exp.LTE: pc.less_equal}
@@ -121,7 +124,7 @@ def _rows(relation: Relation, read: Callable[[str], pa.Table], unit: str) -> pa.
         columns = {name: to_arrow(e) for name, e in relation.keys}
         for index, (_, _, argument) in enumerate(relation.aggregates):
             if argument is not None:
-                columns[f"__argument{index}"] = to_arrow(argument)
+                columns[f"{RESERVED_PREFIX}argument{index}"] = to_arrow(argument)
         projected = _project(rows, columns)
         keys = [name for name, _ in relation.keys]
         specs, names = [], list(keys)
@@ -129,7 +132,7 @@ def _rows(relation: Relation, read: Callable[[str], pa.Table], unit: str) -> pa.
             if argument is None:  # COUNT(*)
                 specs.append(([], "count_all"))
             else:
-                specs.append((f"__argument{index}", kind))
+                specs.append((f"{RESERVED_PREFIX}argument{index}", kind))
             names.append(name)
         grouped = projected.group_by(keys, use_threads=False).aggregate(specs)
         # pyarrow names results "<column>_<function>" after the keys; rename in order.
@@ -139,30 +142,66 @@ def _rows(relation: Relation, read: Callable[[str], pa.Table], unit: str) -> pa.
     raise TypeError(f"unknown relation {relation!r}")
 
 
-def evaluate(checked: CheckedQuery, read: Callable[[str], pa.Table]) -> pa.Table:
-    """The operator's input for `checked`: the unit column, one column per group key (named as
-    released) and one per aggregate argument (`__value<i>`, record rule applied). `read(table)`
-    returns the rows of a table's granted blocks."""
+def _arguments_raw(checked: CheckedQuery, read: Callable[[str], pa.Table]) -> pa.Table:
+    """The unit column, the group keys and each aggregate argument (`__value<i>`) as its
+    expression computes it, before the record rule."""
     rows = _rows(checked.source, read, checked.unit_column)
     columns = {checked.unit_column: pc.field(checked.unit_column)}
     columns.update({name: to_arrow(expression) for name, expression in checked.keys})
     for index, call in enumerate(checked.aggregates):
         if call.argument is not None:
-            value = to_arrow(call.argument).cast(pa.float64(), safe=False)
-            columns[f"{ARGUMENT_PREFIX}{index}"] = pc.if_else(
-                pc.is_finite(value), value, pc.scalar(0.0))
-    projected = _project(rows, columns)
-    # is_finite is NULL on a NULL value; the record rule makes it the default too.
-    return pa.table({name: (pc.fill_null(column, 0.0) if name.startswith(ARGUMENT_PREFIX)
+            columns[f"{ARGUMENT_PREFIX}{index}"] = to_arrow(call.argument)
+    return _project(rows, columns)
+
+
+def _is_numeric(arrow_type: pa.DataType) -> bool:
+    return (pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+            or pa.types.is_boolean(arrow_type) or pa.types.is_decimal(arrow_type)
+            or pa.types.is_null(arrow_type))
+
+
+def _parsed_or_null(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _record_rule(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """float64 values with the record rule applied, for ANY input type: numbers are cast
+    (unchecked); anything else (check_on_schema refuses it, but a charged run must not fail on
+    a value) is parsed value by value, unparseable -> NULL. NaN, infinite and NULL -> 0."""
+    if _is_numeric(column.type):
+        values = column.cast(pa.float64(), safe=False)
+    else:
+        values = pa.chunked_array([pa.array([_parsed_or_null(v) for v in column.to_pylist()],
+                                            pa.float64())])
+    # is_finite is NULL on a NULL value; fill_null makes it the default too.
+    return pc.fill_null(pc.if_else(pc.is_finite(values), values, 0.0), 0.0)
+
+
+def evaluate(checked: CheckedQuery, read: Callable[[str], pa.Table]) -> pa.Table:
+    """The operator's input for `checked`: the unit column, one column per group key (named as
+    released) and one per aggregate argument (`__value<i>`, record rule applied). `read(table)`
+    returns the rows of a table's granted blocks."""
+    projected = _arguments_raw(checked, read)
+    return pa.table({name: (_record_rule(column) if name.startswith(ARGUMENT_PREFIX)
                             else column)
                      for name, column in zip(projected.column_names, projected.columns)})
 
 
 def check_on_schema(checked: CheckedQuery, schemas: Mapping[str, pa.Schema]) -> None:
     """Run the relation on empty tables of the ingested schemas: an expression whose types do
-    not fit fails here, on public information, before any charge."""
+    not fit fails here, and an aggregate whose argument is not numeric is refused, on public
+    information, before any charge."""
     try:
-        evaluate(checked, lambda table: schemas[table].empty_table())
+        projected = _arguments_raw(checked, lambda table: schemas[table].empty_table())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
         raise QueryError(f"the query does not fit the tables' column types: "
                          f"{str(error).splitlines()[0]}") from None
+    for index, call in enumerate(checked.aggregates):
+        name = f"{ARGUMENT_PREFIX}{index}"
+        if name in projected.column_names and not _is_numeric(projected.schema.field(name).type):
+            raise QueryError(f"{call.clause}: its argument is {projected.schema.field(name).type}"
+                             "; the aggregate needs numbers (declare the column numeric at "
+                             "ingest)")

@@ -25,11 +25,17 @@ output row from rows of one unit only and carry uid along:
 
 | operator | allowed form | refused (the error names the clause) |
 | --- | --- | --- |
-| projection (subquery SELECT list) | keeps uid | a SELECT list without uid |
+| projection (subquery SELECT list) | keeps uid, the column itself | no uid; uid replaced (below) |
 | selection (WHERE) | any row-wise predicate | a subquery inside it (it reads other units' rows) |
 | aggregation (subquery GROUP BY) | groups by uid (and more) | aggregates not grouped by uid |
 | join | `USING (uid)`, or `ON a.uid = b.uid` | any other condition, a cross join |
 
+A join compares the unit columns' names only: the tables' unit columns must hold the same
+people's ids (the ingesting user's promise; no check can see it), else a joined row mixes people.
+
+A subquery's output named uid must be the uid column itself (not an expression, nor another
+column aliased uid), and no two of its outputs may share a name: either would let a value other
+than the unit stand in for it, and the operator would bound the wrong thing.
 Window functions (they read other rows), set operations, and ANON_ aggregates below the top
 level are refused too. WHERE is applied to each row before the operator (a row-wise map: one
 unit's rows pass or not independently of every other unit's).
@@ -240,6 +246,16 @@ def _clause(node: exp.Expression) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+def _check_name(name: str, where: str) -> str:
+    """An output (or unit) column's name, refused when it could collide with the relation's
+    internal columns (relation.py names them `__value<i>` and `__argument<i>`): a collision
+    would silently replace one column by another."""
+    if name.startswith(RESERVED_PREFIX):
+        raise QueryError(f"{where}: the name {name} starts with {RESERVED_PREFIX}, which is "
+                         "reserved for the operator's internal columns; choose another name")
+    return name
+
+
 # ---------------------------------------------------------------- checking
 class _Scope:
     """The columns a relation exposes: unqualified and alias-qualified names -> internal name."""
@@ -278,7 +294,7 @@ def check(parsed: ParsedQuery, schemas: Mapping[str, TableSchema]) -> CheckedQue
         raise QueryError("the DP query has no FROM clause")
     tables: list[str] = []
     source, scope = _source(select, schemas, tables)
-    unit = scope.unit
+    unit = _check_name(scope.unit, "the privacy unit column")
     group = select.args.get("group")
     group_items = list(group.expressions) if group else []
     keys: list[tuple[str, exp.Expression]] = []
@@ -296,7 +312,8 @@ def check(parsed: ParsedQuery, schemas: Mapping[str, TableSchema]) -> CheckedQue
         inner = item.this if isinstance(item, exp.Alias) else item
         if isinstance(inner, exp.Star):
             raise QueryError("SELECT *: a DP query names its group keys and aggregates")
-        name = item.alias if isinstance(item, exp.Alias) else _default_name(inner, index)
+        name = _check_name(item.alias if isinstance(item, exp.Alias)
+                           else _default_name(inner, index), f"SELECT {_clause(item)}")
         if _is_anon(inner):
             aggregates.append(_aggregate_call(name, inner, scope))
         else:
@@ -399,11 +416,20 @@ def _aggregate_call(name: str, call: exp.Anonymous, scope: _Scope) -> AggregateC
 
 
 def _expression_type(node: exp.Expression, scope: _Scope) -> str:
-    """'string' when the expression is a bare text column or string literal, else 'number'."""
+    """'string' when the expression's values can be text, else 'number'. Text flows through
+    a column, a string literal, parentheses, COALESCE (any text operand) and a subquery's
+    MIN/MAX of text; every other row-wise form yields numbers or booleans, or fails on the
+    schema (relation.check_on_schema) before any charge."""
     if isinstance(node, exp.Column):
-        return scope.types.get(scope.resolve(node, _clause(node)), "number")
-    if isinstance(node, exp.Literal) and node.is_string:
-        return "string"
+        return scope.types.get(scope.resolve(node, _clause(node)), "string")
+    if isinstance(node, exp.Literal):
+        return "string" if node.is_string else "number"
+    if isinstance(node, (exp.Paren, exp.Min, exp.Max)):
+        return _expression_type(node.this, scope)
+    if isinstance(node, exp.Coalesce):
+        operands = [node.this, *node.expressions]
+        return "string" if any(_expression_type(o, scope) == "string" for o in operands) \
+            else "number"
     return "number"
 
 
@@ -429,6 +455,11 @@ def _check_row_wise(node: exp.Expression, scope: _Scope, where: str) -> exp.Expr
             raise QueryError(f"{where}: aggregate {_clause(child)} is not allowed here")
         if isinstance(child, exp.Column):
             scope.resolve(child, where)
+        elif isinstance(child, exp.Div) and "string" in (
+                _expression_type(child.this, scope), _expression_type(child.expression, scope)):
+            # Division converts its operands to floats row by row: text would fail on a value.
+            raise QueryError(f"{where}: {_clause(child)} divides text; division needs numbers "
+                             "(declare the column numeric at ingest)")
         elif not isinstance(child, _ROW_WISE):
             raise QueryError(f"{where}: {_clause(child)} ({type(child).__name__}) is not "
                              "supported in a DP query (row-wise comparisons, arithmetic, IN, "
@@ -501,7 +532,8 @@ def _join(left: Relation, left_scope: _Scope, join: exp.Join,
     unit = left_scope.unit
     if right_scope.unit != unit:
         raise QueryError(f"{clause}: the joined tables' unit columns differ ({unit} and "
-                         f"{right_scope.unit}); they must name the same privacy unit")
+                         f"{right_scope.unit}); they must name the same privacy unit (and hold "
+                         "the same people's ids: only the names are compared)")
     if using:
         names = [identifier.name for identifier in using]
         if unit not in names:
@@ -588,13 +620,13 @@ def _subquery(select: exp.Select, schemas: Mapping[str, TableSchema],
     keeps_unit = False
     for index, item in enumerate(select.expressions):
         inner = item.this if isinstance(item, exp.Alias) else item
-        name = item.alias_or_name or f"column_{index}"
+        name = _check_name(item.alias_or_name or f"column_{index}", clause)
         if isinstance(inner, exp.Star):
             raise QueryError(f"{clause}: SELECT * is not supported; name the columns")
         if group_items or has_aggregate:
             if isinstance(inner, exp.AggFunc):
                 aggregates.append((name, *_inner_aggregate(inner, inner_scope, clause)))
-                kind = "number"
+                kind = _expression_type(inner, inner_scope)
             else:
                 resolved = _check_row_wise(inner, inner_scope, clause)
                 if resolved not in resolved_groups:
@@ -605,10 +637,17 @@ def _subquery(select: exp.Select, schemas: Mapping[str, TableSchema],
         else:
             projected.append((name, _check_row_wise(inner, inner_scope, clause)))
             kind = _expression_type(inner, inner_scope)
-        if isinstance(inner, exp.Column) and inner_scope.resolve(inner, clause) == unit:
-            if name != unit:
-                raise QueryError(f"{clause}: keep the unit column's name ({unit}), not {name}")
-            keeps_unit = True
+        if name in scope.plain:
+            raise QueryError(f"{clause}: two of its output columns are named {name}; alias one "
+                             "(the later would replace the earlier)")
+        is_unit = isinstance(inner, exp.Column) and inner_scope.resolve(inner, clause) == unit
+        if is_unit and name != unit:
+            raise QueryError(f"{clause}: keep the unit column's name ({unit}), not {name}")
+        if name == unit and not is_unit:
+            # Anything else named like the unit would become the unit the operator bounds.
+            raise QueryError(f"{clause}: {_clause(item)}: the output named {unit} must be the "
+                             f"privacy unit column {unit} itself (row ownership, seed Table 4.3)")
+        keeps_unit = keeps_unit or is_unit
         scope.add(None, name, name, kind)
     if not keeps_unit:
         raise QueryError(f"{clause}: its SELECT list drops the privacy unit {unit}; every "
@@ -648,7 +687,8 @@ def _inner_aggregate(node: exp.AggFunc, scope: _Scope,
 # epsilon and delta are not options: they are the grant's (--epsilon/--delta).
 OPTION_NAMES = ("max_groups_contributed", "kappa", "max_rows_contributed_per_group",
                 "selection", "public_groups", "noise", "infer_bounds", "privacy_unit_column")
-ARGUMENT_PREFIX = "__value"
+RESERVED_PREFIX = "__"  # no user column may start with it (_check_name)
+ARGUMENT_PREFIX = RESERVED_PREFIX + "value"
 
 
 def _option_int(options: Mapping[str, object], names: tuple[str, ...], default: int) -> int:

@@ -1,13 +1,14 @@
 """Workload-optimal counting queries: the (adaptive) matrix mechanism (Li & Miklau, PVLDB 2012).
 
     workload = workload.all_ranges(64)                  # queries as a (structured) matrix
-    strategy = eigen_design(workload)                   # data independent, cached per workload
+    strategy = eigen_design(workload)                   # data independent, cached (cache.py)
     expected_rmse(workload, strategy, epsilon, delta)   # closed form (error.py)
     answer_workload(workload, strategy, histogram, epsilon=..., delta=...)   # the release
 
 workload.py: the frozen workload spec (blocks, Kronecker terms, constructors); strategy.py:
 strategies and Eigen-Design (Programs 1 and 2, speed-ups, Kronecker products) with their
-derivations; error.py: expected error and the SVD lower bound; mechanism.py: the release.
+derivations; cache.py: the durable strategy cache; error.py: expected error and the SVD
+lower bound; mechanism.py: the release.
 """
 from sage_tfx.dp_statistics.matrix import workload
 from sage_tfx.dp_statistics.matrix.error import (expected_rmse, laplace_expected_rmse,

@@ -6,7 +6,8 @@
 Order (DESIGN.md "charge before release"): the spec, the budget and the output path are checked
 and the strategy chosen (data independent) before anything is charged; then ONE grant of
 (E, D) is charged on the blocks, all or nothing, recording the Gaussian event that will run;
-then the blocks' Examples are read, the histogram built (spec.py's record rule), the matrix
+then the blocks' records are read (BlockExampleGen's Examples, or the rows of a table that
+`sage-tfx ingest` registered), the histogram built (spec.py's record rule), the matrix
 mechanism run, and FILE.csv written (query, noisy answer, expected RMSE). The last stdout line is
 one JSON object: grant, blocks, epsilon, delta, queries, expected_rmse, event. Nothing
 data-dependent is printed except the mechanism's output.
@@ -51,8 +52,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
 
 
 def _answer(args) -> int:
-    from sage_tfx.components.matrix_mechanism.executor import (examples_histogram,
-                                                               planned_event)
+    from sage_tfx.components.matrix_mechanism.executor import block_histogram, planned_event
     from sage_tfx.dp_statistics.matrix import eigen_design, mechanism
     from sage_tfx.dp_statistics.matrix.spec import parse_spec
     from sage_tfx.sage_access.errors import BadRequest
@@ -85,7 +85,7 @@ def _answer(args) -> int:
     if not all(uris):
         raise BadRequest(f"grant {grant.grant_id}: a block has no Examples; the grant stays "
                          "charged and nothing was released")
-    histogram = sum(examples_histogram(spec, uri) for uri in uris)
+    histogram = sum(block_histogram(spec, uri) for uri in uris)
     release = mechanism.answer_workload(spec.workload, strategy, histogram,
                                         epsilon=args.epsilon, delta=args.delta)
     with open(args.out, "w", newline="") as handle:

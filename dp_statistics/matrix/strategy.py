@@ -65,6 +65,7 @@ from typing import Optional, Sequence
 import numpy as np
 import scipy.optimize
 
+from sage_tfx.dp_statistics.matrix import cache
 from sage_tfx.dp_statistics.matrix.workload import Block, DomainError, Workload, explicit
 
 # Eigenvalues below this fraction of the largest are zero (rank-deficient workloads, §4.1).
@@ -402,21 +403,38 @@ def _kronecker_eigen_design(workload: Workload, rounds: int, **options) -> Strat
 
 def eigen_design(workload, *, separation_group: Optional[int] = None,
                  principal_fraction: Optional[float] = None,
-                 kronecker: Optional[bool] = None, rounds: int = 4) -> Strategy:
+                 kronecker: Optional[bool] = None, rounds: int = 4,
+                 cache_dir: Optional[str] = None) -> Strategy:
     """The Eigen-Design strategy for ``workload`` (paper Program 2; module docstring).
 
-    Data independent (it reads only the queries), so it is cached per workload (the Workload's
-    fingerprint is its hash): a pipeline pays the optimisation once per process.
+    Data independent (it reads only the queries), so it is cached per workload and options: in
+    memory (the Workload's fingerprint is its hash) and on disk (cache.py: ``cache_dir``, else
+    $SAGE_TFX_CACHE/strategies or ~/.cache/sage-tfx/strategies), so a pipeline's components and
+    CLI calls, each a fresh process, pay the optimisation once.
 
     separation_group: eigen-query separation with groups of that size (§4.2);
     principal_fraction: principal vectors, that fraction of the eigen-queries weighted alone;
     kronecker: a product of per-attribute strategies (default: for product workloads of more
     than 4096 cells, where the n x n Gram would not fit), cycling ``rounds`` times."""
-    return _eigen_design(as_workload(workload), separation_group, principal_fraction, kronecker,
-                         rounds)
+    return _cached_eigen_design(as_workload(workload), separation_group, principal_fraction,
+                                kronecker, rounds, cache.cache_directory(cache_dir))
 
 
 @functools.lru_cache(maxsize=32)
+def _cached_eigen_design(workload: Workload, separation_group, principal_fraction, kronecker,
+                         rounds, directory: Optional[str]) -> Strategy:
+    options = {"separation_group": separation_group, "principal_fraction": principal_fraction,
+               "kronecker": kronecker, "rounds": rounds}
+    stored = cache.load(directory, workload, options) if directory else None
+    if stored is not None:
+        factors, name, gap, seconds = stored
+        return Strategy(tuple(factors), name, seconds, gap)
+    strategy = _eigen_design(workload, separation_group, principal_fraction, kronecker, rounds)
+    if directory:
+        cache.store(directory, workload, options, strategy)
+    return strategy
+
+
 def _eigen_design(workload: Workload, separation_group, principal_fraction, kronecker,
                   rounds) -> Strategy:
     start = time.perf_counter()

@@ -335,6 +335,16 @@ def random_ranges(size: int, count: int, rng: np.random.Generator) -> Workload:
     return explicit(rows.astype(np.float64))
 
 
+def width_ranges(size: int, width: int) -> Workload:
+    """The size - width + 1 ranges of exactly ``width`` consecutive cells (a sliding window;
+    HDMM's "width32" benchmark workload with width 32)."""
+    if not 1 <= width <= size:
+        raise DomainError(f"a range width must lie in [1, {size}], got {width}")
+    starts = np.arange(size - width + 1)[:, None]
+    cells = np.arange(size)
+    return explicit(((cells >= starts) & (cells < starts + width)).astype(np.float64))
+
+
 def predicates(size: int, count: int, rng: np.random.Generator) -> Workload:
     """``count`` predicate queries sampled uniformly: each cell in or out with probability 1/2."""
     return explicit(rng.integers(0, 2, (count, size)).astype(np.float64))

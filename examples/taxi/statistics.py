@@ -48,6 +48,36 @@ def _with_trip_ids(source: str, target: str) -> None:
             writer.writerow([f"trip-{number}"] + row)
 
 
+def ingest_trips(workdir: str, csv_path: str | None, unit_column: str) -> tuple[int, str]:
+    """A fresh ledger in ``workdir`` with the trips (default: the sample inside tfx) ingested
+    as the monthly blocks of table `taxi` (every column kept): (exit code, ledger path)."""
+    from sage_tfx.cli import main as sage_tfx
+    from sage_tfx.sage_access import BlockLedger
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    trips = os.path.join(workdir, "taxi.csv")
+    source = csv_path or sample_path()
+    with open(source, newline="") as handle:
+        header = next(csv.reader(handle))
+    store = os.path.join(workdir, "ledger.sqlite")
+    if unit_column == ADDED_UNIT and ADDED_UNIT not in header:
+        _with_trip_ids(source, trips)
+    elif unit_column in header:
+        shutil.copyfile(source, trips)
+    else:
+        print(f"{source} has no column {unit_column!r} (the tfx sample has no taxi id); "
+              f"use --unit-column {ADDED_UNIT} for a record-level release", file=sys.stderr)
+        return 2, store
+    BlockLedger.create(store)
+    return sage_tfx([
+        "ingest", "--store", store, "--csv", trips, "--unit-column", unit_column,
+        "--time-column", "trip_start_timestamp", "--period", "month", "--start", "2013-01",
+        "--end", "2017-01", "--types",
+        "pickup_community_area:int,fare:float,trip_seconds:float,trip_start_hour:int",
+        "--epsilon", "4", "--delta", "1e-5", "--out", os.path.join(workdir, "blocks")]), store
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="out/taxi-statistics")
@@ -60,30 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from sage_tfx.cli import main as sage_tfx
-    from sage_tfx.sage_access import BlockLedger
 
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    os.makedirs(args.workdir)
-    trips = os.path.join(args.workdir, "taxi.csv")
-    source = args.csv or sample_path()
-    with open(source, newline="") as handle:
-        header = next(csv.reader(handle))
-    if args.unit_column == ADDED_UNIT and ADDED_UNIT not in header:
-        _with_trip_ids(source, trips)
-    elif args.unit_column in header:
-        shutil.copyfile(source, trips)
-    else:
-        print(f"{source} has no column {args.unit_column!r} (the tfx sample has no taxi id); "
-              f"use --unit-column {ADDED_UNIT} for a record-level release", file=sys.stderr)
-        return 2
-    store = os.path.join(args.workdir, "ledger.sqlite")
-    BlockLedger.create(store)
-    code = sage_tfx([
-        "ingest", "--store", store, "--csv", trips, "--unit-column", args.unit_column,
-        "--time-column", "trip_start_timestamp", "--period", "month", "--start", "2013-01",
-        "--end", "2017-01", "--types",
-        "pickup_community_area:int,fare:float,trip_seconds:float",
-        "--epsilon", "4", "--delta", "1e-5", "--out", os.path.join(args.workdir, "blocks")])
+    code, store = ingest_trips(args.workdir, args.csv, args.unit_column)
     if code:
         return code
     return sage_tfx(["query", "--store", store, "--window", "48", "--epsilon",

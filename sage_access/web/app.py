@@ -22,6 +22,7 @@ import datetime as dt
 import hmac
 import importlib.resources
 import ipaddress
+import json
 import logging
 import math
 import socket
@@ -29,7 +30,6 @@ import threading
 import time
 from typing import Optional
 
-import plotly
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
@@ -50,8 +50,10 @@ RECHECK_IDS = 256
 TOKEN_COOKIE = "sage_tfx_ledger_token"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 STATIC = importlib.resources.files("sage_tfx.sage_access.web") / "static"
-PLOTLY_JS = importlib.resources.files("plotly") / "package_data" / "plotly.min.js"
-PLOTLY_PATH = f"/static/plotly-{plotly.__version__}.min.js"
+# plotly.js's basic partial bundle (bar and scatter traces: all the page draws), 1.2 MB against the
+# full bundle's 4.8 MB, pinned in web/package-lock.json and installed there by `make` (npm ci).
+PLOTLY_PACKAGE = importlib.resources.files("sage_tfx.sage_access.web") / "node_modules" \
+    / "plotly.js-basic-dist-min"
 # No inline script and nothing from another origin; plotly sets inline styles on its SVG.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; connect-src 'self'; "
@@ -60,6 +62,17 @@ SECURITY_HEADERS = {
                                "frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY"}
+
+
+def chart_library() -> tuple[str, object]:
+    """The address the page loads plotly.js from (versioned, so browsers may cache it for good)
+    and the file served there; a clear error when `make` has not installed it."""
+    try:
+        version = json.loads((PLOTLY_PACKAGE / "package.json").read_text())["version"]
+    except FileNotFoundError:
+        raise RuntimeError(f"the ledger page's chart library is not installed ({PLOTLY_PACKAGE}): "
+                           "run `make web` (npm ci in sage_access/web)") from None
+    return f"/static/plotly-basic-{version}.min.js", PLOTLY_PACKAGE / "plotly-basic.min.js"
 
 
 def is_loopback(host: str) -> bool:
@@ -281,6 +294,7 @@ def create_app(views: LedgerViews, token: Optional[str] = None,
     requests addressed to a loopback name are answered (bind it to a loopback address).
     `refresh_seconds=None` leaves refreshing to the caller."""
     refresher = Refresher(views, refresh_seconds) if refresh_seconds else None
+    plotly_path, plotly_file = chart_library()
 
     async def lifespan(_app):
         if refresher:
@@ -332,8 +346,8 @@ def create_app(views: LedgerViews, token: Optional[str] = None,
 
     @app.get("/static/{name}", include_in_schema=False)
     def static(name: str):
-        if name == PLOTLY_PATH.rsplit("/", 1)[1]:
-            return FileResponse(PLOTLY_JS, media_type="text/javascript",
+        if name == plotly_path.rsplit("/", 1)[1]:
+            return FileResponse(plotly_file, media_type="text/javascript",
                                 headers={"Cache-Control": "max-age=86400, immutable"})
         if name not in ("ledger.js", "ledger.css"):
             raise HTTPException(404, "no such file")
@@ -344,7 +358,7 @@ def create_app(views: LedgerViews, token: Optional[str] = None,
     def contexts() -> dict:
         """Every ledger context in the store (or the one `--context` named) and its summary;
         `error` is set while the store cannot be read (the data is then the last read)."""
-        return {"error": views.error, "plotly": PLOTLY_PATH,
+        return {"error": views.error, "plotly": plotly_path,
                 "contexts": [views.snapshot(name).summary() for name in views.contexts()]}
 
     @app.get("/api/contexts/{context}", summary="One context's summary and version")

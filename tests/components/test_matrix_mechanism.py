@@ -37,7 +37,8 @@ def _run(granted, tmp_path, name="answers"):
     answers.uri = str(tmp_path / name)
     examples, grant = granted
     executor.Executor().Do({"examples": [examples], "grant": [grant]}, {"answers": [answers]},
-                           {"workload_spec": SPEC, "grant_step": "statistics"})
+                           {"workload_spec": SPEC, "grant_step": "statistics",
+                            "strategy_cache": str(tmp_path / "strategies")})
     return answers
 
 
@@ -52,6 +53,13 @@ def test_answers_are_written_with_their_errors_and_guarantee(granted, tmp_path):
     assert "adding or removing one record" in answers.get_string_custom_property("guarantee")
     assert np.sqrt(np.mean(np.square(query_rmse))) == pytest.approx(
         answers.get_float_custom_property("expected_rmse"))
+
+
+def test_the_strategy_is_kept_for_the_next_run_under_the_pipeline_root(granted, tmp_path):
+    _run(granted, tmp_path)
+    assert [p.suffix for p in (tmp_path / "strategies").iterdir()] == [".npz"]
+    assert executor.pipeline_strategy_cache("/runs/root/MatrixMechanism/answers/7/") == \
+        "/runs/root/strategies"
 
 
 def test_the_share_is_spent_once(granted, tmp_path):

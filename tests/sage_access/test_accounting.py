@@ -115,3 +115,20 @@ def test_bad_rdp_curves_are_refused(values):
         values = values + [-1.0]
     with pytest.raises(BadRequest):
         BudgetRequest(rdp_curve=values)
+
+
+def test_rdp_filter_refuses_delta_spent_outside_the_events_basic_charges_it_within_delta():
+    """Partition selection spends delta outside its DP event (mechanisms.Release). An RDP
+    curve cannot carry it, so the filter refuses the grant; basic composition charges the
+    grant's whole (epsilon, delta), which must include it."""
+    from dp_accounting import dp_event
+
+    request = BudgetRequest(epsilon=1.0, delta=1e-6)
+    split, events = {"selection": "1"}, {"selection": dp_event.LaplaceDpEvent(1.0)}
+    with pytest.raises(BadRequest, match="additional delta 1e-06"):
+        RenyiFilter().grant_demand(request, split, events, additional_delta=1e-6)
+    assert np.all(RenyiFilter().grant_demand(request, split, events) > 0)
+    basic = BasicComposition()
+    assert list(basic.grant_demand(request, split, events, additional_delta=1e-6)) == [1.0, 1e-6]
+    with pytest.raises(BadRequest, match="more than the grant's delta"):
+        basic.grant_demand(request, split, events, additional_delta=2e-6)

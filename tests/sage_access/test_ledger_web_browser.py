@@ -72,6 +72,11 @@ def test_the_page_shows_the_ledger_escapes_names_and_follows_new_grants(
     tick_labels = [t.text for t in browser.find_elements(By.CSS_SELECTOR,
                                                          "#chart-blocks .xtick text")]
     assert HOSTILE in tick_labels
+    # The chart library is asked for only once the tables are filled, so they never wait for it.
+    library_ms, tables_ms = browser.execute_script(
+        "return [performance.getEntriesByType('resource').find((r) => r.name.includes("
+        "'/static/plotly-')).startTime, Number(document.body.dataset.tablesReadyMs)];")
+    assert library_ms >= tables_ms - 1  # tablesReadyMs is rounded to the millisecond
 
     # The run that spent the DP-SGD grant, with the Model it produced.
     browser.find_element(By.CSS_SELECTOR, "#grants-body button.run-link").click()

@@ -69,20 +69,24 @@ function plotText(text) {
   return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
+// Asked for only once the tables are filled, and after that frame, so that compiling the chart
+// library (1.2 MB) never holds back the tables: the charts draw when it arrives.
 function loadPlotly(path) {
   if (state.plotly) return state.plotly;
   state.plotly = new Promise((resolve, reject) => {
-    const script = document.createElement("script");
-    script.src = path;
-    script.onload = () => resolve(window.Plotly);
-    script.onerror = () => reject(new Error(`could not load ${path}`));
-    document.head.appendChild(script);
+    requestAnimationFrame(() => {
+      const script = document.createElement("script");
+      script.src = path;
+      script.async = true;
+      script.onload = () => resolve(window.Plotly);
+      script.onerror = () => reject(new Error(`could not load ${path}`));
+      document.head.appendChild(script);
+    });
   });
   return state.plotly;
 }
 
-async function drawBlocksChart(context, Plotly) {
-  const chart = await api(`/api/contexts/${encodeURIComponent(context)}/chart`);
+function drawBlocksChart(chart, Plotly) {
   const labels = chart.bars.map((bar) => plotText(bar.label));
   const traces = ["spent", "reserved", "free"].map((part) => ({
     type: "bar", name: part, x: labels, y: chart.bars.map((bar) => bar[part]),
@@ -91,20 +95,19 @@ async function drawBlocksChart(context, Plotly) {
     ? `${chart.unit}` + (chart.blocks_per_bar > 1
       ? `; each bar is the mean of ${chart.blocks_per_bar} consecutive blocks` : "")
     : "no blocks yet";
-  await Plotly.react("chart-blocks", traces, {
+  return Plotly.react("chart-blocks", traces, {
     barmode: "stack", margin: {t: 10, b: 80, l: 50, r: 10}, height: 300,
     legend: {orientation: "h", y: 1.12}, xaxis: {type: "category", tickangle: -45},
     yaxis: {title: {text: chart.unit ? plotText(chart.unit) : ""}}}, {displayModeBar: false,
     responsive: true});
 }
 
-async function drawTimeline(context, Plotly) {
-  const line = await api(`/api/contexts/${encodeURIComponent(context)}/timeline`);
+function drawTimeline(line, Plotly) {
   const times = line.buckets.map((bucket) => new Date(bucket.start_ms).toISOString());
   document.getElementById("timeline-note").textContent = line.buckets.length
     ? `grants and epsilon charged (epsilon × blocks) per ${Math.round(line.bucket_ms / 1000)} s`
     : "no grants yet";
-  await Plotly.react("chart-timeline", [
+  return Plotly.react("chart-timeline", [
     {type: "bar", name: "ε charged", x: times, y: line.buckets.map((b) => b.epsilon_charged),
      marker: {color: COLOURS.spent}},
     {type: "scatter", mode: "lines", name: "ε charged in total", x: times, yaxis: "y2",
@@ -220,14 +223,14 @@ async function loadContext(context, summary, plotlyPath) {
 
 async function drawContext(context, summary, plotlyPath) {
   showSummary(summary);
-  const charts = loadPlotly(plotlyPath);  // fetched and parsed while the tables fill
-  const tables = Promise.all([loadBlocks(context), loadGrants(context), loadWaiting(context),
-                              loadRetired(context)]).then(() => {
-    // Milliseconds from navigation to the tables filled (benchmarks/ledger_web.py reads it).
-    document.body.dataset.tablesReadyMs ||= String(Math.round(performance.now()));
-  });
-  await Promise.all([tables, charts.then((P) => drawBlocksChart(context, P)),
-                     charts.then((P) => drawTimeline(context, P))]);
+  const where = `/api/contexts/${encodeURIComponent(context)}`;
+  const chartData = Promise.all([api(`${where}/chart`), api(`${where}/timeline`)]);
+  await Promise.all([loadBlocks(context), loadGrants(context), loadWaiting(context),
+                     loadRetired(context)]);
+  // Milliseconds from navigation to the tables filled (benchmarks/ledger_web.py reads it).
+  document.body.dataset.tablesReadyMs ||= String(Math.round(performance.now()));
+  const [Plotly, [chart, line]] = await Promise.all([loadPlotly(plotlyPath), chartData]);
+  await Promise.all([drawBlocksChart(chart, Plotly), drawTimeline(line, Plotly)]);
   state.version = summary.version;
   document.body.dataset.version = String(summary.version);
 }

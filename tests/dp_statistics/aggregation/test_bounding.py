@@ -187,3 +187,21 @@ def test_inferred_bounds_cover_the_bulk_of_the_data(kind):
     # (20% of 35 is 17 scales): false failure < 1e-6 over the 4 partitions.
     assert np.allclose(release.table[f"{kind.value}_x"], true.to_numpy(),
                        rtol=0.2 if kind is AggregateKind.AVG else 0.03)
+
+
+class _ZeroBits:
+    """An rng whose random bits are all 0: every row of a key ties."""
+
+    def integers(self, low, high, size, dtype):
+        return np.zeros(size, dtype=dtype)
+
+
+def test_rows_whose_random_bits_tie_keep_their_input_order():
+    # An unstable sort orders tied rows by where the other keys' rows sit (other units' data).
+    from sage_tfx.dp_statistics.aggregation.aggregators import _random_grouping
+
+    keys = np.random.default_rng(0).integers(0, 3, 200)
+    order = _random_grouping(keys, 3, _ZeroBits())
+    assert np.array_equal(keys[order], np.sort(keys))
+    for key in range(3):
+        assert np.all(np.diff(order[keys[order] == key]) > 0)

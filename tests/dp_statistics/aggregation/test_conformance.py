@@ -80,3 +80,14 @@ def test_the_beam_engine_releases_with_the_local_noise_law():
         assert list(release.events) == ["count", "bounds:sum_fare", "sum_fare"]
         assert release.table["key"].tolist() == list(range(600))
     assert stats.ks_2samp(beam_release.table["count"], local_release.table["count"]).pvalue > 1e-4
+
+
+def test_a_dict_row_without_a_key_column_falls_in_the_null_key_partition_on_beam():
+    """Beam takes dicts as they come; one lacking `day` must not stop a charged run (the local
+    engine's frame has NaN there): it counts in the partition whose day is null."""
+    frame, budget = _frame(), plan(QUERY, 1.0, 1e-6)
+    records = frame.to_dict("records") + [{"area": "a0", "uid": 100, "fare": 1.0}]
+    accumulated = accumulate_with_beam(records, QUERY, budget)
+    null_day = accumulated.keys["day"].isna().to_numpy()
+    assert null_day.sum() == 1
+    np.testing.assert_array_equal(accumulated.accumulators[null_day, :2], [[1, 1]])

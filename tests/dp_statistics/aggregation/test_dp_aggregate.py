@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sage_tfx.dp_statistics.aggregation import frontend, plan, sql
+from sage_tfx.dp_statistics.aggregation import QueryError, frontend, plan, sql
 from sage_tfx.sage_access import BlockLedger
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockIds
@@ -46,3 +46,29 @@ def test_a_grant_for_another_query_or_without_its_ledger_is_refused(store_path):
         frontend.dp_aggregate(frame(), SQL, grant)
     # Nothing was consumed by the refusals: the right query still runs on it.
     assert len(frontend.dp_aggregate(frame(), other, grant, ledger=ledger).table) == 2
+
+
+# Gaussian thresholding's event has an RDP curve; the discrete Laplace of the other rules has
+# none in dp-accounting, so an rdp ledger refuses that one for want of a curve.
+SELECTED = SQL.replace("public_groups = (1, 2)", "selection = gaussian_threshold")
+
+
+def test_an_rdp_ledger_refuses_a_query_whose_selection_spends_delta_outside_its_event(
+        store_path):
+    """The filter charges only the events' RDP curve: the selection's additional delta would
+    go uncharged, so the grant is refused (nothing charged) and a grant made without saying
+    it releases nothing."""
+    ledger = BlockLedger.create(store_path, accounting="rdp")
+    ledger.add_block("b1", 5.0, 1e-5)
+    schema = sql.TableSchema("uid", {"uid": "string", "area": "int", "fare": "float"})
+    query, _ = sql.to_query(sql.check(sql.parse(SELECTED), {"t": schema}))
+    budget = plan(query, 1.0, 1e-6)
+    split, events = frontend.grant_terms(budget)
+    assert budget.additional_delta > 0
+    with pytest.raises(BadRequest, match="rdp ledger cannot charge delta spent outside"):
+        ledger.request(BlockIds(["b1"]), 1.0, 1e-6, split=split, events=events,
+                       additional_delta=budget.additional_delta)
+    assert not np.any(ledger.blocks()[0].spent)
+    grant = ledger.request(BlockIds(["b1"]), 1.0, 1e-6, split=split, events=events)
+    with pytest.raises(QueryError, match="nothing was released"):
+        frontend.dp_aggregate(frame(), SELECTED, grant, ledger=ledger)

@@ -177,3 +177,64 @@ def test_a_join_using_the_unit_reads_and_charges_both_tables_blocks(ledger_with_
     [grant] = BlockLedger(ledger_with_trips).grant_records()
     assert sorted(grant["blocks"]) == ["riders.users-0-of-2", "riders.users-1-of-2",
                                        "trips.2013-02", "trips.2013-03"]
+
+
+def _neighbour_with_a_cell(tmp_path, name, extra_rows):
+    """A ledger whose trips table has a text column `note` of numbers written as text, plus
+    `extra_rows` (the added unit's)."""
+    directory = tmp_path / name
+    directory.mkdir()
+    store = str(directory / "ledger.sqlite")
+    BlockLedger.create(store)
+    rows = [(f"u{i % 20}", "a", f"{i % 5}", f"2013-01-{1 + i % 28:02d}T10:00:00")
+            for i in range(60)] + extra_rows
+    with open(directory / "trips.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["uid", "key", "note", "ts"])
+        writer.writerows(rows)
+    assert main(["ingest", "--store", store, "--csv", str(directory / "trips.csv"),
+                 "--unit-column", "uid", "--time-column", "ts", "--period", "month",
+                 "--start", "2013-01", "--end", "2013-02", "--epsilon", "2", "--delta", "1e-5",
+                 "--out", str(directory / "blocks")]) == 0
+    return store
+
+
+@pytest.mark.parametrize("argument", [
+    "(note)", "COALESCE(note, '0')", "per_unit", "note / 1"])
+def test_a_text_argument_is_refused_before_the_charge_on_neighbouring_tables_alike(
+        tmp_path, capsys, argument):
+    """Adding one unit whose text cell does not parse must not change the exit code nor put
+    the cell in the output: the query is refused on the schema, before anything is charged."""
+    source = ("(SELECT uid, key, MIN(note) AS per_unit FROM trips GROUP BY uid, key)"
+              if argument == "per_unit" else "trips")
+    query = (f"SELECT WITH ANONYMIZATION OPTIONS(public_groups = ('a')) key, "
+             f"ANON_SUM({argument}, 0, 10) AS s FROM {source} GROUP BY key")
+    outcomes = []
+    for name, extra in (("without", []), ("with", [("u99", "a", "secret-cell-77",
+                                                      "2013-01-05T10:00:00")])):
+        store = _neighbour_with_a_cell(tmp_path, name, extra)
+        capsys.readouterr()
+        before = ledger_state(store)
+        code = main(["query", "--store", store, "--window", "1", "--epsilon", "1",
+                     "--delta", "1e-6", query])
+        captured = capsys.readouterr()
+        assert "secret-cell-77" not in captured.out + captured.err
+        assert ledger_state(store) == before  # nothing charged
+        outcomes.append((code, captured.err.replace(name, "")))
+    assert outcomes[0] == outcomes[1] and outcomes[0][0] == 2, outcomes
+
+
+def test_an_rdp_ledger_refuses_a_selection_that_spends_delta_outside_its_event(
+        tmp_path, store_path, capsys):
+    BlockLedger.create(store_path, accounting="rdp")
+    write_trips(tmp_path / "trips.csv", [(f"u{i}", "a", 10, "2013-01-05") for i in range(30)])
+    assert main(["ingest", "--store", store_path, "--csv", str(tmp_path / "trips.csv"),
+                 "--unit-column", "uid", "--time-column", "ts", "--start", "2013-01",
+                 "--end", "2013-02", "--types", "fare:float", "--epsilon", "2", "--delta",
+                 "1e-5", "--out", str(tmp_path / "blocks")]) == 0
+    before = ledger_state(store_path)
+    assert main(["query", "--store", store_path, "--window", "1", "--epsilon", "1",
+                 "--delta", "1e-6", "SELECT WITH ANONYMIZATION OPTIONS(selection = "
+                 "gaussian_threshold) key, ANON_SUM(fare, 0, 20) FROM trips GROUP BY key"]) == 2
+    assert "rdp ledger cannot charge delta spent outside" in capsys.readouterr().err
+    assert ledger_state(store_path) == before

@@ -87,6 +87,8 @@ def test_join_using_the_unit_and_a_subquery_grouped_by_it_are_accepted():
     # tables whose units differ
     ("SELECT WITH ANONYMIZATION t.area, ANON_COUNT(*) FROM trips t JOIN fleet f "
      "ON t.uid = f.car GROUP BY t.area", "JOIN fleet AS f ON t.uid = f.car"),
+    ("SELECT WITH ANONYMIZATION t.area, ANON_COUNT(*) FROM trips t JOIN fleet f "
+     "ON t.uid = f.car GROUP BY t.area", "same people's ids: only the names are compared"),
     # inner aggregation not grouped by the unit
     ("SELECT WITH ANONYMIZATION area, ANON_SUM(s, 0, 9) FROM (SELECT uid, area, SUM(fare) s "
      "FROM trips GROUP BY area) GROUP BY area", "GROUP BY area"),
@@ -95,6 +97,19 @@ def test_join_using_the_unit_and_a_subquery_grouped_by_it_are_accepted():
     # a projection that drops the unit
     ("SELECT WITH ANONYMIZATION area, ANON_SUM(fare, 0, 9) FROM (SELECT area, fare FROM trips) "
      "GROUP BY area", "drops the privacy unit uid"),
+    # a projection whose output named uid is not the unit column: it would become the unit
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT uid, company AS uid, area "
+     "FROM trips) GROUP BY area", "two of its output columns are named uid"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT uid, 'same' AS uid, area "
+     "FROM trips) GROUP BY area", "two of its output columns are named uid"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT company AS uid, area "
+     "FROM trips) GROUP BY area", "company AS uid: the output named uid must be the privacy "
+     "unit column uid itself"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT uid, area, MAX(company) AS "
+     "uid FROM trips GROUP BY uid, area) GROUP BY area", "two of its output columns are named "
+     "uid"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT area, MAX(uid) AS uid "
+     "FROM trips GROUP BY uid, area) GROUP BY area", "MAX(uid) AS uid: the output named uid"),
     # rows of other units read through WHERE or a window
     ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM trips WHERE uid IN "
      "(SELECT uid FROM riders) GROUP BY area", "WHERE uid IN (SELECT uid FROM riders)"),
@@ -144,11 +159,25 @@ def test_missing_bounds_are_inferred_unless_inference_is_off():
      "SELECT company: not an ANON_ aggregate and not in GROUP BY"),
     ("SELECT WITH ANONYMIZATION area, ANON_SUM(company, 0, 1) FROM trips GROUP BY area",
      "company is text"),
+    ("SELECT WITH ANONYMIZATION area, ANON_SUM((company), 0, 1) FROM trips GROUP BY area",
+     "(company) is text"),
+    ("SELECT WITH ANONYMIZATION area, ANON_SUM(COALESCE(company, '0'), 0, 1) FROM trips "
+     "GROUP BY area", "COALESCE(company, '0') is text"),
+    ("SELECT WITH ANONYMIZATION area, ANON_SUM(c, 0, 1) FROM (SELECT uid, area, MIN(company) "
+     "AS c FROM trips GROUP BY uid, area) GROUP BY area", "c is text"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM trips WHERE company / 2 > 1 "
+     "GROUP BY area", "company / 2 divides text"),
     ("SELECT WITH ANONYMIZATION area, ANON_SUM(fare, 5, 1) FROM trips GROUP BY area",
      "lower bound 5 must be below"),
     ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM trips GROUP BY area ORDER BY area",
      "ORDER"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(*) FROM trips", "no GROUP BY"),
+    # names of the relation's internal columns: a key so named would be replaced by a value
+    ("SELECT WITH ANONYMIZATION company AS __value0, ANON_SUM(fare, 0, 1) FROM trips "
+     "GROUP BY company", "the name __value0 starts with __, which is reserved"),
+    ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM (SELECT uid, company AS __argument0, "
+     "MAX(fare) AS area FROM trips GROUP BY uid, company) GROUP BY area",
+     "the name __argument0 starts with __"),
 ])
 def test_other_malformed_queries_are_refused(text, named):
     assert named in refusal(text)
@@ -183,3 +212,19 @@ def test_no_value_can_make_the_relation_fail_after_the_charge():
         "uid": ["a", "b"], "area": [2 ** 62 + 1, 3], "fare": [1.0, 2.0],
         "company": ["x", "y"]}))
     assert rows.num_rows == 2 and rows.column("uid").to_pylist() == ["a", "b"]
+
+
+def test_a_text_argument_the_static_types_miss_is_refused_on_the_schema():
+    # The declared types say number, the Arrow schema says text: check_on_schema refuses it.
+    declared = {"trips": sql.TableSchema("uid", {"uid": "string", "area": "int",
+                                                 "company": "float"})}
+    checked = sql.check(sql.parse("SELECT WITH ANONYMIZATION area, ANON_SUM(company, 0, 9) "
+                                  "FROM trips GROUP BY area"), declared)
+    schemas = {"trips": pa.schema([("uid", pa.string()), ("area", pa.int64()),
+                                   ("company", pa.string())])}
+    with pytest.raises(QueryError, match="ANON_SUM.*its argument is string"):
+        relation.check_on_schema(checked, schemas)
+    # And the conversion after the charge is total: text that does not parse is the default 0.
+    rows = relation.evaluate(checked, lambda _: pa.table({
+        "uid": ["a", "b", "c"], "area": [1, 1, 1], "company": ["2.5", "secret", None]}))
+    assert rows.column("__value0").to_pylist() == [2.5, 0.0, 0.0]
