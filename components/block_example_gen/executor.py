@@ -113,7 +113,9 @@ def csv_records(path: str) -> Iterable[bytes]:
                 feature = _cell_feature(text.strip())
                 if feature is not None:
                     example.features.feature[name].CopyFrom(feature)
-            yield example.SerializeToString()
+            # Deterministic bytes: the train/test split hashes them, and a feature map's order
+            # otherwise differs between processes, which moved records between splits.
+            yield example.SerializeToString(deterministic=True)
 
 
 def _split_of(serialized: bytes, test_fraction: float) -> str:
