@@ -62,4 +62,4 @@ class DPAggregate(base_beam_component.BaseBeamComponent):
         from sage_tfx.dp_statistics.aggregation import frontend, plan
 
         prepared = executor.prepared(query, unit_column, dict(columns))
-        return frontend.grant_terms(plan(prepared.query, epsilon, delta))[0]
+        return frontend.grant_terms(plan(prepared.query, epsilon, delta)).split
