@@ -35,6 +35,7 @@ from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components.util.examples_io import SPLITS, TEST_SPLIT, TRAIN_SPLIT
+from sage_tfx.dp_statistics.tables import record_block_key
 from sage_tfx.sage_access.ledger import BlockLedger
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
 from sage_tfx.sage_access.store import parse
@@ -216,6 +217,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             examples.set_string_custom_property("block_id", block_id)
             examples.set_string_custom_property("block_start", start)
             examples.set_string_custom_property("block_end", end)
+            if block_by == "users":  # DPAggregate states the user-level unit from this
+                record_block_key(examples.uri, key)
             ledger.add_block(block_id, float(exec_properties["block_epsilon"]),
                              float(exec_properties["block_delta"]), start, end, examples.uri)
             outputs.append(examples)
