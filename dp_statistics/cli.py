@@ -122,8 +122,7 @@ def _query(args) -> int:
     prepared = frontend.prepare(
         args.sql, {n: sql.TableSchema(t.unit_column, t.columns) for n, t in found.items()},
         {n: t.schema for n, t in found.items()})
-    budget = plan(prepared.query, args.epsilon, args.delta)
-    split, events = frontend.grant_terms(budget)
+    terms = frontend.grant_terms(plan(prepared.query, args.epsilon, args.delta))
     if args.blocks:
         block_ids = [b for b in args.blocks.split(",") if b]
         foreign = [b for b in block_ids if not any(t.owns(b) for t in found.values())]
@@ -137,17 +136,17 @@ def _query(args) -> int:
         block_ids = []
         for table in found.values():
             payable = ledger.payable_window(args.epsilon, args.delta, size=args.window,
-                                            split=split, events=events,
+                                            split=terms.split, events=terms.events,
                                             blocks=[b for b in live if table.owns(b.block_id)],
-                                            additional_delta=budget.additional_delta)
+                                            additional_delta=terms.additional_delta)
             if len(payable) < args.window:
                 raise BudgetExhausted(
                     f"denied: only {len(payable)} block(s) of table {table.name} can pay the "
                     f"request; the window needs {args.window}",
                     {block.block_id: "can pay" for block in payable})
             block_ids += [block.block_id for block in payable]
-    grant = ledger.request(BlockIds(block_ids), args.epsilon, args.delta, split=split,
-                           events=events, additional_delta=budget.additional_delta)
+    grant = frontend.request_grant(ledger, BlockIds(block_ids), prepared.query, args.epsilon,
+                                   args.delta)
     unit = GuaranteeUnit.UNIT if all(t.guarantee_unit is GuaranteeUnit.UNIT
                                      for t in found.values()) \
         else GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ

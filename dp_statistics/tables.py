@@ -18,6 +18,11 @@ requires the tables' unit columns to have the same *name*; that they mean the sa
 same id space) is the ingesting user's promise, which no check can verify. Joined tables whose
 same-named unit columns hold different people's ids would pair rows of different people.
 
+Blocks made by BlockExampleGen (TFX) have no table record: with block_by="users" it writes, beside
+each block's Examples, `block_key.json` naming the column the blocks were cut by (every row of
+one value of it lies in one block). `guarantee_unit_of_blocks` reads these records, never the
+reader's say-so, to state the unit of a release.
+
 Each block is the ledger block `<table>.<part>` (e.g. `trips.2013-01`, `trips.users-003-of-016`)
 whose data_uri is a directory holding `rows.parquet`. The definition holds nothing computed from
 the rows (issue 16: no count leaves without DP).
@@ -42,6 +47,7 @@ from sage_tfx.sage_access.store import connect
 
 TABLE_TYPE = "sage_tfx.Table"
 ROWS_FILE = "rows.parquet"
+BLOCK_KEY_FILE = "block_key.json"
 COLUMN_TYPES = ("int", "float", "string")
 USER_HASH = "user_hash"
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
@@ -134,3 +140,38 @@ def read_blocks(ledger: BlockLedger, table: Table, block_ids: Sequence[str]) -> 
         uri = ledger.block(block_id).data_uri
         parts.append(pq.read_table(os.path.join(uri, ROWS_FILE), schema=table.schema))
     return pa.concat_tables(parts) if parts else table.schema.empty_table()
+
+
+def record_block_key(data_uri: str, unit_column: str) -> None:
+    """Record, beside a block's data, that the blocks were cut by `unit_column`: all rows of
+    one value of it lie in this one block (BlockExampleGen with block_by="users")."""
+    import tensorflow as tf  # gfile: the block's data_uri may be any TFX filesystem
+
+    with tf.io.gfile.GFile(os.path.join(data_uri, BLOCK_KEY_FILE), "w") as handle:
+        json.dump({"unit_column": unit_column}, handle)
+
+
+def _cut_by_unit(ledger: BlockLedger, block_id: str, unit_column: str) -> bool:
+    table_name = block_id.split(".", 1)[0]
+    table = find_table(ledger, table_name, missing_ok=True) if "." in block_id else None
+    if table is not None and table.owns(block_id):
+        return table.partition == USER_HASH and table.unit_column == unit_column
+    import tensorflow as tf
+
+    data_uri = ledger.block(block_id).data_uri
+    path = os.path.join(data_uri, BLOCK_KEY_FILE) if data_uri else None
+    if path is None or not tf.io.gfile.exists(path):
+        return False
+    with tf.io.gfile.GFile(path) as handle:
+        return json.load(handle).get("unit_column") == unit_column
+
+
+def guarantee_unit_of_blocks(ledger: BlockLedger, block_ids: Sequence[str],
+                             unit_column: str) -> GuaranteeUnit:
+    """The unit of a release computed from rows of `block_ids` with privacy unit `unit_column`:
+    the unit itself when every block was cut by that column (its table record, or the block
+    key BlockExampleGen recorded, says so), so each unit's rows lie in one block and the
+    blocks' ceilings bound its loss; else the weaker unit *within the blocks read*."""
+    if block_ids and all(_cut_by_unit(ledger, block_id, unit_column) for block_id in block_ids):
+        return GuaranteeUnit.UNIT
+    return GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ

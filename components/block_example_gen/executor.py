@@ -36,6 +36,7 @@ from tfx.types import artifact_utils
 
 from sage_tfx.components.block_example_gen import constants as block_keys
 from sage_tfx.components.util.examples_io import SPLITS, TEST_SPLIT, TRAIN_SPLIT
+from sage_tfx.dp_statistics.tables import record_block_key
 from sage_tfx.sage_access.ledger import BlockLedger
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
 from sage_tfx.sage_access.store import parse
@@ -114,7 +115,9 @@ def csv_records(path: str) -> Iterable[bytes]:
                 feature = _cell_feature(text.strip())
                 if feature is not None:
                     example.features.feature[name].CopyFrom(feature)
-            yield example.SerializeToString()
+            # Deterministic bytes: the train/test split hashes them, and a feature map's order
+            # otherwise differs between processes, which moved records between splits.
+            yield example.SerializeToString(deterministic=True)
 
 
 def _split_of(serialized: bytes, test_fraction: float) -> str:
@@ -215,6 +218,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             examples.set_string_custom_property(block_keys.BLOCK_ID, block_id)
             examples.set_string_custom_property(block_keys.BLOCK_START, start)
             examples.set_string_custom_property(block_keys.BLOCK_END, end)
+            if block_by == "users":  # DPAggregate states the user-level unit from this
+                record_block_key(examples.uri, key)
             ledger.add_block(block_id, float(exec_properties["block_epsilon"]),
                              float(exec_properties["block_delta"]), start, end, examples.uri)
             outputs.append(examples)

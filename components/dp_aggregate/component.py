@@ -40,7 +40,10 @@ class DPAggregate(base_beam_component.BaseBeamComponent):
 
     `columns` ({name: "int" | "float" | "string"}) is the Examples' public schema: each record
     is mapped to it by the record rule before anything else; `unit_column` (one of them) is the
-    privacy unit. The query is parsed and checked (row ownership, columns, options) when the
+    privacy unit. The release's unit (its `unit` property) is read from how the granted blocks
+    were cut: all rows of one unit when every block was cut by `unit_column`
+    (BlockExampleGen with block_by="users" and block_key=unit_column), else the weaker "within
+    the blocks read" (e.g. blocks by month). The query is parsed and checked (row ownership, columns, options) when the
     pipeline is built. Request its grant with `split=DPAggregate.split(...)` on the BlockLedger
     component (a basic ledger: the steps' events are checked, when recorded, at run time).
     """
@@ -62,4 +65,4 @@ class DPAggregate(base_beam_component.BaseBeamComponent):
         from sage_tfx.dp_statistics.aggregation import frontend, plan
 
         prepared = executor.prepared(query, unit_column, dict(columns))
-        return frontend.grant_terms(plan(prepared.query, epsilon, delta))[0]
+        return frontend.grant_terms(plan(prepared.query, epsilon, delta)).split

@@ -74,12 +74,18 @@ class Layout:
     ROWS = 1
 
 
+def counts_column(aggregate: Aggregate) -> bool:
+    """COUNT(col): the rows where col is not null."""
+    return aggregate.kind is AggregateKind.COUNT and aggregate.column is not None
+
+
 def layout(query: AggregationQuery) -> Layout:
     widths = {AggregateKind.SUM: 1, AggregateKind.AVG: 1, AggregateKind.VAR: 2,
               AggregateKind.STDDEV: 2, AggregateKind.QUANTILE: QUANTILE_BUCKETS}
     blocks, start = {}, 2
     for aggregate in query.aggregates:
-        width = widths.get(aggregate.kind, 0)  # COUNT and COUNT_DISTINCT read units / rows
+        # COUNT(*) and COUNT_DISTINCT read rows / units; COUNT(col) its own column of rows.
+        width = 1 if counts_column(aggregate) else widths.get(aggregate.kind, 0)
         blocks[aggregate.output_name] = slice(start, start + width)
         start += width
     return Layout(start, blocks)
@@ -168,7 +174,10 @@ def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float
     out[:, Layout.ROWS] = np.bincount(sampled_pairs, minlength=n_pairs)
     for aggregate in query.aggregates:
         block = spec.blocks[aggregate.output_name]
-        if aggregate.kind is AggregateKind.SUM and not aggregate.bounds_rows:
+        if counts_column(aggregate):  # each sampled row adds 0 or 1: at most m per pair
+            present = ~np.isnan(columns[aggregate.column][sampled])
+            out[:, block.start] = np.bincount(sampled_pairs, weights=present, minlength=n_pairs)
+        elif aggregate.kind is AggregateKind.SUM and not aggregate.bounds_rows:
             totals = np.bincount(pair_of_row, weights=columns[aggregate.column],
                                  minlength=n_pairs)
             out[:, block.start] = mechanisms.bounded(totals, *bounds[aggregate.output_name])
@@ -390,7 +399,8 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
         step = plan.step(name)
         block = spec.blocks[name]
         if aggregate.kind in (AggregateKind.COUNT, AggregateKind.COUNT_DISTINCT):
-            column = Layout.ROWS if aggregate.kind is AggregateKind.COUNT else Layout.UNITS
+            column = (block.start if counts_column(aggregate) else Layout.ROWS
+                      if aggregate.kind is AggregateKind.COUNT else Layout.UNITS)
             sensitivity = (query.max_contributions_per_partition
                            if aggregate.kind is AggregateKind.COUNT else 1)
             noisy = _noisy(query, accumulators[:, column], sensitivity, step.epsilon, step.delta)

@@ -22,7 +22,8 @@ import pandas as pd
 from sage_tfx.dp_statistics.aggregation import aggregators
 from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
 from sage_tfx.dp_statistics.aggregation.local import (Accumulated, check_plan,
-                                                      release_accumulated, value_columns)
+                                                      presence_columns, release_accumulated,
+                                                      value_columns)
 from sage_tfx.dp_statistics.aggregation.spec import (AggregationQuery, GuaranteeUnit,
                                                      SelectionRule)
 from sage_tfx.randomness import secret_rng
@@ -40,8 +41,8 @@ def _number_or_nan(value) -> float:
 class _ShufflePair(beam.DoFn):
     """Step 1: one (partition, unit) pair's rows in a uniformly random order, as arrays."""
 
-    def __init__(self, columns: list[str], seed: Optional[int]):
-        self._columns, self._seed = columns, seed
+    def __init__(self, columns: list[str], presence: set[str], seed: Optional[int]):
+        self._columns, self._presence, self._seed = columns, presence, seed
 
     def setup(self):
         self._rng = secret_rng(self._seed)
@@ -50,7 +51,9 @@ class _ShufflePair(beam.DoFn):
         (partition, unit), rows = element
         rows = list(rows)
         order = self._rng.permutation(len(rows))
-        columns = {c: np.array([_number_or_nan(rows[i].get(c)) for i in order])
+        columns = {c: np.array([(float("nan") if pd.isna(rows[i].get(c)) else 1.0)
+                                if c in self._presence else _number_or_nan(rows[i].get(c))
+                                for i in order])
                    for c in self._columns}
         yield unit, (partition, len(rows), columns)
 
@@ -137,7 +140,8 @@ class AccumulateTransform(beam.PTransform):
                  | "Owned" >> beam.Filter(wanted)
                  | "ByPair" >> beam.Map(lambda row: (pair_key(row), row))
                  | "GroupPairs" >> beam.GroupByKey()
-                 | "ShufflePair" >> beam.ParDo(_ShufflePair(value_columns(query), self._seed))
+                 | "ShufflePair" >> beam.ParDo(_ShufflePair(value_columns(query), presence_columns(query),
+                                                self._seed))
                  | "GroupUnits" >> beam.GroupByKey()
                  | "SampleC" >> beam.ParDo(_SamplePartitions(query.max_partitions_contributed,
                                                              self._seed)))

@@ -106,7 +106,7 @@ def derived_from(query: AggregationQuery) -> dict[str, str]:
         if (aggregate.kind is AggregateKind.COUNT_DISTINCT
                 and SelectionRule(query.selection) in _THRESHOLDING):
             derived[aggregate.output_name] = SELECTION_STEP
-        elif aggregate.kind is AggregateKind.COUNT and means:
+        elif aggregate.kind is AggregateKind.COUNT and aggregate.column is None and means:
             derived[aggregate.output_name] = means[0].output_name
         elif aggregate.kind is AggregateKind.SUM and aggregate.bounds_rows:
             source = next((m for m in means if (m.column, m.low, m.high) == (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from decimal import ROUND_DOWN, Decimal
-from typing import Callable, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Union
 
 import pandas as pd
 import pyarrow as pa
@@ -25,6 +25,9 @@ from sage_tfx.dp_statistics.aggregation.release import Release
 from sage_tfx.dp_statistics.aggregation.spec import (AggregationQuery, GuaranteeUnit,
                                                      QueryError)
 from sage_tfx.sage_access.accounting import AccountingMode, event_from_json
+
+if TYPE_CHECKING:
+    from sage_tfx.sage_access.ledger import Grant
 
 # A step's fraction of the grant, written exactly (decimal) and rounded down, so the fractions
 # never sum to more than 1 (sage_access.ledger.check_split).
@@ -50,14 +53,33 @@ def prepare(text: str, schemas: Mapping[str, sql.TableSchema],
     return PreparedQuery(checked, query, columns)
 
 
-def grant_terms(budget: BudgetPlan) -> tuple[dict[str, str], dict[str, object]]:
-    """(split, events) to request the grant with: each step's exact fraction of the budget and
-    the dp-accounting event it runs. Request it with `additional_delta=budget.additional_delta`
-    too (the delta partition selection spends outside its event), so that an rdp ledger, whose
-    RDP curves cannot carry it, refuses the grant before charging it."""
+class GrantTerms(NamedTuple):
+    """What to request a query's grant with: each step's exact fraction of the budget, the
+    dp-accounting event it runs, and the delta partition selection spends outside its event
+    (an rdp ledger, whose RDP curves cannot carry it, refuses such a grant before charging)."""
+    split: dict[str, str]
+    events: dict[str, object]
+    additional_delta: float
+
+
+def grant_terms(budget: BudgetPlan) -> GrantTerms:
+    """The terms of the grant that pays for `budget` (pass all three to the ledger; or let
+    `request_grant` do it)."""
     split = {step.name: str(Decimal(step.epsilon / budget.epsilon).quantize(
         _FRACTION_DIGITS, rounding=ROUND_DOWN)) for step in budget.steps}
-    return split, {step.name: step.event for step in budget.steps}
+    return GrantTerms(split, {step.name: step.event for step in budget.steps},
+                      budget.additional_delta)
+
+
+def request_grant(ledger, selector, query: AggregationQuery, epsilon: float, delta: float,
+                  **request_options) -> "Grant":
+    """Charge `ledger` for one run of `query` on the blocks `selector` picks, with the terms of
+    its plan at (epsilon, delta): the ledger refuses (nothing charged) a grant it cannot
+    account, e.g. an rdp ledger one whose selection spends delta outside its event, so a
+    grant made here is never charged for a release `dp_aggregate` would refuse."""
+    terms = grant_terms(plan(query, epsilon, delta))
+    return ledger.request(selector, epsilon, delta, split=terms.split, events=terms.events,
+                          additional_delta=terms.additional_delta, **request_options)
 
 
 def _budget_of(grant, query: AggregationQuery) -> BudgetPlan:
@@ -66,7 +88,7 @@ def _budget_of(grant, query: AggregationQuery) -> BudgetPlan:
         raise QueryError(f"grant {grant.grant_id} is an RDP curve; a DP aggregation needs an "
                          "(epsilon, delta) grant")
     budget = plan(query, grant.epsilon, grant.delta or 0.0)
-    split, events = grant_terms(budget)
+    split, events, _ = grant_terms(budget)
     if hasattr(grant, "check_event"):  # a component's GrantInfo reads events from the ledger
         recorded = {step: grant.event(step) for step in events}
     else:  # a ledger Grant carries them as JSON
@@ -80,7 +102,7 @@ def _budget_of(grant, query: AggregationQuery) -> BudgetPlan:
         raise QueryError(f"grant {grant.grant_id} was not made for this query: its split is "
                          f"{dict(grant.split)}, the query's plan needs {split} with each step's "
                          "event (request the grant with "
-                         "frontend.grant_terms(plan(query, epsilon, delta)))")
+                         "frontend.request_grant(ledger, selector, query, epsilon, delta))")
     return budget
 
 
@@ -112,7 +134,8 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_or_sql: Union[str, A
 
     `query_or_sql`: an AggregationQuery, or DP SQL whose FROM names any table (it is `data`)
     and whose OPTIONS name the unit (`privacy_unit_column = uid`). `grant`: what the ledger
-    granted for this query (requested with `grant_terms(plan(query, epsilon, delta))`), either
+    granted for this query (made with `request_grant(ledger, selector, query, epsilon, delta)`,
+    which an rdp ledger refuses before charging when the selection spends delta), either
     a component's GrantInfo (privacy_grant.require_grant) or a ledger Grant with the `ledger`
     that issued it. Every share of the grant is consumed before anything runs, so a grant
     pays for one release."""

@@ -10,8 +10,8 @@ import pandas as pd
 from sage_tfx.dp_statistics.aggregation import aggregators
 from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
 from sage_tfx.dp_statistics.aggregation.release import Release
-from sage_tfx.dp_statistics.aggregation.spec import (AggregationQuery, GuaranteeUnit,
-                                                     QueryError, SelectionRule)
+from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQuery,
+                                                     GuaranteeUnit, QueryError, SelectionRule)
 from sage_tfx.randomness import secret_rng
 
 
@@ -32,12 +32,20 @@ def value_columns(query: AggregationQuery) -> list[str]:
     return list(dict.fromkeys(a.column for a in query.aggregates if a.column is not None))
 
 
+def presence_columns(query: AggregationQuery) -> set[str]:
+    """The columns only COUNT(col) reads: of any type, read as 1.0 where set and NaN where
+    null (the others are read as numbers, NaN where null or not a number)."""
+    numeric = {a.column for a in query.aggregates
+               if a.column is not None and a.kind is not AggregateKind.COUNT}
+    return set(value_columns(query)) - numeric
+
+
 def _frame(data, query: AggregationQuery) -> pd.DataFrame:
     if hasattr(data, "to_pandas") and hasattr(data, "schema"):  # pyarrow.Table
         import pyarrow as pa
 
         query.check(data.column_names)
-        for column in value_columns(query):
+        for column in set(value_columns(query)) - presence_columns(query):
             kind = data.schema.field(column).type
             if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
                     or pa.types.is_boolean(kind) or pa.types.is_decimal(kind)
@@ -116,7 +124,9 @@ class Accumulated:
 def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
                rng: np.random.Generator) -> Accumulated:
     """Steps 1-3 of aggregators.py (and the DP bounds) on a checked frame."""
-    columns = {c: numeric_column(frame, c) for c in value_columns(query)}
+    presence = presence_columns(query)
+    columns = {c: np.where(frame[c].notna().to_numpy(), 1.0, np.nan) if c in presence
+               else numeric_column(frame, c) for c in value_columns(query)}
     owned = frame[query.unit_column].notna().to_numpy()
     codes, keys = partition_codes(frame, query)
     rows = owned & (codes >= 0)

@@ -26,9 +26,9 @@ import pyarrow.dataset as ds
 from sqlglot import exp
 
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
-from sage_tfx.dp_statistics.aggregation.sql import (ARGUMENT_PREFIX, RESERVED_PREFIX,
-                                                    CheckedQuery, Filter, GroupByUnit, Join,
-                                                    Project, Relation, Scan)
+from sage_tfx.dp_statistics.aggregation.sql import (ARGUMENT_PREFIX, COUNT_COLUMN,
+                                                    RESERVED_PREFIX, CheckedQuery, Filter,
+                                                    GroupByUnit, Join, Project, Relation, Scan)
 
 _COMPARISONS = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater,
                 exp.GTE: pc.greater_equal, exp.LT: pc.less, exp.LTE: pc.less_equal}
@@ -185,9 +185,22 @@ def evaluate(checked: CheckedQuery, read: Callable[[str], pa.Table]) -> pa.Table
     released) and one per aggregate argument (`__value<i>`, record rule applied). `read(table)`
     returns the rows of a table's granted blocks."""
     projected = _arguments_raw(checked, read)
-    return pa.table({name: (_record_rule(column) if name.startswith(ARGUMENT_PREFIX)
+    counted = _counted_arguments(checked)
+    return pa.table({name: (_presence(column) if name in counted
+                            else _record_rule(column) if name.startswith(ARGUMENT_PREFIX)
                             else column)
                      for name, column in zip(projected.column_names, projected.columns)})
+
+
+def _counted_arguments(checked: CheckedQuery) -> set[str]:
+    """The arguments of ANON_COUNT(expr): of any type, only whether each row's is null."""
+    return {f"{ARGUMENT_PREFIX}{index}" for index, call in enumerate(checked.aggregates)
+            if call.kind == COUNT_COLUMN}
+
+
+def _presence(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """1.0 where the value is set, NULL where it is null (the engines count the former)."""
+    return pc.if_else(pc.is_valid(column), 1.0, pa.scalar(None, pa.float64()))
 
 
 def check_on_schema(checked: CheckedQuery, schemas: Mapping[str, pa.Schema]) -> None:
@@ -199,9 +212,10 @@ def check_on_schema(checked: CheckedQuery, schemas: Mapping[str, pa.Schema]) -> 
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
         raise QueryError(f"the query does not fit the tables' column types: "
                          f"{str(error).splitlines()[0]}") from None
+    counted = _counted_arguments(checked)
     for index, call in enumerate(checked.aggregates):
         name = f"{ARGUMENT_PREFIX}{index}"
-        if name in projected.column_names and not _is_numeric(projected.schema.field(name).type):
+        if name in projected.column_names and name not in counted and not _is_numeric(projected.schema.field(name).type):
             raise QueryError(f"{call.clause}: its argument is {projected.schema.field(name).type}"
                              "; the aggregate needs numbers (declare the column numeric at "
                              "ingest)")

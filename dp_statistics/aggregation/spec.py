@@ -13,6 +13,7 @@ most ``max_contributions_per_partition`` (m) of its rows, sampled uniformly. The
 kind               the unit's contribution to one partition                   bounds [low, high]
 =================  =========================================================  ==================
 COUNT              its number of kept rows, in [0, m]                         none
+COUNT(column)      its number of kept rows where column is not null, [0, m]   none
 COUNT_DISTINCT     1                                                          none
 SUM (scope UNIT)   the sum of ALL its rows' values, clamped into [low, high]  the unit's total
 SUM (scope ROW)    the sum of its kept rows, each clamped into [low, high]    each row's value
@@ -38,7 +39,7 @@ from typing import Optional
 
 
 class AggregateKind(str, enum.Enum):
-    COUNT = "count"                    # COUNT(*): rows
+    COUNT = "count"                    # COUNT(*): rows; COUNT(col): rows where col is not null
     COUNT_DISTINCT = "count_distinct"  # COUNT(DISTINCT unit): privacy units
     SUM = "sum"
     AVG = "avg"
@@ -114,8 +115,10 @@ class Aggregate:
         _as_enum(self, "scope", BoundsScope)
 
     @classmethod
-    def count(cls, name: Optional[str] = None) -> "Aggregate":
-        return cls(AggregateKind.COUNT, name=name)
+    def count(cls, column: Optional[str] = None, name: Optional[str] = None) -> "Aggregate":
+        """COUNT(*), or with ``column`` the count of rows where it is not null (NaN in a
+        pandas frame is null): each kept row adds 0 or 1, so the sensitivity is COUNT(*)'s."""
+        return cls(AggregateKind.COUNT, column, name=name)
 
     @classmethod
     def count_distinct(cls, name: Optional[str] = None) -> "Aggregate":
@@ -167,9 +170,14 @@ class Aggregate:
         except ValueError:
             raise QueryError(f"{where}: unknown kind {self.kind!r}; one of "
                              f"{[k.value for k in AggregateKind]}") from None
+        if kind is AggregateKind.COUNT_DISTINCT and self.column is not None:
+            raise QueryError(f"{where}: count_distinct counts units; it takes no column")
         if kind in (AggregateKind.COUNT, AggregateKind.COUNT_DISTINCT):
-            if (self.column, self.low, self.high, self.q, self.scope) != (None,) * 5:
-                raise QueryError(f"{where}: {kind.value} takes no column, bounds, q or scope")
+            if (self.low, self.high, self.q, self.scope) != (None,) * 4:
+                raise QueryError(f"{where}: {kind.value} takes no bounds, q or scope")
+            if self.column is not None and not (isinstance(self.column, str) and self.column):
+                raise QueryError(f"{where}: count's column must be a column name, got "
+                                 f"{self.column!r}")
             return
         if not self.column:
             raise QueryError(f"{where}: {kind.value} needs a column")

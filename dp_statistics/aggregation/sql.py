@@ -56,6 +56,8 @@ from sage_tfx.dp_statistics.aggregation.spec import (
 
 DP_KEYWORDS = ("ANONYMIZATION", "DIFFERENTIAL_PRIVACY")
 # ANON_ name -> (aggregate kind, whether a column argument is required).
+# ANON_COUNT(expr): the rows where expr is not null (relation.evaluate passes it as presence).
+COUNT_COLUMN = "count_column"
 ANON_FUNCTIONS = {
     "ANON_COUNT": "count", "ANON_SUM": "sum", "ANON_AVG": "mean", "ANON_VAR": "variance",
     "ANON_STDDEV": "stddev", "ANON_NTILE": "ntile", "ANON_MEDIAN": "median",
@@ -125,7 +127,7 @@ class TableSchema:
 class AggregateCall:
     """One ANON_ aggregate of the SELECT list, as written."""
     name: str  # the output column
-    kind: str  # a value of ANON_FUNCTIONS, or "count_distinct_units"
+    kind: str  # a value of ANON_FUNCTIONS, COUNT_COLUMN or "count_distinct_units"
     argument: Optional[exp.Expression]  # None for COUNT(*) and COUNT(DISTINCT unit)
     lower: Optional[float] = None
     upper: Optional[float] = None
@@ -386,8 +388,11 @@ def _aggregate_call(name: str, call: exp.Anonymous, scope: _Scope) -> AggregateC
             raise QueryError(f"{where}: COUNT(DISTINCT ...) counts distinct units only "
                              f"(COUNT(DISTINCT {scope.unit})); other columns would need "
                              "cross-unit de-duplication (seed §4.2.3)")
-        raise QueryError(f"{where}: ANON_COUNT takes * or DISTINCT {scope.unit} (for the rows "
-                         "where a column is set: ANON_COUNT(*) ... WHERE col IS NOT NULL)")
+        if len(args) == 1 and not isinstance(args[0], exp.Distinct):
+            return AggregateCall(name=name, kind=COUNT_COLUMN,
+                                 argument=_check_row_wise(args[0], scope, where), clause=where)
+        raise QueryError(f"{where}: ANON_COUNT takes *, one expression (its rows where it is "
+                         f"not null) or DISTINCT {scope.unit}")
     if not args:
         raise QueryError(f"{where}: {call.name.upper()} needs a column")
     written, rest = args[0], args[1:]
@@ -749,6 +754,8 @@ def to_query(checked: CheckedQuery) -> tuple[AggregationQuery, tuple[str, ...]]:
         bounds = {"low": call.lower, "high": call.upper}
         if call.kind == "count":
             made = [Aggregate.count(name=call.name)]
+        elif call.kind == COUNT_COLUMN:
+            made = [Aggregate.count(column, name=call.name)]
         elif call.kind == "count_distinct_units":
             made = [Aggregate.count_distinct(name=call.name)]
         elif call.kind == "ntile":

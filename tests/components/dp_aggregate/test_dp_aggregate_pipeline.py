@@ -8,13 +8,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from sage_tfx.components.block_example_gen.component import month_schedule
 from sage_tfx.dp_statistics.aggregation import QueryError
 
 QUERY = ("SELECT WITH ANONYMIZATION OPTIONS(max_groups_contributed = 1, public_groups = (1, 2)) "
          "area, ANON_COUNT(*) AS trips, ANON_AVG(fare, 0, 40) AS mean_fare FROM trips "
          "WHERE fare > 0 GROUP BY area")
-COLUMNS = {"uid": "string", "area": "int", "fare": "float", "ts": "int"}
+COLUMNS = {"uid": "int", "area": "int", "fare": "float", "ts": "int"}
 
 
 def test_construction_refuses_a_query_that_breaks_row_ownership():
@@ -40,15 +39,15 @@ def test_dp_aggregate_releases_csv_and_parquet_with_its_guarantee(tmp_path):
         writer = csv.writer(handle)
         writer.writerow(list(COLUMNS))
         for i in range(120):
-            writer.writerow([f"u{i % 30}", 1 + i % 2, 5 + i % 9, 1388534400 + 3600 * i])
-        writer.writerow(["u1", 1, "NaN", 1388534400])  # a bad fare: the record rule's 0
+            writer.writerow([i % 30, 1 + i % 2, 5 + i % 9, 1388534400 + 3600 * i])
+        writer.writerow([1, 1, "NaN", 1388534400])  # a bad fare: the record rule's 0
     store = str(tmp_path / "metadata.sqlite")
     Ledger.create(store)
-    start, end = month_schedule("2014-01", "2014-01")
-    gen = BlockExampleGen(input_base=str(data), block_key="ts", block_by="month",
-                          schedule_start=start, schedule_end=end, ledger_store=store,
-                          block_epsilon=2.0, block_delta=1e-5)
-    grant = BlockLedger(ledger_store=store, new_blocks=gen.outputs["examples"], window=1,
+    # Blocks cut by the unit (15 users each): the release is DP for the user, and says so.
+    gen = BlockExampleGen(input_base=str(data), block_key="uid", block_by="users",
+                          users_per_block=15, schedule_start=0, schedule_end=30,
+                          ledger_store=store, block_epsilon=2.0, block_delta=1e-5)
+    grant = BlockLedger(ledger_store=store, new_blocks=gen.outputs["examples"], window=2,
                         epsilon=1.0, delta=1e-6,
                         split=DPAggregate.split(QUERY, "uid", COLUMNS, 1.0, 1e-6))
     aggregate = DPAggregate(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
@@ -62,7 +61,7 @@ def test_dp_aggregate_releases_csv_and_parquet_with_its_guarantee(tmp_path):
         [artifact] = m.store.get_artifacts_by_type("sage_tfx.DPStatistics")
     props = {k: v.string_value for k, v in artifact.custom_properties.items()}
     assert float(props["epsilon"]) <= 1.0
-    assert props["unit"] == "all rows of one uid within the blocks read"
+    assert props["unit"] == "all rows of one uid"
     assert json.loads(props["columns"]) == ["area", "trips", "mean_fare"]
     released = pd.read_csv(os.path.join(artifact.uri, "release.csv"))
     assert list(released["area"]) == [1, 2]

@@ -24,8 +24,7 @@ def granted(store_path, text=SQL, epsilon=1.0):
     parsed = sql.parse(text)
     schema = sql.TableSchema("uid", {"uid": "string", "area": "int", "fare": "float"})
     query, _ = sql.to_query(sql.check(parsed, {"t": schema}))
-    split, events = frontend.grant_terms(plan(query, epsilon, 1e-6))
-    return ledger, ledger.request(BlockIds(["b1"]), epsilon, 1e-6, split=split, events=events)
+    return ledger, frontend.request_grant(ledger, BlockIds(["b1"]), query, epsilon, 1e-6)
 
 
 def test_a_grant_pays_for_one_release_of_its_query(store_path):
@@ -56,19 +55,17 @@ SELECTED = SQL.replace("public_groups = (1, 2)", "selection = gaussian_threshold
 def test_an_rdp_ledger_refuses_a_query_whose_selection_spends_delta_outside_its_event(
         store_path):
     """The filter charges only the events' RDP curve: the selection's additional delta would
-    go uncharged, so the grant is refused (nothing charged) and a grant made without saying
-    it releases nothing."""
+    go uncharged, so the API's grant is refused before anything is charged; a grant made by
+    hand without saying it releases nothing."""
     ledger = BlockLedger.create(store_path, accounting="rdp")
     ledger.add_block("b1", 5.0, 1e-5)
     schema = sql.TableSchema("uid", {"uid": "string", "area": "int", "fare": "float"})
     query, _ = sql.to_query(sql.check(sql.parse(SELECTED), {"t": schema}))
-    budget = plan(query, 1.0, 1e-6)
-    split, events = frontend.grant_terms(budget)
-    assert budget.additional_delta > 0
+    terms = frontend.grant_terms(plan(query, 1.0, 1e-6))
+    assert terms.additional_delta > 0
     with pytest.raises(BadRequest, match="rdp ledger cannot charge delta spent outside"):
-        ledger.request(BlockIds(["b1"]), 1.0, 1e-6, split=split, events=events,
-                       additional_delta=budget.additional_delta)
+        frontend.request_grant(ledger, BlockIds(["b1"]), query, 1.0, 1e-6)
     assert not np.any(ledger.blocks()[0].spent)
-    grant = ledger.request(BlockIds(["b1"]), 1.0, 1e-6, split=split, events=events)
+    grant = ledger.request(BlockIds(["b1"]), 1.0, 1e-6, split=terms.split, events=terms.events)
     with pytest.raises(QueryError, match="nothing was released"):
         frontend.dp_aggregate(frame(), SELECTED, grant, ledger=ledger)
