@@ -2,8 +2,8 @@
 
 A block's state is a budget *vector*: `[epsilon, delta]` under basic composition, or one RDP value
 per order under the Rényi filter. Each mode is one object (`accounting_for`, chosen once when a
-ledger opens) answering the same questions, so the ledger, the allocation policy and the CLI's tables never branch
-on the mode (the tables ask the object how to present its units):
+ledger opens) answering the same questions, so the ledger, the allocation policy and the CLI's
+tables never branch on the mode (the tables ask the object how to present its units):
 
 * `capacity(epsilon_g, delta_g)`: the vector a fresh block may spend;
 * `demand(request)`: the vector a request charges; `grant_demand(request, split, events,
@@ -196,7 +196,8 @@ class BasicComposition:
         docstring), in epsilon: a request fits when its epsilon is within its
         pipeline's reservation plus the free budget, and likewise for delta."""
         reservations, free, available = _budget_parts(block, pipeline)
-        return {"unit": self.summary_unit, "total": block.epsilon_ceiling, "spent": float(block.spent[0]),
+        return {"unit": self.summary_unit, "total": block.epsilon_ceiling,
+                "spent": float(block.spent[0]),
                 "reserved": {k: float(v[0]) for k, v in reservations.items()},
                 "delta_reserved": {k: float(v[1]) for k, v in reservations.items()},
                 "free": float(free[0]), "delta_free": float(free[1]),

@@ -37,7 +37,8 @@ class SLAedValidator(base_component.BaseComponent):
     """Validates `model` on the test split of the granted `examples`, spending the grant's
     `grant_step` share of epsilon (Laplace; no delta).
 
-    `metric` (a slaed.Metric or its value) 'loss': the module's `loss()` per example, clipped to [0, loss_bound]; ACCEPT only if
+    `metric` is a slaed.Metric or its value.
+    metric 'loss': the module's `loss()` per example, clipped to [0, loss_bound]; ACCEPT only if
     the expected loss is <= target with probability >= 1 - (1 - confidence) / 2.
     metric 'accuracy': ACCEPT only if the expected accuracy is >= target. The predicted class is
     the argmax of the outputs, or outputs >= 0.5 for one output (a module may define
