@@ -88,6 +88,7 @@ def _add_compile_parser(groups) -> None:
     taxi.add_argument("--last-month", default="2016-12",
                       help="last month (YYYY-MM) this run ingests (default: the sample's last, "
                            "2016-12)")
+    # TrainerMode's values, spelled out: importing it imports TFX, too slow for --help.
     taxi.add_argument("--mode", choices=("adassp", "dp_sgd"), default="adassp",
                       help="the trainer (default: adassp)")
     taxi.add_argument("--window", type=int,
@@ -125,10 +126,10 @@ def _taxi_example(args):
     import dataclasses
     import functools
 
-    from sage_tfx.examples.taxi.pipeline import (INITIAL_EPSILON, MIN_WINDOW, adassp_spec,
-                                                 dp_sgd_spec, kubeflow_pipeline)
+    from sage_tfx.examples.taxi.pipeline import (INITIAL_EPSILON, MIN_WINDOW, SPECS,
+                                                 kubeflow_pipeline)
     from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
-    spec = (adassp_spec if args.mode == "adassp" else dp_sgd_spec)()
+    spec = SPECS[args.mode]()
     if args.module_file:
         spec = dataclasses.replace(spec, module_file=args.module_file)
     window = MIN_WINDOW[args.mode] if args.window is None else args.window

@@ -30,8 +30,10 @@ import os
 import sys
 import tempfile
 
+from sage_tfx.components.block_example_gen.constants import BLOCK_ID
 from sage_tfx.examples.taxi.pipeline import TaxiSource, adassp_spec
 from sage_tfx.pipelines.adaptive import Policy, run_adaptive
+from sage_tfx.pipelines.policy import PolicyName
 from workload_sim import fit_validation_bound
 from sage_tfx.sage_access import BlockLedger, connect
 
@@ -45,9 +47,9 @@ def window_records(store_path: str) -> int:
     benchmark is a trusted offline analysis that prints figures, not a release, so it may count."""
     import tensorflow as tf
 
-    blocks = {examples.custom_properties["block_id"].string_value: examples.uri
+    blocks = {examples.custom_properties[BLOCK_ID].string_value: examples.uri
               for examples in connect(store_path).get_artifacts_by_type("Examples")
-              if "block_id" in examples.custom_properties}
+              if BLOCK_ID in examples.custom_properties}
     files = [path for uri in blocks.values()
              for path in tf.io.gfile.glob(os.path.join(uri, "Split-*", "*"))]
     return sum(1 for _ in tf.data.TFRecordDataset(files, compression_type="GZIP"))
@@ -59,7 +61,7 @@ def one_iteration(window: int, epsilon: float, seed: int, workdir: str) -> dict:
     source = TaxiSource(store, workdir)
     source.ingest(window)
     result = run_adaptive(adassp_spec(seed=seed),
-                          Policy("conserve", initial_epsilon=epsilon, min_window=window,
+                          Policy(PolicyName.CONSERVE, initial_epsilon=epsilon, min_window=window,
                                  max_iterations=1),
                           "taxi-adassp", os.path.join(workdir, "run"), store, source,
                           report=lambda _: None)

@@ -42,7 +42,10 @@ from tfx.proto import pusher_pb2
 from sage_tfx.components import (BlockExampleGen, BlockLedger, DPTrainer, ObliviousSampleGen,
                                   SLAedValidator)
 from sage_tfx.components.block_example_gen import month_schedule
+from sage_tfx.components.dp_trainer import TrainerMode
+from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
 from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
+from sage_tfx.validators.slaed import Metric
 
 MODEL_MODULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trip_model.py")
 
@@ -77,16 +80,16 @@ def create_pipeline(pipeline_root: str, data_root: Optional[str] = None,
                         pipeline_name="first",
                         new_blocks=new_blocks)
     sampler = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
-                                 scheme="swo", sample_size=sample_size, epochs=epochs,
+                                 scheme=Scheme.SWO, sample_size=sample_size, epochs=epochs,
                                  seed=seed)
     trainer = DPTrainer(examples=sampler.outputs["samples"], grant=grant.outputs["grant"],
-                        module_file=module_file, mode="dp_sgd", grant_step="training",
+                        module_file=module_file, mode=TrainerMode.DP_SGD, grant_step="training",
                         l2_norm_clip=1.0, learning_rate=0.05, seed=seed)
     # Durations are in seconds: the target is an MSE of 20,000 s^2 (an error of about 140 s);
     # the validator clips each squared error at loss_bound.
     validator = SLAedValidator(model=trainer.outputs["model"], examples=grant.outputs["examples"],
                                grant=grant.outputs["grant"], module_file=module_file,
-                               metric="loss", target=target_loss, loss_bound=1e6,
+                               metric=Metric.LOSS, target=target_loss, loss_bound=1e6,
                                confidence=0.95, grant_step="validation")
     pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
                     push_destination=pusher_pb2.PushDestination(

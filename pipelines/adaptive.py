@@ -38,17 +38,18 @@ from sage_tfx.components.block_example_gen import BlockExampleGen
 from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.choices import Choice
 from sage_tfx.components.dp_trainer import DPTrainer, TrainerMode, preflight
+from sage_tfx.components.dp_trainer import constants as model_keys
 from sage_tfx.components.dp_trainer.parameters import DEFAULT_MODE
 from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
-from sage_tfx.components.privacy_grant import step_events
+from sage_tfx.components.privacy_grant import Mechanism, step_events
 from sage_tfx.pipelines.policy import Policy, PolicyName, after_retry
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.accounting import AccountingMode, check_split
 from sage_tfx.validators import constants as blessing_keys
 from sage_tfx.validators.component import SLAedValidator
-from sage_tfx.validators.slaed import Outcome
+from sage_tfx.validators.slaed import Metric, Outcome
 
 __all__ = ["AdaptiveResult", "BlockSource", "Iteration", "IterationSpec", "Policy", "RunOutcome",
            "build_iteration", "run_adaptive", "step_mechanisms"]
@@ -144,11 +145,12 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
 
 def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
     """What each step of the iteration runs, for the events its grant records."""
-    mechanisms = {"transform": {"mechanism": "laplace"}, "validation": {"mechanism": "laplace"},
+    mechanisms = {"transform": {"mechanism": Mechanism.LAPLACE},
+                  "validation": {"mechanism": Mechanism.LAPLACE},
                   "training": {"mechanism": str(spec.trainer.get("mode") or DEFAULT_MODE)}}
     if spec.sampling and spec.sampling.get("public_size") is None:
         # ObliviousSampleGen's DP count of its records (discrete Laplace: pure epsilon-DP).
-        mechanisms[COUNT_STEP] = {"mechanism": "laplace"}
+        mechanisms[COUNT_STEP] = {"mechanism": Mechanism.LAPLACE}
     return mechanisms
 
 
@@ -282,7 +284,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 upper_bound=float(_property(blessing, blessing_keys.UPPER_BOUND)),
                 target=float(_property(blessing, blessing_keys.TARGET)))
             iterations.append(iteration)
-            metric = _property(blessing, blessing_keys.METRIC)
+            metric = Metric(_property(blessing, blessing_keys.METRIC))
             report(_line(iteration, metric))
             if iteration.outcome == Outcome.ACCEPT:
                 return AdaptiveResult(ACCEPTED, iterations,
@@ -313,7 +315,7 @@ def _preflight(spec: IterationSpec, epsilon: float) -> None:
                          f"nothing was charged for it: {error}") from error
 
 
-def _line(iteration: Iteration, metric: str) -> str:
+def _line(iteration: Iteration, metric: Metric) -> str:
     span = f"{iteration.blocks[-1]}..{iteration.blocks[0]}" if iteration.blocks else "-"
     return (f"iteration {iteration.number}: window {iteration.window} block(s) ({span}), "
             f"epsilon {iteration.epsilon:.4g} -> {iteration.outcome}  (DP {metric} "
@@ -324,7 +326,7 @@ def _line(iteration: Iteration, metric: str) -> str:
 def _grant_blocks(store, blessing) -> tuple[str, ...]:
     model_id = blessing.custom_properties[blessing_keys.CURRENT_MODEL_ID].int_value
     [model] = store.get_artifacts_by_id([model_id])
-    return tuple(json.loads(model.custom_properties["blocks"].string_value))
+    return tuple(json.loads(model.custom_properties[model_keys.BLOCKS].string_value))
 
 
 def _pushed(store, pushed_models: list) -> Optional[str]:

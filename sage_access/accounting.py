@@ -2,8 +2,8 @@
 
 A block's state is a budget *vector*: `[epsilon, delta]` under basic composition, or one RDP value
 per order under the Rényi filter. Each mode is one object (`accounting_for`, chosen once when a
-ledger opens) answering the same questions, so the ledger and the allocation policy never branch
-on the mode (only the CLI's tables name it, to label their units):
+ledger opens) answering the same questions, so the ledger, the allocation policy and the CLI's
+tables never branch on the mode (the tables ask the object how to present its units):
 
 * `capacity(epsilon_g, delta_g)`: the vector a fresh block may spend;
 * `demand(request)`: the vector a request charges; `grant_demand(request, split, events,
@@ -12,7 +12,10 @@ on the mode (only the CLI's tables name it, to label their units):
 * `fits(used, demand, limit)`: may `used + demand` be spent against `limit`?
 * `requires_step_events`: must a grant give the DP event of every step of its split?
 * `guarantee(spent, ...)`, `budget_view(block, pipeline)` and `remaining(block, pipeline)`: what a
-  block has given up and has left, in the unit the ledger grants.
+  block has given up and has left, in the unit the ledger grants;
+* for tables: `budget_in_shares` (budget_view gives shares of capacity, not epsilon),
+  `summary_unit` (budget_view's unit across blocks), `guarantee_is_spent` (guarantee is the sums
+  spent) and `guarantee_note` (what guarantee means, where it is not the sums spent).
 
 Neighbouring relation: add-or-remove-one record (Sage Appendix A.1). A request states its
 (epsilon, delta) or RDP curve already in that relation; mechanisms analysed under replace-one must
@@ -132,6 +135,10 @@ class BasicComposition:
     name = AccountingMode.BASIC
     # RDP curves of requests are given on these orders and converted on arrival.
     orders: tuple[float, ...] = DEFAULT_RDP_ORDERS
+    budget_in_shares = False
+    summary_unit = "epsilon"
+    guarantee_is_spent = True
+    guarantee_note: Optional[str] = None
 
     def capacity(self, epsilon_g: float, delta_g: float) -> np.ndarray:
         return np.array([_check_epsilon(epsilon_g, "epsilon ceiling"),
@@ -189,7 +196,8 @@ class BasicComposition:
         docstring), in epsilon: a request fits when its epsilon is within its
         pipeline's reservation plus the free budget, and likewise for delta."""
         reservations, free, available = _budget_parts(block, pipeline)
-        return {"unit": "epsilon", "total": block.epsilon_ceiling, "spent": float(block.spent[0]),
+        return {"unit": self.summary_unit, "total": block.epsilon_ceiling,
+                "spent": float(block.spent[0]),
                 "reserved": {k: float(v[0]) for k, v in reservations.items()},
                 "delta_reserved": {k: float(v[1]) for k, v in reservations.items()},
                 "free": float(free[0]), "delta_free": float(free[1]),
@@ -213,6 +221,14 @@ class RenyiFilter:
     """A Rényi-DP filter per block; see the module docstring for why it is valid."""
 
     name = AccountingMode.RDP
+    budget_in_shares = True
+    summary_unit = "share of capacity"  # budget_view's order differs between blocks
+    guarantee_is_spent = False
+    guarantee_note = (
+        "each block's Renyi filter enforces its (epsilon, delta) ceiling: guarantee_epsilon "
+        "and guarantee_delta are the ceiling once the block was charged, (0, 0) before; "
+        "budget gives spent, reserved and free as shares of the filter's capacity at the "
+        "order with the most free room")
 
     def __init__(self, orders: Sequence[float] = DEFAULT_RDP_ORDERS):
         self.orders = tuple(float(a) for a in orders)

@@ -33,6 +33,9 @@ import math
 import os
 import sys
 
+# Light (no dp_accounting, no TensorFlow); the package's __init__ imports it anyway.
+from sage_tfx.sage_access.accounting import AccountingMode, accounting_for
+
 EXIT_BAD_INPUT = 2
 EXIT_DENIED = 3
 EXIT_BUSY = 4
@@ -69,7 +72,8 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
         return sub
 
     init = command("init", _init, "create a ledger context (creates the store if needed)")
-    init.add_argument("--accounting", choices=["basic", "rdp"], default="basic",
+    init.add_argument("--accounting", choices=AccountingMode.values(),
+                      default=AccountingMode.BASIC,
                       help="basic: epsilons and deltas add up per block; rdp: a Renyi-DP filter "
                            "per block (default: basic)")
     init.add_argument("--min-request", type=float, default=0.01, dest="min_request",
@@ -308,12 +312,8 @@ def ledger_table(ledger) -> dict:
              "min_request_epsilon": ledger.min_request_epsilon,
              "waiting_pipelines": ledger.waiting_pipelines(),
              "blocks": [block_row(ledger, block) for block in ledger.blocks()]}
-    if ledger.accounting.name != "basic":
-        table["guarantee"] = (
-            "each block's Renyi filter enforces its (epsilon, delta) ceiling: guarantee_epsilon "
-            "and guarantee_delta are the ceiling once the block was charged, (0, 0) before; "
-            "budget gives spent, reserved and free as shares of the filter's capacity at the "
-            "order with the most free room")
+    if ledger.accounting.guarantee_note is not None:
+        table["guarantee"] = ledger.accounting.guarantee_note
     return table
 
 
@@ -324,7 +324,7 @@ def block_row(ledger, block) -> dict:
     row = {"id": block.block_id, "epsilon_ceiling": block.epsilon_ceiling,
            "delta_ceiling": block.delta_ceiling, "guarantee_epsilon": guarantee_epsilon,
            "guarantee_delta": guarantee_delta}
-    if ledger.accounting.name == "basic":
+    if ledger.accounting.guarantee_is_spent:
         row.update(epsilon_spent=guarantee_epsilon, delta_spent=guarantee_delta)
     row.update({"retired": block.retired, "charges": block.charges, "start": block.start,
                 "end": block.end, "reserved_for": sorted(block.reservations),
@@ -334,7 +334,7 @@ def block_row(ledger, block) -> dict:
 
 def format_table(table: dict) -> str:
     """`show`'s text view of a `ledger_table`."""
-    rdp = table["accounting"] == "rdp"
+    rdp = accounting_for(table["accounting"]).budget_in_shares
     lines = [f"ledger {table['context']!r}: {table['accounting']} accounting, minimum request "
              f"epsilon {table['min_request_epsilon']}, waiting pipelines: "
              f"{', '.join(table['waiting_pipelines']) or 'none'}"]
@@ -429,7 +429,7 @@ def _plot(args) -> int:
         text = f"{bar['spent']:.2g}" + (" R" if bar["retired"] else "")
         axes.text(index, bottom[index], text, ha="center", va="bottom", fontsize=7,
                   rotation=90 if crowded else 0)
-    unit = rows[0]["budget"]["unit"] if table["accounting"] == "basic" else "share of capacity"
+    unit = accounting_for(table["accounting"]).summary_unit
     axes.set_ylabel(unit + (" (mean per block)" if grouped else ""))
     axes.set_ylim(0, max(bottom) * 1.25)
     axes.set_xticks(list(positions), [bar["label"] for bar in bars], rotation=90 if crowded else 0,

@@ -31,8 +31,8 @@ from ml_metadata import errors as mlmd_errors
 from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.sage_access import allocation, lineage
-from sage_tfx.sage_access.accounting import (BudgetRequest, accounting_for, check_split,
-                                             event_from_json, event_to_json)
+from sage_tfx.sage_access.accounting import (AccountingMode, BudgetRequest, accounting_for,
+                                             check_split, event_from_json, event_to_json)
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted
 from sage_tfx.sage_access.records import (GRANT_TYPE, LEDGER_CONTEXT_TYPE, UPDATE_TYPE, Grant,
@@ -78,7 +78,8 @@ class BlockLedger:
 
     # ----------------------------------------------------------------- creation
     @classmethod
-    def create(cls, store: StoreSpec, context: str = "default", accounting: str = "basic",
+    def create(cls, store: StoreSpec, context: str = "default",
+               accounting: str = AccountingMode.BASIC,
                min_request_epsilon: float = 0.01) -> "BlockLedger":
         """Create a ledger context; BadRequest if it exists already."""
         check_name(context, "ledger context")

@@ -3,11 +3,11 @@
 
 `SLAedValidator` is imported lazily (PEP 562), so the numpy tests load without TFX or TensorFlow.
 """
-from sage_tfx.validators.slaed import (ACCEPT, REJECT, RETRY, Outcome, ValidationResult,
+from sage_tfx.validators.slaed import (ACCEPT, REJECT, RETRY, Metric, Outcome, ValidationResult,
                                        accuracy_validator, loss_validator,
                                        sum_statistic_validator)
 
-__all__ = ["ACCEPT", "REJECT", "RETRY", "Outcome", "SLAedValidator", "ValidationResult",
+__all__ = ["ACCEPT", "REJECT", "RETRY", "Metric", "Outcome", "SLAedValidator", "ValidationResult",
            "accuracy_validator", "loss_validator", "sum_statistic_validator"]
 
 

@@ -9,6 +9,7 @@ from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.privacy_grant import PrivacyGrant
 from sage_tfx.validators import executor
+from sage_tfx.validators.slaed import Metric
 
 
 class SLAedValidatorSpec(component_spec.ComponentSpec):
@@ -36,6 +37,7 @@ class SLAedValidator(base_component.BaseComponent):
     """Validates `model` on the test split of the granted `examples`, spending the grant's
     `grant_step` share of epsilon (Laplace; no delta).
 
+    `metric` is a slaed.Metric or its value.
     metric 'loss': the module's `loss()` per example, clipped to [0, loss_bound]; ACCEPT only if
     the expected loss is <= target with probability >= 1 - (1 - confidence) / 2.
     metric 'accuracy': ACCEPT only if the expected accuracy is >= target. The predicted class is
@@ -52,10 +54,10 @@ class SLAedValidator(base_component.BaseComponent):
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, model: channel.Channel, examples: channel.Channel, grant: channel.Channel,
-                 module_file: str, metric: str, target: float, confidence: float = 0.95,
+                 module_file: str, metric: str | Metric, target: float, confidence: float = 0.95,
                  loss_bound: Optional[float] = None, grant_step: str = "validation",
                  transform_graph: Optional[channel.Channel] = None):
-        executor.check_parameters(metric, target, confidence, loss_bound)
+        metric = executor.check_parameters(metric, target, confidence, loss_bound)
         super().__init__(spec=SLAedValidatorSpec(
             module_file=module_file, metric=metric, target=target, confidence=confidence,
             loss_bound=loss_bound, grant_step=grant_step, model=model,

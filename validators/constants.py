@@ -6,7 +6,7 @@ BLESSED = "blessed"
 CURRENT_MODEL = "current_model"
 CURRENT_MODEL_ID = "current_model_id"
 OUTCOME = "outcome"  # a slaed.Outcome value
-METRIC = "metric"  # "loss" or "accuracy"
+METRIC = "metric"  # a slaed.Metric value
 # Exact decimal strings (ML Metadata's SQLite backend rounds doubles to 6 places).
 DP_METRIC = "dp_metric"
 LOWER_BOUND = "lower_bound"

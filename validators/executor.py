@@ -20,26 +20,28 @@ from sage_tfx.components.util.user_module import RecordDecoder, UserModule
 from sage_tfx.sage_access.accounting import pure_dp_event
 from sage_tfx.sage_access.exact import set_exact_property
 from sage_tfx.validators import constants
-from sage_tfx.validators.slaed import ACCEPT, accuracy_validator, loss_validator
+from sage_tfx.validators.slaed import ACCEPT, Metric, accuracy_validator, loss_validator
 
-METRICS = ("loss", "accuracy")
 _PREDICTION_BATCH = 4096
+# What each metric needs of the user's module (beyond user_module.ALWAYS_NEEDED).
+MODULE_NEEDS = {Metric.LOSS: ("loss",), Metric.ACCURACY: ()}
 
 
 def check_parameters(metric: str, target: float, confidence: float,
-                     loss_bound: Optional[float]) -> None:
-    """Refuse bad parameters when the pipeline is built, before anything runs or is charged."""
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; use one of {METRICS}")
+                     loss_bound: Optional[float]) -> Metric:
+    """Refuse bad parameters when the pipeline is built, before anything runs or is charged;
+    the metric they name."""
+    metric = Metric.parse(metric, "metric")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if metric == "loss":
+    if metric == Metric.LOSS:
         if loss_bound is None or not loss_bound > 0:
             raise ValueError(f"metric 'loss' needs loss_bound B > 0, got {loss_bound}")
         if not 0.0 <= target <= loss_bound:
             raise ValueError(f"target loss {target} is outside [0, B={loss_bound}]")
     elif not 0.0 <= target <= 1.0:
         raise ValueError(f"target accuracy {target} is outside [0, 1]")
+    return metric
 
 
 def predictions(model_uri: str, serialized: np.ndarray) -> np.ndarray:
@@ -51,14 +53,14 @@ def predictions(model_uri: str, serialized: np.ndarray) -> np.ndarray:
                            for i in range(0, len(serialized), _PREDICTION_BATCH)])
 
 
-def per_example_metric(metric: str, module: UserModule, labels: np.ndarray,
+def per_example_metric(metric: Metric, module: UserModule, labels: np.ndarray,
                        outputs: np.ndarray) -> np.ndarray:
     """Per-example loss, or 1.0/0.0 for correct/incorrect. A non-finite output or label (or
     loss) gives a NaN loss, which the loss validator counts as its bound B, or an incorrect
     prediction: a constant, whatever the bad value was (record_rule)."""
     all_finite = (np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1)
                   & np.isfinite(labels.reshape(len(labels), -1)).all(axis=1))
-    if metric == "loss":
+    if metric == Metric.LOSS:
         per_example = with_reduction(module.loss(), tf.keras.losses.Reduction.NONE)
         # finite() only lets the loss be computed; the rows it changed are overridden below.
         values = per_example(finite(tf.constant(labels, tf.float32)),
@@ -78,16 +80,15 @@ class Executor(base_executor.BaseExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:
-        metric, target = exec_properties["metric"], float(exec_properties["target"])
-        confidence = float(exec_properties["confidence"])
+        target, confidence = float(exec_properties["target"]), float(exec_properties["confidence"])
         loss_bound = exec_properties.get("loss_bound")
-        check_parameters(metric, target, confidence, loss_bound)
+        metric = check_parameters(exec_properties["metric"], target, confidence, loss_bound)
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         grant = require_grant(input_dict["grant"], [examples])
         step = exec_properties.get("grant_step") or "validation"
         epsilon, _ = grant.share(step)
         grant.check_event(step, pure_dp_event(epsilon))  # Laplace releases summing to epsilon
-        module = UserModule.load(exec_properties.get("module_file"), metric)
+        module = UserModule.load(exec_properties.get("module_file"), metric, MODULE_NEEDS[metric])
         model = artifact_utils.get_single_instance(input_dict["model"])
 
         transform_output = None
@@ -104,7 +105,7 @@ class Executor(base_executor.BaseExecutor):
             read_split(examples.uri, TEST_SPLIT).numpy())), dtype=object)
         labels = decoder.labels(serialized).numpy()
         values = per_example_metric(metric, module, labels, predictions(model.uri, serialized))[1:]
-        if metric == "loss":
+        if metric == Metric.LOSS:
             result = loss_validator(values, target, epsilon, confidence, float(loss_bound))
         else:
             result = accuracy_validator(values, target, epsilon, confidence)

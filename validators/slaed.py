@@ -60,6 +60,13 @@ class Outcome(Choice):
 ACCEPT, REJECT, RETRY = Outcome.ACCEPT, Outcome.REJECT, Outcome.RETRY
 
 
+class Metric(Choice):
+    """What SLAedValidator tests: the expected loss (loss_validator, needs a loss bound B) or
+    the expected accuracy (accuracy_validator)."""
+    LOSS = "loss"
+    ACCURACY = "accuracy"
+
+
 @dataclass(frozen=True)
 class ValidationResult:
     outcome: Outcome
@@ -180,7 +187,7 @@ def loss_validator(per_example_losses, target: float, epsilon: float, confidence
     eta = _check_common(epsilon, confidence)
     if not (isinstance(loss_bound, (int, float)) and math.isfinite(loss_bound) and loss_bound > 0):
         raise ValueError(f"loss_bound B must be a positive number, got {loss_bound!r}")
-    _check_target(target, 0.0, loss_bound, "loss")
+    _check_target(target, 0.0, loss_bound, Metric.LOSS)
     losses = _as_vector(per_example_losses)
     clipped = np.clip(np.where(np.isfinite(losses), losses, loss_bound), 0.0, loss_bound)
     release = DPMeanRelease.of(clipped, loss_bound, epsilon)
@@ -194,7 +201,7 @@ def accuracy_validator(correct, target: float, epsilon: float, confidence: float
                        ) -> ValidationResult:
     """ACCEPT only if the expected accuracy is >= target, REJECT only if it is < target, each
     with probability >= 1 - (1 - confidence) / 2: the loss test on the error indicator."""
-    _check_target(target, 0.0, 1.0, "accuracy")
+    _check_target(target, 0.0, 1.0, Metric.ACCURACY)
     correct = _as_vector(correct)
     errors = np.where(np.isfinite(correct), 1.0 - np.clip(correct, 0.0, 1.0), 1.0)
     result = loss_validator(errors, 1.0 - target, epsilon, confidence, 1.0)

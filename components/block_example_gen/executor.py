@@ -34,6 +34,7 @@ from google.protobuf.message import DecodeError
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
+from sage_tfx.components.block_example_gen import constants as block_keys
 from sage_tfx.components.util.examples_io import SPLITS, TEST_SPLIT, TRAIN_SPLIT
 from sage_tfx.dp_statistics.tables import record_block_key
 from sage_tfx.sage_access.ledger import BlockLedger
@@ -214,9 +215,9 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             examples.uri = os.path.join(output_uri, block_id)
             examples.split_names = artifact_utils.encode_split_names(list(SPLITS))
             examples.span = span
-            examples.set_string_custom_property("block_id", block_id)
-            examples.set_string_custom_property("block_start", start)
-            examples.set_string_custom_property("block_end", end)
+            examples.set_string_custom_property(block_keys.BLOCK_ID, block_id)
+            examples.set_string_custom_property(block_keys.BLOCK_START, start)
+            examples.set_string_custom_property(block_keys.BLOCK_END, end)
             if block_by == "users":  # DPAggregate states the user-level unit from this
                 record_block_key(examples.uri, key)
             ledger.add_block(block_id, float(exec_properties["block_epsilon"]),

@@ -16,10 +16,12 @@ from tfx.utils import path_utils
 
 from sage_tfx import console
 from sage_tfx.components.dp_trainer import adassp as adassp_lib
+from sage_tfx.components.dp_trainer import constants as model_keys
 from sage_tfx.components.dp_trainer import dp_sgd
 from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
-                                                       TrainerMode, calibrate_run)
+                                                       MODULE_NEEDS, TrainerMode, calibrate_run)
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
+from sage_tfx.components.oblivious_sample_gen import constants as sample_keys
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.components.privacy_grant import require_grant
@@ -36,7 +38,7 @@ def read_descriptor(samples) -> SamplingDescriptor:
     props = samples.mlmd_artifact.custom_properties
     flat = {name: (value.string_value if value.HasField("string_value") else value.int_value)
             for name, value in props.items()}
-    if "sampling_scheme" not in flat:
+    if sample_keys.SCHEME not in flat:
         raise SamplesMismatch(f"the Examples at {samples.uri} carry no sampling descriptor; "
                               "DP-SGD trains on ObliviousSampleGen's output")
     descriptor = SamplingDescriptor.from_properties(flat)
@@ -123,7 +125,7 @@ class Executor(base_executor.BaseExecutor):
             # DP-SGD has no event before it runs (privacy_grant.planned_event), so the ledger
             # must have charged its (epsilon, delta) share, not another mechanism's curve.
             grant.check_event(step, None)
-        module = UserModule.load(exec_properties.get("module_file"), mode)
+        module = UserModule.load(exec_properties.get("module_file"), mode, MODULE_NEEDS[mode])
         transform_output = None
         if input_dict.get("transform_graph"):
             import tensorflow_transform as tft
@@ -137,13 +139,14 @@ class Executor(base_executor.BaseExecutor):
             keras_model, properties = self._adassp(examples, decoder, epsilon, delta,
                                                    exec_properties)
             # The ledger charged the event it recorded for this step; release only if it ran.
-            grant.check_event(step, adassp_lib.dp_event(properties["noise_multiplier"]))
+            grant.check_event(step, adassp_lib.dp_event(properties[model_keys.NOISE_MULTIPLIER]))
         else:
             keras_model, properties = self._dp_sgd(examples, module, decoder, epsilon, delta,
                                                    exec_properties, model_run.uri)
         save_model(keras_model, decoder, model.uri)
-        properties.update(grant_id=grant.grant_id, blocks=json.dumps(list(grant.blocks)),
-                          trainer_mode=mode)
+        properties.update({model_keys.GRANT_ID: grant.grant_id,
+                           model_keys.BLOCKS: json.dumps(list(grant.blocks)),
+                           model_keys.TRAINER_MODE: mode})
         for name, value in properties.items():
             if isinstance(value, float):
                 set_exact_property(model, name, value)
@@ -163,12 +166,12 @@ class Executor(base_executor.BaseExecutor):
                                     float(exec_properties["l2_norm_clip"]),
                                     float(exec_properties["learning_rate"]))
         key_variable = exec_properties.get("encryption_key_env")
-        encrypted = bool(samples.get_int_custom_property("sampling_encrypted"))
+        encrypted = bool(samples.get_int_custom_property(sample_keys.ENCRYPTED))
         if encrypted and not key_variable:
             raise ValueError("the samples are encrypted; pass encryption_key_env")
         records, sample_ids = samples_io.read_samples(
             os.path.join(samples.uri, f"Split-{TRAIN_SPLIT}"), descriptor,
-            samples.get_int_custom_property("sampling_record_width"),
+            samples.get_int_custom_property(sample_keys.RECORD_WIDTH),
             samples_io.key_from_env(key_variable) if encrypted else None)
         check_layout(sample_ids, descriptor)
         used = epochs * descriptor.slots_per_epoch
@@ -204,10 +207,11 @@ class Executor(base_executor.BaseExecutor):
                                f"{calibration.steps}")
         writer.flush()
         return keras_model, {
-            "dp_epsilon": calibration.epsilon, "dp_delta": delta,
-            "noise_multiplier": config.noise_multiplier, "l2_norm_clip": config.l2_norm_clip,
-            "learning_rate": config.learning_rate, "steps": steps_run, "epochs": epochs,
-            "sampling_scheme": descriptor.scheme}
+            model_keys.DP_EPSILON: calibration.epsilon, model_keys.DP_DELTA: delta,
+            model_keys.NOISE_MULTIPLIER: config.noise_multiplier,
+            model_keys.L2_NORM_CLIP: config.l2_norm_clip,
+            model_keys.LEARNING_RATE: config.learning_rate, model_keys.STEPS: steps_run,
+            model_keys.EPOCHS: epochs, model_keys.SAMPLING_SCHEME: descriptor.scheme}
 
     def _adassp(self, examples, decoder: RecordDecoder, epsilon: float, delta: float,
                 exec_properties: dict[str, Any]):
@@ -228,8 +232,9 @@ class Executor(base_executor.BaseExecutor):
                                             result.weights[-1:].astype(np.float32)])
         console.report("DPTrainer AdaSSP: epsilon %.4g, delta %.3g, noise multiplier %.4g",
                        epsilon, delta, result.noise_multiplier)
-        return keras_model, {"dp_epsilon": epsilon, "dp_delta": delta,
-                             "noise_multiplier": result.noise_multiplier,
-                             "feature_bound": float(exec_properties["feature_bound"]),
-                             "label_bound": float(exec_properties["label_bound"]),
-                             "label_offset": float(exec_properties.get("label_offset") or 0.0)}
+        return keras_model, {model_keys.DP_EPSILON: epsilon, model_keys.DP_DELTA: delta,
+                             model_keys.NOISE_MULTIPLIER: result.noise_multiplier,
+                             model_keys.FEATURE_BOUND: float(exec_properties["feature_bound"]),
+                             model_keys.LABEL_BOUND: float(exec_properties["label_bound"]),
+                             model_keys.LABEL_OFFSET:
+                                 float(exec_properties.get("label_offset") or 0.0)}

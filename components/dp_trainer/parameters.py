@@ -24,6 +24,9 @@ class TrainerMode(Choice):
 
 
 DEFAULT_MODE = TrainerMode.DP_SGD
+# What each mode needs of the user's module (beyond user_module.ALWAYS_NEEDED).
+MODULE_NEEDS = {TrainerMode.DP_SGD: ("model_inputs", "build_model", "loss"),
+                TrainerMode.ADASSP: ("model_inputs",)}
 DEFAULT_GRANT_STEP = "training"  # the step of the grant's split that pays for training
 
 # Poisson sampling's steps and accounting depend on gamma and the epochs only (sampling.py,

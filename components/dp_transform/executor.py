@@ -25,7 +25,7 @@ from sage_tfx.components.dp_transform import row_audit
 from sage_tfx import console
 from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_analyzer,
                                                         transform_budget)
-from sage_tfx.components.privacy_grant import carry_grant, require_grant
+from sage_tfx.components.privacy_grant import EXAMPLES_GRANT_ID, carry_grant, require_grant
 from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitise_record
 from sage_tfx.components.util.examples_io import SPLITS, TRAIN_SPLIT
 from sage_tfx.components.util.user_module import import_module_file
@@ -153,6 +153,6 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         metadata_io.write_metadata(raw_metadata, os.path.join(
             transform_graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR))
         carry_grant(grant, transformed, "DPTransform")
-        transform_graph.set_string_custom_property("sage_grant_id", grant.grant_id)
+        transform_graph.set_string_custom_property(EXAMPLES_GRANT_ID, grant.grant_id)
         set_exact_property(transform_graph, "dp_epsilon",
                            epsilon * sum(share for _, share in shares))

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
 
 from sage_tfx.choices import Choice
+from sage_tfx.components.oblivious_sample_gen.constants import DESCRIPTOR_PREFIX
 from sage_tfx.sage_access.exact import exact_decimal
 
 
@@ -63,14 +64,14 @@ class SamplingDescriptor:
         return self.gamma * self.n if self.scheme == Scheme.POISSON else float(self.sample_size)
 
     def to_properties(self) -> dict[str, str | int]:
-        return {f"sampling_{key}": (exact_decimal(value) if isinstance(value, float) else
+        return {DESCRIPTOR_PREFIX + key: (exact_decimal(value) if isinstance(value, float) else
                                     "" if value is None else value)
                 for key, value in asdict(self).items()}
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, object]) -> "SamplingDescriptor":
         def value(key: str):
-            raw = properties.get(f"sampling_{key}")
+            raw = properties.get(DESCRIPTOR_PREFIX + key)
             if raw is None:
                 raise ValueError(f"the samples carry no sampling descriptor field {key!r}")
             return raw

@@ -13,6 +13,7 @@ from tfx.types import artifact_utils
 
 from sage_tfx import console
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
+from sage_tfx.components.oblivious_sample_gen import constants as sample_keys
 from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import (DEFAULT_EPOCHS, samples_poisson,
                                                                samples_swo, shuffle_and_split)
@@ -95,9 +96,9 @@ class Executor(base_executor.BaseExecutor):
                 output.set_int_custom_property(name, value)
             else:
                 output.set_string_custom_property(name, value)
-        output.set_int_custom_property("sampling_encrypted", int(key is not None))
+        output.set_int_custom_property(sample_keys.ENCRYPTED, int(key is not None))
         if key is not None:
-            output.set_int_custom_property("sampling_record_width", int(record_width))
+            output.set_int_custom_property(sample_keys.RECORD_WIDTH, int(record_width))
         carry_grant(grant, output, "ObliviousSampleGen")
         # n is the DP count (or the user's public size), never the exact number of records.
         console.report("ObliviousSampleGen: %s sampling of %d rows (%s), %d epoch(s), %s",

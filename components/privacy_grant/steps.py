@@ -5,10 +5,21 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from sage_tfx.choices import Choice
 from sage_tfx.sage_access.accounting import accounting_for, pure_dp_event, split_share
 from sage_tfx.sage_access.errors import BadRequest
 
-MECHANISMS = ("adassp", "laplace", "dp_sgd")
+
+
+class Mechanism(Choice):
+    """What a DP step runs (planned_event). The trainer's step is named by its TrainerMode value
+    (a dp_trainer import here would be circular: DPTrainer checks its grant with this package)."""
+    ADASSP = "adassp"
+    LAPLACE = "laplace"
+    DP_SGD = "dp_sgd"
+
+
+MECHANISMS = Mechanism.values()
 
 
 def planned_event(mechanism: Mapping[str, Any], epsilon: float, delta: float):
@@ -22,15 +33,16 @@ def planned_event(mechanism: Mapping[str, Any], epsilon: float, delta: float):
       Poisson on a truncation probability that adds a delta an RDP curve cannot carry, so an
       rdp ledger refuses it (a basic ledger charges its (epsilon, delta) share).
     """
-    name = mechanism.get("mechanism")
-    if name == "adassp":
+    try:
+        name = Mechanism.parse(mechanism.get("mechanism"), "DP mechanism")
+    except ValueError as error:
+        raise BadRequest(str(error)) from None
+    if name == Mechanism.ADASSP:
         from sage_tfx.components.dp_trainer import adassp
         return adassp.planned_event(epsilon, delta)
-    if name == "laplace":
+    if name == Mechanism.LAPLACE:
         return pure_dp_event(epsilon)
-    if name == "dp_sgd":
-        return None
-    raise BadRequest(f"unknown DP mechanism {name!r}; use one of {MECHANISMS}")
+    return None  # Mechanism.DP_SGD
 
 
 def step_events(mechanisms: dict, split: dict[str, str], epsilon: float, delta: float,

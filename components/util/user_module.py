@@ -20,18 +20,16 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
 from sage_tfx.components.record_rule import (check_spec, finite, null_record,
                                               sanitise_records)
 
-# What each use of a module needs: the trainer's two modes and the SLAedValidator's metrics.
-REQUIRED = {"dp_sgd": ("LABEL_KEY", "feature_spec", "model_inputs", "build_model", "loss"),
-            "adassp": ("LABEL_KEY", "feature_spec", "model_inputs"),
-            "loss": ("LABEL_KEY", "feature_spec", "loss"),
-            "accuracy": ("LABEL_KEY", "feature_spec")}
+# What every use of a module needs; each component adds what its mode or metric needs
+# (dp_trainer.parameters.MODULE_NEEDS, validators.executor.MODULE_NEEDS).
+ALWAYS_NEEDED = ("LABEL_KEY", "feature_spec")
 
 
 def import_module_file(path: str):
@@ -53,11 +51,13 @@ class UserModule:
     loss: Optional[Callable[[], tf.keras.losses.Loss]]
 
     @classmethod
-    def load(cls, path: str, purpose: str) -> "UserModule":
+    def load(cls, path: str, purpose: str, needs: Sequence[str] = ()) -> "UserModule":
+        """The module at `path`; ValueError if it lacks what `purpose` `needs` (beyond
+        ALWAYS_NEEDED)."""
         module = import_module_file(path)
-        missing = [name for name in REQUIRED[purpose] if not hasattr(module, name)]
+        missing = [name for name in (*ALWAYS_NEEDED, *needs) if not hasattr(module, name)]
         if missing:
-            raise ValueError(f"module file {path} lacks {missing} (needed for {purpose!r})")
+            raise ValueError(f"module file {path} lacks {missing} (needed for {str(purpose)!r})")
         return cls(module.LABEL_KEY, module.feature_spec, getattr(module, "model_inputs", None),
                    getattr(module, "build_model", None), getattr(module, "loss", None))
 

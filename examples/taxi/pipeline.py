@@ -15,9 +15,12 @@ from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
 from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedule
+from sage_tfx.components.dp_trainer import TrainerMode
+from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
 from sage_tfx.examples.taxi.stream import TaxiStream
 from sage_tfx.pipelines.adaptive import IterationSpec, build_iteration
 from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
+from sage_tfx.validators.slaed import Metric
 
 MODULE_FILE = os.path.join(os.path.dirname(__file__), "taxi_module.py")
 # Every monthly block's ceiling. The sample has about 400 trips a month (Sage's taxi stream had
@@ -37,8 +40,8 @@ DP_SGD_SPLIT = {"transform": 0.1, "sampling_count": 0.05, "training": 0.45,
 # confidently worse than the naive one (REJECT): on 12 months at epsilon 0.25-0.5 (4 of 12 runs),
 # on 24 months at 0.25 (1 run in about 12). On 24 months at 0.5 its lower bound stayed at most
 # 0.0164 in 16 runs, far below the target; it ACCEPTed in 12 and RETRYed in 4 (then ACCEPT at 1).
-MIN_WINDOW = {"adassp": 12, "dp_sgd": 24}
-INITIAL_EPSILON = {"adassp": 0.25, "dp_sgd": 0.5}
+MIN_WINDOW = {TrainerMode.ADASSP: 12, TrainerMode.DP_SGD: 24}
+INITIAL_EPSILON = {TrainerMode.ADASSP: 0.25, TrainerMode.DP_SGD: 0.5}
 
 
 def adassp_spec(seed: Optional[int] = None) -> IterationSpec:
@@ -47,19 +50,22 @@ def adassp_spec(seed: Optional[int] = None) -> IterationSpec:
         # Both features lie in [0, 1], plus the intercept: row norm <= sqrt(3). Durations are
         # clipped to [0, 1] hour; the fit is on duration - 0.2 h, a public guess (12 minutes)
         # at a typical trip, so the ridge shrinks toward it and |duration - 0.2| <= 0.8.
-        trainer={"mode": "adassp", "feature_bound": 3 ** 0.5, "label_bound": 0.8,
+        trainer={"mode": TrainerMode.ADASSP, "feature_bound": 3 ** 0.5, "label_bound": 0.8,
                  "label_offset": 0.2},
-        validation={"metric": "loss", "target": MSE_TARGET, "loss_bound": LOSS_BOUND,
+        validation={"metric": Metric.LOSS, "target": MSE_TARGET, "loss_bound": LOSS_BOUND,
                     "confidence": 0.95})
 
 
 def dp_sgd_spec(seed: Optional[int] = None) -> IterationSpec:
     return IterationSpec(
         module_file=MODULE_FILE, split=DP_SGD_SPLIT, seed=seed,
-        sampling={"scheme": "swo", "sample_size": 128, "epochs": 5},
-        trainer={"mode": "dp_sgd", "l2_norm_clip": 0.5, "learning_rate": 0.05},
-        validation={"metric": "loss", "target": MSE_TARGET, "loss_bound": LOSS_BOUND,
+        sampling={"scheme": Scheme.SWO, "sample_size": 128, "epochs": 5},
+        trainer={"mode": TrainerMode.DP_SGD, "l2_norm_clip": 0.5, "learning_rate": 0.05},
+        validation={"metric": Metric.LOSS, "target": MSE_TARGET, "loss_bound": LOSS_BOUND,
                     "confidence": 0.95})
+
+
+SPECS = {TrainerMode.ADASSP: adassp_spec, TrainerMode.DP_SGD: dp_sgd_spec}  # by trainer mode
 
 
 class TaxiSource:

@@ -51,17 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_logs()
 
     from sage_tfx.examples.taxi.pipeline import (BLOCK_DELTA, BLOCK_EPSILON, INITIAL_EPSILON,
-                                                 MIN_WINDOW, TaxiSource, adassp_spec,
-                                                 dp_sgd_spec)
+                                                 MIN_WINDOW, SPECS, TaxiSource)
     from sage_tfx.pipelines.adaptive import Policy, run_adaptive
     from sage_tfx.sage_access import BlockLedger
+    from sage_tfx.sage_access.accounting import AccountingMode
     from sage_tfx.sage_access.cli import format_table, ledger_table
 
-    specs = {"adassp": adassp_spec, "dp_sgd": dp_sgd_spec}
     chosen = [name.strip() for name in args.pipelines.split(",") if name.strip()]
-    unknown = sorted(set(chosen) - set(specs))
+    unknown = sorted(set(chosen) - set(SPECS))
     if unknown:
-        parser.error(f"unknown pipeline(s) {unknown}; choose from {sorted(specs)}")
+        parser.error(f"unknown pipeline(s) {unknown}; choose from {sorted(map(str, SPECS))}")
     shutil.rmtree(args.workdir, ignore_errors=True)
     results = {}
     for name in chosen:
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = os.path.abspath(os.path.join(args.workdir, name))
         os.makedirs(workdir)
         store = os.path.join(workdir, "metadata.sqlite")
-        BlockLedger.create(store, accounting="basic", min_request_epsilon=0.05)
+        BlockLedger.create(store, accounting=AccountingMode.BASIC, min_request_epsilon=0.05)
         source = TaxiSource(store, workdir)
         started = time.time()
         min_window = MIN_WINDOW[name] if args.min_window is None else args.min_window
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         initial_epsilon = (INITIAL_EPSILON[name] if args.initial_epsilon is None
                            else args.initial_epsilon)
         policy = Policy(args.policy, initial_epsilon=initial_epsilon, min_window=min_window)
-        spec = specs[name]()
+        spec = SPECS[name]()
         print(f"\n== taxi-{name}: privacy-adaptive training, policy {policy.name}, target "
               f"{spec.validation['metric']} {spec.validation['target']}\n"
               f"   database: {len(months)} monthly block(s) of the Chicago Taxi sample "
