@@ -290,9 +290,13 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 return AdaptiveResult(ACCEPTED, iterations,
                                       _pushed(store, run_artifacts.get("PushedModel", [])))
             if iteration.outcome == Outcome.REJECT:
+                # A loss is rejected from below (its lower bound exceeds the target), an
+                # accuracy from above (its upper bound falls short of it).
+                side, bound = (("at least", iteration.lower_bound) if metric == Metric.LOSS
+                               else ("at most", iteration.upper_bound))
                 return AdaptiveResult(REJECTED, iterations, message=(
                     f"the validator rejected the model: its {metric} is "
-                    f"at least {iteration.lower_bound:.4g}, worse than the target "
+                    f"{side} {bound:.4g}, worse than the target "
                     f"{iteration.target:g} with this much data"))
             epsilon, window = after_retry(
                 policy.name, epsilon, window,
