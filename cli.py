@@ -28,7 +28,7 @@ EXIT_INTERNAL_ERROR = 1
 def main(argv: list[str] | None = None) -> int:
     from sage_tfx.audit import cli as audit_cli
     from sage_tfx.dp_statistics import cli as statistics_cli
-    from sage_tfx.dp_statistics.matrix import cli as matrix_cli
+    from sage_tfx.dp_statistics import matrix_cli
     from sage_tfx import __version__
     from sage_tfx.sage_access import cli as ledger_cli
 
