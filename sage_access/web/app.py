@@ -118,7 +118,9 @@ def timeline(grants: list[dict], buckets: int = TIMELINE_BUCKETS) -> dict:
     epsilon, are counted but add none) and the running total."""
     if not grants:
         return {"bucket_ms": 0, "buckets": []}
-    first, last = grants[0]["time_ms"], grants[-1]["time_ms"]
+    # Execution ids can commit out of time order (MySQL-backed MLMD): bound by the times.
+    first = min(grant["time_ms"] for grant in grants)
+    last = max(grant["time_ms"] for grant in grants)
     width = max(1000, math.ceil((last - first + 1) / buckets))
     counts = [0] * (((last - first) // width) + 1)
     charged = [0.0] * len(counts)
