@@ -57,7 +57,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
 
 def _answer(args) -> int:
     from sage_tfx.components.matrix_mechanism.executor import block_histogram, planned_event
-    from sage_tfx.dp_statistics.matrix import eigen_design, mechanism
+    from sage_tfx.dp_statistics.matrix import UnsupportedWorkload, eigen_design, mechanism
     from sage_tfx.dp_statistics.matrix.spec import parse_spec
     from sage_tfx.sage_access.errors import BadRequest
     from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
@@ -71,24 +71,19 @@ def _answer(args) -> int:
     try:
         with open(args.spec) as handle:
             spec = parse_spec(handle.read())
-    except (OSError, DomainError, ValueError) as error:
+        strategy = eigen_design(spec.workload)
+        strategy.require_support(spec.workload)
+    except (OSError, DomainError, UnsupportedWorkload, ValueError) as error:
         raise BadRequest(f"workload spec {args.spec}: {error}") from None
-    strategy = eigen_design(spec.workload)
-    ledger = BlockLedger(args.store, args.context, read_only=True)
     selector = (BlockIds([b for b in args.blocks.split(",") if b]) if args.blocks is not None
                 else RecentWindow(args.window))
-    if isinstance(selector, BlockIds):
-        missing = [b for b in selector.ids if not ledger.block(b).data_uri]
-        if missing:
-            raise BadRequest(f"block(s) {', '.join(missing)} have no Examples; nothing charged")
     ledger = BlockLedger(args.store, args.context)
+    # require_data: a block without data is refused inside the grant's transaction, uncharged.
     grant = ledger.request(selector, epsilon=args.epsilon, delta=args.delta,
                            pipeline=args.pipeline, split={STEP: "1"},
-                           events={STEP: planned_event(args.epsilon, args.delta)})
+                           events={STEP: planned_event(args.epsilon, args.delta)},
+                           require_data=True)
     uris = [ledger.block(b).data_uri for b in grant.blocks]
-    if not all(uris):
-        raise BadRequest(f"grant {grant.grant_id}: a block has no Examples; the grant stays "
-                         "charged and nothing was released")
     histogram = sum(block_histogram(spec, uri) for uri in uris)
     release = mechanism.answer_workload(spec.workload, strategy, histogram,
                                         epsilon=args.epsilon, delta=args.delta)

@@ -101,6 +101,7 @@ class Executor(base_executor.BaseExecutor):
         answers = artifact_utils.get_single_instance(output_dict["answers"])
         strategy = eigen_design(spec.workload, cache_dir=exec_properties.get("strategy_cache")
                                 or pipeline_strategy_cache(answers.uri))
+        strategy.require_support(spec.workload)   # refused before anything is charged
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         grant = require_grant(input_dict["grant"], [examples])
         step = exec_properties.get("grant_step") or "statistics"
@@ -109,6 +110,7 @@ class Executor(base_executor.BaseExecutor):
         release = mechanism.answer_workload(spec.workload, strategy,
                                             examples_histogram(spec, examples.uri),
                                             epsilon=epsilon, delta=delta)
+        grant.check_event(step, release.event)
         write_answers(answers.uri, spec.workload.labels(), release)
         for name, value in (("epsilon", epsilon), ("delta", delta),
                             ("expected_rmse", release.expected_rmse)):

@@ -63,8 +63,11 @@ class Attribute:
             codes = np.searchsorted(self.bins, numbers, side="right") - 1
             inside = (numbers >= self.bins[0]) & (numbers < self.bins[-1])
         else:
-            codes = np.floor(np.nan_to_num(numbers, nan=-1.0)).astype(np.int64)
-            inside = (numbers == codes) & (codes >= 0) & (codes < self.size)
+            # Decided on the floats, then cast only in-domain values: casting inf or a huge
+            # value would print a RuntimeWarning, a log line that depends on one record.
+            inside = (np.isfinite(numbers) & (numbers == np.floor(numbers)) & (numbers >= 0)
+                      & (numbers < self.size))
+            return np.where(inside, numbers, self.default).astype(np.int64)
         return np.where(inside & np.isfinite(numbers), codes, self.default).astype(np.int64)
 
 

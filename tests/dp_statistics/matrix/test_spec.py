@@ -1,9 +1,11 @@
 """The JSON workload spec and the histogram over its declared domain (the record rule)."""
+import warnings
+
 import numpy as np
 import pytest
 
 from sage_tfx.dp_statistics.matrix import DomainError, eigen_design, expected_rmse
-from sage_tfx.dp_statistics.matrix.spec import parse_spec
+from sage_tfx.dp_statistics.matrix.spec import Attribute, parse_spec
 
 TAXI_LIKE = {
     "attributes": [
@@ -49,3 +51,13 @@ def test_each_record_counts_once_and_bad_values_go_to_the_default_cell():
 def test_a_spec_outside_its_domain_is_refused(change, message):
     with pytest.raises(DomainError, match=message):
         parse_spec({**TAXI_LIKE, **change})
+
+
+def test_extreme_values_fall_in_the_default_cell_without_a_data_dependent_warning():
+    # A RuntimeWarning from casting inf or 1e300 would be a log line that one record controls.
+    attribute = Attribute(name="hour", feature="hour", size=24, default=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        codes = attribute.codes([3, 23.0, float("inf"), -float("inf"), 1e300, float("nan"),
+                                 2.5, -1, 24, None, "x"])
+    assert codes.tolist() == [3, 23, 0, 0, 0, 0, 0, 0, 0, 0, 0]
