@@ -1,0 +1,76 @@
+"""The Beam engine of the DP-SQLP operator on the DirectRunner, fed by a TestStream that advances
+the watermark to each public trigger time."""
+import math
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from sage_tfx.dp_statistics.continual.beam import (AggregateKeys, BoundContributions,
+                                                   MicroBatches, _collect, replay)
+
+BATCHES = MicroBatches(start=1000.0, end=1030.0, count=3)  # triggers at 1010, 1020, 1030
+LIMIT, BOUND = 3, 5.0
+
+# (unit, key, value, event time); list order is the input order
+RECORDS = [
+    ("u1", "a", 1.0, 1001.0), ("u1", "a", 2.0, 1002.0), ("u2", "a", 9.0, 1003.0),  # 9 -> 5
+    ("u3", "b", float("nan"), 1004.0),  # NaN -> 0, still a user of b
+    (None, "a", 1.0, 1005.0), ("u4", None, 1.0, 1005.0),  # no unit / no key: dropped
+    ("u1", "b", 4.0, 999.0), ("u1", "b", 4.0, 1030.0),  # outside the window: dropped
+    # batch 2: u1's third record is its last; the same event time is broken by input order
+    ("u1", "b", 3.0, 1015.0), ("u1", "a", 7.0, 1015.0), ("u2", "a", -8.0, 1012.0),  # -8 -> -5
+    ("u3", "b", 2.0, 1011.0), ("u5", "c", 1.5, 1019.0),
+    # batch 3: arrival order differs from event-time order within the batch
+    ("u1", "c", 1.0, 1021.0), ("u2", "b", 1.0, 1029.0), ("u2", "b", 0.5, 1022.0),
+    ("u3", "a", 1.0, 1025.0), ("u5", "c", 2.5, 1028.0),
+]
+
+
+def _expected(records, batches, limit, bound):
+    """Pre-noise aggregates by (key, step) from first principles: each unit's first C valid
+    records in (step, event time, input order); a unit is new to a key at its first kept step."""
+    per_unit = {}
+    for order, (unit, key, value, time) in enumerate(records):
+        step = batches.step_of(time)
+        if unit is None or key is None or step == 0:
+            continue
+        value = 0.0 if math.isnan(value) else min(max(value, -bound), bound)
+        per_unit.setdefault(unit, []).append((step, time, order, key, value))
+    aggregates, first_step = {}, {}
+    for unit, rows in per_unit.items():
+        for step, _, _, key, value in sorted(rows)[:limit]:
+            first_step.setdefault((unit, key), step)
+            total, users = aggregates.get((key, step), (0.0, 0))
+            aggregates[(key, step)] = (total + value, users)
+    for (unit, key), step in first_step.items():
+        total, users = aggregates[(key, step)]
+        aggregates[(key, step)] = (total, users + 1)
+    return aggregates
+
+def _beam_aggregates(records, batches=BATCHES, limit=LIMIT, bound=BOUND):
+    def build(pipeline):
+        return (pipeline | replay(records, batches)
+                | BoundContributions(batches, limit, bound)
+                | beam.ParDo(AggregateKeys(batches)))
+    out = _collect(build, PipelineOptions(streaming=True))
+    assert len(out) == len({(a.key, a.step) for a in out}), "one aggregate per key and step"
+    return {(a.key, a.step): (a.value, a.new_users) for a in out}
+
+
+def test_stage_one_bounds_units_and_stage_two_counts_new_users_per_key():
+    got = _beam_aggregates(RECORDS)
+    assert got == _expected(RECORDS, BATCHES, LIMIT, BOUND)
+    # spelled out: u1 keeps a@1 (1, 2) and b@2 (3, input order before its a@2 record);
+    # u2 keeps a@1 (5), a@2 (-5) and only b@3 0.5 (at 1022, before 1.0 at 1029)
+    assert got == {("a", 1): (8.0, 2), ("b", 1): (0.0, 1),
+                   ("a", 2): (-5.0, 0), ("b", 2): (5.0, 1), ("c", 2): (1.5, 1),
+                   ("b", 3): (0.5, 1), ("a", 3): (1.0, 1), ("c", 3): (2.5, 0)}
+
+
+@pytest.mark.parametrize("bad", [dict(start=1.0, end=1.0, count=2), dict(start=0, end=1, count=0),
+                                 dict(start=0, end=float("inf"), count=2),
+                                 dict(start=0, end=1e-4, count=2)])
+def test_a_bad_window_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="window|micro-batch"):
+        MicroBatches(**bad)
