@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Optional
+from typing import Any, Iterable, NamedTuple, Tuple
 
 import apache_beam as beam
 from apache_beam.coders import PickleCoder, VarIntCoder
@@ -110,16 +110,20 @@ class MicroBatches:
 
 
 def clean_value(value, value_bound: float) -> float:
-    """NaN (or no number) -> 0, then clamped to [-L, L] (a function of the record alone)."""
+    """Not a finite number -> 0 (sources.py's rule), then clamped to [-L, L]: a function of
+    the record alone."""
     try:
         value = float(value)
     except (TypeError, ValueError):
         return 0.0
-    return 0.0 if math.isnan(value) else min(max(value, -value_bound), value_bound)
+    return min(max(value, -value_bound), value_bound) if math.isfinite(value) else 0.0
 
 
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+def _text(value) -> str:
+    """Unit or key as stripped text ("" when missing), as sources.py reads them."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value).strip()
 
 
 class _Wake:
@@ -149,6 +153,7 @@ class _Wake:
             self.request(min(upcoming))
 
 
+@beam.typehints.with_output_types(Tuple[str, PairBatch])
 class BoundUnitContributions(beam.DoFn):
     """Stage 1, keyed by unit: contribution bounding (first C records of the window, in
     micro-batch order then (event time, input order) within one) and the (unit, key) last step.
@@ -241,6 +246,7 @@ class AggregateKeys(beam.DoFn):
                                sum(1 for b in due if b.previous_step <= 0))
 
 
+@beam.typehints.with_output_types(Tuple[str, StreamRecord])
 class Prepare(beam.DoFn):
     """Drops records without a unit or key, or outside the window (each a function of the record
     alone), clamps values, and keys the records by unit."""
@@ -249,11 +255,10 @@ class Prepare(beam.DoFn):
         self._batches, self._bound = batches, value_bound
 
     def process(self, record: StreamRecord, timestamp=beam.DoFn.TimestampParam):
-        if _missing(record.unit) or _missing(record.key):
-            return
-        if self._batches.step_of(float(timestamp)) == 0:
-            return
-        yield record.unit, record._replace(value=clean_value(record.value, self._bound))
+        unit, key = _text(record.unit), _text(record.key)
+        if unit and key and self._batches.step_of(float(timestamp)):
+            yield unit, StreamRecord(unit, key, clean_value(record.value, self._bound),
+                                     record.order)
 
 
 class BoundContributions(beam.PTransform):

@@ -15,7 +15,7 @@ LIMIT, BOUND = 3, 5.0
 # (unit, key, value, event time); list order is the input order
 RECORDS = [
     ("u1", "a", 1.0, 1001.0), ("u1", "a", 2.0, 1002.0), ("u2", "a", 9.0, 1003.0),  # 9 -> 5
-    ("u3", "b", float("nan"), 1004.0),  # NaN -> 0, still a user of b
+    ("u3", "b", float("nan"), 1004.0), ("u6", "b", float("inf"), 1004.5),  # not finite -> 0
     (None, "a", 1.0, 1005.0), ("u4", None, 1.0, 1005.0),  # no unit / no key: dropped
     ("u1", "b", 4.0, 999.0), ("u1", "b", 4.0, 1030.0),  # outside the window: dropped
     # batch 2: u1's third record is its last; the same event time is broken by input order
@@ -35,7 +35,7 @@ def _expected(records, batches, limit, bound):
         step = batches.step_of(time)
         if unit is None or key is None or step == 0:
             continue
-        value = 0.0 if math.isnan(value) else min(max(value, -bound), bound)
+        value = min(max(value, -bound), bound) if math.isfinite(value) else 0.0
         per_unit.setdefault(unit, []).append((step, time, order, key, value))
     aggregates, first_step = {}, {}
     for unit, rows in per_unit.items():
@@ -63,7 +63,7 @@ def test_stage_one_bounds_units_and_stage_two_counts_new_users_per_key():
     assert got == _expected(RECORDS, BATCHES, LIMIT, BOUND)
     # spelled out: u1 keeps a@1 (1, 2) and b@2 (3, input order before its a@2 record);
     # u2 keeps a@1 (5), a@2 (-5) and only b@3 0.5 (at 1022, before 1.0 at 1029)
-    assert got == {("a", 1): (8.0, 2), ("b", 1): (0.0, 1),
+    assert got == {("a", 1): (8.0, 2), ("b", 1): (0.0, 2),
                    ("a", 2): (-5.0, 0), ("b", 2): (5.0, 1), ("c", 2): (1.5, 1),
                    ("b", 3): (0.5, 1), ("a", 3): (1.0, 1), ("c", 3): (2.5, 0)}
 
