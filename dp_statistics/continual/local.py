@@ -33,11 +33,12 @@ import pandas as pd
 
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual import operator
-from sage_tfx.dp_statistics.continual._standin import KeyedGaussian, StreamBudget
+from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.dp_statistics.continual.state import (StreamStateError, WindowState, batch_digest,
                                                     check_budget, clear_pending, read_pending,
                                                     write_json, write_pending)
+from sage_tfx.mechanisms.keyed import KeyedGaussian
 
 COMMIT_FILE = "commit.json"
 Sink = Callable[[operator.TriggerRelease], None]

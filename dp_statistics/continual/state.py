@@ -29,7 +29,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from sage_tfx.dp_statistics.continual._standin import NEVER, StreamBudget, TreeIndex
+from sage_tfx.dp_statistics.continual.budget import StreamBudget
+from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 
 STATE_FILE = "state.npz"

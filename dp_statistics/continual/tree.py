@@ -1,57 +1,37 @@
-"""STAND-IN until s19core (mechanisms/keyed.py, continual/tree.py, continual/budget.py) lands in
-main: a copy of the lead's work in progress, deleted after `git merge main`."""
-# flake8: noqa
+"""DP binary trees with Honaker's variance reduction, vectorised over many trees (paper §2.2).
+
+One tree per (key, round) for key selection (Algorithm 2) and one per key for the released values
+(Algorithm 3). A tree over leaves l = 1..n (one leaf per micro-batch) has a node for every dyadic
+interval ((i * 2^h), (i + 1) * 2^h] inside [1, n]; node (h, i) gets data + N(0, sigma^2), its noise
+drawn by mechanisms.keyed from (tree id, node id), so the tree is a pure function of the secret
+key and the data.
+
+Bottom-up Honaker estimate of a node (the paper's eq. 1; tensorflow-privacy's
+EfficientTreeAggregator):
+    var_0 = sigma^2,   var_h = 1 / (1 / sigma^2 + 1 / (2 var_{h-1}))
+    est(node) = w_h (data + n) + (1 - w_h) (est(left) + est(right)),   w_h = var_h / sigma^2
+est is unbiased with variance var_h, and its noise part
+    nu(node) = w_h n + (1 - w_h) (nu(left) + nu(right))
+does not depend on the data. The released prefix at leaf l is the sum of the estimates of the
+dyadic decomposition of [1, l] (one node per set bit h of l: node (h, (l >> h) - 1)), so
+    prefix(l) = true prefix(l) + Z(l),   Z(l) = sum of those nu,   Var Z(l) = lambda_l^2 = sum var_h.
+That is what makes Algorithm 4 cheap: a key's future without new data is known from Z alone.
+
+What is stored per tree (TreeIndex): Z at block boundaries (every BLOCK leaves) and, for
+selection trees, the minimum over each block of the required count R(l) = tau_l - Z(l); a value
+inside a block is recomputed from the block's 2 * BLOCK - 2 keyed node noises. BLOCK is a power of
+two, so a block is a tree node and Z(b * BLOCK + r) = Z(b * BLOCK) + (the block's own prefix at r)
+for r < BLOCK: nodes above the block level only enter through Z at its start.
+"""
 from __future__ import annotations
 
-import secrets
-
-import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
-KEY_BYTES = 32
-_WORD = np.dtype("<u8")
-
-
-class KeyedGaussian:
-    """Standard normal noise as a pure function of (secret key, stream id, counter)."""
-
-    def __init__(self, key: bytes):
-        if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
-            raise ValueError(f"the noise key must be {KEY_BYTES} bytes")
-        self._key = bytes(key)
-        self._cipher = Cipher(algorithms.AES(self._key), modes.ECB())
-
-    @classmethod
-    def fresh(cls) -> "KeyedGaussian":
-        """A new secret key from the OS CSPRNG (the only mode outside tests)."""
-        return cls(secrets.token_bytes(KEY_BYTES))
-
-    @property
-    def key(self) -> bytes:
-        """The secret key, for the operator's durable (private) state."""
-        return self._key
-
-    def normals(self, streams, counters) -> np.ndarray:
-        """N(0, 1) for each (stream, counter) pair (broadcast); the same pair, the same value."""
-        streams, counters = np.broadcast_arrays(np.asarray(streams, dtype=np.uint64),
-                                                np.asarray(counters, dtype=np.uint64))
-        shape = streams.shape
-        blocks = np.empty((streams.size, 2), dtype=_WORD)
-        blocks[:, 0] = streams.ravel()
-        blocks[:, 1] = counters.ravel()
-        encryptor = self._cipher.encryptor()
-        words = np.frombuffer(encryptor.update(blocks.tobytes()) + encryptor.finalize(),
-                              dtype=_WORD).reshape(-1, 2)
-        # u1 in (0, 1] (log is finite), u2 in [0, 1): 53 random bits each.
-        u1 = ((words[:, 0] >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0 ** -53
-        u2 = (words[:, 1] >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-        return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).reshape(shape)
 import math
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
+from sage_tfx.mechanisms.keyed import KeyedGaussian
 
 NEVER = 0  # "no release predicted" as a leaf/step number (leaves and steps start at 1)
 BLOCK = 32  # leaves per stored block
@@ -88,14 +68,15 @@ def prefix_std(length: int, sigma: float) -> np.ndarray:
 def _level_noise(noise: KeyedGaussian, tree_ids: np.ndarray, first_leaf: np.ndarray,
                  width: int, n_levels: int, sigma: float) -> list[np.ndarray]:
     """nu of the nodes inside leaves [first_leaf, first_leaf + width) (0-based, aligned to
-    2^(n_levels-1)) of each tree: level h as an array (trees, width >> h)."""
+    2^n_levels, so every level starts at an even node) of each tree: level h as an array
+    (trees, width >> h)."""
     variances = honaker_variances(sigma, n_levels)
     nus: list[np.ndarray] = []
     for h in range(n_levels):
         count = width >> h
-        index = (first_leaf[:, None] >> h) + np.arange(count, dtype=np.uint64)[None, :]
-        own = sigma * noise.normals(tree_ids[:, None],
-                                    (np.uint64(h) << _LEVEL_SHIFT) | index.astype(np.uint64))
+        first = (np.uint64(h) << _LEVEL_SHIFT) | (first_leaf >> np.uint64(h))
+        own = noise.normal_rows(tree_ids, first, count)
+        own *= sigma
         if h == 0:
             nus.append(own)
             continue
@@ -297,122 +278,3 @@ def value_grid(value_sigma: float) -> float:
 
 def round_to_grid(values, grid: float) -> np.ndarray:
     return np.round(np.asarray(values, dtype=np.float64) / grid) * grid
-import math
-from dataclasses import dataclass
-
-import numpy as np
-from dp_accounting import dp_event, mechanism_calibration
-from dp_accounting.rdp import RdpAccountant
-from dp_accounting.privacy_accountant import NeighboringRelation
-from scipy.stats import norm
-
-
-CONVERSION_DELTA_SHARE = 2.0 / 3.0  # of delta for the zCDP -> (eps, delta) conversion
-
-
-def _accountant() -> RdpAccountant:
-    """dp-accounting accounts tree aggregation only under REPLACE_SPECIAL (one record replaced
-    by a record that contributes zero). Removing a unit from the stream is exactly that here:
-    its leaf contributions become zero while the trees' shape and the trigger times are public,
-    so add-or-remove-one-unit (the ledger's relation) gets the same bound."""
-    return RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_SPECIAL)
-
-
-@dataclass(frozen=True)
-class StreamBudget:
-    """Everything the operator needs to spend one window's (epsilon, delta)."""
-    epsilon: float
-    delta: float
-    micro_batches: int
-    contribution_limit: int
-    value_bound: float
-    selection_share: float
-    selection_sigma: float
-    value_sigma: float
-    beta: float
-
-    @property
-    def conversion_delta(self) -> float:
-        return self.delta * CONVERSION_DELTA_SHARE
-
-    @property
-    def additional_delta(self) -> float:
-        """The delta thresholding spends outside the DpEvent: (e^eps + 1) C beta."""
-        return (math.exp(self.epsilon) + 1.0) * self.contribution_limit * self.beta
-
-    @property
-    def event(self) -> dp_event.DpEvent:
-        return _events(self.micro_batches, self.contribution_limit, self.value_bound,
-                       self.selection_sigma, self.value_sigma)
-
-    @property
-    def value_grid(self) -> float:
-        return value_grid(self.value_sigma)
-
-    def thresholds(self) -> np.ndarray:
-        """tau_l for l = 1..T (index l - 1): P(Z(l) > tau_l) = beta / T."""
-        return (prefix_std(self.micro_batches, self.selection_sigma)
-                * norm.isf(self.beta / self.micro_batches))
-
-    def achieved_epsilon(self) -> float:
-        """Epsilon of the event at the conversion delta, from dp-accounting."""
-        return _accountant().compose(self.event).get_epsilon(self.conversion_delta)
-
-
-def _events(micro_batches: int, contribution_limit: int, value_bound: float,
-            selection_sigma: float, value_sigma: float) -> dp_event.DpEvent:
-    selection = dp_event.SelfComposedDpEvent(
-        dp_event.SingleEpochTreeAggregationDpEvent(selection_sigma, micro_batches),
-        contribution_limit)
-    values = dp_event.SingleEpochTreeAggregationDpEvent(
-        value_sigma / (contribution_limit * value_bound), micro_batches)
-    return dp_event.ComposedDpEvent([selection, values])
-
-
-def _check(epsilon, delta, micro_batches, contribution_limit, value_bound,
-           selection_share) -> None:
-    problems = []
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        problems.append(f"epsilon must be a positive number, got {epsilon!r}")
-    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
-        problems.append(f"delta must be in (0, 1), got {delta!r}")
-    if not (isinstance(micro_batches, int) and micro_batches >= 1):
-        problems.append(f"micro_batches must be a positive integer, got {micro_batches!r}")
-    if not (isinstance(contribution_limit, int) and contribution_limit >= 1):
-        problems.append(f"contribution_limit must be a positive integer, got "
-                        f"{contribution_limit!r}")
-    if not (isinstance(value_bound, (int, float)) and math.isfinite(value_bound)
-            and value_bound > 0):
-        problems.append(f"value_bound must be a positive number, got {value_bound!r}")
-    if not (isinstance(selection_share, float) and 0 < selection_share < 1):
-        problems.append(f"selection_share must be a float in (0, 1), got {selection_share!r}")
-    if problems:
-        raise ValueError("; ".join(problems))
-
-
-def plan(epsilon: float, delta: float, micro_batches: int, contribution_limit: int,
-         value_bound: float = 1.0, selection_share: float = 0.5) -> StreamBudget:
-    """Calibrate both trees' noise to (epsilon, delta) for a window of `micro_batches` triggers."""
-    _check(epsilon, delta, micro_batches, contribution_limit, value_bound, selection_share)
-    depth = levels(micro_batches)
-    # With scale k: rho_s = share / k^2 and rho_v = (1 - share) / k^2, so rho = 1 / k^2.
-    selection_unit = math.sqrt(contribution_limit * depth / (2.0 * selection_share))
-    value_unit = contribution_limit * value_bound * math.sqrt(
-        depth / (2.0 * (1.0 - selection_share)))
-
-    def event(scale: float) -> dp_event.DpEvent:
-        return _events(micro_batches, contribution_limit, value_bound,
-                       scale * selection_unit, scale * value_unit)
-
-    conversion_delta = delta * CONVERSION_DELTA_SHARE
-    scale = mechanism_calibration.calibrate_dp_mechanism(
-        _accountant, event, epsilon, conversion_delta,
-        mechanism_calibration.LowerEndpointAndGuess(1e-6, 1.0), tol=1e-9)
-    # brentq returns a root within tol; step up until the event provably meets epsilon.
-    while _accountant().compose(event(scale)).get_epsilon(conversion_delta) > epsilon:
-        scale *= 1.0 + 1e-9
-    beta = delta * (1.0 - CONVERSION_DELTA_SHARE) / (
-        (math.exp(epsilon) + 1.0) * contribution_limit)
-    return StreamBudget(float(epsilon), float(delta), micro_batches, contribution_limit,
-                        float(value_bound), selection_share, scale * selection_unit,
-                        scale * value_unit, beta)
