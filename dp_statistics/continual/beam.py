@@ -1,49 +1,90 @@
-"""The Beam engine of the DP-SQLP operator (issue 19; docs: /work/wt/s19design.md's state machine):
-a streaming pipeline for Flink or Dataflow, tested on the DirectRunner with a TestStream.
+"""The Beam engine of the DP-SQLP operator: the design's steps 1-7 (operator.py) as a streaming
+pipeline for Flink or Dataflow, tested on the DirectRunner with a TestStream.
 
 Input: a PCollection of :class:`StreamRecord` whose Beam timestamps are the records' event times.
 The window's event-time range [start, end) is cut into T micro-batches of equal width; micro-batch
 i ends at the public trigger time start + i * width (a function of the window only, never of the
-data). Each stage acts at a trigger when an event-time timer set to that trigger's timestamp
-fires, i.e. once the watermark says every record of the micro-batch has arrived.
+data). Every stage acts at a trigger when an event-time timer set to that trigger's timestamp
+fires, i.e. once the watermark says every record of the micro-batch has arrived. The per-key and
+per-unit math is operator.py's (``clean_batch``, ``kept_mask``, ``select_and_predict``,
+``released_values``, ``start_rounds``, ``tree_ids``), called with one unit's or one key's arrays,
+so both engines release the same bits for the same noise key (the conformance test).
 
-Stage 1, keyed by unit (:class:`BoundUnitContributions`): buffers a unit's records; at each
-trigger it keeps the first (C - used) of the micro-batch in (event time, input order) and adds
-them to ``used``. Its state also holds, for each key the unit has contributed to, the last step
-it did (at most C entries, since at most C records are kept). It emits one :class:`PairBatch`
-per (unit, key, step): the sum of the kept clamped values and that previous step.
+1. :class:`BoundUnitContributions`, keyed by unit: buffers the unit's records; at the trigger of
+   a micro-batch it keeps the first (C - used) of them in (event time, input order), adds them to
+   ``used`` and emits one :class:`PairBatch` per (unit, key, step). Its state also holds, for each
+   key the unit has kept records of, the last step it did (at most C entries).
+2. :class:`AggregateKeys`, keyed by key: sums the key's pair batches of a step into one
+   :class:`KeyStep`, and announces a key seen for the first time with its first kept record.
+3. :class:`AssignKeyCodes`, one global key: gives new keys dense codes in order of first
+   appearance (step, event time, input order), as ``state.keys.encode`` does in operator.step.
+   A key's noise streams are ``tree_ids(code, round)``, so the code must be injective; a hash
+   of the key would let two keys share noise (a 56-bit stream id collides with probability
+   ~ n^2 / 2^57 among n keys, not negligible against delta). This stage is the pipeline's one
+   serial point; it sees each key once per window, not its records.
+4. :class:`EvaluateKeys`, keyed by key: the key's round, origin, count, buffer, value tree and
+   live selection tree. At a trigger with data, or at its predicted step ``due`` (Algorithm 4:
+   an event-time timer set to that trigger, so a key without new records is never scanned),
+   it runs selection, release and prediction, and emits a :class:`ReleaseUpdate` when selected.
 
-Stage 2, keyed by key (:class:`EvaluateKeys`): buffers a key's pair batches; at the trigger of
-their step it adds the values to the key's buffer and counts the unit as a new distinct user of
-the key's current round iff its previous step lies before the round began (step <= origin o_k).
-This is exactly the design's "a unit counts once per (key, round)" rule without a feedback edge
-from stage 2's rounds to stage 1: a unit was already counted in the current round (o_k, t] iff
-it contributed to the key at some step in (o_k, t), i.e. iff its last earlier step exceeds o_k.
-Stage 2 never sees unit ids, and stage 1's extra state is bounded by C per unit.
+Distinct users per (key, round) without a feedback edge: a unit counts once per (key, round);
+the round lives in stage 4, the unit's history in stage 1. A unit was already counted in the
+key's current round, which began after step ``origin``, iff it kept a record of the key at some
+step in (origin, t), i.e. iff its previous step with the key (``PairBatch.previous_step``) is
+> origin. Stage 4 therefore counts the pair batches with previous_step <= origin: the same
+number as operator.step's PairTable (which stores the last counted round instead), no unit ids
+past stage 1, and stage 1's extra state bounded by C per unit.
 
-Source contract (part of the guarantee): the source's watermark must never pass a trigger time
-before every record of the window with an earlier event time has been read (a replay of sealed
-ledger blocks, or :func:`replay`'s TestStream, satisfies it). A record that arrives after its
-micro-batch was processed for its unit or its key is dropped, but Beam gives a DoFn no view of
-the watermark, so a source that breaks the contract can put a late record into a released step;
-and a watermark driven by the data would make which records are late depend on other units.
+The output, ``ReleaseUpdate``s timestamped at their trigger, is the DP release: trigger t's
+histogram is every key updated at or before t with its latest value (:func:`histograms`); an
+unchanged key keeps its number (no fresh noise). Nothing else leaves the pipeline. The window's
+grant must be charged before the pipeline starts (the caller's job, as for local.run_local).
+
+Staggered stages: each stage acts on micro-batch t when the watermark reaches its own instant,
+trigger + k ms for stage k (``MicroBatches.trigger_timestamp``). Beam's model holds a stateful
+DoFn's output watermark at its pending timers (Flink and Dataflow do), so the stages would run in
+order at one instant; Python's DirectRunner does not hold it, and a key's due timer (stage 4)
+could then fire before the same trigger's records reach it from stage 1. Staggering makes the
+order explicit on every runner; :func:`replay` advances the watermark through the 4 instants.
+
+Source contract (part of the guarantee): the watermark must never pass a trigger time before
+every record of the window with an earlier event time has been read (a replay of sealed ledger
+blocks, or :func:`replay`'s TestStream, satisfies it). Stage 1 drops a record of a micro-batch
+it has already processed for that unit, but Beam gives a DoFn no view of the watermark, so a
+source that breaks the contract can put a late record into a step already released; and a
+watermark driven by the data would make which records are late depend on other units.
+
+The noise key is a constructor argument: it travels in the serialised pipeline (on Dataflow, the
+job graph the service stores), so whoever can read the job can recompute the noise. Deployments
+outside tests should keep the job graph as private as the data.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Tuple
+from typing import Any, Iterable, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
+import numpy as np
+import pandas as pd
 from apache_beam.coders import PickleCoder, VarIntCoder
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms import userstate, window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
 
-# The smallest micro-batch width: trigger timestamps are whole microseconds (Beam's resolution)
-# and must be strictly increasing.
-MIN_WIDTH_SECONDS = 1e-3
+from sage_tfx.dp_statistics.continual import operator
+from sage_tfx.dp_statistics.continual.budget import StreamBudget
+from sage_tfx.dp_statistics.continual.spec import StreamQuery
+from sage_tfx.dp_statistics.continual.state import check_budget
+from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex
+from sage_tfx.mechanisms.keyed import KeyedGaussian
+
+# The narrowest micro-batch: the stages act within a few milliseconds after each trigger, before
+# the next one.
+MIN_WIDTH_SECONDS = 0.1
+_NEW_KEYS = "new_keys"  # stage 2's tagged output to stage 3
+STAGES = 4  # keyed stages, acting one after another at each trigger
 
 
 class StreamRecord(NamedTuple):
@@ -51,23 +92,30 @@ class StreamRecord(NamedTuple):
     position in the input (the public tie-break between records with the same event time)."""
     unit: Any
     key: Any
-    value: float
+    value: Any  # cleaned by operator.clean_batch (ignored for COUNT)
     order: int
 
 
 class PairBatch(NamedTuple):
-    """Stage 1 -> stage 2: one unit's kept records of one key in micro-batch ``step``."""
+    """Stage 1 -> 2: one unit's kept records of one key in micro-batch ``step``."""
     step: int
-    value: float  # sum of the kept, clamped values
-    previous_step: int  # the unit's last earlier step with a kept record of this key; 0 if none
+    value: float  # sum of the kept, cleaned values
+    previous_step: int  # the unit's last earlier step with a kept record of the key; 0: none
+    first: tuple  # (event time, input order) of the first of these records
 
 
-class KeyAggregate(NamedTuple):
-    """Pre-noise aggregate of one key at one step (what the operator is fed; tests only)."""
-    key: Any
+class KeyStep(NamedTuple):
+    """Stage 2 -> 4: a key's kept records of one step (pre-noise)."""
     step: int
     value: float
-    new_users: int  # distinct units new to the key's current round
+    previous_steps: tuple  # one per unit: its previous step with the key (PairBatch's)
+
+
+class ReleaseUpdate(NamedTuple):
+    """A key released at trigger ``step`` with its noisy ``value`` (DP output)."""
+    step: int
+    key: str
+    value: float
 
 
 @dataclass(frozen=True)
@@ -97,26 +145,25 @@ class MicroBatches:
             return 0
         return min(int((event_time - self.start) // self.width) + 1, self.count)
 
-    def trigger_timestamp(self, step: int) -> Timestamp:
-        """The last Beam instant of micro-batch ``step``: stage timers fire there."""
-        return Timestamp(micros=round((self.start + step * self.width) * 1e6) - 1)
+    def trigger_timestamp(self, step: int, stage: int = 0) -> Timestamp:
+        """When ``stage`` (0..STAGES-1) acts on micro-batch ``step``: ``stage`` milliseconds
+        after the trigger time rounded up to a millisecond (TestStream's resolution), so no
+        record of the micro-batch is later (see "Staggered stages" in the module docstring)."""
+        return Timestamp(micros=(math.ceil((self.start + step * self.width) * 1e3) + stage)
+                         * 1000)
 
-    def step_at(self, timestamp: Timestamp) -> int:
-        """The step whose trigger timestamp is ``timestamp`` (a fired timer's)."""
-        step = self.step_of(float(timestamp))
-        if self.trigger_timestamp(step) != timestamp:
-            raise ValueError(f"{timestamp} is not a trigger time of {self}")
+    def step_at(self, timestamp: Timestamp, stage: int) -> int:
+        """The step on which ``stage`` acts at ``timestamp`` (a fired timer's)."""
+        step = round((timestamp.micros / 1e6 - stage / 1e3 - self.start) / self.width)
+        if not 1 <= step <= self.count or self.trigger_timestamp(step, stage) != timestamp:
+            raise ValueError(f"{timestamp} is not when stage {stage} acts in {self}")
         return step
 
-
-def clean_value(value, value_bound: float) -> float:
-    """Not a finite number -> 0 (sources.py's rule), then clamped to [-L, L]: a function of
-    the record alone."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return 0.0
-    return min(max(value, -value_bound), value_bound) if math.isfinite(value) else 0.0
+    @property
+    def beam_window(self) -> window.FixedWindows:
+        """One Beam window holding the whole range and every stage's last action (state lives
+        for the window and is collected after it)."""
+        return window.FixedWindows(self.end - self.start + 1.0, offset=self.start)
 
 
 def _text(value) -> str:
@@ -136,39 +183,47 @@ class _Wake:
         return (userstate.ReadModifyWriteStateSpec("wake_step", VarIntCoder()),
                 userstate.TimerSpec("wake", TimeDomain.WATERMARK))
 
-    def __init__(self, batches: MicroBatches, state, timer):
-        self._batches, self._state, self._timer = batches, state, timer
+    def __init__(self, batches: MicroBatches, stage: int, state, timer):
+        self._batches, self._stage, self._state, self._timer = batches, stage, state, timer
 
     def request(self, step: int):
         current = self._state.read()
         if current is None or step < current:
             self._state.write(step)
-            self._timer.set(self._batches.trigger_timestamp(step))
+            self._timer.set(self._batches.trigger_timestamp(step, self._stage))
 
     def fired(self, steps: Iterable[int]):
-        """After acting: wake next at the earliest of ``steps`` (none: stay asleep)."""
+        """After acting: wake next at the earliest of ``steps`` (NEVER ones ignored)."""
         self._state.clear()
-        upcoming = [s for s in steps if s]
+        upcoming = [s for s in steps if s != NEVER]
         if upcoming:
             self.request(min(upcoming))
 
 
+def _take_due(bag, step: int, step_of) -> list:
+    """The bag's elements of steps <= ``step`` (the rest stay in the bag)."""
+    elements = list(bag.read())
+    due = [e for e in elements if step_of(e) <= step]
+    if due:
+        bag.clear()
+        for element in elements:
+            if step_of(element) > step:
+                bag.add(element)
+    return due
+
+
 @beam.typehints.with_output_types(Tuple[str, PairBatch])
 class BoundUnitContributions(beam.DoFn):
-    """Stage 1, keyed by unit: contribution bounding (first C records of the window, in
-    micro-batch order then (event time, input order) within one) and the (unit, key) last step.
-
-    State per unit: ``used`` (<= C), a dict key -> last step (<= C entries), the buffered records
-    of micro-batches not yet processed. A unit at its bound has its records dropped on arrival.
-    """
+    """Stage 1, keyed by unit: contribution bounding over the window (module docstring)."""
     BUFFER = userstate.BagStateSpec("records", PickleCoder())
     USED = userstate.ReadModifyWriteStateSpec("used", VarIntCoder())
     LAST_STEP = userstate.ReadModifyWriteStateSpec("last_step_by_key", PickleCoder())
     DONE = userstate.ReadModifyWriteStateSpec("processed_through", VarIntCoder())
     WAKE_STEP, WAKE = _Wake.specs()
+    STAGE = 0
 
-    def __init__(self, batches: MicroBatches, contribution_limit: int):
-        self._batches, self._limit = batches, contribution_limit
+    def __init__(self, batches: MicroBatches, query: StreamQuery, budget: StreamBudget):
+        self._batches, self._query, self._budget = batches, query, budget
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam,
                 buffer=beam.DoFn.StateParam(BUFFER), used=beam.DoFn.StateParam(USED),
@@ -176,111 +231,261 @@ class BoundUnitContributions(beam.DoFn):
                 wake=beam.DoFn.TimerParam(WAKE)):
         _, record = element
         step = self._batches.step_of(float(timestamp))
-        if (used.read() or 0) >= self._limit or step <= (done.read() or 0):
+        if (used.read() or 0) >= self._query.contribution_limit or step <= (done.read() or 0):
             return  # at its bound, or late for a micro-batch already processed (see module)
         buffer.add((step, float(timestamp), record.order, record.key, record.value))
-        _Wake(self._batches, wake_step, wake).request(step)
+        _Wake(self._batches, self.STAGE, wake_step, wake).request(step)
 
     @userstate.on_timer(WAKE)
     def on_wake(self, unit=beam.DoFn.KeyParam, timestamp=beam.DoFn.TimestampParam,
                 buffer=beam.DoFn.StateParam(BUFFER), used=beam.DoFn.StateParam(USED),
                 last_step=beam.DoFn.StateParam(LAST_STEP), done=beam.DoFn.StateParam(DONE),
-                wake_step=beam.DoFn.StateParam(WAKE_STEP),
-                wake=beam.DoFn.TimerParam(WAKE)):
-        step = self._batches.step_at(timestamp)
-        records = list(buffer.read())
-        due = sorted(r for r in records if r[0] <= step)
-        rest = [r for r in records if r[0] > step]
-        count = used.read() or 0
-        kept = due[:max(self._limit - count, 0)]
-        used.write(count + len(kept))
+                wake_step=beam.DoFn.StateParam(WAKE_STEP), wake=beam.DoFn.TimerParam(WAKE)):
+        step = self._batches.step_at(timestamp, self.STAGE)
+        due = sorted(_take_due(buffer, step, lambda r: r[0]))  # (step, event time, order)
         done.write(step)
-        buffer.clear()
-        for record in rest if count + len(kept) < self._limit else ():
-            buffer.add(record)
-        _Wake(self._batches, wake_step, wake).fired(r[0] for r in buffer.read())
+        count = used.read() or 0
+        grid, bound = operator.record_grid(self._budget)
+        _, keys, values = operator.clean_batch(
+            pd.DataFrame({"unit": [unit] * len(due), "key": [r[3] for r in due],
+                          "value": [r[4] for r in due]}), self._query.statistic, grid, bound)
+        keep = operator.kept_mask(np.zeros(len(due), np.int64), np.array([count]),
+                                  self._query.contribution_limit)
+        count += int(keep.sum())
+        used.write(count)
+        if count >= self._query.contribution_limit:
+            buffer.clear()  # nothing later can be kept
+        _Wake(self._batches, self.STAGE, wake_step, wake).fired(r[0] for r in buffer.read())
 
-        sums: dict = {}
-        for record_step, _, _, key, value in kept:
-            sums[key] = sums.get(key, 0.0) + value
         previous = last_step.read() or {}
-        for key, value in sums.items():
-            yield key, PairBatch(step, value, previous.get(key, 0))
+        batches: dict = {}
+        for record, key, value, kept in zip(due, keys, values, keep):
+            if not kept:
+                continue
+            total, first = batches.get(key, (0.0, (record[1], record[2])))
+            batches[key] = (total + value, first)
+        for key, (total, first) in batches.items():
+            yield key, PairBatch(step, float(total), previous.get(key, 0), first)
             previous[key] = step
-        if sums:
+        if batches:
             last_step.write(previous)
 
 
+@beam.typehints.with_output_types(Tuple[str, KeyStep])
 class AggregateKeys(beam.DoFn):
-    """Stage 2, keyed by key: at each trigger with pair batches of the key, the pre-noise
-    aggregate the operator consumes (values summed; units new to the key's current round)."""
+    """Stage 2, keyed by key: a step's pair batches as one KeyStep; a key's first appearance
+    (step, event time, input order of its first kept record) to the ``new_keys`` output."""
     BUFFER = userstate.BagStateSpec("pair_batches", PickleCoder())
+    SEEN = userstate.ReadModifyWriteStateSpec("seen", VarIntCoder())
     WAKE_STEP, WAKE = _Wake.specs()
+    STAGE = 1
 
     def __init__(self, batches: MicroBatches):
         self._batches = batches
 
     def process(self, element, buffer=beam.DoFn.StateParam(BUFFER),
-                wake_step=beam.DoFn.StateParam(WAKE_STEP),
-                wake=beam.DoFn.TimerParam(WAKE)):
+                wake_step=beam.DoFn.StateParam(WAKE_STEP), wake=beam.DoFn.TimerParam(WAKE)):
         _, batch = element
         buffer.add(batch)
-        _Wake(self._batches, wake_step, wake).request(batch.step)
+        _Wake(self._batches, self.STAGE, wake_step, wake).request(batch.step)
 
     @userstate.on_timer(WAKE)
     def on_wake(self, key=beam.DoFn.KeyParam, timestamp=beam.DoFn.TimestampParam,
-                buffer=beam.DoFn.StateParam(BUFFER),
-                wake_step=beam.DoFn.StateParam(WAKE_STEP),
+                buffer=beam.DoFn.StateParam(BUFFER), seen=beam.DoFn.StateParam(SEEN),
+                wake_step=beam.DoFn.StateParam(WAKE_STEP), wake=beam.DoFn.TimerParam(WAKE)):
+        step = self._batches.step_at(timestamp, self.STAGE)
+        due = _take_due(buffer, step, lambda b: b.step)
+        _Wake(self._batches, self.STAGE, wake_step, wake).fired(b.step for b in buffer.read())
+        if not due:
+            return
+        if not seen.read():
+            seen.write(1)
+            yield beam.pvalue.TaggedOutput(_NEW_KEYS, (None, (step, min(b.first for b in due),
+                                                              key)))
+        yield key, KeyStep(step, float(sum(b.value for b in due)),
+                           tuple(b.previous_step for b in due))
+
+
+@beam.typehints.with_output_types(Tuple[str, int])
+class AssignKeyCodes(beam.DoFn):
+    """Stage 3, one global key: dense key codes in order of first appearance (module
+    docstring); it holds the next code and the keys announced for steps not yet triggered."""
+    BUFFER = userstate.BagStateSpec("new_keys", PickleCoder())
+    NEXT = userstate.ReadModifyWriteStateSpec("next_code", VarIntCoder())
+    WAKE_STEP, WAKE = _Wake.specs()
+    STAGE = 2
+
+    def __init__(self, batches: MicroBatches):
+        self._batches = batches
+
+    def process(self, element, buffer=beam.DoFn.StateParam(BUFFER),
+                wake_step=beam.DoFn.StateParam(WAKE_STEP), wake=beam.DoFn.TimerParam(WAKE)):
+        _, announced = element
+        buffer.add(announced)
+        _Wake(self._batches, self.STAGE, wake_step, wake).request(announced[0])
+
+    @userstate.on_timer(WAKE)
+    def on_wake(self, timestamp=beam.DoFn.TimestampParam, buffer=beam.DoFn.StateParam(BUFFER),
+                next_code=beam.DoFn.StateParam(NEXT), wake_step=beam.DoFn.StateParam(WAKE_STEP),
                 wake=beam.DoFn.TimerParam(WAKE)):
-        step = self._batches.step_at(timestamp)
-        batches = list(buffer.read())
-        due = [b for b in batches if b.step <= step]
-        buffer.clear()
-        for batch in batches:
-            if batch.step > step:
-                buffer.add(batch)
-        _Wake(self._batches, wake_step, wake).fired(b.step for b in batches if b.step > step)
-        if due:
-            # Round 1 begins at origin 0 until the operator moves it (selection).
-            yield KeyAggregate(key, step, sum(b.value for b in due),
-                               sum(1 for b in due if b.previous_step <= 0))
+        step = self._batches.step_at(timestamp, self.STAGE)
+        due = sorted(_take_due(buffer, step, lambda a: a[0]))
+        _Wake(self._batches, self.STAGE, wake_step, wake).fired(a[0] for a in buffer.read())
+        code = next_code.read() or 0
+        for _, _, key in due:
+            yield key, code
+            code += 1
+        next_code.write(code)
+
+
+@dataclass
+class _KeyState:
+    """Stage 4's state of one key: operator.step's per-key columns, with its live selection
+    tree and its value tree as one-row TreeIndexes."""
+    code: int
+    selection: TreeIndex
+    round: int = 1
+    origin: int = 0
+    count: int = 0
+    buffer: float = 0.0
+    released_true: float = 0.0
+    values: Optional[TreeIndex] = None
+
+
+@beam.typehints.with_output_types(ReleaseUpdate)
+class EvaluateKeys(beam.DoFn):
+    """Stage 4, keyed by key: design steps 2-7 for one key (module docstring)."""
+    STEPS = userstate.BagStateSpec("key_steps", PickleCoder())
+    CODE = userstate.ReadModifyWriteStateSpec("code", VarIntCoder())
+    KEY = userstate.ReadModifyWriteStateSpec("key_state", PickleCoder())
+    WAKE_STEP, WAKE = _Wake.specs()
+    STAGE = 3
+
+    def __init__(self, batches: MicroBatches, budget: StreamBudget, noise_key: bytes):
+        self._batches, self._budget, self._noise_key = batches, budget, bytes(noise_key)
+
+    def setup(self):
+        self._noise = KeyedGaussian(self._noise_key)
+
+    def process(self, element, steps=beam.DoFn.StateParam(STEPS),
+                code=beam.DoFn.StateParam(CODE), wake_step=beam.DoFn.StateParam(WAKE_STEP),
+                wake=beam.DoFn.TimerParam(WAKE)):
+        _, (kind, payload) = element
+        if kind == "code":
+            code.write(payload)
+            return
+        steps.add(payload)
+        _Wake(self._batches, self.STAGE, wake_step, wake).request(payload.step)
+
+    def _trees(self, code: int, round_: int, step: int):
+        """The rows and due steps of a new selection round begun after ``step``."""
+        selection = TreeIndex.empty(self._budget.selection_sigma, self._batches.count,
+                                    self._budget.thresholds())
+        ids = operator.tree_ids([code], [round_], self._batches.count)
+        if step == 0:  # round 1 starts with the key's first kept record, origin 0
+            selection.add(self._noise, ids, [self._batches.count])
+            return selection, NEVER
+        _, due = operator.start_rounds(selection, self._noise, ids, step, self._batches.count)
+        return selection, int(due[0])
+
+    @userstate.on_timer(WAKE)
+    def on_wake(self, key=beam.DoFn.KeyParam, timestamp=beam.DoFn.TimestampParam,
+                steps=beam.DoFn.StateParam(STEPS), code=beam.DoFn.StateParam(CODE),
+                key_state=beam.DoFn.StateParam(KEY),
+                wake_step=beam.DoFn.StateParam(WAKE_STEP), wake=beam.DoFn.TimerParam(WAKE)):
+        t = self._batches.step_at(timestamp, self.STAGE)
+        due = _take_due(steps, t, lambda s: s.step)
+        state = key_state.read()
+        if state is None:
+            state = _KeyState(code.read(), self._trees(code.read(), 1, 0)[0])
+        for data in due:
+            state.buffer += data.value
+            state.count += sum(1 for p in data.previous_steps if p <= state.origin)
+        noise, budget, length = self._noise, self._budget, self._batches.count
+        selected, predicted = operator.select_and_predict(
+            state.selection, noise, np.array([0]), np.array([state.origin]), t,
+            np.array([state.count]))
+        next_due = int(predicted[0])
+        if selected[0]:
+            if state.values is None:
+                state.values = TreeIndex.empty(budget.value_sigma, length)
+                state.values.add(noise, operator.tree_ids([state.code], [0], length), [length])
+            state.released_true += state.buffer
+            grid, _ = operator.record_grid(budget)
+            released = operator.released_values(state.values, noise, np.array([0]), t,
+                                                np.array([state.released_true]), grid)
+            yield ReleaseUpdate(t, key, float(released[0]))
+            state.buffer, state.count, state.origin = 0.0, 0, t
+            state.round += 1
+            state.selection, next_due = self._trees(state.code, state.round, t)
+        key_state.write(state)
+        _Wake(self._batches, self.STAGE, wake_step, wake).fired(
+            [next_due] + [s.step for s in steps.read()])
 
 
 @beam.typehints.with_output_types(Tuple[str, StreamRecord])
 class Prepare(beam.DoFn):
-    """Drops records without a unit or key, or outside the window (each a function of the record
-    alone), clamps values, and keys the records by unit."""
+    """Drops records without a unit or key, or outside the window (each a function of the
+    record alone), and keys the rest by unit."""
 
-    def __init__(self, batches: MicroBatches, value_bound: float):
-        self._batches, self._bound = batches, value_bound
+    def __init__(self, batches: MicroBatches):
+        self._batches = batches
 
     def process(self, record: StreamRecord, timestamp=beam.DoFn.TimestampParam):
         unit, key = _text(record.unit), _text(record.key)
         if unit and key and self._batches.step_of(float(timestamp)):
-            yield unit, StreamRecord(unit, key, clean_value(record.value, self._bound),
-                                     record.order)
+            yield unit, record._replace(unit=unit, key=key)
 
 
-class BoundContributions(beam.PTransform):
-    """StreamRecords -> (key, PairBatch): preparation and stage 1, in the window's Beam window
-    (state lives for the window and is collected after it)."""
+class ContinualRelease(beam.PTransform):
+    """StreamRecords (event-time timestamps) -> ReleaseUpdates: one window of ``query`` at
+    ``budget`` (its grant charged by the caller before the pipeline runs), with the secret
+    ``noise_key`` (32 bytes; KeyedGaussian.fresh().key outside tests). ``pre_noise`` also
+    returns stage 2's KeySteps (exact aggregates: tests only, never an output of a run)."""
 
-    def __init__(self, batches: MicroBatches, contribution_limit: int, value_bound: float):
+    def __init__(self, query: StreamQuery, budget: StreamBudget, batches: MicroBatches,
+                 noise_key: bytes, pre_noise: bool = False):
         super().__init__()
-        if contribution_limit < 1 or int(contribution_limit) != contribution_limit:
-            raise ValueError(f"the contribution limit C must be a positive integer, got "
-                             f"{contribution_limit}")
-        if not (value_bound > 0 and math.isfinite(value_bound)):
-            raise ValueError(f"the value bound L must be positive and finite, got {value_bound}")
-        self._batches, self._limit, self._bound = batches, contribution_limit, value_bound
+        query.check()
+        check_budget(query, budget)
+        if batches.count != query.micro_batches:
+            raise ValueError(f"the window has {batches.count} micro-batches, the query "
+                             f"{query.micro_batches}")
+        KeyedGaussian(noise_key)  # refuses a key that is not 32 bytes
+        self._query, self._budget, self._batches = query, budget, batches
+        self._noise_key, self._pre_noise = bytes(noise_key), pre_noise
 
     def expand(self, records):
         batches = self._batches
-        return (records
-                | "Prepare" >> beam.ParDo(Prepare(batches, self._bound))
-                | "Window" >> beam.WindowInto(window.FixedWindows(
-                    batches.end - batches.start, offset=batches.start))
-                | "BoundUnits" >> beam.ParDo(BoundUnitContributions(batches, self._limit)))
+        key_steps = (
+            records
+            | "Prepare" >> beam.ParDo(Prepare(batches))
+            | "Window" >> beam.WindowInto(batches.beam_window)
+            | "BoundUnits" >> beam.ParDo(BoundUnitContributions(batches, self._query,
+                                                                self._budget))
+            | "AggregateKeys" >> beam.ParDo(AggregateKeys(batches)).with_outputs(
+                _NEW_KEYS, main="steps"))
+        codes = key_steps[_NEW_KEYS] | "AssignKeyCodes" >> beam.ParDo(AssignKeyCodes(batches))
+        updates = (
+            (key_steps.steps | "TagSteps" >> beam.Map(lambda e: (e[0], ("step", e[1]))),
+             codes | "TagCodes" >> beam.Map(lambda e: (e[0], ("code", e[1]))))
+            | "Join" >> beam.Flatten()
+            | "EvaluateKeys" >> beam.ParDo(EvaluateKeys(batches, self._budget,
+                                                        self._noise_key)))
+        return (updates, key_steps.steps) if self._pre_noise else updates
+
+
+def histograms(updates: Iterable[ReleaseUpdate], micro_batches: int) -> list[dict]:
+    """Trigger t's release (index t - 1): every key updated at or before t, latest value."""
+    by_step: dict = {}
+    for update in updates:
+        by_step.setdefault(update.step, []).append(update)
+    released: dict = {}
+    out = []
+    for step in range(1, micro_batches + 1):
+        released.update({u.key: u.value for u in by_step.get(step, [])})
+        out.append(dict(released))
+    return out
 
 
 def replay(records: Iterable[tuple], batches: MicroBatches) -> TestStream:
@@ -297,18 +502,24 @@ def replay(records: Iterable[tuple], batches: MicroBatches) -> TestStream:
     for step in range(1, batches.count + 1):
         if by_step.get(step):
             stream = stream.add_elements(by_step[step])
-        stream = stream.advance_watermark_to(batches.trigger_timestamp(step) + 1e-6)
+        for stage in range(STAGES):  # one stage at a time (module docstring)
+            stream = stream.advance_watermark_to(batches.trigger_timestamp(step, stage))
     return stream.advance_watermark_to_infinity()
 
 
-def _collect(build, options) -> list:
-    """Run ``build(pipeline)`` -> PCollection in a streaming pipeline of its own; its elements,
-    which cross from the workers as one pickle file each in a temporary directory."""
+def collect(build, options=None) -> list:
+    """Run ``build(pipeline)`` -> PCollection in a streaming pipeline of its own (DirectRunner
+    unless ``options`` say otherwise); its elements, which cross from the workers as one pickle
+    file each in a temporary directory."""
     import os
     import pickle
     import tempfile
     import uuid
 
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    options = options or PipelineOptions()
+    options.view_as(StandardOptions).streaming = True
     with tempfile.TemporaryDirectory() as directory:
         def save(element):
             with open(os.path.join(directory, uuid.uuid4().hex), "wb") as file:

@@ -2,21 +2,25 @@
 the watermark to each public trigger time."""
 import math
 
-import apache_beam as beam
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
 
-from sage_tfx.dp_statistics.continual.beam import (AggregateKeys, BoundContributions,
-                                                   MicroBatches, _collect, replay)
+from sage_tfx.dp_statistics.continual.beam import (ContinualRelease, MicroBatches, collect,
+                                                   replay)
+from sage_tfx.dp_statistics.continual.budget import plan
+from sage_tfx.dp_statistics.continual.spec import StreamQuery
 
+NOISE_KEY = bytes(range(32))  # fixed noise in tests only
 BATCHES = MicroBatches(start=1000.0, end=1030.0, count=3)  # triggers at 1010, 1020, 1030
 LIMIT, BOUND = 3, 5.0
+QUERY = StreamQuery(key_column="k", unit_column="u", time_column="t", value_column="v",
+                    value_bound=BOUND, contribution_limit=LIMIT, micro_batches=3, epsilon=1.0,
+                    delta=1e-6)  # tau is in the hundreds: no key is selected here
 
 # (unit, key, value, event time); list order is the input order
 RECORDS = [
     ("u1", "a", 1.0, 1001.0), ("u1", "a", 2.0, 1002.0), ("u2", "a", 9.0, 1003.0),  # 9 -> 5
     ("u3", "b", float("nan"), 1004.0), ("u6", "b", float("inf"), 1004.5),  # not finite -> 0
-    (None, "a", 1.0, 1005.0), ("u4", None, 1.0, 1005.0),  # no unit / no key: dropped
+    (None, "a", 1.0, 1005.0), ("u4", None, 1.0, 1005.0), (" ", "a", 1.0, 1005.0),  # dropped
     ("u1", "b", 4.0, 999.0), ("u1", "b", 4.0, 1030.0),  # outside the window: dropped
     # batch 2: u1's third record is its last; the same event time is broken by input order
     ("u1", "b", 3.0, 1015.0), ("u1", "a", 7.0, 1015.0), ("u2", "a", -8.0, 1012.0),  # -8 -> -5
@@ -33,7 +37,7 @@ def _expected(records, batches, limit, bound):
     per_unit = {}
     for order, (unit, key, value, time) in enumerate(records):
         step = batches.step_of(time)
-        if unit is None or key is None or step == 0:
+        if not (unit or "").strip() or not key or step == 0:
             continue
         value = min(max(value, -bound), bound) if math.isfinite(value) else 0.0
         per_unit.setdefault(unit, []).append((step, time, order, key, value))
@@ -48,18 +52,19 @@ def _expected(records, batches, limit, bound):
         aggregates[(key, step)] = (total, users + 1)
     return aggregates
 
-def _beam_aggregates(records, batches=BATCHES, limit=LIMIT, bound=BOUND):
-    def build(pipeline):
-        return (pipeline | replay(records, batches)
-                | BoundContributions(batches, limit, bound)
-                | beam.ParDo(AggregateKeys(batches)))
-    out = _collect(build, PipelineOptions(streaming=True))
-    assert len(out) == len({(a.key, a.step) for a in out}), "one aggregate per key and step"
-    return {(a.key, a.step): (a.value, a.new_users) for a in out}
+
+def _beam_key_steps(records, query=QUERY, batches=BATCHES):
+    budget = plan(query.epsilon, query.delta, query.micro_batches, query.contribution_limit,
+                  query.value_bound)
+    out = collect(lambda pipeline: (
+        pipeline | replay(records, batches)
+        | ContinualRelease(query, budget, batches, NOISE_KEY, pre_noise=True))[1])
+    assert len(out) == len({(key, s.step) for key, s in out}), "one KeyStep per key and step"
+    return {(key, s.step): (s.value, sum(p == 0 for p in s.previous_steps)) for key, s in out}
 
 
 def test_stage_one_bounds_units_and_stage_two_counts_new_users_per_key():
-    got = _beam_aggregates(RECORDS)
+    got = _beam_key_steps(RECORDS)
     assert got == _expected(RECORDS, BATCHES, LIMIT, BOUND)
     # spelled out: u1 keeps a@1 (1, 2) and b@2 (3, input order before its a@2 record);
     # u2 keeps a@1 (5), a@2 (-5) and only b@3 0.5 (at 1022, before 1.0 at 1029)
@@ -70,7 +75,7 @@ def test_stage_one_bounds_units_and_stage_two_counts_new_users_per_key():
 
 @pytest.mark.parametrize("bad", [dict(start=1.0, end=1.0, count=2), dict(start=0, end=1, count=0),
                                  dict(start=0, end=float("inf"), count=2),
-                                 dict(start=0, end=1e-4, count=2)])
+                                 dict(start=0, end=0.1, count=2)])
 def test_a_bad_window_is_refused_by_name(bad):
     with pytest.raises(ValueError, match="window|micro-batch"):
         MicroBatches(**bad)
