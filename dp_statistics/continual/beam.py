@@ -300,8 +300,8 @@ class AggregateKeys(beam.DoFn):
             return
         if not seen.read():
             seen.write(1)
-            yield beam.pvalue.TaggedOutput(_NEW_KEYS, (None, (step, min(b.first for b in due),
-                                                              key)))
+            yield beam.pvalue.TaggedOutput(_NEW_KEYS, ("", (step, min(b.first for b in due),
+                                                            key)))
         yield key, KeyStep(step, float(sum(b.value for b in due)),
                            tuple(b.previous_step for b in due))
 
@@ -465,13 +465,14 @@ class ContinualRelease(beam.PTransform):
                                                                 self._budget))
             | "AggregateKeys" >> beam.ParDo(AggregateKeys(batches)).with_outputs(
                 _NEW_KEYS, main="steps"))
-        codes = key_steps[_NEW_KEYS] | "AssignKeyCodes" >> beam.ParDo(AssignKeyCodes(batches))
+        codes = key_steps[_NEW_KEYS] | "AssignKeyCodes" >> beam.ParDo(
+            AssignKeyCodes(batches)).with_input_types(Tuple[str, Any])  # one key: ""
         updates = (
             (key_steps.steps | "TagSteps" >> beam.Map(lambda e: (e[0], ("step", e[1]))),
              codes | "TagCodes" >> beam.Map(lambda e: (e[0], ("code", e[1]))))
             | "Join" >> beam.Flatten()
-            | "EvaluateKeys" >> beam.ParDo(EvaluateKeys(batches, self._budget,
-                                                        self._noise_key)))
+            | "EvaluateKeys" >> beam.ParDo(EvaluateKeys(batches, self._budget, self._noise_key))
+            .with_input_types(Tuple[str, Any]))
         return (updates, key_steps.steps) if self._pre_noise else updates
 
 
