@@ -151,10 +151,18 @@ def record_block_key(data_uri: str, unit_column: str) -> None:
         json.dump({"unit_column": unit_column}, handle)
 
 
+def table_of(ledger: BlockLedger, block_id: str) -> Optional[Table]:
+    """The ingested table whose block `block_id` is, by its record; None for any other block
+    (BlockExampleGen's)."""
+    if "." not in block_id:
+        return None
+    table = find_table(ledger, block_id.split(".", 1)[0], missing_ok=True)
+    return table if table is not None and table.owns(block_id) else None
+
+
 def _cut_by_unit(ledger: BlockLedger, block_id: str, unit_column: str) -> bool:
-    table_name = block_id.split(".", 1)[0]
-    table = find_table(ledger, table_name, missing_ok=True) if "." in block_id else None
-    if table is not None and table.owns(block_id):
+    table = table_of(ledger, block_id)
+    if table is not None:
         return table.partition == USER_HASH and table.unit_column == unit_column
     import tensorflow as tf
 
