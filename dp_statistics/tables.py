@@ -43,7 +43,6 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.dp_statistics.aggregation.spec import GuaranteeUnit
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
-from sage_tfx.sage_access.store import connect
 
 TABLE_TYPE = "sage_tfx.Table"
 ROWS_FILE = "rows.parquet"
@@ -98,7 +97,7 @@ def register_table(ledger: BlockLedger, table: Table) -> None:
     """Record `table` in the ledger's store; an existing table of that name must have the same
     definition (a later ingest adds blocks to it), else BadRequest."""
     check_table_name(table.name)
-    store = connect(ledger.store_spec)
+    store = ledger.store
     type_id = store.put_artifact_type(pb.ArtifactType(name=TABLE_TYPE))
     existing = find_table(ledger, table.name, missing_ok=True)
     if existing is None:
@@ -116,10 +115,9 @@ def register_table(ledger: BlockLedger, table: Table) -> None:
 
 
 def find_table(ledger: BlockLedger, name: str, missing_ok: bool = False) -> Optional[Table]:
-    store = connect(ledger.store_spec)
     try:
-        record = store.get_artifact_by_type_and_name(TABLE_TYPE,
-                                                     _record_name(ledger.context, name))
+        record = ledger.store.get_artifact_by_type_and_name(TABLE_TYPE,
+                                                            _record_name(ledger.context, name))
     except mlmd_errors.NotFoundError:  # the type itself is unknown: no table was ever ingested
         record = None
     if record is None:
@@ -133,12 +131,9 @@ def find_table(ledger: BlockLedger, name: str, missing_ok: bool = False) -> Opti
 
 def read_blocks(ledger: BlockLedger, table: Table, block_ids: Sequence[str]) -> pa.Table:
     """The rows of `table` in the given blocks (of a grant), in the table's schema."""
-    parts = []
-    for block_id in block_ids:
-        if not table.owns(block_id):
-            continue
-        uri = ledger.block(block_id).data_uri
-        parts.append(pq.read_table(os.path.join(uri, ROWS_FILE), schema=table.schema))
+    owned = [block_id for block_id in block_ids if table.owns(block_id)]
+    parts = [pq.read_table(os.path.join(block.data_uri, ROWS_FILE), schema=table.schema)
+             for block in ledger.blocks(owned)]
     return pa.concat_tables(parts) if parts else table.schema.empty_table()
 
 
@@ -151,22 +146,22 @@ def record_block_key(data_uri: str, unit_column: str) -> None:
         json.dump({"unit_column": unit_column}, handle)
 
 
-def table_of(ledger: BlockLedger, block_id: str) -> Optional[Table]:
-    """The ingested table whose block `block_id` is, by its record; None for any other block
-    (BlockExampleGen's)."""
-    if "." not in block_id:
-        return None
-    table = find_table(ledger, block_id.split(".", 1)[0], missing_ok=True)
-    return table if table is not None and table.owns(block_id) else None
+def tables_of(ledger: BlockLedger, block_ids: Sequence[str]) -> dict[str, Optional[Table]]:
+    """The ingested table whose block each of `block_ids` is, by the tables' records (each read
+    once); None for any other block (BlockExampleGen's)."""
+    names = {block_id.split(".", 1)[0] for block_id in block_ids if "." in block_id}
+    found = {name: find_table(ledger, name, missing_ok=True) for name in names}
+    owners = {}
+    for block_id in block_ids:
+        table = found.get(block_id.split(".", 1)[0]) if "." in block_id else None
+        owners[block_id] = table if table is not None and table.owns(block_id) else None
+    return owners
 
 
-def _cut_by_unit(ledger: BlockLedger, block_id: str, unit_column: str) -> bool:
-    table = table_of(ledger, block_id)
-    if table is not None:
-        return table.partition == USER_HASH and table.unit_column == unit_column
+def _keyed_by(data_uri: Optional[str], unit_column: str) -> bool:
+    """Whether BlockExampleGen recorded, beside the block's data, that it cut by `unit_column`."""
     import tensorflow as tf
 
-    data_uri = ledger.block(block_id).data_uri
     path = os.path.join(data_uri, BLOCK_KEY_FILE) if data_uri else None
     if path is None or not tf.io.gfile.exists(path):
         return False
@@ -180,6 +175,13 @@ def guarantee_unit_of_blocks(ledger: BlockLedger, block_ids: Sequence[str],
     the unit itself when every block was cut by that column (its table record, or the block
     key BlockExampleGen recorded, says so), so each unit's rows lie in one block and the
     blocks' ceilings bound its loss; else the weaker unit *within the blocks read*."""
-    if block_ids and all(_cut_by_unit(ledger, block_id, unit_column) for block_id in block_ids):
+    if not block_ids:
+        return GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ
+    owners = tables_of(ledger, block_ids)
+    others = [block_id for block_id, table in owners.items() if table is None]
+    data_uris = {block.block_id: block.data_uri for block in ledger.blocks(others)}
+    if all(table.partition == USER_HASH and table.unit_column == unit_column
+           if table is not None else _keyed_by(data_uris[block_id], unit_column)
+           for block_id, table in owners.items()):
         return GuaranteeUnit.UNIT
     return GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ

@@ -106,8 +106,9 @@ def granted_histogram(spec: WorkloadSpec, ledger, block_ids: Sequence[str],
     Examples: one record is one unit) counts each record, as before."""
     vector = np.zeros(spec.workload.cells, dtype=np.int64)
     record_blocks, table_blocks = [], {}
+    owners = tables.tables_of(ledger, block_ids)
     for block in ledger.blocks(list(block_ids)):
-        table = tables.table_of(ledger, block.block_id)
+        table = owners[block.block_id]
         if table is None:
             vector += block_histogram(spec, block.data_uri)
             record_blocks.append(block.block_id)
