@@ -41,16 +41,15 @@ from ml_metadata import errors as mlmd_errors
 from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.dp_statistics.aggregation.spec import GuaranteeUnit
+from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
 
 TABLE_TYPE = "sage_tfx.Table"
 ROWS_FILE = "rows.parquet"
 BLOCK_KEY_FILE = "block_key.json"
-COLUMN_TYPES = ("int", "float", "string")
 USER_HASH = "user_hash"
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
-ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "string": pa.string()}
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class Table:
     """A table's definition as ingest recorded it."""
     name: str
     unit_column: str
-    columns: Mapping[str, str]  # name -> "int" | "float" | "string", in CSV order
+    columns: Mapping[str, str]  # name -> a kind of sql.ARROW_TYPES, in CSV order
     partition: str  # "month" | "day" | "hour" | "user_hash"
     time_column: Optional[str] = None
     user_blocks: Optional[int] = None
