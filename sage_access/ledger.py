@@ -406,10 +406,10 @@ class BlockLedger:
         """The run that spent `grant_id` and its artifacts (lineage.grant_run)."""
         return lineage.grant_run(self._records, self.find_grant(grant_id))
 
-    def audit(self) -> list[str]:
-        """Re-derive every balance from the append-only history; return the inconsistencies found
-        (lineage.audit). Reads the whole history: for tests and operators, never on the grant
-        path."""
+    def audit(self) -> lineage.Audit:
+        """Re-derive every balance from the append-only history: the inconsistencies found
+        (`.problems`) and how many blocks and grants were read (lineage.audit). Reads the whole
+        history: for tests and operators, never on the grant path."""
         return lineage.audit(self._records, self.accounting, self.blocks())
 
 
