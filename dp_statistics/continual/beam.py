@@ -41,18 +41,19 @@ unchanged key keeps its number (no fresh noise). Nothing else leaves the pipelin
 grant must be charged before the pipeline starts (the caller's job, as for local.run_local).
 
 Staggered stages: each stage acts on micro-batch t when the watermark reaches its own instant,
-trigger + k ms for stage k (``MicroBatches.trigger_timestamp``). Beam's model holds a stateful
-DoFn's output watermark at its pending timers (Flink and Dataflow do), so the stages would run in
-order at one instant; Python's DirectRunner does not hold it, and a key's due timer (stage 4)
-could then fire before the same trigger's records reach it from stage 1. Staggering makes the
-order explicit on every runner; :func:`replay` advances the watermark through the 4 instants.
+trigger + k ms for stage k (``MicroBatches.trigger_timestamp``). In Beam's model a timer holds
+its DoFn's output watermark at the timer's output timestamp, so on runners that implement it
+the stages run in order whatever the watermark does. Python's DirectRunner does not hold it: a
+key's due timer (stage 4) could fire before the same trigger's records reach it from stage 1.
+With staggering, the stages run in order there when the source's watermark steps through the 4
+instants one at a time, as the tests' TestStream does (tests/support/continual_beam.py).
 
 Source contract (part of the guarantee): the watermark must never pass a trigger time before
 every record of the window with an earlier event time has been read (a replay of sealed ledger
-blocks, or :func:`replay`'s TestStream, satisfies it). Stage 1 drops a record of a micro-batch
-it has already processed for that unit, but Beam gives a DoFn no view of the watermark, so a
-source that breaks the contract can put a late record into a step already released; and a
-watermark driven by the data would make which records are late depend on other units.
+blocks satisfies it). Stage 1 drops a record of a micro-batch it has already processed for that
+unit, but Beam gives a DoFn no view of the watermark, so a source that breaks the contract can
+put a late record into a step already released; and a watermark driven by the data would make
+which records are late depend on other units.
 
 The noise key is a constructor argument: it travels in the serialised pipeline (on Dataflow, the
 job graph the service stores), so whoever can read the job can recompute the noise. Deployments
@@ -68,7 +69,6 @@ import apache_beam as beam
 import numpy as np
 import pandas as pd
 from apache_beam.coders import PickleCoder, VarIntCoder
-from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms import userstate, window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
@@ -437,27 +437,22 @@ class Prepare(beam.DoFn):
             yield unit, record._replace(unit=unit, key=key)
 
 
-class ContinualRelease(beam.PTransform):
-    """StreamRecords (event-time timestamps) -> ReleaseUpdates: one window of ``query`` at
-    ``budget`` (its grant charged by the caller before the pipeline runs), with the secret
-    ``noise_key`` (32 bytes; KeyedGaussian.fresh().key outside tests). ``pre_noise`` also
-    returns stage 2's KeySteps (exact aggregates: tests only, never an output of a run)."""
+class AggregateContributions(beam.PTransform):
+    """StreamRecords (event-time timestamps) -> (KeySteps keyed by key, new keys): stages 1-2,
+    the pre-noise aggregates. Private data: its only consumer is :class:`ReleaseKeys`."""
 
-    def __init__(self, query: StreamQuery, budget: StreamBudget, batches: MicroBatches,
-                 noise_key: bytes, pre_noise: bool = False):
+    def __init__(self, query: StreamQuery, budget: StreamBudget, batches: MicroBatches):
         super().__init__()
         query.check()
         check_budget(query, budget)
         if batches.count != query.micro_batches:
             raise ValueError(f"the window has {batches.count} micro-batches, the query "
                              f"{query.micro_batches}")
-        KeyedGaussian(noise_key)  # refuses a key that is not 32 bytes
         self._query, self._budget, self._batches = query, budget, batches
-        self._noise_key, self._pre_noise = bytes(noise_key), pre_noise
 
     def expand(self, records):
         batches = self._batches
-        key_steps = (
+        outputs = (
             records
             | "Prepare" >> beam.ParDo(Prepare(batches))
             | "Window" >> beam.WindowInto(batches.beam_window)
@@ -465,15 +460,44 @@ class ContinualRelease(beam.PTransform):
                                                                 self._budget))
             | "AggregateKeys" >> beam.ParDo(AggregateKeys(batches)).with_outputs(
                 _NEW_KEYS, main="steps"))
-        codes = key_steps[_NEW_KEYS] | "AssignKeyCodes" >> beam.ParDo(
+        return outputs.steps, outputs[_NEW_KEYS]
+
+
+class ReleaseKeys(beam.PTransform):
+    """AggregateContributions' output -> ReleaseUpdates: stages 3-4, with the secret
+    ``noise_key`` (32 bytes; KeyedGaussian.fresh().key outside tests)."""
+
+    def __init__(self, budget: StreamBudget, batches: MicroBatches, noise_key: bytes):
+        super().__init__()
+        KeyedGaussian(noise_key)  # refuses a key that is not 32 bytes
+        self._budget, self._batches, self._noise_key = budget, batches, bytes(noise_key)
+
+    def expand(self, aggregated):
+        key_steps, new_keys = aggregated
+        batches = self._batches
+        codes = new_keys | "AssignKeyCodes" >> beam.ParDo(
             AssignKeyCodes(batches)).with_input_types(Tuple[str, Any])  # one key: ""
-        updates = (
-            (key_steps.steps | "TagSteps" >> beam.Map(lambda e: (e[0], ("step", e[1]))),
+        return (
+            (key_steps | "TagSteps" >> beam.Map(lambda e: (e[0], ("step", e[1]))),
              codes | "TagCodes" >> beam.Map(lambda e: (e[0], ("code", e[1]))))
             | "Join" >> beam.Flatten()
             | "EvaluateKeys" >> beam.ParDo(EvaluateKeys(batches, self._budget, self._noise_key))
             .with_input_types(Tuple[str, Any]))
-        return (updates, key_steps.steps) if self._pre_noise else updates
+
+
+class ContinualRelease(beam.PTransform):
+    """StreamRecords (event-time timestamps) -> ReleaseUpdates: one window of ``query`` at
+    ``budget`` (its grant charged by the caller before the pipeline runs), with the secret
+    ``noise_key``."""
+
+    def __init__(self, query: StreamQuery, budget: StreamBudget, batches: MicroBatches,
+                 noise_key: bytes):
+        super().__init__()
+        self._aggregate = AggregateContributions(query, budget, batches)
+        self._release = ReleaseKeys(budget, batches, noise_key)
+
+    def expand(self, records):
+        return records | "Aggregate" >> self._aggregate | "Release" >> self._release
 
 
 def histograms(updates: Iterable[ReleaseUpdate], micro_batches: int) -> list[dict]:
@@ -487,49 +511,3 @@ def histograms(updates: Iterable[ReleaseUpdate], micro_batches: int) -> list[dic
         released.update({u.key: u.value for u in by_step.get(step, [])})
         out.append(dict(released))
     return out
-
-
-def replay(records: Iterable[tuple], batches: MicroBatches) -> TestStream:
-    """A TestStream of ``(unit, key, value, event_time)`` tuples (input order = list order) that
-    honours the source contract: each micro-batch's records in input order, then the watermark
-    to its trigger. Records outside the window come first (the pipeline drops them)."""
-    by_step: dict = {}
-    for order, (unit, key, value, event_time) in enumerate(records):
-        element = window.TimestampedValue(StreamRecord(unit, key, value, order), event_time)
-        by_step.setdefault(batches.step_of(float(event_time)), []).append(element)
-    stream = TestStream()
-    if by_step.get(0):
-        stream = stream.add_elements(by_step[0])
-    for step in range(1, batches.count + 1):
-        if by_step.get(step):
-            stream = stream.add_elements(by_step[step])
-        for stage in range(STAGES):  # one stage at a time (module docstring)
-            stream = stream.advance_watermark_to(batches.trigger_timestamp(step, stage))
-    return stream.advance_watermark_to_infinity()
-
-
-def collect(build, options=None) -> list:
-    """Run ``build(pipeline)`` -> PCollection in a streaming pipeline of its own (DirectRunner
-    unless ``options`` say otherwise); its elements, which cross from the workers as one pickle
-    file each in a temporary directory."""
-    import os
-    import pickle
-    import tempfile
-    import uuid
-
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-
-    options = options or PipelineOptions()
-    options.view_as(StandardOptions).streaming = True
-    with tempfile.TemporaryDirectory() as directory:
-        def save(element):
-            with open(os.path.join(directory, uuid.uuid4().hex), "wb") as file:
-                pickle.dump(element, file)
-
-        with beam.Pipeline(options=options) as pipeline:
-            _ = build(pipeline) | "Save" >> beam.Map(save)
-        elements = []
-        for name in os.listdir(directory):
-            with open(os.path.join(directory, name), "rb") as file:
-                elements.append(pickle.load(file))
-        return elements

@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 
 from sage_tfx.dp_statistics.continual import local
-from sage_tfx.dp_statistics.continual.beam import (ContinualRelease, MicroBatches,
-                                                   ReleaseUpdate, collect, histograms, replay)
+from sage_tfx.dp_statistics.continual.beam import (AggregateContributions, ContinualRelease,
+                                                   MicroBatches, ReleaseUpdate, histograms)
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
+from support.continual_beam import collect, replay
 
 NOISE_KEY = bytes(range(32))  # fixed noise in tests only
 BATCHES = MicroBatches(start=1000.0, end=1030.0, count=3)  # triggers at 1010, 1020, 1030
@@ -63,7 +64,7 @@ def _beam_key_steps(records, query=QUERY, batches=BATCHES):
                   query.value_bound)
     out = collect(lambda pipeline: (
         pipeline | replay(records, batches)
-        | ContinualRelease(query, budget, batches, NOISE_KEY, pre_noise=True))[1])
+        | AggregateContributions(query, budget, batches))[0])
     assert len(out) == len({(key, s.step) for key, s in out}), "one KeyStep per key and step"
     return {(key, s.step): (s.value, sum(p == 0 for p in s.previous_steps)) for key, s in out}
 
@@ -122,9 +123,13 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path):
     local_releases = []
     state = local.run_local(query, budget, _local_batches(records, batches), str(tmp_path),
                             local_releases.append, noise_key=NOISE_KEY)
-    out = collect(lambda pipeline: (
-        pipeline | replay(records, batches)
-        | ContinualRelease(query, budget, batches, NOISE_KEY, pre_noise=True)) | beam.Flatten())
+    def build(pipeline):
+        """The releases, and beside them the pre-noise KeySteps of ContinualRelease's first
+        transform on the same records."""
+        stream = pipeline | replay(records, batches)
+        return (stream | ContinualRelease(query, budget, batches, NOISE_KEY),
+                (stream | AggregateContributions(query, budget, batches))[0]) | beam.Flatten()
+    out = collect(build)
     updates = [e for e in out if isinstance(e, ReleaseUpdate)]
     key_steps = [e for e in out if not isinstance(e, ReleaseUpdate)]
 
@@ -147,3 +152,13 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path):
                     for key in frame["key"]}
     assert ("d" in {u.key for u in updates if (u.step, u.key) not in with_records})
     assert max(Counter(u.key for u in updates).values()) >= 2
+
+
+def test_the_beam_engine_refuses_a_window_budget_or_key_that_does_not_fit():
+    budget = plan(1.0, 1e-6, 3, LIMIT, BOUND)
+    with pytest.raises(ValueError, match="micro-batches"):
+        ContinualRelease(QUERY, budget, MicroBatches(0.0, 40.0, 4), NOISE_KEY)
+    with pytest.raises(ValueError, match="32 bytes"):
+        ContinualRelease(QUERY, budget, BATCHES, NOISE_KEY[:16])
+    with pytest.raises(Exception, match="budget was planned"):
+        ContinualRelease(QUERY, plan(2.0, 1e-6, 3, LIMIT, BOUND), BATCHES, NOISE_KEY)
