@@ -55,6 +55,10 @@ unit, but Beam gives a DoFn no view of the watermark, so a source that breaks th
 put a late record into a step already released; and a watermark driven by the data would make
 which records are late depend on other units.
 
+Trust boundary: the runner sees the private data, as the local engine's process does; its
+monitoring (element counts per stage, state sizes, per-key timings on Dataflow's or Flink's UI)
+is not DP and must stay with the data's operators. The pipeline itself logs and counts nothing.
+
 The noise key is a constructor argument: it travels in the serialised pipeline (on Dataflow, the
 job graph the service stores), so whoever can read the job can recompute the noise. Deployments
 outside tests should keep the job graph as private as the data.

@@ -38,7 +38,7 @@ def replay(records: Iterable[tuple], batches: MicroBatches) -> TestStream:
 def collect(build) -> list:
     """Run ``build(pipeline)`` -> PCollection in a streaming DirectRunner pipeline of its own;
     its elements, which cross from the workers as one pickle file each."""
-    options = PipelineOptions()
+    options = PipelineOptions([])  # not sys.argv (pytest's)
     options.view_as(StandardOptions).streaming = True
     with tempfile.TemporaryDirectory() as directory:
         def save(element):

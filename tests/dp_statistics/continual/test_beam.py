@@ -162,3 +162,24 @@ def test_the_beam_engine_refuses_a_window_budget_or_key_that_does_not_fit():
         ContinualRelease(QUERY, budget, BATCHES, NOISE_KEY[:16])
     with pytest.raises(Exception, match="budget was planned"):
         ContinualRelease(QUERY, plan(2.0, 1e-6, 3, LIMIT, BOUND), BATCHES, NOISE_KEY)
+
+
+def test_a_late_record_of_a_micro_batch_its_unit_has_processed_is_dropped():
+    """u1's second step-1 record arrives after step 1 was processed: it must not be counted at
+    step 1 (already aggregated) nor move to step 2 (it is not a step-2 record)."""
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import TimestampedValue
+
+    from sage_tfx.dp_statistics.continual.beam import STAGES, StreamRecord
+
+    stream = TestStream().add_elements(
+        [TimestampedValue(StreamRecord("u1", "a", 1.0, 0), 1001.0)])
+    for stage in range(STAGES):
+        stream = stream.advance_watermark_to(BATCHES.trigger_timestamp(1, stage))
+    stream = stream.add_elements([TimestampedValue(StreamRecord("u1", "a", 2.0, 1), 1002.0),
+                                  TimestampedValue(StreamRecord("u1", "a", 4.0, 2), 1012.0)])
+    budget = plan(QUERY.epsilon, QUERY.delta, 3, LIMIT, BOUND)
+    out = collect(lambda pipeline: (
+        pipeline | stream.advance_watermark_to_infinity()
+        | AggregateContributions(QUERY, budget, BATCHES))[0])
+    assert {(key, s.step): s.value for key, s in out} == {("a", 1): 1.0, ("a", 2): 4.0}
