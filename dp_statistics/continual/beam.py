@@ -156,13 +156,6 @@ class MicroBatches:
         return Timestamp(micros=(math.ceil((self.start + step * self.width) * 1e3) + stage)
                          * 1000)
 
-    def step_at(self, timestamp: Timestamp, stage: int) -> int:
-        """The step on which ``stage`` acts at ``timestamp`` (a fired timer's)."""
-        step = round((timestamp.micros / 1e6 - stage / 1e3 - self.start) / self.width)
-        if not 1 <= step <= self.count or self.trigger_timestamp(step, stage) != timestamp:
-            raise ValueError(f"{timestamp} is not when stage {stage} acts in {self}")
-        return step
-
     @property
     def beam_window(self) -> window.FixedWindows:
         """One Beam window holding the whole range and every stage's last action (state lives
@@ -189,6 +182,11 @@ class _Wake:
 
     def __init__(self, batches: MicroBatches, stage: int, state, timer):
         self._batches, self._stage, self._state, self._timer = batches, stage, state, timer
+
+    def step(self) -> int:
+        """The step the timer was set for (read from the state: a runner may report a fired
+        timer's output timestamp rather than its firing time)."""
+        return self._state.read()
 
     def request(self, step: int):
         current = self._state.read()
@@ -241,11 +239,12 @@ class BoundUnitContributions(beam.DoFn):
         _Wake(self._batches, self.STAGE, wake_step, wake).request(step)
 
     @userstate.on_timer(WAKE)
-    def on_wake(self, unit=beam.DoFn.KeyParam, timestamp=beam.DoFn.TimestampParam,
+    def on_wake(self, unit=beam.DoFn.KeyParam,
                 buffer=beam.DoFn.StateParam(BUFFER), used=beam.DoFn.StateParam(USED),
                 last_step=beam.DoFn.StateParam(LAST_STEP), done=beam.DoFn.StateParam(DONE),
                 wake_step=beam.DoFn.StateParam(WAKE_STEP), wake=beam.DoFn.TimerParam(WAKE)):
-        step = self._batches.step_at(timestamp, self.STAGE)
+        alarm = _Wake(self._batches, self.STAGE, wake_step, wake)
+        step = alarm.step()
         due = sorted(_take_due(buffer, step, lambda r: r[0]))  # (step, event time, order)
         done.write(step)
         count = used.read() or 0
@@ -259,7 +258,7 @@ class BoundUnitContributions(beam.DoFn):
         used.write(count)
         if count >= self._query.contribution_limit:
             buffer.clear()  # nothing later can be kept
-        _Wake(self._batches, self.STAGE, wake_step, wake).fired(r[0] for r in buffer.read())
+        alarm.fired(r[0] for r in buffer.read())
 
         previous = last_step.read() or {}
         batches: dict = {}
@@ -294,18 +293,18 @@ class AggregateKeys(beam.DoFn):
         _Wake(self._batches, self.STAGE, wake_step, wake).request(batch.step)
 
     @userstate.on_timer(WAKE)
-    def on_wake(self, key=beam.DoFn.KeyParam, timestamp=beam.DoFn.TimestampParam,
+    def on_wake(self, key=beam.DoFn.KeyParam,
                 buffer=beam.DoFn.StateParam(BUFFER), seen=beam.DoFn.StateParam(SEEN),
                 wake_step=beam.DoFn.StateParam(WAKE_STEP), wake=beam.DoFn.TimerParam(WAKE)):
-        step = self._batches.step_at(timestamp, self.STAGE)
+        alarm = _Wake(self._batches, self.STAGE, wake_step, wake)
+        step = alarm.step()
         due = _take_due(buffer, step, lambda b: b.step)
-        _Wake(self._batches, self.STAGE, wake_step, wake).fired(b.step for b in buffer.read())
+        alarm.fired(b.step for b in buffer.read())
         if not due:
             return
         if not seen.read():
             seen.write(1)
-            yield beam.pvalue.TaggedOutput(_NEW_KEYS, ("", (step, min(b.first for b in due),
-                                                            key)))
+            yield beam.pvalue.TaggedOutput(_NEW_KEYS, (step, min(b.first for b in due), key))
         yield key, KeyStep(step, float(sum(b.value for b in due)),
                            tuple(b.previous_step for b in due))
 
@@ -329,12 +328,13 @@ class AssignKeyCodes(beam.DoFn):
         _Wake(self._batches, self.STAGE, wake_step, wake).request(announced[0])
 
     @userstate.on_timer(WAKE)
-    def on_wake(self, timestamp=beam.DoFn.TimestampParam, buffer=beam.DoFn.StateParam(BUFFER),
+    def on_wake(self, buffer=beam.DoFn.StateParam(BUFFER),
                 next_code=beam.DoFn.StateParam(NEXT), wake_step=beam.DoFn.StateParam(WAKE_STEP),
                 wake=beam.DoFn.TimerParam(WAKE)):
-        step = self._batches.step_at(timestamp, self.STAGE)
+        alarm = _Wake(self._batches, self.STAGE, wake_step, wake)
+        step = alarm.step()
         due = sorted(_take_due(buffer, step, lambda a: a[0]))
-        _Wake(self._batches, self.STAGE, wake_step, wake).fired(a[0] for a in buffer.read())
+        alarm.fired(a[0] for a in buffer.read())
         code = next_code.read() or 0
         for _, _, key in due:
             yield key, code
@@ -354,6 +354,8 @@ class _KeyState:
     buffer: float = 0.0
     released_true: float = 0.0
     values: Optional[TreeIndex] = None
+    evaluated: int = 0  # the last step the key was evaluated at
+    due: int = NEVER  # its predicted next release without new data
 
 
 @beam.typehints.with_output_types(ReleaseUpdate)
@@ -393,14 +395,24 @@ class EvaluateKeys(beam.DoFn):
         return selection, int(due[0])
 
     @userstate.on_timer(WAKE)
-    def on_wake(self, key=beam.DoFn.KeyParam, timestamp=beam.DoFn.TimestampParam,
+    def on_wake(self, key=beam.DoFn.KeyParam,
                 steps=beam.DoFn.StateParam(STEPS), code=beam.DoFn.StateParam(CODE),
                 key_state=beam.DoFn.StateParam(KEY),
                 wake_step=beam.DoFn.StateParam(WAKE_STEP), wake=beam.DoFn.TimerParam(WAKE)):
-        t = self._batches.step_at(timestamp, self.STAGE)
+        alarm = _Wake(self._batches, self.STAGE, wake_step, wake)
+        t = alarm.step()
         due = _take_due(steps, t, lambda s: s.step)
         state = key_state.read()
+        if state is not None and t <= state.evaluated:
+            # Records that reached the key after it was evaluated at their step or later (a
+            # source or runner that broke the order the module docstring describes): dropped,
+            # so that no tree leaf is ever evaluated twice or out of order.
+            alarm.fired([state.due] + [s.step for s in steps.read()])
+            return
         if state is None:
+            if code.read() is None:
+                raise RuntimeError(f"key code missing at step {t}: the runner ran stage 4 "
+                                   "before stage 3 at the same trigger (see Staggered stages)")
             state = _KeyState(code.read(), self._trees(code.read(), 1, 0)[0])
         for data in due:
             state.buffer += data.value
@@ -422,9 +434,9 @@ class EvaluateKeys(beam.DoFn):
             state.buffer, state.count, state.origin = 0.0, 0, t
             state.round += 1
             state.selection, next_due = self._trees(state.code, state.round, t)
+        state.evaluated, state.due = t, next_due
         key_state.write(state)
-        _Wake(self._batches, self.STAGE, wake_step, wake).fired(
-            [next_due] + [s.step for s in steps.read()])
+        alarm.fired([next_due] + [s.step for s in steps.read()])
 
 
 @beam.typehints.with_output_types(Tuple[str, StreamRecord])
@@ -455,6 +467,13 @@ class AggregateContributions(beam.PTransform):
         self._query, self._budget, self._batches = query, budget, batches
 
     def expand(self, records):
+        if records.is_bounded:
+            # Batch runners fire timers with other window and state semantics (on the
+            # FnApiRunner this pipeline released nothing): refused at construction, before a
+            # caller runs it (and charges for it).
+            raise ValueError("the continual-release pipeline runs in streaming mode on an "
+                             "unbounded source (a TestStream on the DirectRunner); got a "
+                             "bounded PCollection")
         batches = self._batches
         outputs = (
             records
@@ -479,14 +498,18 @@ class ReleaseKeys(beam.PTransform):
     def expand(self, aggregated):
         key_steps, new_keys = aggregated
         batches = self._batches
-        codes = new_keys | "AssignKeyCodes" >> beam.ParDo(
-            AssignKeyCodes(batches)).with_input_types(Tuple[str, Any])  # one key: ""
+        codes = (new_keys
+                 | "OneKey" >> beam.Map(lambda a: ("", a)).with_output_types(Tuple[str, Any])
+                 | "AssignKeyCodes" >> beam.ParDo(AssignKeyCodes(batches)))
+        tagged = Tuple[str, Tuple[str, Any]]
         return (
-            (key_steps | "TagSteps" >> beam.Map(lambda e: (e[0], ("step", e[1]))),
-             codes | "TagCodes" >> beam.Map(lambda e: (e[0], ("code", e[1]))))
+            (key_steps | "TagSteps" >> beam.Map(
+                lambda e: (e[0], ("step", e[1]))).with_output_types(tagged),
+             codes | "TagCodes" >> beam.Map(
+                 lambda e: (e[0], ("code", e[1]))).with_output_types(tagged))
             | "Join" >> beam.Flatten()
-            | "EvaluateKeys" >> beam.ParDo(EvaluateKeys(batches, self._budget, self._noise_key))
-            .with_input_types(Tuple[str, Any]))
+            | "EvaluateKeys" >> beam.ParDo(EvaluateKeys(batches, self._budget,
+                                                        self._noise_key)))
 
 
 class ContinualRelease(beam.PTransform):

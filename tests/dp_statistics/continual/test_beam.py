@@ -10,7 +10,8 @@ import pytest
 
 from sage_tfx.dp_statistics.continual import local
 from sage_tfx.dp_statistics.continual.beam import (AggregateContributions, ContinualRelease,
-                                                   MicroBatches, ReleaseUpdate, histograms)
+                                                   MicroBatches, ReleaseUpdate, StreamRecord,
+                                                   histograms)
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from support.continual_beam import collect, replay
@@ -170,7 +171,7 @@ def test_a_late_record_of_a_micro_batch_its_unit_has_processed_is_dropped():
     from apache_beam.testing.test_stream import TestStream
     from apache_beam.transforms.window import TimestampedValue
 
-    from sage_tfx.dp_statistics.continual.beam import STAGES, StreamRecord
+    from sage_tfx.dp_statistics.continual.beam import STAGES
 
     stream = TestStream().add_elements(
         [TimestampedValue(StreamRecord("u1", "a", 1.0, 0), 1001.0)])
@@ -183,3 +184,11 @@ def test_a_late_record_of_a_micro_batch_its_unit_has_processed_is_dropped():
         pipeline | stream.advance_watermark_to_infinity()
         | AggregateContributions(QUERY, budget, BATCHES))[0])
     assert {(key, s.step): s.value for key, s in out} == {("a", 1): 1.0, ("a", 2): 4.0}
+
+
+def test_a_bounded_input_is_refused_when_the_pipeline_is_built():
+    budget = plan(1.0, 1e-6, 3, LIMIT, BOUND)
+    pipeline = beam.Pipeline()
+    records = pipeline | beam.Create([StreamRecord("u1", "a", 1.0, 0)])
+    with pytest.raises(ValueError, match="unbounded source"):
+        _ = records | ContinualRelease(QUERY, budget, BATCHES, NOISE_KEY)
