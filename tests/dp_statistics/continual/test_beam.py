@@ -192,3 +192,32 @@ def test_a_bounded_input_is_refused_when_the_pipeline_is_built():
     records = pipeline | beam.Create([StreamRecord("u1", "a", 1.0, 0)])
     with pytest.raises(ValueError, match="unbounded source"):
         _ = records | ContinualRelease(QUERY, budget, BATCHES, NOISE_KEY)
+
+
+def _evaluate_keys(late: bool):
+    """Stage 4 alone: key "a" with 40 new users at step 2 (selected at epsilon 20), and, if
+    `late`, step-1 records that reach it only after step 2 was evaluated."""
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import TimestampedValue
+
+    from sage_tfx.dp_statistics.continual.beam import EvaluateKeys, KeyStep
+
+    budget = plan(20.0, 1e-3, 3, 2, 4.0)
+    at = float(BATCHES.trigger_timestamp(2))
+    stream = TestStream().add_elements([
+        TimestampedValue(("a", ("code", 0)), at),
+        TimestampedValue(("a", ("step", KeyStep(2, 3.0, (0,) * 40))), at)])
+    stream = stream.advance_watermark_to(BATCHES.trigger_timestamp(2, 3))
+    if late:
+        stream = stream.add_elements(
+            [TimestampedValue(("a", ("step", KeyStep(1, 4.0, (0,) * 40))), at)])
+    return collect(lambda pipeline: (
+        pipeline | stream.advance_watermark_to_infinity()
+        | beam.WindowInto(BATCHES.beam_window)
+        | beam.ParDo(EvaluateKeys(BATCHES, budget, NOISE_KEY))))
+
+
+def test_records_reaching_a_key_after_it_was_evaluated_at_their_step_are_dropped():
+    on_time = _evaluate_keys(late=False)
+    assert [(u.step, u.key) for u in on_time] == [(2, "a")]
+    assert _evaluate_keys(late=True) == on_time
