@@ -345,15 +345,16 @@ class AssignKeyCodes(beam.DoFn):
 @dataclass
 class _KeyState:
     """Stage 4's state of one key: operator.step's per-key columns, with its live selection
-    tree and its value tree as one-row TreeIndexes."""
+    tree and its value tree as one-row TreeIndex arrays (to_arrays: a growable TreeIndex
+    reserves 1024 rows, too much to store per key)."""
     code: int
-    selection: TreeIndex
+    selection: dict
     round: int = 1
     origin: int = 0
     count: int = 0
     buffer: float = 0.0
     released_true: float = 0.0
-    values: Optional[TreeIndex] = None
+    values: Optional[dict] = None
     evaluated: int = 0  # the last step the key was evaluated at
     due: int = NEVER  # its predicted next release without new data
 
@@ -383,16 +384,25 @@ class EvaluateKeys(beam.DoFn):
         steps.add(payload)
         _Wake(self._batches, self.STAGE, wake_step, wake).request(payload.step)
 
-    def _trees(self, code: int, round_: int, step: int):
-        """The rows and due steps of a new selection round begun after ``step``."""
-        selection = TreeIndex.empty(self._budget.selection_sigma, self._batches.count,
-                                    self._budget.thresholds())
+    def _tree(self, arrays: Optional[dict], selection: bool) -> TreeIndex:
+        """A key's one-row tree index from its stored arrays (None: an empty index)."""
+        budget, length = self._budget, self._batches.count
+        sigma = budget.selection_sigma if selection else budget.value_sigma
+        thresholds = budget.thresholds() if selection else None
+        if arrays is None:
+            return TreeIndex.empty(sigma, length, thresholds)
+        return TreeIndex.from_arrays(sigma, length, thresholds, arrays)
+
+    def _new_round(self, code: int, round_: int, step: int) -> tuple[dict, int]:
+        """The tree arrays of the key's selection round ``round_`` begun after ``step`` and its
+        predicted release step with no data (round 1: origin 0, predicted by the caller)."""
+        selection = self._tree(None, selection=True)
         ids = operator.tree_ids([code], [round_], self._batches.count)
-        if step == 0:  # round 1 starts with the key's first kept record, origin 0
+        if step == 0:
             selection.add(self._noise, ids, [self._batches.count])
-            return selection, NEVER
+            return selection.to_arrays(), NEVER
         _, due = operator.start_rounds(selection, self._noise, ids, step, self._batches.count)
-        return selection, int(due[0])
+        return selection.to_arrays(), int(due[0])
 
     @userstate.on_timer(WAKE)
     def on_wake(self, key=beam.DoFn.KeyParam,
@@ -413,27 +423,28 @@ class EvaluateKeys(beam.DoFn):
             if code.read() is None:
                 raise RuntimeError(f"key code missing at step {t}: the runner ran stage 4 "
                                    "before stage 3 at the same trigger (see Staggered stages)")
-            state = _KeyState(code.read(), self._trees(code.read(), 1, 0)[0])
+            state = _KeyState(code.read(), self._new_round(code.read(), 1, 0)[0])
         for data in due:
             state.buffer += data.value
             state.count += sum(1 for p in data.previous_steps if p <= state.origin)
         noise, budget, length = self._noise, self._budget, self._batches.count
         selected, predicted = operator.select_and_predict(
-            state.selection, noise, np.array([0]), np.array([state.origin]), t,
-            np.array([state.count]))
+            self._tree(state.selection, selection=True), noise, np.array([0]),
+            np.array([state.origin]), t, np.array([state.count]))
         next_due = int(predicted[0])
         if selected[0]:
+            values = self._tree(state.values, selection=False)
             if state.values is None:
-                state.values = TreeIndex.empty(budget.value_sigma, length)
-                state.values.add(noise, operator.tree_ids([state.code], [0], length), [length])
+                values.add(noise, operator.tree_ids([state.code], [0], length), [length])
+                state.values = values.to_arrays()
             state.released_true += state.buffer
             grid, _ = operator.record_grid(budget)
-            released = operator.released_values(state.values, noise, np.array([0]), t,
+            released = operator.released_values(values, noise, np.array([0]), t,
                                                 np.array([state.released_true]), grid)
             yield ReleaseUpdate(t, key, float(released[0]))
             state.buffer, state.count, state.origin = 0.0, 0, t
             state.round += 1
-            state.selection, next_due = self._trees(state.code, state.round, t)
+            state.selection, next_due = self._new_round(state.code, state.round, t)
         state.evaluated, state.due = t, next_due
         key_state.write(state)
         alarm.fired([next_due] + [s.step for s in steps.read()])
