@@ -66,6 +66,7 @@ outside tests should keep the job graph as private as the data.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Optional, Tuple
 
@@ -112,7 +113,9 @@ class KeyStep(NamedTuple):
     """Stage 2 -> 4: a key's kept records of one step (pre-noise)."""
     step: int
     value: float
-    previous_steps: tuple  # one per unit: its previous step with the key (PairBatch's)
+    previous_steps: tuple  # sorted (previous step, units) pairs: how many units had their
+    # previous step with the key there (PairBatch.previous_step): at most T pairs however many
+    # units contributed
 
 
 class ReleaseUpdate(NamedTuple):
@@ -137,7 +140,8 @@ class MicroBatches:
             raise ValueError(f"micro-batches must be a positive integer, got {self.count}")
         if self.width < MIN_WIDTH_SECONDS:
             raise ValueError(f"micro-batches of {self.width} s are narrower than "
-                             f"{MIN_WIDTH_SECONDS} s (Beam timestamps are microseconds)")
+                             f"{MIN_WIDTH_SECONDS} s (the stages act in the {STAGES} ms after "
+                             "each trigger)")
 
     @property
     def width(self) -> float:
@@ -306,7 +310,7 @@ class AggregateKeys(beam.DoFn):
             seen.write(1)
             yield beam.pvalue.TaggedOutput(_NEW_KEYS, (step, min(b.first for b in due), key))
         yield key, KeyStep(step, float(sum(b.value for b in due)),
-                           tuple(b.previous_step for b in due))
+                           tuple(sorted(Counter(b.previous_step for b in due).items())))
 
 
 @beam.typehints.with_output_types(Tuple[str, int])
@@ -426,7 +430,8 @@ class EvaluateKeys(beam.DoFn):
             state = _KeyState(code.read(), self._new_round(code.read(), 1, 0)[0])
         for data in due:
             state.buffer += data.value
-            state.count += sum(1 for p in data.previous_steps if p <= state.origin)
+            state.count += sum(units for previous, units in data.previous_steps
+                               if previous <= state.origin)
         noise, budget, length = self._noise, self._budget, self._batches.count
         selected, predicted = operator.select_and_predict(
             self._tree(state.selection, selection=True), noise, np.array([0]),
