@@ -1,5 +1,6 @@
 """The in-process engine's durability: a crash or a restart resumes with no micro-batch counted
 twice, no release rewritten with other numbers and no second charge."""
+import json
 import os
 import signal
 import subprocess
@@ -111,12 +112,15 @@ def test_a_killed_stream_resumes_to_the_uninterrupted_releases_charged_once(tmp_
         ledger.add_block(block, 10.0, 1e-4)
     state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
     command = [sys.executable, STREAM_WORKER, store, state_dir, out, NOISE_KEY.hex()]
-    # Killed while step 7-8 runs: after the save at step 4, so the restart replays steps 5..
+    # Killed as soon as release 6 is written: after the save at step 4 and before the next
+    # (step 8), so the restart loads step 4 and recomputes the committed steps after it.
     first = subprocess.Popen(command + ["0.15"], stderr=subprocess.PIPE)
     wait_for(os.path.join(out, "release-000006.csv"), first)
-    time.sleep(0.2)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
+    journal = [json.loads(line) for line in open(os.path.join(state_dir, "journal.jsonl"))
+               if line.endswith("\n")]
+    assert journal[0] == {"snapshot": 4} and any("commit" in line for line in journal[1:])
     before_restart = releases(out)
     assert 6 <= len(before_restart) < 16  # killed mid-stream
     second = subprocess.run(command + ["0"], stderr=subprocess.PIPE, text=True, timeout=300)
@@ -130,3 +134,34 @@ def test_a_killed_stream_resumes_to_the_uninterrupted_releases_charged_once(tmp_
     assert len(grants) == 1 and sorted(grants[0]["blocks"]) == list(worker.BLOCKS)
     assert WindowState.load(state_dir).grant_id == grants[0]["grant_id"]
     assert ledger.audit().problems == []
+
+
+def test_every_trigger_runs_even_without_records_and_a_restart_never_charges_again(tmp_path):
+    state_dir, steps, charges = str(tmp_path / "state"), [], []
+
+    def charge():
+        charges.append(1)
+        return "grant-1", ["w1"]
+    stream = [(step, frame) for step, frame in worker.stream() if step in (2, 5)]
+    local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
+                    lambda release: steps.append(release.step), charge=charge,
+                    complete_window=False)
+    assert steps == [1, 2, 3, 4, 5] and charges == [1]
+    state = local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
+                            lambda release: steps.append(release.step), charge=charge)
+    assert steps == list(range(1, 17)) and charges == [1]
+    assert state.grant_id == "grant-1" and "within blocks w1" in state.query.guarantee(
+        state.blocks)
+
+
+def test_a_run_that_died_while_charging_refuses_to_charge_again(tmp_path):
+    state_dir = str(tmp_path / "state")
+
+    def dying_charge():
+        raise KeyboardInterrupt("killed while the ledger committed the grant")
+    with pytest.raises(KeyboardInterrupt):
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        lambda release: None, charge=dying_charge)
+    with pytest.raises(StreamStateError, match="may be charged"):
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        lambda release: None, charge=lambda: ("grant-2", ["w1"]))
