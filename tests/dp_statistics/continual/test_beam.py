@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sage_tfx.dp_statistics.continual import local
+from sage_tfx.dp_statistics.continual import local, operator
 from sage_tfx.dp_statistics.continual.beam import (AggregateContributions, ContinualRelease,
                                                    MicroBatches, ReleaseUpdate, StreamRecord,
                                                    histograms)
@@ -90,8 +90,8 @@ def test_a_bad_window_is_refused_by_name(bad):
 
 def _conformance_stream():
     """66 records of 30 units over 4 keys (seed 4 chosen so that, with NOISE_KEY, key "d" is
-    released at step 4 without records at step 4 (Algorithm 4) and "a" in a second round), plus
-    records both engines drop."""
+    released at step 4 without records at step 4 (Algorithm 4) and "a" in a second round), a
+    fifth key seen at step 1 only, and records both engines drop."""
     rng = np.random.default_rng(4)
     records = []
     for unit in range(30):
@@ -99,7 +99,9 @@ def _conformance_stream():
             key = rng.choice(["a", "b", "c", "d"], p=[.5, .25, .15, .1])
             records.append((f"u{unit}", str(key), float(rng.integers(-3, 6)),
                             float(rng.uniform(0, 40))))
-    return records + [(None, "a", 1.0, 5.0), ("u1", "a", 1.0, 40.0), ("u2", "b", 1.0, -1.0)]
+    # key "e": two units at the end of step 1 only (never selected: no later evaluation)
+    return records + [(None, "a", 1.0, 5.0), ("u1", "a", 1.0, 40.0), ("u2", "b", 1.0, -1.0),
+                      ("u90", "e", 1.0, 9.5), ("u91", "e", 2.0, 9.6)]
 
 
 def _local_batches(records, batches):
@@ -114,7 +116,7 @@ def _local_batches(records, batches):
             for step in range(1, batches.count + 1)]
 
 
-def test_the_beam_and_local_engines_release_the_same_bits(tmp_path):
+def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch):
     query = StreamQuery(key_column="k", unit_column="u", time_column="t", value_column="v",
                         value_bound=4.0, contribution_limit=2, micro_batches=4, epsilon=20.0,
                         delta=1e-3)
@@ -124,6 +126,14 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path):
     local_releases = []
     state = local.run_local(query, budget, _local_batches(records, batches), str(tmp_path),
                             local_releases.append, noise_key=NOISE_KEY)
+    evaluations = []  # the step of each key evaluation Beam's stage 4 makes (same process)
+    evaluate = operator.select_and_predict
+
+    def counted(selection, noise, rows, origins, step, counts):
+        evaluations.append(step)
+        return evaluate(selection, noise, rows, origins, step, counts)
+    monkeypatch.setattr(operator, "select_and_predict", counted)
+
     def build(pipeline):
         """The releases, and beside them the pre-noise KeySteps of ContinualRelease's first
         transform on the same records."""
@@ -153,6 +163,16 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path):
                     for key in frame["key"]}
     assert ("d" in {u.key for u in updates if (u.step, u.key) not in with_records})
     assert max(Counter(u.key for u in updates).values()) >= 2
+    # Algorithm 4: a key is evaluated at a step only if it has kept records there or is due
+    # there, and a due evaluation releases it; nothing scans the keys without records
+    kept = {(key_step.step, key) for key, key_step in key_steps}
+    woken = {(u.step, u.key) for u in updates} - kept
+    assert Counter(evaluations) == Counter(step for step, _ in kept | woken)
+    first_seen = {}
+    for step, key in sorted(kept):
+        first_seen.setdefault(key, step)
+    full_scan = sum(4 - step + 1 for step in first_seen.values())
+    assert len(evaluations) < full_scan
 
 
 def test_the_beam_engine_refuses_a_window_budget_or_key_that_does_not_fit():
