@@ -1,0 +1,1 @@
+"""DP-SQLP continual release over streams (issue 19): docs/streaming.md."""
