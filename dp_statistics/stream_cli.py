@@ -1,0 +1,210 @@
+"""`sage-tfx stream`: replay a stream through the DP-SQLP operator, one release per trigger.
+
+    sage-tfx stream --store S [--context C] --window-blocks IDS --epsilon E --delta D
+                    [--input FILE|DIR] --micro-batches N --out DIR
+                    [--unit-column uid] [--key-column key] [--time-column time]
+                    [--value-column COL --value-bound L] [--contribution-limit C]
+
+Beside the `continual` package, not in it (as matrix_cli.py): `sage-tfx` builds every command's
+parser on each run, so this module imports nothing heavy until the command runs.
+
+The window is the ledger blocks IDS; its micro-batches and trigger times are public: the
+blocks' event-time range cut into N equal parts (continual/sources.py). Without --input the
+records are the rows of those blocks of a table `sage-tfx ingest` registered. Without
+--value-column each record counts 1 (COUNT(*), L = 1).
+
+Order (charge before release): the arguments, the window and every input file's columns are
+checked first; then ONE grant of (E, D) is charged on the window's blocks (its dp-accounting
+event and the delta spent outside it recorded on it), its share consumed, and the grant id
+written to DIR/stream.json; then each micro-batch is run and its release written. A second
+run with the same DIR resumes after the last committed micro-batch and charges nothing (the
+grant id is in DIR); other parameters for the same DIR are refused. Releases: DIR/release-T.csv
+(key, value: every key released so far, its latest noisy value) and one JSON line per trigger
+in DIR/releases.jsonl naming the guarantee. Nothing data-dependent is printed.
+
+Exit codes as `sage-tfx query`: 0 success; 2 bad input (nothing charged); 3 denied for lack of
+budget (nothing charged); 4 ledger busy; 5 store unreachable.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE, _run
+
+STEP = "continual_release"
+STREAM_FILE = "stream.json"
+
+
+def add_parser(groups: argparse._SubParsersAction) -> None:
+    parser = groups.add_parser(
+        "stream", help="replay a stream through the DP-SQLP operator: one DP histogram per "
+                       "trigger, one grant for the window", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
+                        help=f"SQLite ledger file or grpc://HOST:PORT "
+                             f"(default: ${STORE_ENVIRONMENT_VARIABLE})")
+    parser.add_argument("--context", default="default", help="ledger context (default: default)")
+    parser.add_argument("--window-blocks", required=True,
+                        help="comma-separated ids of the window's blocks (each with an "
+                             "event-time range); the grant is charged on them")
+    parser.add_argument("--epsilon", type=float, required=True,
+                        help="epsilon of the window's one grant")
+    parser.add_argument("--delta", type=float, required=True,
+                        help="delta of the window's one grant, in (0, 1)")
+    parser.add_argument("--input", help="a CSV or Parquet file, or a directory of them (read in "
+                                        "name order, as arriving files); default: the rows of "
+                                        "the blocks' ingested table")
+    parser.add_argument("--micro-batches", type=int, required=True,
+                        help="N: the window's event-time range is cut into N equal micro-batches, "
+                             "one release at the end of each")
+    parser.add_argument("--out", required=True,
+                        help="the directory of the releases and the resumable state")
+    parser.add_argument("--unit-column", default=None,
+                        help="the privacy unit (default: the table's unit column; with --input: "
+                             "uid)")
+    parser.add_argument("--key-column", default="key", help="the histogram's key (default: key)")
+    parser.add_argument("--time-column", default=None,
+                        help="event time, Unix seconds or ISO 8601 (default: the table's time "
+                             "column; with --input: time)")
+    parser.add_argument("--value-column", help="sum this column (default: count records)")
+    parser.add_argument("--value-bound", type=float, default=None,
+                        help="L: values are clamped to [-L, L] (required with --value-column)")
+    parser.add_argument("--contribution-limit", type=int, default=32,
+                        help="C: records a unit contributes over the whole window (default: 32, "
+                             "the paper's)")
+    parser.add_argument("--pipeline", default="sage-tfx-stream",
+                        help="the pipeline name the grant is charged to")
+    parser.set_defaults(run=lambda args: _run(_stream, args), command="stream")
+
+
+def check_arguments(args) -> None:
+    """BadRequest naming the first bad argument (before the ledger is opened)."""
+    from sage_tfx.sage_access.errors import BadRequest
+
+    if not (math.isfinite(args.epsilon) and args.epsilon > 0 and 0 < args.delta < 1):
+        raise BadRequest(f"--epsilon must be a positive number and --delta in (0, 1), got "
+                         f"{args.epsilon!r}, {args.delta!r}")
+    if args.micro_batches < 1:
+        raise BadRequest(f"--micro-batches must be at least 1, got {args.micro_batches}")
+    if args.contribution_limit < 1:
+        raise BadRequest(f"--contribution-limit must be at least 1, got "
+                         f"{args.contribution_limit}")
+    if args.value_column is not None:
+        if args.value_bound is None or not (math.isfinite(args.value_bound)
+                                            and args.value_bound > 0):
+            raise BadRequest(f"--value-column {args.value_column} needs --value-bound L, a "
+                             f"positive number (values are clamped to [-L, L]); got "
+                             f"{args.value_bound!r}")
+    elif args.value_bound not in (None, 1.0):
+        raise BadRequest("--value-bound is for --value-column; a count has L = 1")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise BadRequest(f"--out {args.out} is a file; give a directory")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise BadRequest(f"--out {args.out}: its parent directory does not exist")
+
+
+def _columns(args, table):
+    from sage_tfx.dp_statistics.continual.sources import Columns
+
+    unit = args.unit_column or (table.unit_column if table else "uid")
+    time = args.time_column or (table.time_column if table and table.time_column else "time")
+    return Columns(unit=unit, key=args.key_column, time=time, value=args.value_column)
+
+
+def _ingested_table(ledger, block_ids):
+    """The table `sage-tfx ingest` registered for the window's blocks (all of one table)."""
+    from sage_tfx.dp_statistics import tables
+    from sage_tfx.sage_access.errors import BadRequest
+
+    names = {block_id.split(".", 1)[0] for block_id in block_ids if "." in block_id}
+    table = tables.find_table(ledger, names.pop(), missing_ok=True) if len(names) == 1 \
+        else None
+    if table is None or not all(table.owns(b) for b in block_ids):
+        raise BadRequest("without --input the records are the rows of an ingested table's "
+                         f"blocks, and {', '.join(block_ids)} are not the blocks of one table "
+                         "(sage-tfx ingest); pass --input FILE|DIR")
+    return table
+
+
+def stream_parameters(args, window, columns) -> dict:
+    """What a run of DIR is (public): a restart must name the same, or be refused."""
+    return {"store": str(args.store), "context": args.context,
+            "window_blocks": list(window.block_ids), "epsilon": args.epsilon,
+            "delta": args.delta, "micro_batches": args.micro_batches,
+            "contribution_limit": args.contribution_limit,
+            "value_bound": args.value_bound if args.value_column else 1.0,
+            "columns": {"unit": columns.unit, "key": columns.key, "time": columns.time,
+                        "value": columns.value},
+            "input": os.path.abspath(args.input) if args.input else None}
+
+
+def unit_text(unit_column: str, block_ids) -> str:
+    """The neighbouring relation of every release, in words (docs/streaming.md)."""
+    return f"all records of one {unit_column} within blocks {', '.join(block_ids)}"
+
+
+def _stream(args) -> int:
+    from sage_tfx.dp_statistics.continual import sources
+    from sage_tfx.dp_statistics.continual.budget import plan
+    from sage_tfx.sage_access.cli import _open
+
+    check_arguments(args)
+    ledger = _open(args)
+    window = sources.window_of_blocks(ledger, args.window_blocks.split(","))
+    table = None if args.input else _ingested_table(ledger, window.block_ids)
+    columns = _columns(args, table)
+    # Every input is read and checked before the charge: a bad file is refused uncharged.
+    records = sources.read_input(args.input, columns, window, args.micro_batches) \
+        if args.input else sources.read_table_blocks(ledger, table, columns, window,
+                                                     args.micro_batches)
+    budget = plan(args.epsilon, args.delta, args.micro_batches, args.contribution_limit,
+                  args.value_bound if args.value_column else 1.0)
+    parameters = stream_parameters(args, window, columns)
+    grant_id = _grant(ledger, args, parameters, budget)
+    return _replay(args, records, budget, grant_id, unit_text(columns.unit, window.block_ids))
+
+
+def _grant(ledger, args, parameters: dict, budget) -> str:
+    """The window's grant id: DIR's (a restart: nothing charged), or a new grant charged now.
+
+    Order: request (the charge) -> consume its one share -> write DIR/stream.json atomically.
+    A crash before the last step leaves a charged grant that released nothing; the next run
+    charges again (budget wasted, never a release without a charge, never two releases of a
+    micro-batch with fresh noise)."""
+    import json
+
+    from sage_tfx.sage_access.errors import BadRequest
+    from sage_tfx.sage_access.ledger import BlockIds
+
+    path = os.path.join(args.out, STREAM_FILE)
+    if os.path.exists(path):
+        with open(path) as handle:
+            recorded = json.load(handle)
+        grant_id = recorded.pop("grant_id")
+        if recorded != parameters:
+            changed = sorted(k for k in parameters if recorded.get(k) != parameters[k])
+            raise BadRequest(f"--out {args.out} holds a stream with other parameters "
+                             f"({', '.join(changed)}: {[recorded.get(k) for k in changed]}); "
+                             "resume it with the same ones or give a new --out")
+        ledger.find_grant(grant_id)  # BadRequest if this ledger never issued it
+        return grant_id
+    if os.path.isdir(args.out) and os.listdir(args.out):
+        raise BadRequest(f"--out {args.out} is not empty and holds no stream; give a new "
+                         "directory")
+    grant = ledger.request(BlockIds(parameters["window_blocks"]), epsilon=args.epsilon,
+                           delta=args.delta, pipeline=args.pipeline, split={STEP: "1"},
+                           events={STEP: budget.event},
+                           additional_delta=budget.additional_delta)
+    ledger.use_share(grant, STEP, consumer=f"sage-tfx stream {os.path.abspath(args.out)}")
+    os.makedirs(args.out, exist_ok=True)
+    partial = path + ".partial"
+    with open(partial, "w") as handle:
+        json.dump(parameters | {"grant_id": grant.grant_id}, handle, indent=1)
+    os.replace(partial, path)
+    return grant.grant_id
+
+
+def _replay(args, records, budget, grant_id: str, unit: str) -> int:
+    raise NotImplementedError  # the engine (local.run_local) is merged from s19op
