@@ -33,9 +33,6 @@ import os
 
 from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE, _run
 
-STEP = "continual_release"
-STREAM_FILE = "stream.json"
-
 
 def add_parser(groups: argparse._SubParsersAction) -> None:
     parser = groups.add_parser(
@@ -130,8 +127,7 @@ def _ingested_table(ledger, block_ids):
 
 def stream_parameters(args, window, columns) -> dict:
     """What a run of DIR is (public): a restart must name the same, or be refused."""
-    return {"store": str(args.store), "context": args.context,
-            "window_blocks": list(window.block_ids), "epsilon": args.epsilon,
+    return {"window_blocks": list(window.block_ids), "epsilon": args.epsilon,
             "delta": args.delta, "micro_batches": args.micro_batches,
             "contribution_limit": args.contribution_limit,
             "value_bound": args.value_bound if args.value_column else 1.0,
@@ -148,6 +144,7 @@ def unit_text(unit_column: str, block_ids) -> str:
 def _stream(args) -> int:
     from sage_tfx.dp_statistics.continual import sources
     from sage_tfx.dp_statistics.continual.budget import plan
+    from sage_tfx.dp_statistics.continual.grant import stream_grant
     from sage_tfx.sage_access.cli import _open
 
     check_arguments(args)
@@ -162,48 +159,10 @@ def _stream(args) -> int:
     budget = plan(args.epsilon, args.delta, args.micro_batches, args.contribution_limit,
                   args.value_bound if args.value_column else 1.0)
     parameters = stream_parameters(args, window, columns)
-    grant_id = _grant(ledger, args, parameters, budget)
+    grant_id = stream_grant(ledger, args.out, parameters, budget,
+                            consumer=f"sage-tfx stream {os.path.abspath(args.out)}",
+                            pipeline=args.pipeline)
     return _replay(args, records, budget, grant_id, unit_text(columns.unit, window.block_ids))
-
-
-def _grant(ledger, args, parameters: dict, budget) -> str:
-    """The window's grant id: DIR's (a restart: nothing charged), or a new grant charged now.
-
-    Order: request (the charge) -> consume its one share -> write DIR/stream.json atomically.
-    A crash before the last step leaves a charged grant that released nothing; the next run
-    charges again (budget wasted, never a release without a charge, never two releases of a
-    micro-batch with fresh noise)."""
-    import json
-
-    from sage_tfx.sage_access.errors import BadRequest
-    from sage_tfx.sage_access.ledger import BlockIds
-
-    path = os.path.join(args.out, STREAM_FILE)
-    if os.path.exists(path):
-        with open(path) as handle:
-            recorded = json.load(handle)
-        grant_id = recorded.pop("grant_id")
-        if recorded != parameters:
-            changed = sorted(k for k in parameters if recorded.get(k) != parameters[k])
-            raise BadRequest(f"--out {args.out} holds a stream with other parameters "
-                             f"({', '.join(changed)}: {[recorded.get(k) for k in changed]}); "
-                             "resume it with the same ones or give a new --out")
-        ledger.find_grant(grant_id)  # BadRequest if this ledger never issued it
-        return grant_id
-    if os.path.isdir(args.out) and os.listdir(args.out):
-        raise BadRequest(f"--out {args.out} is not empty and holds no stream; give a new "
-                         "directory")
-    grant = ledger.request(BlockIds(parameters["window_blocks"]), epsilon=args.epsilon,
-                           delta=args.delta, pipeline=args.pipeline, split={STEP: "1"},
-                           events={STEP: budget.event},
-                           additional_delta=budget.additional_delta)
-    ledger.use_share(grant, STEP, consumer=f"sage-tfx stream {os.path.abspath(args.out)}")
-    os.makedirs(args.out, exist_ok=True)
-    partial = path + ".partial"
-    with open(partial, "w") as handle:
-        json.dump(parameters | {"grant_id": grant.grant_id}, handle, indent=1)
-    os.replace(partial, path)
-    return grant.grant_id
 
 
 def _replay(args, records, budget, grant_id: str, unit: str) -> int:

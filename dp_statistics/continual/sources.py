@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
@@ -155,17 +154,9 @@ class Records:
         for i in range(1, micro_batches + 1):
             yield i, self.take(slice(bounds[i - 1], bounds[i]))
 
-    def digest(self) -> str:
-        """sha256 of the records' canonical bytes (state.py's `pending` check: a micro-batch
-        recomputed after a crash must be the one that may have been released)."""
-        hasher = hashlib.sha256()
-        for column in (self.units, self.keys):
-            for text in column:
-                encoded = text.encode("utf-8")
-                hasher.update(len(encoded).to_bytes(8, "little") + encoded)
-        hasher.update(np.ascontiguousarray(self.values, dtype="<f8").tobytes())
-        hasher.update(np.ascontiguousarray(self.times, dtype="<f8").tobytes())
-        return hasher.hexdigest()
+    def frame(self) -> pd.DataFrame:
+        """The records as operator.step's micro-batch (unit, key, value), in arrival order."""
+        return pd.DataFrame({"unit": self.units, "key": self.keys, "value": self.values})
 
 
 def input_files(path: str) -> list[str]:
