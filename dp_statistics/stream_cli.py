@@ -14,13 +14,15 @@ records are the rows of those blocks of a table `sage-tfx ingest` registered. Wi
 --value-column each record counts 1 (COUNT(*), L = 1).
 
 Order (charge before release): the arguments, the window and every input file's columns are
-checked first; then ONE grant of (E, D) is charged on the window's blocks (its dp-accounting
-event and the delta spent outside it recorded on it), its share consumed, and the grant id
-written to DIR/stream.json; then each micro-batch is run and its release written. A second
-run with the same DIR resumes after the last committed micro-batch and charges nothing (the
-grant id is in DIR); other parameters for the same DIR are refused. Releases: DIR/release-T.csv
-(key, value: every key released so far, its latest noisy value) and one JSON line per trigger
-in DIR/releases.jsonl naming the guarantee. Nothing data-dependent is printed.
+checked first (nothing charged for bad input); then ONE grant of (E, D) is charged on the
+window's blocks (its dp-accounting event and the delta spent outside it recorded on it) and its
+share consumed; then each micro-batch is run and its release written. DIR/state holds the
+operator's private state with the grant id: a second run with the same DIR and input resumes
+after the last committed micro-batch and charges nothing; another window, query or changed
+input for the same DIR is refused. Each trigger T writes DIR/release-T.csv (key, value, updated:
+every key released so far in the window with its latest noisy value) and DIR/release-T.json (one
+line: the guarantee's epsilon, delta and unit, the trigger time, the grant). The last stdout
+line is one JSON object (grant, blocks, guarantee). Nothing data-dependent is printed.
 
 Exit codes as `sage-tfx query`: 0 success; 2 bad input (nothing charged); 3 denied for lack of
 budget (nothing charged); 4 ledger busy; 5 store unreachable.
@@ -125,45 +127,47 @@ def _ingested_table(ledger, block_ids):
     return table
 
 
-def stream_parameters(args, window, columns) -> dict:
-    """What a run of DIR is (public): a restart must name the same, or be refused."""
-    return {"window_blocks": list(window.block_ids), "epsilon": args.epsilon,
-            "delta": args.delta, "micro_batches": args.micro_batches,
-            "contribution_limit": args.contribution_limit,
-            "value_bound": args.value_bound if args.value_column else 1.0,
-            "columns": {"unit": columns.unit, "key": columns.key, "time": columns.time,
-                        "value": columns.value},
-            "input": os.path.abspath(args.input) if args.input else None}
-
-
-def unit_text(unit_column: str, block_ids) -> str:
-    """The neighbouring relation of every release, in words (docs/streaming.md)."""
-    return f"all records of one {unit_column} within blocks {', '.join(block_ids)}"
-
-
 def _stream(args) -> int:
+    import json
+
+    from sage_tfx.dp_statistics.aggregation.spec import QueryError
     from sage_tfx.dp_statistics.continual import sources
-    from sage_tfx.dp_statistics.continual.budget import plan
-    from sage_tfx.dp_statistics.continual.grant import stream_grant
+    from sage_tfx.dp_statistics.continual._standin import plan
+    from sage_tfx.dp_statistics.continual.release import STATE_DIR, run_window
+    from sage_tfx.dp_statistics.continual.spec import StreamQuery
     from sage_tfx.sage_access.cli import _open
+    from sage_tfx.sage_access.errors import BadRequest
 
     check_arguments(args)
     ledger = _open(args)
     window = sources.window_of_blocks(ledger, args.window_blocks.split(","))
     table = None if args.input else _ingested_table(ledger, window.block_ids)
     columns = _columns(args, table)
+    query = StreamQuery(key_column=columns.key, unit_column=columns.unit,
+                        time_column=columns.time, value_column=columns.value,
+                        value_bound=args.value_bound if columns.value else 1.0,
+                        contribution_limit=args.contribution_limit,
+                        micro_batches=args.micro_batches, epsilon=args.epsilon, delta=args.delta)
+    try:
+        query.check()
+    except QueryError as error:
+        raise BadRequest(str(error)) from None
     # Every input is read and checked before the charge: a bad file is refused uncharged.
     records = sources.read_input(args.input, columns, window, args.micro_batches) \
         if args.input else sources.read_table_blocks(ledger, table, columns, window,
                                                      args.micro_batches)
     budget = plan(args.epsilon, args.delta, args.micro_batches, args.contribution_limit,
-                  args.value_bound if args.value_column else 1.0)
-    parameters = stream_parameters(args, window, columns)
-    grant_id = stream_grant(ledger, args.out, parameters, budget,
-                            consumer=f"sage-tfx stream {os.path.abspath(args.out)}",
-                            pipeline=args.pipeline)
-    return _replay(args, records, budget, grant_id, unit_text(columns.unit, window.block_ids))
-
-
-def _replay(args, records, budget, grant_id: str, unit: str) -> int:
-    raise NotImplementedError  # the engine (local.run_local) is merged from s19op
+                  query.value_bound)
+    state_dir = os.path.join(args.out, STATE_DIR)
+    if not os.path.isdir(state_dir) and os.path.isdir(args.out) and os.listdir(args.out):
+        raise BadRequest(f"--out {args.out} is not empty and holds no stream; give a new "
+                         "directory (or the same one to resume a stream)")
+    state = run_window(ledger, query, budget, window, records, state_dir, args.out,
+                       consumer=f"sage-tfx stream {os.path.abspath(args.out)}",
+                       pipeline=args.pipeline)
+    print(json.dumps({"grant_id": state.grant_id, "blocks": list(state.blocks),
+                      "epsilon": args.epsilon, "delta": args.delta,
+                      "micro_batches": args.micro_batches,
+                      "guarantee": query.guarantee(state.blocks),
+                      "out": os.path.abspath(args.out)}))
+    return 0

@@ -154,6 +154,26 @@ class Records:
         for i in range(1, micro_batches + 1):
             yield i, self.take(slice(bounds[i - 1], bounds[i]))
 
+    def then(self, later: "Records") -> "Records":
+        """These records and `later` ones (which arrived after them), in arrival order."""
+        both = [np.concatenate([a, b]) for a, b in zip(self._arrays(), later._arrays())]
+        order = np.lexsort((both[3], both[4]))  # stable: earlier arrivals first on ties
+        return Records(*(array[order] for array in both))
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        return self.units, self.keys, self.values, self.times, self.batches
+
+    def to_arrow(self) -> pa.Table:
+        """For keeping records until their trigger (the operator's private state)."""
+        return pa.table({"unit": pa.array(self.units, pa.string()),
+                         "key": pa.array(self.keys, pa.string()), "value": self.values,
+                         "time": self.times, "batch": self.batches})
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table) -> "Records":
+        return cls(*(table[name].to_numpy(zero_copy_only=False) for name in
+                     ("unit", "key", "value", "time", "batch")))
+
     def frame(self) -> pd.DataFrame:
         """The records as operator.step's micro-batch (unit, key, value), in arrival order."""
         return pd.DataFrame({"unit": self.units, "key": self.keys, "value": self.values})
@@ -249,6 +269,12 @@ def _kept(parts: Sequence[tuple[np.ndarray, ...]], window: Window,
     return Records(units[order], keys[order], values[order], times[order], batches[order])
 
 
+def records_of(table: pa.Table, columns: Columns, window: Window,
+               micro_batches: int) -> Records:
+    """The kept records of one table of rows (in input order), in arrival order."""
+    return _kept([_fields(table, columns)], window, micro_batches)
+
+
 def read_input(path: str, columns: Columns, window: Window, micro_batches: int) -> Records:
     """The records of --input FILE|DIR (module docstring). Every file's columns are checked
     before any record is used (BadRequest naming the file and the column)."""
@@ -270,4 +296,4 @@ def read_table_blocks(ledger, table, columns: Columns, window: Window,
         raise BadRequest(f"table {table.name} has no column(s) {', '.join(missing)} (its "
                          f"columns: {', '.join(table.columns)})")
     rows = tables.read_blocks(ledger, table, window.block_ids).select(columns.names())
-    return _kept([_fields(rows, columns)], window, micro_batches)
+    return records_of(rows, columns, window, micro_batches)

@@ -136,3 +136,14 @@ def test_table_blocks_are_the_window_records_without_input(store_path, tmp_path)
     with pytest.raises(BadRequest, match="other.2013-01: not blocks of table trips"):
         sources.read_table_blocks(ledger, table, COLUMNS,
                                   sources.window_of_blocks(ledger, ["other.2013-01"]), 1)
+
+
+def test_records_kept_for_later_arrive_before_newer_ones(ledger, tmp_path):
+    window = sources.window_of_blocks(ledger, ["t.2013-01"])
+    earlier = sources.read_input(write_csv(tmp_path / "a.csv", [["old", "k", JAN + 5, "1"]]),
+                                 COLUMNS, window, 2)
+    stored = sources.Records.from_arrow(earlier.to_arrow())
+    newer = sources.read_input(write_csv(tmp_path / "b.csv", [["new", "k", JAN + 5, "1"],
+                                                              ["first", "k", JAN, "1"]]),
+                               COLUMNS, window, 2)
+    assert list(stored.then(newer).units) == ["first", "old", "new"]
