@@ -66,7 +66,7 @@ class CodeTable:
 
     def encode(self, values) -> np.ndarray:
         """The codes of `values`, adding the ones never seen (in order of first appearance)."""
-        inverse, uniques = pd.factorize(values, use_na_sentinel=False)
+        inverse, uniques = pd.factorize(np.asarray(values), use_na_sentinel=False)
         uniques = np.asarray(uniques, dtype=object)
         codes = self._index.get_indexer(uniques).astype(np.int64)
         missing = np.flatnonzero(codes < 0)
@@ -294,6 +294,8 @@ class WindowState:
 
         def index(prefix: str, sigma: float, thresholds) -> TreeIndex:
             part = {n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
+            if len(part["tree_ids"]) == 0:  # from_arrays cannot reshape an empty index
+                return TreeIndex.empty(sigma, query.micro_batches, thresholds)
             return TreeIndex.from_arrays(sigma, query.micro_batches, thresholds, part)
 
         state = cls(query, budget, arrays["noise_key"].tobytes(),
@@ -329,8 +331,11 @@ def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
 
 def batch_digest(batch: pd.DataFrame) -> str:
     """sha256 of a micro-batch's canonical content: column names, dtypes and pandas' 64-bit
-    hash of every row in order (a changed row keeps its hash with probability 2^-64)."""
+    hash of every row in order (a changed row keeps its hash with probability 2^-64). Every
+    empty micro-batch has the same digest, whatever its columns' dtypes."""
     digest = hashlib.sha256()
+    if len(batch) == 0:
+        return hashlib.sha256(b"empty micro-batch").hexdigest()
     digest.update(json.dumps([[str(c), str(t)] for c, t in batch.dtypes.items()]).encode())
     digest.update(pd.util.hash_pandas_object(batch, index=False).to_numpy().tobytes())
     return digest.hexdigest()
@@ -338,7 +343,7 @@ def batch_digest(batch: pd.DataFrame) -> str:
 
 def write_pending(directory: str, step: int, digest: str) -> None:
     """Record, before step `step` runs, which micro-batch it is computed from."""
-    _write_json(os.path.join(directory, PENDING_FILE), {"step": step, "digest": digest})
+    write_json(os.path.join(directory, PENDING_FILE), {"step": step, "digest": digest})
 
 
 def read_pending(directory: str) -> Optional[dict]:
@@ -355,7 +360,7 @@ def clear_pending(directory: str) -> None:
         os.remove(path)
 
 
-def _write_json(path: str, content) -> None:
+def write_json(path: str, content) -> None:
     temporary = f"{path}.tmp-{os.getpid()}"
     with open(temporary, "w") as out:
         json.dump(content, out)
