@@ -132,7 +132,6 @@ def _stream(args) -> int:
 
     from sage_tfx.dp_statistics.aggregation.spec import QueryError
     from sage_tfx.dp_statistics.continual import sources
-    from sage_tfx.dp_statistics.continual._standin import plan
     from sage_tfx.dp_statistics.continual.release import STATE_DIR, run_window
     from sage_tfx.dp_statistics.continual.spec import StreamQuery
     from sage_tfx.sage_access.cli import _open
@@ -156,13 +155,11 @@ def _stream(args) -> int:
     records = sources.read_input(args.input, columns, window, args.micro_batches) \
         if args.input else sources.read_table_blocks(ledger, table, columns, window,
                                                      args.micro_batches)
-    budget = plan(args.epsilon, args.delta, args.micro_batches, args.contribution_limit,
-                  query.value_bound)
     state_dir = os.path.join(args.out, STATE_DIR)
     if not os.path.isdir(state_dir) and os.path.isdir(args.out) and os.listdir(args.out):
         raise BadRequest(f"--out {args.out} is not empty and holds no stream; give a new "
                          "directory (or the same one to resume a stream)")
-    state = run_window(ledger, query, budget, window, records, state_dir, args.out,
+    state = run_window(ledger, query, window, records, state_dir, args.out,
                        consumer=f"sage-tfx stream {os.path.abspath(args.out)}",
                        pipeline=args.pipeline)
     print(json.dumps({"grant_id": state.grant_id, "blocks": list(state.blocks),

@@ -6,6 +6,7 @@ import json
 from typing import Mapping, Optional, Sequence
 
 from tfx.dsl.components.base import base_component, executor_spec
+from tfx.dsl.components.common import resolver
 from tfx.types import artifact, channel, component_spec, standard_artifacts
 
 from sage_tfx.components.continual_release import executor
@@ -22,6 +23,23 @@ class ContinualReleaseState(artifact.Artifact):
     releases leave the operator."""
 
     TYPE_NAME = "sage_tfx.ContinualReleaseState"
+
+
+class LatestStateIfAny(resolver.ResolverStrategy):
+    """The newest ContinualReleaseState of the pipeline, or none on the window's first run
+    (TFX's LatestArtifactStrategy refuses to resolve nothing)."""
+
+    def resolve_artifacts(self, store, input_dict):
+        return {key: sorted(artifacts, key=lambda a: a.id)[-1:]
+                for key, artifacts in input_dict.items()}
+
+
+def previous_state() -> resolver.Resolver:
+    """The Resolver node whose `outputs["state"]` feeds ContinualRelease's `previous_state`:
+    the same pipeline definition then serves every run of the window."""
+    return resolver.Resolver(strategy_class=LatestStateIfAny,
+                             state=channel.Channel(type=ContinualReleaseState)
+                             ).with_id("continual_release_previous_state")
 
 
 class ContinualReleaseSpec(component_spec.ComponentSpec):

@@ -24,6 +24,19 @@ from sage_tfx.sage_access.errors import BadRequest
 STATE_DIR = "state"
 
 
+def budget_of(query):
+    """The window's calibration (budget.plan) for `query`."""
+    from sage_tfx.dp_statistics.continual._standin import plan
+
+    return plan(query.epsilon, query.delta, query.micro_batches, query.contribution_limit,
+                query.value_bound)
+
+
+def unit_of(query, blocks) -> str:
+    """The neighbouring relation every release states, in words."""
+    return f"all records of one {query.unit_column} within blocks {', '.join(blocks)}"
+
+
 class ReleaseSink(local.CsvDirectorySink):
     """release-T.csv (key, value, updated: every key released so far in the window with its
     latest noisy value) and release-T.json, one line: the trigger, its public time, the
@@ -42,8 +55,7 @@ class ReleaseSink(local.CsvDirectorySink):
         line = {"trigger": int(release.step), "micro_batches": query.micro_batches,
                 "trigger_time": dt.datetime.fromtimestamp(trigger, dt.timezone.utc).isoformat(),
                 "epsilon": query.epsilon, "delta": query.delta,
-                "unit": f"all records of one {query.unit_column} within blocks "
-                        f"{', '.join(self.grant['blocks'])}",
+                "unit": unit_of(query, self.grant["blocks"]),
                 "guarantee": release.guarantee, "grant_id": self.grant["id"],
                 "csv": os.path.basename(self.path(release.step))}
         path = self.path(release.step)[:-len(".csv")] + ".json"
@@ -70,7 +82,7 @@ def resumable_state(ledger, state_dir: str, window: Window, budget) -> Optional[
     return state
 
 
-def run_window(ledger, query, budget, window: Window, records: Records, state_dir: str,
+def run_window(ledger, query, window: Window, records: Records, state_dir: str,
                release_dir: str, *, consumer: str, through_step: Optional[int] = None,
                pipeline: Optional[str] = None, run_id: Optional[str] = None,
                noise_key: Optional[bytes] = None) -> WindowState:
@@ -80,6 +92,7 @@ def run_window(ledger, query, budget, window: Window, records: Records, state_di
     previous run committed against their digests and skips them; with it (a live stream that
     goes on) only the ones after the saved state's step, and the state is saved at the end.
     `noise_key`: tests only."""
+    budget = budget_of(query)
     total = query.micro_batches
     last = total if through_step is None else through_step
     previous = resumable_state(ledger, state_dir, window, budget)
