@@ -34,8 +34,8 @@ taxi-statistics: $(STAMP)
 	$(BIN)/python -m sage_tfx.examples.taxi.statistics --workdir out/taxi-statistics \
 		--unit-column trip_id
 
-# The taxi trips replayed as a stream (issue 19): a DP count per community area at every month's
-# end for one grant (`sage-tfx stream`; docs/streaming.md). Unit trip_id, as taxi-statistics.
+# The taxi trips replayed as a stream (issue 19): a DP count per community area 48 times over
+# 2013-2016 for one grant (`sage-tfx stream`; docs/streaming.md). Unit trip_id, as taxi-statistics.
 taxi-stream: $(STAMP)
 	$(BIN)/python -m sage_tfx.examples.taxi.continual --workdir out/taxi-stream
 

@@ -7,6 +7,7 @@ from typing import Mapping, Optional, Sequence
 
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.dsl.components.common import resolver
+from tfx.dsl.input_resolution.strategies.latest_artifact_strategy import LatestArtifactStrategy
 from tfx.types import artifact, channel, component_spec, standard_artifacts
 
 from sage_tfx.components.continual_release import executor
@@ -25,19 +26,12 @@ class ContinualReleaseState(artifact.Artifact):
     TYPE_NAME = "sage_tfx.ContinualReleaseState"
 
 
-class LatestStateIfAny(resolver.ResolverStrategy):
-    """The newest ContinualReleaseState of the pipeline, or none on the window's first run
-    (TFX's LatestArtifactStrategy refuses to resolve nothing)."""
-
-    def resolve_artifacts(self, store, input_dict):
-        return {key: sorted(artifacts, key=lambda a: a.id)[-1:]
-                for key, artifacts in input_dict.items()}
-
-
 def previous_state() -> resolver.Resolver:
-    """The Resolver node whose `outputs["state"]` feeds ContinualRelease's `previous_state`:
-    the same pipeline definition then serves every run of the window."""
-    return resolver.Resolver(strategy_class=LatestStateIfAny,
+    """The Resolver node whose `outputs["state"]` feeds ContinualRelease's `previous_state` on
+    every run of a window but its first (which has no state yet: build that run without it).
+    TFX's LatestArtifactStrategy: the pipeline's newest ContinualReleaseState; the Kubeflow V2
+    compiler accepts it (and no custom strategy)."""
+    return resolver.Resolver(strategy_class=LatestArtifactStrategy,
                              state=channel.Channel(type=ContinualReleaseState)
                              ).with_id("continual_release_previous_state")
 
@@ -76,8 +70,8 @@ class ContinualRelease(base_component.BaseComponent):
     """Runs the window's micro-batches whose trigger time is at most `through` (Unix seconds;
     default: the window's end) on the records that have arrived: `examples` (this run's newly
     ingested records, all splits, mapped to `columns` by the record rule) and those a previous
-    run kept for a later trigger (`previous_state`, the last run's `state` output; absent on
-    the window's first run).
+    run kept for a later trigger (`previous_state`: `previous_state().outputs["state"]`, the
+    last run's `state`; omitted on the window's first run).
 
     The window is the ledger blocks `window_blocks` (registered by their public event-time
     schedule, e.g. `sage-tfx ledger add-block ID --start --end`, before their records arrive).

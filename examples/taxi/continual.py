@@ -1,13 +1,14 @@
-"""The taxi trips replayed as a stream: a DP count of trips per community area, refreshed at the
-end of every month of 2013-2016, for one grant (`sage-tfx stream`, the DP-SQLP operator).
+"""The taxi trips replayed as a stream: a DP count of trips per community area, refreshed 48
+times over 2013-2016 (about monthly), for one grant (`sage-tfx stream`, the DP-SQLP operator).
 
     python -m sage_tfx.examples.taxi.continual [--workdir DIR] [--epsilon 1] [--delta 1e-6]
                                                [--unit-column trip_id]
 
 The trips are ingested as the monthly blocks of table `taxi` (as `make taxi-statistics` does),
 then written as one CSV file per month under DIR/arriving/ (the files a stream delivers, in name
-order) and replayed: the window is the 48 monthly blocks, the micro-batches their months (the
-triggers, public, are the month ends), the key `pickup_community_area`.
+order) and replayed: the window is the 48 monthly blocks, cut into 48 equal micro-batches of
+about 30.4 days (the public trigger times: equal parts of the window, which calendar months are
+not), the key `pickup_community_area`.
 
 The unit. On Chicago's full trip data it is `taxi_id`: each release is then DP for all trips of
 one taxi within the window's blocks. The sample that ships with tfx has no taxi id, so, as in

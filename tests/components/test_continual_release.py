@@ -1,6 +1,7 @@
 """ContinualRelease in real TFX pipelines (LocalDagRunner, ML Metadata on SQLite): two successive
 runs of one pipeline over a window of two monthly blocks, the state carried from the first run
-to the second as an artifact (resolved as the latest), one grant for both runs."""
+to the second as an artifact (resolved as the latest), one grant for both runs; the pipeline
+compiles for Kubeflow V2."""
 import csv
 import json
 import os
@@ -24,7 +25,7 @@ def test_construction_refuses_a_bad_query():
                          unit_column="user", key_column="key", time_column="time")
 
 
-def write_month(directory, first_second, users=40):
+def write_month(directory, first_second, users=200):
     os.makedirs(directory)
     with open(os.path.join(directory, "records.csv"), "w", newline="") as handle:
         writer = csv.writer(handle)
@@ -35,7 +36,7 @@ def write_month(directory, first_second, users=40):
     return str(directory)
 
 
-def run(tmp_path, store, data, through):
+def run(tmp_path, store, data, through, first):
     from tfx.components import CsvExampleGen
     from tfx.orchestration import metadata, pipeline
     from tfx.orchestration.local.local_dag_runner import LocalDagRunner
@@ -43,15 +44,16 @@ def run(tmp_path, store, data, through):
     from sage_tfx.components.continual_release import ContinualRelease, previous_state
 
     records = CsvExampleGen(input_base=data)
-    previous = previous_state()
+    previous = [] if first else [previous_state()]  # the window's first run has no state
     release = ContinualRelease(
-        examples=records.outputs["examples"], previous_state=previous.outputs["state"],
+        examples=records.outputs["examples"],
+        previous_state=previous[0].outputs["state"] if previous else None,
         ledger_store=store, window_blocks=BLOCKS, epsilon=4.0, delta=1e-5, micro_batches=4,
         columns=COLUMNS, unit_column="uid", key_column="key", time_column="time",
         contribution_limit=8, through=through)
     LocalDagRunner().run(pipeline.Pipeline(
         pipeline_name="continual", pipeline_root=str(tmp_path / "pipeline"),
-        components=[records, previous, release],
+        components=[records, *previous, release],
         metadata_connection_config=metadata.sqlite_metadata_connection_config(store)))
 
 
@@ -69,9 +71,9 @@ def test_two_runs_carry_the_state_and_charge_once(tmp_path):
                               ("s.2013-02", "2013-02-01", "2013-03-01")):
         ledger.add_block(block, 10.0, 1e-4, f"{start}T00:00:00+00:00", f"{end}T00:00:00+00:00")
 
-    run(tmp_path, store, write_month(tmp_path / "january", JAN), through=FEB)
+    run(tmp_path, store, write_month(tmp_path / "january", JAN), through=FEB, first=True)
     [grant] = ledger.grant_records()
-    run(tmp_path, store, write_month(tmp_path / "february", FEB), through=None)
+    run(tmp_path, store, write_month(tmp_path / "february", FEB), through=None, first=False)
     assert [g["grant_id"] for g in ledger.grant_records()] == [grant["grant_id"]]
 
     with metadata.Metadata(metadata.sqlite_metadata_connection_config(store)) as m:
@@ -91,7 +93,31 @@ def test_two_runs_carry_the_state_and_charge_once(tmp_path):
         with open(os.path.join(first.uri, "triggers", name), "rb") as one, \
                 open(os.path.join(second.uri, "triggers", name), "rb") as two:
             assert one.read() == two.read()
-    # 40 users x 4 records a month, C = 8: the key's true count is 160 after January and 320
-    # at the end; the noise at (4, 1e-5) over 4 triggers is far below 100 (> 10 sigma).
+    # 200 users x 4 records a month, C = 8: all 1,600 records count. At (4, 1e-5), T = 4, C = 8
+    # every micro-batch's 200 distinct users exceed the required count R(l) <= tau_l + 10 std
+    # of Z(l) <= 62 + 105, so the key is released at every trigger with all records so far
+    # (a miss: below 1e-20); the value noise's std is <= 30, so 200 is > 6 std (false failure
+    # below 1e-8).
     final = pd.read_csv(os.path.join(second.uri, "release.csv")).set_index("key")
-    assert abs(final.loc["busy", "value"] - 320) < 100
+    assert abs(final.loc["busy", "value"] - 1600) < 200
+
+
+def test_the_pipeline_compiles_for_kubeflow_v2(tmp_path):
+    from tfx.components import CsvExampleGen
+    from tfx.orchestration import pipeline
+
+    from sage_tfx.components.continual_release import ContinualRelease, previous_state
+    from sage_tfx.pipelines.kubeflow import compile_kubeflow
+
+    records = CsvExampleGen(input_base="gs://bucket/new-records")
+    previous = previous_state()
+    release = ContinualRelease(
+        examples=records.outputs["examples"], previous_state=previous.outputs["state"],
+        ledger_store="grpc://metadata:8080", window_blocks=BLOCKS, epsilon=4.0, delta=1e-5,
+        micro_batches=4, columns=COLUMNS, unit_column="uid", key_column="key",
+        time_column="time")
+    job = compile_kubeflow(pipeline.Pipeline(
+        pipeline_name="continual", pipeline_root="gs://bucket/root",
+        components=[records, previous, release]), str(tmp_path / "job.json"), "image")
+    text = json.dumps(job)
+    assert "sage_tfx.ContinualReleaseState" in text and "sage_tfx.DPStatistics" in text
