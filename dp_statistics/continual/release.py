@@ -112,8 +112,7 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
 
     sink = ReleaseSink(release_dir, query, window, grant)
     try:
-        with console.progress("continual release", total, unit="trigger") as bar:
-            bar.update(done)
+        with console.progress("continual release", total, unit="trigger", start=done) as bar:
             return local.run_local(
                 query, budget, batches, state_dir, sink, charge=charge, progress=bar.update,
                 noise_key=noise_key, complete_window=last == total,
