@@ -29,11 +29,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from sage_tfx.dp_statistics.continual._standin import NEVER, StreamBudget, TreeIndex
+from sage_tfx.dp_statistics.continual.budget import StreamBudget
+from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 
 STATE_FILE = "state.npz"
-PENDING_FILE = "pending.json"
+JOURNAL_FILE = "journal.jsonl"
 _FORMAT = 1
 
 
@@ -54,7 +55,8 @@ class CodeTable:
         self._rebuild()
 
     def _rebuild(self) -> None:
-        self._index = pd.Index(self._values[:self._size])
+        # From Python scalars, so pandas infers int64/float64 (a fast hash engine) when it can.
+        self._index = pd.Index(self.values.tolist())
         self._recent: dict = {}
 
     def __len__(self) -> int:
@@ -67,7 +69,7 @@ class CodeTable:
     def encode(self, values) -> np.ndarray:
         """The codes of `values`, adding the ones never seen (in order of first appearance)."""
         inverse, uniques = pd.factorize(np.asarray(values), use_na_sentinel=False)
-        uniques = np.asarray(uniques, dtype=object)
+        uniques = np.asarray(uniques)
         codes = self._index.get_indexer(uniques).astype(np.int64)
         missing = np.flatnonzero(codes < 0)
         if len(missing):
@@ -78,13 +80,14 @@ class CodeTable:
             if len(new):
                 fresh = np.arange(self._size, self._size + len(new))
                 codes[new] = fresh
-                self._append(uniques[new])
-                recent.update(zip(uniques[new].tolist(), fresh.tolist()))
+                new_values = uniques[new].tolist()
+                self._append(new_values)
+                recent.update(zip(new_values, fresh.tolist()))
                 if len(recent) > max(4096, len(self._index) // 2):
                     self._rebuild()
         return codes[inverse]
 
-    def _append(self, values: np.ndarray) -> None:
+    def _append(self, values: list) -> None:
         needed = self._size + len(values)
         if needed > len(self._values):
             grown = np.empty(max(needed, 2 * len(self._values), 1024), dtype=object)
@@ -341,29 +344,101 @@ def batch_digest(batch: pd.DataFrame) -> str:
     return digest.hexdigest()
 
 
-def write_pending(directory: str, step: int, digest: str) -> None:
-    """Record, before step `step` runs, which micro-batch it is computed from."""
-    write_json(os.path.join(directory, PENDING_FILE), {"step": step, "digest": digest})
+class Journal:
+    """The append-only log of the steps after the saved state (the design's pending-digest
+    protocol): line 1 is {"snapshot": s} (the step of state.npz when it was written), then per
+    step t {"pending": t, "digest": d} before t is computed and {"commit": t, "digest": d}
+    after its release was written. A line is one write() of a complete JSON object, so a crash
+    leaves at most a torn last line, which is ignored (a pending or commit never made).
+    `fsync`: each line reaches the disk before the step goes on (a power cut, not only a crash
+    of the process, keeps the order pending -> release -> commit)."""
 
+    def __init__(self, directory: str, state: WindowState, fsync: bool = True):
+        self.path = os.path.join(directory, JOURNAL_FILE)
+        self.fsync = fsync
+        self.snapshot = state.step
+        self.digests: list[str] = []  # of the committed steps after the snapshot
+        self.pending: Optional[tuple[int, str]] = None
+        lines = _complete_lines(self.path)
+        if lines and lines[0]["snapshot"] > state.step:
+            raise StreamStateError(f"{self.path} continues a state saved at step "
+                                   f"{lines[0]['snapshot']}, but {STATE_FILE} is at step "
+                                   f"{state.step}: the state directory was tampered with")
+        # A journal older than the saved state (the process died between writing the state
+        # and starting its journal) says nothing the state does not.
+        if lines and lines[0]["snapshot"] == state.step:
+            for line in lines[1:]:
+                if "commit" in line:
+                    self.digests.append(line["digest"])
+                else:
+                    self.pending = (line["pending"], line["digest"])
+        self._out = None
+        self._rewrite()  # drops a torn last line
 
-def read_pending(directory: str) -> Optional[dict]:
-    path = os.path.join(directory, PENDING_FILE)
-    if not os.path.exists(path):
+    @property
+    def committed(self) -> int:
+        return self.snapshot + len(self.digests)
+
+    def digest(self, step: int) -> str:
+        """The digest committed for `step` (snapshot < step <= committed)."""
+        return self.digests[step - self.snapshot - 1]
+
+    def pending_digest(self, step: int) -> Optional[str]:
+        """The digest of micro-batch `step` if it was pending (maybe released) when the last
+        run stopped, else None."""
+        if self.pending is not None and self.pending[0] == step:
+            return self.pending[1]
         return None
+
+    def begin(self, step: int, digest: str) -> None:
+        self._append({"pending": step, "digest": digest})
+        self.pending = (step, digest)
+
+    def commit(self, step: int, digest: str) -> None:
+        self._append({"commit": step, "digest": digest})
+        self.digests.append(digest)
+
+    def saved(self, step: int) -> None:
+        """The state was saved at `step` (<= committed): start the journal from there."""
+        self.digests = self.digests[step - self.snapshot:]
+        self.snapshot = step
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        self.close()
+        lines = [{"snapshot": self.snapshot}] + [
+            {"commit": self.snapshot + i + 1, "digest": d} for i, d in enumerate(self.digests)]
+        if self.pending is not None and self.pending[0] > self.committed:
+            lines.append({"pending": self.pending[0], "digest": self.pending[1]})
+        write_json_lines(self.path, lines)
+        self._out = open(self.path, "a")
+
+    def _append(self, line: dict) -> None:
+        self._out.write(json.dumps(line) + "\n")
+        self._out.flush()
+        if self.fsync:
+            os.fsync(self._out.fileno())
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+
+def _complete_lines(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
     with open(path) as source:
-        return json.load(source)
+        text = source.read()
+    # Only newline-terminated lines were written whole.
+    return [json.loads(line) for line in text.split("\n")[:-1]]
 
 
-def clear_pending(directory: str) -> None:
-    path = os.path.join(directory, PENDING_FILE)
-    if os.path.exists(path):
-        os.remove(path)
-
-
-def write_json(path: str, content) -> None:
+def write_json_lines(path: str, lines: list) -> None:
+    """Write `path` atomically (temporary file, fsync, rename)."""
     temporary = f"{path}.tmp-{os.getpid()}"
     with open(temporary, "w") as out:
-        json.dump(content, out)
+        out.write("".join(json.dumps(line) + "\n" for line in lines))
         out.flush()
         os.fsync(out.fileno())
     os.replace(temporary, path)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from sage_tfx.dp_statistics.continual import local
-from sage_tfx.dp_statistics.continual._standin import plan
+from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.sage_access import BlockIds, BlockLedger
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sage_tfx.dp_statistics.continual import local
-from sage_tfx.dp_statistics.continual._standin import plan
+from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
 from sage_tfx.sage_access import BlockLedger
 from support import STREAM_WORKER, stream_worker as worker
