@@ -32,6 +32,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sage_tfx.dp_statistics import tables
+from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
@@ -67,9 +68,9 @@ def parse_types(text: Optional[str]) -> dict[str, str]:
             continue
         name, _, kind = item.partition(":")
         name, kind = name.strip(), kind.strip()
-        if kind not in tables.COLUMN_TYPES:
+        if kind not in ARROW_TYPES:
             raise BadRequest(f"--types {item!r}: give COLUMN:TYPE with TYPE one of "
-                             f"{', '.join(tables.COLUMN_TYPES)}")
+                             f"{', '.join(ARROW_TYPES)}")
         declared[name] = kind
     return declared
 
