@@ -17,6 +17,7 @@ from typing import Optional
 from sage_tfx import console
 from sage_tfx.dp_statistics.continual import grant as window_grants
 from sage_tfx.dp_statistics.continual import local
+from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.sources import Records, Window
 from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
 from sage_tfx.sage_access.errors import BadRequest
@@ -26,8 +27,6 @@ STATE_DIR = "state"
 
 def budget_of(query):
     """The window's calibration (budget.plan) for `query`."""
-    from sage_tfx.dp_statistics.continual._standin import plan
-
     return plan(query.epsilon, query.delta, query.micro_batches, query.contribution_limit,
                 query.value_bound)
 
