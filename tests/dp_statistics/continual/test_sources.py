@@ -147,3 +147,35 @@ def test_records_kept_for_later_arrive_before_newer_ones(ledger, tmp_path):
                                                               ["first", "k", JAN, "1"]]),
                                COLUMNS, window, 2)
     assert list(stored.then(newer).units) == ["first", "old", "new"]
+
+
+def test_removing_one_input_row_removes_at_most_that_record_and_moves_no_other(ledger):
+    """The neighbouring relation at the source: a row's fate (kept, and in which micro-batch)
+    is a function of that row alone, so removing any one row changes only whether that row is
+    present. A source that cut micro-batches by record counts (every N records) fails this: one
+    removed row would shift every later record's batch."""
+    window = sources.window_of_blocks(ledger, ["t.2013-01", "t.2013-02"])
+    rng = np.random.default_rng(0)
+    rows = 60
+    units = [f"u{rng.integers(8)}" if rng.random() > 0.1 else "" for _ in range(rows)]
+    keys = [f"k{rng.integers(3)}" if rng.random() > 0.1 else "" for _ in range(rows)]
+    times = [str(int(JAN - 86400 + rng.integers(0, 62 * 86400))) if rng.random() > 0.1 else "x"
+             for _ in range(rows)]
+    values = [str(rng.normal()) if rng.random() > 0.1 else "NaN" for _ in range(rows)]
+    table = pa.table({"uid": units, "area": keys, "ts": times, "fare": values,
+                      "row": [str(i) for i in range(rows)]})
+    columns = sources.Columns("uid", "area", "ts", "fare")
+
+    def fates(records_table):
+        records = sources.records_of(records_table, columns, window, 5)
+        # Each kept record, identified by its (unique) time and unit, with its batch and value.
+        return {(u, t): (k, b, v) for u, k, t, b, v in zip(
+            records.units, records.keys, records.times, records.batches, records.values)}
+
+    everything = fates(table)
+    assert 0 < len(everything) < rows  # some rows are dropped, some kept
+    for removed in range(rows):
+        without = fates(table.filter(pa.array([i != removed for i in range(rows)])))
+        assert set(everything) - set(without) <= {(units[removed], float(times[removed]))
+                                                  if times[removed] != "x" else None}
+        assert all(everything[record] == without[record] for record in without)
