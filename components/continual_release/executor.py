@@ -116,7 +116,7 @@ class Executor(base_executor.BaseExecutor):
                            os.path.join(directory, RELEASES_DIR), consumer=_CONSUMER,
                            through_step=last, pipeline=pipeline,
                            run_id=self._context.pipeline_run_id if self._context else None)
-        _save_waiting(directory, arrived.take(arrived.batches > last))
+        _save_waiting(directory, arrived.take(arrived.batches > state.step))
 
         state_artifact.set_string_custom_property("grant_id", state.grant_id)
         state_artifact.set_string_custom_property("window_blocks",
