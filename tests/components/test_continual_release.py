@@ -25,7 +25,9 @@ def test_construction_refuses_a_bad_query():
                          unit_column="user", key_column="key", time_column="time")
 
 
-def write_month(directory, first_second, users=200):
+def write_month(directory, first_second, other=None, users=200):
+    """A month of key "busy" (each user once a week) and 200 other users' records of key
+    `other` = (key, time): one each, arriving with this month's files."""
     os.makedirs(directory)
     with open(os.path.join(directory, "records.csv"), "w", newline="") as handle:
         writer = csv.writer(handle)
@@ -33,6 +35,9 @@ def write_month(directory, first_second, users=200):
         for week in range(4):
             for user in range(users):
                 writer.writerow([f"u{user}", "busy", first_second + week * 7 * 86400 + user])
+        if other is not None:
+            key, time = other
+            writer.writerows([f"{key}{user}", key, time + user] for user in range(200))
     return str(directory)
 
 
@@ -71,9 +76,13 @@ def test_two_runs_carry_the_state_and_charge_once(tmp_path):
                               ("s.2013-02", "2013-02-01", "2013-03-01")):
         ledger.add_block(block, 10.0, 1e-4, f"{start}T00:00:00+00:00", f"{end}T00:00:00+00:00")
 
-    run(tmp_path, store, write_month(tmp_path / "january", JAN), through=FEB, first=True)
+    # Early: February records that arrive with January's files wait in the state for their
+    # trigger. Late: January records that arrive after January's triggers ran are dropped.
+    run(tmp_path, store, write_month(tmp_path / "january", JAN, ("early", FEB + 3 * 86400)),
+        through=FEB, first=True)
     [grant] = ledger.grant_records()
-    run(tmp_path, store, write_month(tmp_path / "february", FEB), through=None, first=False)
+    run(tmp_path, store, write_month(tmp_path / "february", FEB, ("late", JAN + 5 * 86400)),
+        through=None, first=False)
     assert [g["grant_id"] for g in ledger.grant_records()] == [grant["grant_id"]]
 
     with metadata.Metadata(metadata.sqlite_metadata_connection_config(store)) as m:
@@ -100,6 +109,8 @@ def test_two_runs_carry_the_state_and_charge_once(tmp_path):
     # below 1e-8).
     final = pd.read_csv(os.path.join(second.uri, "release.csv")).set_index("key")
     assert abs(final.loc["busy", "value"] - 1600) < 200
+    assert "early" in final.index and abs(final.loc["early", "value"] - 200) < 200
+    assert "late" not in final.index
 
 
 def test_the_pipeline_compiles_for_kubeflow_v2(tmp_path):
