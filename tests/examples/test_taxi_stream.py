@@ -1,4 +1,4 @@
-"""`make taxi-stream`: the real taxi sample replayed as a stream, one release per month."""
+"""`make taxi-stream`: the real taxi sample replayed as a stream, 48 releases over 4 years."""
 import json
 
 import pandas as pd
@@ -7,7 +7,7 @@ from sage_tfx.examples.taxi import continual
 from sage_tfx.sage_access import BlockLedger
 
 
-def test_each_month_end_releases_the_areas_with_one_grant(tmp_path):
+def test_48_triggers_release_the_busy_areas_under_one_grant(tmp_path):
     workdir = tmp_path / "out"
     assert continual.main(["--workdir", str(workdir)]) == 0
     [grant] = BlockLedger(str(workdir / "ledger.sqlite")).grant_records()
