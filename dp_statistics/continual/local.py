@@ -113,6 +113,8 @@ def run_local(query: StreamQuery, budget: StreamBudget,
                 raise StreamStateError(_changed(step, "was released"))
             return
         records_since_save += len(batch)
+        if state.step != step - 1:  # an invariant: the operator computes state.step + 1
+            raise StreamStateError(f"step {step} after a state at step {state.step}")
         if step <= journal.committed:
             if digest != journal.digest(step):
                 raise StreamStateError(_changed(step, "was released"))

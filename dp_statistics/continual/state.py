@@ -28,7 +28,9 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+from pandas._libs import hashtable
 
+from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
@@ -45,19 +47,18 @@ class StreamStateError(RuntimeError):
 class CodeTable:
     """Values (unit ids or keys) -> dense codes 0, 1, ... in order of first appearance.
 
-    Lookups are vectorised through a pandas Index over the values coded before its last rebuild;
-    values coded since go through a dict, and the Index is rebuilt once the dict holds half as
-    many (amortised linear in the number of values)."""
+    Integer values (or integral floats: a column with a missing value is float) go through a C
+    hash table (Int64Map), vectorised; any other value switches the table to a dict of Python
+    scalars (one lookup per distinct value of a micro-batch)."""
 
     def __init__(self, values: Optional[np.ndarray] = None):
-        self._values = np.asarray(values if values is not None else [], dtype=object)
-        self._size = len(self._values)
-        self._rebuild()
-
-    def _rebuild(self) -> None:
-        # From Python scalars, so pandas infers int64/float64 (a fast hash engine) when it can.
-        self._index = pd.Index(self.values.tolist())
-        self._recent: dict = {}
+        values = np.asarray(values if values is not None else [], dtype=object)
+        self._values = values
+        self._size = len(values)
+        integers = _as_int64(values)
+        self._ints: Optional[Int64Map] = Int64Map(integers) if integers is not None else None
+        self._dict: Optional[dict] = None if integers is not None else {
+            v: code for code, v in enumerate(values.tolist())}
 
     def __len__(self) -> int:
         return self._size
@@ -70,92 +71,152 @@ class CodeTable:
         """The codes of `values`, adding the ones never seen (in order of first appearance)."""
         inverse, uniques = pd.factorize(np.asarray(values), use_na_sentinel=False)
         uniques = np.asarray(uniques)
-        codes = self._index.get_indexer(uniques).astype(np.int64)
-        missing = np.flatnonzero(codes < 0)
-        if len(missing):
-            recent = self._recent
-            found = [recent.get(v, -1) for v in uniques[missing].tolist()]
-            codes[missing] = found
-            new = missing[np.asarray(found, dtype=np.int64) < 0]
-            if len(new):
-                fresh = np.arange(self._size, self._size + len(new))
-                codes[new] = fresh
-                new_values = uniques[new].tolist()
-                self._append(new_values)
-                recent.update(zip(new_values, fresh.tolist()))
-                if len(recent) > max(4096, len(self._index) // 2):
-                    self._rebuild()
+        integers = _as_int64(uniques) if self._ints is not None else None
+        if self._ints is not None and integers is None and len(uniques):
+            self._dict = {v: code for code, v in enumerate(self.values.tolist())}
+            self._ints = None
+        if self._ints is not None:
+            codes = self._ints.lookup(integers)
+            new = np.flatnonzero(codes < 0)
+            codes[new] = self._ints.insert(integers[new])
+        else:
+            lookup = self._dict.get
+            codes = np.fromiter((lookup(v, -1) for v in uniques.tolist()), np.int64,
+                                len(uniques))
+            new = np.flatnonzero(codes < 0)
+            kinds = {_kind(v) for v in uniques[new].tolist()} | (
+                {_kind(self._values[0])} if self._size else set())
+            if len(kinds) > 1 or kinds - {"number", "string", "bool"}:
+                raise QueryError(f"unit and key values must be all numbers, all strings or all "
+                                 f"booleans "
+                                 f"(they are stored without pickle); this stream mixes "
+                                 f"{sorted(kinds)}, e.g. {uniques[new][:3].tolist()}")
+            codes[new] = np.arange(self._size, self._size + len(new))
+            self._dict.update(zip(uniques[new].tolist(), codes[new].tolist()))
+        if len(new):
+            # Integers are kept as integers (an integral float key is released as an integer,
+            # the same before and after a restart).
+            added = integers[new] if self._ints is not None else uniques[new]
+            self._values = _grown(self._values, self._size, added.astype(object))
+            self._size += len(new)
         return codes[inverse]
-
-    def _append(self, values: list) -> None:
-        needed = self._size + len(values)
-        if needed > len(self._values):
-            grown = np.empty(max(needed, 2 * len(self._values), 1024), dtype=object)
-            grown[:self._size] = self._values[:self._size]
-            self._values = grown
-        self._values[self._size:needed] = values
-        self._size = needed
 
     def to_array(self, what: str) -> np.ndarray:
         """The values as a pickle-free array: integers, floats or strings."""
         kind = pd.api.types.infer_dtype(self.values, skipna=False)
         typed = {"empty": np.int64, "integer": np.int64, "floating": np.float64,
-                 "mixed-integer-float": np.float64, "string": str}.get(kind)
+                 "mixed-integer-float": np.float64, "string": str,
+                 "boolean": bool}.get(kind)
         if typed is None:
             raise StreamStateError(f"{what} values must be all integers, all numbers or all "
                                    f"strings to be stored; pandas infers {kind!r}")
         return self.values.astype(typed)
 
 
-class PairTable:
-    """(unit code, key code) -> the last round the unit was counted for the key.
+class Int64Map:
+    """int64 -> dense slot (0, 1, ... in insertion order), vectorised: pandas' C hash table
+    (khash; the engine under pd.Index and factorize), used directly because pd.Index would have
+    to be rebuilt whenever a micro-batch adds entries. pandas is pinned (requirements/lock.txt);
+    the continual tests exercise every method used here."""
 
-    A log-structured set of sorted runs (each pair lives in exactly one run): a micro-batch's
-    pairs are looked up by binary search in every run, updated in place, and the new ones form
-    a new run; runs are merged while the newest is at least half the size of the one before
-    (binary-counter merging: each pair is re-sorted O(log n) times over the window)."""
+    def __init__(self, values: Optional[np.ndarray] = None):
+        self._table = hashtable.Int64HashTable(1024)
+        self._size = 0
+        if values is not None and len(values):
+            self.insert(np.asarray(values, np.int64))
+
+    def __len__(self) -> int:
+        return self._size
+
+    def lookup(self, values: np.ndarray) -> np.ndarray:
+        """The slot of each value, -1 if absent."""
+        return self._table.lookup(np.ascontiguousarray(values, dtype=np.int64))
+
+    def insert(self, values: np.ndarray) -> np.ndarray:
+        """Add distinct values not present; returns their slots."""
+        slots = np.arange(self._size, self._size + len(values), dtype=np.int64)
+        self._table.map_keys_to_values(np.ascontiguousarray(values, dtype=np.int64), slots)
+        self._size += len(values)
+        return slots
+
+
+class PairTable:
+    """(unit code, key code) -> the last round the unit was counted for the key: a hash table
+    from the pair's code to a slot, and the round of each slot."""
 
     def __init__(self, codes: Optional[np.ndarray] = None, rounds: Optional[np.ndarray] = None):
-        self._runs: list[tuple[np.ndarray, np.ndarray]] = []
-        if codes is not None and len(codes):
-            order = np.argsort(codes, kind="stable")
-            self._runs.append((np.asarray(codes, np.int64)[order],
-                               np.asarray(rounds, np.int32)[order]))
+        self._slots = Int64Map(codes)
+        self._codes = np.array(codes if codes is not None else [], dtype=np.int64)
+        self._rounds = np.array(rounds if rounds is not None else [], dtype=np.int32)
 
     @staticmethod
     def pair_codes(units: np.ndarray, keys: np.ndarray) -> np.ndarray:
         return (units.astype(np.int64) << 32) | keys.astype(np.int64)
 
     def __len__(self) -> int:
-        return sum(len(codes) for codes, _ in self._runs)
+        return len(self._slots)
 
     def count_once(self, codes: np.ndarray, rounds: np.ndarray) -> np.ndarray:
         """For distinct pair `codes` whose key is in round `rounds`: True where the unit was not
         yet counted for the key in that round; records them all as counted in it."""
+        slots = self._slots.lookup(codes)
+        seen = slots >= 0
         previous = np.full(len(codes), -1, dtype=np.int64)
-        seen = np.zeros(len(codes), dtype=bool)
-        for run_codes, run_rounds in self._runs:
-            at = np.minimum(np.searchsorted(run_codes, codes), len(run_codes) - 1)
-            hit = run_codes[at] == codes
-            previous[hit] = run_rounds[at[hit]]
-            run_rounds[at[hit]] = rounds[hit]
-            seen |= hit
-        if not seen.all():
-            new = ~seen
-            order = np.argsort(codes[new], kind="stable")
-            self._runs.append((codes[new][order], rounds[new].astype(np.int32)[order]))
-            while len(self._runs) > 1 and 2 * len(self._runs[-1][0]) >= len(self._runs[-2][0]):
-                (a_codes, a_rounds), (b_codes, b_rounds) = self._runs[-2], self._runs.pop()
-                merged = np.concatenate([a_codes, b_codes])
-                order = np.argsort(merged, kind="stable")
-                self._runs[-1] = (merged[order], np.concatenate([a_rounds, b_rounds])[order])
+        previous[seen] = self._rounds[slots[seen]]
+        self._rounds[slots[seen]] = rounds[seen]
+        new = ~seen
+        if new.any():
+            size = len(self._slots)
+            self._slots.insert(codes[new])
+            self._codes = _grown(self._codes, size, codes[new])
+            self._rounds = _grown(self._rounds, size, rounds[new])
         return previous != rounds
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        if not self._runs:
-            return np.zeros(0, np.int64), np.zeros(0, np.int32)
-        return (np.concatenate([c for c, _ in self._runs]),
-                np.concatenate([r for _, r in self._runs]))
+        size = len(self._slots)
+        return self._codes[:size], self._rounds[:size]
+
+
+def _kind(value) -> str:
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, (bool, np.bool_)):
+        return "number"
+    return "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+
+
+def _as_int64(values: np.ndarray) -> Optional[np.ndarray]:
+    """`values` as int64 if they are all integers (or integral floats), else None."""
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64)
+    if values.dtype.kind in "fO" and len(values):
+        try:
+            floats = values.astype(np.float64)
+        except (TypeError, ValueError):
+            return None
+        if values.dtype.kind == "O" and not all(isinstance(v, (int, float, np.integer,
+                                                              np.floating)) for v in values):
+            return None
+        if np.all(np.isfinite(floats)) and np.all(floats == np.round(floats)) and np.all(
+                np.abs(floats) < 2.0 ** 53):
+            return floats.astype(np.int64)
+        return None
+    return np.zeros(0, np.int64) if len(values) == 0 else None
+
+
+def _grown(array: np.ndarray, size: int, appended: np.ndarray) -> np.ndarray:
+    """`array` (its first `size` entries live) with `appended` after them, capacity doubled as
+    needed (amortised O(1) per entry)."""
+    needed = size + len(appended)
+    if needed > len(array):
+        grown = np.zeros(max(needed, 2 * len(array), 1024), dtype=array.dtype)
+        if array.dtype == object:
+            grown[:] = None
+        grown[:size] = array[:size]
+        array = grown
+    array[size:needed] = appended
+    return array
 
 
 # Per-key columns: name -> (dtype, value of a key never seen).

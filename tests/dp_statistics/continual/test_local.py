@@ -1,5 +1,6 @@
 """The in-process engine's durability: a crash or a restart resumes with no micro-batch counted
 twice, no release rewritten with other numbers and no second charge."""
+import json
 import os
 import signal
 import subprocess
@@ -111,12 +112,15 @@ def test_a_killed_stream_resumes_to_the_uninterrupted_releases_charged_once(tmp_
         ledger.add_block(block, 10.0, 1e-4)
     state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
     command = [sys.executable, STREAM_WORKER, store, state_dir, out, NOISE_KEY.hex()]
-    # Killed while step 7-8 runs: after the save at step 4, so the restart replays steps 5..
+    # Killed as soon as release 6 is written: after the save at step 4 and before the next
+    # (step 8), so the restart loads step 4 and recomputes the committed steps after it.
     first = subprocess.Popen(command + ["0.15"], stderr=subprocess.PIPE)
     wait_for(os.path.join(out, "release-000006.csv"), first)
-    time.sleep(0.2)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
+    journal = [json.loads(line) for line in open(os.path.join(state_dir, "journal.jsonl"))
+               if line.endswith("\n")]
+    assert journal[0] == {"snapshot": 4} and any("commit" in line for line in journal[1:])
     before_restart = releases(out)
     assert 6 <= len(before_restart) < 16  # killed mid-stream
     second = subprocess.run(command + ["0"], stderr=subprocess.PIPE, text=True, timeout=300)
