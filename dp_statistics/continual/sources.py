@@ -17,11 +17,12 @@ does after its charge; clamping to [-L, L] is the operator's. Without a value co
 record is the value 1 (COUNT(*)). Nothing is counted, logged or printed about the records.
 
 Inputs. `--input FILE` reads one CSV (first line names the columns; every cell read as text,
-never type-inferred) or Parquet file; `--input DIR` reads the directory's *.csv and *.parquet
-files in name order, as files arriving one after another (input order = file order, then row
-order). Without --input the records are the rows of the window's blocks of a table that
-`sage-tfx ingest` registered (tables.read_blocks). Within a micro-batch records are in arrival
-order = (event time, input order), the order contribution bounding keeps a unit's first ones in.
+never type-inferred; a row with the wrong number of cells is dropped) or Parquet file;
+`--input DIR` reads the directory's *.csv and *.parquet files in name order, as files arriving
+one after another (input order = file order, then row order). Without --input the records are
+the rows of the window's blocks of a table that `sage-tfx ingest` registered
+(tables.read_blocks). Within a micro-batch records are in arrival order = (event time, input
+order), the order contribution bounding keeps a unit's first ones in.
 """
 from __future__ import annotations
 
@@ -208,10 +209,14 @@ def _read_file(path: str, columns: Columns) -> pa.Table:
                 header = [name.strip() for name in next(csv.reader(handle), [])]
             missing = [c for c in columns.names() if c not in header]
             if not missing:
-                return pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
-                    include_columns=columns.names(),
-                    column_types={c: pa.string() for c in columns.names()},
-                    strings_can_be_null=True))
+                return pacsv.read_csv(
+                    path, convert_options=pacsv.ConvertOptions(
+                        include_columns=columns.names(),
+                        column_types={c: pa.string() for c in columns.names()},
+                        strings_can_be_null=True),
+                    # A row with too few or too many cells is dropped on its own, not a reason
+                    # to refuse the file (which would branch on one record).
+                    parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip"))
     except (OSError, pa.ArrowInvalid) as error:
         raise BadRequest(f"--input {path} cannot be read: {error}") from None
     raise BadRequest(f"--input {path} has no column(s) {', '.join(missing)} (the "

@@ -74,6 +74,7 @@ def test_records_are_kept_by_themselves_and_ordered_by_batch_then_time(ledger, t
         ["u5", "9", MAR, "1"],                # after the window: dropped
         ["u6", "9", "2013-01-01T00:00:03", "x"],  # ISO time, value not a number: 0
         ["u7", " 9 ", JAN + 3, "4"],          # same time as u6: input order breaks the tie
+        ["u8", "9", JAN + 3, "4", "extra"],   # a malformed row: dropped, the file still read
     ])
     records = sources.read_input(path, COLUMNS, window, 2)
     assert list(records.units) == ["u6", "u7", "u2", "u1"]
