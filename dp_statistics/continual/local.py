@@ -94,8 +94,8 @@ def run_local(query: StreamQuery, budget: StreamBudget,
     `snapshot_every`: save the whole state every k steps instead of the default rule.
     `complete_window`: after the last batch, run the remaining steps up to T (a replayed
     window's end is known); False stops at the last batch given (a live stream that goes on).
-    `fsync`: journal lines reach the disk before the step goes on (False survives a crash of
-    the process, not a power cut).
+    `fsync`: each step's pending line reaches the disk before its release is written (False
+    survives a crash of the process, not a power cut; state.Journal).
     Returns the state after the last step run."""
     query.check()
     check_budget(query, budget)
