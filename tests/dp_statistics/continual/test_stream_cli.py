@@ -37,8 +37,9 @@ def write_stream(path, users=200):
     return str(path)
 
 
-def stream(store, out, *extra, input_path=None, micro_batches=4):
-    return sage_tfx(["stream", "--store", store, "--window-blocks", BLOCKS, "--epsilon", "4",
+def stream(store, out, *extra, input_path=None, micro_batches=4, epsilon=4):
+    return sage_tfx(["stream", "--store", store, "--window-blocks", BLOCKS, "--epsilon",
+                     str(epsilon),
                      "--delta", "1e-5", "--micro-batches", str(micro_batches), "--out", str(out),
                      *(["--input", input_path] if input_path else []), *extra])
 
@@ -129,6 +130,11 @@ def test_without_budget_nothing_is_released(ledger, store_path, tmp_path, capsys
                      "--out", str(tmp_path / "out")])
     assert code == 3
     assert not (tmp_path / "out" / "release-000001.csv").exists()
+    # The same command again meets the ledger again (not a stranded state directory).
+    capsys.readouterr()
+    assert stream(store_path, tmp_path / "out", input_path=path, micro_batches=2,
+                  epsilon=20) == 3
+    assert "denied" in capsys.readouterr().err
 
 
 def test_a_crash_mid_stream_resumes_with_the_same_releases_and_one_grant(ledger, store_path,
