@@ -394,14 +394,19 @@ def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
 
 
 def batch_digest(batch: pd.DataFrame) -> str:
-    """sha256 of a micro-batch's canonical content: column names, dtypes and pandas' 64-bit
-    hash of every row in order (a changed row keeps its hash with probability 2^-64). Every
-    empty micro-batch has the same digest, whatever its columns' dtypes."""
-    digest = hashlib.sha256()
+    """sha256 of a micro-batch's canonical content: column names and dtypes, then each column's
+    bytes in row order (numbers as they are stored; other columns as pandas' 64-bit hash of
+    each value, so a changed value keeps its hash with probability 2^-64). Every empty
+    micro-batch has the same digest, whatever its columns' dtypes."""
     if len(batch) == 0:
         return hashlib.sha256(b"empty micro-batch").hexdigest()
+    digest = hashlib.sha256()
     digest.update(json.dumps([[str(c), str(t)] for c, t in batch.dtypes.items()]).encode())
-    digest.update(pd.util.hash_pandas_object(batch, index=False).to_numpy().tobytes())
+    for _, column in batch.items():
+        if column.dtype.kind in "iufb":
+            digest.update(np.ascontiguousarray(column.to_numpy()).tobytes())
+        else:
+            digest.update(pd.util.hash_pandas_object(column, index=False).to_numpy().tobytes())
     return digest.hexdigest()
 
 

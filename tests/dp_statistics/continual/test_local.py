@@ -134,3 +134,34 @@ def test_a_killed_stream_resumes_to_the_uninterrupted_releases_charged_once(tmp_
     assert len(grants) == 1 and sorted(grants[0]["blocks"]) == list(worker.BLOCKS)
     assert WindowState.load(state_dir).grant_id == grants[0]["grant_id"]
     assert ledger.audit().problems == []
+
+
+def test_every_trigger_runs_even_without_records_and_a_restart_never_charges_again(tmp_path):
+    state_dir, steps, charges = str(tmp_path / "state"), [], []
+
+    def charge():
+        charges.append(1)
+        return "grant-1", ["w1"]
+    stream = [(step, frame) for step, frame in worker.stream() if step in (2, 5)]
+    local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
+                    lambda release: steps.append(release.step), charge=charge,
+                    complete_window=False)
+    assert steps == [1, 2, 3, 4, 5] and charges == [1]
+    state = local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
+                            lambda release: steps.append(release.step), charge=charge)
+    assert steps == list(range(1, 17)) and charges == [1]
+    assert state.grant_id == "grant-1" and "within blocks w1" in state.query.guarantee(
+        state.blocks)
+
+
+def test_a_run_that_died_while_charging_refuses_to_charge_again(tmp_path):
+    state_dir = str(tmp_path / "state")
+
+    def dying_charge():
+        raise KeyboardInterrupt("killed while the ledger committed the grant")
+    with pytest.raises(KeyboardInterrupt):
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        lambda release: None, charge=dying_charge)
+    with pytest.raises(StreamStateError, match="may be charged"):
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        lambda release: None, charge=lambda: ("grant-2", ["w1"]))
