@@ -1,0 +1,184 @@
+"""The in-process engine: replays a window's micro-batches through operator.step, durably.
+
+``run_local(query, budget, batches, state_dir, sink)`` runs every trigger 1..T of one window,
+writes one release per trigger through ``sink`` and commits after each step, so a crash or a
+restart resumes with no micro-batch counted twice, no release repeated with fresh noise and no
+second charge (the design's "Durability" section):
+
+- the first run draws the noise key, saves the state (step 0), marks the charge as started,
+  charges the grant (``charge()``) and saves its id: a restart never charges again (and refuses,
+  rather than charge twice, if it died between marking and saving the grant);
+- step t appends {pending: t, sha256 of micro-batch t} to the journal (state.Journal), is
+  computed, ``sink(release t)``, and appends {commit: t}. A restart whose micro-batch t differs
+  from a pending t is refused: with keyed noise the same data gives the same release bits,
+  different data would publish a second release of step t that differs by exactly the changed
+  records; a committed micro-batch that changed is refused the same way;
+- the whole state is saved (``state.npz``, atomic rename; the journal then starts afresh)
+  when replaying since the last save would cost more than writing it (records since the save
+  >= rows of state) and at the last step, so the I/O stays linear in the stream (saving it at
+  every step would write it T times). A restart loads the saved state (step s0), verifies and
+  skips micro-batches <= s0, recomputes the committed ones after s0 from the input without
+  releasing them again (keyed noise: the same state bit for bit) and goes on from the first
+  uncommitted one.
+
+Trigger times are public: a step the stream has no records for still runs (empty micro-batch),
+so keys predicted to cross there are released.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from sage_tfx.dp_statistics.aggregation.spec import QueryError
+from sage_tfx.dp_statistics.continual import operator
+from sage_tfx.dp_statistics.continual.budget import StreamBudget
+from sage_tfx.dp_statistics.continual.spec import StreamQuery
+from sage_tfx.dp_statistics.continual.state import (Journal, StreamStateError, WindowState,
+                                                    batch_digest, check_budget)
+from sage_tfx.mechanisms.keyed import KeyedGaussian
+
+Sink = Callable[[operator.TriggerRelease], None]
+Charge = Callable[[], tuple[str, Sequence[str]]]  # -> (grant id, block ids)
+
+
+def empty_batch() -> pd.DataFrame:
+    return pd.DataFrame({"unit": pd.Series([], dtype=object), "key": pd.Series([], dtype=object),
+                         "value": pd.Series([], dtype=np.float64)})
+
+
+def _open_state(query: StreamQuery, budget: StreamBudget, state_dir: str,
+                noise_key: Optional[bytes]) -> WindowState:
+    state = WindowState.load(state_dir)
+    if state is None:
+        key = noise_key if noise_key is not None else KeyedGaussian.fresh().key
+        state = WindowState.fresh(query, budget, key)
+        state.save(state_dir)
+        return state
+    if state.query != query or state.budget != budget:
+        raise StreamStateError(f"{state_dir} holds the state of another window query "
+                               f"({state.query}); use a new state directory for this one")
+    return state
+
+
+def _charge_once(state: WindowState, state_dir: str, charge: Optional[Charge]) -> None:
+    if state.grant_id is not None or charge is None:
+        return
+    if state.charge_started:
+        raise StreamStateError(
+            f"{state_dir}: a previous run started charging this window's grant and stopped "
+            "before recording it; it may be charged. Look it up in the ledger (sage-tfx ledger) "
+            "rather than charge again; this state directory cannot resume")
+    state.charge_started = True
+    state.save(state_dir)
+    grant_id, blocks = charge()
+    state.grant_id, state.blocks = str(grant_id), tuple(str(b) for b in blocks)
+    state.save(state_dir)
+
+
+def _state_rows(state: WindowState) -> int:
+    return len(state.units) + len(state.pairs) + state.n_keys + state.selection.size
+
+
+def run_local(query: StreamQuery, budget: StreamBudget,
+              batches: Iterable[tuple[int, pd.DataFrame]], state_dir: str, sink: Sink, *,
+              charge: Optional[Charge] = None, progress: Optional[Callable[[int], None]] = None,
+              noise_key: Optional[bytes] = None, snapshot_every: Optional[int] = None,
+              complete_window: bool = True, fsync: bool = True) -> WindowState:
+    """Run (or resume) the window in `state_dir` over `batches`, (step, micro-batch) pairs in
+    increasing step order (steps without records may be left out). `charge()` charges the
+    window's grant once and returns (grant id, block ids); None runs without a ledger (tests,
+    benchmarks). `progress(step)` after each step. `noise_key`: tests only (fixed noise).
+    `snapshot_every`: save the whole state every k steps instead of the default rule.
+    `complete_window`: after the last batch, run the remaining steps up to T (a replayed
+    window's end is known); False stops at the last batch given (a live stream that goes on).
+    `fsync`: each step's pending line reaches the disk before its release is written (False
+    survives a crash of the process, not a power cut; state.Journal).
+    Returns the state after the last step run."""
+    query.check()
+    check_budget(query, budget)
+    state = _open_state(query, budget, state_dir, noise_key)
+    _charge_once(state, state_dir, charge)
+    journal = Journal(state_dir, state, fsync)
+    records_since_save = 0
+    last_step = 0
+
+    def run(step: int, batch: pd.DataFrame) -> None:
+        nonlocal records_since_save
+        digest = batch_digest(batch)
+        if step <= state.step:
+            if digest != state.digests[step - 1]:
+                raise StreamStateError(_changed(step, "was released"))
+            return
+        records_since_save += len(batch)
+        if state.step != step - 1:  # an invariant: the operator computes state.step + 1
+            raise StreamStateError(f"step {step} after a state at step {state.step}")
+        if step <= journal.committed:
+            if digest != journal.digest(step):
+                raise StreamStateError(_changed(step, "was released"))
+            operator.step(state, budget, batch, digest)
+            return
+        if journal.pending_digest(step) not in (None, digest):
+            raise StreamStateError(_changed(step, "may have been released"))
+        journal.begin(step, digest)
+        sink(operator.step(state, budget, batch, digest))
+        journal.commit(step, digest)
+        if step == query.micro_batches or (
+                step % snapshot_every == 0 if snapshot_every else
+                records_since_save >= _state_rows(state)):
+            state.save(state_dir)
+            journal.saved(step)
+            records_since_save = 0
+        if progress is not None:
+            progress(step)
+
+    try:
+        for step, batch in batches:
+            if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or (
+                    not last_step < step <= query.micro_batches):
+                raise QueryError(f"micro-batch steps must increase within "
+                                 f"1..{query.micro_batches}; got {step!r} after {last_step}")
+            # Steps up to the saved state's are done: a live stream's next run (the
+            # ContinualRelease component) gives only the micro-batches after it.
+            for gap in range(max(last_step, state.step) + 1, int(step)):
+                run(gap, empty_batch())
+            run(int(step), batch)
+            last_step = int(step)
+        if complete_window:
+            for gap in range(last_step + 1, query.micro_batches + 1):
+                run(gap, empty_batch())
+    finally:
+        journal.close()
+    return state
+
+
+def _changed(step: int, fate: str) -> str:
+    return (f"micro-batch {step} changed after it {fate}: its records differ from the ones "
+            "recorded; a second release of that step would differ by exactly the changed "
+            "records. Replay the original input, or start a new window (new state directory "
+            "and grant)")
+
+
+class CsvDirectorySink:
+    """One CSV per trigger (release-000001.csv: key, value, updated), written atomically, and
+    the guarantee every release states in guarantee.txt."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.directory, f"release-{step:06d}.csv")
+
+    def __call__(self, release: operator.TriggerRelease) -> None:
+        path = self.path(release.step)
+        temporary = f"{path}.tmp-{os.getpid()}"
+        release.to_frame().to_csv(temporary, index=False)
+        os.replace(temporary, path)
+        guarantee = os.path.join(self.directory, "guarantee.txt")
+        if not os.path.exists(guarantee):
+            with open(f"{guarantee}.tmp-{os.getpid()}", "w") as out:
+                out.write(release.guarantee + "\n")
+            os.replace(f"{guarantee}.tmp-{os.getpid()}", guarantee)

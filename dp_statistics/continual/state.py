@@ -1,0 +1,512 @@
+"""The operator's private state for one window, and its durable, atomic storage.
+
+Everything here is private (it holds raw counts and the noise key): only ``operator.step``'s
+TriggerRelease leaves the operator. Tables are numpy arrays indexed by dense codes:
+
+- units: the unit code table and, per unit, ``used`` (kept records so far, <= C);
+- pairs: per (unit, key) the last round in which the unit was counted for the key;
+- keys: the key code table and per key ``round``, ``origin`` (the global step after which the
+  round began), ``count`` (distinct units in the round), ``buffer`` (sum of kept values not yet
+  released), ``released_true``, ``released_value`` (NaN until first released), ``due`` (the
+  predicted step of its next release without new data, or NEVER), ``selection_row`` (its live
+  selection tree in ``selection``) and ``value_row`` (its value tree in ``values``, -1 before its
+  first release: a key never selected never pays for a value tree);
+- the noise key, the next tree id, the last committed step, the grant and the digests of the
+  micro-batches the state has consumed.
+
+Storage (``save``/``load``) is one ``.npz`` written to a temporary file and renamed over the old
+one (os.replace is atomic), with the scalars as JSON inside it; no pickle. The pending-digest
+protocol of the design's "Durability" section is ``write_pending``/``read_pending`` (local.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+from pandas._libs import hashtable
+
+from sage_tfx.dp_statistics.aggregation.spec import QueryError
+from sage_tfx.dp_statistics.continual.budget import StreamBudget
+from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex
+from sage_tfx.dp_statistics.continual.spec import StreamQuery
+
+STATE_FILE = "state.npz"
+JOURNAL_FILE = "journal.jsonl"
+_FORMAT = 1
+
+
+class StreamStateError(RuntimeError):
+    """The durable state refuses to go on: it names what is inconsistent and what to do."""
+
+
+class CodeTable:
+    """Values (unit ids or keys) -> dense codes 0, 1, ... in order of first appearance.
+
+    Integer values (or integral floats: a column with a missing value is float) go through a C
+    hash table (Int64Map), vectorised; any other value switches the table to a dict of Python
+    scalars (one lookup per distinct value of a micro-batch)."""
+
+    def __init__(self, values: Optional[np.ndarray] = None):
+        values = np.asarray(values if values is not None else [], dtype=object)
+        self._values = values
+        self._size = len(values)
+        integers = _as_int64(values)
+        self._ints: Optional[Int64Map] = Int64Map(integers) if integers is not None else None
+        self._dict: Optional[dict] = None if integers is not None else {
+            v: code for code, v in enumerate(values.tolist())}
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._values[:self._size]
+
+    def encode(self, values) -> np.ndarray:
+        """The codes of `values`, adding the ones never seen (in order of first appearance)."""
+        inverse, uniques = pd.factorize(np.asarray(values), use_na_sentinel=False)
+        uniques = np.asarray(uniques)
+        integers = _as_int64(uniques) if self._ints is not None else None
+        if self._ints is not None and integers is None and len(uniques):
+            self._dict = {v: code for code, v in enumerate(self.values.tolist())}
+            self._ints = None
+        if self._ints is not None:
+            codes = self._ints.lookup(integers)
+            new = np.flatnonzero(codes < 0)
+            codes[new] = self._ints.insert(integers[new])
+        else:
+            lookup = self._dict.get
+            codes = np.fromiter((lookup(v, -1) for v in uniques.tolist()), np.int64,
+                                len(uniques))
+            new = np.flatnonzero(codes < 0)
+            kinds = {_kind(v) for v in uniques[new].tolist()} | (
+                {_kind(self._values[0])} if self._size else set())
+            if len(kinds) > 1 or kinds - {"number", "string", "bool"}:
+                raise QueryError(f"unit and key values must be all numbers, all strings or all "
+                                 f"booleans "
+                                 f"(they are stored without pickle); this stream mixes "
+                                 f"{sorted(kinds)}, e.g. {uniques[new][:3].tolist()}")
+            codes[new] = np.arange(self._size, self._size + len(new))
+            self._dict.update(zip(uniques[new].tolist(), codes[new].tolist()))
+        if len(new):
+            # Integers are kept as integers (an integral float key is released as an integer,
+            # the same before and after a restart).
+            added = integers[new] if self._ints is not None else uniques[new]
+            self._values = _grown(self._values, self._size, added.astype(object))
+            self._size += len(new)
+        return codes[inverse]
+
+    def to_array(self, what: str) -> np.ndarray:
+        """The values as a pickle-free array: integers, floats or strings."""
+        kind = pd.api.types.infer_dtype(self.values, skipna=False)
+        typed = {"empty": np.int64, "integer": np.int64, "floating": np.float64,
+                 "mixed-integer-float": np.float64, "string": str,
+                 "boolean": bool}.get(kind)
+        if typed is None:
+            raise StreamStateError(f"{what} values must be all integers, all numbers or all "
+                                   f"strings to be stored; pandas infers {kind!r}")
+        return self.values.astype(typed)
+
+
+class Int64Map:
+    """int64 -> dense slot (0, 1, ... in insertion order), vectorised: pandas' C hash table
+    (khash; the engine under pd.Index and factorize), used directly because pd.Index would have
+    to be rebuilt whenever a micro-batch adds entries. pandas is pinned (requirements/lock.txt);
+    the continual tests exercise every method used here."""
+
+    def __init__(self, values: Optional[np.ndarray] = None):
+        self._table = hashtable.Int64HashTable(1024)
+        self._size = 0
+        if values is not None and len(values):
+            self.insert(np.asarray(values, np.int64))
+
+    def __len__(self) -> int:
+        return self._size
+
+    def lookup(self, values: np.ndarray) -> np.ndarray:
+        """The slot of each value, -1 if absent."""
+        return self._table.lookup(np.ascontiguousarray(values, dtype=np.int64))
+
+    def insert(self, values: np.ndarray) -> np.ndarray:
+        """Add distinct values not present; returns their slots."""
+        slots = np.arange(self._size, self._size + len(values), dtype=np.int64)
+        self._table.map_keys_to_values(np.ascontiguousarray(values, dtype=np.int64), slots)
+        self._size += len(values)
+        return slots
+
+
+class PairTable:
+    """(unit code, key code) -> the last round the unit was counted for the key: a hash table
+    from the pair's code to a slot, and the round of each slot."""
+
+    def __init__(self, codes: Optional[np.ndarray] = None, rounds: Optional[np.ndarray] = None):
+        self._slots = Int64Map(codes)
+        self._codes = np.array(codes if codes is not None else [], dtype=np.int64)
+        self._rounds = np.array(rounds if rounds is not None else [], dtype=np.int32)
+
+    @staticmethod
+    def pair_codes(units: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        return (units.astype(np.int64) << 32) | keys.astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def count_once(self, codes: np.ndarray, rounds: np.ndarray) -> np.ndarray:
+        """For distinct pair `codes` whose key is in round `rounds`: True where the unit was not
+        yet counted for the key in that round; records them all as counted in it."""
+        slots = self._slots.lookup(codes)
+        seen = slots >= 0
+        previous = np.full(len(codes), -1, dtype=np.int64)
+        previous[seen] = self._rounds[slots[seen]]
+        self._rounds[slots[seen]] = rounds[seen]
+        new = ~seen
+        if new.any():
+            size = len(self._slots)
+            self._slots.insert(codes[new])
+            self._codes = _grown(self._codes, size, codes[new])
+            self._rounds = _grown(self._rounds, size, rounds[new])
+        return previous != rounds
+
+    def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        size = len(self._slots)
+        return self._codes[:size], self._rounds[:size]
+
+
+def _kind(value) -> str:
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, (bool, np.bool_)):
+        return "number"
+    return "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+
+
+def _as_int64(values: np.ndarray) -> Optional[np.ndarray]:
+    """`values` as int64 if they are all integers (or integral floats), else None."""
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64)
+    if values.dtype.kind in "fO" and len(values):
+        try:
+            floats = values.astype(np.float64)
+        except (TypeError, ValueError):
+            return None
+        if values.dtype.kind == "O" and not all(isinstance(v, (int, float, np.integer,
+                                                              np.floating)) for v in values):
+            return None
+        if np.all(np.isfinite(floats)) and np.all(floats == np.round(floats)) and np.all(
+                np.abs(floats) < 2.0 ** 53):
+            return floats.astype(np.int64)
+        return None
+    return np.zeros(0, np.int64) if len(values) == 0 else None
+
+
+def _grown(array: np.ndarray, size: int, appended: np.ndarray) -> np.ndarray:
+    """`array` (its first `size` entries live) with `appended` after them, capacity doubled as
+    needed (amortised O(1) per entry)."""
+    needed = size + len(appended)
+    if needed > len(array):
+        grown = np.zeros(max(needed, 2 * len(array), 1024), dtype=array.dtype)
+        if array.dtype == object:
+            grown[:] = None
+        grown[:size] = array[:size]
+        array = grown
+    array[size:needed] = appended
+    return array
+
+
+# Per-key columns: name -> (dtype, value of a key never seen).
+KEY_COLUMNS = {"round": (np.int32, 1), "origin": (np.int32, 0), "count": (np.int64, 0),
+               "buffer": (np.float64, 0.0), "released_true": (np.float64, 0.0),
+               "released_value": (np.float64, np.nan), "due": (np.int32, NEVER),
+               "selection_row": (np.int64, -1), "value_row": (np.int64, -1)}
+
+
+@dataclasses.dataclass
+class WindowState:
+    """One window's private operator state (module docstring)."""
+    query: StreamQuery
+    budget: StreamBudget
+    noise_key: bytes
+    units: CodeTable
+    used: np.ndarray                 # per unit code, kept records (capacity-grown)
+    pairs: PairTable
+    keys: CodeTable
+    columns: dict[str, np.ndarray]   # KEY_COLUMNS, per key code (capacity-grown)
+    selection: TreeIndex             # selection trees (with thresholds), rows of live rounds
+    values: TreeIndex                # value trees, one per key released at least once
+    next_tree: int = 0
+    step: int = 0                    # the last micro-batch computed into this state
+    digests: list = dataclasses.field(default_factory=list)  # sha256 of micro-batches 1..step
+    grant_id: Optional[str] = None
+    blocks: tuple = ()
+    charge_started: bool = False
+    due_index: dict = dataclasses.field(default_factory=dict)  # step -> [key code arrays]
+
+    @classmethod
+    def fresh(cls, query: StreamQuery, budget: StreamBudget, noise_key: bytes) -> "WindowState":
+        check_budget(query, budget)
+        length = query.micro_batches
+        return cls(query, budget, bytes(noise_key), CodeTable(), np.zeros(0, np.int32),
+                   PairTable(), CodeTable(), _key_columns(0),
+                   TreeIndex.empty(budget.selection_sigma, length, budget.thresholds()),
+                   TreeIndex.empty(budget.value_sigma, length))
+
+    @property
+    def n_keys(self) -> int:
+        return len(self.keys)
+
+    def column(self, name: str) -> np.ndarray:
+        """The live part (one entry per key code) of a per-key column; a view."""
+        return self.columns[name][:len(self.keys)]
+
+    def add_keys(self, count: int) -> np.ndarray:
+        """Room for `count` keys just coded; returns their codes (columns at their defaults)."""
+        first = len(self.keys) - count
+        needed = len(self.keys)
+        capacity = len(self.columns["round"])
+        if needed > capacity:
+            grown = _key_columns(max(needed, 2 * capacity, 1024))
+            for name, array in self.columns.items():
+                grown[name][:first] = array[:first]
+            self.columns = grown
+        return np.arange(first, needed)
+
+    def grow_units(self) -> None:
+        """Room in ``used`` for every coded unit (new units start at 0)."""
+        needed = len(self.units)
+        if needed > len(self.used):
+            grown = np.zeros(max(needed, 2 * len(self.used), 1024), np.int32)
+            grown[:len(self.used)] = self.used
+            self.used = grown
+
+    def new_tree_ids(self, count: int) -> np.ndarray:
+        ids = np.arange(self.next_tree, self.next_tree + count, dtype=np.uint64)
+        self.next_tree += count
+        return ids
+
+    def schedule(self, codes: np.ndarray, due: np.ndarray) -> None:
+        """Index keys by predicted release step (Algorithm 4's secondary index). Entries are
+        never removed: ``take_due`` keeps a key only if its ``due`` still says that step."""
+        codes, due = codes[due != NEVER], due[due != NEVER]
+        if len(codes) == 0:
+            return
+        order = np.argsort(due, kind="stable")
+        codes, due = codes[order], due[order]
+        starts = np.flatnonzero(np.r_[True, due[1:] != due[:-1]])
+        for start, end in zip(starts, np.r_[starts[1:], len(due)]):
+            self.due_index.setdefault(int(due[start]), []).append(codes[start:end])
+
+    def take_due(self, step: int) -> np.ndarray:
+        """The keys whose current prediction is `step`, removed from the index."""
+        entries = self.due_index.pop(step, [])
+        if not entries:
+            return np.zeros(0, np.int64)
+        codes = np.unique(np.concatenate(entries))
+        return codes[self.column("due")[codes] == step]
+
+    # ------------------------------------------------------------------ storage
+    def save(self, directory: str) -> None:
+        """Write the whole state atomically to `directory`/state.npz (readable by the owner
+        only: it holds the noise key and raw counts)."""
+        os.makedirs(directory, exist_ok=True)
+        pair_codes, pair_rounds = self.pairs.to_arrays()
+        meta = {"format": _FORMAT, "query": self.query.to_json(),
+                "budget": dataclasses.asdict(self.budget), "next_tree": self.next_tree,
+                "step": self.step, "digests": list(self.digests), "grant_id": self.grant_id,
+                "blocks": list(self.blocks), "charge_started": self.charge_started}
+        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+                  "noise_key": np.frombuffer(self.noise_key, dtype=np.uint8),
+                  "unit_values": self.units.to_array("unit"),
+                  "used": self.used[:len(self.units)],
+                  "key_values": self.keys.to_array("key"),
+                  "pair_codes": pair_codes, "pair_rounds": pair_rounds}
+        arrays.update({f"key_{name}": self.column(name) for name in KEY_COLUMNS})
+        arrays.update({f"selection_{n}": a for n, a in self.selection.to_arrays().items()})
+        arrays.update({f"values_{n}": a for n, a in self.values.to_arrays().items()})
+        path = os.path.join(directory, STATE_FILE)
+        temporary = f"{path}.tmp-{os.getpid()}"
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            np.savez(out, **arrays)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+
+    @classmethod
+    def load(cls, directory: str) -> Optional["WindowState"]:
+        """The state saved in `directory`, or None if there is none."""
+        path = os.path.join(directory, STATE_FILE)
+        if not os.path.exists(path):
+            return None
+        with np.load(path, allow_pickle=False) as stored:
+            arrays = {name: stored[name] for name in stored.files}
+        meta = json.loads(arrays["meta"].tobytes().decode())
+        if meta.get("format") != _FORMAT:
+            raise StreamStateError(f"{path} is state format {meta.get('format')!r}; this "
+                                   f"version reads format {_FORMAT}")
+        query = StreamQuery.from_json(meta["query"])
+        budget = StreamBudget(**meta["budget"])
+        n_keys = len(arrays["key_values"])
+        columns = _key_columns(n_keys)
+        for name in KEY_COLUMNS:
+            columns[name][:] = arrays[f"key_{name}"]
+
+        def index(prefix: str, sigma: float, thresholds) -> TreeIndex:
+            part = {n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
+            if len(part["tree_ids"]) == 0:  # from_arrays cannot reshape an empty index
+                return TreeIndex.empty(sigma, query.micro_batches, thresholds)
+            return TreeIndex.from_arrays(sigma, query.micro_batches, thresholds, part)
+
+        state = cls(query, budget, arrays["noise_key"].tobytes(),
+                    CodeTable(arrays["unit_values"].astype(object)),
+                    np.array(arrays["used"], np.int32),
+                    PairTable(arrays["pair_codes"], arrays["pair_rounds"]),
+                    CodeTable(arrays["key_values"].astype(object)), columns,
+                    index("selection_", budget.selection_sigma, budget.thresholds()),
+                    index("values_", budget.value_sigma, None),
+                    next_tree=meta["next_tree"], step=meta["step"], digests=meta["digests"],
+                    grant_id=meta["grant_id"], blocks=tuple(meta["blocks"]),
+                    charge_started=meta["charge_started"])
+        state.schedule(np.arange(n_keys), state.column("due").astype(np.int64))
+        return state
+
+
+def _key_columns(capacity: int) -> dict[str, np.ndarray]:
+    return {name: np.full(capacity, fill, dtype=dtype)
+            for name, (dtype, fill) in KEY_COLUMNS.items()}
+
+
+def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
+    """The budget must be the plan of this query's parameters (the state pins both)."""
+    expected = (query.epsilon, query.delta, query.micro_batches, query.contribution_limit,
+                query.value_bound)
+    got = (budget.epsilon, budget.delta, budget.micro_batches, budget.contribution_limit,
+           budget.value_bound)
+    if expected != got:
+        raise StreamStateError(f"the budget was planned for (epsilon, delta, micro_batches, "
+                               f"contribution_limit, value_bound) = {got}, the query says "
+                               f"{expected}")
+
+
+def batch_digest(batch: pd.DataFrame) -> str:
+    """sha256 of a micro-batch's canonical content: column names and dtypes, then each column's
+    bytes in row order (numbers as they are stored; other columns as pandas' 64-bit hash of
+    each value, so a changed value keeps its hash with probability 2^-64). Every empty
+    micro-batch has the same digest, whatever its columns' dtypes."""
+    if len(batch) == 0:
+        return hashlib.sha256(b"empty micro-batch").hexdigest()
+    digest = hashlib.sha256()
+    digest.update(json.dumps([[str(c), str(t)] for c, t in batch.dtypes.items()]).encode())
+    for _, column in batch.items():
+        if column.dtype.kind in "iufb":
+            digest.update(np.ascontiguousarray(column.to_numpy()).tobytes())
+        else:
+            digest.update(pd.util.hash_pandas_object(column, index=False).to_numpy().tobytes())
+    return digest.hexdigest()
+
+
+class Journal:
+    """The append-only log of the steps after the saved state (the design's pending-digest
+    protocol): line 1 is {"snapshot": s} (the step of state.npz when it was written), then per
+    step t {"pending": t, "digest": d} before t is computed and {"commit": t, "digest": d}
+    after its release was written. A line is one write() of a complete JSON object, so a crash
+    leaves at most a torn last line, which is ignored (a pending or commit never made).
+    `fsync`: a pending line reaches the disk before the step's release is written, so even
+    after a power cut (not only a crash of the process) no release exists whose micro-batch the
+    journal does not pin. A lost commit line only makes a restart recompute that step from the
+    same pinned micro-batch (the same bits), so commits are not synced (half the syncs)."""
+
+    def __init__(self, directory: str, state: WindowState, fsync: bool = True):
+        self.path = os.path.join(directory, JOURNAL_FILE)
+        self.fsync = fsync
+        self.snapshot = state.step
+        self.digests: list[str] = []  # of the committed steps after the snapshot
+        self.pending: Optional[tuple[int, str]] = None
+        lines = _complete_lines(self.path)
+        if lines and lines[0]["snapshot"] > state.step:
+            raise StreamStateError(f"{self.path} continues a state saved at step "
+                                   f"{lines[0]['snapshot']}, but {STATE_FILE} is at step "
+                                   f"{state.step}: the state directory was tampered with")
+        # A journal older than the saved state (the process died between writing the state
+        # and starting its journal) says nothing the state does not.
+        if lines and lines[0]["snapshot"] == state.step:
+            for line in lines[1:]:
+                if "commit" in line:
+                    self.digests.append(line["digest"])
+                else:
+                    self.pending = (line["pending"], line["digest"])
+        self._out = None
+        self._rewrite()  # drops a torn last line
+
+    @property
+    def committed(self) -> int:
+        return self.snapshot + len(self.digests)
+
+    def digest(self, step: int) -> str:
+        """The digest committed for `step` (snapshot < step <= committed)."""
+        return self.digests[step - self.snapshot - 1]
+
+    def pending_digest(self, step: int) -> Optional[str]:
+        """The digest of micro-batch `step` if it was pending (maybe released) when the last
+        run stopped, else None."""
+        if self.pending is not None and self.pending[0] == step:
+            return self.pending[1]
+        return None
+
+    def begin(self, step: int, digest: str) -> None:
+        self._append({"pending": step, "digest": digest}, sync=self.fsync)
+        self.pending = (step, digest)
+
+    def commit(self, step: int, digest: str) -> None:
+        self._append({"commit": step, "digest": digest})
+        self.digests.append(digest)
+
+    def saved(self, step: int) -> None:
+        """The state was saved at `step` (<= committed): start the journal from there."""
+        self.digests = self.digests[step - self.snapshot:]
+        self.snapshot = step
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        self.close()
+        lines = [{"snapshot": self.snapshot}] + [
+            {"commit": self.snapshot + i + 1, "digest": d} for i, d in enumerate(self.digests)]
+        if self.pending is not None and self.pending[0] > self.committed:
+            lines.append({"pending": self.pending[0], "digest": self.pending[1]})
+        write_json_lines(self.path, lines)
+        self._out = open(self.path, "a")
+
+    def _append(self, line: dict, sync: bool = False) -> None:
+        self._out.write(json.dumps(line) + "\n")
+        self._out.flush()
+        if sync:
+            os.fsync(self._out.fileno())
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+
+def _complete_lines(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as source:
+        text = source.read()
+    # Only newline-terminated lines were written whole.
+    return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
+def write_json_lines(path: str, lines: list) -> None:
+    """Write `path` atomically (temporary file, fsync, rename)."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as out:
+        out.write("".join(json.dumps(line) + "\n" for line in lines))
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
