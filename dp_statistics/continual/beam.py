@@ -78,7 +78,7 @@ from apache_beam.transforms import userstate, window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
 
-from sage_tfx.dp_statistics.continual import operator
+from sage_tfx.dp_statistics.continual import operator, sources
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.dp_statistics.continual.state import check_budget
@@ -127,15 +127,16 @@ class ReleaseUpdate(NamedTuple):
 
 @dataclass(frozen=True)
 class MicroBatches:
-    """The window's event-time range [start, end) in seconds and its T micro-batches."""
-    start: float
-    end: float
+    """A window (its blocks' event-time ranges, sources.Window) cut into T micro-batches: the
+    micro-batch of an event time is sources.py's, the one local.py's input is cut by."""
+    window: sources.Window
     count: int
 
     def __post_init__(self):
-        if not (math.isfinite(self.start) and math.isfinite(self.end) and self.end > self.start):
+        start, end = self.window.start, self.window.end
+        if not (math.isfinite(start) and math.isfinite(end) and end > start):
             raise ValueError(f"the window's range must be finite with end > start, got "
-                             f"[{self.start}, {self.end})")
+                             f"[{start}, {end})")
         if self.count < 1 or int(self.count) != self.count:
             raise ValueError(f"micro-batches must be a positive integer, got {self.count}")
         if self.width < MIN_WIDTH_SECONDS:
@@ -144,14 +145,20 @@ class MicroBatches:
                              "each trigger)")
 
     @property
+    def start(self) -> float:
+        return self.window.start
+
+    @property
+    def end(self) -> float:
+        return self.window.end
+
+    @property
     def width(self) -> float:
         return (self.end - self.start) / self.count
 
     def step_of(self, event_time: float) -> int:
-        """The micro-batch (1..T) of an event time, 0 outside the window."""
-        if not (self.start <= event_time < self.end):
-            return 0
-        return min(int((event_time - self.start) // self.width) + 1, self.count)
+        """The micro-batch (1..T) of an event time, 0 in no block of the window."""
+        return int(self.window.micro_batch_of(np.array([event_time]), self.count)[0])
 
     def trigger_timestamp(self, step: int, stage: int = 0) -> Timestamp:
         """When ``stage`` (0..STAGES-1) acts on micro-batch ``step``: ``stage`` milliseconds
@@ -528,7 +535,7 @@ class ReleaseKeys(beam.PTransform):
                                                         self._noise_key)))
 
 
-class ContinualRelease(beam.PTransform):
+class ContinualReleaseTransform(beam.PTransform):
     """StreamRecords (event-time timestamps) -> ReleaseUpdates: one window of ``query`` at
     ``budget`` (its grant charged by the caller before the pipeline runs), with the secret
     ``noise_key``."""

@@ -9,15 +9,17 @@ import pandas as pd
 import pytest
 
 from sage_tfx.dp_statistics.continual import local, operator
-from sage_tfx.dp_statistics.continual.beam import (AggregateContributions, ContinualRelease,
-                                                   MicroBatches, ReleaseUpdate, StreamRecord,
-                                                   histograms)
+from sage_tfx.dp_statistics.continual.beam import (
+    AggregateContributions, ContinualReleaseTransform, MicroBatches, ReleaseUpdate, StreamRecord,
+    histograms)
 from sage_tfx.dp_statistics.continual.budget import plan
+from sage_tfx.dp_statistics.continual.sources import Window
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from support.continual_beam import collect, replay
 
 NOISE_KEY = bytes(range(32))  # fixed noise in tests only
-BATCHES = MicroBatches(start=1000.0, end=1030.0, count=3)  # triggers at 1010, 1020, 1030
+# two blocks with a gap; triggers at 1010, 1020, 1030
+BATCHES = MicroBatches(Window(("w1", "w2"), ((1000.0, 1020.0), (1020.5, 1030.0))), 3)
 LIMIT, BOUND = 3, 5.0
 QUERY = StreamQuery(key_column="k", unit_column="u", time_column="t", value_column="v",
                     value_bound=BOUND, contribution_limit=LIMIT, micro_batches=3, epsilon=1.0,
@@ -28,7 +30,7 @@ RECORDS = [
     ("u1", "a", 1.0, 1001.0), ("u1", "a", 2.0, 1002.0), ("u2", "a", 9.0, 1003.0),  # 9 -> 5
     ("u3", "b", float("nan"), 1004.0), ("u6", "b", float("inf"), 1004.5),  # not finite -> 0
     (None, "a", 1.0, 1005.0), ("u4", None, 1.0, 1005.0), (" ", "a", 1.0, 1005.0),  # dropped
-    ("u1", "b", 4.0, 999.0), ("u1", "b", 4.0, 1030.0),  # outside the window: dropped
+    ("u1", "b", 4.0, 999.0), ("u1", "b", 4.0, 1030.0), ("u7", "c", 1.0, 1020.2),  # in no block
     # batch 2: u1's third record is its last; the same event time is broken by input order
     ("u1", "b", 3.0, 1015.0), ("u1", "a", 7.0, 1015.0), ("u2", "a", -8.0, 1012.0),  # -8 -> -5
     ("u3", "b", 2.0, 1011.0), ("u5", "c", 1.5, 1019.0),
@@ -80,12 +82,11 @@ def test_stage_one_bounds_units_and_stage_two_counts_new_users_per_key():
                    ("b", 3): (0.5, 1), ("a", 3): (1.0, 1), ("c", 3): (2.5, 0)}
 
 
-@pytest.mark.parametrize("bad", [dict(start=1.0, end=1.0, count=2), dict(start=0, end=1, count=0),
-                                 dict(start=0, end=float("inf"), count=2),
-                                 dict(start=0, end=0.1, count=2)])
-def test_a_bad_window_is_refused_by_name(bad):
+@pytest.mark.parametrize("start, end, count", [(1.0, 1.0, 2), (0.0, 1.0, 0),
+                                               (0.0, float("inf"), 2), (0.0, 0.1, 2)])
+def test_a_bad_window_is_refused_by_name(start, end, count):
     with pytest.raises(ValueError, match="window|micro-batch"):
-        MicroBatches(**bad)
+        MicroBatches(Window(("w",), ((start, end),)), count)
 
 
 def _conformance_stream():
@@ -121,7 +122,7 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch)
                         value_bound=4.0, contribution_limit=2, micro_batches=4, epsilon=20.0,
                         delta=1e-3)
     budget = plan(20.0, 1e-3, 4, 2, 4.0)
-    batches = MicroBatches(0.0, 40.0, 4)
+    batches = MicroBatches(Window(("w",), ((0.0, 40.0),)), 4)
     records = _conformance_stream()
     local_releases = []
     state = local.run_local(query, budget, _local_batches(records, batches), str(tmp_path),
@@ -135,10 +136,10 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch)
     monkeypatch.setattr(operator, "select_and_predict", counted)
 
     def build(pipeline):
-        """The releases, and beside them the pre-noise KeySteps of ContinualRelease's first
+        """The releases, and beside them the pre-noise KeySteps of ContinualReleaseTransform's first
         transform on the same records."""
         stream = pipeline | replay(records, batches)
-        return (stream | ContinualRelease(query, budget, batches, NOISE_KEY),
+        return (stream | ContinualReleaseTransform(query, budget, batches, NOISE_KEY),
                 (stream | AggregateContributions(query, budget, batches))[0]) | beam.Flatten()
     out = collect(build)
     updates = [e for e in out if isinstance(e, ReleaseUpdate)]
@@ -178,11 +179,11 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch)
 def test_the_beam_engine_refuses_a_window_budget_or_key_that_does_not_fit():
     budget = plan(1.0, 1e-6, 3, LIMIT, BOUND)
     with pytest.raises(ValueError, match="micro-batches"):
-        ContinualRelease(QUERY, budget, MicroBatches(0.0, 40.0, 4), NOISE_KEY)
+        ContinualReleaseTransform(QUERY, budget, MicroBatches(BATCHES.window, 4), NOISE_KEY)
     with pytest.raises(ValueError, match="32 bytes"):
-        ContinualRelease(QUERY, budget, BATCHES, NOISE_KEY[:16])
+        ContinualReleaseTransform(QUERY, budget, BATCHES, NOISE_KEY[:16])
     with pytest.raises(Exception, match="budget was planned"):
-        ContinualRelease(QUERY, plan(2.0, 1e-6, 3, LIMIT, BOUND), BATCHES, NOISE_KEY)
+        ContinualReleaseTransform(QUERY, plan(2.0, 1e-6, 3, LIMIT, BOUND), BATCHES, NOISE_KEY)
 
 
 def test_a_late_record_of_a_micro_batch_its_unit_has_processed_is_dropped():
@@ -211,7 +212,7 @@ def test_a_bounded_input_is_refused_when_the_pipeline_is_built():
     pipeline = beam.Pipeline()
     records = pipeline | beam.Create([StreamRecord("u1", "a", 1.0, 0)])
     with pytest.raises(ValueError, match="unbounded source"):
-        _ = records | ContinualRelease(QUERY, budget, BATCHES, NOISE_KEY)
+        _ = records | ContinualReleaseTransform(QUERY, budget, BATCHES, NOISE_KEY)
 
 
 def _evaluate_keys(late: bool):
