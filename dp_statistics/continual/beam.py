@@ -55,6 +55,12 @@ unit, but Beam gives a DoFn no view of the watermark, so a source that breaks th
 put a late record into a step already released; and a watermark driven by the data would make
 which records are late depend on other units.
 
+Retries: every stage is a deterministic function of its state and its inputs (records sorted by
+(step, event time, input order), sums of grid multiples exact in any order, keyed noise), so a
+runner that retries a bundle from its last checkpoint recomputes the same releases bit for bit:
+a duplicate release repeats the same numbers and never draws fresh noise (the Beam analogue of
+local.py's durability; the state lives in the runner's checkpoints, not in a state directory).
+
 Trust boundary: the runner sees the private data, as the local engine's process does; its
 monitoring (element counts per stage, state sizes, per-key timings on Dataflow's or Flink's UI)
 is not DP and must stay with the data's operators. The pipeline itself logs and counts nothing.
