@@ -65,16 +65,17 @@ Trust boundary: the runner sees the private data, as the local engine's process 
 monitoring (element counts per stage, state sizes, per-key timings on Dataflow's or Flink's UI)
 is not DP and must stay with the data's operators. The pipeline itself logs and counts nothing.
 
-The noise key is a constructor argument: it travels in the serialised pipeline (on Dataflow, the
-job graph the service stores), so whoever can read the job can recompute the noise. Deployments
-outside tests should keep the job graph as private as the data.
+The noise key: given as bytes, it travels in the serialised pipeline (on Dataflow, the job graph
+the service stores), so whoever can read the job can recompute the noise; given as a path, each
+worker reads it in ``setup`` (a secret mounted on the workers, readable by the data's operators
+only), and the job graph holds only the path. Either way every worker must use the same key.
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Optional, Tuple
+from typing import Any, Iterable, NamedTuple, Optional, Tuple, Union
 
 import apache_beam as beam
 import numpy as np
@@ -359,6 +360,23 @@ class AssignKeyCodes(beam.DoFn):
         next_code.write(code)
 
 
+NoiseKey = Union[bytes, str]  # the 32-byte noise key, or a path the workers read it from
+
+
+def _read_noise_key(noise_key: NoiseKey) -> bytes:
+    """The key's bytes; a path is read on the worker (setup), so the key need not travel in the
+    job graph (module docstring)."""
+    if isinstance(noise_key, bytes):
+        return noise_key
+    try:
+        with open(noise_key, "rb") as file:
+            key = file.read()
+    except OSError as error:
+        raise ValueError(f"the noise key file {noise_key} cannot be read: {error}") from None
+    KeyedGaussian(key)  # refuses a file that is not 32 bytes
+    return key
+
+
 @dataclass
 class _KeyState:
     """Stage 4's state of one key: operator.step's per-key columns, with its live selection
@@ -385,11 +403,11 @@ class EvaluateKeys(beam.DoFn):
     WAKE_STEP, WAKE = _Wake.specs()
     STAGE = 3
 
-    def __init__(self, batches: MicroBatches, budget: StreamBudget, noise_key: bytes):
-        self._batches, self._budget, self._noise_key = batches, budget, bytes(noise_key)
+    def __init__(self, batches: MicroBatches, budget: StreamBudget, noise_key: NoiseKey):
+        self._batches, self._budget, self._noise_key = batches, budget, noise_key
 
     def setup(self):
-        self._noise = KeyedGaussian(self._noise_key)
+        self._noise = KeyedGaussian(_read_noise_key(self._noise_key))
 
     def process(self, element, steps=beam.DoFn.StateParam(STEPS),
                 code=beam.DoFn.StateParam(CODE), wake_step=beam.DoFn.StateParam(WAKE_STEP),
@@ -516,13 +534,18 @@ class AggregateContributions(beam.PTransform):
 
 
 class ReleaseKeys(beam.PTransform):
-    """AggregateContributions' output -> ReleaseUpdates: stages 3-4, with the secret
-    ``noise_key`` (32 bytes; KeyedGaussian.fresh().key outside tests)."""
+    """AggregateContributions' output -> ReleaseUpdates: stages 3-4, with the secret noise key
+    (``NoiseKey``: its 32 bytes, KeyedGaussian.fresh().key, or a path to them)."""
 
-    def __init__(self, budget: StreamBudget, batches: MicroBatches, noise_key: bytes):
+    def __init__(self, budget: StreamBudget, batches: MicroBatches, noise_key: NoiseKey):
         super().__init__()
-        KeyedGaussian(noise_key)  # refuses a key that is not 32 bytes
-        self._budget, self._batches, self._noise_key = budget, batches, bytes(noise_key)
+        if isinstance(noise_key, (bytes, bytearray)):
+            KeyedGaussian(noise_key)  # refuses a key that is not 32 bytes
+            noise_key = bytes(noise_key)
+        elif not isinstance(noise_key, str):
+            raise TypeError(f"the noise key is 32 bytes or a path to them, got "
+                            f"{type(noise_key).__name__}")
+        self._budget, self._batches, self._noise_key = budget, batches, noise_key
 
     def expand(self, aggregated):
         key_steps, new_keys = aggregated
@@ -547,7 +570,7 @@ class ContinualReleaseTransform(beam.PTransform):
     ``noise_key``."""
 
     def __init__(self, query: StreamQuery, budget: StreamBudget, batches: MicroBatches,
-                 noise_key: bytes):
+                 noise_key: NoiseKey):
         super().__init__()
         self._aggregate = AggregateContributions(query, budget, batches)
         self._release = ReleaseKeys(budget, batches, noise_key)

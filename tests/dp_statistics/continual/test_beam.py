@@ -215,7 +215,7 @@ def test_a_bounded_input_is_refused_when_the_pipeline_is_built():
         _ = records | ContinualReleaseTransform(QUERY, budget, BATCHES, NOISE_KEY)
 
 
-def _evaluate_keys(late: bool):
+def _evaluate_keys(late: bool, noise_key=NOISE_KEY):
     """Stage 4 alone: key "a" with 40 new users at step 2 (selected at epsilon 20), and, if
     `late`, step-1 records that reach it only after step 2 was evaluated."""
     from apache_beam.testing.test_stream import TestStream
@@ -235,10 +235,23 @@ def _evaluate_keys(late: bool):
     return collect(lambda pipeline: (
         pipeline | stream.advance_watermark_to_infinity()
         | beam.WindowInto(BATCHES.beam_window)
-        | beam.ParDo(EvaluateKeys(BATCHES, budget, NOISE_KEY))))
+        | beam.ParDo(EvaluateKeys(BATCHES, budget, noise_key))))
 
 
 def test_records_reaching_a_key_after_it_was_evaluated_at_their_step_are_dropped():
     on_time = _evaluate_keys(late=False)
     assert [(u.step, u.key) for u in on_time] == [(2, "a")]
     assert _evaluate_keys(late=True) == on_time
+
+
+def test_workers_can_read_the_noise_key_from_a_file_instead_of_the_job_graph(tmp_path):
+    from sage_tfx.dp_statistics.continual.beam import _read_noise_key
+
+    path = tmp_path / "noise.key"
+    path.write_bytes(NOISE_KEY)
+    assert _evaluate_keys(late=False, noise_key=str(path)) == _evaluate_keys(late=False)
+    path.write_bytes(NOISE_KEY[:31])
+    with pytest.raises(ValueError, match="32 bytes"):
+        _read_noise_key(str(path))
+    with pytest.raises(ValueError, match="cannot be read"):
+        _read_noise_key(str(tmp_path / "missing.key"))
