@@ -217,10 +217,13 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     # 7. The release: every key selected so far, with its last noisy value, in key order (the
     # code order is the order keys first appeared in: data that one record can change).
     released = np.flatnonzero(~np.isnan(state.column("released_value")))
-    keys = state.keys.values[released]
-    order = np.asarray(pd.Index(keys).argsort(), dtype=np.int64)
-    released = released[order]
+    if state.release_order is None or len(state.release_order) != len(released):
+        # A released key stays released: the sorted order changes only when keys are added.
+        keys = state.keys.values[released]
+        state.release_order = released[np.asarray(pd.Index(keys).argsort(), dtype=np.int64)]
+    released = state.release_order
     updated = np.zeros(state.n_keys, dtype=bool)
     updated[chosen] = True
-    return TriggerRelease(t, keys[order], state.column("released_value")[released],
-                          updated[released], query.guarantee(state.blocks))
+    return TriggerRelease(t, state.keys.values[released],
+                          state.column("released_value")[released], updated[released],
+                          query.guarantee(state.blocks))

@@ -246,6 +246,7 @@ class WindowState:
     blocks: tuple = ()
     charge_started: bool = False
     due_index: dict = dataclasses.field(default_factory=dict)  # step -> [key code arrays]
+    release_order: Optional[np.ndarray] = None  # released key codes sorted by key (a cache)
 
     @classmethod
     def fresh(cls, query: StreamQuery, budget: StreamBudget, noise_key: bytes) -> "WindowState":
