@@ -425,6 +425,8 @@ def _event_types() -> dict:
         dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent, dp_event.ZCDpEvent,
         # Truncated-geometric partition selection (DP statistics) runs discrete Laplace noise.
         dp_event.DiscreteLaplaceDpEvent,
+        # The DP-SQLP streaming operator's selection and value trees (dp_statistics/continual).
+        dp_event.SingleEpochTreeAggregationDpEvent,
         dp_event.PoissonSampledDpEvent, dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent,
         dp_event.NoOpDpEvent)}
 

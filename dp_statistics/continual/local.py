@@ -149,7 +149,9 @@ def run_local(query: StreamQuery, budget: StreamBudget,
                     not last_step < step <= query.micro_batches):
                 raise QueryError(f"micro-batch steps must increase within "
                                  f"1..{query.micro_batches}; got {step!r} after {last_step}")
-            for gap in range(last_step + 1, int(step)):
+            # Steps up to the saved state's are done: a live stream's next run (the
+            # ContinualRelease component) gives only the micro-batches after it.
+            for gap in range(max(last_step, state.step) + 1, int(step)):
                 run(gap, empty_batch())
             run(int(step), batch)
             last_step = int(step)
