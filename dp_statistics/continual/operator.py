@@ -53,8 +53,9 @@ MAX_TREE_STREAM = 1 << 56  # keyed.KeyedGaussian's stream ids
 @dataclasses.dataclass(frozen=True)
 class TriggerRelease:
     """What trigger `step` releases: every key selected so far in the window with its latest
-    noisy value (a key not released anew keeps its number: no fresh noise); `updated` marks the
-    keys released at this step. All of it is DP output; nothing else leaves the operator."""
+    noisy value (a key not released anew keeps its number: no fresh noise), sorted by key;
+    `updated` marks the keys released at this step. All of it is DP output; nothing else leaves
+    the operator."""
     step: int
     keys: np.ndarray
     values: np.ndarray
@@ -230,8 +231,14 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     state.step = t
     state.digests.append(digest)
 
-    # 7. The release: every key selected so far, with its last noisy value.
-    released = ~np.isnan(state.column("released_value"))
+    # 7. The release: every key selected so far, with its last noisy value, in key order (the
+    # code order is the order keys first appeared in: data that one record can change).
+    released = np.flatnonzero(~np.isnan(state.column("released_value")))
+    if state.release_order is None or len(state.release_order) != len(released):
+        # A released key stays released: the sorted order changes only when keys are added.
+        keys = state.keys.values[released]
+        state.release_order = released[np.asarray(pd.Index(keys).argsort(), dtype=np.int64)]
+    released = state.release_order
     updated = np.zeros(state.n_keys, dtype=bool)
     updated[chosen] = True
     return TriggerRelease(t, state.keys.values[released],

@@ -245,6 +245,7 @@ class WindowState:
     blocks: tuple = ()
     charge_started: bool = False
     due_index: dict = dataclasses.field(default_factory=dict)  # step -> [key code arrays]
+    release_order: Optional[np.ndarray] = None  # released key codes sorted by key (a cache)
 
     @classmethod
     def fresh(cls, query: StreamQuery, budget: StreamBudget, noise_key: bytes) -> "WindowState":
@@ -307,7 +308,7 @@ class WindowState:
     def save(self, directory: str) -> None:
         """Write the whole state atomically to `directory`/state.npz (readable by the owner
         only: it holds the noise key and raw counts)."""
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)  # private: raw counts, noise key
         pair_codes, pair_rounds = self.pairs.to_arrays()
         meta = {"format": _FORMAT, "query": self.query.to_json(),
                 "budget": dataclasses.asdict(self.budget),
