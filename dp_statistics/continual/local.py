@@ -7,7 +7,8 @@ second charge (the design's "Durability" section):
 
 - the first run draws the noise key, saves the state (step 0), marks the charge as started,
   charges the grant (``charge()``) and saves its id: a restart never charges again (and refuses,
-  rather than charge twice, if it died between marking and saving the grant);
+  rather than charge twice, if it died between marking and saving the grant; a ledger refusal,
+  a sage_access LedgerError, charged nothing and clears the mark);
 - step t appends {pending: t, sha256 of micro-batch t} to the journal (state.Journal), is
   computed, ``sink(release t)``, and appends {commit: t}. A restart whose micro-batch t differs
   from a pending t is refused: with keyed noise the same data gives the same release bits,
@@ -39,6 +40,7 @@ from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.dp_statistics.continual.state import (Journal, StreamStateError, WindowState,
                                                     batch_digest, check_budget)
 from sage_tfx.mechanisms.keyed import KeyedGaussian
+from sage_tfx.sage_access.errors import LedgerError
 
 Sink = Callable[[operator.TriggerRelease], None]
 Charge = Callable[[], tuple[str, Sequence[str]]]  # -> (grant id, block ids)
@@ -73,7 +75,14 @@ def _charge_once(state: WindowState, state_dir: str, charge: Optional[Charge]) -
             "rather than charge again; this state directory cannot resume")
     state.charge_started = True
     state.save(state_dir)
-    grant_id, blocks = charge()
+    try:
+        grant_id, blocks = charge()
+    except LedgerError:
+        # The ledger's errors are all-or-nothing (sage_access.errors): nothing was charged, so
+        # the same window may try again.
+        state.charge_started = False
+        state.save(state_dir)
+        raise
     state.grant_id, state.blocks = str(grant_id), tuple(str(b) for b in blocks)
     state.save(state_dir)
 

@@ -13,7 +13,7 @@ import pytest
 from sage_tfx.dp_statistics.continual import local
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
-from sage_tfx.sage_access import BlockLedger
+from sage_tfx.sage_access import BlockLedger, BudgetExhausted
 from support import STREAM_WORKER, stream_worker as worker
 
 NOISE_KEY = bytes(range(32))
@@ -165,3 +165,17 @@ def test_a_run_that_died_while_charging_refuses_to_charge_again(tmp_path):
     with pytest.raises(StreamStateError, match="may be charged"):
         local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
                         lambda release: None, charge=lambda: ("grant-2", ["w1"]))
+
+
+def test_a_grant_the_ledger_refused_charged_nothing_and_the_window_can_try_again(tmp_path):
+    state_dir = str(tmp_path / "state")
+    ledger = BlockLedger.create(str(tmp_path / "ledger.sqlite"))
+    ledger.add_block("w1", 1.0, 1e-4)  # cannot pay epsilon 8
+    ledger.add_block("w2", 10.0, 1e-4)
+    with pytest.raises(BudgetExhausted):
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        lambda release: None, charge=worker.charge(ledger, worker.budget()))
+    assert ledger.grant_records() == []
+    state = local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                            lambda release: None, charge=lambda: ("grant-3", ["w2"]))
+    assert state.grant_id == "grant-3"
