@@ -10,11 +10,12 @@ therefore a function of the window and T alone, never of the data (a stream is n
 N records", which would let one record move every later trigger).
 
 Records. A record is kept or dropped by looking at that record alone: it is dropped when its
-unit or key is empty, its time is missing or unreadable, or its time lies in no block of the
-window (outside the range, or in a gap between the blocks). A value that is not a finite
-number becomes 0 (the record rule's public default), so a bad cell never changes what a run
-does after its charge; clamping to [-L, L] is the operator's. Without a value column every
-record is the value 1 (COUNT(*)). Nothing is counted, logged or printed about the records.
+unit or key is empty, contains a NUL character or is longer than MAX_ID_BYTES (1024) bytes in
+UTF-8, its time is missing or unreadable, or its time lies in no block of the window (outside
+the range, or in a gap between the blocks). A value that is not a finite number becomes 0 (the
+record rule's public default), so a bad cell never changes what a run does after its charge;
+clamping to [-L, L] is the operator's. Without a value column every record is the value 1
+(COUNT(*)). Nothing is counted, logged or printed about the records.
 
 Inputs. `--input FILE` reads one CSV (first line names the columns; every cell read as text,
 never type-inferred; a row with the wrong number of cells is dropped) or Parquet file;
@@ -43,6 +44,7 @@ from sage_tfx.dp_statistics.ingest import time_seconds
 from sage_tfx.sage_access.errors import BadRequest
 
 INPUT_SUFFIXES = (".csv", ".parquet")
+MAX_ID_BYTES = 1024  # a longer unit or key id drops its record (module docstring)
 
 
 @dataclass(frozen=True)
@@ -267,13 +269,25 @@ def _fields(table: pa.Table, columns: Columns) -> tuple[np.ndarray, ...]:
             _seconds(table[columns.time]))
 
 
+def _usable_id(ids: np.ndarray) -> np.ndarray:
+    """Which unit or key ids a record may carry: not empty, no NUL character (pandas' string
+    hashing stops at a NUL, so "u\\x00" and "u" would share a code in one micro-batch and not
+    in the next: one unit with two contribution budgets), at most MAX_ID_BYTES in UTF-8 (the
+    state's memory is public, not one record's choice)."""
+    text = pa.array(ids, pa.large_string())
+    return np.asarray(pc.and_(
+        pc.and_(pc.greater(pc.binary_length(text), 0),
+                pc.less_equal(pc.binary_length(text), MAX_ID_BYTES)),
+        pc.invert(pc.match_substring(text, "\x00"))), dtype=bool)
+
+
 def _kept(parts: Sequence[tuple[np.ndarray, ...]], window: Window,
           micro_batches: int) -> Records:
     """The kept records of the parts (in input order) with their micro-batches, in arrival
     order."""
     units, keys, values, times = (np.concatenate(arrays) for arrays in zip(*parts))
     batches = window.micro_batch_of(times, micro_batches)
-    kept = np.flatnonzero((units != "") & (keys != "") & (batches > 0))
+    kept = np.flatnonzero(_usable_id(units) & _usable_id(keys) & (batches > 0))
     # Arrival order: by micro-batch, then event time, then input order (a stable sort).
     order = kept[np.lexsort((times[kept], batches[kept]))]
     return Records(units[order], keys[order], values[order], times[order], batches[order])

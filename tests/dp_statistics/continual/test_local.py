@@ -1,5 +1,6 @@
 """The in-process engine's durability: a crash or a restart resumes with no micro-batch counted
 twice, no release rewritten with other numbers and no second charge."""
+import dataclasses
 import json
 import os
 import signal
@@ -8,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sage_tfx.dp_statistics.continual import local
@@ -179,3 +181,25 @@ def test_a_grant_the_ledger_refused_charged_nothing_and_the_window_can_try_again
     state = local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
                             lambda release: None, charge=lambda: ("grant-3", ["w2"]))
     assert state.grant_id == "grant-3"
+
+
+def test_a_reloaded_state_keeps_every_unit_id_exactly_and_its_contribution_used(tmp_path):
+    """A unit id with a trailing NUL stays that unit after the state is saved and loaded: it
+    cannot start over with a fresh contribution budget on resume (the ContinualRelease
+    component loads the state every run)."""
+    query = dataclasses.replace(worker.QUERY, micro_batches=2, contribution_limit=2)
+    budget = plan(query.epsilon, query.delta, 2, 2, query.value_bound)
+    state_dir = str(tmp_path / "state")
+    first = pd.DataFrame({"unit": ["a\x00", "a\x00", "b"], "key": ["k", "k", "k"],
+                          "value": [1.0, 1.0, 1.0]})
+    local.run_local(query, budget, [(1, first)], state_dir, lambda release: None,
+                    complete_window=False, noise_key=bytes(32), snapshot_every=1)
+    state = WindowState.load(state_dir)
+    assert list(state.units.values) == ["a\x00", "b"]
+    assert list(state.used[:2]) == [2, 1]
+    # The unit's third record (in step 2) is over C = 2: nothing more is counted for it.
+    later = pd.DataFrame({"unit": ["a\x00"], "key": ["k"], "value": [1.0]})
+    state = local.run_local(query, budget, [(2, later)], state_dir, lambda release: None,
+                            noise_key=bytes(32))
+    assert list(state.units.values) == ["a\x00", "b"] and list(state.used[:2]) == [2, 1]
+    assert state.column("buffer").sum() + state.column("released_true").sum() == 3.0

@@ -180,3 +180,15 @@ def test_removing_one_input_row_removes_at_most_that_record_and_moves_no_other(l
         assert set(everything) - set(without) <= {(units[removed], float(times[removed]))
                                                   if times[removed] != "x" else None}
         assert all(everything[record] == without[record] for record in without)
+
+
+def test_a_unit_or_key_with_a_nul_or_over_the_public_length_drops_its_record_alone(ledger,
+                                                                                   tmp_path):
+    window = sources.window_of_blocks(ledger, ["t.2013-01"])
+    longest = "é" * 512  # 1024 bytes in UTF-8, the documented maximum: kept
+    pq.write_table(pa.table({
+        "uid": ["u\x00", "u", "v" * 1025, longest, "w"],
+        "area": ["k", "k", "k", "k", "\x00k"], "ts": [JAN + 1] * 5, "fare": [1.0] * 5}),
+        str(tmp_path / "s.parquet"))
+    records = sources.read_input(str(tmp_path / "s.parquet"), COLUMNS, window, 1)
+    assert list(records.units) == ["u", longest]
