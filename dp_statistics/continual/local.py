@@ -9,8 +9,8 @@ second charge (the design's "Durability" section):
   charges the grant (``charge()``) and saves its id: a restart never charges again (and refuses,
   rather than charge twice, if it died between marking and saving the grant; a ledger refusal,
   a sage_access LedgerError, charged nothing and clears the mark);
-- step t appends {pending: t, sha256 of micro-batch t} to the journal (state.Journal), is
-  computed, ``sink(release t)``, and appends {commit: t}. A restart whose micro-batch t differs
+- step t appends {pending: t, keyed digest of micro-batch t (state.batch_digest)} to the
+  journal (state.Journal), is computed, ``sink(release t)``, and appends {commit: t}. A restart whose micro-batch t differs
   from a pending t is refused: with keyed noise the same data gives the same release bits,
   different data would publish a second release of step t that differs by exactly the changed
   records; a committed micro-batch that changed is refused the same way;
@@ -38,7 +38,7 @@ from sage_tfx.dp_statistics.continual import operator
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.dp_statistics.continual.state import (Journal, StreamStateError, WindowState,
-                                                    batch_digest, check_budget)
+                                                    batch_digest, check_budget, digest_key)
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 from sage_tfx.sage_access.errors import LedgerError
 
@@ -111,12 +111,13 @@ def run_local(query: StreamQuery, budget: StreamBudget,
     state = _open_state(query, budget, state_dir, noise_key)
     _charge_once(state, state_dir, charge)
     journal = Journal(state_dir, state, fsync)
+    secret = digest_key(state.noise_key)
     records_since_save = 0
     last_step = 0
 
     def run(step: int, batch: pd.DataFrame) -> None:
         nonlocal records_since_save
-        digest = batch_digest(batch)
+        digest = batch_digest(batch, secret)
         if step <= state.step:
             if digest != state.digests[step - 1]:
                 raise StreamStateError(_changed(step, "was released"))

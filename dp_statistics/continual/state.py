@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
 from typing import Optional
@@ -104,9 +105,9 @@ class CodeTable:
 
     def to_arrays(self, what: str) -> dict[str, np.ndarray]:
         """The values as pickle-free arrays named `what`_values: integers, floats or booleans
-        as such; strings as their UTF-8 bytes (`what`_utf8) and offsets
-        (`what`_offsets, n + 1 of them), so every string round-trips exactly. (A fixed-width numpy string
-        array would strip trailing NULs, making "u\\x00" a new unit with nothing used after a
+        as such; strings as their UTF-8 bytes (`what`_utf8) and offsets (`what`_offsets,
+        n + 1 of them), so every string round-trips exactly. (A fixed-width numpy string array
+        would strip trailing NULs, making "u\\x00" a new unit with nothing used after a
         reload, and would take longest-id bytes per entry.)"""
         kind = pd.api.types.infer_dtype(self.values, skipna=False)
         if kind == "string":
@@ -265,7 +266,7 @@ class WindowState:
     selection: TreeIndex             # selection trees (with thresholds), rows of live rounds
     values: TreeIndex                # value trees, one per key released at least once
     step: int = 0                    # the last micro-batch computed into this state
-    digests: list = dataclasses.field(default_factory=list)  # sha256 of micro-batches 1..step
+    digests: list = dataclasses.field(default_factory=list)  # batch_digest of batches 1..step
     grant_id: Optional[str] = None
     blocks: tuple = ()
     charge_started: bool = False
@@ -333,7 +334,7 @@ class WindowState:
     def save(self, directory: str) -> None:
         """Write the whole state atomically to `directory`/state.npz (readable by the owner
         only: it holds the noise key and raw counts)."""
-        os.makedirs(directory, mode=0o700, exist_ok=True)  # private: raw counts, noise key
+        private_directory(directory)
         pair_codes, pair_rounds = self.pairs.to_arrays()
         meta = {"format": _FORMAT, "query": self.query.to_json(),
                 "budget": dataclasses.asdict(self.budget),
@@ -411,14 +412,24 @@ def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
                                f"{expected}")
 
 
-def batch_digest(batch: pd.DataFrame) -> str:
-    """sha256 of a micro-batch's canonical content: column names and dtypes, then each column's
-    bytes in row order (numbers as they are stored; other columns as pandas' 64-bit hash of
-    each value, so a changed value keeps its hash with probability 2^-64). Every empty
-    micro-batch has the same digest, whatever its columns' dtypes."""
+def digest_key(noise_key: bytes) -> bytes:
+    """The secret micro-batch digests are keyed with: derived from the window's noise key under
+    a label of its own (HMAC-SHA256 as a PRF), so it is as private as the state, and the noise
+    key is never used directly for anything but noise."""
+    return hmac.new(noise_key, b"sage-tfx continual: micro-batch digest key",
+                    hashlib.sha256).digest()
+
+
+def batch_digest(batch: pd.DataFrame, key: bytes) -> str:
+    """HMAC-SHA256 under `key` (digest_key) of a micro-batch's canonical content: column names
+    and dtypes, then each column's bytes in row order (numbers as they are stored; other columns
+    as pandas' 64-bit hash of each value, so a changed value keeps its hash with probability
+    2^-64). Every empty micro-batch has the same digest, whatever its columns' dtypes. Keyed:
+    the digests sit in the journal (and the ledger's trigger pins) where a plain hash would
+    let anyone who reads them test a guess of a micro-batch (an empty one has a known hash)."""
     if len(batch) == 0:
-        return hashlib.sha256(b"empty micro-batch").hexdigest()
-    digest = hashlib.sha256()
+        return hmac.new(key, b"empty micro-batch", hashlib.sha256).hexdigest()
+    digest = hmac.new(key, digestmod=hashlib.sha256)
     digest.update(json.dumps([[str(c), str(t)] for c, t in batch.dtypes.items()]).encode())
     for _, column in batch.items():
         if column.dtype.kind in "iufb":
@@ -520,10 +531,19 @@ def _complete_lines(path: str) -> list[dict]:
     return [json.loads(line) for line in text.split("\n")[:-1]]
 
 
+def private_directory(directory: str) -> None:
+    """Create `directory` (or restrict an existing one) readable by the owner only: the state
+    holds raw counts, the noise key and the digest key, and is often kept beside public
+    releases."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+
+
 def write_json_lines(path: str, lines: list) -> None:
-    """Write `path` atomically (temporary file, fsync, rename)."""
+    """Write `path` atomically (temporary file, fsync, rename), readable by the owner only."""
     temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w") as out:
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
         out.write("".join(json.dumps(line) + "\n" for line in lines))
         out.flush()
         os.fsync(out.fileno())

@@ -1,6 +1,7 @@
 """The in-process engine's durability: a crash or a restart resumes with no micro-batch counted
 twice, no release rewritten with other numbers and no second charge."""
 import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -203,3 +204,24 @@ def test_a_reloaded_state_keeps_every_unit_id_exactly_and_its_contribution_used(
                             noise_key=bytes(32))
     assert list(state.units.values) == ["a\x00", "b"] and list(state.used[:2]) == [2, 1]
     assert state.column("buffer").sum() + state.column("released_true").sum() == 3.0
+
+
+def test_the_state_is_private_and_its_digests_are_keyed(tmp_path):
+    """Beside public releases the state must not be readable by others, and its journal's
+    digests must not let a reader test a guess: an empty micro-batch's digest is not a known
+    constant, and differs from window to window (another noise key)."""
+    query = dataclasses.replace(worker.QUERY, micro_batches=2)
+    budget = plan(query.epsilon, query.delta, 2, query.contribution_limit, query.value_bound)
+    digests = []
+    for name, key in (("a", bytes(32)), ("b", bytes([1]) * 32)):
+        state_dir = tmp_path / name
+        local.run_local(query, budget, [(1, local.empty_batch())], str(state_dir),
+                        lambda release: None, noise_key=key, snapshot_every=2,
+                        complete_window=False)  # step 1 stays in the journal
+        assert os.stat(state_dir).st_mode & 0o777 == 0o700
+        for file in os.listdir(state_dir):
+            assert os.stat(state_dir / file).st_mode & 0o777 == 0o600, file
+        lines = [json.loads(line) for line in (state_dir / "journal.jsonl").read_text().splitlines()]
+        digests.append(lines[1]["digest"])  # micro-batch 1, empty
+    assert hashlib.sha256(b"empty micro-batch").hexdigest() not in digests
+    assert digests[0] != digests[1]

@@ -182,3 +182,17 @@ def test_without_input_the_window_reads_its_ingested_blocks(store_path, tmp_path
     # Same bound as above: the key is released at the end with all 1,600 records.
     final = pd.read_csv(out / "release-000004.csv").set_index("key")
     assert abs(final.loc["busy", "value"] - 1600) < 200
+
+
+def test_the_state_may_live_outside_the_published_directory(ledger, store_path, tmp_path):
+    path = write_stream(tmp_path / "stream.csv")
+    out, private = tmp_path / "out", tmp_path / "private"
+    assert stream(store_path, out, "--state-dir", str(private), input_path=path) == 0
+    assert sorted(os.listdir(out)) == ["guarantee.txt"] + sorted(
+        f"release-{t:06d}.{kind}" for t in range(1, 5) for kind in ("csv", "json"))
+    assert os.stat(private).st_mode & 0o777 == 0o700
+    assert os.path.exists(private / "state.npz")
+    first = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    assert stream(store_path, out, "--state-dir", str(private), input_path=path) == 0
+    assert len(ledger.grant_records()) == 1  # resumed from the state: no second charge
+    assert {name: (out / name).read_bytes() for name in first} == first
