@@ -95,7 +95,8 @@ def run_local(query: StreamQuery, budget: StreamBudget,
               batches: Iterable[tuple[int, pd.DataFrame]], state_dir: str, sink: Sink, *,
               charge: Optional[Charge] = None, progress: Optional[Callable[[int], None]] = None,
               noise_key: Optional[bytes] = None, snapshot_every: Optional[int] = None,
-              complete_window: bool = True, fsync: bool = True) -> WindowState:
+              complete_window: bool = True, fsync: bool = True,
+              pin: Optional[Callable[[int, str], None]] = None) -> WindowState:
     """Run (or resume) the window in `state_dir` over `batches`, (step, micro-batch) pairs in
     increasing step order (steps without records may be left out). `charge()` charges the
     window's grant once and returns (grant id, block ids); None runs without a ledger (tests,
@@ -105,6 +106,9 @@ def run_local(query: StreamQuery, budget: StreamBudget,
     window's end is known); False stops at the last batch given (a live stream that goes on).
     `fsync`: each step's pending line reaches the disk before its release is written (False
     survives a crash of the process, not a power cut; state.Journal).
+    `pin(step, digest)` before step's release is written: records the step's micro-batch
+    digest where every copy of this state sees it (release.py: in the ledger), refusing
+    another digest, since the journal lives in one state directory only.
     Returns the state after the last step run."""
     query.check()
     check_budget(query, budget)
@@ -132,6 +136,8 @@ def run_local(query: StreamQuery, budget: StreamBudget,
             return
         if journal.pending_digest(step) not in (None, digest):
             raise StreamStateError(_changed(step, "may have been released"))
+        if pin is not None:
+            pin(step, digest)
         journal.begin(step, digest)
         sink(operator.step(state, budget, batch, digest))
         journal.commit(step, digest)

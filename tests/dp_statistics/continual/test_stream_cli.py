@@ -196,3 +196,44 @@ def test_the_state_may_live_outside_the_published_directory(ledger, store_path, 
     assert stream(store_path, out, "--state-dir", str(private), input_path=path) == 0
     assert len(ledger.grant_records()) == 1  # resumed from the state: no second charge
     assert {name: (out / name).read_bytes() for name in first} == first
+
+
+def test_a_trigger_released_from_one_state_copy_is_refused_from_another_with_other_records(
+        ledger, tmp_path):
+    """The ContinualRelease component copies the last successful state into each run's own
+    directory: if run N+1 released trigger 2 and failed, run N+2 (from run N's state) must not
+    release trigger 2 again from other records (same keyed noise: the two releases would
+    differ by exactly the changed records). The ledger pins each trigger's digest."""
+    import shutil
+
+    from sage_tfx.dp_statistics.continual import sources
+    from sage_tfx.dp_statistics.continual.release import run_window
+    from sage_tfx.dp_statistics.continual.spec import StreamQuery
+    from sage_tfx.sage_access.errors import BadRequest
+
+    window = sources.window_of_blocks(ledger, BLOCKS.split(","))
+    columns = sources.Columns("uid", "key", "time")
+    query = StreamQuery(key_column="key", unit_column="uid", time_column="time",
+                        value_column=None, value_bound=1.0, contribution_limit=8,
+                        micro_batches=4, epsilon=4, delta=1e-5)
+    original = sources.read_input(write_stream(tmp_path / "a.csv"), columns, window, 4)
+    changed_path = write_stream(tmp_path / "b.csv", users=199)  # one unit fewer in every batch
+    changed = sources.read_input(changed_path, columns, window, 4)
+
+    def run(name, records, through):
+        return run_window(ledger, query, window, records, str(tmp_path / name / "state"),
+                          str(tmp_path / name / "releases"), consumer="test",
+                          through_step=through)
+
+    run("n", original, 1)
+    for name in ("n1", "n2", "n2-same"):
+        shutil.copytree(tmp_path / "n", tmp_path / name)
+    run("n1", original, 2)  # released trigger 2, then (say) the run failed
+    with pytest.raises(BadRequest, match="trigger-2 of grant .* was computed from other data"):
+        run("n2", changed, 2)
+    assert not (tmp_path / "n2" / "releases" / "release-000002.csv").exists()
+    run("n2-same", original, 2)  # the same records: the same bits, allowed
+    assert (tmp_path / "n2-same" / "releases" / "release-000002.csv").read_bytes() == (
+        tmp_path / "n1" / "releases" / "release-000002.csv").read_bytes()
+    assert len(ledger.grant_records()) == 1
+    assert not ledger.audit().problems  # the pins are consistent with the ledger's history
