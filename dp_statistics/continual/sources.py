@@ -18,7 +18,8 @@ clamping to [-L, L] is the operator's. Without a value column every record is th
 (COUNT(*)). Nothing is counted, logged or printed about the records.
 
 Inputs. `--input FILE` reads one CSV (first line names the columns; every cell read as text,
-never type-inferred; a row with the wrong number of cells is dropped) or Parquet file;
+never type-inferred; a row with the wrong number of cells, or a cell that is not UTF-8, is
+dropped) or Parquet file;
 `--input DIR` reads the directory's *.csv and *.parquet files in name order, as files arriving
 one after another (input order = file order, then row order). Without --input the records are
 the rows of the window's blocks of a table that `sage-tfx ingest` registered
@@ -207,22 +208,47 @@ def _read_file(path: str, columns: Columns) -> pa.Table:
             if not missing:
                 return pq.read_table(path, columns=columns.names())
         else:
-            with open(path, newline="") as handle:
+            # Bytes that are not UTF-8 in the header become U+FFFD: a column so named is
+            # missing (the file refused by name), never a decoding error about a record.
+            with open(path, newline="", encoding="utf-8", errors="replace") as handle:
                 header = [name.strip() for name in next(csv.reader(handle), [])]
             missing = [c for c in columns.names() if c not in header]
             if not missing:
-                return pacsv.read_csv(
+                return _decoded(pacsv.read_csv(
                     path, convert_options=pacsv.ConvertOptions(
                         include_columns=columns.names(),
-                        column_types={c: pa.string() for c in columns.names()},
+                        column_types={c: pa.binary() for c in columns.names()},
                         strings_can_be_null=True),
                     # A row with too few or too many cells is dropped on its own, not a reason
                     # to refuse the file (which would branch on one record).
-                    parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip"))
+                    parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip")))
     except (OSError, pa.ArrowInvalid) as error:
         raise BadRequest(f"--input {path} cannot be read: {error}") from None
     raise BadRequest(f"--input {path} has no column(s) {', '.join(missing)} (the "
                      "--unit-column, --key-column, --time-column, --value-column)")
+
+
+def _decoded(table: pa.Table) -> pa.Table:
+    """`table`'s binary cells as UTF-8 text, dropping each row with a cell that is not UTF-8
+    (that record alone: one unit's malformed bytes never refuse the input)."""
+    valid = np.ones(table.num_rows, dtype=bool)
+    for column in table.columns:
+        try:
+            pc.cast(column, pa.string())
+        except pa.ArrowInvalid:  # rare: find the bad cells one by one
+            valid &= [cell is None or _is_utf8(cell) for cell in column.to_pylist()]
+    if not valid.all():
+        table = table.filter(pa.array(valid))
+    return pa.table({name: pc.cast(column, pa.string())
+                     for name, column in zip(table.column_names, table.columns)})
+
+
+def _is_utf8(cell: bytes) -> bool:
+    try:
+        cell.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _text(column: pa.ChunkedArray) -> np.ndarray:
