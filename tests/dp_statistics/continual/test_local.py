@@ -221,7 +221,23 @@ def test_the_state_is_private_and_its_digests_are_keyed(tmp_path):
         assert os.stat(state_dir).st_mode & 0o777 == 0o700
         for file in os.listdir(state_dir):
             assert os.stat(state_dir / file).st_mode & 0o777 == 0o600, file
-        lines = [json.loads(line) for line in (state_dir / "journal.jsonl").read_text().splitlines()]
+        journal = (state_dir / "journal.jsonl").read_text()
+        lines = [json.loads(line) for line in journal.splitlines()]
         digests.append(lines[1]["digest"])  # micro-batch 1, empty
     assert hashlib.sha256(b"empty micro-batch").hexdigest() not in digests
     assert digests[0] != digests[1]
+
+
+def test_the_state_is_saved_on_a_public_schedule_whatever_the_records(tmp_path):
+    """Where the state was last saved is shown (a resumed run's progress bar starts there), so
+    it must be the same for neighbouring streams: every ceil(T / 16) steps, here 2 of 32."""
+    query = dataclasses.replace(worker.QUERY, micro_batches=32)
+    budget = plan(query.epsilon, query.delta, 32, query.contribution_limit, query.value_bound)
+    few = [(step, pd.DataFrame({"unit": [f"new{step}"], "key": ["k"], "value": [1.0]}))
+           for step in range(1, 6)]
+    many = [(step, pd.DataFrame({"unit": ["same"] * 50, "key": ["k"] * 50,
+                                 "value": [1.0] * 50})) for step in range(1, 6)]
+    for name, batches in (("few", few), ("many", many)):
+        local.run_local(query, budget, batches, str(tmp_path / name), lambda release: None,
+                        noise_key=bytes(32), complete_window=False)
+        assert WindowState.load(str(tmp_path / name)).step == 4, name
