@@ -47,6 +47,7 @@ from sage_tfx.mechanisms.bounding import bounded
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 
 BATCH_COLUMNS = ("unit", "key", "value")  # a micro-batch's columns (value only for SUM)
+MAX_TREE_STREAM = 1 << 56  # keyed.KeyedGaussian's stream ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +142,20 @@ def start_rounds(selection: TreeIndex, noise: KeyedGaussian, tree_ids: np.ndarra
     return rows, np.where(first == NEVER, NEVER, step + first).astype(np.int64)
 
 
+def tree_ids(key_codes: np.ndarray, rounds: np.ndarray, micro_batches: int) -> np.ndarray:
+    """The noise stream of key `key_codes[i]`'s tree: its value tree for round 0, the selection
+    tree of round r >= 1 (r <= T: a round begins at most once per step). Injective, so every
+    tree gets its own noise, and a function of the key's code and round alone, so an engine
+    that evaluates keys apart (beam.py, one key per DoFn call) draws the same noise as `step`
+    without a global tree counter. Key codes are dense, in order of first appearance."""
+    key_codes = np.asarray(key_codes, dtype=np.uint64)
+    span = np.uint64(micro_batches + 1)
+    if len(key_codes) and int(key_codes.max()) >= MAX_TREE_STREAM // (micro_batches + 1):
+        raise QueryError(f"more than {MAX_TREE_STREAM // (micro_batches + 1)} keys in one "
+                         f"window of {micro_batches} micro-batches (noise streams are 56 bits)")
+    return key_codes * span + np.asarray(rounds, dtype=np.uint64)
+
+
 def _sum_by_code(codes: np.ndarray, weights: Optional[np.ndarray] = None):
     """(distinct codes, per-code sum of weights or count), codes sorted."""
     distinct, inverse = np.unique(codes, return_inverse=True)
@@ -176,7 +191,7 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     new_keys = state.add_keys(state.n_keys - known)
     if len(new_keys):
         state.columns["selection_row"][new_keys] = state.selection.add(
-            noise, state.new_tree_ids(len(new_keys)),
+            noise, tree_ids(new_keys, np.ones(len(new_keys)), query.micro_batches),
             np.full(len(new_keys), query.micro_batches))
     touched, sums = _sum_by_code(key_codes, values)
     state.columns["buffer"][touched] += sums
@@ -196,7 +211,8 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     chosen = evaluated[selected]
     without_value_tree = chosen[columns["value_row"][chosen] < 0]
     columns["value_row"][without_value_tree] = state.values.add(
-        noise, state.new_tree_ids(len(without_value_tree)),
+        noise, tree_ids(without_value_tree, np.zeros(len(without_value_tree)),
+                        query.micro_batches),
         np.full(len(without_value_tree), query.micro_batches))
     columns["released_true"][chosen] += columns["buffer"][chosen]
     columns["released_value"][chosen] = released_values(
@@ -206,8 +222,9 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     columns["round"][chosen] += 1
     columns["origin"][chosen] = t
     columns["count"][chosen] = 0
-    rows, due[selected] = start_rounds(state.selection, noise, state.new_tree_ids(len(chosen)),
-                                       t, query.micro_batches)
+    rows, due[selected] = start_rounds(
+        state.selection, noise, tree_ids(chosen, columns["round"][chosen], query.micro_batches),
+        t, query.micro_batches)
     columns["selection_row"][chosen] = rows
     columns["due"][evaluated] = due
     state.schedule(evaluated, due)

@@ -11,8 +11,8 @@ TriggerRelease leaves the operator. Tables are numpy arrays indexed by dense cod
   predicted step of its next release without new data, or NEVER), ``selection_row`` (its live
   selection tree in ``selection``) and ``value_row`` (its value tree in ``values``, -1 before its
   first release: a key never selected never pays for a value tree);
-- the noise key, the next tree id, the last committed step, the grant and the digests of the
-  micro-batches the state has consumed.
+- the noise key (a tree's noise stream is operator.tree_ids of its key's code and round), the
+  last committed step, the grant and the digests of the micro-batches the state has consumed.
 
 Storage (``save``/``load``) is one ``.npz`` written to a temporary file and renamed over the old
 one (os.replace is atomic), with the scalars as JSON inside it; no pickle. The pending-digest
@@ -239,7 +239,6 @@ class WindowState:
     columns: dict[str, np.ndarray]   # KEY_COLUMNS, per key code (capacity-grown)
     selection: TreeIndex             # selection trees (with thresholds), rows of live rounds
     values: TreeIndex                # value trees, one per key released at least once
-    next_tree: int = 0
     step: int = 0                    # the last micro-batch computed into this state
     digests: list = dataclasses.field(default_factory=list)  # sha256 of micro-batches 1..step
     grant_id: Optional[str] = None
@@ -285,11 +284,6 @@ class WindowState:
             grown[:len(self.used)] = self.used
             self.used = grown
 
-    def new_tree_ids(self, count: int) -> np.ndarray:
-        ids = np.arange(self.next_tree, self.next_tree + count, dtype=np.uint64)
-        self.next_tree += count
-        return ids
-
     def schedule(self, codes: np.ndarray, due: np.ndarray) -> None:
         """Index keys by predicted release step (Algorithm 4's secondary index). Entries are
         never removed: ``take_due`` keeps a key only if its ``due`` still says that step."""
@@ -317,7 +311,7 @@ class WindowState:
         os.makedirs(directory, mode=0o700, exist_ok=True)  # private: raw counts, noise key
         pair_codes, pair_rounds = self.pairs.to_arrays()
         meta = {"format": _FORMAT, "query": self.query.to_json(),
-                "budget": dataclasses.asdict(self.budget), "next_tree": self.next_tree,
+                "budget": dataclasses.asdict(self.budget),
                 "step": self.step, "digests": list(self.digests), "grant_id": self.grant_id,
                 "blocks": list(self.blocks), "charge_started": self.charge_started}
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
@@ -370,7 +364,7 @@ class WindowState:
                     CodeTable(arrays["key_values"].astype(object)), columns,
                     index("selection_", budget.selection_sigma, budget.thresholds()),
                     index("values_", budget.value_sigma, None),
-                    next_tree=meta["next_tree"], step=meta["step"], digests=meta["digests"],
+                    step=meta["step"], digests=meta["digests"],
                     grant_id=meta["grant_id"], blocks=tuple(meta["blocks"]),
                     charge_started=meta["charge_started"])
         state.schedule(np.arange(n_keys), state.column("due").astype(np.int64))
