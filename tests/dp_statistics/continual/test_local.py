@@ -179,3 +179,16 @@ def test_a_grant_the_ledger_refused_charged_nothing_and_the_window_can_try_again
     state = local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
                             lambda release: None, charge=lambda: ("grant-3", ["w2"]))
     assert state.grant_id == "grant-3"
+
+
+def test_a_torn_last_journal_line_is_ignored(tmp_path):
+    oracle, _ = uninterrupted(tmp_path)
+    state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
+    stream = [(step, frame) for step, frame in worker.stream() if step <= 6]
+    local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
+                    local.CsvDirectorySink(out), noise_key=NOISE_KEY, complete_window=False)
+    with open(os.path.join(state_dir, "journal.jsonl"), "a") as journal:
+        journal.write('{"pending": 7, "dig')  # the process died inside this write
+    local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                    local.CsvDirectorySink(out), noise_key=NOISE_KEY)
+    assert releases(out) == oracle
