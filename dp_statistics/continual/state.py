@@ -379,8 +379,6 @@ class WindowState:
 
         def index(prefix: str, sigma: float, thresholds) -> TreeIndex:
             part = {n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
-            if len(part["tree_ids"]) == 0:  # from_arrays cannot reshape an empty index
-                return TreeIndex.empty(sigma, query.micro_batches, thresholds)
             return TreeIndex.from_arrays(sigma, query.micro_batches, thresholds, part)
 
         state = cls(query, budget, arrays["noise_key"].tobytes(),

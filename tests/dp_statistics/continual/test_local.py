@@ -241,3 +241,16 @@ def test_the_state_is_saved_on_a_public_schedule_whatever_the_records(tmp_path):
         local.run_local(query, budget, batches, str(tmp_path / name), lambda release: None,
                         noise_key=bytes(32), complete_window=False)
         assert WindowState.load(str(tmp_path / name)).step == 4, name
+
+
+def test_a_torn_last_journal_line_is_ignored(tmp_path):
+    oracle, _ = uninterrupted(tmp_path)
+    state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
+    stream = [(step, frame) for step, frame in worker.stream() if step <= 6]
+    local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
+                    local.CsvDirectorySink(out), noise_key=NOISE_KEY, complete_window=False)
+    with open(os.path.join(state_dir, "journal.jsonl"), "a") as journal:
+        journal.write('{"pending": 7, "dig')  # the process died inside this write
+    local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                    local.CsvDirectorySink(out), noise_key=NOISE_KEY)
+    assert releases(out) == oracle
