@@ -9,19 +9,19 @@ second charge (the design's "Durability" section):
   charges the grant (``charge()``) and saves its id: a restart never charges again (and refuses,
   rather than charge twice, if it died between marking and saving the grant; a ledger refusal,
   a sage_access LedgerError, charged nothing and clears the mark);
-- step t appends {pending: t, keyed digest of micro-batch t (state.batch_digest)} to the
-  journal (state.Journal), is computed, ``sink(release t)``, and appends {commit: t}. A
-  restart whose micro-batch t differs from a pending t is refused: with keyed noise the same data gives the same release bits,
-  different data would publish a second release of step t that differs by exactly the changed
-  records; a committed micro-batch that changed is refused the same way;
+- step t appends {pending: t, keyed digest of micro-batch t (state.batch_digest)} to the journal
+  (state.Journal), is computed, ``sink(release t)``, and appends {commit: t}. A restart whose
+  micro-batch t differs from a pending t is refused: with keyed noise the same data gives the
+  same release bits, different data would publish a second release of step t that differs by
+  exactly the changed records; a committed micro-batch that changed is refused the same way;
 - the whole state is saved (``state.npz``, atomic rename; the journal then starts afresh) on a
   public schedule, every ceil(T / 16) steps and at the last (``save_steps``): at most 17 saves,
   and a restart replays at most T / 16 steps. The schedule must not depend on the data: the
   saved step is where a resumed run's progress bar starts (an earlier rule, "records since the
-  save >= rows of state", showed a data-dependent number). A restart loads the saved state (step s0), verifies and
-  skips micro-batches <= s0, recomputes the committed ones after s0 from the input without
-  releasing them again (keyed noise: the same state bit for bit) and goes on from the first
-  uncommitted one.
+  save >= rows of state", showed a data-dependent number). A restart loads the saved state (step
+  s0), verifies and skips micro-batches <= s0, recomputes the committed ones after s0 from the
+  input without releasing them again (keyed noise: the same state bit for bit) and goes on from
+  the first uncommitted one.
 
 Trigger times are public: a step the stream has no records for still runs (empty micro-batch),
 so keys predicted to cross there are released.
