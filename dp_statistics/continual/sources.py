@@ -295,8 +295,8 @@ def _fields(table: pa.Table, columns: Columns) -> tuple[np.ndarray, ...]:
             _seconds(table[columns.time]))
 
 
-def _usable_id(ids: np.ndarray) -> np.ndarray:
-    """Which unit or key ids a record may carry: not empty, no NUL character (pandas' string
+def usable_ids(ids: np.ndarray) -> np.ndarray:
+    """Which unit or key ids (stripped text) a record may carry (both engines): not empty, no NUL character (pandas' string
     hashing stops at a NUL, so "u\\x00" and "u" would share a code in one micro-batch and not
     in the next: one unit with two contribution budgets), at most MAX_ID_BYTES in UTF-8 (the
     state's memory is public, not one record's choice)."""
@@ -313,7 +313,7 @@ def _kept(parts: Sequence[tuple[np.ndarray, ...]], window: Window,
     order."""
     units, keys, values, times = (np.concatenate(arrays) for arrays in zip(*parts))
     batches = window.micro_batch_of(times, micro_batches)
-    kept = np.flatnonzero(_usable_id(units) & _usable_id(keys) & (batches > 0))
+    kept = np.flatnonzero(usable_ids(units) & usable_ids(keys) & (batches > 0))
     # Arrival order: by micro-batch, then event time, then input order (a stable sort).
     order = kept[np.lexsort((times[kept], batches[kept]))]
     return Records(units[order], keys[order], values[order], times[order], batches[order])
