@@ -488,15 +488,17 @@ class EvaluateKeys(beam.DoFn):
 
 @beam.typehints.with_output_types(Tuple[str, StreamRecord])
 class Prepare(beam.DoFn):
-    """Drops records without a unit or key, or outside the window (each a function of the
-    record alone), and keys the rest by unit."""
+    """Drops records without a usable unit or key (sources.usable_ids: not empty, no NUL, at
+    most 1024 bytes), or outside the window (each a function of the record alone), and keys the
+    rest by unit."""
 
     def __init__(self, batches: MicroBatches):
         self._batches = batches
 
     def process(self, record: StreamRecord, timestamp=beam.DoFn.TimestampParam):
         unit, key = _text(record.unit), _text(record.key)
-        if unit and key and self._batches.step_of(float(timestamp)):
+        if self._batches.step_of(float(timestamp)) and sources.usable_ids(
+                np.array([unit, key], dtype=object)).all():
             yield unit, record._replace(unit=unit, key=key)
 
 

@@ -41,7 +41,8 @@ import pandas as pd
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamStatistic
-from sage_tfx.dp_statistics.continual.state import PairTable, WindowState, batch_digest
+from sage_tfx.dp_statistics.continual.state import (PairTable, WindowState, batch_digest,
+                                                    digest_key)
 from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex, round_to_grid
 from sage_tfx.mechanisms.bounding import bounded
 from sage_tfx.mechanisms.keyed import KeyedGaussian
@@ -172,7 +173,7 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     t = state.step + 1
     if t > query.micro_batches:
         raise QueryError(f"the window has {query.micro_batches} micro-batches; all have run")
-    digest = batch_digest(batch) if digest is None else digest
+    digest = batch_digest(batch, digest_key(state.noise_key)) if digest is None else digest
     noise = KeyedGaussian(state.noise_key)
     grid, bound = record_grid(budget)
     units, keys, values = clean_batch(batch, query.statistic, grid, bound)

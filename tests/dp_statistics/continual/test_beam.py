@@ -82,6 +82,12 @@ def test_stage_one_bounds_units_and_stage_two_counts_new_users_per_key():
                    ("b", 3): (0.5, 1), ("a", 3): (1.0, 1), ("c", 3): (2.5, 0)}
 
 
+def test_a_unit_or_key_with_a_nul_or_over_1024_bytes_drops_its_record_as_in_sources():
+    unusable = [("u1\x00", "a", 1.0, 1001.5), ("u9", "k" * 1025, 1.0, 1001.5),
+                ("u9", "a\x00", 1.0, 1002.5)]
+    assert _beam_key_steps(RECORDS + unusable) == _expected(RECORDS, BATCHES, LIMIT, BOUND)
+
+
 @pytest.mark.parametrize("start, end, count", [(1.0, 1.0, 2), (0.0, 1.0, 0),
                                                (0.0, float("inf"), 2), (0.0, 0.1, 2)])
 def test_a_bad_window_is_refused_by_name(start, end, count):
