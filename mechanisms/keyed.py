@@ -39,7 +39,8 @@ class KeyedGaussian:
         if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
             raise ValueError(f"the noise key must be {KEY_BYTES} bytes")
         self._key = bytes(key)
-        self._cipher = Cipher(algorithms.AES(self._key), modes.ECB())
+        # ECB keeps no state between full blocks, so one encryptor serves every call.
+        self._encryptor = Cipher(algorithms.AES(self._key), modes.ECB()).encryptor()
 
     @classmethod
     def fresh(cls) -> "KeyedGaussian":
@@ -56,8 +57,7 @@ class KeyedGaussian:
         blocks = np.empty((streams.size, 2), dtype=_WORD)
         blocks[:, 0] = streams.ravel()
         blocks[:, 1] = pairs.ravel()
-        encryptor = self._cipher.encryptor()
-        return np.frombuffer(encryptor.update(blocks.tobytes()) + encryptor.finalize(),
+        return np.frombuffer(self._encryptor.update(blocks.tobytes()),
                              dtype=_WORD).reshape(-1, 2)
 
     def _pairs(self, streams: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

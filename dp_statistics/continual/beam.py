@@ -481,6 +481,16 @@ class EvaluateKeys(beam.DoFn):
             state.buffer, state.count, state.origin = 0.0, 0, t
             state.round += 1
             state.selection, next_due = self._new_round(state.code, state.round, t)
+        elif state.values is not None and t == length:
+            values = self._tree(state.values, selection=False)
+            grid, _ = operator.record_grid(budget)
+            prefixes, released = operator.final_values(
+                values, noise, np.array([0]), t, length, np.array([state.released_true]),
+                np.array([state.buffer]), grid)
+            state.released_true, state.buffer = float(prefixes[0]), 0.0
+            yield ReleaseUpdate(t, key, float(released[0]))
+        next_due = int(operator.wake_step(np.array([next_due]),
+                                          np.array([state.values is not None]), t, length)[0])
         state.evaluated, state.due = t, next_due
         key_state.write(state)
         alarm.fired([next_due] + [s.step for s in steps.read()])

@@ -131,13 +131,17 @@ def test_a_key_predicted_to_cross_is_released_then_without_new_records_and_never
     for step in range(2, 33):
         due = state.column("due").copy()
         should_cross = crossing_now(state, budget, step)
+        released_before = set(np.flatnonzero(~np.isnan(state.column("released_value"))).tolist())
         release = operator.step(state, budget, batch([], []))
         # No records: the keys evaluated are exactly those predicted for this step ...
         assert seen[-1] == np.flatnonzero(due == step).tolist()
-        # ... and they are exactly the keys a full scan of every live round would select.
+        # ... and they are exactly the keys a full scan of every live round would select,
+        # plus, at the last trigger (the window's final pane), every key released before.
         released_now = {int(state.keys.encode([k])[0]) for k in release.keys[release.updated]}
-        assert released_now == should_cross == set(seen[-1])
-        released_by_prediction += len(released_now)
+        final_pane = released_before if step == 32 else set()
+        assert released_now == should_cross | final_pane == set(seen[-1]) | final_pane
+        assert set(seen[-1]) == should_cross | final_pane
+        released_by_prediction += len(should_cross)
     assert released_by_prediction >= 3  # the test exercised prediction (fixed noise key)
 
 
@@ -181,3 +185,20 @@ def test_the_release_lists_keys_in_key_order_whatever_order_they_arrived_in():
         state, budget = window()
         release = operator.step(state, budget, batch(range(80), [first] * 40 + [second] * 40))
         assert release.keys.tolist() == ["a", "b"]
+
+
+def test_the_last_trigger_releases_every_released_key_with_all_its_records():
+    # Key "a" is selected at step 1 (40 users); 3 more users arrive at step 2, too few to be
+    # selected again before the window ends. The final pane (step 4) still counts them: its
+    # release is the value tree's noisy prefix over all 43 records, not the 40 of step 1.
+    state, budget = window(micro_batches=4, limit=1)
+    first = operator.step(state, budget, batch(range(40), ["a"] * 40))
+    assert first.keys.tolist() == ["a"] and first.updated.tolist() == [True]
+    operator.step(state, budget, batch(range(40, 43), ["a"] * 3))
+    third = operator.step(state, budget, batch([], []))
+    last = operator.step(state, budget, batch([], []))
+    assert third.updated.tolist() == [False] and last.updated.tolist() == [True]
+    code = state.keys.encode(["a"])[0]
+    assert state.column("released_true")[code] == 43 and state.column("buffer")[code] == 0
+    noise = state.values.noise_at(KeyedGaussian(KEY), [state.column("value_row")[code]], [4])
+    assert last.values[0] == 43 + tree.round_to_grid(noise, operator.record_grid(budget)[0])[0]
