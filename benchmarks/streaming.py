@@ -1,0 +1,293 @@
+"""DP-SQLP against the paper's two baselines on §5.1's synthetic stream (issue 19 §3; DP-SQLP
+§5, Table 1 and Figure 9).
+
+    python benchmarks/streaming.py [--users U] [--keys K] [--mean-records-per-user R]
+        [--contribution-limit C] [--micro-batches B] [--epsilon E] [--delta D] [--seed S]
+        [--baseline-rows-per-key M] [--baseline-1-final-only] [--json]
+    python benchmarks/streaming.py --latency [--users U ...] [--json]
+
+The stream (streaming_data.py): Zipf-Mandelbrot records per user and keys, records uniform over
+one day, split into B micro-batches of equal event-time width. The query is the paper's
+``SELECT key, COUNT(*) GROUP BY key`` (L = 1), the release after the last micro-batch is compared
+with the true final histogram (COUNT(*) per key over the whole stream, before any contribution
+bound). Every system bounds each user to its first C records in arrival order (the paper's
+global contribution bound) and spends (epsilon, delta) on the whole window.
+
+Printed per system: ``keys_kept`` (keys in the final release), ``l_inf``, ``l_1``, ``l_2``
+(of released - true over the whole key space; a key not released estimates 0) and
+``records_per_s`` (all generated records over the wall clock from the records in memory to the
+final histogram: bounding, every query or micro-batch step, the final sum; generation excluded).
+
+The baselines (the paper's §5, run on issue 18's operator)
+---------------------------------------------------------
+Both run ``sage_tfx.dp_statistics.aggregation`` (the in-process engine) with Gaussian noise and
+Gaussian-thresholding partition selection, ``max_partitions_contributed`` = C (never binds: a
+user has at most C records) and ``max_contributions_per_partition`` = M (default 1: the
+operator's COUNT sensitivity is sqrt(C_u) * M in L2, tight only at M = 1; a user's records
+rarely repeat a key, so M = 1 drops ~0.1% of the bounded records at the default scale; the
+report's ``dropped_by_rows_per_key`` says how many). One query at plan(eps_q, delta_q) runs
+two Gaussian steps (selection, COUNT; eps_q / 2 each) whose composed event E_q describes it
+except for the thresholding's ``additional_delta`` a_q = delta_q / 4 (the plan gives the
+selection delta_q / 2, half of it for tau), which composes by addition (mechanisms.Release).
+
+Baseline 1, repeated one-shot query. At every trigger t = 1..B, one query on all records of
+micro-batches 1..t (their bounded prefix: the first C records of a prefix are the prefix of the
+first C records, so this is the same global bound); the final histogram is query B's release.
+A user's records are read by every query from its first record's micro-batch on, so
+neighbouring streams differ in the input of up to k = B queries; the others see the same data.
+The whole run is SelfComposed(E_q, k) plus k * a_q of delta.
+
+Baseline 2, incremental one-shot query. One query per micro-batch, on that micro-batch's
+bounded records; the final histogram is the sum of the B releases (a key not released by a
+micro-batch adds 0; keys_kept counts keys released by any). A user's at most C bounded records
+lie in at most k = min(B, C) micro-batches, and the queries on the others see the same data on
+neighbouring streams: SelfComposed(E_q, k) plus k * a_q of delta. This is the paper's (and the
+issue's) accounting; ``--baseline-2-accounting joint`` instead treats the B queries as one
+Gaussian mechanism on the concatenated (micro-batch, key) vectors: a user's bounded records
+change at most C unit counts by 1 (L2 sqrt(C), one query's selection sensitivity) and its
+row counts by an L2 norm of at most sqrt(C M) <= sqrt(C) M (one query's COUNT sensitivity),
+and create at most C new (micro-batch, key) partitions, so k = 1: every micro-batch spends the
+whole budget (a stronger baseline than the paper's).
+
+Calibration (both). delta/3 goes to the thresholds (k * a_q = delta / 3, i.e. delta_q =
+4 delta / (3 k)), 2 delta / 3 to the Gaussian composition (DP-SQLP's own 2 : 1 split); eps_q is
+the largest per-query epsilon whose k-fold composition is epsilon-DP at 2 delta / 3 under
+dp-accounting's PLD accountant (the paper's "optimal composition"), found by
+``mechanism_calibration.calibrate_dp_mechanism``; ``epsilon_spent`` re-checks it.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import numpy as np
+import pandas as pd
+from dp_accounting import dp_event, mechanism_calibration
+from dp_accounting.pld import pld_privacy_accountant
+
+from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregationQuery, NoiseKind,
+                                                SelectionRule, aggregate, plan)
+
+# Run as a script, the benchmarks/ folder is on sys.path (tests load both files by path).
+from streaming_data import Stream, first_records_per_user, generate
+
+SYSTEMS = ("dp_sqlp", "baseline_1", "baseline_2")
+METRICS = ("keys_kept", "l_inf", "l_1", "l_2", "records_per_s")
+THRESHOLD_SHARE_OF_DELTA = 1.0 / 3.0
+
+
+def utility(estimate: np.ndarray, truth: np.ndarray, released: np.ndarray) -> dict:
+    """The paper's metrics of a final histogram: ``estimate`` per key (0 where not released),
+    ``released`` the mask of keys in the release."""
+    error = np.abs(estimate - truth)
+    return {"keys_kept": int(released.sum()), "l_inf": float(error.max(initial=0.0)),
+            "l_1": float(error.sum()), "l_2": float(np.sqrt(error @ error))}
+
+
+# --- the baselines ---------------------------------------------------------------------------
+
+def count_query(contribution_limit: int, rows_per_key: int) -> AggregationQuery:
+    return AggregationQuery(("key",), "user", (Aggregate.count(),),
+                            max_partitions_contributed=contribution_limit,
+                            max_contributions_per_partition=rows_per_key,
+                            selection=SelectionRule.GAUSSIAN_THRESHOLD, noise=NoiseKind.GAUSSIAN)
+
+
+@dataclasses.dataclass(frozen=True)
+class OneShotBudget:
+    """Each query's plan, and the k-fold composition it was calibrated for (module docstring)."""
+    plan: object
+    compositions: int
+    epsilon_spent: float  # the k-fold composition's epsilon at the grant's delta
+
+    def describe(self) -> dict:
+        steps = {s.name: s.event.noise_multiplier for s in self.plan.steps}
+        return {"compositions": self.compositions, "query_epsilon": self.plan.epsilon,
+                "query_delta": self.plan.delta,
+                "threshold_delta": self.compositions * self.plan.additional_delta,
+                "noise_multipliers": steps, "epsilon_spent": self.epsilon_spent}
+
+
+def calibrate_one_shot(query: AggregationQuery, epsilon: float, delta: float,
+                       compositions: int) -> OneShotBudget:
+    query_delta = 4.0 * delta * THRESHOLD_SHARE_OF_DELTA / compositions
+    composition_delta = delta * (1.0 - THRESHOLD_SHARE_OF_DELTA)
+
+    def composed(query_epsilon: float) -> dp_event.DpEvent:
+        return dp_event.SelfComposedDpEvent(plan(query, query_epsilon, query_delta).event,
+                                            compositions)
+
+    query_epsilon = mechanism_calibration.calibrate_dp_mechanism(
+        pld_privacy_accountant.PLDAccountant, composed, epsilon, composition_delta,
+        mechanism_calibration.ExplicitBracketInterval(epsilon * 1e-4, 2.0 * epsilon))
+    query_plan = plan(query, query_epsilon, query_delta)
+    threshold_delta = compositions * query_plan.additional_delta
+    spent = pld_privacy_accountant.PLDAccountant().compose(composed(query_epsilon)).get_epsilon(
+        delta - threshold_delta)
+    if spent > epsilon * (1 + 1e-9) or threshold_delta > delta * THRESHOLD_SHARE_OF_DELTA * (
+            1 + 1e-9):
+        raise AssertionError(f"calibration missed the grant: epsilon {spent}, threshold delta "
+                             f"{threshold_delta}")
+    return OneShotBudget(query_plan, compositions, spent)
+
+
+def _released(frame: pd.DataFrame, budget: OneShotBudget, keys: int) -> tuple[np.ndarray,
+                                                                              np.ndarray]:
+    table = aggregate(frame, budget.plan.query, budget.plan).table
+    estimate, released = np.zeros(keys), np.zeros(keys, dtype=bool)
+    index = table["key"].to_numpy(dtype=np.int64)
+    estimate[index], released[index] = table["count"].to_numpy(), True
+    return estimate, released
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    estimate: np.ndarray
+    released: np.ndarray
+    seconds: float
+    details: dict
+
+
+def _bounded_batches(stream: Stream, micro_batches: int, contribution_limit: int):
+    """The bounded records and the end offset of each micro-batch among them (records arrive in
+    event-time order, so micro-batches are contiguous)."""
+    kept = first_records_per_user(stream.user, contribution_limit)
+    frame = pd.DataFrame({"key": stream.key[kept], "user": stream.user[kept]})
+    ends = np.searchsorted(stream.micro_batch(micro_batches)[kept], np.arange(1, micro_batches
+                                                                             + 1))
+    return frame, ends
+
+
+def run_baseline_1(stream: Stream, budget: OneShotBudget, micro_batches: int,
+                   contribution_limit: int, final_only: bool = False) -> Run:
+    start = time.perf_counter()
+    frame, ends = _bounded_batches(stream, micro_batches, contribution_limit)
+    triggers = ends[-1:] if final_only else ends
+    for end in triggers:  # every trigger's release; the last one is the final histogram
+        estimate, released = _released(frame.iloc[:end], budget, stream.keys)
+    seconds = time.perf_counter() - start
+    return Run(estimate, released, seconds, {"queries_run": len(triggers)})
+
+
+def run_baseline_2(stream: Stream, budget: OneShotBudget, micro_batches: int,
+                   contribution_limit: int) -> Run:
+    start = time.perf_counter()
+    frame, ends = _bounded_batches(stream, micro_batches, contribution_limit)
+    estimate, released = np.zeros(stream.keys), np.zeros(stream.keys, dtype=bool)
+    for begin, end in zip(np.r_[0, ends[:-1]], ends):
+        batch_estimate, batch_released = _released(frame.iloc[begin:end], budget, stream.keys)
+        estimate += batch_estimate
+        released |= batch_released
+    return Run(estimate, released, time.perf_counter() - start, {"queries_run": micro_batches})
+
+
+def dropped_by_rows_per_key(stream: Stream, contribution_limit: int, rows_per_key: int) -> int:
+    """Bounded records beyond the first M of a (user, key) pair: what the baselines' per-key
+    bound drops on top of the global one."""
+    kept = first_records_per_user(stream.user, contribution_limit)
+    _, per_pair = np.unique(stream.user[kept] * stream.keys + stream.key[kept],
+                            return_counts=True)
+    return int(np.maximum(per_pair - rows_per_key, 0).sum())
+
+
+# --- the command -----------------------------------------------------------------------------
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--users", type=int, default=10 ** 6)
+    parser.add_argument("--keys", type=int, default=10 ** 5)
+    parser.add_argument("--mean-records-per-user", type=float, default=10.0)
+    parser.add_argument("--contribution-limit", type=int, default=32)
+    parser.add_argument("--micro-batches", type=int, default=100)
+    parser.add_argument("--epsilon", type=float, default=6.0)
+    parser.add_argument("--delta", type=float, default=1e-9)
+    parser.add_argument("--seed", type=int, default=0, help="the data generator's seed")
+    parser.add_argument("--baseline-rows-per-key", type=int, default=1,
+                        help="the baselines' max_contributions_per_partition M")
+    parser.add_argument("--baseline-2-accounting", choices=("participations", "joint"),
+                        default="participations")
+    parser.add_argument("--baseline-1-final-only", action="store_true",
+                        help="run only baseline 1's last query (its utility is the same; its "
+                             "records_per_s is then not measured)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    for name in ("users", "keys", "contribution_limit", "micro_batches",
+                 "baseline_rows_per_key"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be a positive integer")
+    if not (args.epsilon > 0 and 0 < args.delta < 1):
+        parser.error("--epsilon must be positive and --delta in (0, 1)")
+    return args
+
+
+def benchmark(args: argparse.Namespace) -> dict:
+    stream = generate(args.users, args.keys, args.mean_records_per_user, args.seed)
+    truth = stream.true_histogram()
+    query = count_query(args.contribution_limit, args.baseline_rows_per_key)
+    b1_budget = calibrate_one_shot(query, args.epsilon, args.delta, args.micro_batches)
+    b2_budget = calibrate_one_shot(
+        query, args.epsilon, args.delta,
+        1 if args.baseline_2_accounting == "joint"
+        else min(args.micro_batches, args.contribution_limit))
+    law = stream.records_law
+    report = {"config": {
+        "users": args.users, "keys": args.keys, "records": len(stream),
+        "mean_records_per_user_asked": args.mean_records_per_user,
+        "records_per_user_law": {"shift": 26.0, "exponent": law.exponent, "mean": law.mean,
+                                 "fraction_above_10": law.above_ten,
+                                 "percentile_99": law.percentile_99},
+        "records_kept_by_contribution_limit": int(first_records_per_user(
+            stream.user, args.contribution_limit).sum()),
+        "contribution_limit": args.contribution_limit, "micro_batches": args.micro_batches,
+        "epsilon": args.epsilon, "delta": args.delta, "seed": args.seed,
+        "baseline_rows_per_key": args.baseline_rows_per_key,
+        "dropped_by_rows_per_key": dropped_by_rows_per_key(stream, args.contribution_limit,
+                                                           args.baseline_rows_per_key),
+        "baseline_2_accounting": args.baseline_2_accounting}}
+    runs = {
+        "baseline_1": (run_baseline_1(stream, b1_budget, args.micro_batches,
+                                      args.contribution_limit, args.baseline_1_final_only),
+                       b1_budget.describe()),
+        "baseline_2": (run_baseline_2(stream, b2_budget, args.micro_batches,
+                                      args.contribution_limit), b2_budget.describe()),
+    }
+    for name, (run, budget) in runs.items():
+        entry = utility(run.estimate, truth, run.released)
+        measured = name != "baseline_1" or not args.baseline_1_final_only
+        entry["records_per_s"] = len(stream) / run.seconds if measured else None
+        entry["seconds"] = run.seconds
+        entry["budget"] = budget
+        entry.update(run.details)
+        report[name] = entry
+    return report
+
+
+def print_table(report: dict) -> None:
+    config = report["config"]
+    print(f"{config['records']:,} records, {config['users']:,} users, {config['keys']:,} keys, "
+          f"{config['micro_batches']} micro-batches, C = {config['contribution_limit']}, "
+          f"(eps, delta) = ({config['epsilon']:g}, {config['delta']:g})")
+    print(f"{'':12s}" + "".join(f"{m:>16s}" for m in METRICS))
+    for name in SYSTEMS:
+        if name not in report:
+            continue
+        entry = report[name]
+        cells = [f"{entry[m]:16,.0f}" if entry[m] is not None else f"{'-':>16s}"
+                 for m in METRICS]
+        print(f"{name:12s}" + "".join(cells))
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    report = benchmark(args)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_table(report)
+
+
+if __name__ == "__main__":
+    main()
