@@ -1,0 +1,3 @@
+"""DP-SQLP: continual release of a DP histogram over an event-time window of a stream, for one
+grant per window (Zhang et al., "Differentially Private Stream Processing at Scale").
+tree.py holds the DP trees, budget.py the window's calibration and privacy argument."""

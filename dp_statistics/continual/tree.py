@@ -1,0 +1,279 @@
+"""DP binary trees with Honaker's variance reduction, vectorised over many trees (paper §2.2).
+
+One tree per (key, round) for key selection (Algorithm 2) and one per key for the released values
+(Algorithm 3). A tree over leaves l = 1..n (one leaf per micro-batch) has a node for every dyadic
+interval ((i * 2^h), (i + 1) * 2^h] inside [1, n]; node (h, i) gets data + N(0, sigma^2), its noise
+drawn by mechanisms.keyed from (tree id, node id), so the tree is a pure function of the secret
+key and the data.
+
+Bottom-up Honaker estimate of a node (the paper's eq. 1; tensorflow-privacy's
+EfficientTreeAggregator):
+    var_0 = sigma^2,   var_h = 1 / (1 / sigma^2 + 1 / (2 var_{h-1}))
+    est(node) = w_h (data + n) + (1 - w_h) (est(left) + est(right)),   w_h = var_h / sigma^2
+est is unbiased with variance var_h, and its noise part
+    nu(node) = w_h n + (1 - w_h) (nu(left) + nu(right))
+does not depend on the data. The released prefix at leaf l is the sum of the estimates of the
+dyadic decomposition of [1, l] (one node per set bit h of l: node (h, (l >> h) - 1)), so
+    prefix(l) = true prefix(l) + Z(l),   Z(l) = sum of those nu,   Var Z(l) = lambda_l^2 = sum var_h.
+That is what makes Algorithm 4 cheap: a key's future without new data is known from Z alone.
+
+What is stored per tree (TreeIndex): Z at block boundaries (every BLOCK leaves) and, for
+selection trees, the minimum over each block of the required count R(l) = tau_l - Z(l); a value
+inside a block is recomputed from the block's 2 * BLOCK - 2 keyed node noises. BLOCK is a power of
+two, so a block is a tree node and Z(b * BLOCK + r) = Z(b * BLOCK) + (the block's own prefix at r)
+for r < BLOCK: nodes above the block level only enter through Z at its start.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from sage_tfx.mechanisms.keyed import KeyedGaussian
+
+NEVER = 0  # "no release predicted" as a leaf/step number (leaves and steps start at 1)
+BLOCK = 32  # leaves per stored block
+_BLOCK_LEVELS = BLOCK.bit_length() - 1  # node levels strictly inside a block
+_LEVEL_SHIFT = np.uint64(48)  # node counter = level << 48 | index at that level
+_MAX_CELLS = 1 << 22  # cells of Z computed at once when building an index
+
+
+def levels(length: int) -> int:
+    """Levels of a tree over `length` leaves; also the number of nodes a leaf is in,
+    ceil(log2(length + 1)), as dp-accounting's SingleEpochTreeAggregationDpEvent counts."""
+    return max(int(length), 1).bit_length()
+
+
+def honaker_variances(sigma: float, n_levels: int) -> np.ndarray:
+    """var_h of a level-h node's Honaker estimate, h = 0..n_levels-1."""
+    variances = np.empty(n_levels)
+    variances[0] = sigma ** 2
+    for h in range(1, n_levels):
+        variances[h] = 1.0 / (1.0 / sigma ** 2 + 1.0 / (2.0 * variances[h - 1]))
+    return variances
+
+
+def prefix_std(length: int, sigma: float) -> np.ndarray:
+    """lambda_l, the standard deviation of Z(l), for l = 1..length."""
+    variances = honaker_variances(sigma, levels(length))
+    ells = np.arange(1, length + 1)
+    total = np.zeros(length)
+    for h, variance in enumerate(variances):
+        total += ((ells >> h) & 1) * variance
+    return np.sqrt(total)
+
+
+def _level_noise(noise: KeyedGaussian, tree_ids: np.ndarray, first_leaf: np.ndarray,
+                 width: int, n_levels: int, sigma: float) -> list[np.ndarray]:
+    """nu of the nodes inside leaves [first_leaf, first_leaf + width) (0-based, aligned to
+    2^(n_levels-1)) of each tree: level h as an array (trees, width >> h)."""
+    variances = honaker_variances(sigma, n_levels)
+    nus: list[np.ndarray] = []
+    for h in range(n_levels):
+        count = width >> h
+        index = (first_leaf[:, None] >> h) + np.arange(count, dtype=np.uint64)[None, :]
+        own = sigma * noise.normals(tree_ids[:, None],
+                                    (np.uint64(h) << _LEVEL_SHIFT) | index.astype(np.uint64))
+        if h == 0:
+            nus.append(own)
+            continue
+        below = nus[h - 1]
+        weight = variances[h] / sigma ** 2
+        nus.append(weight * own + (1.0 - weight) * (below[:, 0:2 * count:2]
+                                                    + below[:, 1:2 * count:2]))
+    return nus
+
+
+def _decomposition_sum(nus: list[np.ndarray], ells: np.ndarray) -> np.ndarray:
+    """Sum of nu over the dyadic decomposition of [1, l] for each l in `ells` (relative to the
+    first leaf the levels were computed from): (trees, len(ells))."""
+    total = np.zeros((nus[0].shape[0], len(ells)))
+    for h, nu in enumerate(nus):
+        has = ((ells >> h) & 1).astype(bool)
+        if has.any():
+            total[:, has] += nu[:, (ells[has] >> h) - 1]
+    return total
+
+
+def prefix_noise(noise: KeyedGaussian, tree_ids, length: int, sigma: float) -> np.ndarray:
+    """Z(l) for l = 1..length of each tree: (len(tree_ids), length)."""
+    tree_ids = np.asarray(tree_ids, dtype=np.uint64)
+    nus = _level_noise(noise, tree_ids, np.zeros(len(tree_ids), dtype=np.uint64), length,
+                       levels(length), sigma)
+    return _decomposition_sum(nus, np.arange(1, length + 1))
+
+
+@dataclass
+class TreeIndex:
+    """Per-tree block summaries of Z (and of R = tau - Z when `thresholds` are given), growable.
+
+    Rows are trees; `tree_ids[row]` keys its noise, `lengths[row]` is its number of leaves.
+    """
+    sigma: float
+    thresholds: Optional[np.ndarray]  # tau_l at index l - 1 (selection trees), else None
+    n_blocks: int
+    tree_ids: np.ndarray
+    lengths: np.ndarray
+    bases: np.ndarray  # (rows, n_blocks + 1): Z at leaves 0, BLOCK, 2 BLOCK, ... (0 at leaf 0)
+    minima: Optional[np.ndarray]  # (rows, n_blocks): min of R over each block, +inf past the end
+    size: int = 0
+
+    @classmethod
+    def empty(cls, sigma: float, max_length: int,
+              thresholds: Optional[np.ndarray] = None) -> "TreeIndex":
+        n_blocks = -(-max_length // BLOCK)
+        return cls(sigma, None if thresholds is None else np.asarray(thresholds, float), n_blocks,
+                   np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros((0, n_blocks + 1)),
+                   None if thresholds is None else np.zeros((0, n_blocks)))
+
+    def _reserve(self, extra: int) -> None:
+        needed = self.size + extra
+        if needed <= len(self.tree_ids):
+            return
+        capacity = max(needed, 2 * len(self.tree_ids), 1024)
+
+        def grown(array: np.ndarray, fill) -> np.ndarray:
+            out = np.full((capacity,) + array.shape[1:], fill, dtype=array.dtype)
+            out[:self.size] = array[:self.size]
+            return out
+        self.tree_ids = grown(self.tree_ids, 0)
+        self.lengths = grown(self.lengths, 0)
+        self.bases = grown(self.bases, np.nan)
+        if self.minima is not None:
+            self.minima = grown(self.minima, np.inf)
+
+    def add(self, noise: KeyedGaussian, tree_ids, lengths) -> np.ndarray:
+        """Index new trees (computing their Z once); returns their rows."""
+        tree_ids = np.asarray(tree_ids, dtype=np.uint64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(tree_ids) == 0:
+            return np.zeros(0, np.int64)
+        if lengths.min() < 1 or lengths.max() > self.n_blocks * BLOCK:
+            raise ValueError("tree lengths must be between 1 and the window's micro-batches")
+        self._reserve(len(tree_ids))
+        rows = np.arange(self.size, self.size + len(tree_ids))
+        self.size += len(tree_ids)
+        self.tree_ids[rows], self.lengths[rows] = tree_ids, lengths
+        longest = int(lengths.max())
+        chunk = max(1, _MAX_CELLS // longest)
+        for start in range(0, len(rows), chunk):
+            part = slice(start, start + chunk)
+            self._summarise(noise, rows[part], tree_ids[part], lengths[part], longest)
+        return rows
+
+    def _summarise(self, noise, rows, tree_ids, lengths, longest) -> None:
+        # Z inside blocks is computed exactly as _block_noise recomputes it later (same node
+        # noises, same order of additions), so the stored minima agree bit for bit with a scan.
+        n_blocks = -(-longest // BLOCK)
+        width = n_blocks * BLOCK
+        nus = _level_noise(noise, tree_ids, np.zeros(len(rows), dtype=np.uint64), width,
+                           levels(width), self.sigma)
+        bases = np.full((len(rows), self.n_blocks + 1), np.nan)
+        bases[:, 0] = 0.0
+        boundaries = np.arange(BLOCK, width + 1, BLOCK)
+        bases[:, 1:1 + n_blocks] = np.where(boundaries[None, :] > lengths[:, None], np.nan,
+                                            _decomposition_sum(nus, boundaries))
+        self.bases[rows] = bases
+        if self.minima is None:
+            return
+        per_block = [nu.reshape(len(rows) * n_blocks, -1) for nu in nus[:_BLOCK_LEVELS]]
+        inside = _decomposition_sum(per_block, np.arange(1, BLOCK)).reshape(
+            len(rows), n_blocks, BLOCK - 1)
+        z = np.concatenate([bases[:, :n_blocks, None] + inside,
+                            bases[:, 1:n_blocks + 1, None]], axis=2).reshape(len(rows), width)
+        leaves = np.arange(1, width + 1)[None, :]
+        taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
+        required = np.where(leaves > lengths[:, None], np.inf, taus - np.nan_to_num(z))
+        self.minima[rows] = np.inf
+        self.minima[rows, :n_blocks] = required.reshape(len(rows), n_blocks, BLOCK).min(axis=2)
+
+    def _block_noise(self, noise, rows, blocks) -> np.ndarray:
+        """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK)."""
+        first_leaf = (blocks * BLOCK).astype(np.uint64)
+        nus = _level_noise(noise, self.tree_ids[rows], first_leaf, BLOCK, _BLOCK_LEVELS,
+                           self.sigma)
+        inside = _decomposition_sum(nus, np.arange(1, BLOCK))
+        out = np.empty((len(rows), BLOCK))
+        out[:, :BLOCK - 1] = self.bases[rows, blocks][:, None] + inside
+        out[:, BLOCK - 1] = self.bases[rows, blocks + 1]
+        return out
+
+    def noise_at(self, noise: KeyedGaussian, rows, leaves) -> np.ndarray:
+        """Z(leaves[i]) of tree rows[i] (1 <= leaf <= its length)."""
+        rows, leaves = np.asarray(rows, np.int64), np.asarray(leaves, np.int64)
+        if len(rows) == 0:
+            return np.zeros(0)
+        if (leaves < 1).any() or (leaves > self.lengths[rows]).any():
+            raise ValueError("a leaf outside its tree")
+        blocks = (leaves - 1) // BLOCK
+        values = self._block_noise(noise, rows, blocks)
+        return values[np.arange(len(rows)), leaves - 1 - blocks * BLOCK]
+
+    def _required(self, noise, rows, blocks) -> np.ndarray:
+        """R over block b of each row, +inf past the tree's end: (len(rows), BLOCK)."""
+        leaves = blocks[:, None] * BLOCK + np.arange(1, BLOCK + 1)[None, :]
+        inside = leaves <= self.lengths[rows][:, None]
+        taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
+        z = self._block_noise(noise, rows, blocks)
+        return np.where(inside, taus - np.nan_to_num(z), np.inf)
+
+    def first_crossing(self, noise: KeyedGaussian, rows, after, counts) -> np.ndarray:
+        """The first leaf l > after[i] of tree rows[i] with counts[i] > R(l), i.e. where the
+        noisy count with no further data would pass the threshold; NEVER if none."""
+        if self.minima is None:
+            raise ValueError("this index has no thresholds")
+        rows = np.asarray(rows, np.int64)
+        after = np.asarray(after, np.int64)
+        counts = np.asarray(counts, np.float64)
+        result = np.full(len(rows), NEVER, dtype=np.int64)
+        first_open = after // BLOCK  # the block holding leaf after + 1
+        block_numbers = np.arange(self.n_blocks)[None, :]
+        candidates = ((self.minima[rows] < counts[:, None])
+                      & (block_numbers >= first_open[:, None]))
+        # At most two exact scans: the first candidate block may cross only at leaves <= after.
+        for _ in range(2):
+            todo = np.flatnonzero(candidates.any(axis=1) & (result == NEVER))
+            if len(todo) == 0:
+                break
+            blocks = candidates[todo].argmax(axis=1)
+            required = self._required(noise, rows[todo], blocks)
+            leaves = blocks[:, None] * BLOCK + np.arange(1, BLOCK + 1)[None, :]
+            crossing = (counts[todo][:, None] > required) & (leaves > after[todo][:, None])
+            found = crossing.any(axis=1)
+            result[todo[found]] = leaves[found, crossing[found].argmax(axis=1)]
+            candidates[todo, blocks] = False
+        return result
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        arrays = {"tree_ids": self.tree_ids[:self.size], "lengths": self.lengths[:self.size],
+                  "bases": self.bases[:self.size]}
+        if self.minima is not None:
+            arrays["minima"] = self.minima[:self.size]
+        return arrays
+
+    @classmethod
+    def from_arrays(cls, sigma: float, max_length: int, thresholds: Optional[np.ndarray],
+                    arrays: dict[str, np.ndarray]) -> "TreeIndex":
+        index = cls.empty(sigma, max_length, thresholds)
+        size = len(arrays["tree_ids"])
+        index.tree_ids = np.array(arrays["tree_ids"], dtype=np.uint64)
+        index.lengths = np.array(arrays["lengths"], dtype=np.int64)
+        index.bases = np.array(arrays["bases"], dtype=np.float64).reshape(size, -1)
+        if thresholds is not None:
+            index.minima = np.array(arrays["minima"], dtype=np.float64).reshape(size, -1)
+        index.size = size
+        return index
+
+
+def value_grid(value_sigma: float) -> float:
+    """The power of two released values are rounded to: about sigma / 1024, so rounding costs
+    nothing in accuracy, and data (rounded per record to the grid) plus noise rounded to the grid
+    is computed exactly in float64: the release is x + grid * round(Z / grid), a shifted lattice
+    with no data-dependent low-order bits (keyed.py, "Floating point")."""
+    return 2.0 ** math.floor(math.log2(value_sigma) - 10)
+
+
+def round_to_grid(values, grid: float) -> np.ndarray:
+    return np.round(np.asarray(values, dtype=np.float64) / grid) * grid
