@@ -1,0 +1,221 @@
+"""One trigger of the DP-SQLP operator (design steps 1-7), vectorised over keys.
+
+``step(state, budget, batch)`` consumes micro-batch t = state.step + 1, a DataFrame with columns
+``unit``, ``key`` and (for SUM) ``value`` in arrival order, and returns the TriggerRelease of
+trigger t. The per-key math is in functions of arrays (``kept_mask``, ``select_and_predict``,
+``released_values``, ``start_rounds``) so that a Beam DoFn can call them with one key's or one
+unit's state; ``step`` is the in-process composition of them over every key at once.
+
+Privacy (the design's argument, with the code that provides each part):
+
+- Contribution bounding (``kept_mask``): a unit's first C records of the window are kept, in
+  arrival order, and no other; a unit counts once per (key, round) (``PairTable.count_once``).
+  Only kept records make a key appear: a dropped record (its unit past C) changes nothing.
+- Selection trees: a unit adds 1 to one leaf of at most C (key, round) trees; with node noise
+  sigma_s and H = ceil(log2(T + 1)) nodes per leaf that is rho_s = C H / (2 sigma_s^2)
+  (budget.py, SelfComposedDpEvent of SingleEpochTreeAggregationDpEvent).
+- Value trees: a unit's <= C records, |v| <= L after clamping (``clean_batch``), land in exactly
+  one leaf each (the step of their key's next release): rho_v = H (C L)^2 / (2 sigma_v^2).
+  Which leaf depends only on earlier outputs (adaptive composition).
+- A key is selected at t iff its round count c > R(t - origin), R(l) = tau_l - Z(l) the round
+  tree's data-independent required count; the release is the value tree's true prefix plus its
+  Honaker noise Z_v(t) rounded to the grid: post-processing of the noisy trees.
+- Thresholding's coupling (paper Thm 3.1): this operator differs from one that tracks a round-1
+  tree for every key of the universe from step 1 only if one of a unit's <= C keys crosses its
+  threshold before it first appears (probability <= beta each, tau's union over T). Every later
+  round is followed from its start by prediction (``select_and_predict``, Algorithm 4), so a key
+  without new records is evaluated exactly at its predicted step, as the full scan would.
+- Floating point: every kept value is a multiple of the grid and at most L (``record_grid``),
+  so the true prefix is exact in float64 and the release is a lattice point: no low-order bits
+  carry data (keyed.py, "Floating point").
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from sage_tfx.dp_statistics.aggregation.spec import QueryError
+from sage_tfx.dp_statistics.continual._standin import (NEVER, KeyedGaussian, StreamBudget,
+                                                       TreeIndex, round_to_grid)
+from sage_tfx.dp_statistics.continual.spec import StreamStatistic
+from sage_tfx.dp_statistics.continual.state import PairTable, WindowState, batch_digest
+from sage_tfx.mechanisms.bounding import bounded
+
+BATCH_COLUMNS = ("unit", "key", "value")  # a micro-batch's columns (value only for SUM)
+
+
+@dataclasses.dataclass(frozen=True)
+class TriggerRelease:
+    """What trigger `step` releases: every key selected so far in the window with its latest
+    noisy value (a key not released anew keeps its number: no fresh noise); `updated` marks the
+    keys released at this step. All of it is DP output; nothing else leaves the operator."""
+    step: int
+    keys: np.ndarray
+    values: np.ndarray
+    updated: np.ndarray
+    guarantee: str
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"key": self.keys, "value": self.values, "updated": self.updated})
+
+
+def record_grid(budget: StreamBudget) -> tuple[float, float]:
+    """(grid, bound): kept values are multiples of `grid` in [-bound, bound]. The grid is the
+    release lattice (tree.value_grid), made no coarser than L so a record is not rounded away
+    (a count of 1 on a grid of 4 would be 0); bound is the largest grid multiple <= L, so
+    rounding a clamped value never exceeds the sensitivity's L."""
+    grid = min(budget.value_grid, 2.0 ** math.floor(math.log2(budget.value_bound)))
+    return grid, math.floor(budget.value_bound / grid) * grid
+
+
+def clean_batch(batch: pd.DataFrame, statistic: StreamStatistic, grid: float,
+                bound: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(units, keys, values) of the records with a unit and a key; each a function of its
+    record alone. COUNT: value 1. SUM: NaN/inf -> 0, clamped to [-bound, bound], on the grid."""
+    missing = [column for column in BATCH_COLUMNS[:2] + (
+        ("value",) if statistic is StreamStatistic.SUM else ()) if column not in batch]
+    if missing:
+        raise QueryError(f"a micro-batch needs columns {list(BATCH_COLUMNS)}, missing {missing}")
+    valid = (batch["unit"].notna() & batch["key"].notna()).to_numpy()
+    units, keys = batch["unit"].to_numpy()[valid], batch["key"].to_numpy()[valid]
+    if statistic is StreamStatistic.COUNT:
+        return units, keys, np.ones(len(units))
+    values = bounded(pd.to_numeric(batch["value"], errors="coerce").to_numpy(np.float64)[valid],
+                     -bound, bound)
+    return units, keys, np.clip(round_to_grid(values, grid), -bound, bound)
+
+
+def kept_mask(units: np.ndarray, used: np.ndarray, limit: int) -> np.ndarray:
+    """Contribution bounding: which records to keep, given each record's unit (codes, in
+    arrival order) and each unit's kept records so far (`used`, indexed by code): a unit's first
+    `limit - used` records of this batch."""
+    if len(units) == 0:
+        return np.zeros(0, dtype=bool)
+    order = np.argsort(units, kind="stable")
+    sorted_units = units[order]
+    starts = np.r_[0, np.flatnonzero(sorted_units[1:] != sorted_units[:-1]) + 1]
+    first_of_group = np.repeat(starts, np.diff(np.r_[starts, len(units)]))
+    rank = np.empty(len(units), dtype=np.int64)
+    rank[order] = np.arange(len(units)) - first_of_group
+    return rank < limit - used[units]
+
+
+def select_and_predict(selection: TreeIndex, noise: KeyedGaussian, rows: np.ndarray,
+                       origins: np.ndarray, step: int,
+                       counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithms 2 and 4 for keys evaluated at `step` (their live round trees `rows`, begun
+    after global step `origins`, with round counts `counts`): (selected, due), selected[i] iff
+    counts > R(step - origin); due[i] the first later global step at which the count would
+    cross with no new data (NEVER if none, or if selected: start_rounds predicts the next
+    round)."""
+    local = step - origins.astype(np.int64)
+    first = selection.first_crossing(noise, rows, local - 1, counts)
+    selected = first == local
+    due = np.where(selected | (first == NEVER), NEVER, origins + first)
+    return selected, due.astype(np.int64)
+
+
+def released_values(values: TreeIndex, noise: KeyedGaussian, rows: np.ndarray, step: int,
+                    released_true: np.ndarray, grid: float) -> np.ndarray:
+    """Algorithm 3: each value tree's noisy prefix at leaf `step`, the true prefix (a grid
+    multiple) plus its Honaker noise rounded to the grid."""
+    noise_at = values.noise_at(noise, rows, np.full(len(rows), step, dtype=np.int64))
+    return released_true + round_to_grid(noise_at, grid)
+
+
+def start_rounds(selection: TreeIndex, noise: KeyedGaussian, tree_ids: np.ndarray, step: int,
+                 micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+    """New selection rounds begun after `step` (one tree each over the steps left): their rows
+    and predicted release steps with no data (count 0), NEVER if none or the window is over."""
+    if step >= micro_batches or len(tree_ids) == 0:
+        return np.full(len(tree_ids), -1, np.int64), np.full(len(tree_ids), NEVER, np.int64)
+    rows = selection.add(noise, tree_ids, np.full(len(tree_ids), micro_batches - step))
+    first = selection.first_crossing(noise, rows, np.zeros(len(rows), np.int64),
+                                     np.zeros(len(rows)))
+    return rows, np.where(first == NEVER, NEVER, step + first).astype(np.int64)
+
+
+def _sum_by_code(codes: np.ndarray, weights: Optional[np.ndarray] = None):
+    """(distinct codes, per-code sum of weights or count), codes sorted."""
+    distinct, inverse = np.unique(codes, return_inverse=True)
+    return distinct, np.bincount(inverse, weights=weights, minlength=len(distinct))
+
+
+def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
+         digest: Optional[str] = None) -> TriggerRelease:
+    """Run micro-batch state.step + 1 (design steps 1-7) and return its release. `digest`:
+    the batch's batch_digest if the caller computed it (the durable engine does)."""
+    query = state.query
+    if budget != state.budget:
+        raise QueryError("the budget is not the one this window's state was planned with")
+    t = state.step + 1
+    if t > query.micro_batches:
+        raise QueryError(f"the window has {query.micro_batches} micro-batches; all have run")
+    digest = batch_digest(batch) if digest is None else digest
+    noise = KeyedGaussian(state.noise_key)
+    grid, bound = record_grid(budget)
+    units, keys, values = clean_batch(batch, query.statistic, grid, bound)
+
+    # 1. Contribution bounding over the window.
+    unit_codes = state.units.encode(units)
+    state.grow_units()
+    keep = kept_mask(unit_codes, state.used, query.contribution_limit)
+    kept_units, kept_counts = _sum_by_code(unit_codes[keep])
+    state.used[kept_units] += kept_counts.astype(np.int32)
+    unit_codes, keys, values = unit_codes[keep], keys[keep], values[keep]
+
+    # 2-3. Only kept records make a key appear; a new key's round-1 tree starts at step 0.
+    known = state.n_keys
+    key_codes = state.keys.encode(keys)
+    new_keys = state.add_keys(state.n_keys - known)
+    if len(new_keys):
+        state.columns["selection_row"][new_keys] = state.selection.add(
+            noise, state.new_tree_ids(len(new_keys)),
+            np.full(len(new_keys), query.micro_batches))
+    touched, sums = _sum_by_code(key_codes, values)
+    state.columns["buffer"][touched] += sums
+    pairs = np.unique(PairTable.pair_codes(unit_codes, key_codes))
+    pair_keys = pairs & 0xFFFFFFFF
+    fresh = state.pairs.count_once(pairs, state.columns["round"][pair_keys])
+    counted, new_users = _sum_by_code(pair_keys[fresh])
+    state.columns["count"][counted] += new_users
+
+    # 3-6. Evaluate the keys with kept records and the keys predicted to cross at t.
+    evaluated = np.union1d(touched, state.take_due(t))
+    columns = state.columns
+    selected, due = select_and_predict(state.selection, noise,
+                                       columns["selection_row"][evaluated],
+                                       columns["origin"][evaluated], t,
+                                       columns["count"][evaluated])
+    chosen = evaluated[selected]
+    without_value_tree = chosen[columns["value_row"][chosen] < 0]
+    columns["value_row"][without_value_tree] = state.values.add(
+        noise, state.new_tree_ids(len(without_value_tree)),
+        np.full(len(without_value_tree), query.micro_batches))
+    columns["released_true"][chosen] += columns["buffer"][chosen]
+    columns["released_value"][chosen] = released_values(
+        state.values, noise, columns["value_row"][chosen], t, columns["released_true"][chosen],
+        grid)
+    columns["buffer"][chosen] = 0.0
+    columns["round"][chosen] += 1
+    columns["origin"][chosen] = t
+    columns["count"][chosen] = 0
+    rows, due[selected] = start_rounds(state.selection, noise, state.new_tree_ids(len(chosen)),
+                                       t, query.micro_batches)
+    columns["selection_row"][chosen] = rows
+    columns["due"][evaluated] = due
+    state.schedule(evaluated, due)
+    state.step = t
+    state.digests.append(digest)
+
+    # 7. The release: every key selected so far, with its last noisy value.
+    released = ~np.isnan(state.column("released_value"))
+    updated = np.zeros(state.n_keys, dtype=bool)
+    updated[chosen] = True
+    return TriggerRelease(t, state.keys.values[released],
+                          state.column("released_value")[released], updated[released],
+                          query.guarantee(state.blocks))

@@ -1,0 +1,173 @@
+"""The DP-SQLP operator's state machine (operator.step): contribution bounding, distinct users
+per (key, round), selection and Algorithm 4's prediction, value releases, determinism."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from sage_tfx.dp_statistics.aggregation.spec import QueryError
+from sage_tfx.dp_statistics.continual import _standin as tree, operator
+from sage_tfx.dp_statistics.continual._standin import NEVER, KeyedGaussian, plan
+from sage_tfx.dp_statistics.continual.spec import StreamQuery
+from sage_tfx.dp_statistics.continual.state import WindowState
+
+KEY = bytes(range(32))  # fixed noise in tests only
+
+
+def window(micro_batches=8, limit=2, epsilon=20.0, value_column=None, value_bound=1.0,
+           key=KEY):
+    query = StreamQuery(key_column="k", unit_column="u", time_column="t",
+                        value_column=value_column, value_bound=value_bound,
+                        contribution_limit=limit, micro_batches=micro_batches,
+                        epsilon=epsilon, delta=1e-3)
+    budget = plan(epsilon, 1e-3, micro_batches, limit, value_bound)
+    return WindowState.fresh(query, budget, key), budget
+
+
+def batch(units, keys, values=None):
+    frame = {"unit": list(units), "key": list(keys)}
+    if values is not None:
+        frame["value"] = list(values)
+    return pd.DataFrame(frame)
+
+
+def kept_total(state, key):
+    """Sum of the key's kept values, released or not (the value tree's true total)."""
+    code = state.keys.encode([key])[0]
+    return state.column("buffer")[code] + state.column("released_true")[code]
+
+
+def test_a_unit_keeps_its_first_c_records_of_the_window_in_arrival_order():
+    state, budget = window(limit=3, value_column="v", value_bound=100.0)
+    # Unit 1: 2 records in step 1, then 3 in step 2: only the first of step 2 is kept.
+    operator.step(state, budget, batch([1, 2, 1], ["a", "a", "b"], [10, 1, 20]))
+    operator.step(state, budget, batch([1, 1, 1, 2], ["c", "a", "b", "c"], [30, 40, 50, 2]))
+    assert kept_total(state, "a") == 11 and kept_total(state, "b") == 20
+    assert kept_total(state, "c") == 32
+    assert state.used[state.units.encode([1, 2])].tolist() == [3, 2]
+
+
+def test_values_are_clamped_and_bad_values_count_as_zero():
+    state, budget = window(limit=5, value_column="v", value_bound=4.0)
+    operator.step(state, budget, batch([1, 2, 3, 4, 5], "aaaaa",
+                                       [1e300, -7, np.nan, np.inf, "x"]))
+    assert kept_total(state, "a") == 4 - 4 + 0 + 0 + 0
+
+
+def test_records_without_unit_or_key_are_dropped_and_a_dropped_record_makes_no_key():
+    state, budget = window(limit=1)
+    operator.step(state, budget, batch([1, 1, None, 2], ["a", "ghost", "b", None]))
+    # unit 1's second record is past C = 1: "ghost" never appears (no tree, never released).
+    assert state.keys.values.tolist() == ["a"]
+    assert state.selection.size == 1
+
+
+def test_a_unit_counts_once_per_key_and_round():
+    state, budget = window(limit=8, epsilon=1.0)  # tau ~ 50: nothing is selected
+    operator.step(state, budget, batch([1, 1, 1, 2], "aaab"))
+    operator.step(state, budget, batch([1, 3], "aa"))
+    counts = dict(zip(state.keys.values, state.column("count")))
+    assert counts == {"a": 2, "b": 1}
+
+
+def test_a_selected_key_starts_a_new_round_in_which_its_users_count_again():
+    state, budget = window(limit=4)  # tau ~ 6-12 at epsilon 20
+    users = range(40)
+    release = operator.step(state, budget, batch(users, ["a"] * 40))
+    assert release.keys.tolist() == ["a"] and release.updated.tolist() == [True]
+    code = state.keys.encode(["a"])[0]
+    assert state.column("round")[code] == 2 and state.column("origin")[code] == 1
+    operator.step(state, budget, batch([0, 0, 1], "aaa"))
+    assert state.column("count")[code] == 2  # units 0 and 1 again, once each
+
+
+def test_the_release_is_the_true_prefix_plus_the_value_trees_rounded_noise():
+    state, budget = window(limit=4)
+    operator.step(state, budget, batch(range(40), ["a"] * 40))
+    release = operator.step(state, budget, batch(range(40, 80), ["a"] * 40))
+    code = state.keys.encode(["a"])[0]
+    tree_id = state.values.tree_ids[state.column("value_row")[code]]
+    noise = tree.prefix_noise(KeyedGaussian(KEY), [tree_id], 8, budget.value_sigma)[0]
+    grid, _ = operator.record_grid(budget)
+    assert release.values[0] == 80 + tree.round_to_grid(noise[1], grid)
+    assert release.values[0] % grid == 0 and release.values[0] != 80
+
+
+def evaluated_keys(monkeypatch, state):
+    """A spy on select_and_predict: the key codes it evaluates at each call."""
+    seen = []
+    original = operator.select_and_predict
+
+    def spy(selection, noise, rows, origins, step, counts):
+        row_to_key = {row: code for code, row in enumerate(state.column("selection_row"))}
+        seen.append(sorted(row_to_key[row] for row in rows.tolist()))
+        return original(selection, noise, rows, origins, step, counts)
+    monkeypatch.setattr(operator, "select_and_predict", spy)
+    return seen
+
+
+def crossing_now(state, budget, step):
+    """Algorithm 2 without prediction: every key whose live round's noisy count passes its
+    threshold at `step` (a full scan, from the trees' noise recomputed from scratch)."""
+    codes = np.flatnonzero(state.column("selection_row") >= 0)
+    rows = state.column("selection_row")[codes]
+    leaves = step - state.column("origin")[codes]
+    z = [tree.prefix_noise(KeyedGaussian(KEY), [state.selection.tree_ids[row]],
+                           int(state.selection.lengths[row]), budget.selection_sigma)[0, leaf - 1]
+         for row, leaf in zip(rows, leaves)]
+    required = budget.thresholds()[leaves - 1] - np.array(z)
+    return set(codes[state.column("count")[codes] > required].tolist())
+
+
+def test_a_key_predicted_to_cross_is_released_then_without_new_records_and_never_scanned_else(
+        monkeypatch):
+    state, budget = window(micro_batches=32, limit=1)
+    # 300 keys of 6 users each, near the threshold: some cross now, some later by noise alone.
+    keys = np.repeat([f"k{i}" for i in range(300)], 6)
+    operator.step(state, budget, batch(range(len(keys)), keys))
+    seen = evaluated_keys(monkeypatch, state)
+    released_by_prediction = 0
+    for step in range(2, 33):
+        due = state.column("due").copy()
+        should_cross = crossing_now(state, budget, step)
+        release = operator.step(state, budget, batch([], []))
+        # No records: the keys evaluated are exactly those predicted for this step ...
+        assert seen[-1] == np.flatnonzero(due == step).tolist()
+        # ... and they are exactly the keys a full scan of every live round would select.
+        released_now = {int(state.keys.encode([k])[0]) for k in release.keys[release.updated]}
+        assert released_now == should_cross == set(seen[-1])
+        released_by_prediction += len(released_now)
+    assert released_by_prediction >= 3  # the test exercised prediction (fixed noise key)
+
+
+def test_same_key_and_data_give_the_same_bits_and_another_key_other_bits():
+    data = [batch(range(i * 40, i * 40 + 40), ["a"] * 20 + ["b"] * 20) for i in range(4)]
+
+    def run(key):
+        state, budget = window(key=key)
+        return [operator.step(state, budget, frame).values.tobytes() for frame in data]
+    assert run(KEY) == run(KEY)
+    assert run(KEY) != run(bytes(32))
+
+
+def test_a_full_window_refuses_another_micro_batch_and_a_missing_column():
+    state, budget = window(micro_batches=1, value_column="v", value_bound=2.0)
+    with pytest.raises(QueryError, match="missing \\['value'\\]"):
+        operator.step(state, budget, batch([1], ["a"]))
+    operator.step(state, budget, batch([1], ["a"], [1.0]))
+    with pytest.raises(QueryError, match="all have run"):
+        operator.step(state, budget, batch([1], ["a"], [1.0]))
+
+
+def test_the_query_names_what_is_wrong():
+    good = dict(key_column="k", unit_column="u", time_column="t", epsilon=1.0, delta=1e-6)
+    StreamQuery(**good).check(columns=["k", "u", "t"])
+    for change, message in [({"unit_column": "k"}, "must differ"),
+                            ({"value_bound": 3.0}, "COUNT\\(\\*\\).*value_bound must be 1"),
+                            ({"value_column": "v", "value_bound": float("inf")}, "value_bound"),
+                            ({"contribution_limit": 0}, "contribution_limit"),
+                            ({"micro_batches": 2.5}, "micro_batches"),
+                            ({"epsilon": -1.0}, "epsilon"), ({"delta": 0.0}, "delta")]:
+        with pytest.raises(QueryError, match=message):
+            StreamQuery(**{**good, **change}).check()
+    with pytest.raises(QueryError, match="unknown column\\(s\\) \\['t'\\]"):
+        StreamQuery(**good).check(columns=["k", "u"])
