@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import tempfile
 import time
 
 import numpy as np
@@ -70,13 +71,21 @@ from scipy import optimize
 from sage_tfx import mechanisms
 from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregationQuery, NoiseKind,
                                                 SelectionRule, aggregate, plan)
+from sage_tfx.dp_statistics.continual import budget as stream_budget
+from sage_tfx.dp_statistics.continual import local, operator, spec
 
 # Run as a script, the benchmarks/ folder is on sys.path (tests load both files by path).
-from streaming_data import Stream, first_records_per_user, generate
+from streaming_data import Stream, generate
 
 SYSTEMS = ("dp_sqlp", "baseline_1", "baseline_2")
 METRICS = ("keys_kept", "l_inf", "l_1", "l_2", "records_per_s")
 THRESHOLD_SHARE_OF_DELTA = 1.0 / 3.0
+
+
+def first_records_per_user(stream: Stream, limit: int) -> np.ndarray:
+    """The global contribution bound every system applies: each user's first ``limit`` records
+    in arrival order (the operator's own bounding, on the whole stream at once)."""
+    return operator.kept_mask(stream.user, np.zeros(stream.users, dtype=np.int64), limit)
 
 
 def utility(estimate: np.ndarray, truth: np.ndarray, released: np.ndarray) -> dict:
@@ -167,11 +176,9 @@ class Run:
 def _bounded_batches(stream: Stream, micro_batches: int, contribution_limit: int):
     """The bounded records and the end offset of each micro-batch among them (records arrive in
     event-time order, so micro-batches are contiguous)."""
-    kept = first_records_per_user(stream.user, contribution_limit)
+    kept = first_records_per_user(stream, contribution_limit)
     frame = pd.DataFrame({"key": stream.key[kept], "user": stream.user[kept]})
-    ends = np.searchsorted(stream.micro_batch(micro_batches)[kept], np.arange(1, micro_batches
-                                                                             + 1))
-    return frame, ends
+    return frame, np.r_[0, np.cumsum(kept)][micro_batch_ends(stream, micro_batches)]
 
 
 def run_baseline_1(stream: Stream, budget: OneShotBudget, micro_batches: int,
@@ -197,10 +204,50 @@ def run_baseline_2(stream: Stream, budget: OneShotBudget, micro_batches: int,
     return Run(estimate, released, time.perf_counter() - start, {"queries_run": micro_batches})
 
 
+# --- DP-SQLP ------------------------------------------------------------------------------
+
+def stream_query(epsilon: float, delta: float, micro_batches: int,
+                 contribution_limit: int) -> spec.StreamQuery:
+    return spec.StreamQuery(key_column="key", unit_column="user", time_column="time",
+                            contribution_limit=contribution_limit, micro_batches=micro_batches,
+                            epsilon=epsilon, delta=delta)
+
+
+def micro_batch_ends(stream: Stream, micro_batches: int) -> np.ndarray:
+    """The end offset of each micro-batch in the stream (records arrive in event-time order,
+    so micro-batches are contiguous)."""
+    return np.searchsorted(stream.micro_batch(micro_batches), np.arange(1, micro_batches + 1))
+
+
+def run_dp_sqlp(stream: Stream, query: spec.StreamQuery, budget, state_dir: str,
+                on_step=None) -> Run:
+    """The in-process engine (``local.run_local``, durable state in ``state_dir``) over the
+    stream's micro-batches; the final histogram is the last trigger's release. ``on_step``
+    (step, release) is called after each trigger (the latency mode times it)."""
+    start = time.perf_counter()
+    ends = micro_batch_ends(stream, query.micro_batches)
+    batches = ((step, pd.DataFrame({"unit": stream.user[begin:end], "key": stream.key[begin:end]}))
+               for step, (begin, end) in enumerate(zip(np.r_[0, ends[:-1]], ends), start=1))
+    last = []
+
+    def sink(release: operator.TriggerRelease) -> None:
+        last[:] = [release]
+        if on_step is not None:
+            on_step(release.step, release)
+
+    local.run_local(query, budget, batches, state_dir, sink)
+    release = last[0]
+    estimate, released = np.zeros(stream.keys), np.zeros(stream.keys, dtype=bool)
+    index = release.keys.astype(np.int64)
+    estimate[index], released[index] = release.values, True
+    return Run(estimate, released, time.perf_counter() - start,
+               {"guarantee": release.guarantee})
+
+
 def dropped_by_rows_per_key(stream: Stream, contribution_limit: int, rows_per_key: int) -> int:
     """Bounded records beyond the first M of a (user, key) pair: what the baselines' per-key
     bound drops on top of the global one."""
-    kept = first_records_per_user(stream.user, contribution_limit)
+    kept = first_records_per_user(stream, contribution_limit)
     _, per_pair = np.unique(stream.user[kept] * stream.keys + stream.key[kept],
                             return_counts=True)
     return int(np.maximum(per_pair - rows_per_key, 0).sum())
@@ -254,14 +301,21 @@ def benchmark(args: argparse.Namespace) -> dict:
                                  "fraction_above_10": law.above_ten,
                                  "percentile_99": law.percentile_99},
         "records_kept_by_contribution_limit": int(first_records_per_user(
-            stream.user, args.contribution_limit).sum()),
+            stream, args.contribution_limit).sum()),
         "contribution_limit": args.contribution_limit, "micro_batches": args.micro_batches,
         "epsilon": args.epsilon, "delta": args.delta, "seed": args.seed,
         "baseline_rows_per_key": args.baseline_rows_per_key,
         "dropped_by_rows_per_key": dropped_by_rows_per_key(stream, args.contribution_limit,
                                                            args.baseline_rows_per_key),
         "baseline_2_accounting": args.baseline_2_accounting}}
+    query = stream_query(args.epsilon, args.delta, args.micro_batches, args.contribution_limit)
+    dp_budget = stream_budget.plan(args.epsilon, args.delta, args.micro_batches,
+                                   args.contribution_limit)
+    with tempfile.TemporaryDirectory(prefix="dp-sqlp-state-") as state_dir:
+        dp_sqlp = run_dp_sqlp(stream, query, dp_budget, state_dir)
     runs = {
+        "dp_sqlp": (dp_sqlp, {"selection_sigma": dp_budget.selection_sigma,
+                              "value_sigma": dp_budget.value_sigma, "beta": dp_budget.beta}),
         "baseline_1": (run_baseline_1(stream, b1_budget, args.micro_batches,
                                       args.contribution_limit, args.baseline_1_final_only),
                        b1_budget.describe()),

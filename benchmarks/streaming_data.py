@@ -113,14 +113,3 @@ def generate(users: int, keys: int, mean_records_per_user: float, seed: int) -> 
     order = np.argsort(time, kind="stable")
     return Stream(user[order], key[order].astype(np.int64), time[order], users, keys, law)
 
-
-def first_records_per_user(user: np.ndarray, limit: int) -> np.ndarray:
-    """Mask of the records kept when each user keeps its first ``limit`` records (in the given
-    order): the global contribution bound DP-SQLP and the baselines share."""
-    order = np.argsort(user, kind="stable")
-    sorted_user = user[order]
-    starts = np.flatnonzero(np.r_[True, sorted_user[1:] != sorted_user[:-1]])
-    rank = np.arange(user.size) - np.repeat(starts, np.diff(np.r_[starts, user.size]))
-    kept = np.empty(user.size, dtype=bool)
-    kept[order] = rank < limit
-    return kept

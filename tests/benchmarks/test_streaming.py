@@ -59,12 +59,6 @@ def test_generated_stream_follows_the_laws():
     assert np.all(np.abs(sizes - len(stream) / 10) < 10 * np.sqrt(len(stream) / 10))
 
 
-def test_first_records_per_user_keeps_each_users_earliest_records():
-    user = np.array([3, 1, 3, 3, 1, 2, 3, 1, 1])
-    kept = streaming_data.first_records_per_user(user, 2)
-    assert kept.tolist() == [True, True, True, False, True, True, False, False, False]
-
-
 @pytest.mark.parametrize("compositions", [1, 10])
 def test_baseline_calibration_spends_the_grant_under_dp_accountings_pld(compositions):
     epsilon, delta = 6.0, 1e-9
