@@ -273,12 +273,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline-1-final-only", action="store_true",
                         help="run only baseline 1's last query (its utility is the same; its "
                              "records_per_s is then not measured)")
+    parser.add_argument("--latency", action="store_true",
+                        help="instead: DP-SQLP's per-micro-batch latency vs micro-batch size")
+    parser.add_argument("--latency-micro-batches", type=lambda text: [
+        int(part) for part in text.split(",")], default=[1000, 300, 100, 30, 10],
+        help="the micro-batch counts the latency mode cuts the stream into (comma-separated)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     for name in ("users", "keys", "contribution_limit", "micro_batches",
                  "baseline_rows_per_key"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer")
+    if not all(count >= 1 for count in args.latency_micro_batches):
+        parser.error("--latency-micro-batches must be positive integers")
     if not (args.epsilon > 0 and 0 < args.delta < 1):
         parser.error("--epsilon must be positive and --delta in (0, 1)")
     return args
@@ -333,6 +340,33 @@ def benchmark(args: argparse.Namespace) -> dict:
     return report
 
 
+def latency(args: argparse.Namespace) -> dict:
+    """Figure 9's shape: DP-SQLP's per-micro-batch latency as the micro-batch grows, on one
+    stream cut into fewer, larger micro-batches. A trigger's latency is the wall clock between
+    consecutive releases (building the micro-batch, the pending mark, the step, the commit)."""
+    stream = generate(args.users, args.keys, args.mean_records_per_user, args.seed)
+    rows = []
+    for micro_batches in args.latency_micro_batches:
+        query = stream_query(args.epsilon, args.delta, micro_batches, args.contribution_limit)
+        budget = stream_budget.plan(args.epsilon, args.delta, micro_batches,
+                                    args.contribution_limit)
+        stamps = [time.perf_counter()]
+        with tempfile.TemporaryDirectory(prefix="dp-sqlp-state-") as state_dir:
+            run = run_dp_sqlp(stream, query, budget, state_dir,
+                              on_step=lambda step, release: stamps.append(time.perf_counter()))
+        seconds = np.diff(stamps)
+        rows.append({"micro_batches": micro_batches,
+                     "records_per_micro_batch": len(stream) / micro_batches,
+                     "latency_s_median": float(np.median(seconds)),
+                     "latency_s_mean": float(seconds.mean()),
+                     "latency_s_p90": float(np.percentile(seconds, 90)),
+                     "records_per_s": len(stream) / run.seconds})
+    return {"config": {"users": args.users, "keys": args.keys, "records": len(stream),
+                       "contribution_limit": args.contribution_limit, "epsilon": args.epsilon,
+                       "delta": args.delta, "seed": args.seed},
+            "latency": rows}
+
+
 def print_table(report: dict) -> None:
     config = report["config"]
     print(f"{config['records']:,} records, {config['users']:,} users, {config['keys']:,} keys, "
@@ -348,11 +382,25 @@ def print_table(report: dict) -> None:
         print(f"{name:12s}" + "".join(cells))
 
 
+def print_latency(report: dict) -> None:
+    config = report["config"]
+    print(f"DP-SQLP per-micro-batch latency, {config['records']:,} records, "
+          f"{config['users']:,} users, {config['keys']:,} keys, C = {config['contribution_limit']}")
+    print(f"{'micro-batches':>14s}{'records/batch':>16s}{'median s':>12s}{'mean s':>12s}"
+          f"{'p90 s':>12s}{'records/s':>14s}")
+    for row in report["latency"]:
+        print(f"{row['micro_batches']:14d}{row['records_per_micro_batch']:16,.0f}"
+              f"{row['latency_s_median']:12.4f}{row['latency_s_mean']:12.4f}"
+              f"{row['latency_s_p90']:12.4f}{row['records_per_s']:14,.0f}")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
-    report = benchmark(args)
+    report = latency(args) if args.latency else benchmark(args)
     if args.json:
         print(json.dumps(report))
+    elif args.latency:
+        print_latency(report)
     else:
         print_table(report)
 

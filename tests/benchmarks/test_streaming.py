@@ -97,3 +97,17 @@ def test_script_prints_one_consistent_json_object_at_tiny_scale():
         assert entry["records_per_s"] > 0
     assert report["baseline_1"]["queries_run"] == 8
     assert report["baseline_2"]["budget"]["compositions"] == 8  # min(B, C) participations
+    assert report["dp_sqlp"]["guarantee"].startswith("(6, 1e-09)-DP for all records of one user")
+
+
+def test_latency_mode_times_every_micro_batch():
+    args = streaming.parse_args(["--users", "2000", "--keys", "300", "--latency",
+                                 "--latency-micro-batches", "12,3"])
+    report = streaming.latency(args)
+    rows, records = report["latency"], report["config"]["records"]
+    assert [row["micro_batches"] for row in rows] == [12, 3]
+    for row in rows:
+        assert row["records_per_micro_batch"] == pytest.approx(records / row["micro_batches"])
+        assert 0 < row["latency_s_median"] <= row["latency_s_p90"]
+        # every trigger's latency is part of the run: B of them cannot exceed the whole run
+        assert row["micro_batches"] * row["latency_s_mean"] <= records / row["records_per_s"]
