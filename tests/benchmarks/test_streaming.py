@@ -72,6 +72,21 @@ def test_baseline_calibration_spends_the_grant_under_dp_accountings_pld(composit
     assert epsilon * (1 - 1e-4) < spent < epsilon * (1 + 1e-6)
 
 
+def test_papers_accounting_composes_black_box_queries_optimally_and_gives_less_per_query():
+    epsilon, delta, compositions = 6.0, 1e-9, 100
+    query = streaming.count_query(32, 1)
+    paper = streaming.calibrate_one_shot(query, epsilon, delta, compositions, "paper")
+    generic = streaming.privacy_loss_distribution.from_privacy_parameters(
+        streaming.pld_common.DifferentialPrivacyParameters(paper.plan.epsilon, paper.plan.delta))
+    assert generic.self_compose(compositions).get_epsilon_for_delta(delta) <= epsilon
+    assert paper.plan.delta * compositions == pytest.approx(delta / 2)
+    # better than basic composition (k eps_q = eps; at k = 10 and this delta it is optimal),
+    # worse than knowing the noise is Gaussian
+    assert compositions * paper.plan.epsilon > epsilon
+    gaussian = streaming.calibrate_one_shot(query, epsilon, delta, compositions)
+    assert paper.plan.epsilon < gaussian.plan.epsilon
+
+
 def test_metrics_are_the_papers_over_the_whole_key_space():
     truth = np.array([10.0, 5.0, 0.0, 3.0])
     estimate = np.array([12.0, 0.0, 0.0, 1.0])  # key 1 not released: it estimates 0
