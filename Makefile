@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo taxi-statistics taxi-workloads ledger-demo test test-quick browser web benchmark \
+.PHONY: demo taxi-statistics taxi-stream taxi-workloads ledger-demo test test-quick browser web benchmark \
 	mutation lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
@@ -33,6 +33,11 @@ demo: $(STAMP)
 taxi-statistics: $(STAMP)
 	$(BIN)/python -m sage_tfx.examples.taxi.statistics --workdir out/taxi-statistics \
 		--unit-column trip_id
+
+# The taxi trips replayed as a stream (issue 19): a DP count per community area 48 times over
+# 2013-2016 for one grant (`sage-tfx stream`; docs/streaming.md). Unit trip_id, as taxi-statistics.
+taxi-stream: $(STAMP)
+	$(BIN)/python -m sage_tfx.examples.taxi.continual --workdir out/taxi-stream
 
 # The taxi workloads by the matrix mechanism (issue 20): duration ranges and the 2-way marginals
 # of (hour, community area, payment type), from the ingested trips (examples/taxi/workloads).

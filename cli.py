@@ -19,6 +19,8 @@ sage-tfx: differentially private ML pipelines with a per-block privacy budget.
   sage-tfx query ...     run a DP SQL query (SELECT WITH ANONYMIZATION ...) on ingested tables
   sage-tfx workload-answer ...  answer a workload of counting queries from granted blocks
                          (the matrix mechanism; one grant charged)
+  sage-tfx stream ...    replay a stream: a DP histogram per trigger over a window of blocks
+                         (the DP-SQLP operator; one grant for the window)
 
 Start with `sage-tfx ledger --store ledger.sqlite init`, then `sage-tfx ledger --help`.
 Set SAGE_TFX_DEBUG=1 to see a Python traceback when a command fails unexpectedly."""
@@ -28,7 +30,7 @@ EXIT_INTERNAL_ERROR = 1
 def main(argv: list[str] | None = None) -> int:
     from sage_tfx.audit import cli as audit_cli
     from sage_tfx.dp_statistics import cli as statistics_cli
-    from sage_tfx.dp_statistics import matrix_cli
+    from sage_tfx.dp_statistics import matrix_cli, stream_cli
     from sage_tfx import __version__
     from sage_tfx.sage_access import cli as ledger_cli
 
@@ -36,12 +38,13 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sage-tfx {__version__}")
     groups = parser.add_subparsers(dest="group", required=True,
-                                   metavar="{ledger,compile,audit,ingest,query,workload-answer}")
+                                   metavar="{ledger,compile,audit,ingest,query,workload-answer,stream}")
     ledger_cli.add_parser(groups)
     _add_compile_parser(groups)
     audit_cli.add_parser(groups)
     statistics_cli.add_parsers(groups)
     matrix_cli.add_parser(groups)
+    stream_cli.add_parser(groups)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -79,7 +79,7 @@ class Progress:
     LINES = 4  # without a terminal: one line per quarter
 
     def __init__(self, what: str, total: int, unit: str = "step",
-                 stream: Optional[TextIO] = None):
+                 stream: Optional[TextIO] = None, start: int = 0):
         self.what, self.total, self.unit = what, int(total), unit
         self.stream = sys.stderr if stream is None else stream
         quiet = bool(os.environ.get("SAGE_TFX_QUIET")) or self.total <= 0
@@ -88,11 +88,14 @@ class Progress:
         if live:
             from tqdm import tqdm  # pinned in requirements; imported only for a terminal
             self._bar = tqdm(total=self.total, desc=f"sage-tfx: {what}", unit=unit,
-                             file=self.stream, mininterval=0.5, leave=True, dynamic_ncols=True)
-        # Counts at which a line is written when there is no terminal (none when quiet).
+                             file=self.stream, mininterval=0.5, leave=True, dynamic_ncols=True,
+                             initial=start)
+        # Counts at which a line is written when there is no terminal (none when quiet); a
+        # resumed task (`start` done already) writes only the marks after it.
         self._marks = [] if quiet or live else sorted(
-            {math.ceil(self.total * k / self.LINES) for k in range(1, self.LINES + 1)})
-        self._done = 0
+            {math.ceil(self.total * k / self.LINES) for k in range(1, self.LINES + 1)} - set(
+                range(start + 1)))
+        self._done = start
 
     def update(self, done: int) -> None:
         if self._bar is not None:
@@ -115,7 +118,8 @@ class Progress:
 
 
 def progress(what: str, total: int, unit: str = "step",
-             stream: Optional[TextIO] = None) -> Progress:
+             stream: Optional[TextIO] = None, start: int = 0) -> Progress:
     """`with progress("DPTrainer DP-SGD", steps) as bar: ... bar.update(done)`: see Progress.
-    `what`, `total` and every count given must be public (never data-dependent)."""
-    return Progress(what, total, unit, stream)
+    `what`, `total`, `start` (units done before, e.g. by a resumed run) and every count given
+    must be public (never data-dependent)."""
+    return Progress(what, total, unit, stream, start)

@@ -488,6 +488,64 @@ def aggregation_outputs(trials: int, seed: Optional[int] = None, *,
     return outputs[0], outputs[1]
 
 
+# --- the DP-SQLP streaming operator (sage_tfx.dp_statistics.continual), one trigger ---
+
+STREAM_EPSILON, STREAM_DELTA = 1.0, 1e-5
+STREAM_CONTRIBUTION_LIMIT = 4
+STREAM_UNIT_RECORDS = 10 * STREAM_CONTRIBUTION_LIMIT  # the audited unit's records, before bounding
+# Background units per key: the threshold (59 at these parameters) plus 10 selection sigmas
+# (11.7 each), so every key is selected on both sides (else P <= 1e-20 per key) and the
+# release shows the value tree.
+STREAM_BACKGROUND_UNITS = 200
+
+
+def streaming_outputs(trials: int, seed: Optional[int] = None, *,
+                      epsilon: float = STREAM_EPSILON, broken: Optional[str] = None) -> Outputs:
+    """``operator.step`` of a one-trigger window, COUNT(*), C = 4: D = 200 background units with
+    one record in the key, D' adds a unit with 40 records in it (bounded to C). The statistic is
+    the key's released value (the bounded unit moves it by C L = 4). The claim is the window's
+    whole (epsilon, delta): selection and values together, so the value release alone shows
+    well under it (noise sigma_v = 23.4 against a shift of 4).
+
+    Batched: one window with `trials` keys, key i holding its own background units and, on D',
+    its own audited unit; each key has its own trees (distinct keyed streams), so key i's
+    release is one run on a neighbouring pair. Each side draws a fresh noise key (the operator's
+    CSPRNG-seeded key): `seed` is unused.
+
+    broken = "no_contribution_bounding" is the deliberately broken variant: every record is
+    kept (kept_mask patched), so the unit moves the value by 40, ten times the bound."""
+    import pandas as pd
+    from sage_tfx.dp_statistics.continual import budget as stream_budget, operator
+    from sage_tfx.dp_statistics.continual.spec import StreamQuery
+    from sage_tfx.dp_statistics.continual.state import WindowState
+    from sage_tfx.mechanisms.keyed import KeyedGaussian
+
+    del seed
+    if broken not in (None, "no_contribution_bounding"):
+        raise ValueError(f"unknown broken variant {broken!r}")
+    query = StreamQuery(key_column="key", unit_column="unit", time_column="time",
+                        contribution_limit=STREAM_CONTRIBUTION_LIMIT, micro_batches=1,
+                        epsilon=epsilon, delta=STREAM_DELTA)
+    budget = stream_budget.plan(epsilon, STREAM_DELTA, 1, STREAM_CONTRIBUTION_LIMIT)
+    keys = np.arange(trials)
+    background = pd.DataFrame({"unit": np.arange(trials * STREAM_BACKGROUND_UNITS),
+                               "key": np.repeat(keys, STREAM_BACKGROUND_UNITS)})
+    audited = pd.DataFrame({"unit": np.repeat(-1 - keys, STREAM_UNIT_RECORDS),
+                            "key": np.repeat(keys, STREAM_UNIT_RECORDS)})
+    patch = (_patched(operator, "kept_mask", lambda original: (
+        lambda units, used, limit: np.ones(len(units), dtype=bool)))
+             if broken else contextlib.nullcontext())
+    outputs = []
+    with patch:
+        for frame in (background, pd.concat([background, audited], ignore_index=True)):
+            state = WindowState.fresh(query, budget, KeyedGaussian.fresh().key)
+            release = operator.step(state, budget, frame)
+            value = pd.Series(release.values, index=release.keys).reindex(keys)
+            # A key not selected (probability < 1e-20) shows as one public sentinel value.
+            outputs.append(value.fillna(-1e9).to_numpy(np.float64))
+    return outputs[0], outputs[1]
+
+
 def shipped() -> dict[str, MechanismAudit]:
     """Every mechanism the platform ships, by the name `sage-tfx audit` takes."""
     audits = [
@@ -525,5 +583,9 @@ def shipped() -> dict[str, MechanismAudit]:
                        "DP aggregation operator: COUNT over public partitions, one user in "
                        f"{AGGREGATION_PARTITIONS_PER_USER} partitions vs absent (C_u = 1)",
                        # OpenDP's exact noise costs ~10 us per partition: fewer runs
-                       vectorised=False)]
+                       vectorised=False),
+        MechanismAudit("dp_sqlp_stream", STREAM_EPSILON, STREAM_DELTA, streaming_outputs,
+                       "DP-SQLP streaming operator: one trigger, COUNT(*), a unit with "
+                       f"{STREAM_UNIT_RECORDS} records in a key (C = {STREAM_CONTRIBUTION_LIMIT}) "
+                       "vs absent, the key's released value")]
     return {audit.name: audit for audit in audits}

@@ -84,7 +84,7 @@ def main() -> None:
         for processes in (1, 4, 8):
             result[f"grants_per_second_{processes}_processes"] = round(
                 throughput(path, processes, seconds), 1)
-        result["audit_problems"] = len(BlockLedger(path).audit())
+        result["audit_problems"] = len(BlockLedger(path).audit().problems)
     json.dump(result, sys.stdout, indent=2)
     print()
 

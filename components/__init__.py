@@ -13,6 +13,7 @@
 | SLAedValidator | sage_tfx.validators |
 | MatrixMechanism (workload of counting queries) | sage_tfx.components.matrix_mechanism |
 | DPAggregate, DPStatistics (artifact type) | sage_tfx.components.dp_aggregate |
+| ContinualRelease, ContinualReleaseState (artifact type) | sage_tfx.components.continual_release |
 | PrivacyGrant (artifact type) | sage_tfx.components.privacy_grant |
 
 Imported lazily (PEP 562): `import sage_tfx.components` does not import TFX or TensorFlow; the
@@ -36,6 +37,8 @@ _HOMES = {
     "PrivacyGrant": "sage_tfx.components.privacy_grant",
     "DPAggregate": "sage_tfx.components.dp_aggregate",
     "DPStatistics": "sage_tfx.components.dp_aggregate",
+    "ContinualRelease": "sage_tfx.components.continual_release",
+    "ContinualReleaseState": "sage_tfx.components.continual_release",
 }
 
 __all__ = sorted(_HOMES)

@@ -154,7 +154,7 @@ def _query(args) -> int:
         prepared.checked, lambda name: tables.read_blocks(ledger, found[name], grant.blocks))
     release = frontend.run(rows, prepared.query, grant,
                            lambda step: ledger.use_share(grant, step, "sage-tfx query"), unit,
-                           prepared.columns)
+                           prepared.columns, accounting=ledger.accounting)
     print(release.table.to_string(index=False) if len(release.table) else "(no group released)")
     print(f"guarantee: ({release.epsilon:g}, {release.delta:g})-DP for adding or removing "
           f"{release.unit}; grant {grant.grant_id} on {len(grant.blocks)} block(s)")

@@ -32,6 +32,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sage_tfx.dp_statistics import tables
+from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
@@ -67,9 +68,9 @@ def parse_types(text: Optional[str]) -> dict[str, str]:
             continue
         name, _, kind = item.partition(":")
         name, kind = name.strip(), kind.strip()
-        if kind not in tables.COLUMN_TYPES:
+        if kind not in ARROW_TYPES:
             raise BadRequest(f"--types {item!r}: give COLUMN:TYPE with TYPE one of "
-                             f"{', '.join(tables.COLUMN_TYPES)}")
+                             f"{', '.join(ARROW_TYPES)}")
         declared[name] = kind
     return declared
 
@@ -99,7 +100,7 @@ def _typed(cells: pd.Series, kind: str) -> pa.Array:
     return pa.array(np.where(whole, numbers, 0.0).astype(np.int64), pa.int64())
 
 
-def _time_seconds(cells: pd.Series) -> np.ndarray:
+def time_seconds(cells: pd.Series) -> np.ndarray:
     """Unix seconds of each cell (a number, or an ISO 8601 date/time, UTC without a zone);
     NaN where the cell is neither."""
     text = cells.fillna("").str.strip()
@@ -185,7 +186,7 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
     units = raw[unit_column].fillna("").str.strip()
     keep = (units != "").to_numpy()
     if time_column is not None:
-        seconds = _time_seconds(raw[time_column])
+        seconds = time_seconds(raw[time_column])
         keep &= np.isfinite(seconds) & (seconds >= first) & (seconds < last)
         raw, seconds = raw[keep], seconds[keep]
         stamps = seconds.astype(np.int64).astype("datetime64[s]")

@@ -11,10 +11,13 @@ Order (docs/architecture.md, "charge before release"): the spec, the budget and 
 and the strategy chosen (data independent) before anything is charged; then ONE grant of
 (E, D) is charged on the blocks, all or nothing, recording the Gaussian event that will run;
 then the blocks' records are read (BlockExampleGen's Examples, or the rows of a table that
-`sage-tfx ingest` registered), the histogram built (spec.py's record rule), the matrix
-mechanism run, and FILE.csv written (query, noisy answer, expected RMSE). The last stdout line is
-one JSON object: grant, blocks, epsilon, delta, queries, expected_rmse, event. Nothing
-data-dependent is printed except the mechanism's output.
+`sage-tfx ingest` registered: of each unit's rows in the granted blocks one is kept, chosen at
+random, since the table's promise is per unit; executor.granted_histogram), the histogram built
+(spec.py's record rule), the matrix mechanism run, and FILE.csv written (query, noisy answer,
+expected RMSE). The last stdout line is one JSON object: grant, blocks, epsilon, delta, queries,
+expected_rmse, event, unit and guarantee (what one neighbouring step adds or removes: the
+table's unit column, or one record of Examples). Nothing data-dependent is printed except the
+mechanism's output.
 
 Exit codes as `sage-tfx ledger request`: 0 success; 2 bad input (nothing charged); 3 denied for
 lack of budget (nothing charged); 4 ledger busy; 5 store unreachable.
@@ -56,7 +59,8 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
 
 
 def _answer(args) -> int:
-    from sage_tfx.components.matrix_mechanism.executor import block_histogram, planned_event
+    from sage_tfx.components.matrix_mechanism.executor import (GUARANTEE, granted_histogram,
+                                                                planned_event)
     from sage_tfx.dp_statistics.matrix import UnsupportedWorkload, eigen_design, mechanism
     from sage_tfx.dp_statistics.matrix.spec import parse_spec
     from sage_tfx.sage_access.errors import BadRequest
@@ -83,9 +87,8 @@ def _answer(args) -> int:
                            pipeline=args.pipeline, split={STEP: "1"},
                            events={STEP: planned_event(args.epsilon, args.delta)},
                            require_data=True)
-    uris = [ledger.block(b).data_uri for b in grant.blocks]
-    histogram = sum(block_histogram(spec, uri) for uri in uris)
-    release = mechanism.answer_workload(spec.workload, strategy, histogram,
+    granted = granted_histogram(spec, ledger, grant.blocks)
+    release = mechanism.answer_workload(spec.workload, strategy, granted.vector,
                                         epsilon=args.epsilon, delta=args.delta)
     with open(args.out, "w", newline="") as handle:
         writer = csv.writer(handle)
@@ -95,5 +98,9 @@ def _answer(args) -> int:
                       "epsilon": args.epsilon, "delta": args.delta,
                       "queries": spec.workload.query_count,
                       "expected_rmse": release.expected_rmse, "strategy": strategy.name,
-                      "event": str(release.event), "out": args.out}))
+                      "event": str(release.event), "unit": granted.unit,
+                      "guarantee": GUARANTEE.format(epsilon=args.epsilon, delta=args.delta,
+                                                    unit=granted.unit,
+                                                    sensitivity=strategy.l2_sensitivity),
+                      "out": args.out}))
     return 0

@@ -41,17 +41,15 @@ from ml_metadata import errors as mlmd_errors
 from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.dp_statistics.aggregation.spec import GuaranteeUnit
+from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
-from sage_tfx.sage_access.store import connect
 
 TABLE_TYPE = "sage_tfx.Table"
 ROWS_FILE = "rows.parquet"
 BLOCK_KEY_FILE = "block_key.json"
-COLUMN_TYPES = ("int", "float", "string")
 USER_HASH = "user_hash"
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
-ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "string": pa.string()}
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ class Table:
     """A table's definition as ingest recorded it."""
     name: str
     unit_column: str
-    columns: Mapping[str, str]  # name -> "int" | "float" | "string", in CSV order
+    columns: Mapping[str, str]  # name -> a kind of sql.ARROW_TYPES, in CSV order
     partition: str  # "month" | "day" | "hour" | "user_hash"
     time_column: Optional[str] = None
     user_blocks: Optional[int] = None
@@ -98,7 +96,7 @@ def register_table(ledger: BlockLedger, table: Table) -> None:
     """Record `table` in the ledger's store; an existing table of that name must have the same
     definition (a later ingest adds blocks to it), else BadRequest."""
     check_table_name(table.name)
-    store = connect(ledger.store_spec)
+    store = ledger.store
     type_id = store.put_artifact_type(pb.ArtifactType(name=TABLE_TYPE))
     existing = find_table(ledger, table.name, missing_ok=True)
     if existing is None:
@@ -116,10 +114,9 @@ def register_table(ledger: BlockLedger, table: Table) -> None:
 
 
 def find_table(ledger: BlockLedger, name: str, missing_ok: bool = False) -> Optional[Table]:
-    store = connect(ledger.store_spec)
     try:
-        record = store.get_artifact_by_type_and_name(TABLE_TYPE,
-                                                     _record_name(ledger.context, name))
+        record = ledger.store.get_artifact_by_type_and_name(TABLE_TYPE,
+                                                            _record_name(ledger.context, name))
     except mlmd_errors.NotFoundError:  # the type itself is unknown: no table was ever ingested
         record = None
     if record is None:
@@ -133,12 +130,9 @@ def find_table(ledger: BlockLedger, name: str, missing_ok: bool = False) -> Opti
 
 def read_blocks(ledger: BlockLedger, table: Table, block_ids: Sequence[str]) -> pa.Table:
     """The rows of `table` in the given blocks (of a grant), in the table's schema."""
-    parts = []
-    for block_id in block_ids:
-        if not table.owns(block_id):
-            continue
-        uri = ledger.block(block_id).data_uri
-        parts.append(pq.read_table(os.path.join(uri, ROWS_FILE), schema=table.schema))
+    owned = [block_id for block_id in block_ids if table.owns(block_id)]
+    parts = [pq.read_table(os.path.join(block.data_uri, ROWS_FILE), schema=table.schema)
+             for block in ledger.blocks(owned)]
     return pa.concat_tables(parts) if parts else table.schema.empty_table()
 
 
@@ -151,14 +145,22 @@ def record_block_key(data_uri: str, unit_column: str) -> None:
         json.dump({"unit_column": unit_column}, handle)
 
 
-def _cut_by_unit(ledger: BlockLedger, block_id: str, unit_column: str) -> bool:
-    table_name = block_id.split(".", 1)[0]
-    table = find_table(ledger, table_name, missing_ok=True) if "." in block_id else None
-    if table is not None and table.owns(block_id):
-        return table.partition == USER_HASH and table.unit_column == unit_column
+def tables_of(ledger: BlockLedger, block_ids: Sequence[str]) -> dict[str, Optional[Table]]:
+    """The ingested table whose block each of `block_ids` is, by the tables' records (each read
+    once); None for any other block (BlockExampleGen's)."""
+    names = {block_id.split(".", 1)[0] for block_id in block_ids if "." in block_id}
+    found = {name: find_table(ledger, name, missing_ok=True) for name in names}
+    owners = {}
+    for block_id in block_ids:
+        table = found.get(block_id.split(".", 1)[0]) if "." in block_id else None
+        owners[block_id] = table if table is not None and table.owns(block_id) else None
+    return owners
+
+
+def _keyed_by(data_uri: Optional[str], unit_column: str) -> bool:
+    """Whether BlockExampleGen recorded, beside the block's data, that it cut by `unit_column`."""
     import tensorflow as tf
 
-    data_uri = ledger.block(block_id).data_uri
     path = os.path.join(data_uri, BLOCK_KEY_FILE) if data_uri else None
     if path is None or not tf.io.gfile.exists(path):
         return False
@@ -172,6 +174,13 @@ def guarantee_unit_of_blocks(ledger: BlockLedger, block_ids: Sequence[str],
     the unit itself when every block was cut by that column (its table record, or the block
     key BlockExampleGen recorded, says so), so each unit's rows lie in one block and the
     blocks' ceilings bound its loss; else the weaker unit *within the blocks read*."""
-    if block_ids and all(_cut_by_unit(ledger, block_id, unit_column) for block_id in block_ids):
+    if not block_ids:
+        return GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ
+    owners = tables_of(ledger, block_ids)
+    others = [block_id for block_id, table in owners.items() if table is None]
+    data_uris = {block.block_id: block.data_uri for block in ledger.blocks(others)}
+    if all(table.partition == USER_HASH and table.unit_column == unit_column
+           if table is not None else _keyed_by(data_uris[block_id], unit_column)
+           for block_id, table in owners.items()):
         return GuaranteeUnit.UNIT
     return GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ

@@ -13,9 +13,10 @@ tables never branch on the mode (the tables ask the object how to present its un
 * `requires_step_events`: must a grant give the DP event of every step of its split?
 * `guarantee(spent, ...)`, `budget_view(block, pipeline)` and `remaining(block, pipeline)`: what a
   block has given up and has left, in the unit the ledger grants;
-* for tables: `budget_in_shares` (budget_view gives shares of capacity, not epsilon),
-  `summary_unit` (budget_view's unit across blocks), `guarantee_is_spent` (guarantee is the sums
-  spent) and `guarantee_note` (what guarantee means, where it is not the sums spent).
+* for tables: `show_note`, `show_columns` and `show_scale` (how `sage-tfx ledger show` lays
+  out a block in the mode's unit), `summary_unit` (budget_view's unit across blocks),
+  `guarantee_is_spent` (guarantee is the sums spent) and `guarantee_note` (what guarantee
+  means, where it is not the sums spent).
 
 Neighbouring relation: add-or-remove-one record (Sage Appendix A.1). A request states its
 (epsilon, delta) or RDP curve already in that relation; mechanisms analysed under replace-one must
@@ -63,7 +64,7 @@ import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import attr
 import numpy as np
@@ -123,6 +124,19 @@ class BudgetRequest:
             object.__setattr__(self, "delta", _check_delta(self.delta, "delta"))
 
 
+@dataclass(frozen=True)
+class ShowColumn:
+    """A column of `sage-tfx ledger show`: its title, width and the cell of one block's row
+    (sage_access.cli.block_row: the ceilings, the guarantee and budget_view under "budget")."""
+    title: str
+    width: int
+    cell: Callable[[dict], str]
+
+
+def _reserved(row: dict) -> float:
+    return sum(row["budget"]["reserved"].values())
+
+
 class AccountingMode(Choice):
     """How a ledger composes the grants on a block: BasicComposition or RenyiFilter."""
     BASIC = "basic"
@@ -135,8 +149,16 @@ class BasicComposition:
     name = AccountingMode.BASIC
     # RDP curves of requests are given on these orders and converted on arrival.
     orders: tuple[float, ...] = DEFAULT_RDP_ORDERS
-    budget_in_shares = False
     summary_unit = "epsilon"
+    show_note: Optional[str] = None
+    show_scale = 1  # budget_view's values as `show` prints them (reservations included)
+    show_columns = (
+        ShowColumn("eps spent", 9, lambda row: f"{row['budget']['spent']:.4f}"),
+        ShowColumn("reserved", 9, lambda row: f"{_reserved(row):.4f}"),
+        ShowColumn("free", 9, lambda row: f"{row['budget']['free']:.4f}"),
+        ShowColumn("eps ceiling", 11, lambda row: f"{row['epsilon_ceiling']:.4f}"),
+        ShowColumn("delta spent", 11, lambda row: f"{row['delta_spent']:.3g}"),
+        ShowColumn("delta ceil", 10, lambda row: f"{row['delta_ceiling']:.3g}"))
     guarantee_is_spent = True
     guarantee_note: Optional[str] = None
 
@@ -221,8 +243,17 @@ class RenyiFilter:
     """A Rényi-DP filter per block; see the module docstring for why it is valid."""
 
     name = AccountingMode.RDP
-    budget_in_shares = True
     summary_unit = "share of capacity"  # budget_view's order differs between blocks
+    show_note = ("guarantee: each charged block's ceiling, enforced by its Renyi filter. "
+                 "spent/reserved/free: % of the filter's capacity at the order with most room")
+    show_scale = 100  # budget_view's shares, in %
+    show_columns = (
+        ShowColumn("spent %", 8, lambda row: f"{100 * row['budget']['spent']:.1f}"),
+        ShowColumn("reserved %", 10, lambda row: f"{100 * _reserved(row):.1f}"),
+        ShowColumn("free %", 7, lambda row: f"{100 * row['budget']['free']:.1f}"),
+        ShowColumn("order", 5, lambda row: f"{row['budget']['order']:g}"),
+        ShowColumn("guarantee eps", 13, lambda row: f"{row['guarantee_epsilon']:.4g}"),
+        ShowColumn("delta", 8, lambda row: f"{row['guarantee_delta']:.3g}"))
     guarantee_is_spent = False
     guarantee_note = (
         "each block's Renyi filter enforces its (epsilon, delta) ceiling: guarantee_epsilon "
@@ -394,6 +425,8 @@ def _event_types() -> dict:
         dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent, dp_event.ZCDpEvent,
         # Truncated-geometric partition selection (DP statistics) runs discrete Laplace noise.
         dp_event.DiscreteLaplaceDpEvent,
+        # The DP-SQLP streaming operator's selection and value trees (dp_statistics/continual).
+        dp_event.SingleEpochTreeAggregationDpEvent,
         dp_event.PoissonSampledDpEvent, dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent,
         dp_event.NoOpDpEvent)}
 

@@ -333,37 +333,25 @@ def block_row(ledger, block) -> dict:
 
 
 def format_table(table: dict) -> str:
-    """`show`'s text view of a `ledger_table`."""
-    rdp = accounting_for(table["accounting"]).budget_in_shares
+    """`show`'s text view of a `ledger_table`, laid out as its accounting presents its unit."""
+    accounting = accounting_for(table["accounting"])
     lines = [f"ledger {table['context']!r}: {table['accounting']} accounting, minimum request "
              f"epsilon {table['min_request_epsilon']}, waiting pipelines: "
              f"{', '.join(table['waiting_pipelines']) or 'none'}"]
-    if rdp:
-        lines.append("guarantee: each charged block's ceiling, enforced by its Renyi filter. "
-                     "spent/reserved/free: % of the filter's capacity at the order with most room")
-        header = f"{'block':<20} {'spent %':>8} {'reserved %':>10} {'free %':>7} {'order':>5} " \
-                 f"{'guarantee eps':>13} {'delta':>8} {'charges':>7}  state  reserved for"
-    else:
-        header = f"{'block':<20} {'eps spent':>9} {'reserved':>9} {'free':>9} " \
-                 f"{'eps ceiling':>11} {'delta spent':>11} {'delta ceil':>10} {'charges':>7}  " \
-                 "state  reserved for"
+    if accounting.show_note:
+        lines.append(accounting.show_note)
+    header = " ".join([f"{'block':<20}"] + [f"{column.title:>{column.width}}"
+                                           for column in accounting.show_columns]
+                      + [f"{'charges':>7}  state  reserved for"])
     lines += [header, "-" * len(header)]
     for row in table["blocks"]:
-        budget = row["budget"]
         state = "retired" if row["retired"] else "live   "
-        owners = ", ".join(f"{name} {value * (100 if rdp else 1):.4g}"
-                           for name, value in budget["reserved"].items() if value > 0) or "-"
-        reserved = sum(budget["reserved"].values())
-        if rdp:
-            lines.append(f"{row['id']:<20} {100 * budget['spent']:>8.1f} {100 * reserved:>10.1f} "
-                         f"{100 * budget['free']:>7.1f} {budget['order']:>5g} "
-                         f"{row['guarantee_epsilon']:>13.4g} {row['guarantee_delta']:>8.3g} "
-                         f"{row['charges']:>7}  {state}  {owners}")
-        else:
-            lines.append(f"{row['id']:<20} {budget['spent']:>9.4f} {reserved:>9.4f} "
-                         f"{budget['free']:>9.4f} {row['epsilon_ceiling']:>11.4f} "
-                         f"{row['delta_spent']:>11.3g} {row['delta_ceiling']:>10.3g} "
-                         f"{row['charges']:>7}  {state}  {owners}")
+        owners = ", ".join(f"{name} {value * accounting.show_scale:.4g}"
+                           for name, value in row["budget"]["reserved"].items() if value > 0) \
+            or "-"
+        lines.append(" ".join([f"{row['id']:<20}"] + [f"{column.cell(row):>{column.width}}"
+                                                      for column in accounting.show_columns]
+                              + [f"{row['charges']:>7}  {state}  {owners}"]))
     return "\n".join(lines)
 
 
@@ -495,15 +483,15 @@ def _grants(args) -> int:
 
 def _audit(args) -> int:
     ledger = _open(args, read_only=True)
-    problems = ledger.audit()
-    for problem in problems:
+    result = ledger.audit()
+    for problem in result.problems:
         print(problem)
-    if problems:
-        print(f"sage-tfx ledger audit: {len(problems)} inconsistencies in ledger "
+    if result.problems:
+        print(f"sage-tfx ledger audit: {len(result.problems)} inconsistencies in ledger "
               f"{ledger.context!r}", file=sys.stderr)
         return EXIT_AUDIT_FAILED
-    print(f"ledger {ledger.context!r}: {len(ledger.blocks())} blocks and "
-          f"{len(ledger.grant_records())} grants agree with the history")
+    print(f"ledger {ledger.context!r}: {result.blocks} blocks and {result.grants} grants agree "
+          "with the history")
     return 0
 
 

@@ -66,7 +66,6 @@ class BlockLedger:
         store and opened without writing (see store.connect_read_only); the ledger's reading
         methods work, its writing methods fail."""
         self._store = connect_read_only(store) if read_only else connect(store)
-        self.store_spec = store
         self._records = LedgerRecords(self._store, context, lookup_only=read_only)
         self._transactions = Transactions(self._records)
         self.context = self._records.context
@@ -97,11 +96,15 @@ class BlockLedger:
             mlmd.put_execution(execution, [(state, output_event())], [ledger_context])
         except mlmd_errors.AlreadyExistsError:
             raise BadRequest(f"ledger context {context!r} already exists in this store") from None
-        ledger = cls(mlmd, context)
-        ledger.store_spec = store
-        return ledger
+        return cls(mlmd, context)
 
     # ----------------------------------------------------------------- reading
+    @property
+    def store(self):
+        """The ledger's open ML Metadata store (read-only if the ledger is), for the records
+        kept beside the ledger's own (dp_statistics/tables.py: table definitions)."""
+        return self._store
+
     @property
     def orders(self) -> tuple[float, ...]:
         """RDP orders on which grants give their curves."""
@@ -403,10 +406,10 @@ class BlockLedger:
         """The run that spent `grant_id` and its artifacts (lineage.grant_run)."""
         return lineage.grant_run(self._records, self.find_grant(grant_id))
 
-    def audit(self) -> list[str]:
-        """Re-derive every balance from the append-only history; return the inconsistencies found
-        (lineage.audit). Reads the whole history: for tests and operators, never on the grant
-        path."""
+    def audit(self) -> lineage.Audit:
+        """Re-derive every balance from the append-only history: the inconsistencies found
+        (`.problems`) and how many blocks and grants were read (lineage.audit). Reads the whole
+        history: for tests and operators, never on the grant path."""
         return lineage.audit(self._records, self.accounting, self.blocks())
 
 

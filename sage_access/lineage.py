@@ -5,6 +5,7 @@ Reads the whole history (operators, the CLI, tests); nothing here is on the gran
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -40,7 +41,16 @@ def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
     return history
 
 
-def audit(records: LedgerRecords, accounting, blocks: list[BlockState]) -> list[str]:
+@dataclass(frozen=True)
+class Audit:
+    """What `audit` found (`problems`, empty when the history agrees) and how many blocks and
+    grants it read."""
+    problems: list[str]
+    blocks: int
+    grants: int
+
+
+def audit(records: LedgerRecords, accounting, blocks: list[BlockState]) -> Audit:
     """Re-derive every balance of `blocks` (all the ledger's) from the append-only history;
     return the inconsistencies found.
 
@@ -82,7 +92,7 @@ def audit(records: LedgerRecords, accounting, blocks: list[BlockState]) -> list[
         if not accounting.fits(accounting.zero(), block.spent, block.capacity):
             problems.append(f"block {block.block_id}: spent {list(block.spent)} is above its "
                             "ceiling")
-    return problems
+    return Audit(problems, len(blocks), len(grants))
 
 
 def latest_change(records: LedgerRecords) -> int:

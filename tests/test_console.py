@@ -86,3 +86,16 @@ def test_progress_on_a_terminal_is_a_live_bar_of_steps(monkeypatch):
             bar.update(done)
     assert "\r" in terminal.getvalue() and "30/30" in terminal.getvalue()
     assert "sage-tfx: DPTrainer DP-SGD, 1 epoch(s): 30/30 steps\n" not in terminal.getvalue()
+
+
+def test_a_resumed_task_prints_only_the_marks_after_its_start():
+    import io
+
+    from sage_tfx.console import progress
+
+    stream = io.StringIO()
+    with progress("continual release", 8, unit="trigger", stream=stream, start=4) as bar:
+        for done in range(5, 9):
+            bar.update(done)
+    assert stream.getvalue().splitlines() == [
+        "sage-tfx: continual release: 6/8 triggers", "sage-tfx: continual release: 8/8 triggers"]

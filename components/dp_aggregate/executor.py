@@ -26,9 +26,8 @@ from sage_tfx.components import record_rule
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.dp_statistics.aggregation import frontend, relation, sql
 from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
-from sage_tfx.dp_statistics.tables import ARROW_TYPES, guarantee_unit_of_blocks
-from sage_tfx.sage_access.ledger import BlockLedger
-from sage_tfx.sage_access.store import parse
+from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
+from sage_tfx.dp_statistics.tables import guarantee_unit_of_blocks
 
 _TF_TYPES = {"int": tf.int64, "float": tf.float32, "string": tf.string}
 _CONSUMER = "DPAggregate"
@@ -88,10 +87,10 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
         # The unit comes from how the granted blocks were cut (their records), never from a
         # parameter: user-level only when every block was cut by the unit column.
-        ledger = BlockLedger(parse(grant.ledger_store), grant.ledger_context)
-        unit = guarantee_unit_of_blocks(ledger, grant.blocks, exec_properties["unit_column"])
+        unit = guarantee_unit_of_blocks(grant.ledger, grant.blocks,
+                                        exec_properties["unit_column"])
         release = frontend.run(rows, query.query, grant, grant.share, unit, query.columns,
-                               engine=beam_engine)
+                               engine=beam_engine, accounting=grant.ledger.accounting)
         target = artifact_utils.get_single_instance(output_dict["statistics"])
         os.makedirs(target.uri, exist_ok=True)
         release.table.to_csv(os.path.join(target.uri, "release.csv"), index=False)

@@ -31,6 +31,12 @@ class GrantInfo:
     _record: Any = field(repr=False)
     _used: dict = field(default_factory=dict, repr=False)
 
+    @property
+    def ledger(self):
+        """The ledger that issued the grant, as require_grant opened it (reuse it; do not open
+        another)."""
+        return self._ledger
+
     def share(self, step: str) -> tuple[float, float]:
         """(epsilon, delta) this grant allots to the DP step `step`, consumed in the ledger: the
         first call records the use atomically; any other consumer of this share is refused."""

@@ -153,6 +153,15 @@ def bound_contributions(unit_codes: np.ndarray, partition_codes: np.ndarray, n_p
                         pair_kept)
 
 
+def rows_per_unit(unit_codes: np.ndarray, max_rows: int, rng: np.random.Generator) -> np.ndarray:
+    """The input indices (ascending) of at most `max_rows` rows of each unit, chosen uniformly
+    among that unit's rows (the bound the matrix mechanism's data vector needs, max_rows 1)."""
+    n_units = int(unit_codes.max()) + 1 if unit_codes.size else 1
+    order = _random_grouping(unit_codes.astype(np.int64), n_units, rng)
+    _, rank_in_unit = _group_ranks(unit_codes[order])
+    return np.sort(order[rank_in_unit < max_rows])
+
+
 # --- 3: contributions --------------------------------------------------------------------------
 
 def midpoint_and_half_width(low: float, high: float) -> tuple[float, float]:

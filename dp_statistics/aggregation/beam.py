@@ -102,11 +102,6 @@ def _contribution(pair, query: AggregationQuery, inferred: dict):
                                                      pair_of_row, rank, 1, columns)[0]
 
 
-def _release(pairs: list, query: AggregationQuery, plan: BudgetPlan, inferred: dict,
-             unit: GuaranteeUnit):
-    return release_accumulated(query, plan, _accumulated(pairs, query, inferred), unit)
-
-
 class AccumulateTransform(beam.PTransform):
     """rows (dicts) -> (the partitions' (key tuple, contribution sum) pairs, the inferred bounds
     as (output name, ((low, high), event)) pairs): steps 1-3 and the DP bounds."""
@@ -171,6 +166,21 @@ class AccumulateTransform(beam.PTransform):
             lambda vs: np.sum(list(vs), axis=0)), inferred)
 
 
+class GatherAccumulated(beam.PTransform):
+    """AccumulateTransform's output -> one ``local.Accumulated`` (what ``local.accumulate``
+    returns: the pre-noise sums of every partition and the inferred bounds)."""
+
+    def __init__(self, query: AggregationQuery):
+        super().__init__()
+        self._query = query
+
+    def expand(self, accumulated):
+        vectors, inferred = accumulated
+        return (vectors
+                | "Gather" >> beam.combiners.ToList()
+                | "Pack" >> beam.Map(_accumulated, self._query, beam.pvalue.AsDict(inferred)))
+
+
 class AggregateTransform(beam.PTransform):
     """rows (dicts) -> one Release: ``query`` at ``plan``'s budget (local.aggregate's contract).
     ``seed`` fixes the sampling for tests only."""
@@ -183,14 +193,18 @@ class AggregateTransform(beam.PTransform):
         self._query, self._plan, self._unit = query, plan, unit
 
     def expand(self, rows):
-        vectors, inferred = rows | "Accumulate" >> self._accumulate
-        return (vectors
-                | "Gather" >> beam.combiners.ToList()
-                | "Release" >> beam.Map(_release, self._query, self._plan,
-                                        beam.pvalue.AsDict(inferred), self._unit))
+        return (rows
+                | "Accumulate" >> self._accumulate
+                | "GatherAccumulated" >> GatherAccumulated(self._query)
+                | "Release" >> beam.Map(_release, self._query, self._plan, self._unit))
 
 
-def _run(rows, transform, options):
+def _release(accumulated: Accumulated, query: AggregationQuery, plan: BudgetPlan,
+             unit: GuaranteeUnit):
+    return release_accumulated(query, plan, accumulated, unit)
+
+
+def run_transform(rows, transform, options=None):
     """Run ``transform`` on ``rows`` in a pipeline of its own and return its one output; it
     crosses from the workers through a pickle in a temporary directory."""
     import pickle
@@ -217,22 +231,6 @@ def _records(rows, query: AggregationQuery):
     return rows
 
 
-def accumulate_with_beam(rows, query: AggregationQuery, plan: BudgetPlan, *,
-                         seed: Optional[int] = None) -> Accumulated:
-    """Steps 1-3 on Beam, as ``local.accumulate`` returns them (the conformance test compares
-    the two). Draws the DP bounds' noise when the query infers bounds."""
-
-    class Gathered(beam.PTransform):
-        def expand(self, rows):
-            vectors, inferred = rows | AccumulateTransform(query, plan, seed)
-            return (vectors | "Gather" >> beam.combiners.ToList()
-                    | "Pack" >> beam.Map(lambda pairs, bounds: (pairs, bounds),
-                                         beam.pvalue.AsDict(inferred)))
-
-    pairs, inferred = _run(_records(rows, query), Gathered(), None)
-    return _accumulated(pairs, query, inferred)
-
-
 def _accumulated(pairs: list, query: AggregationQuery, inferred: dict) -> Accumulated:
     width = aggregators.layout(query).width
     keys = pd.DataFrame([partition for partition, _ in pairs], columns=list(query.group_by))
@@ -247,4 +245,5 @@ def aggregate_with_beam(rows, query: AggregationQuery, plan: BudgetPlan,
                         seed: Optional[int] = None):
     """Run :class:`AggregateTransform` on ``rows`` (an iterable of dicts, or a pandas frame) in
     a pipeline of its own (DirectRunner unless ``options`` say otherwise); the Release."""
-    return _run(_records(rows, query), AggregateTransform(query, plan, unit, seed), options)
+    return run_transform(_records(rows, query), AggregateTransform(query, plan, unit, seed),
+                         options)

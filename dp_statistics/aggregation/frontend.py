@@ -24,7 +24,8 @@ from sage_tfx.dp_statistics.aggregation.local import aggregate
 from sage_tfx.dp_statistics.aggregation.release import Release
 from sage_tfx.dp_statistics.aggregation.spec import (AggregationQuery, GuaranteeUnit,
                                                      QueryError)
-from sage_tfx.sage_access.accounting import AccountingMode, event_from_json
+from sage_tfx.sage_access.accounting import BudgetRequest, event_from_json
+from sage_tfx.sage_access.errors import BadRequest
 
 if TYPE_CHECKING:
     from sage_tfx.sage_access.ledger import Grant
@@ -106,19 +107,30 @@ def _budget_of(grant, query: AggregationQuery) -> BudgetPlan:
     return budget
 
 
+def _check_accountable(grant, budget: BudgetPlan, accounting) -> None:
+    """Refuse (QueryError, before anything is consumed or released) a plan that the accountant
+    of the grant's ledger would not have charged on the grant's budget. A grant requested by
+    hand without the plan's additional_delta passes the split and event checks, yet e.g. an
+    rdp ledger then charged only the events' curve while partition selection spends delta
+    outside them. The rule is the accountant's (grant_demand), asked here as at request time."""
+    split, events, additional_delta = grant_terms(budget)
+    try:
+        accounting.grant_demand(BudgetRequest(epsilon=grant.epsilon, delta=grant.delta or 0.0),
+                                split, events, additional_delta)
+    except BadRequest as error:
+        raise QueryError(f"grant {grant.grant_id} cannot pay for this query's plan: {error}; "
+                         "nothing was released") from None
+
+
 def run(rows: pa.Table, prepared_query: AggregationQuery, grant, use_share,
         unit: GuaranteeUnit, columns: Optional[tuple[str, ...]] = None,
-        engine: Callable = aggregate, rdp_ledger: bool = False) -> Release:
+        engine: Callable = aggregate, *, accounting) -> Release:
     """Consume every share of `grant` (`use_share(step)`), then run the operator on `rows`
     with `engine` (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam).
-    `rdp_ledger`: the grant is on an rdp ledger, which charged only its events' RDP curve, so
-    a plan spending delta outside its events is refused before anything is released."""
+    `accounting`: the accounting of the ledger that issued the grant (`ledger.accounting`),
+    which must be able to charge the query's plan on the grant's budget."""
     budget = _budget_of(grant, prepared_query)
-    if rdp_ledger and budget.additional_delta > 0:
-        raise QueryError(f"grant {grant.grant_id} is on an rdp ledger, which cannot charge the "
-                         f"delta ({budget.additional_delta:g}) partition selection spends "
-                         "outside its event; nothing was released (use a basic ledger or "
-                         "public_groups)")
+    _check_accountable(grant, budget, accounting)
     for step in budget.steps:
         use_share(step.name)
     release = engine(rows, prepared_query, budget, unit)
@@ -144,35 +156,27 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_or_sql: Union[str, A
     if not isinstance(data, pa.Table):
         raise QueryError(f"data must be a pyarrow.Table or a pandas.DataFrame, got "
                          f"{type(data).__name__}")
-    rdp_ledger = ledger is not None and ledger.accounting.name == AccountingMode.RDP
     if hasattr(grant, "share") and hasattr(grant, "consumer"):  # a component's GrantInfo
-        use_share = grant.share
+        use_share, accounting = grant.share, grant.ledger.accounting
     elif ledger is not None:
         def use_share(step: str) -> None:
             ledger.use_share(grant, step, consumer="dp_aggregate")
+        accounting = ledger.accounting
     else:
         raise QueryError("pass the ledger that issued the grant (ledger=...), so that its shares "
                          "are spent once")
     if isinstance(query_or_sql, AggregationQuery):
-        return run(data, query_or_sql, grant, use_share, unit, rdp_ledger=rdp_ledger)
+        return run(data, query_or_sql, grant, use_share, unit, accounting=accounting)
     parsed = sql.parse(query_or_sql)
     unit_column = parsed.options.get("privacy_unit_column")
     if not isinstance(unit_column, str):
         raise QueryError("on a frame, name the unit in the query: OPTIONS(privacy_unit_column "
                          "= uid)")
     names = [table.name for table in parsed.select.find_all(sql.exp.Table)]
-    schema = sql.TableSchema(unit_column, {field.name: _kind(field.type)
+    schema = sql.TableSchema(unit_column, {field.name: sql.column_kind(field.type)
                                            for field in data.schema})
     prepared = prepare(query_or_sql, {name: schema for name in names},
                        {name: data.schema for name in names})
     rows = relation.evaluate(prepared.checked, lambda _: data)
     return run(rows, prepared.query, grant, use_share, unit, prepared.columns,
-               rdp_ledger=rdp_ledger)
-
-
-def _kind(arrow_type: pa.DataType) -> str:
-    if pa.types.is_integer(arrow_type):
-        return "int"
-    if pa.types.is_floating(arrow_type):
-        return "float"
-    return "string"
+               accounting=accounting)

@@ -15,13 +15,6 @@ from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQ
 from sage_tfx.randomness import secret_rng
 
 
-def unit_description(query: AggregationQuery, unit: GuaranteeUnit) -> str:
-    """The neighbouring relation of the guarantee, in words."""
-    if GuaranteeUnit(unit) is GuaranteeUnit.UNIT:
-        return f"all rows of one {query.unit_column}"
-    return f"all rows of one {query.unit_column} within the blocks read"
-
-
 def check_plan(query: AggregationQuery, plan: BudgetPlan) -> None:
     if not isinstance(plan, BudgetPlan) or plan.query != query:
         raise QueryError("the plan was made for another query; call plan(query, epsilon, delta) "
@@ -167,8 +160,8 @@ def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: 
     """Step 4 (noise, selection, post-processing) and the guarantee, for either engine."""
     table, events = aggregators.release(query, plan, accumulated.keys, accumulated.accumulators,
                                         accumulated.bounds, accumulated.bounds_events)
-    return Release(table, plan.epsilon, plan.delta, unit_description(query, unit), events,
-                   plan.additional_delta,
+    return Release(table, plan.epsilon, plan.delta,
+                   GuaranteeUnit(unit).describe(query.unit_column), events, plan.additional_delta,
                    {name: (float(low), float(high))
                     for name, (low, high) in accumulated.bounds.items()})
 

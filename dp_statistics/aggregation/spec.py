@@ -75,6 +75,12 @@ class GuaranteeUnit(str, enum.Enum):
     UNIT_WITHIN_BLOCKS_READ = "unit_within_blocks_read"
     UNIT = "unit"
 
+    def describe(self, unit_column: str) -> str:
+        """The neighbouring relation of a guarantee with this unit, in words."""
+        if self is GuaranteeUnit.UNIT:
+            return f"all rows of one {unit_column}"
+        return f"all rows of one {unit_column} within the blocks read"
+
 
 _BOUNDED_KINDS = (AggregateKind.SUM, AggregateKind.AVG, AggregateKind.VAR, AggregateKind.STDDEV,
                   AggregateKind.QUANTILE)

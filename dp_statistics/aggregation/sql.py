@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
+import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
@@ -120,7 +121,21 @@ Relation = Union[Scan, Join, Filter, Project, GroupByUnit]
 class TableSchema:
     """What ingest recorded about a table: its unit column and its columns' types."""
     unit_column: str
-    columns: Mapping[str, str]  # name -> "int" | "float" | "string"
+    columns: Mapping[str, str]  # name -> a kind of ARROW_TYPES
+
+
+# A column's kind and how its values are held in Arrow (ingest's Parquet rows, DPAggregate's).
+ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "string": pa.string()}
+
+
+def column_kind(arrow_type: pa.DataType) -> str:
+    """The kind of a column a caller's frame holds as `arrow_type` (any width of integer or
+    float; anything else is read as text)."""
+    if pa.types.is_integer(arrow_type):
+        return "int"
+    if pa.types.is_floating(arrow_type):
+        return "float"
+    return "string"
 
 
 @dataclass(frozen=True)

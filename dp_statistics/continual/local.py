@@ -8,23 +8,24 @@ second charge (the design's "Durability" section):
 - the first run draws the noise key, saves the state (step 0), marks the charge as started,
   charges the grant (``charge()``) and saves its id: a restart never charges again (and refuses,
   rather than charge twice, if it died between marking and saving the grant);
-- before step t: ``pending`` = {t, sha256 of micro-batch t}; compute; ``sink(release t)``;
-  commit t; clear pending. A restart whose micro-batch t differs from a pending t is refused:
-  with keyed noise the same data gives the same release bits, different data would publish a
-  second release of step t that differs by exactly the changed records;
-- a commit appends the step's digest to ``commit.json`` (atomic rename); the whole state is
-  saved (``state.npz``, atomic rename) when replaying since the last save would cost more than
-  writing it (records since the save >= rows of state) and at the last step, so the total I/O
-  stays linear in the stream. A restart loads the saved state (step s0), verifies and skips
-  micro-batches <= s0, recomputes the committed ones after s0 from the input without releasing
-  them again (keyed noise: the same state bit for bit) and goes on from the first uncommitted.
+- step t appends {pending: t, sha256 of micro-batch t} to the journal (state.Journal), is
+  computed, ``sink(release t)``, and appends {commit: t}. A restart whose micro-batch t differs
+  from a pending t is refused: with keyed noise the same data gives the same release bits,
+  different data would publish a second release of step t that differs by exactly the changed
+  records; a committed micro-batch that changed is refused the same way;
+- the whole state is saved (``state.npz``, atomic rename; the journal then starts afresh)
+  when replaying since the last save would cost more than writing it (records since the save
+  >= rows of state) and at the last step, so the I/O stays linear in the stream (saving it at
+  every step would write it T times). A restart loads the saved state (step s0), verifies and
+  skips micro-batches <= s0, recomputes the committed ones after s0 from the input without
+  releasing them again (keyed noise: the same state bit for bit) and goes on from the first
+  uncommitted one.
 
 Trigger times are public: a step the stream has no records for still runs (empty micro-batch),
 so keys predicted to cross there are released.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -33,13 +34,12 @@ import pandas as pd
 
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual import operator
-from sage_tfx.dp_statistics.continual._standin import KeyedGaussian, StreamBudget
+from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
-from sage_tfx.dp_statistics.continual.state import (StreamStateError, WindowState, batch_digest,
-                                                    check_budget, clear_pending, read_pending,
-                                                    write_json, write_pending)
+from sage_tfx.dp_statistics.continual.state import (Journal, StreamStateError, WindowState,
+                                                    batch_digest, check_budget)
+from sage_tfx.mechanisms.keyed import KeyedGaussian
 
-COMMIT_FILE = "commit.json"
 Sink = Callable[[operator.TriggerRelease], None]
 Charge = Callable[[], tuple[str, Sequence[str]]]  # -> (grant id, block ids)
 
@@ -47,44 +47,6 @@ Charge = Callable[[], tuple[str, Sequence[str]]]  # -> (grant id, block ids)
 def empty_batch() -> pd.DataFrame:
     return pd.DataFrame({"unit": pd.Series([], dtype=object), "key": pd.Series([], dtype=object),
                          "value": pd.Series([], dtype=np.float64)})
-
-
-class _Journal:
-    """Which steps are committed: the saved state's step plus the digests committed after it."""
-
-    def __init__(self, directory: str, state: WindowState):
-        self.path = os.path.join(directory, COMMIT_FILE)
-        self.snapshot = state.step
-        self.digests: list[str] = []
-        if os.path.exists(self.path):
-            with open(self.path) as source:
-                recorded = json.load(source)
-            # A journal older than the saved state (it died between the two renames) is moot.
-            if recorded["snapshot"] == state.step:
-                self.digests = list(recorded["digests"])
-            elif recorded["snapshot"] > state.step:
-                raise StreamStateError(f"{self.path} continues a state saved at step "
-                                       f"{recorded['snapshot']}, but the saved state is at step "
-                                       f"{state.step}: the state directory was tampered with")
-
-    @property
-    def committed(self) -> int:
-        return self.snapshot + len(self.digests)
-
-    def digest(self, step: int) -> str:
-        return self.digests[step - self.snapshot - 1]
-
-    def commit(self, digest: str) -> None:
-        self.digests.append(digest)
-        self._write()
-
-    def saved(self, step: int) -> None:
-        self.digests = self.digests[step - self.snapshot:]
-        self.snapshot = step
-        self._write()
-
-    def _write(self) -> None:
-        write_json(self.path, {"snapshot": self.snapshot, "digests": self.digests})
 
 
 def _open_state(query: StreamQuery, budget: StreamBudget, state_dir: str,
@@ -124,7 +86,7 @@ def run_local(query: StreamQuery, budget: StreamBudget,
               batches: Iterable[tuple[int, pd.DataFrame]], state_dir: str, sink: Sink, *,
               charge: Optional[Charge] = None, progress: Optional[Callable[[int], None]] = None,
               noise_key: Optional[bytes] = None, snapshot_every: Optional[int] = None,
-              complete_window: bool = True) -> WindowState:
+              complete_window: bool = True, fsync: bool = True) -> WindowState:
     """Run (or resume) the window in `state_dir` over `batches`, (step, micro-batch) pairs in
     increasing step order (steps without records may be left out). `charge()` charges the
     window's grant once and returns (grant id, block ids); None runs without a ledger (tests,
@@ -132,57 +94,63 @@ def run_local(query: StreamQuery, budget: StreamBudget,
     `snapshot_every`: save the whole state every k steps instead of the default rule.
     `complete_window`: after the last batch, run the remaining steps up to T (a replayed
     window's end is known); False stops at the last batch given (a live stream that goes on).
+    `fsync`: each step's pending line reaches the disk before its release is written (False
+    survives a crash of the process, not a power cut; state.Journal).
     Returns the state after the last step run."""
     query.check()
     check_budget(query, budget)
     state = _open_state(query, budget, state_dir, noise_key)
     _charge_once(state, state_dir, charge)
-    journal = _Journal(state_dir, state)
-    replayed_since_save = 0
+    journal = Journal(state_dir, state, fsync)
+    records_since_save = 0
     last_step = 0
 
     def run(step: int, batch: pd.DataFrame) -> None:
-        nonlocal replayed_since_save
+        nonlocal records_since_save
         digest = batch_digest(batch)
         if step <= state.step:
             if digest != state.digests[step - 1]:
                 raise StreamStateError(_changed(step, "was released"))
             return
+        records_since_save += len(batch)
+        if state.step != step - 1:  # an invariant: the operator computes state.step + 1
+            raise StreamStateError(f"step {step} after a state at step {state.step}")
         if step <= journal.committed:
             if digest != journal.digest(step):
                 raise StreamStateError(_changed(step, "was released"))
             operator.step(state, budget, batch, digest)
-            replayed_since_save += len(batch)
             return
-        pending = read_pending(state_dir)
-        if pending is not None and pending["step"] == step and pending["digest"] != digest:
+        if journal.pending_digest(step) not in (None, digest):
             raise StreamStateError(_changed(step, "may have been released"))
-        write_pending(state_dir, step, digest)
+        journal.begin(step, digest)
         sink(operator.step(state, budget, batch, digest))
-        journal.commit(digest)
-        replayed_since_save += len(batch)
+        journal.commit(step, digest)
         if step == query.micro_batches or (
                 step % snapshot_every == 0 if snapshot_every else
-                replayed_since_save >= _state_rows(state)):
+                records_since_save >= _state_rows(state)):
             state.save(state_dir)
             journal.saved(step)
-            replayed_since_save = 0
-        clear_pending(state_dir)
+            records_since_save = 0
         if progress is not None:
             progress(step)
 
-    for step, batch in batches:
-        if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or not (
-                last_step < step <= query.micro_batches):
-            raise QueryError(f"micro-batch steps must increase within 1..{query.micro_batches}; "
-                             f"got {step!r} after {last_step}")
-        for gap in range(last_step + 1, int(step)):
-            run(gap, empty_batch())
-        run(int(step), batch)
-        last_step = int(step)
-    if complete_window:
-        for gap in range(last_step + 1, query.micro_batches + 1):
-            run(gap, empty_batch())
+    try:
+        for step, batch in batches:
+            if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or (
+                    not last_step < step <= query.micro_batches):
+                raise QueryError(f"micro-batch steps must increase within "
+                                 f"1..{query.micro_batches}; got {step!r} after {last_step}")
+            # Steps up to the saved state's are done: a live stream's next run (the
+            # ContinualRelease component) gives only the micro-batches after it.
+            for gap in range(max(last_step, state.step) + 1, int(step)):
+                run(gap, empty_batch())
+            run(int(step), batch)
+            last_step = int(step)
+        if complete_window:
+            for gap in range(last_step + 1, query.micro_batches + 1):
+                run(gap, empty_batch())
+    finally:
+        journal.close()
     return state
 
 

@@ -39,11 +39,12 @@ import numpy as np
 import pandas as pd
 
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
-from sage_tfx.dp_statistics.continual._standin import (NEVER, KeyedGaussian, StreamBudget,
-                                                       TreeIndex, round_to_grid)
+from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamStatistic
 from sage_tfx.dp_statistics.continual.state import PairTable, WindowState, batch_digest
+from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex, round_to_grid
 from sage_tfx.mechanisms.bounding import bounded
+from sage_tfx.mechanisms.keyed import KeyedGaussian
 
 BATCH_COLUMNS = ("unit", "key", "value")  # a micro-batch's columns (value only for SUM)
 

@@ -28,12 +28,15 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+from pandas._libs import hashtable
 
-from sage_tfx.dp_statistics.continual._standin import NEVER, StreamBudget, TreeIndex
+from sage_tfx.dp_statistics.aggregation.spec import QueryError
+from sage_tfx.dp_statistics.continual.budget import StreamBudget
+from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 
 STATE_FILE = "state.npz"
-PENDING_FILE = "pending.json"
+JOURNAL_FILE = "journal.jsonl"
 _FORMAT = 1
 
 
@@ -44,18 +47,18 @@ class StreamStateError(RuntimeError):
 class CodeTable:
     """Values (unit ids or keys) -> dense codes 0, 1, ... in order of first appearance.
 
-    Lookups are vectorised through a pandas Index over the values coded before its last rebuild;
-    values coded since go through a dict, and the Index is rebuilt once the dict holds half as
-    many (amortised linear in the number of values)."""
+    Integer values (or integral floats: a column with a missing value is float) go through a C
+    hash table (Int64Map), vectorised; any other value switches the table to a dict of Python
+    scalars (one lookup per distinct value of a micro-batch)."""
 
     def __init__(self, values: Optional[np.ndarray] = None):
-        self._values = np.asarray(values if values is not None else [], dtype=object)
-        self._size = len(self._values)
-        self._rebuild()
-
-    def _rebuild(self) -> None:
-        self._index = pd.Index(self._values[:self._size])
-        self._recent: dict = {}
+        values = np.asarray(values if values is not None else [], dtype=object)
+        self._values = values
+        self._size = len(values)
+        integers = _as_int64(values)
+        self._ints: Optional[Int64Map] = Int64Map(integers) if integers is not None else None
+        self._dict: Optional[dict] = None if integers is not None else {
+            v: code for code, v in enumerate(values.tolist())}
 
     def __len__(self) -> int:
         return self._size
@@ -67,92 +70,153 @@ class CodeTable:
     def encode(self, values) -> np.ndarray:
         """The codes of `values`, adding the ones never seen (in order of first appearance)."""
         inverse, uniques = pd.factorize(np.asarray(values), use_na_sentinel=False)
-        uniques = np.asarray(uniques, dtype=object)
-        codes = self._index.get_indexer(uniques).astype(np.int64)
-        missing = np.flatnonzero(codes < 0)
-        if len(missing):
-            recent = self._recent
-            found = [recent.get(v, -1) for v in uniques[missing].tolist()]
-            codes[missing] = found
-            new = missing[np.asarray(found, dtype=np.int64) < 0]
-            if len(new):
-                fresh = np.arange(self._size, self._size + len(new))
-                codes[new] = fresh
-                self._append(uniques[new])
-                recent.update(zip(uniques[new].tolist(), fresh.tolist()))
-                if len(recent) > max(4096, len(self._index) // 2):
-                    self._rebuild()
+        uniques = np.asarray(uniques)
+        integers = _as_int64(uniques) if self._ints is not None else None
+        if self._ints is not None and integers is None and len(uniques):
+            self._dict = {v: code for code, v in enumerate(self.values.tolist())}
+            self._ints = None
+        if self._ints is not None:
+            codes = self._ints.lookup(integers)
+            new = np.flatnonzero(codes < 0)
+            codes[new] = self._ints.insert(integers[new])
+        else:
+            lookup = self._dict.get
+            codes = np.fromiter((lookup(v, -1) for v in uniques.tolist()), np.int64,
+                                len(uniques))
+            new = np.flatnonzero(codes < 0)
+            kinds = {_kind(v) for v in uniques[new].tolist()} | (
+                {_kind(self._values[0])} if self._size else set())
+            if len(kinds) > 1 or kinds - {"number", "string", "bool"}:
+                raise QueryError(f"unit and key values must be all numbers, all strings or all "
+                                 f"booleans "
+                                 f"(they are stored without pickle); this stream mixes "
+                                 f"{sorted(kinds)}, e.g. {uniques[new][:3].tolist()}")
+            codes[new] = np.arange(self._size, self._size + len(new))
+            self._dict.update(zip(uniques[new].tolist(), codes[new].tolist()))
+        if len(new):
+            # Integers are kept as integers (an integral float key is released as an integer,
+            # the same before and after a restart).
+            added = integers[new] if self._ints is not None else uniques[new]
+            self._values = _grown(self._values, self._size, added.astype(object))
+            self._size += len(new)
         return codes[inverse]
-
-    def _append(self, values: np.ndarray) -> None:
-        needed = self._size + len(values)
-        if needed > len(self._values):
-            grown = np.empty(max(needed, 2 * len(self._values), 1024), dtype=object)
-            grown[:self._size] = self._values[:self._size]
-            self._values = grown
-        self._values[self._size:needed] = values
-        self._size = needed
 
     def to_array(self, what: str) -> np.ndarray:
         """The values as a pickle-free array: integers, floats or strings."""
         kind = pd.api.types.infer_dtype(self.values, skipna=False)
         typed = {"empty": np.int64, "integer": np.int64, "floating": np.float64,
-                 "mixed-integer-float": np.float64, "string": str}.get(kind)
+                 "mixed-integer-float": np.float64, "string": str,
+                 "boolean": bool}.get(kind)
         if typed is None:
             raise StreamStateError(f"{what} values must be all integers, all numbers or all "
                                    f"strings to be stored; pandas infers {kind!r}")
         return self.values.astype(typed)
 
 
-class PairTable:
-    """(unit code, key code) -> the last round the unit was counted for the key.
+class Int64Map:
+    """int64 -> dense slot (0, 1, ... in insertion order), vectorised: pandas' C hash table
+    (khash; the engine under pd.Index and factorize), used directly because pd.Index would have
+    to be rebuilt whenever a micro-batch adds entries. pandas is pinned (requirements/lock.txt);
+    the continual tests exercise every method used here."""
 
-    A log-structured set of sorted runs (each pair lives in exactly one run): a micro-batch's
-    pairs are looked up by binary search in every run, updated in place, and the new ones form
-    a new run; runs are merged while the newest is at least half the size of the one before
-    (binary-counter merging: each pair is re-sorted O(log n) times over the window)."""
+    def __init__(self, values: Optional[np.ndarray] = None):
+        self._table = hashtable.Int64HashTable(1024)
+        self._size = 0
+        if values is not None and len(values):
+            self.insert(np.asarray(values, np.int64))
+
+    def __len__(self) -> int:
+        return self._size
+
+    def lookup(self, values: np.ndarray) -> np.ndarray:
+        """The slot of each value, -1 if absent."""
+        return self._table.lookup(np.ascontiguousarray(values, dtype=np.int64))
+
+    def insert(self, values: np.ndarray) -> np.ndarray:
+        """Add distinct values not present; returns their slots."""
+        slots = np.arange(self._size, self._size + len(values), dtype=np.int64)
+        self._table.map_keys_to_values(np.ascontiguousarray(values, dtype=np.int64), slots)
+        self._size += len(values)
+        return slots
+
+
+class PairTable:
+    """(unit code, key code) -> the last round the unit was counted for the key: a hash table
+    from the pair's code to a slot, and the round of each slot."""
 
     def __init__(self, codes: Optional[np.ndarray] = None, rounds: Optional[np.ndarray] = None):
-        self._runs: list[tuple[np.ndarray, np.ndarray]] = []
-        if codes is not None and len(codes):
-            order = np.argsort(codes, kind="stable")
-            self._runs.append((np.asarray(codes, np.int64)[order],
-                               np.asarray(rounds, np.int32)[order]))
+        self._slots = Int64Map(codes)
+        self._codes = np.array(codes if codes is not None else [], dtype=np.int64)
+        self._rounds = np.array(rounds if rounds is not None else [], dtype=np.int32)
 
     @staticmethod
     def pair_codes(units: np.ndarray, keys: np.ndarray) -> np.ndarray:
         return (units.astype(np.int64) << 32) | keys.astype(np.int64)
 
     def __len__(self) -> int:
-        return sum(len(codes) for codes, _ in self._runs)
+        return len(self._slots)
 
     def count_once(self, codes: np.ndarray, rounds: np.ndarray) -> np.ndarray:
         """For distinct pair `codes` whose key is in round `rounds`: True where the unit was not
         yet counted for the key in that round; records them all as counted in it."""
+        slots = self._slots.lookup(codes)
+        seen = slots >= 0
         previous = np.full(len(codes), -1, dtype=np.int64)
-        seen = np.zeros(len(codes), dtype=bool)
-        for run_codes, run_rounds in self._runs:
-            at = np.minimum(np.searchsorted(run_codes, codes), len(run_codes) - 1)
-            hit = run_codes[at] == codes
-            previous[hit] = run_rounds[at[hit]]
-            run_rounds[at[hit]] = rounds[hit]
-            seen |= hit
-        if not seen.all():
-            new = ~seen
-            order = np.argsort(codes[new], kind="stable")
-            self._runs.append((codes[new][order], rounds[new].astype(np.int32)[order]))
-            while len(self._runs) > 1 and 2 * len(self._runs[-1][0]) >= len(self._runs[-2][0]):
-                (a_codes, a_rounds), (b_codes, b_rounds) = self._runs[-2], self._runs.pop()
-                merged = np.concatenate([a_codes, b_codes])
-                order = np.argsort(merged, kind="stable")
-                self._runs[-1] = (merged[order], np.concatenate([a_rounds, b_rounds])[order])
+        previous[seen] = self._rounds[slots[seen]]
+        self._rounds[slots[seen]] = rounds[seen]
+        new = ~seen
+        if new.any():
+            size = len(self._slots)
+            self._slots.insert(codes[new])
+            self._codes = _grown(self._codes, size, codes[new])
+            self._rounds = _grown(self._rounds, size, rounds[new])
         return previous != rounds
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        if not self._runs:
-            return np.zeros(0, np.int64), np.zeros(0, np.int32)
-        return (np.concatenate([c for c, _ in self._runs]),
-                np.concatenate([r for _, r in self._runs]))
+        size = len(self._slots)
+        return self._codes[:size], self._rounds[:size]
+
+
+def _kind(value) -> str:
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, (bool, np.bool_)):
+        return "number"
+    return "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+
+
+def _as_int64(values: np.ndarray) -> Optional[np.ndarray]:
+    """`values` as int64 if they are all integers (or integral floats), else None."""
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64)
+    if values.dtype.kind in "fO" and len(values):
+        try:
+            floats = values.astype(np.float64)
+        except (TypeError, ValueError):
+            return None
+        if values.dtype.kind == "O" and not all(isinstance(v, (int, float, np.integer,
+                                                              np.floating)) for v in values):
+            return None
+        if np.all(np.isfinite(floats)) and np.all(floats == np.round(floats)) and np.all(
+                np.abs(floats) < 2.0 ** 53):
+            return floats.astype(np.int64)
+        return None
+    return np.zeros(0, np.int64) if len(values) == 0 else None
+
+
+def _grown(array: np.ndarray, size: int, appended: np.ndarray) -> np.ndarray:
+    """`array` (its first `size` entries live) with `appended` after them, capacity doubled as
+    needed (amortised O(1) per entry)."""
+    needed = size + len(appended)
+    if needed > len(array):
+        grown = np.zeros(max(needed, 2 * len(array), 1024), dtype=array.dtype)
+        if array.dtype == object:
+            grown[:] = None
+        grown[:size] = array[:size]
+        array = grown
+    array[size:needed] = appended
+    return array
 
 
 # Per-key columns: name -> (dtype, value of a key never seen).
@@ -294,6 +358,8 @@ class WindowState:
 
         def index(prefix: str, sigma: float, thresholds) -> TreeIndex:
             part = {n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
+            if len(part["tree_ids"]) == 0:  # from_arrays cannot reshape an empty index
+                return TreeIndex.empty(sigma, query.micro_batches, thresholds)
             return TreeIndex.from_arrays(sigma, query.micro_batches, thresholds, part)
 
         state = cls(query, budget, arrays["noise_key"].tobytes(),
@@ -328,40 +394,119 @@ def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
 
 
 def batch_digest(batch: pd.DataFrame) -> str:
-    """sha256 of a micro-batch's canonical content: column names, dtypes and pandas' 64-bit
-    hash of every row in order (a changed row keeps its hash with probability 2^-64). Every
-    empty micro-batch has the same digest, whatever its columns' dtypes."""
-    digest = hashlib.sha256()
+    """sha256 of a micro-batch's canonical content: column names and dtypes, then each column's
+    bytes in row order (numbers as they are stored; other columns as pandas' 64-bit hash of
+    each value, so a changed value keeps its hash with probability 2^-64). Every empty
+    micro-batch has the same digest, whatever its columns' dtypes."""
     if len(batch) == 0:
         return hashlib.sha256(b"empty micro-batch").hexdigest()
+    digest = hashlib.sha256()
     digest.update(json.dumps([[str(c), str(t)] for c, t in batch.dtypes.items()]).encode())
-    digest.update(pd.util.hash_pandas_object(batch, index=False).to_numpy().tobytes())
+    for _, column in batch.items():
+        if column.dtype.kind in "iufb":
+            digest.update(np.ascontiguousarray(column.to_numpy()).tobytes())
+        else:
+            digest.update(pd.util.hash_pandas_object(column, index=False).to_numpy().tobytes())
     return digest.hexdigest()
 
 
-def write_pending(directory: str, step: int, digest: str) -> None:
-    """Record, before step `step` runs, which micro-batch it is computed from."""
-    write_json(os.path.join(directory, PENDING_FILE), {"step": step, "digest": digest})
+class Journal:
+    """The append-only log of the steps after the saved state (the design's pending-digest
+    protocol): line 1 is {"snapshot": s} (the step of state.npz when it was written), then per
+    step t {"pending": t, "digest": d} before t is computed and {"commit": t, "digest": d}
+    after its release was written. A line is one write() of a complete JSON object, so a crash
+    leaves at most a torn last line, which is ignored (a pending or commit never made).
+    `fsync`: a pending line reaches the disk before the step's release is written, so even
+    after a power cut (not only a crash of the process) no release exists whose micro-batch the
+    journal does not pin. A lost commit line only makes a restart recompute that step from the
+    same pinned micro-batch (the same bits), so commits are not synced (half the syncs)."""
 
+    def __init__(self, directory: str, state: WindowState, fsync: bool = True):
+        self.path = os.path.join(directory, JOURNAL_FILE)
+        self.fsync = fsync
+        self.snapshot = state.step
+        self.digests: list[str] = []  # of the committed steps after the snapshot
+        self.pending: Optional[tuple[int, str]] = None
+        lines = _complete_lines(self.path)
+        if lines and lines[0]["snapshot"] > state.step:
+            raise StreamStateError(f"{self.path} continues a state saved at step "
+                                   f"{lines[0]['snapshot']}, but {STATE_FILE} is at step "
+                                   f"{state.step}: the state directory was tampered with")
+        # A journal older than the saved state (the process died between writing the state
+        # and starting its journal) says nothing the state does not.
+        if lines and lines[0]["snapshot"] == state.step:
+            for line in lines[1:]:
+                if "commit" in line:
+                    self.digests.append(line["digest"])
+                else:
+                    self.pending = (line["pending"], line["digest"])
+        self._out = None
+        self._rewrite()  # drops a torn last line
 
-def read_pending(directory: str) -> Optional[dict]:
-    path = os.path.join(directory, PENDING_FILE)
-    if not os.path.exists(path):
+    @property
+    def committed(self) -> int:
+        return self.snapshot + len(self.digests)
+
+    def digest(self, step: int) -> str:
+        """The digest committed for `step` (snapshot < step <= committed)."""
+        return self.digests[step - self.snapshot - 1]
+
+    def pending_digest(self, step: int) -> Optional[str]:
+        """The digest of micro-batch `step` if it was pending (maybe released) when the last
+        run stopped, else None."""
+        if self.pending is not None and self.pending[0] == step:
+            return self.pending[1]
         return None
+
+    def begin(self, step: int, digest: str) -> None:
+        self._append({"pending": step, "digest": digest}, sync=self.fsync)
+        self.pending = (step, digest)
+
+    def commit(self, step: int, digest: str) -> None:
+        self._append({"commit": step, "digest": digest})
+        self.digests.append(digest)
+
+    def saved(self, step: int) -> None:
+        """The state was saved at `step` (<= committed): start the journal from there."""
+        self.digests = self.digests[step - self.snapshot:]
+        self.snapshot = step
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        self.close()
+        lines = [{"snapshot": self.snapshot}] + [
+            {"commit": self.snapshot + i + 1, "digest": d} for i, d in enumerate(self.digests)]
+        if self.pending is not None and self.pending[0] > self.committed:
+            lines.append({"pending": self.pending[0], "digest": self.pending[1]})
+        write_json_lines(self.path, lines)
+        self._out = open(self.path, "a")
+
+    def _append(self, line: dict, sync: bool = False) -> None:
+        self._out.write(json.dumps(line) + "\n")
+        self._out.flush()
+        if sync:
+            os.fsync(self._out.fileno())
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+
+def _complete_lines(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
     with open(path) as source:
-        return json.load(source)
+        text = source.read()
+    # Only newline-terminated lines were written whole.
+    return [json.loads(line) for line in text.split("\n")[:-1]]
 
 
-def clear_pending(directory: str) -> None:
-    path = os.path.join(directory, PENDING_FILE)
-    if os.path.exists(path):
-        os.remove(path)
-
-
-def write_json(path: str, content) -> None:
+def write_json_lines(path: str, lines: list) -> None:
+    """Write `path` atomically (temporary file, fsync, rename)."""
     temporary = f"{path}.tmp-{os.getpid()}"
     with open(temporary, "w") as out:
-        json.dump(content, out)
+        out.write("".join(json.dumps(line) + "\n" for line in lines))
         out.flush()
         os.fsync(out.fileno())
     os.replace(temporary, path)

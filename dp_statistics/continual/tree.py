@@ -68,14 +68,15 @@ def prefix_std(length: int, sigma: float) -> np.ndarray:
 def _level_noise(noise: KeyedGaussian, tree_ids: np.ndarray, first_leaf: np.ndarray,
                  width: int, n_levels: int, sigma: float) -> list[np.ndarray]:
     """nu of the nodes inside leaves [first_leaf, first_leaf + width) (0-based, aligned to
-    2^(n_levels-1)) of each tree: level h as an array (trees, width >> h)."""
+    2^n_levels, so every level starts at an even node) of each tree: level h as an array
+    (trees, width >> h)."""
     variances = honaker_variances(sigma, n_levels)
     nus: list[np.ndarray] = []
     for h in range(n_levels):
         count = width >> h
-        index = (first_leaf[:, None] >> h) + np.arange(count, dtype=np.uint64)[None, :]
-        own = sigma * noise.normals(tree_ids[:, None],
-                                    (np.uint64(h) << _LEVEL_SHIFT) | index.astype(np.uint64))
+        first = (np.uint64(h) << _LEVEL_SHIFT) | (first_leaf >> np.uint64(h))
+        own = noise.normal_rows(tree_ids, first, count)
+        own *= sigma
         if h == 0:
             nus.append(own)
             continue

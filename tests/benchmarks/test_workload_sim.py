@@ -28,7 +28,7 @@ def test_no_block_exceeds_its_ceiling_and_reservations_add_up(strategy):
     result = simulate(strategy, CONFIG, seed=3)
     assert result.pipelines > 0
     ledger = result.ledger
-    assert ledger.audit() == []  # every balance re-derived from the history matches
+    assert ledger.audit().problems == []  # every balance re-derived from the history matches
     for block in ledger.blocks():
         reserved = sum((np.maximum(r, 0.0) for r in block.reservations.values()),
                        np.zeros(2))

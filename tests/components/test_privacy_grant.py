@@ -185,7 +185,7 @@ def test_an_rdp_ledger_charges_the_curve_of_the_recorded_events(store_path, tmp_
                             ledger.orders)
     for block in BlockLedger(store_path).blocks():
         assert list(block.spent) == pytest.approx(list(expected), rel=1e-12)
-    assert BlockLedger(store_path).audit() == []
+    assert BlockLedger(store_path).audit().problems == []
     # What ran must be what was recorded: AdaSSP at a smaller noise multiplier is refused.
     info.check_event("training", adassp.dp_event(sigma))
     with pytest.raises(GrantError, match="ran .* but the ledger recorded and charged"):

@@ -3,6 +3,8 @@ reader: user-level only when every block read was cut by the query's unit column
 import csv
 import os
 
+import pytest
+
 from sage_tfx.dp_statistics import tables
 from sage_tfx.dp_statistics.aggregation import GuaranteeUnit
 from sage_tfx.dp_statistics.ingest import ingest
@@ -44,3 +46,26 @@ def test_an_ingested_table_states_the_unit_its_record_says(tmp_path):
                       start="2013-01", end="2013-02")
     assert tables.guarantee_unit_of_blocks(ledger, hashed, "uid") is UNIT
     assert tables.guarantee_unit_of_blocks(ledger, timed, "uid") is WITHIN
+
+
+def test_tables_use_the_ledgers_open_store_and_read_blocks_in_one_query(tmp_path, monkeypatch):
+    """No second MLMD connection per lookup, and the blocks of a read in one ledger query."""
+    from sage_tfx.sage_access import store
+
+    def no_new_connection(*_):
+        raise AssertionError("opened a second MLMD connection")
+
+    ledger = BlockLedger.create(str(tmp_path / "ledger.sqlite"))
+    monkeypatch.setattr(store, "connect", no_new_connection)
+    monkeypatch.setattr(tables, "connect", no_new_connection, raising=False)
+    monkeypatch.setattr(ledger, "block", lambda *_: pytest.fail("one query per block"))
+    with open(tmp_path / "trips.csv", "w", newline="") as handle:
+        csv.writer(handle).writerows([["uid", "day"]] + [[f"u{i}", "2013-01-10"]
+                                                          for i in range(5)])
+    table, blocks = ingest(ledger, str(tmp_path / "trips.csv"), str(tmp_path / "out"), "uid", 1.0,
+                           1e-6, table_name="hashed", user_blocks=2)
+    assert tables.find_table(ledger, "hashed") == table
+    assert tables.read_blocks(ledger, table, blocks).num_rows == 5
+    assert tables.guarantee_unit_of_blocks(ledger, blocks, "uid") is UNIT
+    examples = block(ledger, tmp_path, "users-0", cut_by="uid")
+    assert tables.guarantee_unit_of_blocks(ledger, blocks + [examples], "uid") is UNIT

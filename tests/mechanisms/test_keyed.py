@@ -32,3 +32,13 @@ def test_noise_is_standard_normal():
     broken = np.sqrt(3) * (2 * stats.norm.cdf(z) - 1)
     assert stats.kstest(broken, "norm").pvalue < 1e-6
     assert abs((1.02 * z).std() - 1) >= 0.01
+
+
+def test_rows_are_the_same_values_as_single_counters():
+    noise = KeyedGaussian(bytes(range(32)))
+    rows = noise.normal_rows([4, 9], [6, 0], 5)
+    expected = np.stack([noise.normals(np.uint64(4), np.arange(6, 11, dtype=np.uint64)),
+                         noise.normals(np.uint64(9), np.arange(0, 5, dtype=np.uint64))])
+    np.testing.assert_allclose(rows, expected, rtol=1e-15, atol=1e-15)
+    with pytest.raises(ValueError, match="even"):
+        noise.normal_rows([1], [3], 2)

@@ -48,7 +48,7 @@ def test_conserve_retries_then_accepts_and_every_charge_is_in_the_lineage(tmp_pa
         used = sum(i.epsilon for i in result.iterations if block_id in i.blocks)
         assert spent[block_id] == pytest.approx(used)
         assert spent[block_id] <= BLOCK_EPSILON
-    ledger.audit()
+    assert ledger.audit().problems == []
     # One grant per iteration, each in the context of the TFX run that spent it.
     mlmd = connect(store)
     grants = mlmd.get_executions_by_type(GRANT_TYPE)

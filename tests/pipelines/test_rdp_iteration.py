@@ -41,7 +41,7 @@ def test_taxi_adassp_iteration_on_an_rdp_ledger(tmp_path):
     for block in blocks:
         assert list(block.spent) == pytest.approx(list(charged), rel=1e-12)
         assert ledger.accounting.guarantee(block.spent, 2.0, 1e-6) == (2.0, 1e-6)
-    assert ledger.audit() == []
+    assert ledger.audit().problems == []
     [blessing] = mlmd.get_artifacts_by_type("ModelBlessing")
     assert blessing.custom_properties["outcome"].string_value in ("ACCEPT", "RETRY", "REJECT")
     executions = {e.type.rsplit(".", 1)[-1]: e for e in mlmd.get_executions()}

@@ -149,7 +149,7 @@ def test_under_overload_new_blocks_reserve_only_spendable_shares(accounting):
     assert sorted(block.reservations) == ["p1", "p2", "p3"]  # the longest-waiting
     for name in ("p1", "p2", "p3"):
         ledger.request(BlockIds(["b0"]), epsilon=0.25, delta=0, pipeline=name)
-    assert ledger.audit() == []
+    assert ledger.audit().problems == []
 
 
 def test_rdp_ledger_admits_while_dp_accounting_conversion_stays_within_ceiling():

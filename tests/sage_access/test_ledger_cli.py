@@ -410,3 +410,48 @@ def test_rdp_grants_show_split_and_events_and_denials_name_reservations(store_pa
     code, out, err = ledger(store_path, "request", "--blocks", "b1",
                             "--gaussian-noise-multiplier", "1")
     assert code == 3 and "reserved for other pipelines: p1" in err and ", p2 " in err
+
+
+def test_audit_counts_the_blocks_and_grants_it_read(populated, monkeypatch, capsys):
+    """`audit` reports the counts its own reading gave, without reading blocks or grants again."""
+    from sage_tfx import cli
+
+    assert ledger(populated, "request", "--window", "2", "--epsilon", "0.25", "--delta",
+                  "0")[0] == 0
+    reads = []
+    read_blocks = BlockLedger.blocks
+
+    def blocks(self, *args, **kwargs):
+        reads.append("blocks")
+        return read_blocks(self, *args, **kwargs)
+
+    monkeypatch.setattr(BlockLedger, "blocks", blocks)
+    monkeypatch.setattr(BlockLedger, "grant_records", lambda *_: pytest.fail("grants re-read"))
+    assert cli.main(["ledger", "--store", populated, "audit"]) == 0
+    assert "3 blocks and 1 grants agree with the history" in capsys.readouterr().out
+    assert reads == ["blocks"]  # the audit's own read
+
+
+SHOWN_ROWS = {  # one block of each mode as `show` prints it
+    "basic": ({"budget": {"spent": 0.3, "reserved": {"p1": 0.2, "p2": 0.5}, "free": 0.0},
+               "epsilon_ceiling": 1.0, "delta_spent": 0.0, "delta_ceiling": 1e-6},
+              "b1                      0.3000    0.7000    0.0000      1.0000           0      "
+              "1e-06       1  live     p1 0.2, p2 0.5"),
+    "rdp": ({"budget": {"spent": 0.098, "reserved": {"p1": 0.4023, "p2": 0.5}, "free": 0.0,
+                        "order": 64.0}, "guarantee_epsilon": 1.0, "guarantee_delta": 1e-6},
+            "b1                        9.8       90.2     0.0    64             1    1e-06       "
+            "1  live     p1 40.23, p2 50")}
+
+
+@pytest.mark.parametrize("mode", sorted(SHOWN_ROWS))
+def test_show_lays_a_block_out_as_its_accounting_presents_it(mode):
+    from sage_tfx.sage_access.accounting import accounting_for
+    from sage_tfx.sage_access.cli import format_table
+
+    row, shown = SHOWN_ROWS[mode]
+    row = dict(row, id="b1", retired=False, charges=1)
+    lines = format_table({"context": "default", "accounting": mode, "min_request_epsilon": 0.01,
+                          "waiting_pipelines": ["p1", "p2"], "blocks": [row]}).splitlines()
+    columns = accounting_for(mode).show_columns
+    assert lines[-3].split()[:2] == ["block", columns[0].title.split()[0]]
+    assert lines[-1] == shown

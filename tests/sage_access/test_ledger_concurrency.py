@@ -31,7 +31,7 @@ def start_worker(store: str, seed: int, requests: int) -> subprocess.Popen:
 
 def assert_consistent(store: str, committed: list[dict]) -> None:
     ledger = BlockLedger(store)
-    assert ledger.audit() == []
+    assert ledger.audit().problems == []
     blocks = {b.block_id: b for b in ledger.blocks()}
     for block in blocks.values():
         assert block.spent[0] <= block.epsilon_ceiling and block.spent[1] <= block.delta_ceiling
@@ -77,7 +77,7 @@ def test_killed_processes_leave_every_grant_whole_or_absent(tmp_path):
         for worker in workers:
             out, _ = worker.communicate()
             committed += [json.loads(line) for line in out.splitlines() if line.endswith("}")]
-        assert BlockLedger(store).audit() == []
+        assert BlockLedger(store).audit().problems == []
     expected, blocks = assert_consistent(store, committed)
     # A grant may commit after its worker printed nothing (killed between commit and print), so
     # the ledger holds at least what the workers reported, and audit() proved it is whole.

@@ -6,6 +6,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # The clone: docs/, the Dockerfile, setup.cfg, benchmarks/ and examples/ are read from here.
 REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
 
-# Files the code under test loads by path: a DPTrainer module file and a ledger worker process.
+# Files the code under test loads by path: a DPTrainer module file and worker processes.
 TRIP_MODULE = os.path.join(_HERE, "trip_module.py")
 LEDGER_WORKER = os.path.join(_HERE, "ledger_worker.py")
+STREAM_WORKER = os.path.join(_HERE, "stream_worker.py")  # the DP-SQLP durability test

@@ -16,14 +16,24 @@ TRIPS = [(30.0, b"Cash"), (200.0, b"Credit Card"), (90.0, b"Cash")]
 def write_block(directory, records=TRIPS):
     """Gzipped TFRecords of (trip_seconds, payment_type) in Split-train and Split-test; the last
     record of train is no tf.Example (the record rule's default cells)."""
+    write_examples(directory, [{"trip_seconds": seconds, "payment_type": payment}
+                               for seconds, payment in records], garbage=True)
+
+
+def write_examples(directory, records, garbage=False):
+    """Gzipped TFRecords of `records` ({feature: float, int or bytes}) as BlockExampleGen writes
+    them: all but the last in Split-train, the last in Split-test; with `garbage`, train ends
+    with a record that is no tf.Example."""
     for split, rows in (("train", records[:-1]), ("test", records[-1:])):
         os.makedirs(os.path.join(directory, f"Split-{split}"))
         path = os.path.join(directory, f"Split-{split}", "data.gz")
         with tf.io.TFRecordWriter(path, options="GZIP") as writer:
-            for seconds, payment in rows:
+            for record in rows:
                 example = tf.train.Example()
-                example.features.feature["trip_seconds"].float_list.value.append(seconds)
-                example.features.feature["payment_type"].bytes_list.value.append(payment)
+                for name, value in record.items():
+                    kind = ("bytes_list" if isinstance(value, bytes) else "float_list"
+                            if isinstance(value, float) else "int64_list")
+                    getattr(example.features.feature[name], kind).value.append(value)
                 writer.write(example.SerializeToString())
-            if split == "train":
+            if split == "train" and garbage:
                 writer.write(b"not an example")

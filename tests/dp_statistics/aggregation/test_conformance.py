@@ -3,10 +3,11 @@ law (docs/architecture.md: one conformance test per operator). Beam runs on the 
 import numpy as np
 import pandas as pd
 from scipy import stats
+from support.beam_engine import accumulate_with_beam
 
 from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
                                                 SelectionRule, local, plan)
-from sage_tfx.dp_statistics.aggregation.beam import accumulate_with_beam, aggregate_with_beam
+from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
 from sage_tfx.randomness import secret_rng
 
 

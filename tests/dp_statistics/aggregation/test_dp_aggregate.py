@@ -1,6 +1,7 @@
 """`dp_aggregate(data, query_or_sql, grant)`: the operator on a frame, paid by one ledger grant."""
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from sage_tfx.dp_statistics.aggregation import QueryError, frontend, plan, sql
@@ -67,5 +68,16 @@ def test_an_rdp_ledger_refuses_a_query_whose_selection_spends_delta_outside_its_
         frontend.request_grant(ledger, BlockIds(["b1"]), query, 1.0, 1e-6)
     assert not np.any(ledger.blocks()[0].spent)
     grant = ledger.request(BlockIds(["b1"]), 1.0, 1e-6, split=terms.split, events=terms.events)
-    with pytest.raises(QueryError, match="nothing was released"):
+    # The run asks the ledger's accountant, so the user reads the accountant's one rule.
+    with pytest.raises(QueryError, match="rdp ledger cannot charge delta spent outside .*"
+                                         "nothing was released"):
         frontend.dp_aggregate(frame(), SELECTED, grant, ledger=ledger)
+    assert ledger.use_share(grant, next(iter(terms.split)), "another consumer")  # unconsumed
+
+
+def test_a_frames_column_kinds_are_the_tables_kinds():
+    """One home for the kinds (sql.ARROW_TYPES), read back from a frame by sql.column_kind."""
+    assert {kind: sql.column_kind(arrow) for kind, arrow in sql.ARROW_TYPES.items()} == {
+        kind: kind for kind in sql.ARROW_TYPES}
+    assert [sql.column_kind(t) for t in (pa.int32(), pa.float32(), pa.bool_())] == [
+        "int", "float", "string"]

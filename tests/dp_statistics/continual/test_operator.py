@@ -5,8 +5,10 @@ import pandas as pd
 import pytest
 
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
-from sage_tfx.dp_statistics.continual import _standin as tree, operator
-from sage_tfx.dp_statistics.continual._standin import NEVER, KeyedGaussian, plan
+from sage_tfx.dp_statistics.continual import operator, tree
+from sage_tfx.dp_statistics.continual.budget import plan
+from sage_tfx.dp_statistics.continual.tree import NEVER
+from sage_tfx.mechanisms.keyed import KeyedGaussian
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.dp_statistics.continual.state import WindowState
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from support import REPO_ROOT
 
-from sage_tfx.components.matrix_mechanism.executor import block_histogram
+from sage_tfx.components.matrix_mechanism.executor import granted_histogram
 
 from sage_tfx.dp_statistics.matrix import (answer_workload, eigen_design, expected_rmse,
                                            identity, svd_lower_bound_rmse)
@@ -44,7 +44,9 @@ def test_the_taxi_workloads_run_on_ingested_trips_with_their_columns(tmp_path):
     with open(workload_answers.workload_path("hour_area_payment.json")) as handle:
         spec = parse_spec(handle.read())
     ledger = BlockLedger(os.path.join(workdir, "ledger.sqlite"), read_only=True)
-    histogram = sum(block_histogram(spec, block.data_uri) for block in ledger.blocks())
+    granted = granted_histogram(spec, ledger, [block.block_id for block in ledger.blocks()])
+    assert granted.unit == "all rows of one trip_id within the blocks read"
+    histogram = granted.vector
     with open(sample_path(), newline="") as handle:
         rows = list(csv.DictReader(handle))
     direct = spec.histogram({a.feature: [row[a.feature] for row in rows]

@@ -1,0 +1,142 @@
+"""A window's charged run, shared by `sage-tfx stream` and the ContinualRelease component: the
+grant (grant.py), the in-process engine (local.run_local) over the window's micro-batches, one
+release per trigger written as a CSV and a JSON guarantee line, and a progress bar.
+
+Order (charge before release): the caller has read and checked every input; `run_window` checks
+a resumed state is this window's (its blocks and its grant), then the engine charges the grant
+once (a state that already holds a grant id is never charged again) before the first step,
+and writes each trigger's release before committing it.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from typing import Optional
+
+from sage_tfx import console
+from sage_tfx.dp_statistics.continual import grant as window_grants
+from sage_tfx.dp_statistics.continual import local
+from sage_tfx.dp_statistics.continual.budget import plan
+from sage_tfx.dp_statistics.continual.sources import Records, Window
+from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
+from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
+
+STATE_DIR = "state"
+
+
+def budget_of(query):
+    """The window's calibration (budget.plan) for `query`."""
+    return plan(query.epsilon, query.delta, query.micro_batches, query.contribution_limit,
+                query.value_bound)
+
+
+def unit_of(query, blocks) -> str:
+    """The neighbouring relation every release states, in words."""
+    return f"all records of one {query.unit_column} within blocks {', '.join(blocks)}"
+
+
+class ReleaseSink(local.CsvDirectorySink):
+    """release-T.csv (key, value, updated: every key released so far in the window with its
+    latest noisy value) and release-T.json, one line: the trigger, its public time, the
+    guarantee's (epsilon, delta) and unit, the grant. Both written atomically; a trigger
+    recomputed after a crash rewrites the same bits (keyed noise). `grant` holds the window's
+    grant id and blocks (set when the engine charges, or from the resumed state)."""
+
+    def __init__(self, directory: str, query, window: Window, grant: dict):
+        super().__init__(directory)
+        self.query, self.window, self.grant = query, window, grant
+
+    def __call__(self, release) -> None:
+        super().__call__(release)
+        query = self.query
+        trigger = self.window.trigger_times(query.micro_batches)[release.step - 1]
+        line = {"trigger": int(release.step), "micro_batches": query.micro_batches,
+                "trigger_time": dt.datetime.fromtimestamp(trigger, dt.timezone.utc).isoformat(),
+                "epsilon": query.epsilon, "delta": query.delta,
+                "unit": unit_of(query, self.grant["blocks"]),
+                "guarantee": release.guarantee, "grant_id": self.grant["id"],
+                "csv": os.path.basename(self.path(release.step))}
+        path = self.path(release.step)[:-len(".csv")] + ".json"
+        temporary = f"{path}.tmp-{os.getpid()}"
+        with open(temporary, "w") as out:
+            out.write(json.dumps(line) + "\n")
+        os.replace(temporary, path)
+
+
+def resumable_state(ledger, state_dir: str, window: Window, budget) -> Optional[WindowState]:
+    """The state saved in `state_dir` (None if there is none), refused (BadRequest) unless its
+    blocks and grant are this window's: a restart never charges again, and never under a grant
+    that does not pay for what it releases."""
+    try:
+        state = WindowState.load(state_dir)
+    except StreamStateError as error:
+        raise BadRequest(str(error)) from None
+    if state is None or state.grant_id is None:
+        return state
+    if tuple(state.blocks) != tuple(window.block_ids):
+        raise BadRequest(f"{state_dir} holds the window of blocks {', '.join(state.blocks)}, "
+                         f"not {', '.join(window.block_ids)}; use a new directory")
+    window_grants.window_grant(ledger, state.grant_id, window.block_ids, budget)
+    return state
+
+
+def run_window(ledger, query, window: Window, records: Records, state_dir: str,
+               release_dir: str, *, consumer: str, through_step: Optional[int] = None,
+               pipeline: Optional[str] = None, run_id: Optional[str] = None,
+               noise_key: Optional[bytes] = None) -> WindowState:
+    """Run the window's micro-batches up to `through_step` (default: all T) on `records`,
+    charging the window's grant first unless `state_dir` already holds it. Without
+    `through_step` every micro-batch 1..T is given to the engine, which verifies the ones a
+    previous run committed against their digests and skips them; with it (a live stream that
+    goes on) only the ones after the saved state's step, and the state is saved at the end.
+    `noise_key`: tests only."""
+    budget = budget_of(query)
+    total = query.micro_batches
+    last = total if through_step is None else through_step
+    previous = resumable_state(ledger, state_dir, window, budget)
+    done = previous.step if previous is not None else 0
+    first = 1 if through_step is None else done + 1
+    batches = ((step, batch.frame()) for step, batch in records.micro_batches(total)
+               if first <= step <= last)
+
+    grant = {"id": previous.grant_id, "blocks": previous.blocks} if previous is not None \
+        else {}
+
+    refused = []  # the ledger's all-or-nothing refusals: nothing was charged
+
+    def charge():
+        try:
+            granted = window_grants.request_window_grant(ledger, window.block_ids, budget,
+                                                         consumer, pipeline, run_id)
+        except (BadRequest, BudgetExhausted, LedgerBusy):
+            refused.append(True)
+            raise
+        grant.update(id=granted.grant_id, blocks=granted.blocks)
+        return granted.grant_id, granted.blocks
+
+    sink = ReleaseSink(release_dir, query, window, grant)
+    try:
+        with console.progress("continual release", total, unit="trigger", start=done) as bar:
+            return local.run_local(
+                query, budget, batches, state_dir, sink, charge=charge, progress=bar.update,
+                noise_key=noise_key, complete_window=last == total,
+                # A live stream stops between triggers: every step is saved, so the next run
+                # needs none of this run's records.
+                snapshot_every=None if through_step is None else 1)
+    except StreamStateError as error:
+        raise BadRequest(str(error)) from None
+    except (BadRequest, BudgetExhausted, LedgerBusy):
+        if refused:  # the engine marked the charge as started; the ledger charged nothing
+            _charge_not_started(state_dir)
+        raise
+
+
+def _charge_not_started(state_dir: str) -> None:
+    """After a refused grant, let the state directory try again (a busy ledger, budget freed by
+    a finished pipeline): the engine refuses to resume a state whose charge started and was not
+    recorded, which here would only strand the directory."""
+    state = WindowState.load(state_dir)
+    if state is not None and state.grant_id is None:
+        state.charge_started = False
+        state.save(state_dir)

@@ -1,0 +1,170 @@
+"""`sage-tfx stream`: replay a stream through the DP-SQLP operator, one release per trigger.
+
+    sage-tfx stream --store S [--context C] --window-blocks IDS --epsilon E --delta D
+                    [--input FILE|DIR] --micro-batches N --out DIR
+                    [--unit-column uid] [--key-column key] [--time-column time]
+                    [--value-column COL --value-bound L] [--contribution-limit C]
+
+Beside the `continual` package, not in it (as matrix_cli.py): `sage-tfx` builds every command's
+parser on each run, so this module imports nothing heavy until the command runs.
+
+The window is the ledger blocks IDS; its micro-batches and trigger times are public: the
+blocks' event-time range cut into N equal parts (continual/sources.py). Without --input the
+records are the rows of those blocks of a table `sage-tfx ingest` registered. Without
+--value-column each record counts 1 (COUNT(*), L = 1).
+
+Order (charge before release): the arguments, the window and every input file's columns are
+checked first (nothing charged for bad input); then ONE grant of (E, D) is charged on the
+window's blocks (its dp-accounting event and the delta spent outside it recorded on it) and its
+share consumed; then each micro-batch is run and its release written. DIR/state holds the
+operator's private state with the grant id: a second run with the same DIR and input resumes
+after the last committed micro-batch and charges nothing; another window, query or changed
+input for the same DIR is refused. Each trigger T writes DIR/release-T.csv (key, value, updated:
+every key released so far in the window with its latest noisy value) and DIR/release-T.json (one
+line: the guarantee's epsilon, delta and unit, the trigger time, the grant). The last stdout
+line is one JSON object (grant, blocks, guarantee). Nothing data-dependent is printed.
+
+Exit codes as `sage-tfx query`: 0 success; 2 bad input (nothing charged); 3 denied for lack of
+budget (nothing charged); 4 ledger busy; 5 store unreachable.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE, _run
+
+
+def add_parser(groups: argparse._SubParsersAction) -> None:
+    parser = groups.add_parser(
+        "stream", help="replay a stream through the DP-SQLP operator: one DP histogram per "
+                       "trigger, one grant for the window", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
+                        help=f"SQLite ledger file or grpc://HOST:PORT "
+                             f"(default: ${STORE_ENVIRONMENT_VARIABLE})")
+    parser.add_argument("--context", default="default", help="ledger context (default: default)")
+    parser.add_argument("--window-blocks", required=True,
+                        help="comma-separated ids of the window's blocks (each with an "
+                             "event-time range); the grant is charged on them")
+    parser.add_argument("--epsilon", type=float, required=True,
+                        help="epsilon of the window's one grant")
+    parser.add_argument("--delta", type=float, required=True,
+                        help="delta of the window's one grant, in (0, 1)")
+    parser.add_argument("--input", help="a CSV or Parquet file, or a directory of them (read in "
+                                        "name order, as arriving files); default: the rows of "
+                                        "the blocks' ingested table")
+    parser.add_argument("--micro-batches", type=int, required=True,
+                        help="N: the window's event-time range is cut into N equal micro-batches, "
+                             "one release at the end of each")
+    parser.add_argument("--out", required=True,
+                        help="the directory of the releases and the resumable state")
+    parser.add_argument("--unit-column", default=None,
+                        help="the privacy unit (default: the table's unit column; with --input: "
+                             "uid)")
+    parser.add_argument("--key-column", default="key", help="the histogram's key (default: key)")
+    parser.add_argument("--time-column", default=None,
+                        help="event time, Unix seconds or ISO 8601 (default: the table's time "
+                             "column; with --input: time)")
+    parser.add_argument("--value-column", help="sum this column (default: count records)")
+    parser.add_argument("--value-bound", type=float, default=None,
+                        help="L: values are clamped to [-L, L] (required with --value-column)")
+    parser.add_argument("--contribution-limit", type=int, default=32,
+                        help="C: records a unit contributes over the whole window (default: 32, "
+                             "the paper's)")
+    parser.add_argument("--pipeline", default="sage-tfx-stream",
+                        help="the pipeline name the grant is charged to")
+    parser.set_defaults(run=lambda args: _run(_stream, args), command="stream")
+
+
+def check_arguments(args) -> None:
+    """BadRequest naming the first bad argument (before the ledger is opened)."""
+    from sage_tfx.sage_access.errors import BadRequest
+
+    if not (math.isfinite(args.epsilon) and args.epsilon > 0 and 0 < args.delta < 1):
+        raise BadRequest(f"--epsilon must be a positive number and --delta in (0, 1), got "
+                         f"{args.epsilon!r}, {args.delta!r}")
+    if args.micro_batches < 1:
+        raise BadRequest(f"--micro-batches must be at least 1, got {args.micro_batches}")
+    if args.contribution_limit < 1:
+        raise BadRequest(f"--contribution-limit must be at least 1, got "
+                         f"{args.contribution_limit}")
+    if args.value_column is not None:
+        if args.value_bound is None or not (math.isfinite(args.value_bound)
+                                            and args.value_bound > 0):
+            raise BadRequest(f"--value-column {args.value_column} needs --value-bound L, a "
+                             f"positive number (values are clamped to [-L, L]); got "
+                             f"{args.value_bound!r}")
+    elif args.value_bound not in (None, 1.0):
+        raise BadRequest("--value-bound is for --value-column; a count has L = 1")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise BadRequest(f"--out {args.out} is a file; give a directory")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise BadRequest(f"--out {args.out}: its parent directory does not exist")
+
+
+def _columns(args, table):
+    from sage_tfx.dp_statistics.continual.sources import Columns
+
+    unit = args.unit_column or (table.unit_column if table else "uid")
+    time = args.time_column or (table.time_column if table and table.time_column else "time")
+    return Columns(unit=unit, key=args.key_column, time=time, value=args.value_column)
+
+
+def _ingested_table(ledger, block_ids):
+    """The table `sage-tfx ingest` registered for the window's blocks (all of one table)."""
+    from sage_tfx.dp_statistics import tables
+    from sage_tfx.sage_access.errors import BadRequest
+
+    names = {block_id.split(".", 1)[0] for block_id in block_ids if "." in block_id}
+    table = tables.find_table(ledger, names.pop(), missing_ok=True) if len(names) == 1 \
+        else None
+    if table is None or not all(table.owns(b) for b in block_ids):
+        raise BadRequest("without --input the records are the rows of an ingested table's "
+                         f"blocks, and {', '.join(block_ids)} are not the blocks of one table "
+                         "(sage-tfx ingest); pass --input FILE|DIR")
+    return table
+
+
+def _stream(args) -> int:
+    import json
+
+    from sage_tfx.dp_statistics.aggregation.spec import QueryError
+    from sage_tfx.dp_statistics.continual import sources
+    from sage_tfx.dp_statistics.continual.release import STATE_DIR, run_window
+    from sage_tfx.dp_statistics.continual.spec import StreamQuery
+    from sage_tfx.sage_access.cli import _open
+    from sage_tfx.sage_access.errors import BadRequest
+
+    check_arguments(args)
+    ledger = _open(args)
+    window = sources.window_of_blocks(ledger, args.window_blocks.split(","))
+    table = None if args.input else _ingested_table(ledger, window.block_ids)
+    columns = _columns(args, table)
+    query = StreamQuery(key_column=columns.key, unit_column=columns.unit,
+                        time_column=columns.time, value_column=columns.value,
+                        value_bound=args.value_bound if columns.value else 1.0,
+                        contribution_limit=args.contribution_limit,
+                        micro_batches=args.micro_batches, epsilon=args.epsilon, delta=args.delta)
+    try:
+        query.check()
+    except QueryError as error:
+        raise BadRequest(str(error)) from None
+    # Every input is read and checked before the charge: a bad file is refused uncharged.
+    records = sources.read_input(args.input, columns, window, args.micro_batches) \
+        if args.input else sources.read_table_blocks(ledger, table, columns, window,
+                                                     args.micro_batches)
+    state_dir = os.path.join(args.out, STATE_DIR)
+    if not os.path.isdir(state_dir) and os.path.isdir(args.out) and os.listdir(args.out):
+        raise BadRequest(f"--out {args.out} is not empty and holds no stream; give a new "
+                         "directory (or the same one to resume a stream)")
+    state = run_window(ledger, query, window, records, state_dir, args.out,
+                       consumer=f"sage-tfx stream {os.path.abspath(args.out)}",
+                       pipeline=args.pipeline)
+    print(json.dumps({"grant_id": state.grant_id, "blocks": list(state.blocks),
+                      "epsilon": args.epsilon, "delta": args.delta,
+                      "micro_batches": args.micro_batches,
+                      "guarantee": query.guarantee(state.blocks),
+                      "out": os.path.abspath(args.out)}))
+    return 0

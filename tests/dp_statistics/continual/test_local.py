@@ -1,0 +1,167 @@
+"""The in-process engine's durability: a crash or a restart resumes with no micro-batch counted
+twice, no release rewritten with other numbers and no second charge."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from sage_tfx.dp_statistics.continual import local
+from sage_tfx.dp_statistics.continual.budget import plan
+from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
+from sage_tfx.sage_access import BlockLedger
+from support import STREAM_WORKER, stream_worker as worker
+
+NOISE_KEY = bytes(range(32))
+
+
+def releases(directory):
+    """{file name: bytes} of every release file."""
+    return {name: open(os.path.join(directory, name), "rb").read()
+            for name in sorted(os.listdir(directory)) if name.startswith("release-")}
+
+
+def uninterrupted(tmp_path):
+    out = tmp_path / "oracle-out"
+    state = local.run_local(worker.QUERY, worker.budget(), worker.stream(),
+                            str(tmp_path / "oracle-state"), local.CsvDirectorySink(str(out)),
+                            noise_key=NOISE_KEY)
+    return releases(out), state
+
+
+def assert_same_state(resumed: WindowState, oracle: WindowState):
+    """Same counts everywhere: nothing was counted twice or lost."""
+    assert resumed.step == oracle.step and resumed.digests == oracle.digests
+    assert np.array_equal(resumed.used[:len(resumed.units)], oracle.used[:len(oracle.units)])
+    for name in ("count", "round", "buffer", "released_true", "released_value", "due"):
+        assert np.array_equal(resumed.column(name), oracle.column(name), equal_nan=True), name
+    assert sorted(zip(*[a.tolist() for a in resumed.pairs.to_arrays()])) == sorted(
+        zip(*[a.tolist() for a in oracle.pairs.to_arrays()]))
+
+
+class RaisingSink(local.CsvDirectorySink):
+    """Dies (like a crash) when asked to write step `fail_at`: pending stays on disk."""
+
+    def __init__(self, directory, fail_at):
+        super().__init__(directory)
+        self.fail_at = fail_at
+
+    def __call__(self, release):
+        if release.step == self.fail_at:
+            raise KeyboardInterrupt("crash while releasing")
+        super().__call__(release)
+
+
+def changed(stream, at_step):
+    for step, frame in stream:
+        if step == at_step:
+            frame = frame.copy()
+            frame.loc[0, "value"] += 1.0
+        yield step, frame
+
+
+def test_a_changed_micro_batch_after_a_pending_step_is_refused_and_the_original_resumes(
+        tmp_path):
+    oracle, oracle_state = uninterrupted(tmp_path)
+    state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt):
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        RaisingSink(out, fail_at=10), noise_key=NOISE_KEY)
+    # Step 10 was pending (maybe released): the same step with other records is refused.
+    with pytest.raises(StreamStateError, match="micro-batch 10 changed after it may have been"):
+        local.run_local(worker.QUERY, worker.budget(), changed(worker.stream(), 10), state_dir,
+                        local.CsvDirectorySink(out), noise_key=NOISE_KEY)
+    # A committed step changed is refused too (it was released).
+    with pytest.raises(StreamStateError, match="micro-batch 9 changed after it was released"):
+        local.run_local(worker.QUERY, worker.budget(), changed(worker.stream(), 9), state_dir,
+                        local.CsvDirectorySink(out), noise_key=NOISE_KEY)
+    resumed = local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                              local.CsvDirectorySink(out), noise_key=NOISE_KEY)
+    assert releases(out) == oracle
+    assert_same_state(resumed, oracle_state)
+
+
+def test_a_state_directory_of_another_query_is_refused(tmp_path):
+    state_dir = str(tmp_path / "state")
+    local.run_local(worker.QUERY, worker.budget(), [], state_dir, lambda release: None,
+                    complete_window=False)
+    other = worker.QUERY.__class__(**{**worker.QUERY.to_json(), "contribution_limit": 5})
+    budget = plan(other.epsilon, other.delta, other.micro_batches, 5, other.value_bound)
+    with pytest.raises(StreamStateError, match="another window query"):
+        local.run_local(other, budget, [], state_dir, lambda release: None)
+
+
+def wait_for(path, process, timeout_s=120):
+    start = time.monotonic()
+    while not os.path.exists(path):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() - start < timeout_s, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_a_killed_stream_resumes_to_the_uninterrupted_releases_charged_once(tmp_path):
+    oracle, oracle_state = uninterrupted(tmp_path)
+    store = str(tmp_path / "ledger.sqlite")
+    ledger = BlockLedger.create(store)
+    for block in worker.BLOCKS:
+        ledger.add_block(block, 10.0, 1e-4)
+    state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
+    command = [sys.executable, STREAM_WORKER, store, state_dir, out, NOISE_KEY.hex()]
+    # Killed as soon as release 6 is written: after the save at step 4 and before the next
+    # (step 8), so the restart loads step 4 and recomputes the committed steps after it.
+    first = subprocess.Popen(command + ["0.15"], stderr=subprocess.PIPE)
+    wait_for(os.path.join(out, "release-000006.csv"), first)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    journal = [json.loads(line) for line in open(os.path.join(state_dir, "journal.jsonl"))
+               if line.endswith("\n")]
+    assert journal[0] == {"snapshot": 4} and any("commit" in line for line in journal[1:])
+    before_restart = releases(out)
+    assert 6 <= len(before_restart) < 16  # killed mid-stream
+    second = subprocess.run(command + ["0"], stderr=subprocess.PIPE, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    after = releases(out)
+    # No release rewritten with other numbers, and the whole window equals the oracle's bits.
+    assert {name: after[name] for name in before_restart} == before_restart
+    assert after == oracle
+    assert_same_state(WindowState.load(state_dir), oracle_state)
+    grants = ledger.grant_records()
+    assert len(grants) == 1 and sorted(grants[0]["blocks"]) == list(worker.BLOCKS)
+    assert WindowState.load(state_dir).grant_id == grants[0]["grant_id"]
+    assert ledger.audit().problems == []
+
+
+def test_every_trigger_runs_even_without_records_and_a_restart_never_charges_again(tmp_path):
+    state_dir, steps, charges = str(tmp_path / "state"), [], []
+
+    def charge():
+        charges.append(1)
+        return "grant-1", ["w1"]
+    stream = [(step, frame) for step, frame in worker.stream() if step in (2, 5)]
+    local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
+                    lambda release: steps.append(release.step), charge=charge,
+                    complete_window=False)
+    assert steps == [1, 2, 3, 4, 5] and charges == [1]
+    state = local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
+                            lambda release: steps.append(release.step), charge=charge)
+    assert steps == list(range(1, 17)) and charges == [1]
+    assert state.grant_id == "grant-1" and "within blocks w1" in state.query.guarantee(
+        state.blocks)
+
+
+def test_a_run_that_died_while_charging_refuses_to_charge_again(tmp_path):
+    state_dir = str(tmp_path / "state")
+
+    def dying_charge():
+        raise KeyboardInterrupt("killed while the ledger committed the grant")
+    with pytest.raises(KeyboardInterrupt):
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        lambda release: None, charge=dying_charge)
+    with pytest.raises(StreamStateError, match="may be charged"):
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        lambda release: None, charge=lambda: ("grant-2", ["w1"]))

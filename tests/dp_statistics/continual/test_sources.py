@@ -1,0 +1,182 @@
+"""The stream's records and their public micro-batches (dp_statistics/continual/sources.py)."""
+import csv
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sage_tfx.dp_statistics.continual import sources
+from sage_tfx.sage_access import BlockLedger
+from sage_tfx.sage_access.errors import BadRequest
+
+JAN, FEB, MAR = 1356998400, 1359676800, 1362096000  # 2013-01-01, 02-01, 03-01 UTC
+COLUMNS = sources.Columns(unit="uid", key="area", time="ts", value="fare")
+
+
+@pytest.fixture
+def ledger(store_path):
+    BlockLedger.create(store_path)
+    ledger = BlockLedger(store_path)
+    ledger.add_block("t.2013-01", 1.0, 1e-6, "2013-01-01T00:00:00+00:00",
+                     "2013-02-01T00:00:00+00:00")
+    ledger.add_block("t.2013-02", 1.0, 1e-6, "2013-02-01T00:00:00+00:00",
+                     "2013-03-01T00:00:00+00:00")
+    ledger.add_block("t.2013-04", 1.0, 1e-6, "2013-04-01T00:00:00+00:00",
+                     "2013-05-01T00:00:00+00:00")
+    ledger.add_block("users-0", 1.0, 1e-6, "0", "100")
+    return ledger
+
+
+def write_csv(path, rows, header=("uid", "area", "ts", "fare")):
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return str(path)
+
+
+def test_window_is_the_blocks_time_range_and_triggers_are_public(ledger):
+    window = sources.window_of_blocks(ledger, ["t.2013-02", "t.2013-01"])
+    assert window.block_ids == ("t.2013-01", "t.2013-02")
+    assert (window.start, window.end) == (JAN, MAR)
+    width = (MAR - JAN) / 4
+    assert np.allclose(window.trigger_times(4), JAN + width * np.arange(1, 5))
+    times = np.array([JAN, JAN + width - 1, JAN + width, MAR - 1, MAR, JAN - 1, np.nan])
+    assert list(window.micro_batch_of(times, 4)) == [1, 1, 2, 4, 0, 0, 0]
+
+
+def test_a_gap_between_blocks_is_outside_the_window(ledger):
+    window = sources.window_of_blocks(ledger, ["t.2013-01", "t.2013-04"])
+    april = 1364774400
+    assert list(window.micro_batch_of(np.array([JAN, FEB, MAR, april]), 2)) == [1, 0, 0, 2]
+
+
+@pytest.mark.parametrize("ids, message", [
+    (["t.2013-01", "t.2013-01"], "names a block twice"),
+    (["t.2013-01", "nope"], "unknown block.* nope"),
+    (["users-0"], "without an event-time range"),
+    ([], "names no block"),
+])
+def test_bad_window_blocks_are_refused_by_name(ledger, ids, message):
+    with pytest.raises(BadRequest, match=message):
+        sources.window_of_blocks(ledger, ids)
+
+
+def test_records_are_kept_by_themselves_and_ordered_by_batch_then_time(ledger, tmp_path):
+    window = sources.window_of_blocks(ledger, ["t.2013-01", "t.2013-02"])
+    path = write_csv(tmp_path / "s.csv", [
+        ["u1", "8", FEB + 5, "2.5"],          # batch 2
+        ["u2", "8", JAN + 9, "NaN"],          # batch 1, value 0
+        ["", "8", JAN + 1, "1"],              # no unit: dropped
+        ["u3", "", JAN + 1, "1"],             # no key: dropped
+        ["u4", "9", "", "1"],                 # no time: dropped
+        ["u5", "9", MAR, "1"],                # after the window: dropped
+        ["u6", "9", "2013-01-01T00:00:03", "x"],  # ISO time, value not a number: 0
+        ["u7", " 9 ", JAN + 3, "4"],          # same time as u6: input order breaks the tie
+        ["u8", "9", JAN + 3, "4", "extra"],   # a malformed row: dropped, the file still read
+    ])
+    records = sources.read_input(path, COLUMNS, window, 2)
+    assert list(records.units) == ["u6", "u7", "u2", "u1"]
+    assert list(records.keys) == ["9", "9", "8", "8"]
+    assert list(records.values) == [0.0, 4.0, 0.0, 2.5]
+    assert list(records.batches) == [1, 1, 1, 2]
+    batches = dict(records.micro_batches(3))
+    assert [len(batches[i]) for i in (1, 2, 3)] == [3, 1, 0]
+    assert batches[2].frame().to_dict("list") == {"unit": ["u1"], "key": ["8"], "value": [2.5]}
+
+
+def test_without_a_value_column_every_record_counts_one(ledger, tmp_path):
+    window = sources.window_of_blocks(ledger, ["t.2013-01"])
+    path = write_csv(tmp_path / "s.csv", [["u1", "a", JAN, "7"]])
+    records = sources.read_input(path, sources.Columns("uid", "area", "ts"), window, 1)
+    assert list(records.values) == [1.0]
+
+
+def test_a_directory_is_its_files_in_name_order(ledger, tmp_path):
+    window = sources.window_of_blocks(ledger, ["t.2013-01"])
+    folder = tmp_path / "arriving"
+    folder.mkdir()
+    write_csv(folder / "b.csv", [["late", "k", JAN + 5, "1"]])
+    pq.write_table(pa.table({"uid": ["early"], "area": [3], "ts": [JAN + 5],
+                             "fare": [2.0]}), str(folder / "a.parquet"))
+    (folder / "notes.txt").write_text("ignored")
+    records = sources.read_input(str(folder), COLUMNS, window, 1)
+    # The same event time: the earlier file's record arrives first.
+    assert list(records.units) == ["early", "late"]
+    assert list(records.keys) == ["3", "k"]
+
+
+def test_a_missing_column_names_the_file_and_the_column(ledger, tmp_path):
+    window = sources.window_of_blocks(ledger, ["t.2013-01"])
+    path = write_csv(tmp_path / "s.csv", [["u", "k", JAN]], header=("uid", "area", "when"))
+    with pytest.raises(BadRequest, match=r"s\.csv has no column\(s\) ts, fare"):
+        sources.read_input(path, COLUMNS, window, 1)
+    with pytest.raises(BadRequest, match="no such file"):
+        sources.read_input(str(tmp_path / "absent.csv"), COLUMNS, window, 1)
+
+
+def test_table_blocks_are_the_window_records_without_input(store_path, tmp_path):
+    from sage_tfx.dp_statistics.ingest import ingest
+    from sage_tfx.dp_statistics.tables import find_table
+
+    BlockLedger.create(store_path)
+    ledger = BlockLedger(store_path)
+    path = write_csv(tmp_path / "trips.csv", [["u1", "8", JAN + 1, "2"],
+                                              ["u2", "9", FEB + 1, "3"]])
+    ingest(ledger, path, str(tmp_path / "blocks"), "uid", 1.0, 1e-6, time_column="ts",
+           period="month", start="2013-01", end="2013-03", types={"area": "int",
+                                                                   "fare": "float"})
+    table = find_table(ledger, "trips")
+    window = sources.window_of_blocks(ledger, ["trips.2013-02"])
+    records = sources.read_table_blocks(ledger, table, COLUMNS, window, 1)
+    assert list(records.units) == ["u2"] and list(records.keys) == ["9"]
+    assert list(records.values) == [3.0]
+    ledger.add_block("other.2013-01", 1.0, 1e-6, "2013-01-01T00:00:00+00:00",
+                     "2013-02-01T00:00:00+00:00")
+    with pytest.raises(BadRequest, match="other.2013-01: not blocks of table trips"):
+        sources.read_table_blocks(ledger, table, COLUMNS,
+                                  sources.window_of_blocks(ledger, ["other.2013-01"]), 1)
+
+
+def test_records_kept_for_later_arrive_before_newer_ones(ledger, tmp_path):
+    window = sources.window_of_blocks(ledger, ["t.2013-01"])
+    earlier = sources.read_input(write_csv(tmp_path / "a.csv", [["old", "k", JAN + 5, "1"]]),
+                                 COLUMNS, window, 2)
+    stored = sources.Records.from_arrow(earlier.to_arrow())
+    newer = sources.read_input(write_csv(tmp_path / "b.csv", [["new", "k", JAN + 5, "1"],
+                                                              ["first", "k", JAN, "1"]]),
+                               COLUMNS, window, 2)
+    assert list(stored.then(newer).units) == ["first", "old", "new"]
+
+
+def test_removing_one_input_row_removes_at_most_that_record_and_moves_no_other(ledger):
+    """The neighbouring relation at the source: a row's fate (kept, and in which micro-batch)
+    is a function of that row alone, so removing any one row changes only whether that row is
+    present. A source that cut micro-batches by record counts (every N records) fails this: one
+    removed row would shift every later record's batch."""
+    window = sources.window_of_blocks(ledger, ["t.2013-01", "t.2013-02"])
+    rng = np.random.default_rng(0)
+    rows = 60
+    units = [f"u{rng.integers(8)}" if rng.random() > 0.1 else "" for _ in range(rows)]
+    keys = [f"k{rng.integers(3)}" if rng.random() > 0.1 else "" for _ in range(rows)]
+    times = [str(int(JAN - 86400 + rng.integers(0, 62 * 86400))) if rng.random() > 0.1 else "x"
+             for _ in range(rows)]
+    values = [str(rng.normal()) if rng.random() > 0.1 else "NaN" for _ in range(rows)]
+    table = pa.table({"uid": units, "area": keys, "ts": times, "fare": values,
+                      "row": [str(i) for i in range(rows)]})
+    columns = sources.Columns("uid", "area", "ts", "fare")
+
+    def fates(records_table):
+        records = sources.records_of(records_table, columns, window, 5)
+        # Each kept record, identified by its (unique) time and unit, with its batch and value.
+        return {(u, t): (k, b, v) for u, k, t, b, v in zip(
+            records.units, records.keys, records.times, records.batches, records.values)}
+
+    everything = fates(table)
+    assert 0 < len(everything) < rows  # some rows are dropped, some kept
+    for removed in range(rows):
+        without = fates(table.filter(pa.array([i != removed for i in range(rows)])))
+        assert set(everything) - set(without) <= {(units[removed], float(times[removed]))
+                                                  if times[removed] != "x" else None}
+        assert all(everything[record] == without[record] for record in without)

@@ -1,0 +1,184 @@
+"""`sage-tfx stream` end to end on a tiny stream with a real SQLite ledger: one grant for the
+window, one release per trigger with its guarantee, refusals before the charge, resume without
+a second charge."""
+import csv
+import json
+import os
+
+import pandas as pd
+import pytest
+
+from sage_tfx.cli import main as sage_tfx
+from sage_tfx.sage_access import BlockLedger
+
+JAN, FEB = 1356998400, 1359676800  # 2013-01-01, 2013-02-01 UTC
+BLOCKS = "s.2013-01,s.2013-02"
+
+
+@pytest.fixture
+def ledger(store_path):
+    BlockLedger.create(store_path)
+    ledger = BlockLedger(store_path)
+    for block, start, end in (("s.2013-01", "2013-01-01", "2013-02-01"),
+                              ("s.2013-02", "2013-02-01", "2013-03-01")):
+        ledger.add_block(block, 10.0, 1e-4, f"{start}T00:00:00+00:00", f"{end}T00:00:00+00:00")
+    return ledger
+
+
+def write_stream(path, users=200):
+    """Key "busy": every user, every week; key "rare": one user once. Times over 2 months."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["uid", "key", "time", "amount"])
+        for week in range(8):
+            for user in range(users):
+                writer.writerow([f"u{user}", "busy", JAN + week * 7 * 86400 + user, 2.0])
+        writer.writerow(["u0", "rare", FEB + 5, 1.0])
+    return str(path)
+
+
+def stream(store, out, *extra, input_path=None, micro_batches=4, epsilon=4):
+    return sage_tfx(["stream", "--store", store, "--window-blocks", BLOCKS, "--epsilon",
+                     str(epsilon),
+                     "--delta", "1e-5", "--micro-batches", str(micro_batches), "--out", str(out),
+                     *(["--input", input_path] if input_path else []), *extra])
+
+
+def spent(ledger):
+    return [(record["blocks"], record["epsilon"]) for record in ledger.grant_records()]
+
+
+def test_one_grant_one_release_per_trigger_each_naming_its_guarantee(ledger, store_path,
+                                                                      tmp_path, capsys):
+    path = write_stream(tmp_path / "stream.csv")
+    out = tmp_path / "out"
+    assert stream(store_path, out, "--contribution-limit", "8", input_path=path) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    [grant] = ledger.grant_records()
+    assert grant["grant_id"] == summary["grant_id"]
+    assert sorted(grant["blocks"]) == ["s.2013-01", "s.2013-02"]
+    assert summary["guarantee"] == ("(4, 1e-05)-DP for all records of one uid within blocks "
+                                    "s.2013-01, s.2013-02")
+    for trigger in range(1, 5):
+        line = json.loads((out / f"release-{trigger:06d}.json").read_text())
+        assert (line["epsilon"], line["delta"], line["grant_id"]) == (4, 1e-5,
+                                                                      grant["grant_id"])
+        assert line["unit"] == "all records of one uid within blocks s.2013-01, s.2013-02"
+        release = pd.read_csv(out / f"release-{trigger:06d}.csv")
+        assert list(release.columns) == ["key", "value", "updated"]
+        assert "rare" not in set(release["key"])  # one user's key is not selected
+    # 200 users x 8 records, C = 8: all 1,600 records count. At (4, 1e-5), T = 4, C = 8 every
+    # micro-batch's 200 distinct users exceed the required count R(l) <= tau_l + 10 std of
+    # Z(l) <= 62 + 105, so the key is released at the end with every record (a miss: below
+    # 1e-20); the value noise's std is <= 30, so 200 is > 6 std (false failure below 1e-8).
+    final = pd.read_csv(out / "release-000004.csv").set_index("key")
+    assert abs(final.loc["busy", "value"] - 1600) < 200
+
+
+def test_a_restart_resumes_without_a_second_charge_and_the_same_releases(ledger, store_path,
+                                                                         tmp_path):
+    path = write_stream(tmp_path / "stream.csv")
+    out = tmp_path / "out"
+    assert stream(store_path, out, input_path=path) == 0
+    first = {name: (out / name).read_bytes() for name in os.listdir(out)
+             if name.startswith("release-")}
+    assert stream(store_path, out, input_path=path) == 0
+    assert len(ledger.grant_records()) == 1
+    assert {name: (out / name).read_bytes() for name in first} == first
+
+
+def test_a_changed_window_for_the_same_out_is_refused(ledger, store_path, tmp_path, capsys):
+    path = write_stream(tmp_path / "stream.csv")
+    out = tmp_path / "out"
+    assert stream(store_path, out, input_path=path) == 0
+    assert stream(store_path, out, input_path=path, micro_batches=5) == 2
+    assert "does not pay for this window" in capsys.readouterr().err
+    assert len(ledger.grant_records()) == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    (["--unit-column", "user"], "has no column(s) user"),
+    (["--value-column", "amount"], "needs --value-bound L"),
+    (["--contribution-limit", "0"], "--contribution-limit must be at least 1"),
+    (["--key-column", "uid"], "must differ"),
+])
+def test_bad_input_is_refused_before_the_charge(ledger, store_path, tmp_path, capsys, change,
+                                                message):
+    path = write_stream(tmp_path / "stream.csv")
+    assert stream(store_path, tmp_path / "out", *change, input_path=path) == 2
+    assert message in capsys.readouterr().err
+    assert ledger.grant_records() == []
+
+
+def test_a_block_without_a_time_range_or_an_unknown_one_is_refused(ledger, store_path,
+                                                                    tmp_path, capsys):
+    ledger.add_block("untimed", 1.0, 1e-6)
+    path = write_stream(tmp_path / "stream.csv")
+    for blocks, message in (("untimed", "without an event-time range"),
+                            ("s.2013-01,nope", "unknown block")):
+        assert sage_tfx(["stream", "--store", store_path, "--window-blocks", blocks,
+                         "--epsilon", "1", "--delta", "1e-6", "--micro-batches", "2",
+                         "--input", path, "--out", str(tmp_path / "out")]) == 2
+        assert message in capsys.readouterr().err
+    assert ledger.grant_records() == []
+
+
+def test_without_budget_nothing_is_released(ledger, store_path, tmp_path, capsys):
+    path = write_stream(tmp_path / "stream.csv")
+    code = sage_tfx(["stream", "--store", store_path, "--window-blocks", BLOCKS, "--epsilon",
+                     "20", "--delta", "1e-5", "--micro-batches", "2", "--input", path,
+                     "--out", str(tmp_path / "out")])
+    assert code == 3
+    assert not (tmp_path / "out" / "release-000001.csv").exists()
+    # The same command again meets the ledger again (not a stranded state directory).
+    capsys.readouterr()
+    assert stream(store_path, tmp_path / "out", input_path=path, micro_batches=2,
+                  epsilon=20) == 3
+    assert "denied" in capsys.readouterr().err
+
+
+def test_a_crash_mid_stream_resumes_with_the_same_releases_and_one_grant(ledger, store_path,
+                                                                         tmp_path, monkeypatch):
+    from sage_tfx.dp_statistics.continual import release
+
+    path = write_stream(tmp_path / "stream.csv")
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    written = release.ReleaseSink.__call__
+
+    def crash_at_trigger_3(sink, trigger_release):
+        if trigger_release.step == 3:
+            raise KeyboardInterrupt  # the process stops between triggers 2 and 3
+        written(sink, trigger_release)
+
+    monkeypatch.setattr(release.ReleaseSink, "__call__", crash_at_trigger_3)
+    assert stream(store_path, out, input_path=path) == 130
+    assert not (out / "release-000003.csv").exists()
+    first_two = {n: (out / n).read_bytes() for n in ("release-000001.csv", "release-000002.csv")}
+    monkeypatch.setattr(release.ReleaseSink, "__call__", written)
+    assert stream(store_path, out, input_path=path) == 0
+    assert len(ledger.grant_records()) == 1
+    assert {n: (out / n).read_bytes() for n in first_two} == first_two
+    assert (out / "release-000004.csv").exists()
+    # A fresh window is charged again, by its own grant (the first one is never reused).
+    assert stream(store_path, whole, input_path=path) == 0
+    assert len(ledger.grant_records()) == 2
+
+
+def test_without_input_the_window_reads_its_ingested_blocks(store_path, tmp_path, capsys):
+    from sage_tfx.dp_statistics.ingest import ingest
+
+    BlockLedger.create(store_path)
+    ledger = BlockLedger(store_path)
+    path = write_stream(tmp_path / "trips.csv")
+    ingest(ledger, path, str(tmp_path / "blocks"), "uid", 10.0, 1e-4, time_column="time",
+           period="month", start="2013-01", end="2013-03")
+    out = tmp_path / "out"
+    assert sage_tfx(["stream", "--store", store_path, "--window-blocks",
+                     "trips.2013-01,trips.2013-02", "--epsilon", "4", "--delta", "1e-5",
+                     "--micro-batches", "4", "--contribution-limit", "8",
+                     "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["guarantee"].endswith("one uid within blocks trips.2013-01, trips.2013-02")
+    # Same bound as above: the key is released at the end with all 1,600 records.
+    final = pd.read_csv(out / "release-000004.csv").set_index("key")
+    assert abs(final.loc["busy", "value"] - 1600) < 200
