@@ -4,6 +4,7 @@
                     [--input FILE|DIR] --micro-batches N --out DIR
                     [--unit-column uid] [--key-column key] [--time-column time]
                     [--value-column COL --value-bound L] [--contribution-limit C]
+                    [--state-dir STATE]
 
 Beside the `continual` package, not in it (as matrix_cli.py): `sage-tfx` builds every command's
 parser on each run, so this module imports nothing heavy until the command runs.
@@ -18,11 +19,14 @@ checked first (nothing charged for bad input); then ONE grant of (E, D) is charg
 window's blocks (its dp-accounting event and the delta spent outside it recorded on it) and its
 share consumed; then each micro-batch is run and its release written. DIR/state holds the
 operator's private state with the grant id: a second run with the same DIR and input resumes
-after the last committed micro-batch and charges nothing; another window, query or changed
-input for the same DIR is refused. Each trigger T writes DIR/release-T.csv (key, value, updated:
-every key released so far in the window with its latest noisy value) and DIR/release-T.json (one
-line: the guarantee's epsilon, delta and unit, the trigger time, the grant). The last stdout
-line is one JSON object (grant, blocks, guarantee). Nothing data-dependent is printed.
+after the last committed micro- batch and charges nothing; another window, query or changed
+input for the same DIR is refused. The state is private (the noise key, raw counts and keyed
+digests of the micro-batches; created readable by the owner only): publish DIR without
+DIR/state, or keep the state elsewhere with --state-dir. Each trigger T writes DIR/release-T.csv
+(key, value, updated: every key released so far in the window with its latest noisy value) and
+DIR/release-T.json (one line: the guarantee's epsilon, delta and unit, the trigger time, the
+grant). The last stdout line is one JSON object (grant, blocks, guarantee). Nothing
+data-dependent is printed.
 
 Exit codes as `sage-tfx query`: 0 success; 2 bad input (nothing charged); 3 denied for lack of
 budget (nothing charged); 4 ledger busy; 5 store unreachable.
@@ -59,7 +63,12 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                         help="N: the window's event-time range is cut into N equal micro-batches, "
                              "one release at the end of each")
     parser.add_argument("--out", required=True,
-                        help="the directory of the releases and the resumable state")
+                        help="the directory of the releases (and, without --state-dir, of the "
+                             "resumable state, DIR/state)")
+    parser.add_argument("--state-dir", default=None,
+                        help="the operator's private state (noise key, raw counts, keyed "
+                             "digests; created 0700); default: DIR/state. Publish --out "
+                             "without it")
     parser.add_argument("--unit-column", default=None,
                         help="the privacy unit (default: the table's unit column; with --input: "
                              "uid)")
@@ -155,7 +164,7 @@ def _stream(args) -> int:
     records = sources.read_input(args.input, columns, window, args.micro_batches) \
         if args.input else sources.read_table_blocks(ledger, table, columns, window,
                                                      args.micro_batches)
-    state_dir = os.path.join(args.out, STATE_DIR)
+    state_dir = args.state_dir or os.path.join(args.out, STATE_DIR)
     if not os.path.isdir(state_dir) and os.path.isdir(args.out) and os.listdir(args.out):
         raise BadRequest(f"--out {args.out} is not empty and holds no stream; give a new "
                          "directory (or the same one to resume a stream)")

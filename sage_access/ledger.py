@@ -388,6 +388,26 @@ class BlockLedger:
                              "a share is spent once: request a new grant") from None
         return share
 
+    def pin(self, grant_id: str, name: str, digest: str) -> None:
+        """Pin grant `grant_id`'s output `name` (e.g. one trigger of a continual release) to the
+        `digest` of the data it is computed from, before it is written: the append-only record
+        `<context>/grant-<id>/pin/<name>` is created once, in one MLMD call, wherever the
+        output is written from (another run, another artifact directory). The same digest
+        again is a no-op (a recomputation writes the same bits); another digest is BadRequest
+        and nothing is recorded: with the grant's keyed noise, a second output of `name` from
+        other data would differ from the first by exactly the true difference."""
+        record = self._records.pin_record(grant_id, name, digest)
+        try:
+            self._transactions.commit(UPDATE_TYPE, {"kind": "pin", "grant_id": grant_id,
+                                                    "name": name},
+                                      [(record, output_event())])
+        except Conflict:
+            if self._records.pinned_digest(grant_id, name) != digest:
+                raise BadRequest(f"{name} of grant {grant_id} was computed from other "
+                                 "data before (its digest is pinned in the ledger): computing "
+                                 "it again from these records would publish their difference; "
+                                 "replay the original records, or use a new grant") from None
+
     # ----------------------------------------------------------------- audit and lineage
     def grant_records(self, after: int = 0) -> list[dict]:
         """Every grant of this ledger (after execution id `after`), oldest first, as recorded

@@ -44,10 +44,11 @@ BLOCK_VERSION_TYPE = "sage_tfx.BlockVersion"
 GRANT_TYPE = "sage_tfx.Grant"
 GRANT_DATA_TYPE = "sage_tfx.GrantData"
 SHARE_USE_TYPE = "sage_tfx.ShareUse"
+GRANT_PIN_TYPE = "sage_tfx.GrantPin"
 UPDATE_TYPE = "sage_tfx.LedgerUpdate"
 
 # Types a store made before grant binding lacks (see LedgerRecords.__init__).
-_GRANT_BINDING_TYPES = (GRANT_DATA_TYPE, SHARE_USE_TYPE)
+_GRANT_BINDING_TYPES = (GRANT_DATA_TYPE, SHARE_USE_TYPE, GRANT_PIN_TYPE)
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
 
 
@@ -350,6 +351,15 @@ class LedgerRecords:
         """The record that `consumer` used `step`'s share of `grant_id`."""
         return self._grant_record(SHARE_USE_TYPE, grant_id, "share", step, step=step,
                                   consumer=consumer)
+
+    def pin_record(self, grant_id: str, name: str, digest: str) -> pb.Artifact:
+        """The record that `grant_id`'s output `name` was computed from data of `digest`."""
+        return self._grant_record(GRANT_PIN_TYPE, grant_id, "pin", name, digest=digest)
+
+    def pinned_digest(self, grant_id: str, name: str) -> Optional[str]:
+        """The digest `name` of `grant_id` is pinned to (None if it is not pinned)."""
+        record = self._recorded(self.pin_record(grant_id, name, ""), GRANT_PIN_TYPE)
+        return None if record is None else get_property(record, "digest")
 
     def share_consumer(self, grant_id: str, step: str) -> Optional[str]:
         """Who consumed `step`'s share of `grant_id` (None if nobody recorded it)."""

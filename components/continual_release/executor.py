@@ -64,7 +64,10 @@ def _save_waiting(directory: str, waiting: sources.Records) -> None:
         if os.path.exists(path):
             os.remove(path)
         return
-    pq.write_table(waiting.to_arrow(), f"{path}.partial")
+    # Raw records: readable by the owner only, like the state beside them.
+    descriptor = os.open(f"{path}.partial", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        pq.write_table(waiting.to_arrow(), out)
     os.replace(f"{path}.partial", path)
 
 

@@ -7,19 +7,21 @@ second charge (the design's "Durability" section):
 
 - the first run draws the noise key, saves the state (step 0), marks the charge as started,
   charges the grant (``charge()``) and saves its id: a restart never charges again (and refuses,
-  rather than charge twice, if it died between marking and saving the grant);
-- step t appends {pending: t, sha256 of micro-batch t} to the journal (state.Journal), is
-  computed, ``sink(release t)``, and appends {commit: t}. A restart whose micro-batch t differs
-  from a pending t is refused: with keyed noise the same data gives the same release bits,
-  different data would publish a second release of step t that differs by exactly the changed
-  records; a committed micro-batch that changed is refused the same way;
-- the whole state is saved (``state.npz``, atomic rename; the journal then starts afresh)
-  when replaying since the last save would cost more than writing it (records since the save
-  >= rows of state) and at the last step, so the I/O stays linear in the stream (saving it at
-  every step would write it T times). A restart loads the saved state (step s0), verifies and
-  skips micro-batches <= s0, recomputes the committed ones after s0 from the input without
-  releasing them again (keyed noise: the same state bit for bit) and goes on from the first
-  uncommitted one.
+  rather than charge twice, if it died between marking and saving the grant; a ledger refusal,
+  a sage_access LedgerError, charged nothing and clears the mark);
+- step t appends {pending: t, keyed digest of micro-batch t (state.batch_digest)} to the journal
+  (state.Journal), is computed, ``sink(release t)``, and appends {commit: t}. A restart whose
+  micro-batch t differs from a pending t is refused: with keyed noise the same data gives the
+  same release bits, different data would publish a second release of step t that differs by
+  exactly the changed records; a committed micro-batch that changed is refused the same way;
+- the whole state is saved (``state.npz``, atomic rename; the journal then starts afresh) on a
+  public schedule, every ceil(T / 16) steps and at the last (``save_steps``): at most 17 saves,
+  and a restart replays at most T / 16 steps. The schedule must not depend on the data: the
+  saved step is where a resumed run's progress bar starts (an earlier rule, "records since the
+  save >= rows of state", showed a data-dependent number). A restart loads the saved state (step
+  s0), verifies and skips micro-batches <= s0, recomputes the committed ones after s0 from the
+  input without releasing them again (keyed noise: the same state bit for bit) and goes on from
+  the first uncommitted one.
 
 Trigger times are public: a step the stream has no records for still runs (empty micro-batch),
 so keys predicted to cross there are released.
@@ -37,8 +39,9 @@ from sage_tfx.dp_statistics.continual import operator
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.dp_statistics.continual.state import (Journal, StreamStateError, WindowState,
-                                                    batch_digest, check_budget)
+                                                    batch_digest, check_budget, digest_key)
 from sage_tfx.mechanisms.keyed import KeyedGaussian
+from sage_tfx.sage_access.errors import LedgerError
 
 Sink = Callable[[operator.TriggerRelease], None]
 Charge = Callable[[], tuple[str, Sequence[str]]]  # -> (grant id, block ids)
@@ -73,46 +76,60 @@ def _charge_once(state: WindowState, state_dir: str, charge: Optional[Charge]) -
             "rather than charge again; this state directory cannot resume")
     state.charge_started = True
     state.save(state_dir)
-    grant_id, blocks = charge()
+    try:
+        grant_id, blocks = charge()
+    except LedgerError:
+        # The ledger's errors are all-or-nothing (sage_access.errors): nothing was charged, so
+        # the same window may try again.
+        state.charge_started = False
+        state.save(state_dir)
+        raise
     state.grant_id, state.blocks = str(grant_id), tuple(str(b) for b in blocks)
     state.save(state_dir)
 
 
-def _state_rows(state: WindowState) -> int:
-    return len(state.units) + len(state.pairs) + state.n_keys + state.selection.size
+SAVES_PER_WINDOW = 16
+
+
+def save_steps(micro_batches: int) -> int:
+    """The public save schedule: every this many steps (and at the last)."""
+    return -(-micro_batches // SAVES_PER_WINDOW)
 
 
 def run_local(query: StreamQuery, budget: StreamBudget,
               batches: Iterable[tuple[int, pd.DataFrame]], state_dir: str, sink: Sink, *,
               charge: Optional[Charge] = None, progress: Optional[Callable[[int], None]] = None,
               noise_key: Optional[bytes] = None, snapshot_every: Optional[int] = None,
-              complete_window: bool = True, fsync: bool = True) -> WindowState:
+              complete_window: bool = True, fsync: bool = True,
+              pin: Optional[Callable[[int, str], None]] = None) -> WindowState:
     """Run (or resume) the window in `state_dir` over `batches`, (step, micro-batch) pairs in
     increasing step order (steps without records may be left out). `charge()` charges the
     window's grant once and returns (grant id, block ids); None runs without a ledger (tests,
     benchmarks). `progress(step)` after each step. `noise_key`: tests only (fixed noise).
-    `snapshot_every`: save the whole state every k steps instead of the default rule.
+    `snapshot_every`: save the whole state every k steps instead of every save_steps(T).
     `complete_window`: after the last batch, run the remaining steps up to T (a replayed
     window's end is known); False stops at the last batch given (a live stream that goes on).
     `fsync`: each step's pending line reaches the disk before its release is written (False
     survives a crash of the process, not a power cut; state.Journal).
+    `pin(step, digest)` before step's release is written: records the step's micro-batch
+    digest where every copy of this state sees it (release.py: in the ledger), refusing
+    another digest, since the journal lives in one state directory only.
     Returns the state after the last step run."""
     query.check()
     check_budget(query, budget)
     state = _open_state(query, budget, state_dir, noise_key)
     _charge_once(state, state_dir, charge)
     journal = Journal(state_dir, state, fsync)
-    records_since_save = 0
+    secret = digest_key(state.noise_key)
+    every = snapshot_every or save_steps(query.micro_batches)
     last_step = 0
 
     def run(step: int, batch: pd.DataFrame) -> None:
-        nonlocal records_since_save
-        digest = batch_digest(batch)
+        digest = batch_digest(batch, secret)
         if step <= state.step:
             if digest != state.digests[step - 1]:
                 raise StreamStateError(_changed(step, "was released"))
             return
-        records_since_save += len(batch)
         if state.step != step - 1:  # an invariant: the operator computes state.step + 1
             raise StreamStateError(f"step {step} after a state at step {state.step}")
         if step <= journal.committed:
@@ -122,15 +139,14 @@ def run_local(query: StreamQuery, budget: StreamBudget,
             return
         if journal.pending_digest(step) not in (None, digest):
             raise StreamStateError(_changed(step, "may have been released"))
+        if pin is not None:
+            pin(step, digest)
         journal.begin(step, digest)
         sink(operator.step(state, budget, batch, digest))
         journal.commit(step, digest)
-        if step == query.micro_batches or (
-                step % snapshot_every == 0 if snapshot_every else
-                records_since_save >= _state_rows(state)):
+        if step == query.micro_batches or step % every == 0:
             state.save(state_dir)
             journal.saved(step)
-            records_since_save = 0
         if progress is not None:
             progress(step)
 

@@ -41,19 +41,22 @@ import pandas as pd
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamStatistic
-from sage_tfx.dp_statistics.continual.state import PairTable, WindowState, batch_digest
+from sage_tfx.dp_statistics.continual.state import (PairTable, WindowState, batch_digest,
+                                                    digest_key)
 from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex, round_to_grid
 from sage_tfx.mechanisms.bounding import bounded
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 
 BATCH_COLUMNS = ("unit", "key", "value")  # a micro-batch's columns (value only for SUM)
+MAX_TREE_STREAM = 1 << 56  # keyed.KeyedGaussian's stream ids
 
 
 @dataclasses.dataclass(frozen=True)
 class TriggerRelease:
     """What trigger `step` releases: every key selected so far in the window with its latest
-    noisy value (a key not released anew keeps its number: no fresh noise); `updated` marks the
-    keys released at this step. All of it is DP output; nothing else leaves the operator."""
+    noisy value (a key not released anew keeps its number: no fresh noise), sorted by key;
+    `updated` marks the keys released at this step. All of it is DP output; nothing else leaves
+    the operator."""
     step: int
     keys: np.ndarray
     values: np.ndarray
@@ -140,6 +143,20 @@ def start_rounds(selection: TreeIndex, noise: KeyedGaussian, tree_ids: np.ndarra
     return rows, np.where(first == NEVER, NEVER, step + first).astype(np.int64)
 
 
+def tree_ids(key_codes: np.ndarray, rounds: np.ndarray, micro_batches: int) -> np.ndarray:
+    """The noise stream of key `key_codes[i]`'s tree: its value tree for round 0, the selection
+    tree of round r >= 1 (r <= T: a round begins at most once per step). Injective, so every
+    tree gets its own noise, and a function of the key's code and round alone, so an engine
+    that evaluates keys apart (beam.py, one key per DoFn call) draws the same noise as `step`
+    without a global tree counter. Key codes are dense, in order of first appearance."""
+    key_codes = np.asarray(key_codes, dtype=np.uint64)
+    span = np.uint64(micro_batches + 1)
+    if len(key_codes) and int(key_codes.max()) >= MAX_TREE_STREAM // (micro_batches + 1):
+        raise QueryError(f"more than {MAX_TREE_STREAM // (micro_batches + 1)} keys in one "
+                         f"window of {micro_batches} micro-batches (noise streams are 56 bits)")
+    return key_codes * span + np.asarray(rounds, dtype=np.uint64)
+
+
 def _sum_by_code(codes: np.ndarray, weights: Optional[np.ndarray] = None):
     """(distinct codes, per-code sum of weights or count), codes sorted."""
     distinct, inverse = np.unique(codes, return_inverse=True)
@@ -156,7 +173,7 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     t = state.step + 1
     if t > query.micro_batches:
         raise QueryError(f"the window has {query.micro_batches} micro-batches; all have run")
-    digest = batch_digest(batch) if digest is None else digest
+    digest = batch_digest(batch, digest_key(state.noise_key)) if digest is None else digest
     noise = KeyedGaussian(state.noise_key)
     grid, bound = record_grid(budget)
     units, keys, values = clean_batch(batch, query.statistic, grid, bound)
@@ -175,7 +192,7 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     new_keys = state.add_keys(state.n_keys - known)
     if len(new_keys):
         state.columns["selection_row"][new_keys] = state.selection.add(
-            noise, state.new_tree_ids(len(new_keys)),
+            noise, tree_ids(new_keys, np.ones(len(new_keys)), query.micro_batches),
             np.full(len(new_keys), query.micro_batches))
     touched, sums = _sum_by_code(key_codes, values)
     state.columns["buffer"][touched] += sums
@@ -195,7 +212,8 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     chosen = evaluated[selected]
     without_value_tree = chosen[columns["value_row"][chosen] < 0]
     columns["value_row"][without_value_tree] = state.values.add(
-        noise, state.new_tree_ids(len(without_value_tree)),
+        noise, tree_ids(without_value_tree, np.zeros(len(without_value_tree)),
+                        query.micro_batches),
         np.full(len(without_value_tree), query.micro_batches))
     columns["released_true"][chosen] += columns["buffer"][chosen]
     columns["released_value"][chosen] = released_values(
@@ -205,16 +223,23 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     columns["round"][chosen] += 1
     columns["origin"][chosen] = t
     columns["count"][chosen] = 0
-    rows, due[selected] = start_rounds(state.selection, noise, state.new_tree_ids(len(chosen)),
-                                       t, query.micro_batches)
+    rows, due[selected] = start_rounds(
+        state.selection, noise, tree_ids(chosen, columns["round"][chosen], query.micro_batches),
+        t, query.micro_batches)
     columns["selection_row"][chosen] = rows
     columns["due"][evaluated] = due
     state.schedule(evaluated, due)
     state.step = t
     state.digests.append(digest)
 
-    # 7. The release: every key selected so far, with its last noisy value.
-    released = ~np.isnan(state.column("released_value"))
+    # 7. The release: every key selected so far, with its last noisy value, in key order (the
+    # code order is the order keys first appeared in: data that one record can change).
+    released = np.flatnonzero(~np.isnan(state.column("released_value")))
+    if state.release_order is None or len(state.release_order) != len(released):
+        # A released key stays released: the sorted order changes only when keys are added.
+        keys = state.keys.values[released]
+        state.release_order = released[np.asarray(pd.Index(keys).argsort(), dtype=np.int64)]
+    released = state.release_order
     updated = np.zeros(state.n_keys, dtype=bool)
     updated[chosen] = True
     return TriggerRelease(t, state.keys.values[released],

@@ -5,7 +5,9 @@ release per trigger written as a CSV and a JSON guarantee line, and a progress b
 Order (charge before release): the caller has read and checked every input; `run_window` checks
 a resumed state is this window's (its blocks and its grant), then the engine charges the grant
 once (a state that already holds a grant id is never charged again) before the first step,
-and writes each trigger's release before committing it.
+pins each trigger's micro-batch digest in the ledger (BlockLedger.pin: create-once per grant
+and trigger, another digest refused with nothing written), and writes each trigger's release
+before committing it.
 """
 from __future__ import annotations
 
@@ -115,12 +117,18 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
         grant.update(id=granted.grant_id, blocks=granted.blocks)
         return granted.grant_id, granted.blocks
 
+    def pin(step: int, digest: str) -> None:
+        # The journal pins each step's micro-batch inside one state directory; the component
+        # copies the state into a new artifact directory each run, so a failed run's released
+        # step would be unpinned for the next one. The ledger record is shared by every copy.
+        ledger.pin(grant["id"], f"{window_grants.STEP}/trigger-{step}", digest)
+
     sink = ReleaseSink(release_dir, query, window, grant)
     try:
         with console.progress("continual release", total, unit="trigger", start=done) as bar:
             return local.run_local(
                 query, budget, batches, state_dir, sink, charge=charge, progress=bar.update,
-                noise_key=noise_key, complete_window=last == total,
+                noise_key=noise_key, complete_window=last == total, pin=pin,
                 # A live stream stops between triggers: every step is saved, so the next run
                 # needs none of this run's records.
                 snapshot_every=None if through_step is None else 1)

@@ -88,8 +88,11 @@ class StreamQuery:
 
     def guarantee(self, blocks: Iterable[str]) -> str:
         """The sentence every release states: what one neighbouring step adds or removes."""
+        blocks = [str(block) for block in blocks]
+        where = (f"within blocks {', '.join(blocks)}" if blocks else
+                 "within the window (no ledger blocks: a run without a grant)")
         return (f"({self.epsilon:g}, {self.delta:g})-DP for all records of one "
-                f"{self.unit_column} within blocks {', '.join(str(b) for b in blocks)}")
+                f"{self.unit_column} {where}")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

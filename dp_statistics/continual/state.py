@@ -11,8 +11,8 @@ TriggerRelease leaves the operator. Tables are numpy arrays indexed by dense cod
   predicted step of its next release without new data, or NEVER), ``selection_row`` (its live
   selection tree in ``selection``) and ``value_row`` (its value tree in ``values``, -1 before its
   first release: a key never selected never pays for a value tree);
-- the noise key, the next tree id, the last committed step, the grant and the digests of the
-  micro-batches the state has consumed.
+- the noise key (a tree's noise stream is operator.tree_ids of its key's code and round), the
+  last committed step, the grant and the digests of the micro-batches the state has consumed.
 
 Storage (``save``/``load``) is one ``.npz`` written to a temporary file and renamed over the old
 one (os.replace is atomic), with the scalars as JSON inside it; no pickle. The pending-digest
@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
 from typing import Optional
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pandas._libs import hashtable
 
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
@@ -37,7 +39,7 @@ from sage_tfx.dp_statistics.continual.spec import StreamQuery
 
 STATE_FILE = "state.npz"
 JOURNAL_FILE = "journal.jsonl"
-_FORMAT = 1
+_FORMAT = 2  # 2: strings as UTF-8 bytes and offsets
 
 
 class StreamStateError(RuntimeError):
@@ -101,16 +103,40 @@ class CodeTable:
             self._size += len(new)
         return codes[inverse]
 
-    def to_array(self, what: str) -> np.ndarray:
-        """The values as a pickle-free array: integers, floats or strings."""
+    def to_arrays(self, what: str) -> dict[str, np.ndarray]:
+        """The values as pickle-free arrays named `what`_values: integers, floats or booleans
+        as such; strings as their UTF-8 bytes (`what`_utf8) and offsets (`what`_offsets,
+        n + 1 of them), so every string round-trips exactly. (A fixed-width numpy string array
+        would strip trailing NULs, making "u\\x00" a new unit with nothing used after a
+        reload, and would take longest-id bytes per entry.)"""
         kind = pd.api.types.infer_dtype(self.values, skipna=False)
+        if kind == "string":
+            try:  # Arrow's large_string: int64 offsets and the UTF-8 bytes, built in C
+                strings = pa.array(self.values, pa.large_string())
+            except (pa.ArrowException, UnicodeError) as error:
+                raise StreamStateError(f"{what} values must be valid Unicode text to be "
+                                       f"stored: {error}") from None
+            _, offsets, data = strings.buffers()
+            offsets = np.frombuffer(offsets, np.int64, len(strings) + 1)
+            return {f"{what}_offsets": offsets.copy(), f"{what}_utf8": np.frombuffer(
+                data if data is not None else b"", np.uint8, offsets[-1]).copy()}
         typed = {"empty": np.int64, "integer": np.int64, "floating": np.float64,
-                 "mixed-integer-float": np.float64, "string": str,
-                 "boolean": bool}.get(kind)
+                 "mixed-integer-float": np.float64, "boolean": bool}.get(kind)
         if typed is None:
             raise StreamStateError(f"{what} values must be all integers, all numbers or all "
                                    f"strings to be stored; pandas infers {kind!r}")
-        return self.values.astype(typed)
+        return {f"{what}_values": self.values.astype(typed)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], what: str) -> "CodeTable":
+        """The table `to_arrays(what)` stored."""
+        if f"{what}_values" in arrays:
+            return cls(arrays[f"{what}_values"].astype(object))
+        offsets = arrays[f"{what}_offsets"]
+        strings = pa.LargeStringArray.from_buffers(
+            len(offsets) - 1, pa.py_buffer(offsets.tobytes()),
+            pa.py_buffer(arrays[f"{what}_utf8"].tobytes()))
+        return cls(strings.to_numpy(zero_copy_only=False).astype(object))
 
 
 class Int64Map:
@@ -239,13 +265,13 @@ class WindowState:
     columns: dict[str, np.ndarray]   # KEY_COLUMNS, per key code (capacity-grown)
     selection: TreeIndex             # selection trees (with thresholds), rows of live rounds
     values: TreeIndex                # value trees, one per key released at least once
-    next_tree: int = 0
     step: int = 0                    # the last micro-batch computed into this state
-    digests: list = dataclasses.field(default_factory=list)  # sha256 of micro-batches 1..step
+    digests: list = dataclasses.field(default_factory=list)  # batch_digest of batches 1..step
     grant_id: Optional[str] = None
     blocks: tuple = ()
     charge_started: bool = False
     due_index: dict = dataclasses.field(default_factory=dict)  # step -> [key code arrays]
+    release_order: Optional[np.ndarray] = None  # released key codes sorted by key (a cache)
 
     @classmethod
     def fresh(cls, query: StreamQuery, budget: StreamBudget, noise_key: bytes) -> "WindowState":
@@ -284,11 +310,6 @@ class WindowState:
             grown[:len(self.used)] = self.used
             self.used = grown
 
-    def new_tree_ids(self, count: int) -> np.ndarray:
-        ids = np.arange(self.next_tree, self.next_tree + count, dtype=np.uint64)
-        self.next_tree += count
-        return ids
-
     def schedule(self, codes: np.ndarray, due: np.ndarray) -> None:
         """Index keys by predicted release step (Algorithm 4's secondary index). Entries are
         never removed: ``take_due`` keeps a key only if its ``due`` still says that step."""
@@ -313,17 +334,16 @@ class WindowState:
     def save(self, directory: str) -> None:
         """Write the whole state atomically to `directory`/state.npz (readable by the owner
         only: it holds the noise key and raw counts)."""
-        os.makedirs(directory, exist_ok=True)
+        private_directory(directory)
         pair_codes, pair_rounds = self.pairs.to_arrays()
         meta = {"format": _FORMAT, "query": self.query.to_json(),
-                "budget": dataclasses.asdict(self.budget), "next_tree": self.next_tree,
+                "budget": dataclasses.asdict(self.budget),
                 "step": self.step, "digests": list(self.digests), "grant_id": self.grant_id,
                 "blocks": list(self.blocks), "charge_started": self.charge_started}
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
                   "noise_key": np.frombuffer(self.noise_key, dtype=np.uint8),
-                  "unit_values": self.units.to_array("unit"),
                   "used": self.used[:len(self.units)],
-                  "key_values": self.keys.to_array("key"),
+                  **self.units.to_arrays("unit"), **self.keys.to_arrays("key"),
                   "pair_codes": pair_codes, "pair_rounds": pair_rounds}
         arrays.update({f"key_{name}": self.column(name) for name in KEY_COLUMNS})
         arrays.update({f"selection_{n}": a for n, a in self.selection.to_arrays().items()})
@@ -351,25 +371,22 @@ class WindowState:
                                    f"version reads format {_FORMAT}")
         query = StreamQuery.from_json(meta["query"])
         budget = StreamBudget(**meta["budget"])
-        n_keys = len(arrays["key_values"])
+        units, keys = CodeTable.from_arrays(arrays, "unit"), CodeTable.from_arrays(arrays, "key")
+        n_keys = len(keys)
         columns = _key_columns(n_keys)
         for name in KEY_COLUMNS:
             columns[name][:] = arrays[f"key_{name}"]
 
         def index(prefix: str, sigma: float, thresholds) -> TreeIndex:
             part = {n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
-            if len(part["tree_ids"]) == 0:  # from_arrays cannot reshape an empty index
-                return TreeIndex.empty(sigma, query.micro_batches, thresholds)
             return TreeIndex.from_arrays(sigma, query.micro_batches, thresholds, part)
 
         state = cls(query, budget, arrays["noise_key"].tobytes(),
-                    CodeTable(arrays["unit_values"].astype(object)),
-                    np.array(arrays["used"], np.int32),
-                    PairTable(arrays["pair_codes"], arrays["pair_rounds"]),
-                    CodeTable(arrays["key_values"].astype(object)), columns,
+                    units, np.array(arrays["used"], np.int32),
+                    PairTable(arrays["pair_codes"], arrays["pair_rounds"]), keys, columns,
                     index("selection_", budget.selection_sigma, budget.thresholds()),
                     index("values_", budget.value_sigma, None),
-                    next_tree=meta["next_tree"], step=meta["step"], digests=meta["digests"],
+                    step=meta["step"], digests=meta["digests"],
                     grant_id=meta["grant_id"], blocks=tuple(meta["blocks"]),
                     charge_started=meta["charge_started"])
         state.schedule(np.arange(n_keys), state.column("due").astype(np.int64))
@@ -393,14 +410,24 @@ def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
                                f"{expected}")
 
 
-def batch_digest(batch: pd.DataFrame) -> str:
-    """sha256 of a micro-batch's canonical content: column names and dtypes, then each column's
-    bytes in row order (numbers as they are stored; other columns as pandas' 64-bit hash of
-    each value, so a changed value keeps its hash with probability 2^-64). Every empty
-    micro-batch has the same digest, whatever its columns' dtypes."""
+def digest_key(noise_key: bytes) -> bytes:
+    """The secret micro-batch digests are keyed with: derived from the window's noise key under
+    a label of its own (HMAC-SHA256 as a PRF), so it is as private as the state, and the noise
+    key is never used directly for anything but noise."""
+    return hmac.new(noise_key, b"sage-tfx continual: micro-batch digest key",
+                    hashlib.sha256).digest()
+
+
+def batch_digest(batch: pd.DataFrame, key: bytes) -> str:
+    """HMAC-SHA256 under `key` (digest_key) of a micro-batch's canonical content: column names
+    and dtypes, then each column's bytes in row order (numbers as they are stored; other columns
+    as pandas' 64-bit hash of each value, so a changed value keeps its hash with probability
+    2^-64). Every empty micro-batch has the same digest, whatever its columns' dtypes. Keyed:
+    the digests sit in the journal (and the ledger's trigger pins) where a plain hash would
+    let anyone who reads them test a guess of a micro-batch (an empty one has a known hash)."""
     if len(batch) == 0:
-        return hashlib.sha256(b"empty micro-batch").hexdigest()
-    digest = hashlib.sha256()
+        return hmac.new(key, b"empty micro-batch", hashlib.sha256).hexdigest()
+    digest = hmac.new(key, digestmod=hashlib.sha256)
     digest.update(json.dumps([[str(c), str(t)] for c, t in batch.dtypes.items()]).encode())
     for _, column in batch.items():
         if column.dtype.kind in "iufb":
@@ -502,10 +529,19 @@ def _complete_lines(path: str) -> list[dict]:
     return [json.loads(line) for line in text.split("\n")[:-1]]
 
 
+def private_directory(directory: str) -> None:
+    """Create `directory` (or restrict an existing one) readable by the owner only: the state
+    holds raw counts, the noise key and the digest key, and is often kept beside public
+    releases."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+
+
 def write_json_lines(path: str, lines: list) -> None:
-    """Write `path` atomically (temporary file, fsync, rename)."""
+    """Write `path` atomically (temporary file, fsync, rename), readable by the owner only."""
     temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w") as out:
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
         out.write("".join(json.dumps(line) + "\n" for line in lines))
         out.flush()
         os.fsync(out.fileno())

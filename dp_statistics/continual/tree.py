@@ -261,9 +261,11 @@ class TreeIndex:
         size = len(arrays["tree_ids"])
         index.tree_ids = np.array(arrays["tree_ids"], dtype=np.uint64)
         index.lengths = np.array(arrays["lengths"], dtype=np.int64)
-        index.bases = np.array(arrays["bases"], dtype=np.float64).reshape(size, -1)
+        index.bases = np.array(arrays["bases"], dtype=np.float64).reshape(
+            size, index.n_blocks + 1)
         if thresholds is not None:
-            index.minima = np.array(arrays["minima"], dtype=np.float64).reshape(size, -1)
+            index.minima = np.array(arrays["minima"], dtype=np.float64).reshape(
+                size, index.n_blocks)
         index.size = size
         return index
 

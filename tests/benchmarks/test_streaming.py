@@ -124,5 +124,5 @@ def test_latency_mode_times_every_micro_batch():
     for row in rows:
         assert row["records_per_micro_batch"] == pytest.approx(records / row["micro_batches"])
         assert 0 < row["latency_s_median"] <= row["latency_s_p90"]
-        # every trigger's latency is part of the run: B of them cannot exceed the whole run
+        # the triggers' latencies split the run: B of them add up to at most its wall clock
         assert row["micro_batches"] * row["latency_s_mean"] <= records / row["records_per_s"]

@@ -7,6 +7,7 @@ import json
 import os
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 JAN, FEB = 1356998400, 1359676800  # 2013-01-01, 2013-02-01 UTC
@@ -78,7 +79,10 @@ def test_two_runs_carry_the_state_and_charge_once(tmp_path):
 
     # Early: February records that arrive with January's files wait in the state for their
     # trigger. Late: January records that arrive after January's triggers ran are dropped.
-    run(tmp_path, store, write_month(tmp_path / "january", JAN, ("early", FEB + 3 * 86400)),
+    # "arrived-early" is released after "busy" but sorts before it: releases are in key order,
+    # not in the order keys first appeared (which a neighbouring stream can swap).
+    run(tmp_path, store, write_month(tmp_path / "january", JAN,
+                                     ("arrived-early", FEB + 3 * 86400)),
         through=FEB, first=True)
     [grant] = ledger.grant_records()
     run(tmp_path, store, write_month(tmp_path / "february", FEB, ("late", JAN + 5 * 86400)),
@@ -109,8 +113,14 @@ def test_two_runs_carry_the_state_and_charge_once(tmp_path):
     # below 1e-8).
     final = pd.read_csv(os.path.join(second.uri, "release.csv")).set_index("key")
     assert abs(final.loc["busy", "value"] - 1600) < 200
-    assert "early" in final.index and abs(final.loc["early", "value"] - 200) < 200
+    assert "arrived-early" in final.index and abs(final.loc["arrived-early", "value"] - 200) < 200
     assert "late" not in final.index
+    assert list(final.index) == ["arrived-early", "busy"]
+    parquet = pq.read_table(os.path.join(second.uri, "release.parquet")).to_pandas()
+    assert list(parquet["key"]) == ["arrived-early", "busy"]
+    # The state artifact is private: the waiting records and the state readable by the owner.
+    assert os.stat(os.path.join(states[0].uri, "waiting.parquet")).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.join(states[0].uri, "state")).st_mode & 0o777 == 0o700
 
 
 def test_the_pipeline_compiles_for_kubeflow_v2(tmp_path):

@@ -1,5 +1,7 @@
 """The in-process engine's durability: a crash or a restart resumes with no micro-batch counted
 twice, no release rewritten with other numbers and no second charge."""
+import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -8,12 +10,13 @@ import sys
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sage_tfx.dp_statistics.continual import local
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
-from sage_tfx.sage_access import BlockLedger
+from sage_tfx.sage_access import BlockLedger, BudgetExhausted
 from support import STREAM_WORKER, stream_worker as worker
 
 NOISE_KEY = bytes(range(32))
@@ -165,3 +168,89 @@ def test_a_run_that_died_while_charging_refuses_to_charge_again(tmp_path):
     with pytest.raises(StreamStateError, match="may be charged"):
         local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
                         lambda release: None, charge=lambda: ("grant-2", ["w1"]))
+
+
+def test_a_grant_the_ledger_refused_charged_nothing_and_the_window_can_try_again(tmp_path):
+    state_dir = str(tmp_path / "state")
+    ledger = BlockLedger.create(str(tmp_path / "ledger.sqlite"))
+    ledger.add_block("w1", 1.0, 1e-4)  # cannot pay epsilon 8
+    ledger.add_block("w2", 10.0, 1e-4)
+    with pytest.raises(BudgetExhausted):
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        lambda release: None, charge=worker.charge(ledger, worker.budget()))
+    assert ledger.grant_records() == []
+    state = local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                            lambda release: None, charge=lambda: ("grant-3", ["w2"]))
+    assert state.grant_id == "grant-3"
+
+
+def test_a_reloaded_state_keeps_every_unit_id_exactly_and_its_contribution_used(tmp_path):
+    """A unit id with a trailing NUL stays that unit after the state is saved and loaded: it
+    cannot start over with a fresh contribution budget on resume (the ContinualRelease
+    component loads the state every run)."""
+    query = dataclasses.replace(worker.QUERY, micro_batches=2, contribution_limit=2)
+    budget = plan(query.epsilon, query.delta, 2, 2, query.value_bound)
+    state_dir = str(tmp_path / "state")
+    first = pd.DataFrame({"unit": ["a\x00", "a\x00", "b"], "key": ["k", "k", "k"],
+                          "value": [1.0, 1.0, 1.0]})
+    local.run_local(query, budget, [(1, first)], state_dir, lambda release: None,
+                    complete_window=False, noise_key=bytes(32), snapshot_every=1)
+    state = WindowState.load(state_dir)
+    assert list(state.units.values) == ["a\x00", "b"]
+    assert list(state.used[:2]) == [2, 1]
+    # The unit's third record (in step 2) is over C = 2: nothing more is counted for it.
+    later = pd.DataFrame({"unit": ["a\x00"], "key": ["k"], "value": [1.0]})
+    state = local.run_local(query, budget, [(2, later)], state_dir, lambda release: None,
+                            noise_key=bytes(32))
+    assert list(state.units.values) == ["a\x00", "b"] and list(state.used[:2]) == [2, 1]
+    assert state.column("buffer").sum() + state.column("released_true").sum() == 3.0
+
+
+def test_the_state_is_private_and_its_digests_are_keyed(tmp_path):
+    """Beside public releases the state must not be readable by others, and its journal's
+    digests must not let a reader test a guess: an empty micro-batch's digest is not a known
+    constant, and differs from window to window (another noise key)."""
+    query = dataclasses.replace(worker.QUERY, micro_batches=2)
+    budget = plan(query.epsilon, query.delta, 2, query.contribution_limit, query.value_bound)
+    digests = []
+    for name, key in (("a", bytes(32)), ("b", bytes([1]) * 32)):
+        state_dir = tmp_path / name
+        local.run_local(query, budget, [(1, local.empty_batch())], str(state_dir),
+                        lambda release: None, noise_key=key, snapshot_every=2,
+                        complete_window=False)  # step 1 stays in the journal
+        assert os.stat(state_dir).st_mode & 0o777 == 0o700
+        for file in os.listdir(state_dir):
+            assert os.stat(state_dir / file).st_mode & 0o777 == 0o600, file
+        journal = (state_dir / "journal.jsonl").read_text()
+        lines = [json.loads(line) for line in journal.splitlines()]
+        digests.append(lines[1]["digest"])  # micro-batch 1, empty
+    assert hashlib.sha256(b"empty micro-batch").hexdigest() not in digests
+    assert digests[0] != digests[1]
+
+
+def test_the_state_is_saved_on_a_public_schedule_whatever_the_records(tmp_path):
+    """Where the state was last saved is shown (a resumed run's progress bar starts there), so
+    it must be the same for neighbouring streams: every ceil(T / 16) steps, here 2 of 32."""
+    query = dataclasses.replace(worker.QUERY, micro_batches=32)
+    budget = plan(query.epsilon, query.delta, 32, query.contribution_limit, query.value_bound)
+    few = [(step, pd.DataFrame({"unit": [f"new{step}"], "key": ["k"], "value": [1.0]}))
+           for step in range(1, 6)]
+    many = [(step, pd.DataFrame({"unit": ["same"] * 50, "key": ["k"] * 50,
+                                 "value": [1.0] * 50})) for step in range(1, 6)]
+    for name, batches in (("few", few), ("many", many)):
+        local.run_local(query, budget, batches, str(tmp_path / name), lambda release: None,
+                        noise_key=bytes(32), complete_window=False)
+        assert WindowState.load(str(tmp_path / name)).step == 4, name
+
+
+def test_a_torn_last_journal_line_is_ignored(tmp_path):
+    oracle, _ = uninterrupted(tmp_path)
+    state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
+    stream = [(step, frame) for step, frame in worker.stream() if step <= 6]
+    local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
+                    local.CsvDirectorySink(out), noise_key=NOISE_KEY, complete_window=False)
+    with open(os.path.join(state_dir, "journal.jsonl"), "a") as journal:
+        journal.write('{"pending": 7, "dig')  # the process died inside this write
+    local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                    local.CsvDirectorySink(out), noise_key=NOISE_KEY)
+    assert releases(out) == oracle

@@ -173,3 +173,11 @@ def test_the_query_names_what_is_wrong():
             StreamQuery(**{**good, **change}).check()
     with pytest.raises(QueryError, match="unknown column\\(s\\) \\['t'\\]"):
         StreamQuery(**good).check(columns=["k", "u"])
+
+
+def test_the_release_lists_keys_in_key_order_whatever_order_they_arrived_in():
+    # Which key's first record came first is data one record can change; the order is not.
+    for first, second in (("b", "a"), ("a", "b")):
+        state, budget = window()
+        release = operator.step(state, budget, batch(range(80), [first] * 40 + [second] * 40))
+        assert release.keys.tolist() == ["a", "b"]

@@ -180,3 +180,37 @@ def test_removing_one_input_row_removes_at_most_that_record_and_moves_no_other(l
         assert set(everything) - set(without) <= {(units[removed], float(times[removed]))
                                                   if times[removed] != "x" else None}
         assert all(everything[record] == without[record] for record in without)
+
+
+def test_a_unit_or_key_with_a_nul_or_over_the_public_length_drops_its_record_alone(ledger,
+                                                                                   tmp_path):
+    window = sources.window_of_blocks(ledger, ["t.2013-01"])
+    longest = "é" * 512  # 1024 bytes in UTF-8, the documented maximum: kept
+    pq.write_table(pa.table({
+        "uid": ["u\x00", "u", "v" * 1025, longest, "w"],
+        "area": ["k", "k", "k", "k", "\x00k"], "ts": [JAN + 1] * 5, "fare": [1.0] * 5}),
+        str(tmp_path / "s.parquet"))
+    records = sources.read_input(str(tmp_path / "s.parquet"), COLUMNS, window, 1)
+    assert list(records.units) == ["u", longest]
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_a_cell_that_is_not_utf8_drops_its_row_alone_wherever_it_is(ledger, tmp_path, early):
+    """A 0xff byte in the first 8 KiB once made the header read fail, and anywhere else refused
+    the whole input: one unit's malformed record changed the run's outcome."""
+    window = sources.window_of_blocks(ledger, ["t.2013-01"])
+    rows = [f"u{i},k,{JAN + 10 + i},1\n".encode() for i in range(2000)]
+    bad = b"\xffbad,k," + str(JAN + 5).encode() + b",1\n"
+    rows.insert(1 if early else 1900, bad)
+    path = tmp_path / "s.csv"
+    path.write_bytes(b"uid,area,ts,fare\n" + b"".join(rows))
+    records = sources.read_input(str(path), COLUMNS, window, 1)
+    assert list(records.units) == [f"u{i}" for i in range(2000)]
+
+
+def test_a_header_that_is_not_utf8_refuses_the_file_by_name(ledger, tmp_path):
+    window = sources.window_of_blocks(ledger, ["t.2013-01"])
+    path = tmp_path / "s.csv"
+    path.write_bytes(b"uid,area,\xffts,fare\nu,k,1,1\n")
+    with pytest.raises(BadRequest, match=r"s\.csv has no column\(s\) ts"):
+        sources.read_input(str(path), COLUMNS, window, 1)

@@ -182,3 +182,78 @@ def test_without_input_the_window_reads_its_ingested_blocks(store_path, tmp_path
     # Same bound as above: the key is released at the end with all 1,600 records.
     final = pd.read_csv(out / "release-000004.csv").set_index("key")
     assert abs(final.loc["busy", "value"] - 1600) < 200
+
+
+def test_the_state_may_live_outside_the_published_directory(ledger, store_path, tmp_path):
+    path = write_stream(tmp_path / "stream.csv")
+    out, private = tmp_path / "out", tmp_path / "private"
+    assert stream(store_path, out, "--state-dir", str(private), input_path=path) == 0
+    assert sorted(os.listdir(out)) == ["guarantee.txt"] + sorted(
+        f"release-{t:06d}.{kind}" for t in range(1, 5) for kind in ("csv", "json"))
+    assert os.stat(private).st_mode & 0o777 == 0o700
+    assert os.path.exists(private / "state.npz")
+    first = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    assert stream(store_path, out, "--state-dir", str(private), input_path=path) == 0
+    assert len(ledger.grant_records()) == 1  # resumed from the state: no second charge
+    assert {name: (out / name).read_bytes() for name in first} == first
+
+
+def test_a_trigger_released_from_one_state_copy_is_refused_from_another_with_other_records(
+        ledger, tmp_path):
+    """The ContinualRelease component copies the last successful state into each run's own
+    directory: if run N+1 released trigger 2 and failed, run N+2 (from run N's state) must not
+    release trigger 2 again from other records (same keyed noise: the two releases would
+    differ by exactly the changed records). The ledger pins each trigger's digest."""
+    import shutil
+
+    from sage_tfx.dp_statistics.continual import sources
+    from sage_tfx.dp_statistics.continual.release import run_window
+    from sage_tfx.dp_statistics.continual.spec import StreamQuery
+    from sage_tfx.sage_access.errors import BadRequest
+
+    window = sources.window_of_blocks(ledger, BLOCKS.split(","))
+    columns = sources.Columns("uid", "key", "time")
+    query = StreamQuery(key_column="key", unit_column="uid", time_column="time",
+                        value_column=None, value_bound=1.0, contribution_limit=8,
+                        micro_batches=4, epsilon=4, delta=1e-5)
+    original = sources.read_input(write_stream(tmp_path / "a.csv"), columns, window, 4)
+    changed_path = write_stream(tmp_path / "b.csv", users=199)  # one unit fewer in every batch
+    changed = sources.read_input(changed_path, columns, window, 4)
+
+    def run(name, records, through):
+        return run_window(ledger, query, window, records, str(tmp_path / name / "state"),
+                          str(tmp_path / name / "releases"), consumer="test",
+                          through_step=through)
+
+    run("n", original, 1)
+    for name in ("n1", "n2", "n2-same"):
+        shutil.copytree(tmp_path / "n", tmp_path / name)
+    run("n1", original, 2)  # released trigger 2, then (say) the run failed
+    with pytest.raises(BadRequest, match="trigger-2 of grant .* was computed from other data"):
+        run("n2", changed, 2)
+    assert not (tmp_path / "n2" / "releases" / "release-000002.csv").exists()
+    run("n2-same", original, 2)  # the same records: the same bits, allowed
+    assert (tmp_path / "n2-same" / "releases" / "release-000002.csv").read_bytes() == (
+        tmp_path / "n1" / "releases" / "release-000002.csv").read_bytes()
+    assert len(ledger.grant_records()) == 1
+    assert not ledger.audit().problems  # the pins are consistent with the ledger's history
+
+
+def test_every_release_lists_its_keys_in_key_order(ledger, store_path, tmp_path):
+    """Not in the order keys first appeared: key "zeta" appears in the first week, "alpha" in
+    the second (a neighbouring stream could swap which comes first)."""
+    path = tmp_path / "stream.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["uid", "key", "time"])
+        for week in range(8):
+            for user in range(200):
+                for key, offset in (("zeta", 0), ("alpha", 7 * 86400)):
+                    writer.writerow([f"u{user}", key, JAN + week * 7 * 86400 + offset + user])
+    out = tmp_path / "out"
+    assert stream(store_path, out, "--contribution-limit", "16", input_path=str(path)) == 0
+    # As in the first test, a key with 200 users a week is released at every trigger (a miss:
+    # below 1e-20).
+    for trigger in range(1, 5):
+        release = pd.read_csv(out / f"release-{trigger:06d}.csv")
+        assert list(release["key"]) == ["alpha", "zeta"], trigger

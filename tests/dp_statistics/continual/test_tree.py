@@ -112,6 +112,12 @@ def test_index_round_trips_through_arrays():
                                   again.noise_at(NOISE, rows, [64, 10, 33]))
 
 
+def test_an_empty_index_round_trips():
+    empty = tree.TreeIndex.empty(2.0, 64, np.ones(64))
+    again = tree.TreeIndex.from_arrays(2.0, 64, np.ones(64), empty.to_arrays())
+    assert again.size == 0 and again.minima.shape == (0, 2)
+
+
 def test_grid_rounding_is_exact_on_the_grid():
     grid = tree.value_grid(150.0)
     assert grid == 0.125
