@@ -3,8 +3,10 @@
 
     python benchmarks/streaming.py [--users U] [--keys K] [--mean-records-per-user R]
         [--contribution-limit C] [--micro-batches B] [--epsilon E] [--delta D] [--seed S]
-        [--baseline-rows-per-key M] [--baseline-1-final-only] [--json]
-    python benchmarks/streaming.py --latency [--users U ...] [--json]
+        [--baseline-rows-per-key M] [--baseline-accounting gaussian|paper]
+        [--baseline-2-accounting participations|joint] [--baseline-1-final-only] [--json]
+    python benchmarks/streaming.py --latency [--latency-micro-batches 1000,300,100,30,10]
+        [--users U ...] [--json]
 
 The stream (streaming_data.py): Zipf-Mandelbrot records per user and keys, records uniform over
 one day, split into B micro-batches of equal event-time width. The query is the paper's
