@@ -80,6 +80,9 @@ benchmark: $(STAMP) $(WEB_ASSETS)
 	$(BIN)/python benchmarks/noise.py --json
 	$(BIN)/python benchmarks/audit.py --json
 	$(BIN)/python benchmarks/aggregation.py --rows 1000000 --json
+	$(BIN)/python benchmarks/streaming.py --json
+	$(BIN)/python benchmarks/streaming.py --micro-batches 1000 --baseline-1-final-only --json
+	$(BIN)/python benchmarks/streaming.py --latency --json
 
 # Mutation testing of the privacy-critical modules (docs/mutation.md), by hand, not in CI. The tool
 # is pinned apart from the lock (requirements/mutation.txt) so CI never installs it.
