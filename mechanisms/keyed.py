@@ -12,7 +12,9 @@ words, encrypted under a 32-byte secret key from the OS CSPRNG (`secrets`). AES 
 permutation; on distinct inputs it is indistinguishable from a random function (PRP/PRF switching),
 so the noise is as good as independent to anyone without the key. The key lives only in the
 operator's private state, beside the raw data it protects. One block gives two 52-bit uniforms and,
-by Marsaglia's polar method, a pair of standard normals: counters 2j and 2j + 1 are pair j.
+by Marsaglia's polar method, a pair of standard normals: counters 2j and 2j + 1 are pair j (a
+rejected draw is redrawn from the block (stream | attempt << 56, j)). One instance per thread:
+it keeps one encryptor.
 
 Floating point: this is continuous Gaussian noise in float64, not OpenDP's lattice sampler
 (mechanisms/__init__.py explains why the additive mechanisms use OpenDP). Callers release only
@@ -64,13 +66,17 @@ class KeyedGaussian:
         """Two independent N(0, 1) per (stream, pair) by Marsaglia's polar method: (u, v)
         uniform in the square from one AES block, kept if 0 < u^2 + v^2 < 1 (probability
         pi / 4), else redrawn from the block of the next attempt (attempt number in the
-        stream word's top byte); (u, v) * sqrt(-2 ln s / s) is then an exact normal pair.
+        stream word's top byte); (u, v) * sqrt(-2 ln s / s) is then a normal pair, exact up to
+        the 52-bit grid and float rounding. 256 attempts all rejected (probability 0.215^256,
+        about 1e-171) is an error, not a silent fallback.
         No trigonometry: about twice as fast as Box-Muller in numpy."""
         if streams.size and int(streams.max()) >= 1 << _ATTEMPT_SHIFT:
             raise ValueError("noise stream ids must be below 2^56")
         u, v, todo = self._uniform_square(streams, pairs, 0)
         attempt = 1
         while len(todo):
+            if attempt == 1 << (64 - _ATTEMPT_SHIFT):
+                raise RuntimeError("keyed noise: 256 polar draws rejected in a row")
             u_again, v_again, still = self._uniform_square(streams[todo], pairs[todo], attempt)
             u[todo], v[todo] = u_again, v_again
             todo = todo[still]

@@ -468,29 +468,24 @@ class EvaluateKeys(beam.DoFn):
             self._tree(state.selection, selection=True), noise, np.array([0]),
             np.array([state.origin]), t, np.array([state.count]))
         next_due = int(predicted[0])
-        if selected[0]:
+        final_pane = state.values is not None and t == length
+        if selected[0] or final_pane:
             values = self._tree(state.values, selection=False)
             if state.values is None:
                 values.add(noise, operator.tree_ids([state.code], [0], length), [length])
                 state.values = values.to_arrays()
             state.released_true += state.buffer
+            state.buffer = 0.0
             grid, _ = operator.record_grid(budget)
             released = operator.released_values(values, noise, np.array([0]), t,
                                                 np.array([state.released_true]), grid)
             yield ReleaseUpdate(t, key, float(released[0]))
-            state.buffer, state.count, state.origin = 0.0, 0, t
+        if selected[0]:
+            state.count, state.origin = 0, t
             state.round += 1
             state.selection, next_due = self._new_round(state.code, state.round, t)
-        elif state.values is not None and t == length:
-            values = self._tree(state.values, selection=False)
-            grid, _ = operator.record_grid(budget)
-            prefixes, released = operator.final_values(
-                values, noise, np.array([0]), t, length, np.array([state.released_true]),
-                np.array([state.buffer]), grid)
-            state.released_true, state.buffer = float(prefixes[0]), 0.0
-            yield ReleaseUpdate(t, key, float(released[0]))
-        next_due = int(operator.wake_step(np.array([next_due]),
-                                          np.array([state.values is not None]), t, length)[0])
+        next_due = int(operator.next_evaluation(
+            np.array([next_due]), np.array([state.values is not None]), t, length)[0])
         state.evaluated, state.due = t, next_due
         key_state.write(state)
         alarm.fired([next_due] + [s.step for s in steps.read()])

@@ -3,7 +3,7 @@
 ``step(state, budget, batch)`` consumes micro-batch t = state.step + 1, a DataFrame with columns
 ``unit``, ``key`` and (for SUM) ``value`` in arrival order, and returns the TriggerRelease of
 trigger t. The per-key math is in functions of arrays (``kept_mask``, ``select_and_predict``,
-``released_values``, ``start_rounds``) so that a Beam DoFn can call them with one key's or one
+``released_values``, ``start_rounds``, ``next_evaluation``) so that a Beam DoFn can call them with one key's or one
 unit's state; ``step`` is the in-process composition of them over every key at once.
 
 Privacy (the design's argument, with the code that provides each part):
@@ -26,7 +26,7 @@ Privacy (the design's argument, with the code that provides each part):
   round is followed from its start by prediction (``select_and_predict``, Algorithm 4), so a key
   without new records is evaluated exactly at its predicted step, as the full scan would.
 - The last trigger is the window's final pane: every key released before is woken there
-  (``wake_step``) and releases its buffer too (``final_values``). Which keys is public, and a
+  (``next_evaluation``) and releases its buffer too. Which keys is public, and a
   record still lands in exactly one value-tree leaf, so the accounting is unchanged.
 - Floating point: every kept value is a multiple of the grid and at most L (``record_grid``),
   so the true prefix is exact in float64 and the release is a lattice point: no low-order bits
@@ -160,26 +160,16 @@ def tree_ids(key_codes: np.ndarray, rounds: np.ndarray, micro_batches: int) -> n
     return key_codes * span + np.asarray(rounds, dtype=np.uint64)
 
 
-def wake_step(due: np.ndarray, released: np.ndarray, step: int,
-              micro_batches: int) -> np.ndarray:
+def next_evaluation(due: np.ndarray, released: np.ndarray, step: int,
+                    micro_batches: int) -> np.ndarray:
     """When to evaluate a key after `step`: its predicted crossing, or, for a key already
     released (a public fact), at the latest the window's last trigger, whose release is the
-    window's final pane: every released key there gets every kept record of the window."""
+    window's final pane: every key released before releases its buffered records there too.
+    Which keys is public and each record still lands in exactly one value-tree leaf, so the
+    value trees' rho is unchanged; it removes the lag of records that arrived after a key's
+    last selection."""
     final = released & (due == NEVER) & (step < micro_batches)
     return np.where(final, micro_batches, due).astype(np.int64)
-
-
-def final_values(values: TreeIndex, noise: KeyedGaussian, rows: np.ndarray, step: int,
-                 micro_batches: int, released_true: np.ndarray, buffers: np.ndarray,
-                 grid: float) -> tuple[np.ndarray, np.ndarray]:
-    """At the last trigger, keys released before and not selected now release their buffers
-    too: (new true prefixes, released values). Which keys is public (released before), and each
-    record still lands in exactly one value-tree leaf, so the value trees' rho is unchanged; it
-    removes the lag of the records that arrived after a key's last selection."""
-    if step != micro_batches:
-        raise ValueError("only the window's last trigger releases every buffer")
-    prefixes = released_true + buffers
-    return prefixes, released_values(values, noise, rows, step, prefixes, grid)
 
 
 def _sum_by_code(codes: np.ndarray, weights: Optional[np.ndarray] = None):
@@ -252,14 +242,15 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
         state.selection, noise, tree_ids(chosen, columns["round"][chosen], query.micro_batches),
         t, query.micro_batches)
     columns["selection_row"][chosen] = rows
-    if t == query.micro_batches:
+    if t == query.micro_batches:  # the final pane (next_evaluation woke every released key)
         flushed = evaluated[~selected & (columns["value_row"][evaluated] >= 0)]
-        columns["released_true"][flushed], columns["released_value"][flushed] = final_values(
-            state.values, noise, columns["value_row"][flushed], t, query.micro_batches,
-            columns["released_true"][flushed], columns["buffer"][flushed], grid)
+        columns["released_true"][flushed] += columns["buffer"][flushed]
+        columns["released_value"][flushed] = released_values(
+            state.values, noise, columns["value_row"][flushed], t,
+            columns["released_true"][flushed], grid)
         columns["buffer"][flushed] = 0.0
         chosen = np.union1d(chosen, flushed)
-    due = wake_step(due, columns["value_row"][evaluated] >= 0, t, query.micro_batches)
+    due = next_evaluation(due, columns["value_row"][evaluated] >= 0, t, query.micro_batches)
     columns["due"][evaluated] = due
     state.schedule(evaluated, due)
     state.step = t

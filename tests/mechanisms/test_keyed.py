@@ -42,3 +42,13 @@ def test_rows_are_the_same_values_as_single_counters():
     np.testing.assert_allclose(rows, expected, rtol=1e-15, atol=1e-15)
     with pytest.raises(ValueError, match="even"):
         noise.normal_rows([1], [3], 2)
+
+
+def test_the_two_halves_of_a_pair_are_independent():
+    # 100,000 pairs: the sample correlation of independent normals (and of their squares) has
+    # sd ~0.003 (0.0045 for squares); 0.02 is > 4.4 sd (false failure < 1e-5 each). The
+    # broken variant "second half = first half" has correlation 1.
+    z = KeyedGaussian(bytes(range(32))).normals(np.uint64(7), np.arange(200_000, dtype=np.uint64))
+    assert abs(np.corrcoef(z[0::2], z[1::2])[0, 1]) < 0.02
+    assert abs(np.corrcoef(z[0::2] ** 2, z[1::2] ** 2)[0, 1]) < 0.02
+    assert np.corrcoef(z[0::2], z[0::2])[0, 1] > 0.99
