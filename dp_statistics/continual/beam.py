@@ -266,7 +266,7 @@ class BoundUnitContributions(beam.DoFn):
         due = sorted(_take_due(buffer, step, lambda r: r[0]))  # (step, event time, order)
         done.write(step)
         count = used.read() or 0
-        grid, bound = operator.record_grid(self._budget)
+        grid, bound = self._budget.record_grid
         _, keys, values = operator.clean_batch(
             pd.DataFrame({"unit": [unit] * len(due), "key": [r[3] for r in due],
                           "value": [r[4] for r in due]}), self._query.statistic, grid, bound)
@@ -423,7 +423,7 @@ class EvaluateKeys(beam.DoFn):
         """A key's one-row tree index from its stored arrays (None: an empty index)."""
         budget, length = self._budget, self._batches.count
         sigma = budget.selection_sigma if selection else budget.value_sigma
-        thresholds = budget.thresholds() if selection else None
+        thresholds = budget.thresholds if selection else None
         if arrays is None:
             return TreeIndex.empty(sigma, length, thresholds)
         return TreeIndex.from_arrays(sigma, length, thresholds, arrays)
@@ -476,7 +476,7 @@ class EvaluateKeys(beam.DoFn):
                 state.values = values.to_arrays()
             state.released_true += state.buffer
             state.buffer = 0.0
-            grid, _ = operator.record_grid(budget)
+            grid, _ = budget.record_grid
             released = operator.released_values(values, noise, np.array([0]), t,
                                                 np.array([state.released_true]), grid)
             yield ReleaseUpdate(t, key, float(released[0]))

@@ -37,6 +37,7 @@ so every live round here is followed by prediction (Algorithm 4).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -87,13 +88,23 @@ class StreamBudget:
                        self.selection_sigma, self.value_sigma)
 
     @property
-    def value_grid(self) -> float:
-        return value_grid(self.value_sigma)
+    def record_grid(self) -> tuple[float, float]:
+        """(grid, bound): kept values are multiples of `grid` in [-bound, bound]. The grid is
+        the release lattice (tree.value_grid), made no coarser than L so a record is not
+        rounded away (a count of 1 on a grid of 4 would be 0); bound is the largest grid
+        multiple <= L, so rounding a clamped value never exceeds the sensitivity's L."""
+        grid = min(value_grid(self.value_sigma),
+                   2.0 ** math.floor(math.log2(self.value_bound)))
+        return grid, math.floor(self.value_bound / grid) * grid
 
+    @functools.cached_property
     def thresholds(self) -> np.ndarray:
-        """tau_l for l = 1..T (index l - 1): P(Z(l) > tau_l) = beta / T."""
-        return (prefix_std(self.micro_batches, self.selection_sigma)
+        """tau_l for l = 1..T (index l - 1): P(Z(l) > tau_l) = beta / T (computed once; read
+        only)."""
+        taus = (prefix_std(self.micro_batches, self.selection_sigma)
                 * norm.isf(self.beta / self.micro_batches))
+        taus.flags.writeable = False
+        return taus
 
     def achieved_epsilon(self) -> float:
         """Epsilon of the event at the conversion delta, from dp-accounting."""

@@ -3,8 +3,9 @@
 ``step(state, budget, batch)`` consumes micro-batch t = state.step + 1, a DataFrame with columns
 ``unit``, ``key`` and (for SUM) ``value`` in arrival order, and returns the TriggerRelease of
 trigger t. The per-key math is in functions of arrays (``kept_mask``, ``select_and_predict``,
-``released_values``, ``start_rounds``, ``next_evaluation``) so that a Beam DoFn can call them with one key's or one
-unit's state; ``step`` is the in-process composition of them over every key at once.
+``released_values``, ``start_rounds``, ``next_evaluation``) so that a Beam DoFn can call them
+with one key's or one unit's state; ``step`` is the in-process composition of them over every
+key at once.
 
 Privacy (the design's argument, with the code that provides each part):
 
@@ -28,14 +29,13 @@ Privacy (the design's argument, with the code that provides each part):
 - The last trigger is the window's final pane: every key released before is woken there
   (``next_evaluation``) and releases its buffer too. Which keys is public, and a
   record still lands in exactly one value-tree leaf, so the accounting is unchanged.
-- Floating point: every kept value is a multiple of the grid and at most L (``record_grid``),
-  so the true prefix is exact in float64 and the release is a lattice point: no low-order bits
-  carry data (keyed.py, "Floating point").
+- Floating point: every kept value is a multiple of the grid and at most L
+  (``StreamBudget.record_grid``), so the true prefix is exact in float64 and the release is a
+  lattice point: no low-order bits carry data (keyed.py, "Floating point").
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import numpy as np
@@ -68,15 +68,6 @@ class TriggerRelease:
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame({"key": self.keys, "value": self.values, "updated": self.updated})
-
-
-def record_grid(budget: StreamBudget) -> tuple[float, float]:
-    """(grid, bound): kept values are multiples of `grid` in [-bound, bound]. The grid is the
-    release lattice (tree.value_grid), made no coarser than L so a record is not rounded away
-    (a count of 1 on a grid of 4 would be 0); bound is the largest grid multiple <= L, so
-    rounding a clamped value never exceeds the sensitivity's L."""
-    grid = min(budget.value_grid, 2.0 ** math.floor(math.log2(budget.value_bound)))
-    return grid, math.floor(budget.value_bound / grid) * grid
 
 
 def clean_batch(batch: pd.DataFrame, statistic: StreamStatistic, grid: float,
@@ -190,7 +181,7 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
         raise QueryError(f"the window has {query.micro_batches} micro-batches; all have run")
     digest = batch_digest(batch, digest_key(state.noise_key)) if digest is None else digest
     noise = KeyedGaussian(state.noise_key)
-    grid, bound = record_grid(budget)
+    grid, bound = budget.record_grid
     units, keys, values = clean_batch(batch, query.statistic, grid, bound)
 
     # 1. Contribution bounding over the window.
@@ -230,11 +221,16 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
         noise, tree_ids(without_value_tree, np.zeros(len(without_value_tree)),
                         query.micro_batches),
         np.full(len(without_value_tree), query.micro_batches))
-    columns["released_true"][chosen] += columns["buffer"][chosen]
-    columns["released_value"][chosen] = released_values(
-        state.values, noise, columns["value_row"][chosen], t, columns["released_true"][chosen],
-        grid)
-    columns["buffer"][chosen] = 0.0
+    # The final pane: at the last trigger every key released before releases too
+    # (next_evaluation woke them all).
+    flushed = (evaluated[~selected & (columns["value_row"][evaluated] >= 0)]
+               if t == query.micro_batches else evaluated[:0])
+    releasing = np.union1d(chosen, flushed)
+    columns["released_true"][releasing] += columns["buffer"][releasing]
+    columns["released_value"][releasing] = released_values(
+        state.values, noise, columns["value_row"][releasing], t,
+        columns["released_true"][releasing], grid)
+    columns["buffer"][releasing] = 0.0
     columns["round"][chosen] += 1
     columns["origin"][chosen] = t
     columns["count"][chosen] = 0
@@ -242,14 +238,6 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
         state.selection, noise, tree_ids(chosen, columns["round"][chosen], query.micro_batches),
         t, query.micro_batches)
     columns["selection_row"][chosen] = rows
-    if t == query.micro_batches:  # the final pane (next_evaluation woke every released key)
-        flushed = evaluated[~selected & (columns["value_row"][evaluated] >= 0)]
-        columns["released_true"][flushed] += columns["buffer"][flushed]
-        columns["released_value"][flushed] = released_values(
-            state.values, noise, columns["value_row"][flushed], t,
-            columns["released_true"][flushed], grid)
-        columns["buffer"][flushed] = 0.0
-        chosen = np.union1d(chosen, flushed)
     due = next_evaluation(due, columns["value_row"][evaluated] >= 0, t, query.micro_batches)
     columns["due"][evaluated] = due
     state.schedule(evaluated, due)
@@ -265,7 +253,7 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
         state.release_order = released[np.asarray(pd.Index(keys).argsort(), dtype=np.int64)]
     released = state.release_order
     updated = np.zeros(state.n_keys, dtype=bool)
-    updated[chosen] = True
+    updated[releasing] = True
     return TriggerRelease(t, state.keys.values[released],
                           state.column("released_value")[released], updated[released],
                           query.guarantee(state.blocks))

@@ -22,7 +22,7 @@ from sage_tfx.dp_statistics.continual import local
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.sources import Records, Window
 from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
-from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
+from sage_tfx.sage_access.errors import BadRequest
 
 STATE_DIR = "state"
 
@@ -105,15 +105,11 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
     grant = {"id": previous.grant_id, "blocks": previous.blocks} if previous is not None \
         else {}
 
-    refused = []  # the ledger's all-or-nothing refusals: nothing was charged
-
     def charge():
-        try:
-            granted = window_grants.request_window_grant(ledger, window.block_ids, budget,
-                                                         consumer, pipeline, run_id)
-        except (BadRequest, BudgetExhausted, LedgerBusy):
-            refused.append(True)
-            raise
+        # A refusal is all-or-nothing; run_local clears its "charge started" mark on it, so the
+        # same directory may try again.
+        granted = window_grants.request_window_grant(ledger, window.block_ids, budget,
+                                                     consumer, pipeline, run_id)
         grant.update(id=granted.grant_id, blocks=granted.blocks)
         return granted.grant_id, granted.blocks
 
@@ -134,17 +130,3 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
                 snapshot_every=None if through_step is None else 1)
     except StreamStateError as error:
         raise BadRequest(str(error)) from None
-    except (BadRequest, BudgetExhausted, LedgerBusy):
-        if refused:  # the engine marked the charge as started; the ledger charged nothing
-            _charge_not_started(state_dir)
-        raise
-
-
-def _charge_not_started(state_dir: str) -> None:
-    """After a refused grant, let the state directory try again (a busy ledger, budget freed by
-    a finished pipeline): the engine refuses to resume a state whose charge started and was not
-    recorded, which here would only strand the directory."""
-    state = WindowState.load(state_dir)
-    if state is not None and state.grant_id is None:
-        state.charge_started = False
-        state.save(state_dir)

@@ -279,7 +279,7 @@ class WindowState:
         length = query.micro_batches
         return cls(query, budget, bytes(noise_key), CodeTable(), np.zeros(0, np.int32),
                    PairTable(), CodeTable(), _key_columns(0),
-                   TreeIndex.empty(budget.selection_sigma, length, budget.thresholds()),
+                   TreeIndex.empty(budget.selection_sigma, length, budget.thresholds),
                    TreeIndex.empty(budget.value_sigma, length))
 
     @property
@@ -384,7 +384,7 @@ class WindowState:
         state = cls(query, budget, arrays["noise_key"].tobytes(),
                     units, np.array(arrays["used"], np.int32),
                     PairTable(arrays["pair_codes"], arrays["pair_rounds"]), keys, columns,
-                    index("selection_", budget.selection_sigma, budget.thresholds()),
+                    index("selection_", budget.selection_sigma, budget.thresholds),
                     index("values_", budget.value_sigma, None),
                     step=meta["step"], digests=meta["digests"],
                     grant_id=meta["grant_id"], blocks=tuple(meta["blocks"]),

@@ -14,7 +14,8 @@ est is unbiased with variance var_h, and its noise part
     nu(node) = w_h n + (1 - w_h) (nu(left) + nu(right))
 does not depend on the data. The released prefix at leaf l is the sum of the estimates of the
 dyadic decomposition of [1, l] (one node per set bit h of l: node (h, (l >> h) - 1)), so
-    prefix(l) = true prefix(l) + Z(l),   Z(l) = sum of those nu,   Var Z(l) = lambda_l^2 = sum var_h.
+    prefix(l) = true prefix(l) + Z(l),   Z(l) = sum of those nu,
+    Var Z(l) = lambda_l^2 = sum of their var_h.
 That is what makes Algorithm 4 cheap: a key's future without new data is known from Z alone.
 
 What is stored per tree (TreeIndex): Z at block boundaries (every BLOCK leaves) and, for

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as dt
 import os
 import sys
 
 from sage_tfx.examples.taxi.statistics import ADDED_UNIT, ingest_trips
+from sage_tfx.examples.taxi.stream import _month
 
 MONTHS = [f"{year}-{month:02d}" for year in range(2013, 2017) for month in range(1, 13)]
 TIME_COLUMN = "trip_start_timestamp"
@@ -39,8 +39,7 @@ def write_arriving_files(trips_csv: str, directory: str) -> None:
         header = next(rows)
         at = header.index(TIME_COLUMN)
         for row in rows:
-            month = dt.datetime.fromtimestamp(int(row[at]), tz=dt.timezone.utc).strftime(
-                "%Y-%m") if row[at].strip().isdigit() else "undated"
+            month = _month(int(row[at])) if row[at].strip().isdigit() else "undated"
             if month not in writers:
                 handle = open(os.path.join(directory, f"{month}.csv"), "w", newline="")
                 handles.append(handle)

@@ -44,7 +44,7 @@ def test_thresholds_bound_a_pure_noise_crossing_by_beta():
     n = 20_000
     noise = KeyedGaussian(bytes(range(32)))
     z = tree.prefix_noise(noise, np.arange(n), 16, plan.selection_sigma)
-    crossed = (z > plan.thresholds()[None, :]).any(axis=1).sum()
+    crossed = (z > plan.thresholds[None, :]).any(axis=1).sum()
     expected = plan.beta * n
     assert crossed <= expected + 6 * math.sqrt(expected) + 1
     # The broken variant (a per-time tail, the paper's) crosses more often than beta allows.

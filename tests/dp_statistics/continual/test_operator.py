@@ -89,7 +89,7 @@ def test_the_release_is_the_true_prefix_plus_the_value_trees_rounded_noise():
     code = state.keys.encode(["a"])[0]
     tree_id = state.values.tree_ids[state.column("value_row")[code]]
     noise = tree.prefix_noise(KeyedGaussian(KEY), [tree_id], 8, budget.value_sigma)[0]
-    grid, _ = operator.record_grid(budget)
+    grid, _ = budget.record_grid
     assert release.values[0] == 80 + tree.round_to_grid(noise[1], grid)
     assert release.values[0] % grid == 0 and release.values[0] != 80
 
@@ -116,7 +116,7 @@ def crossing_now(state, budget, step):
     z = [tree.prefix_noise(KeyedGaussian(KEY), [state.selection.tree_ids[row]],
                            int(state.selection.lengths[row]), budget.selection_sigma)[0, leaf - 1]
          for row, leaf in zip(rows, leaves)]
-    required = budget.thresholds()[leaves - 1] - np.array(z)
+    required = budget.thresholds[leaves - 1] - np.array(z)
     return set(codes[state.column("count")[codes] > required].tolist())
 
 
@@ -201,4 +201,4 @@ def test_the_last_trigger_releases_every_released_key_with_all_its_records():
     code = state.keys.encode(["a"])[0]
     assert state.column("released_true")[code] == 43 and state.column("buffer")[code] == 0
     noise = state.values.noise_at(KeyedGaussian(KEY), [state.column("value_row")[code]], [4])
-    assert last.values[0] == 43 + tree.round_to_grid(noise, operator.record_grid(budget)[0])[0]
+    assert last.values[0] == 43 + tree.round_to_grid(noise, budget.record_grid[0])[0]
