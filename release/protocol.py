@@ -48,6 +48,16 @@ class ReleaseFailed(Exception):
         self.grant_id, self.reason = grant_id, reason
 
 
+class ReleaseInterrupted(KeyboardInterrupt):
+    """Ctrl-C after the charge: the budget is spent and nothing was released (the message says
+    so). A KeyboardInterrupt, so whatever stops on Ctrl-C still stops."""
+
+    def __init__(self, grant_id: str):
+        super().__init__(f"interrupted after grant {grant_id} was charged: that budget is spent "
+                         "and nothing was released (recorded as interrupted in the ledger)")
+        self.grant_id = grant_id
+
+
 def public_reason(error: BaseException, phase: str) -> str:
     """Why a phase failed, in words that depend on no data (see the module docstring)."""
     if isinstance(error, KeyboardInterrupt):
@@ -111,8 +121,10 @@ class Charged:
             self._record(Outcome.INTERRUPTED if interrupted else Outcome.FAILED, reason)
         except Exception:  # the store is gone too: the grant stays `incomplete`, still spent
             pass
-        if interrupted or isinstance(error, ReleaseFailed):
+        if isinstance(error, (ReleaseFailed, ReleaseInterrupted)):
             return False
+        if interrupted:
+            raise ReleaseInterrupted(self.grant.grant_id) from error
         raise ReleaseFailed(self.grant.grant_id, reason) from error
 
 

@@ -19,8 +19,7 @@ expected_rmse, event, unit and guarantee (what one neighbouring step adds or rem
 table's unit column, or one record of Examples). Nothing data-dependent is printed except the
 mechanism's output.
 
-Exit codes as `sage-tfx ledger request`: 0 success; 2 bad input (nothing charged); 3 denied for
-lack of budget (nothing charged); 4 ledger busy; 5 store unreachable.
+Exit codes: as every sage-tfx command (cli/common.py; `sage-tfx --help` lists them).
 """
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ import json
 import math
 import os
 
-from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE, _run
+from sage_tfx.cli.common import add_store_arguments, open_ledger, run
 
 STEP = "matrix_mechanism"
 
@@ -40,10 +39,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                                "from granted blocks (the matrix mechanism)",
                                description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
-                        help=f"SQLite ledger file or grpc://HOST:PORT "
-                             f"(default: ${STORE_ENVIRONMENT_VARIABLE})")
-    parser.add_argument("--context", default="default", help="ledger context (default: default)")
+    add_store_arguments(parser)
     selector = parser.add_mutually_exclusive_group(required=True)
     selector.add_argument("--blocks", help="comma-separated block ids")
     selector.add_argument("--window", type=int, help="the most recent W blocks that can still pay")
@@ -55,7 +51,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, help="the CSV to write (its directory must exist)")
     parser.add_argument("--pipeline", default="workload-answer",
                         help="the pipeline name the grant is charged to")
-    parser.set_defaults(run=lambda args: _run(_answer, args), command="workload-answer")
+    parser.set_defaults(run=lambda args: run(_answer, args), command="workload-answer")
 
 
 def _answer(args) -> int:

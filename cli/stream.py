@@ -28,8 +28,7 @@ DIR/release-T.json (one line: the guarantee's epsilon, delta and unit, the trigg
 grant). The last stdout line is one JSON object (grant, blocks, guarantee). Nothing
 data-dependent is printed.
 
-Exit codes as `sage-tfx query`: 0 success; 2 bad input (nothing charged); 3 denied for lack of
-budget (nothing charged); 4 ledger busy; 5 store unreachable.
+Exit codes: as every sage-tfx command (cli/common.py; `sage-tfx --help` lists them).
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ import argparse
 import math
 import os
 
-from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE, _run
+from sage_tfx.cli.common import add_store_arguments, open_ledger, run
 
 
 def add_parser(groups: argparse._SubParsersAction) -> None:
@@ -45,10 +44,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
         "stream", help="replay a stream through the DP-SQLP operator: one DP histogram per "
                        "trigger, one grant for the window", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
-                        help=f"SQLite ledger file or grpc://HOST:PORT "
-                             f"(default: ${STORE_ENVIRONMENT_VARIABLE})")
-    parser.add_argument("--context", default="default", help="ledger context (default: default)")
+    add_store_arguments(parser)
     parser.add_argument("--window-blocks", required=True,
                         help="comma-separated ids of the window's blocks (each with an "
                              "event-time range); the grant is charged on them")
@@ -84,7 +80,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                              "the paper's)")
     parser.add_argument("--pipeline", default="sage-tfx-stream",
                         help="the pipeline name the grant is charged to")
-    parser.set_defaults(run=lambda args: _run(_stream, args), command="stream")
+    parser.set_defaults(run=lambda args: run(_stream, args), command="stream")
 
 
 def check_arguments(args) -> None:
@@ -143,11 +139,10 @@ def _stream(args) -> int:
     from sage_tfx.dp_statistics.continual import sources
     from sage_tfx.dp_statistics.continual.release import STATE_DIR, run_window
     from sage_tfx.dp_statistics.continual.spec import StreamQuery
-    from sage_tfx.sage_access.cli import _open
     from sage_tfx.sage_access.errors import BadRequest
 
     check_arguments(args)
-    ledger = _open(args)
+    ledger = open_ledger(args)
     window = sources.window_of_blocks(ledger, args.window_blocks.split(","))
     table = None if args.input else _ingested_table(ledger, window.block_ids)
     columns = _columns(args, table)

@@ -10,37 +10,29 @@
 charges one grant on the blocks, split among the query's steps, reads only the granted blocks of
 the tables it names, and prints the released table and its guarantee.
 
-Exit codes (as `sage-tfx ledger`): 0 success; 2 bad input, a refused query, or a store that is
-not a ledger (nothing charged); 3 denied for lack of budget (nothing charged); 4 ledger busy;
-5 store unreachable.
+Exit codes: as every sage-tfx command (cli/common.py; `sage-tfx --help` lists them).
 """
 from __future__ import annotations
 
 import argparse
 import os
 
-from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE
+from sage_tfx.cli.common import add_store_arguments, open_ledger, run
 
 INGEST_HELP = "register a CSV file as a table of ledger blocks (for `sage-tfx query`)"
 QUERY_HELP = "run a DP SQL query on ingested tables, charged to the ledger"
 
 
 def add_parsers(groups: argparse._SubParsersAction) -> None:
-    from sage_tfx.sage_access import cli as ledger_cli
-
     def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
         parser = groups.add_parser(name, help=help_text, description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-        parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
-                            help="SQLite ledger file or grpc://HOST:PORT (default: "
-                                 f"${STORE_ENVIRONMENT_VARIABLE})")
-        parser.add_argument("--context", default="default", help="ledger context")
+        add_store_arguments(parser)
         parser.add_argument("--epsilon", type=float, required=True,
                             help="ingest: each block's epsilon ceiling; query: the grant's epsilon")
         parser.add_argument("--delta", type=float, required=True,
                             help="ingest: each block's delta ceiling; query: the grant's delta")
-        parser.set_defaults(run=lambda args: ledger_cli._run(_refusing(handler), args),
-                            command=None)
+        parser.set_defaults(run=lambda args: run(handler, args), command=None)
         return parser
 
     ingest = command("ingest", _ingest, INGEST_HELP)
@@ -76,23 +68,10 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
                                    'ANON_COUNT(*) FROM trips GROUP BY key"')
 
 
-def _refusing(handler):
-    """The operator's QueryError is bad input (exit 2), like the ledger's BadRequest."""
-    def run(args) -> int:
-        from sage_tfx.dp_statistics.aggregation.spec import QueryError
-        from sage_tfx.sage_access.errors import BadRequest
-        try:
-            return handler(args)
-        except QueryError as error:
-            raise BadRequest(str(error)) from None
-    return run
-
-
 def _ingest(args) -> int:
     from sage_tfx.dp_statistics.ingest import ingest, parse_types
-    from sage_tfx.sage_access.cli import _open
 
-    ledger = _open(args)
+    ledger = open_ledger(args)
     table, blocks = ingest(
         ledger, args.csv, args.out, args.unit_column, args.epsilon, args.delta,
         table_name=args.table, time_column=args.time_column,
@@ -109,13 +88,12 @@ def _query(args) -> int:
     from sage_tfx.dp_statistics.aggregation import frontend, relation, sql
     from sage_tfx.dp_statistics.aggregation.budget import plan
     from sage_tfx.dp_statistics.aggregation.spec import GuaranteeUnit
-    from sage_tfx.sage_access.cli import _open
     from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted
     from sage_tfx.sage_access.ledger import BlockIds
 
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise BadRequest(f"--out {args.out}: its directory does not exist (nothing charged)")
-    ledger = _open(args)
+    ledger = open_ledger(args)
     parsed = sql.parse(args.sql)
     names = dict.fromkeys(t.name for t in parsed.select.find_all(sql.exp.Table))
     found = {name: tables.find_table(ledger, name) for name in names}
