@@ -119,6 +119,8 @@ class Charged:
         reason = public_reason(error, self.phase)
         try:
             self._record(Outcome.INTERRUPTED if interrupted else Outcome.FAILED, reason)
+        except LedgerError:  # an outcome stands already: this run spent nothing, say why
+            return False
         except Exception:  # the store is gone too: the grant stays `incomplete`, still spent
             pass
         if isinstance(error, (ReleaseFailed, ReleaseInterrupted)):
@@ -126,6 +128,12 @@ class Charged:
         if interrupted:
             raise ReleaseInterrupted(self.grant.grant_id) from error
         raise ReleaseFailed(self.grant.grant_id, reason) from error
+
+
+def record_denial(ledger, plan: ReleasePlan, denied: BudgetExhausted) -> None:
+    """Record a request `plan` that the blocks could not pay (nothing was charged)."""
+    ledger.record_denial(plan.front_door, plan.request, plan.pipeline, plan.epsilon,
+                         plan.delta, denied.remaining, str(denied))
 
 
 def charge(ledger, plan: ReleasePlan, selector) -> Charged:
@@ -138,9 +146,8 @@ def charge(ledger, plan: ReleasePlan, selector) -> Charged:
                                require_data=plan.require_data,
                                additional_delta=plan.additional_delta,
                                front_door=plan.front_door, request_text=plan.request)
-    except BudgetExhausted as error:
-        ledger.record_denial(plan.front_door, plan.request, plan.pipeline, plan.epsilon,
-                             plan.delta, error.remaining, str(error))
+    except BudgetExhausted as denied:
+        record_denial(ledger, plan, denied)
         raise
     return Charged(ledger, grant, plan.front_door, plan.steps)
 
