@@ -37,7 +37,9 @@ class GuaranteeUnit(Choice):
 class Guarantee:
     """(epsilon, delta)-DP for adding or removing `unit` (of `unit_column`), paid by grant
     `grant_id` on `blocks`; `mechanism` says how, when the front door states it (e.g. the matrix
-    mechanism's sensitivity)."""
+    mechanism's sensitivity). `other_units` ((unit, unit column) pairs): a release over blocks
+    of several kinds (tables of other unit columns, Examples) is DP for adding or removing any
+    one of these too, each one moving the output as much as `unit` does."""
     epsilon: float
     delta: float
     unit: GuaranteeUnit
@@ -45,16 +47,21 @@ class Guarantee:
     grant_id: Optional[str]
     blocks: tuple[str, ...]
     mechanism: Optional[str] = None
+    other_units: tuple[tuple[GuaranteeUnit, Optional[str]], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "unit", GuaranteeUnit(self.unit))
         object.__setattr__(self, "blocks", tuple(self.blocks))
-        self.unit.describe(self.unit_column)  # refuses a unit without its column
+        object.__setattr__(self, "other_units", tuple(
+            (GuaranteeUnit(unit), column) for unit, column in self.other_units))
+        for unit, column in ((self.unit, self.unit_column), *self.other_units):
+            unit.describe(column)  # refuses a unit without its column
 
     @property
     def neighbours(self) -> str:
         """What one neighbouring step adds or removes, in words."""
-        return self.unit.describe(self.unit_column)
+        return " or ".join(unit.describe(column) for unit, column in
+                           ((self.unit, self.unit_column), *self.other_units))
 
     def sentence(self) -> str:
         """The guarantee in one line, e.g. "(1, 1e-06)-DP for adding or removing all rows of
@@ -69,12 +76,15 @@ class Guarantee:
         return {"epsilon": self.epsilon, "delta": self.delta, "unit": self.unit.value,
                 "unit_column": self.unit_column, "neighbours": self.neighbours,
                 "grant_id": self.grant_id, "blocks": list(self.blocks),
-                "mechanism": self.mechanism, "guarantee": self.sentence()}
+                "mechanism": self.mechanism,
+                "other_units": [[unit.value, column] for unit, column in self.other_units],
+                "guarantee": self.sentence()}
 
     @classmethod
     def from_json(cls, values: dict) -> "Guarantee":
         return cls(values["epsilon"], values["delta"], values["unit"], values["unit_column"],
-                   values["grant_id"], tuple(values["blocks"]), values.get("mechanism"))
+                   values["grant_id"], tuple(values["blocks"]), values.get("mechanism"),
+                   tuple(tuple(pair) for pair in values.get("other_units", ())))
 
 
 def weakest_unit(units: Sequence[GuaranteeUnit]) -> GuaranteeUnit:

@@ -84,13 +84,13 @@ class Charged:
 
     def guarantee(self, unit: GuaranteeUnit, unit_column: Optional[str] = None,
                   mechanism: Optional[str] = None, epsilon: Optional[float] = None,
-                  delta: Optional[float] = None) -> Guarantee:
+                  delta: Optional[float] = None, other_units=()) -> Guarantee:
         """The guarantee of this release: the grant's (epsilon, delta) unless the front door's
         steps spend a part of it (their shares)."""
         grant = self.grant
         return Guarantee(grant.epsilon if epsilon is None else epsilon,
                          (grant.delta or 0.0) if delta is None else delta, unit, unit_column,
-                         grant.grant_id, grant.blocks, mechanism)
+                         grant.grant_id, grant.blocks, mechanism, other_units)
 
     def released(self, artifacts: Sequence[str] = (),
                  guarantee: Optional[Guarantee] = None) -> None:
