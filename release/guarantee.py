@@ -65,9 +65,11 @@ class Guarantee:
 
     def sentence(self) -> str:
         """The guarantee in one line, e.g. "(1, 1e-06)-DP for adding or removing all rows of
-        one uid within the blocks read; grant 3f2a... on 4 block(s)"."""
+        one uid within the blocks read; grant 3f2a... on blocks b1, b2"."""
         how = f" ({self.mechanism})" if self.mechanism else ""
-        paid = (f"; grant {self.grant_id} on {len(self.blocks)} block(s)" if self.grant_id
+        blocks = (f"blocks {', '.join(self.blocks)}" if len(self.blocks) <= 4 else
+                  f"{len(self.blocks)} blocks {self.blocks[0]} .. {self.blocks[-1]}")
+        paid = (f"; grant {self.grant_id} on {blocks}" if self.grant_id
                 else "; no grant (a run outside the ledger)")
         return (f"({self.epsilon:g}, {self.delta:g})-DP for adding or removing "
                 f"{self.neighbours}{how}{paid}")

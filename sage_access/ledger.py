@@ -434,6 +434,10 @@ class BlockLedger:
             raise BadRequest(f"an outcome of grant {grant.grant_id} ({', '.join(steps)}) is "
                              "recorded already") from None
 
+    def grant_outcomes(self, grant_id: str) -> dict[str, dict]:
+        """{step: its outcome record} of `grant_id` (empty while none is recorded)."""
+        return self._records.outcomes({grant_id}).get(grant_id, {})
+
     def record_denial(self, front_door: str, request_text: Optional[str], pipeline: Optional[str],
                       epsilon: Optional[float], delta: Optional[float],
                       free: Mapping[str, str], reason: str) -> None:

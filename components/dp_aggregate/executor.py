@@ -14,30 +14,20 @@ import json
 import os
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import tensorflow as tf
 from apache_beam.options.pipeline_options import PipelineOptions
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
 from sage_tfx import console, release
-from sage_tfx.components import record_rule
 from sage_tfx.components.privacy_grant import require_grant
+from sage_tfx.components.util.examples_io import feature_spec, read_rows
 from sage_tfx.dp_statistics.aggregation import frontend, relation, sql
 from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
 from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 from sage_tfx.dp_statistics.tables import guarantee_unit_of_blocks
 
-_TF_TYPES = {"int": tf.int64, "float": tf.float32, "string": tf.string}
 _CONSUMER = "DPAggregate"
-
-
-def feature_spec(columns: dict[str, str]) -> dict:
-    unknown = {name: kind for name, kind in columns.items() if kind not in _TF_TYPES}
-    if unknown:
-        raise sql.QueryError(f"columns {unknown}: each type must be one of {sorted(_TF_TYPES)}")
-    return {name: tf.io.FixedLenFeature([], _TF_TYPES[kind]) for name, kind in columns.items()}
 
 
 def query_inputs(query: str, unit_column: str, columns: dict[str, str]) -> tuple:
@@ -52,24 +42,6 @@ def query_inputs(query: str, unit_column: str, columns: dict[str, str]) -> tuple
     names = sql.table_names(parsed)
     return (parsed, {n: sql.TableSchema(unit_column, columns) for n in names},
             {n: schema for n in names})
-
-
-def read_rows(examples_uris: list[str], columns: dict[str, str]) -> pa.Table:
-    """Every record of the Examples (all splits), mapped to `columns` by the record rule."""
-    spec = feature_spec(columns)
-    files = sorted(f for uri in examples_uris
-                   for f in tf.io.gfile.glob(os.path.join(uri, "Split-*", "*")))
-    serialized = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(files, "GZIP")] \
-        if files else []
-    clean = record_rule.sanitise_records(serialized, spec)
-    parsed = tf.io.parse_example(tf.constant(clean, dtype=tf.string), spec) if clean else {}
-    arrays = []
-    for name, kind in columns.items():
-        values = parsed[name].numpy() if clean else np.zeros(0)
-        if kind == "string":
-            values = [v.decode("utf-8", "replace") for v in values]
-        arrays.append(pa.array(values, ARROW_TYPES[kind]))
-    return pa.Table.from_arrays(arrays, names=list(columns))
 
 
 class Executor(base_beam_executor.BaseBeamExecutor):

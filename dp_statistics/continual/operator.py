@@ -256,4 +256,4 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     updated[releasing] = True
     return TriggerRelease(t, state.keys.values[released],
                           state.column("released_value")[released], updated[released],
-                          query.guarantee(state.blocks))
+                          query.guarantee(state.blocks, state.grant_id).sentence())

@@ -12,7 +12,6 @@ before committing it.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from typing import Optional
 
@@ -22,6 +21,7 @@ from sage_tfx.dp_statistics.continual import local
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.sources import Records, Window
 from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
+from sage_tfx.release import write_json
 from sage_tfx.sage_access.errors import BadRequest
 
 STATE_DIR = "state"
@@ -31,11 +31,6 @@ def budget_of(query):
     """The window's calibration (budget.plan) for `query`."""
     return plan(query.epsilon, query.delta, query.micro_batches, query.contribution_limit,
                 query.value_bound)
-
-
-def unit_of(query, blocks) -> str:
-    """The neighbouring relation every release states, in words."""
-    return f"all records of one {query.unit_column} within blocks {', '.join(blocks)}"
 
 
 class ReleaseSink(local.CsvDirectorySink):
@@ -53,17 +48,11 @@ class ReleaseSink(local.CsvDirectorySink):
         super().__call__(release)
         query = self.query
         trigger = self.window.trigger_times(query.micro_batches)[release.step - 1]
+        guarantee = query.guarantee(self.grant["blocks"], self.grant["id"])
         line = {"trigger": int(release.step), "micro_batches": query.micro_batches,
                 "trigger_time": dt.datetime.fromtimestamp(trigger, dt.timezone.utc).isoformat(),
-                "epsilon": query.epsilon, "delta": query.delta,
-                "unit": unit_of(query, self.grant["blocks"]),
-                "guarantee": release.guarantee, "grant_id": self.grant["id"],
-                "csv": os.path.basename(self.path(release.step))}
-        path = self.path(release.step)[:-len(".csv")] + ".json"
-        temporary = f"{path}.tmp-{os.getpid()}"
-        with open(temporary, "w") as out:
-            out.write(json.dumps(line) + "\n")
-        os.replace(temporary, path)
+                **guarantee.to_json(), "csv": os.path.basename(self.path(release.step))}
+        write_json(self.path(release.step)[:-len(".csv")] + ".json", line)
 
 
 def resumable_state(ledger, state_dir: str, window: Window, budget) -> Optional[WindowState]:
@@ -108,8 +97,9 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
     def charge():
         # A refusal is all-or-nothing; run_local clears its "charge started" mark on it, so the
         # same directory may try again.
-        granted = window_grants.request_window_grant(ledger, window.block_ids, budget,
-                                                     consumer, pipeline, run_id)
+        granted = window_grants.request_window_grant(
+            ledger, window.block_ids,
+            window_grants.window_plan(query, budget, consumer, pipeline, run_id))
         grant.update(id=granted.grant_id, blocks=granted.blocks)
         return granted.grant_id, granted.blocks
 
@@ -122,7 +112,7 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
     sink = ReleaseSink(release_dir, query, window, grant)
     try:
         with console.progress("continual release", total, unit="trigger", start=done) as bar:
-            return local.run_local(
+            state = local.run_local(
                 query, budget, batches, state_dir, sink, charge=charge, progress=bar.update,
                 noise_key=noise_key, complete_window=last == total, pin=pin,
                 # A live stream stops between triggers: every step is saved, so the next run
@@ -130,3 +120,8 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
                 snapshot_every=None if through_step is None else 1)
     except StreamStateError as error:
         raise BadRequest(str(error)) from None
+    if state.step == total and state.grant_id is not None:
+        window_grants.record_window_released(
+            ledger, state.grant_id, consumer, os.path.abspath(release_dir),
+            query.guarantee(state.blocks, state.grant_id))
+    return state

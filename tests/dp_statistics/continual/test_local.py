@@ -153,8 +153,8 @@ def test_every_trigger_runs_even_without_records_and_a_restart_never_charges_aga
     state = local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
                             lambda release: steps.append(release.step), charge=charge)
     assert steps == list(range(1, 17)) and charges == [1]
-    assert state.grant_id == "grant-1" and "within blocks w1" in state.query.guarantee(
-        state.blocks)
+    assert state.grant_id == "grant-1" and "grant grant-1 on blocks w1" in \
+        state.query.guarantee(state.blocks, state.grant_id).sentence()
 
 
 def test_a_run_that_died_while_charging_refuses_to_charge_again(tmp_path):

@@ -57,13 +57,16 @@ def test_one_grant_one_release_per_trigger_each_naming_its_guarantee(ledger, sto
     [grant] = ledger.grant_records()
     assert grant["grant_id"] == summary["grant_id"]
     assert sorted(grant["blocks"]) == ["s.2013-01", "s.2013-02"]
-    assert summary["guarantee"] == ("(4, 1e-05)-DP for all records of one uid within blocks "
-                                    "s.2013-01, s.2013-02")
+    assert summary["guarantee"] == (
+        "(4, 1e-05)-DP for adding or removing all rows of one uid within the blocks read; "
+        f"grant {grant['grant_id']} on blocks s.2013-01, s.2013-02")
+    assert grant["outcome"] == "released" and grant["front_door"].startswith("sage-tfx stream")
     for trigger in range(1, 5):
         line = json.loads((out / f"release-{trigger:06d}.json").read_text())
         assert (line["epsilon"], line["delta"], line["grant_id"]) == (4, 1e-5,
                                                                       grant["grant_id"])
-        assert line["unit"] == "all records of one uid within blocks s.2013-01, s.2013-02"
+        assert line["neighbours"] == "all rows of one uid within the blocks read"
+        assert line["blocks"] == ["s.2013-01", "s.2013-02"]
         release = pd.read_csv(out / f"release-{trigger:06d}.csv")
         assert list(release.columns) == ["key", "value", "updated"]
         assert "rare" not in set(release["key"])  # one user's key is not selected
@@ -178,7 +181,7 @@ def test_without_input_the_window_reads_its_ingested_blocks(store_path, tmp_path
                      "--micro-batches", "4", "--contribution-limit", "8",
                      "--out", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["guarantee"].endswith("one uid within blocks trips.2013-01, trips.2013-02")
+    assert summary["guarantee"].endswith("on blocks trips.2013-01, trips.2013-02")
     # Same bound as above: the key is released at the end with all 1,600 records.
     final = pd.read_csv(out / "release-000004.csv").set_index("key")
     assert abs(final.loc["busy", "value"] - 1600) < 200
