@@ -18,10 +18,12 @@ Order (charge before release): the arguments, the window and every input file's 
 checked first (nothing charged for bad input); then ONE grant of (E, D) is charged on the
 window's blocks (its dp-accounting event and the delta spent outside it recorded on it) and its
 share consumed; then each micro-batch is run and its release written. DIR/state holds the
-operator's private state with the grant id: a second run with the same DIR and input resumes
-after the last committed micro- batch and charges nothing; another window, query or changed
-input for the same DIR is refused. The state is private (the noise key, raw counts and keyed
-digests of the micro-batches; created readable by the owner only): publish DIR without
+operator's private state with the grant id: a second run with the same DIR resumes after the
+last committed micro-batch and charges nothing; another window or query for the same DIR is
+refused. Records the input brings for a micro-batch already computed are late data, dropped
+(docs/streaming.md, "Lateness"): the published releases stay as they are. The state is private
+(the noise key, raw counts and the micro-batches taken since its last save; created readable
+by the owner only): publish DIR without
 DIR/state, or keep the state elsewhere with --state-dir. Each trigger T writes DIR/release-T.csv
 (key, value, updated: every key released so far in the window with its latest noisy value) and
 DIR/release-T.json (one line: the guarantee's epsilon, delta and unit, the trigger time, the
@@ -66,8 +68,8 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                         help="the directory of the releases (and, without --state-dir, of the "
                              "resumable state, DIR/state)")
     parser.add_argument("--state-dir", default=None,
-                        help="the operator's private state (noise key, raw counts, keyed "
-                             "digests; created 0700); default: DIR/state. Publish --out "
+                        help="the operator's private state (noise key, raw counts, recent "
+                             "micro-batches; created 0700); default: DIR/state. Publish --out "
                              "without it")
     parser.add_argument("--unit-column", default=None,
                         help="the privacy unit (default: the table's unit column; with --input: "
