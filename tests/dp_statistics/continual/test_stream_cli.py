@@ -184,6 +184,38 @@ def test_without_input_the_window_reads_its_ingested_blocks(store_path, tmp_path
     assert abs(final.loc["busy", "value"] - 1600) < 200
 
 
+@pytest.mark.parametrize("flag, column, recorded", [
+    ("--unit-column", "key", "uid"), ("--time-column", "amount", "time")])
+@pytest.mark.parametrize("with_input", [False, True])
+def test_a_tables_unit_and_time_column_are_the_only_ones(store_path, tmp_path, capsys, flag,
+                                                          column, recorded, with_input):
+    """The table ingest recorded with unit uid: a stream over its blocks cannot release "for
+    one key" (nor cut micro-batches by another time), with or without --input; refused with
+    nothing charged. Naming the recorded column is fine."""
+    from sage_tfx.dp_statistics.ingest import ingest
+
+    BlockLedger.create(store_path)
+    ledger = BlockLedger(store_path)
+    path = write_stream(tmp_path / "trips.csv")
+    ingest(ledger, path, str(tmp_path / "blocks"), "uid", 10.0, 1e-4, time_column="time",
+           period="month", start="2013-01", end="2013-03")
+
+    def run(out, value):
+        return sage_tfx(["stream", "--store", store_path, "--window-blocks",
+                         "trips.2013-01,trips.2013-02", "--epsilon", "4", "--delta", "1e-5",
+                         "--micro-batches", "4", "--out", str(out), flag, value,
+                         *(["--input", path] if with_input else [])])
+
+    assert run(tmp_path / "other", column) == 2
+    error = capsys.readouterr().err
+    assert f"{flag} {column}: the window's blocks are table trips's" in error
+    assert f"column is {recorded}" in error
+    assert ledger.grant_records() == [] and not (tmp_path / "other").exists()
+    assert run(tmp_path / "same", recorded) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "one uid within blocks" in summary["guarantee"]
+
+
 def test_the_state_may_live_outside_the_published_directory(ledger, store_path, tmp_path):
     path = write_stream(tmp_path / "stream.csv")
     out, private = tmp_path / "out", tmp_path / "private"
