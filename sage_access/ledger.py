@@ -393,13 +393,13 @@ class BlockLedger:
         return share
 
     def pin(self, grant_id: str, name: str, digest: str) -> None:
-        """Pin grant `grant_id`'s output `name` (e.g. one trigger of a continual release) to the
-        `digest` of the data it is computed from, before it is written: the append-only record
-        `<context>/grant-<id>/pin/<name>` is created once, in one MLMD call, wherever the
-        output is written from (another run, another artifact directory). The same digest
-        again is a no-op (a recomputation writes the same bits); another digest is BadRequest
-        and nothing is recorded: with the grant's keyed noise, a second output of `name` from
-        other data would differ from the first by exactly the true difference."""
+        """Pin grant `grant_id`'s output `name` (e.g. one trigger of a continual release) to
+        `digest`, a value that stands for what the output is computed from, before it is
+        written: the append-only record `<context>/grant-<id>/pin/<name>` is created once, in
+        one MLMD call, wherever the output is written from (another run, another artifact
+        directory). The same value again is a no-op; another is BadRequest and nothing is
+        recorded. Any reader of the store sees the value and the record's creation time, so
+        neither may depend on the data (continual/release.py pins random tokens)."""
         record = self._records.pin_record(grant_id, name, digest)
         try:
             self._transactions.commit(UPDATE_TYPE, {"kind": "pin", "grant_id": grant_id,
@@ -407,10 +407,8 @@ class BlockLedger:
                                       [(record, output_event())])
         except Conflict:
             if self._records.pinned_digest(grant_id, name) != digest:
-                raise BadRequest(f"{name} of grant {grant_id} was computed from other "
-                                 "data before (its digest is pinned in the ledger): computing "
-                                 "it again from these records would publish their difference; "
-                                 "replay the original records, or use a new grant") from None
+                raise BadRequest(f"{name} of grant {grant_id} is pinned to another value: "
+                                 "another copy of its computation took it first") from None
 
     def record_outcome(self, grant: Grant, steps: Sequence[str], outcome: str, front_door: str,
                        reason: Optional[str] = None, artifacts: Sequence[str] = (),
