@@ -33,8 +33,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Optional
 
+# First, before TFX: importing TFX's Pusher makes TensorFlow pick its Keras, and DPTrainer needs
+# Keras 2 (sage_tfx sets TF_USE_LEGACY_KERAS=1). Imported after, the grant's preflight refuses
+# the run with nothing charged and says how to fix it.
+import sage_tfx  # noqa: F401,I001
 from tfx.components.pusher.component import Pusher
 from tfx.orchestration import metadata, pipeline
 from tfx.proto import pusher_pb2
@@ -44,6 +49,7 @@ from sage_tfx.components import (BlockExampleGen, BlockLedger, DPTrainer, Oblivi
 from sage_tfx.components.block_example_gen import month_schedule
 from sage_tfx.components.dp_trainer import TrainerMode
 from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
+from sage_tfx.sage_access.errors import LedgerError
 from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
 from sage_tfx.validators.slaed import Metric
 
@@ -122,10 +128,17 @@ def main() -> None:
     if not args.no_ingest and not (args.first_month and args.last_month):
         parser.error("ingesting needs --first-month and --last-month (or pass --no-ingest)")
     store = os.path.join(args.workdir, "metadata.sqlite")
-    LocalDagRunner().run(create_pipeline(args.workdir, args.data_root, ledger_store=store,
-                                         metadata_path=store, ingest=not args.no_ingest,
-                                         months=(args.first_month, args.last_month)))
+    try:
+        LocalDagRunner().run(create_pipeline(args.workdir, args.data_root, ledger_store=store,
+                                             metadata_path=store, ingest=not args.no_ingest,
+                                             months=(args.first_month, args.last_month)))
+    except LedgerError as error:
+        # A refused request (blocks already registered, a check before the charge, budget
+        # exhausted) is the user's to fix: one line saying what and how, not a traceback.
+        print(f"first_pipeline: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
