@@ -54,6 +54,9 @@ from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
 from sage_tfx.validators.slaed import Metric
 
 MODEL_MODULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trip_model.py")
+# The same module named by its module path: what a compiled job names, since the cluster's
+# containers have the installed package, not this machine's files.
+MODEL_MODULE_PATH = "sage_tfx.examples.trip_model"
 
 
 def create_pipeline(pipeline_root: str, data_root: Optional[str] = None,
@@ -111,7 +114,7 @@ def create_pipeline(pipeline_root: str, data_root: Optional[str] = None,
 def training_pipeline(pipeline_root: str) -> pipeline.Pipeline:
     """The iteration without ingestion, on the blocks already registered: what `sage-tfx compile
     --pipeline-module examples/first_pipeline.py:training_pipeline` compiles."""
-    return create_pipeline(pipeline_root, ingest=False)
+    return create_pipeline(pipeline_root, ingest=False, module_file=MODEL_MODULE_PATH)
 
 
 def main() -> None:
