@@ -40,9 +40,9 @@ def add_parser(groups) -> None:
                            "MIN_WINDOW in examples/taxi/pipeline.py)")
     taxi.add_argument("--epsilon", type=float,
                       help="the iteration's epsilon (default: the mode's INITIAL_EPSILON)")
-    taxi.add_argument("--module-file", default=None,
-                      help="the taxi module's path inside the image (default: where the "
-                           "installed package has it)")
+    taxi.add_argument("--module-file", default="sage_tfx.examples.taxi.taxi_module",
+                      help="the taxi module inside the image: a path under /opt/sage-tfx or a "
+                           "module path (default: %(default)s, the installed package's)")
     parser.set_defaults(run=_compile)
 
 
@@ -73,9 +73,7 @@ def _taxi_example(args):
     from sage_tfx.examples.taxi.pipeline import (INITIAL_EPSILON, MIN_WINDOW, SPECS,
                                                  kubeflow_pipeline)
     from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
-    spec = SPECS[args.mode]()
-    if args.module_file:
-        spec = dataclasses.replace(spec, module_file=args.module_file)
+    spec = dataclasses.replace(SPECS[args.mode](), module_file=args.module_file)
     window = MIN_WINDOW[args.mode] if args.window is None else args.window
     epsilon = INITIAL_EPSILON[args.mode] if args.epsilon is None else args.epsilon
     build = functools.partial(kubeflow_pipeline, spec, data_root=args.data_root, window=window,
