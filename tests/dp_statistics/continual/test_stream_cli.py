@@ -216,7 +216,7 @@ def test_a_tables_unit_and_time_column_are_the_only_ones(store_path, tmp_path, c
     assert ledger.grant_records() == [] and not (tmp_path / "other").exists()
     assert run(tmp_path / "same", recorded) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert "one uid within blocks" in summary["guarantee"]
+    assert "one uid within the blocks read" in summary["guarantee"]
 
 
 def test_the_state_may_live_outside_the_published_directory(ledger, store_path, tmp_path):
