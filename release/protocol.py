@@ -85,9 +85,11 @@ class Charged:
     def guarantee(self, unit: GuaranteeUnit, unit_column: Optional[str] = None,
                   mechanism: Optional[str] = None, epsilon: Optional[float] = None,
                   delta: Optional[float] = None, other_units=()) -> Guarantee:
-        """The guarantee of this release: the grant's (epsilon, delta) unless the front door's
-        steps spend a part of it (their shares)."""
+        """The guarantee of this release: the grant's (epsilon, delta), or the front door's
+        steps' shares when they spend a part of it (a single step's: the grant's share)."""
         grant = self.grant
+        if epsilon is None and len(self.steps) == 1 and len(grant.split) > 1:
+            epsilon, delta = grant.share(self.steps[0])
         return Guarantee(grant.epsilon if epsilon is None else epsilon,
                          (grant.delta or 0.0) if delta is None else delta, unit, unit_column,
                          grant.grant_id, grant.blocks, mechanism, other_units)

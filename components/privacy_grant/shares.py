@@ -52,6 +52,14 @@ class GrantInfo:
                 raise GrantError(str(error)) from None
         return self._used[step]
 
+    def releasing(self, step: str, front_door: str):
+        """The release protocol for `step` (sage_tfx.release.consume): enter it right after
+        consuming the step's share, call `.released(uris, guarantee)` at the end; leaving it by
+        an error records the step `failed` (or `interrupted`) on the grant."""
+        from sage_tfx import release
+
+        return release.consume(self._ledger, self._record, [step], front_door)
+
     def event(self, step: str):
         """The dp-accounting event the ledger recorded for `step` (None if it recorded none)."""
         return self._ledger.grant_event(self._record, step)
