@@ -10,9 +10,9 @@ therefore a function of the window and T alone, never of the data (a stream is n
 N records", which would let one record move every later trigger).
 
 Records. A record is kept or dropped by looking at that record alone: it is dropped when its
-unit or key is empty, contains a NUL character or is longer than MAX_ID_BYTES (1024) bytes in
-UTF-8, its time is missing or unreadable, or its time lies in no block of the window (outside
-the range, or in a gap between the blocks). A value that is not a finite number becomes 0 (the
+unit or key is empty, contains a NUL character or is longer than 1024 bytes in UTF-8
+(identifiers.usable_ids), its time is missing or unreadable, or its time lies in no block of
+the window (outside the range, or in a gap between the blocks). A value that is not a finite number becomes 0 (the
 record rule's public default), so a bad cell never changes what a run does after its charge;
 clamping to [-L, L] is the operator's. Without a value column every record is the value 1
 (COUNT(*)). Nothing is counted, logged or printed about the records.
@@ -41,11 +41,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from sage_tfx.dp_statistics.identifiers import usable_ids
 from sage_tfx.dp_statistics.ingest import time_seconds
 from sage_tfx.sage_access.errors import BadRequest
 
 INPUT_SUFFIXES = (".csv", ".parquet")
-MAX_ID_BYTES = 1024  # a longer unit or key id drops its record (module docstring)
 
 
 @dataclass(frozen=True)
@@ -293,18 +293,6 @@ def _fields(table: pa.Table, columns: Columns) -> tuple[np.ndarray, ...]:
     return (_text(table[columns.unit]), _text(table[columns.key]),
             _values(table[columns.value] if columns.value else None, table.num_rows),
             _seconds(table[columns.time]))
-
-
-def usable_ids(ids: np.ndarray) -> np.ndarray:
-    """Which unit or key ids (stripped text) a record may carry (both engines): not empty, no NUL character (pandas' string
-    hashing stops at a NUL, so "u\\x00" and "u" would share a code in one micro-batch and not
-    in the next: one unit with two contribution budgets), at most MAX_ID_BYTES in UTF-8 (the
-    state's memory is public, not one record's choice)."""
-    text = pa.array(ids, pa.large_string())
-    return np.asarray(pc.and_(
-        pc.and_(pc.greater(pc.binary_length(text), 0),
-                pc.less_equal(pc.binary_length(text), MAX_ID_BYTES)),
-        pc.invert(pc.match_substring(text, "\x00"))), dtype=bool)
 
 
 def _kept(parts: Sequence[tuple[np.ndarray, ...]], window: Window,
