@@ -98,15 +98,26 @@ def _pair_histogram(pair, query: AggregationQuery, name: str) -> np.ndarray:
 
 
 def _contribution(pair, query: AggregationQuery, inferred: dict):
+    """(partition, the pair's contribution split by sign: rows [positive parts, negative
+    parts]), summed apart so that the totals saturate as on the local engine
+    (aggregators.saturated)."""
     partition, size, columns = pair
     pair_of_row, rank = _one_pair(size)
-    return partition, aggregators.pair_contributions(query, _given_bounds(query, inferred),
-                                                     pair_of_row, rank, 1, columns)[0]
+    vector = aggregators.pair_contributions(query, _given_bounds(query, inferred), pair_of_row,
+                                            rank, 1, columns)[0]
+    return partition, np.stack([np.maximum(vector, 0.0), np.maximum(-vector, 0.0)])
+
+
+def _sum_signed(parts) -> np.ndarray:
+    """The sum of sign-split contributions; a part that overflows is inf, which saturates."""
+    with np.errstate(over="ignore"):
+        return np.sum(list(parts), axis=0)
 
 
 class AccumulateTransform(beam.PTransform):
-    """rows (dicts) -> (the partitions' (key tuple, contribution sum) pairs, the inferred bounds
-    as (output name, ((low, high), event)) pairs): steps 1-3 and the DP bounds."""
+    """rows (dicts) -> (the partitions' (key tuple, sign-split contribution sums) pairs, the
+    inferred bounds as (output name, ((low, high), event)) pairs): steps 1-3 and the DP
+    bounds."""
 
     def __init__(self, query: AggregationQuery, plan: BudgetPlan, seed: Optional[int] = None):
         super().__init__()
@@ -166,10 +177,9 @@ class AccumulateTransform(beam.PTransform):
         if public is not None:  # listed partitions without rows are released too
             width = aggregators.layout(query).width
             zeros = (rows.pipeline | "PublicKeys" >> beam.Create(
-                [(key, np.zeros(width)) for key in query.public_partitions]))
+                [(key, np.zeros((2, width))) for key in query.public_partitions]))
             vectors = (vectors, zeros) | "WithPublic" >> beam.Flatten()
-        return (vectors | "SumPartitions" >> beam.CombinePerKey(
-            lambda vs: np.sum(list(vs), axis=0)), inferred)
+        return (vectors | "SumPartitions" >> beam.CombinePerKey(_sum_signed), inferred)
 
 
 class GatherAccumulated(beam.PTransform):
@@ -264,7 +274,8 @@ def _accumulated(pairs: list, query: AggregationQuery, inferred: dict,
                  schema: Optional[pa.Schema] = None) -> Accumulated:
     width = aggregators.layout(query).width
     keys = _keys([partition for partition, _ in pairs], query, schema)
-    matrix = np.stack([vector for _, vector in pairs]) if pairs else np.zeros((0, width))
+    matrix = aggregators.saturated(*np.stack([signed for _, signed in pairs], axis=1)) \
+        if pairs else np.zeros((0, width))
     events = {BOUNDS_STEP_PREFIX + name: value[1] for name, value in inferred.items()}
     return Accumulated(keys, matrix, _given_bounds(query, inferred), events)
 

@@ -116,3 +116,15 @@ def test_both_engines_group_keys_whole_and_typed_as_declared():
     assert local_keys.astype(object).where(local_keys.notna(), None).values.tolist() == [
         ["a", 1], ["a", big + 1], ["a", None], ["b", 1], ["b", big], ["b", big + 1]]
     np.testing.assert_array_equal(local_sums[:, 0], [1, 1, 1, 1, 1, 1])  # u0's row dropped
+
+
+def test_both_engines_saturate_a_sum_beyond_2_to_the_1000():
+    """Issue 29: 8 units at the bound 2^998 sum to 2^1001; both engines saturate at 2^1000."""
+    query = AggregationQuery(("area",), "uid", (Aggregate(AggregateKind.SUM, "x", 0, 2.0 ** 998),),
+                             max_partitions_contributed=1)
+    frame = pd.DataFrame({"area": "a", "uid": range(8), "x": 2.0 ** 998})
+    budget = plan(query, 1.0, 1e-6)
+    local_sums = local.accumulate(frame, query, budget, secret_rng(0)).accumulators
+    beam_sums = accumulate_with_beam(frame, query, budget).accumulators
+    np.testing.assert_array_equal(local_sums, [[8, 8, 2.0 ** 1000]])
+    np.testing.assert_array_equal(beam_sums, local_sums)

@@ -14,6 +14,7 @@ import pytest
 
 from sage_tfx.cli import main
 from sage_tfx.sage_access import BlockLedger
+from sage_tfx.sage_access.records import GRANT_TYPE
 
 from support.neighbouring import differences, fingerprint, normalize
 
@@ -155,3 +156,21 @@ def test_a_nul_key_does_not_merge_into_a_public_group(tmp_path):
         assert list(counts) == ["a", "b", "c"]
         # |Laplace(0.5)| > 8 with probability e^-16 per check (false-failure rate < 1e-6)
         assert all(abs(count - 20) < 8 for count in counts.values()), counts
+
+
+@pytest.mark.parametrize("bound, refused", [("1e308", True), ("1e300", False)])
+def test_a_huge_sum_exits_alike_with_one_unit_more(tmp_path, capsys, bound, refused):
+    """ANON_SUM(x, 0, 1e308) with one group per unit: one unit's 1e308 summed (exit 0), two
+    units' overflowed to inf and the charged run failed ("values must be finite", exit 1).
+    Now such bounds are refused before the charge (exit 2, nothing charged), and bounds that
+    pass give sums that saturate instead of overflowing."""
+    header, types = ["uid", "key", "x"], "x:float"
+    one = [("u0", "a", 1.7e308)]
+    sql = ("SELECT WITH ANONYMIZATION OPTIONS(max_groups_contributed = 1, public_groups = "
+           f"('a')) key, ANON_SUM(x, 0, {bound}) AS total FROM trips GROUP BY key")
+    first = _compare(tmp_path, capsys, {"trips": (header, one, types)},
+                     {"trips": (header, one + [("u1", "a", 1.7e308)], types)}, sql, keys=1)
+    assert first["exit code"] == [2 if refused else 0]
+    if refused:
+        assert "aggregate 'total': bounds [0.0, 1e+308]" in first["messages"][0]
+        assert not any(e[1] == GRANT_TYPE for e in first["executions"])  # nothing charged
