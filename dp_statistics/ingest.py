@@ -9,7 +9,9 @@ What is stored depends on the rows only through the rows themselves (issue 16 §
   would let one odd cell change how every other row is read;
 * nothing is counted, logged or printed about the rows.
 
-Bad rows (the project's record rule, components/record_rule.py, applied column-wise): each cell
+Bad rows (the project's record rule, components/record_rule.py, applied column-wise): a line
+with the wrong number of cells, or with a cell that is not UTF-8, is dropped by itself (as the
+stream reader drops it: `read_text_csv`; no error quotes a line or a byte's position). Each cell
 is mapped on its own to a valid value of its column's declared type, and a cell that is not one
 (text in a number column, an empty cell, NaN or an infinity) becomes the type's public default,
 0 or "". A row without a unit id, or whose time is missing, unreadable or outside the schedule,
@@ -23,11 +25,12 @@ import csv
 import datetime as dt
 import hashlib
 import os
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
@@ -75,18 +78,72 @@ def parse_types(text: Optional[str]) -> dict[str, str]:
     return declared
 
 
-def _header(path: str) -> list[str]:
+def csv_header(path: str, what: str) -> list[str]:
+    """The column names on a CSV file's first line, stripped. Bytes that are not UTF-8 become
+    U+FFFD (a column so named is then missing, and the file refused by name): never a decoding
+    error that would tell where a byte lies."""
     try:
-        with open(path, newline="") as handle:
-            header = next(csv.reader(handle), None)
+        with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+            return [name.strip() for name in next(csv.reader(handle), [])]
     except OSError as error:
-        raise BadRequest(f"cannot read --csv {path}: {error.strerror}") from None
+        raise BadRequest(f"cannot read {what} {path}: {error.strerror}") from None
+
+
+def _header(path: str) -> list[str]:
+    header = csv_header(path, "--csv")
     if not header:
         raise BadRequest(f"--csv {path} is empty; its first line must name the columns")
-    header = [name.strip() for name in header]
     if len(set(header)) != len(header) or not all(header):
         raise BadRequest(f"--csv {path}: the header must name each column once: {header}")
     return header
+
+
+def read_text_csv(path: str, what: str, columns: Optional[Sequence[str]] = None,
+                  missing_is_null: bool = False) -> pa.Table:
+    """The named columns (default: all) of a CSV file, every cell as UTF-8 text, never
+    type-inferred. The per-record rule (ingest and the stream reader): a row with the wrong
+    number of cells, or with a cell that is not UTF-8, is dropped by itself; refusing the file
+    would branch on one record, and Arrow's message would quote it. `missing_is_null`:
+    Arrow's null spellings (empty, NA, NULL, ...) read as null instead of as text. Errors name
+    the file only (BadRequest)."""
+    names = csv_header(path, what) if columns is None else list(columns)
+    try:
+        table = pacsv.read_csv(
+            path, convert_options=pacsv.ConvertOptions(
+                include_columns=list(columns or []),
+                column_types={c: pa.binary() for c in names},
+                strings_can_be_null=missing_is_null,
+                quoted_strings_can_be_null=missing_is_null),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip"))
+    except OSError as error:
+        raise BadRequest(f"cannot read {what} {path}: {error.strerror}") from None
+    except pa.ArrowInvalid:  # its message may quote a line of the file: not shown
+        raise BadRequest(f"{what} {path}: Arrow's CSV reader cannot read it (the lines are "
+                         "not shown); check that it is a CSV file") from None
+    return _decoded(table)
+
+
+def _decoded(table: pa.Table) -> pa.Table:
+    """`table`'s binary cells as UTF-8 text, dropping each row with a cell that is not UTF-8
+    (that record alone: one unit's malformed bytes never refuse the input)."""
+    valid = np.ones(table.num_rows, dtype=bool)
+    for column in table.columns:
+        try:
+            pc.cast(column, pa.string())
+        except pa.ArrowInvalid:  # rare: find the bad cells one by one
+            valid &= [cell is None or _is_utf8(cell) for cell in column.to_pylist()]
+    if not valid.all():
+        table = table.filter(pa.array(valid))
+    return pa.table({name: pc.cast(column, pa.string())
+                     for name, column in zip(table.column_names, table.columns)})
+
+
+def _is_utf8(cell: bytes) -> bool:
+    try:
+        cell.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _typed(cells: pd.Series, kind: str) -> pa.Array:
@@ -180,9 +237,7 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
     if present:
         raise BadRequest(f"--out already holds {present[0]}; give a new directory")
 
-    raw = pacsv.read_csv(csv_path, convert_options=pacsv.ConvertOptions(
-        column_types={c: pa.string() for c in header}, strings_can_be_null=False,
-        quoted_strings_can_be_null=False)).to_pandas()
+    raw = read_text_csv(csv_path, "--csv").to_pandas()
     units = raw[unit_column].fillna("").str.strip()
     keep = (units != "").to_numpy()
     if time_column is not None:
