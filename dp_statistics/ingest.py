@@ -25,6 +25,7 @@ import csv
 import datetime as dt
 import hashlib
 import os
+import secrets
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -40,7 +41,19 @@ from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
 
-_USER_HASH_KEY = b"sage-tfx-user-blocks"
+# The key of a --user-blocks table's hash (`user_block_of`): 32 random bytes drawn from
+# `secrets` when the table is ingested, one per table, and written to this file in the table's
+# directory under --out, beside its blocks' rows (mode 0600): it is private state like the
+# rows, so it is never stored in ML Metadata (whose properties any reader of the ledger sees),
+# printed or logged. Why secret: with a key anyone knows (one written in the source, as before
+# issue 29), anyone who knows a person's id knows which block holds their rows and whose
+# budget a release from that block spends, and can choose ids that land in one block.
+# A --user-blocks table is ingested once (all its K blocks at once; blocks are immutable), so
+# the key is used at that ingest only and kept to re-derive or audit the placement. Tables
+# ingested before keys existed were placed with the old public key: they stay queryable (a
+# query never needs the key), and re-ingesting them under a new --table name gives them a
+# secret one.
+USER_HASH_KEY_FILE = "user_hash.key"
 _NUMPY_PERIODS = {"month": "datetime64[M]", "day": "datetime64[D]", "hour": "datetime64[h]"}
 
 
@@ -169,11 +182,23 @@ def time_seconds(cells: pd.Series) -> np.ndarray:
                     seconds)
 
 
-def user_block_of(units: np.ndarray, blocks: int) -> np.ndarray:
-    """The bucket (0..blocks-1) of each unit id: a keyed hash, so a unit's rows share a block."""
+def new_user_hash_key(table_directory: str) -> bytes:
+    """A table's secret hash key, written to USER_HASH_KEY_FILE in its directory (see there)."""
+    key = secrets.token_bytes(32)
+    os.makedirs(table_directory, exist_ok=True)
+    descriptor = os.open(os.path.join(table_directory, USER_HASH_KEY_FILE),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(key)
+    return key
+
+
+def user_block_of(units: np.ndarray, blocks: int, key: bytes) -> np.ndarray:
+    """The bucket (0..blocks-1) of each unit id: a hash keyed with the table's secret key
+    (USER_HASH_KEY_FILE), so a unit's rows share a block that only the key tells."""
     unique, inverse = np.unique(units, return_inverse=True)
     buckets = np.array([int.from_bytes(hashlib.blake2b(
-        unit.encode("utf-8"), digest_size=8, key=_USER_HASH_KEY).digest(), "big") % blocks
+        unit.encode("utf-8"), digest_size=8, key=key).digest(), "big") % blocks
         for unit in unique], dtype=np.int64)
     return buckets[inverse] if len(unique) else np.zeros(0, dtype=np.int64)
 
@@ -233,7 +258,8 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
                          "are immutable once registered; ingest the next period")
     directories = {part: os.path.abspath(os.path.join(out_dir, name, table.block_id(part)))
                    for part, _, _ in parts}
-    present = [d for d in directories.values() if os.path.exists(d)]
+    key_file = os.path.abspath(os.path.join(out_dir, name, USER_HASH_KEY_FILE))
+    present = [d for d in [*directories.values(), key_file] if os.path.exists(d)]
     if present:
         raise BadRequest(f"--out already holds {present[0]}; give a new directory")
 
@@ -250,7 +276,8 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
         row_parts = np.array([part_of[int(s)] for s in starts], dtype=object)
     else:
         raw = raw[keep]
-        buckets = user_block_of(raw[unit_column].str.strip().to_numpy(dtype=str), user_blocks)
+        buckets = user_block_of(raw[unit_column].str.strip().to_numpy(dtype=str), user_blocks,
+                                new_user_hash_key(os.path.dirname(key_file)))
         row_parts = np.array([_user_part(int(b), user_blocks) for b in buckets], dtype=object)
     arrays = []
     for column, kind in columns.items():

@@ -68,3 +68,39 @@ def test_a_malformed_row_is_dropped_by_itself_and_never_echoed(tmp_path, capsys,
     assert printed == other[3].replace("run-without", "run")
     assert "SECRET" not in printed and "position" not in printed
     assert all(rows_of[block].equals(other[2][block]) for block in rows_of)
+
+
+def test_user_blocks_are_cut_by_a_secret_key_kept_beside_the_rows(tmp_path, capsys):
+    """Issue 29: the user-block hash used a key written in the source, so anyone could tell
+    which block holds a known id. Each --user-blocks table now draws its own key (secrets),
+    kept in a 0600 file beside its blocks' rows: never in ML Metadata, never printed."""
+    from sage_tfx.dp_statistics.ingest import USER_HASH_KEY_FILE
+
+    source = tmp_path / "trips.csv"
+    with open(source, "w", newline="") as handle:
+        csv.writer(handle).writerows([("uid", "fare")] + [(f"u{i}", i) for i in range(40)])
+    store = str(tmp_path / "ledger.sqlite")
+    BlockLedger.create(store)
+    placements = []
+    for name in ("first", "second"):
+        assert main(["ingest", "--store", store, "--csv", str(source), "--unit-column", "uid",
+                     "--user-blocks", "4", "--table", name, "--epsilon", "1", "--delta", "1e-6",
+                     "--out", str(tmp_path / "blocks")]) == 0
+        ledger = BlockLedger(store)
+        placements.append({uid: block.block_id.split(".", 1)[1] for block in ledger.blocks()
+                           if block.block_id.startswith(name + ".")
+                           for uid in pq.read_table(os.path.join(block.data_uri,
+                                                                 tables.ROWS_FILE))["uid"]
+                           .to_pylist()})
+        key_file = tmp_path / "blocks" / name / USER_HASH_KEY_FILE
+        assert len(key_file.read_bytes()) == 32 and (key_file.stat().st_mode & 0o777) == 0o600
+    # 40 units in 4 blocks: two independent keys place them alike with probability 4^-40.
+    assert placements[0] != placements[1]
+    printed = capsys.readouterr()
+    keys = [(tmp_path / "blocks" / name / USER_HASH_KEY_FILE).read_bytes().hex()
+            for name in ("first", "second")]
+    with open(store, "rb") as handle:
+        stored = handle.read()
+    for key in keys:
+        assert key not in printed.out + printed.err
+        assert key.encode() not in stored and bytes.fromhex(key) not in stored
