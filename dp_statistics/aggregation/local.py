@@ -6,13 +6,14 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from sage_tfx.dp_statistics.aggregation import aggregators
 from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
 from sage_tfx.dp_statistics.aggregation.release import Release
-from sage_tfx.dp_statistics.identifiers import representable_ids
 from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQuery,
                                                      GuaranteeUnit, QueryError, SelectionRule)
+from sage_tfx.dp_statistics.identifiers import representable_ids
 from sage_tfx.randomness import secret_rng
 
 
@@ -41,8 +42,6 @@ def identity_columns(query: AggregationQuery) -> list[str]:
 
 def _frame(data, query: AggregationQuery) -> pd.DataFrame:
     if hasattr(data, "to_pandas") and hasattr(data, "schema"):  # pyarrow.Table
-        import pyarrow as pa
-
         query.check(data.column_names)
         for column in set(value_columns(query)) - presence_columns(query):
             kind = data.schema.field(column).type
@@ -73,8 +72,6 @@ def representable_rows(frame: pd.DataFrame, query: AggregationQuery) -> np.ndarr
     for column in identity_columns(query):
         series = frame[column]
         if isinstance(series.dtype, pd.ArrowDtype):
-            import pyarrow as pa
-
             kind = series.dtype.pyarrow_dtype
             if pa.types.is_string(kind) or pa.types.is_large_string(kind):
                 keep &= representable_ids(pa.array(series))

@@ -13,6 +13,7 @@ import shutil
 import pytest
 
 from sage_tfx.cli import main
+from sage_tfx.dp_statistics.ingest import USER_HASH_KEY_FILE
 from sage_tfx.sage_access import BlockLedger
 from sage_tfx.sage_access.records import GRANT_TYPE
 
@@ -72,9 +73,10 @@ def run_query(root, tables, sql, keys, capsys, epsilon="1"):
             released = _masked_csv(handle.read(), keys)
         os.remove(out)
     stored = fingerprint(store, root)
-    # The blocks' rows are the data itself (inside the platform), not something released.
+    # The blocks' rows (the data) and each table's secret hash key are the table's private
+    # state inside the platform, not something released.
     stored["files"] = {path: content for path, content in stored["files"].items()
-                       if not path.endswith("rows.parquet")}
+                       if not path.endswith(("rows.parquet", USER_HASH_KEY_FILE))}
     return {"exit code": [code],
             "printed": [normalize(line, root) for line in _masked_table(table, keys)
                         + [line for line in lines if line.startswith("guarantee:")]],
