@@ -57,7 +57,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         options = PipelineOptions(self._beam_pipeline_args or [])
 
         def beam_engine(rows_table, aggregation_query, budget, unit):
-            return aggregate_with_beam(rows_table.to_pandas(), aggregation_query, budget, unit,
+            return aggregate_with_beam(rows_table, aggregation_query, budget, unit,
                                        options=options)
 
         # The unit comes from how the granted blocks were cut (their records), never from a
