@@ -139,6 +139,7 @@ def test_a_nul_key_does_not_merge_into_a_public_group(tmp_path):
     import pyarrow as pa
 
     from sage_tfx.dp_statistics.aggregation import frontend, sql as dp_sql
+    from sage_tfx.release import charge
     from sage_tfx.sage_access.ledger import BlockIds
 
     rows = pd.DataFrame(_trips(60), columns=["uid", "key", "fare"])
@@ -147,13 +148,13 @@ def test_a_nul_key_does_not_merge_into_a_public_group(tmp_path):
     sql = ("SELECT WITH ANONYMIZATION " + PUBLIC + "public_groups = ('a', 'b', 'c'), "
            "privacy_unit_column = uid) key, ANON_COUNT(*) AS n FROM t GROUP BY key")
     schema = pa.Schema.from_pandas(rows, preserve_index=False)
-    query = frontend.prepare(sql, {"t": dp_sql.TableSchema("uid", {
-        "uid": "string", "key": "string", "fare": "float"})}, {"t": schema}).query
+    planned = frontend.plan_query(dp_sql.parse(sql), {"t": dp_sql.TableSchema("uid", {
+        "uid": "string", "key": "string", "fare": "float"})}, {"t": schema}, 2.0, 0.0)
     ledger = BlockLedger.create(str(tmp_path / "ledger.sqlite"))
     ledger.add_block("b1", 100.0, 1e-5)
     for frame in (rows, with_nul):
-        grant = frontend.request_grant(ledger, BlockIds(["b1"]), query, 2.0, 0.0)
-        release = frontend.dp_aggregate(frame, sql, grant, ledger=ledger)
+        grant = charge(ledger, planned.release_plan("test", sql), BlockIds(["b1"])).grant
+        release = frontend.dp_aggregate(frame, sql, grant, ledger)
         counts = dict(zip(release.table["key"], release.table["n"]))
         assert list(counts) == ["a", "b", "c"]
         # |Laplace(0.5)| > 8 with probability e^-16 per check (false-failure rate < 1e-6)
