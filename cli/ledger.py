@@ -214,6 +214,7 @@ def _finish(args) -> int:
 
 
 def _request(args) -> int:
+    from sage_tfx import release
     from sage_tfx.sage_access.errors import BadRequest
     from sage_tfx.sage_access.ledger import BlockIds, RecentWindow
 
@@ -234,19 +235,20 @@ def _request(args) -> int:
                          "its mechanism's rdp_curve; use --gaussian-noise-multiplier Z "
                          "[--compositions K], --epsilon E --delta 0 (pure DP), or the Python "
                          "API with the DP event of each step")
-    if args.noise_multiplier is None:
-        grant = ledger.request(selector, epsilon=args.epsilon, delta=args.delta,
-                               pipeline=args.pipeline)
-    else:
+    curve = None
+    if args.noise_multiplier is not None:
         from dp_accounting import dp_event
 
         from sage_tfx.sage_access.accounting import rdp_curve_of
 
-        curve = list(rdp_curve_of([dp_event.SelfComposedDpEvent(
+        curve = tuple(rdp_curve_of([dp_event.SelfComposedDpEvent(
             dp_event.GaussianDpEvent(args.noise_multiplier), args.compositions)], ledger.orders))
-        grant = ledger.request(selector, rdp_curve=curve, delta=args.delta,
-                               pipeline=args.pipeline)
-    print(json.dumps(grant.to_json()))
+    plan = release.ReleasePlan("sage-tfx ledger request", " ".join(sys.argv[1:]) or "request",
+                               args.epsilon if curve is None else None, args.delta, {}, {},
+                               rdp_curve=curve, pipeline=args.pipeline)
+    charged = release.charge(ledger, plan, selector)
+    charged.issued()
+    print(json.dumps(charged.grant.to_json()))
     return 0
 
 

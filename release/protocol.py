@@ -34,6 +34,7 @@ from sage_tfx.sage_access.errors import BudgetExhausted, LedgerError
 class Outcome(Choice):
     """What became of a grant's step (recorded once, in ML Metadata)."""
     RELEASED = "released"
+    ISSUED = "issued"  # a bare grant handed to its caller (`sage-tfx ledger request`)
     FAILED = "failed"
     INTERRUPTED = "interrupted"
 
@@ -100,6 +101,11 @@ class Charged:
         self._record(Outcome.RELEASED, None, artifacts,
                      guarantee.sentence() if guarantee else None)
 
+    def issued(self) -> None:
+        """Record that the grant itself was handed to the caller, who spends it outside the
+        platform's front doors (what it releases is the caller's to account for)."""
+        self._record(Outcome.ISSUED, None)
+
     def _record(self, outcome: Outcome, reason: Optional[str], artifacts: Sequence[str] = (),
                 guarantee: Optional[str] = None) -> None:
         self.ledger.record_outcome(self.grant, self.steps, outcome.value, self.front_door,
@@ -143,7 +149,9 @@ def charge(ledger, plan: ReleasePlan, selector) -> Charged:
     BudgetExhausted (recorded as a denial first) or BadRequest leave the ledger uncharged."""
     try:
         grant = ledger.request(selector, epsilon=plan.epsilon, delta=plan.delta,
-                               pipeline=plan.pipeline, run_id=plan.run_id, split=plan.split,
+                               rdp_curve=plan.rdp_curve,
+                               pipeline=plan.pipeline, run_id=plan.run_id,
+                               split=plan.split or None,
                                events=plan.events, data_uri=plan.data_uri,
                                require_data=plan.require_data,
                                additional_delta=plan.additional_delta,

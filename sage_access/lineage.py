@@ -50,7 +50,8 @@ def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
 
 def grant_outcome(split, steps: dict) -> str:
     """A grant's outcome from its steps' records (release.Outcome's values): `failed` or
-    `interrupted` if a step was, `released` once every step of the split released, else
+    `interrupted` if a step was, `released` once every step of the split released (`issued`
+    for a bare grant handed to its caller), else
     `incomplete` (a step still running, or whose process was killed: its budget is spent all
     the same). A grant recorded before release records existed is `unrecorded`."""
     recorded = {record["outcome"] for record in steps.values()}
@@ -58,7 +59,7 @@ def grant_outcome(split, steps: dict) -> str:
         if outcome in recorded:
             return outcome
     if steps and set(steps) >= set(split or {WHOLE_GRANT: "1"}):
-        return "released"
+        return "issued" if recorded == {"issued"} else "released"
     return "incomplete" if steps or split is not None else "unrecorded"
 
 
