@@ -411,8 +411,13 @@ class LedgerRecords:
                 "artifacts": json.loads(get_property(record, "artifacts", "[]"))}
         return found
 
-    def denial_executions(self) -> list[pb.Execution]:
-        """This ledger's Denial executions, oldest first (none in a store without the type)."""
+    def denial_executions(self, after: int = 0) -> list[pb.Execution]:
+        """This ledger's Denial executions, oldest first (none in a store without the type);
+        with `after`, those whose id is larger."""
         if DENIAL_TYPE not in self.types:
             return []
-        return self._of_this_ledger(self.store.get_executions_by_type(DENIAL_TYPE))
+        if not after:
+            return self._of_this_ledger(self.store.get_executions_by_type(DENIAL_TYPE))
+        return self.store.get_executions(list_options=metadata_store.ListOptions(
+            order_by=metadata_store.OrderByField.ID, is_asc=True,
+            filter_query=f"{ledger_filter(DENIAL_TYPE, self.context)} AND id > {int(after)}"))
