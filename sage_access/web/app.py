@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Optional
 
+import numpy as np
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
@@ -143,47 +144,62 @@ def timeline(grants: list[dict], accounting: str, buckets: int = TIMELINE_BUCKET
     if not priced:
         return dict(words, bucket_ms=0, start_ms=None, end_ms=[], series=[], all=[],
                     without_epsilon=unpriced)
-    names = [grant["pipeline"] or (f"{grant['front_door']} (no pipeline)" if grant["front_door"]
-                                   else "(no pipeline)") for grant in priced]
-    finals = _most_charged_block(priced, names)[0]
-    shown = sorted(finals, key=lambda name: (-finals[name], name))
-    if len(shown) > MAX_TIMELINE_SERIES:  # the largest lines, and one for all the others
-        rest = f"{len(shown) - MAX_TIMELINE_SERIES + 1} other pipelines"
-        shown = shown[:MAX_TIMELINE_SERIES - 1]
-        names = [name if name in shown else rest for name in names]
-        shown.append(rest)
     first, last = priced[0]["time_ms"], priced[-1]["time_ms"]
     width = max(1000, math.ceil((last - first + 1) / buckets))
     count = (last - first) // width + 1
-    _, per_grant = _most_charged_block(priced, names)
-    values = {name: [0.0] * count for name in shown + [None]}  # None: all grants
-    for grant, (name, peak, overall) in zip(priced, per_grant):
-        index = (grant["time_ms"] - first) // width
-        values[name][index] = peak
-        values[None][index] = overall
-    for line in values.values():  # each a running maximum: carry it through quiet intervals
-        for index in range(1, count):
-            line[index] = max(line[index], line[index - 1])
+    # One charge per (grant, block), in time order: its line, block, epsilon and bucket.
+    names, lines = np.unique([grant["pipeline"] or (
+        f"{grant['front_door']} (no pipeline)" if grant["front_door"] else "(no pipeline)")
+        for grant in priced], return_inverse=True)
+    per_grant = [len(grant["blocks"]) for grant in priced]
+    lines = np.repeat(lines, per_grant)
+    block = np.unique([block for grant in priced for block in grant["blocks"]],
+                      return_inverse=True)[1]
+    epsilon = np.repeat([grant["epsilon"] for grant in priced], per_grant)
+    bucket = np.repeat((np.array([grant["time_ms"] for grant in priced]) - first) // width,
+                       per_grant)
+    peaks = _running_peaks(lines, block, epsilon)
+    finals = np.zeros(len(names))
+    np.maximum.at(finals, lines, peaks)
+    # Largest first; ties by name (rounded: the running sums carry float error of ~1e-15).
+    order = sorted(range(len(names)), key=lambda line: (-round(finals[line], 9), names[line]))
+    ranked = [str(names[line]) for line in order]
+    position = np.empty(len(names), dtype=int)  # each line's row, largest first
+    position[order] = np.minimum(np.arange(len(names)), MAX_TIMELINE_SERIES - 1)
+    if len(ranked) > MAX_TIMELINE_SERIES:  # the largest lines, and one for all the others
+        ranked[MAX_TIMELINE_SERIES - 1:] = [
+            f"{len(ranked) - MAX_TIMELINE_SERIES + 1} other pipelines"]
+        peaks = _running_peaks(position[lines], block, epsilon)
+    values = np.zeros((len(ranked) + 1, count))  # the last row: all grants
+    np.maximum.at(values, (position[lines], bucket), peaks)
+    np.maximum.at(values[-1], bucket, _running_peaks(np.zeros_like(lines), block, epsilon))
+    values = np.maximum.accumulate(values, axis=1)  # carried through quiet intervals
     return dict(words, bucket_ms=width, start_ms=first,
                 end_ms=[first + (index + 1) * width for index in range(count)],
-                series=[{"name": name, "values": values[name]} for name in shown],
-                all=values[None], without_epsilon=unpriced)
+                series=[{"name": name, "values": values[index].tolist()}
+                        for index, name in enumerate(ranked)],
+                all=values[-1].tolist(), without_epsilon=unpriced)
 
 
-def _most_charged_block(grants: list[dict], names: list[str]) -> tuple[dict, list]:
-    """Over `grants` in order, each named (its line's name): each name's final epsilon on the
-    block its grants charged most, and after each grant (its name, that name's value then, the
-    most any block has spent)."""
-    spent: dict = collections.defaultdict(float)  # (name or None for all, block) -> epsilon
-    peak: dict = collections.defaultdict(float)
-    after = []
-    for grant, name in zip(grants, names):
-        for block in grant["blocks"]:
-            for key in (name, None):
-                spent[key, block] += grant["epsilon"]
-                peak[key] = max(peak[key], spent[key, block])
-        after.append((name, peak[name], peak[None]))
-    return {name: value for name, value in peak.items() if name is not None}, after
+def _running_peaks(lines: np.ndarray, blocks: np.ndarray, epsilons: np.ndarray) -> np.ndarray:
+    """For charges (line, block, epsilon) in time order: after each, the most its line has
+    charged any one block so far (a running maximum, per line, of running sums per block)."""
+    # Running sums per (line, block): one cumulative sum over the charges grouped by pair,
+    # minus the sum before each group.
+    pairs = lines * (blocks.max() + 1) + blocks
+    order = np.argsort(pairs, kind="stable")
+    sums = np.cumsum(epsilons[order])
+    starts = np.flatnonzero(np.r_[True, pairs[order][1:] != pairs[order][:-1]])
+    before = (sums - epsilons[order])[starts]
+    spent = np.empty_like(sums)
+    spent[order] = sums - np.repeat(before, np.diff(np.r_[starts, len(sums)]))
+    # Running maximum per line: lift each line above the one before (spent >= 0), so that one
+    # maximum.accumulate over the lines in order carries nothing from one line into the next.
+    order = np.argsort(lines, kind="stable")
+    lift = lines[order] * (spent.max() + 1.0)
+    peaks = np.empty_like(spent)
+    peaks[order] = np.maximum.accumulate(spent[order] + lift) - lift
+    return peaks
 
 
 def _timeline_words(accounting: str, unpriced: int) -> dict:

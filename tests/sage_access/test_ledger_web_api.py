@@ -299,3 +299,32 @@ def test_the_cli_generates_a_token_off_loopback_and_exits_2_on_bad_input(ledger_
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_spent_budget_over_time_is_epsilon_on_the_most_charged_block_per_pipeline():
+    """The chart's numbers: per pipeline the most it charged one block, over time; past eight
+    lines the smallest share one line, whose value is their most-charged block (not a sum)."""
+    def grant(second, pipeline, blocks, epsilon):
+        return {"time_ms": 1_000_000 + 1000 * second, "pipeline": pipeline, "blocks": blocks,
+                "epsilon": epsilon, "front_door": "sage-tfx query"}
+
+    grants = [grant(index, f"p{index}", [f"b{index}"], 0.1 * (index + 1)) for index in range(10)]
+    grants += [grant(20, "p0", ["b0", "b9"], 0.05), grant(30, None, ["b9"], 0.95),
+               grant(30, "rdp", ["b1"], None)]  # an RDP curve: no epsilon
+    line = web_app.timeline(grants, "basic", buckets=31)
+    assert line["bucket_ms"] == 1000 and len(line["end_ms"]) == 31
+    named = {series["name"]: series["values"] for series in line["series"]}
+    assert list(named) == ["p9", "sage-tfx query (no pipeline)", "p8", "p7", "p6", "p5", "p4",
+                           "4 other pipelines"]  # largest first
+    assert named["p9"][8] == 0 and named["p9"][9:] == [pytest.approx(1.0)] * 22
+    # p0 to p3 charged a block each: their line is the largest so far (0.3 after p2, 0.4
+    # after p3), not their sum; p0's second grant (0.1 + 0.05 on b0) leaves it at 0.4.
+    assert named["4 other pipelines"][2:4] == pytest.approx([0.3, 0.4])
+    assert named["4 other pipelines"][-1] == pytest.approx(0.4)
+    # All grants: b9 had 1.0, then 1.05, then 2.0.
+    assert (line["all"][9], line["all"][20], line["all"][30]) == pytest.approx((1.0, 1.05, 2.0))
+    assert line["without_epsilon"] == 1 and "1 grant(s) charged an RDP curve" in line["note"]
+    assert "basic composition" in line["note"]
+    rdp = web_app.timeline(grants, "rdp")
+    assert rdp["note"].startswith("RDP accounting:") and "upper bound" in rdp["note"]
+    assert web_app.timeline([grants[-1]], "rdp")["series"] == []
