@@ -125,8 +125,14 @@ def short_request(text: str | None, limit: int = SHOWN_REQUEST_CHARS) -> str | N
     """A request's text on one line: whitespace collapsed, cut at `limit` characters."""
     if text is None:
         return None
-    line = " ".join(text.split())
+    line = printable(" ".join(text.split()))
     return line if len(line) <= limit else f"{line[:limit - 1]}… ({len(line)} characters)"
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal: a control character (an escape sequence in a name or request
+    someone else wrote could move the cursor or recolour the lines) as its Python escape."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def describe_split(grant: dict) -> str:
@@ -172,8 +178,8 @@ def format_history(entries: list[dict]) -> str:
         request = short_request(entry["request"])
         details += [f"request: {request}"] if request else []
         lines.append(f"{moment:%Y-%m-%d %H:%M:%S}  {entry['outcome']:<11} {epsilon:>8} "
-                     f"{readable(entry['delta']):>8}  {entry['pipeline'] or '-':<16} "
-                     f"{entry['front_door'] or '-':<22} {blocks}")
+                     f"{readable(entry['delta']):>8}  {printable(entry['pipeline'] or '-'):<16} "
+                     f"{printable(entry['front_door'] or '-'):<22} {printable(blocks)}")
         lines += [f"    {detail}" for detail in details]
     if not entries:
         lines.append("(no grants or denials yet)")

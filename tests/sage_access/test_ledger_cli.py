@@ -477,7 +477,7 @@ def _released_failed_and_denied(store):
     with charge(ledger, plan("sage-tfx query", LONG_SQL, 0.5), BlockIds(["2024-01"])) as charged:
         charged.released(["out/fares.csv"])
     with pytest.raises(ReleaseFailed):
-        with charge(ledger, plan("DPAggregate component", "SELECT SUM(fare) FROM trips", 0.25,
+        with charge(ledger, plan("DPAggregate component", FAILED_SQL, 0.25,
                                  pipeline="taxi-stats"), BlockIds(["2024-01", "2024-02"])):
             raise ValueError("a value that quotes the data")
     with pytest.raises(BudgetExhausted):
@@ -485,6 +485,8 @@ def _released_failed_and_denied(store):
                BlockIds(["2024-01"]))
 
 
+# A terminal escape someone wrote into a request: the text view shows it, never obeys it.
+FAILED_SQL = "SELECT SUM(fare) FROM trips -- \x1b[2J"
 LONG_SQL = ("SELECT area,\n       COUNT(*) AS trips,\n       ANON_SUM(fare, 0, 100) AS fares\n"
             "FROM trips WHERE fare > 0 GROUP BY area ORDER BY area -- " + "x" * 200)
 
@@ -531,7 +533,8 @@ def test_grants_and_show_list_outcome_front_door_and_request_of_grants_and_denia
                                             "component"]
     assert failed_lines[0].endswith("2024-01,2024-02")
     assert "    count, sum: failed while computing (ValueError)" in failed_lines
-    assert "    request: SELECT SUM(fare) FROM trips" in failed_lines
+    assert "    request: SELECT SUM(fare) FROM trips -- \\x1b[2J" in failed_lines
+    assert "\x1b" not in out
     assert "quotes the data" not in out
     denied_lines = lines[at["denied"]:]
     assert denied_lines[0].split()[2:4] == ["denied", "5"]

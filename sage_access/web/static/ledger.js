@@ -233,10 +233,15 @@ async function loadGrants(context) {
     entry.kind === "denial" ? `${blocksText(Object.keys(entry.free))} could not pay`
                             : blocksText(entry.blocks),
     entry.epsilon === null ? "RDP curve" : number(entry.epsilon), number(entry.delta),
-    entry.kind === "denial" ? "—" : entry.steps.filter((s) => s.fraction !== null)
-      .map((s) => `${s.step} ${number(fractionValue(s.fraction))}` + (s.event ? `: ${s.event}` : ""))
-      .join("; ") || "—",
+    entry.kind === "denial" ? "—" : splitText(entry.steps),
     requestCell(entry.request), runButton(context, entry)], (entry) => `outcome-${entry.outcome}`);
+}
+
+// A grant's split among DP steps, each with its fraction (rounded) and recorded event.
+function splitText(steps) {
+  return steps.filter((s) => s.fraction !== null)
+    .map((s) => `${s.step} ${number(fractionValue(s.fraction))}` + (s.event ? `: ${s.event}` : ""))
+    .join("; ") || "—";
 }
 
 // A split's fraction as recorded: a decimal ("0.9") or a ratio ("1/6").
