@@ -22,11 +22,12 @@ from sage_tfx.sage_access.store import StoreSpec, connect
 
 
 def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
-    """Every grant of the ledger, oldest first, as recorded: time (ms since the epoch), grant id,
-    pipeline, run id, blocks, epsilon, delta, and the split among DP steps, the dp-accounting
-    event of each step (as JSON) and the RDP curve when the grant recorded them. `execution_id`
-    orders them; `after` reads only the grants whose execution_id is larger (grants are
-    append-only, so a reader that keeps what it read extends it with these)."""
+    """Every grant of the ledger (`kind` "grant"), oldest first, as recorded: time (ms since the
+    epoch), grant id, pipeline, run id, blocks, epsilon, delta, and the split among DP steps,
+    the dp-accounting event of each step (as JSON) and the RDP curve when the grant recorded
+    them; its front door, request text, outcome and each step's record (grant_outcome).
+    `execution_id` orders them; `after` reads only the grants whose execution_id is larger
+    (grants are append-only, so a reader that keeps what it read extends it with these)."""
     executions = records.grant_executions(after)
     outcomes = records.outcomes({get_property(e, "grant_id") for e in executions})
     history = []
@@ -34,7 +35,7 @@ def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
         grant = records.grant_of(execution)
         steps = outcomes.get(grant.grant_id, {})
         history.append({
-            "execution_id": execution.id,
+            "kind": "grant", "execution_id": execution.id,
             "time_ms": execution.create_time_since_epoch, "grant_id": grant.grant_id,
             "pipeline": grant.pipeline, "run_id": get_property(execution, "run_id"),
             "blocks": list(grant.blocks), "epsilon": grant.epsilon, "delta": grant.delta,
@@ -66,10 +67,12 @@ def grant_outcome(split, steps: dict, front_door: Optional[str]) -> str:
 
 
 def denial_records(records: LedgerRecords, after: int = 0) -> list[dict]:
-    """Every request refused for lack of budget, oldest first: time, front door, pipeline,
-    request text, (epsilon, delta) asked for, what each block short of it had free, and why.
+    """Every request refused for lack of budget (`kind` "denial", `outcome` "denied"), oldest
+    first: time, front door, pipeline, request text, (epsilon, delta) asked for, what each block
+    short of it had free, and why.
     `after`: only those whose execution_id is larger (denials are append-only, as grants)."""
-    return [{"execution_id": execution.id, "time_ms": execution.create_time_since_epoch,
+    return [{"kind": "denial", "outcome": "denied", "execution_id": execution.id,
+             "time_ms": execution.create_time_since_epoch,
              "front_door": get_property(execution, "front_door"),
              "pipeline": get_property(execution, "pipeline"),
              "request": get_property(execution, "request"),

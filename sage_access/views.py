@@ -114,11 +114,8 @@ def describe_event(event: dict) -> str:
 
 def history(grants: list[dict], denials: list[dict]) -> list[dict]:
     """Every grant (BlockLedger.grant_records) and denial (denial_records), oldest first (by
-    execution id: both are executions of the one store), each marked with its `kind` ("grant"
-    or "denial"); a denial's `outcome` is "denied", so every entry has one."""
-    entries = [dict(grant, kind="grant") for grant in grants] + \
-              [dict(denial, kind="denial", outcome="denied") for denial in denials]
-    return sorted(entries, key=lambda entry: entry["execution_id"])
+    execution id: both are executions of the one store); each has its `kind` and `outcome`."""
+    return sorted(grants + denials, key=lambda entry: entry["execution_id"])
 
 
 def short_request(text: str | None, limit: int = SHOWN_REQUEST_CHARS) -> str | None:
