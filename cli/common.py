@@ -97,9 +97,24 @@ def run(handler: Callable, args, on_error: Optional[Callable] = None) -> int:
 
 
 def quiet_tensorflow() -> None:
-    """Before a command's first TensorFlow import: hide its C++ start-up lines (oneDNN, CUDA
-    probing) that say nothing to a user; a user's own setting wins."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    """Import TensorFlow without its C++ start-up lines (oneDNN, CUDA probing: absl writes them
+    to the stderr file descriptor before any logging setup, so no environment variable hides
+    them): stderr is pointed at /dev/null for the import only. An import error still raises, and
+    prints, after stderr is back. TF_CPP_MIN_LOG_LEVEL (a user's own setting wins) quiets the
+    rest."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401  (imported here so its start-up lines go nowhere)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def command_name(args) -> str:
