@@ -6,7 +6,7 @@
                     [--value-column COL --value-bound L] [--contribution-limit C]
                     [--state-dir STATE]
 
-Beside the `continual` package, not in it (as matrix_cli.py): `sage-tfx` builds every command's
+In the CLI package, not in `continual` (as workload.py): `sage-tfx` builds every command's
 parser on each run, so this module imports nothing heavy until the command runs.
 
 The window is the ledger blocks IDS; its micro-batches and trigger times are public: the

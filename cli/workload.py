@@ -1,8 +1,9 @@
 """`sage-tfx workload-answer`: a workload of counting queries answered from granted blocks.
 
-Beside the `matrix` package, not in it: importing anything inside `matrix` runs its __init__,
-which loads the mechanisms (OpenDP, dp-accounting), and `sage-tfx` builds every command's parser
-on each run, so `sage-tfx ledger show` would pay for them.
+In the CLI package, not in `matrix`: importing anything inside `matrix` runs its __init__, which
+loads the mechanisms (OpenDP, dp-accounting), and `sage-tfx` builds every command's parser on
+each run, so `sage-tfx ledger show` would pay for them. It never imports TensorFlow (a block of
+BlockExampleGen's Examples does, when one is granted).
 
     sage-tfx workload-answer --store S (--window W | --blocks IDS) --epsilon E --delta D
                              --spec SPEC.json --out FILE.csv [--context C] [--pipeline P]
