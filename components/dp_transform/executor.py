@@ -110,7 +110,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             grant.check_event(exec_properties["grant_step"], pure_dp_event(epsilon))
             preprocessing_fn, feature_spec = load_module(exec_properties["module_file"])
             shares = audit(preprocessing_fn, feature_spec, epsilon)
-            console.report("DPTransform: grant %s, transform epsilon %s split among %s",
+            console.report("DPTransform: grant %s, transform epsilon %.4g split among %s",
                            grant.grant_id, epsilon, shares)
 
             examples = artifact_utils.get_single_instance(input_dict["examples"])
