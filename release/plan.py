@@ -13,7 +13,8 @@ class ReleasePlan:
 
     `front_door`: who asks ("sage-tfx query", "DPAggregate component", ...). `request`: the
     request as the user gave it (SQL, workload spec, pipeline and component), recorded on the
-    grant. (`epsilon`, `delta`): the grant, or (`rdp_curve`, `delta`) for a grant of a curve. `split` ({step: exact fraction}) and `events`
+    grant. (`epsilon`, `delta`): the grant, or (`rdp_curve`, `delta`) for a grant of a curve.
+    `split` ({step: exact fraction}) and `events`
     ({step: dp-accounting DpEvent}): the DP steps and what each runs. `additional_delta`: delta
     spent outside the events (partition selection's). `pipeline`/`run_id`: what the charge is
     attributed to. `data_uri`/`require_data`: the granted data's location and whether every

@@ -90,7 +90,8 @@ class Executor(base_executor.BaseExecutor):
         epsilon, _ = grant.share(step)
         with grant.releasing(step, "SLAedValidator component") as charged:
             grant.check_event(step, pure_dp_event(epsilon))  # Laplace releases summing to epsilon
-            module = UserModule.load(exec_properties.get("module_file"), metric, MODULE_NEEDS[metric])
+            module = UserModule.load(exec_properties.get("module_file"), metric,
+                                     MODULE_NEEDS[metric])
             model = artifact_utils.get_single_instance(input_dict["model"])
 
             transform_output = None
@@ -106,7 +107,8 @@ class Executor(base_executor.BaseExecutor):
             serialized = np.array(decoder.sanitise([null_record(decoder.raw_spec)] + list(
                 read_split(examples.uri, TEST_SPLIT).numpy())), dtype=object)
             labels = decoder.labels(serialized).numpy()
-            values = per_example_metric(metric, module, labels, predictions(model.uri, serialized))[1:]
+            values = per_example_metric(metric, module, labels,
+                                        predictions(model.uri, serialized))[1:]
             if metric == Metric.LOSS:
                 result = loss_validator(values, target, epsilon, confidence, float(loss_bound))
             else:
@@ -123,10 +125,13 @@ class Executor(base_executor.BaseExecutor):
             blessing.set_string_custom_property(constants.METRIC, metric)
             for name, value in ((constants.DP_METRIC, result.dp_estimate),
                                 (constants.LOWER_BOUND, result.lower_bound),
-                                (constants.UPPER_BOUND, result.upper_bound), (constants.TARGET, target),
-                                (constants.CONFIDENCE, confidence), (constants.EPSILON_USED, epsilon)):
+                                (constants.UPPER_BOUND, result.upper_bound),
+                                (constants.TARGET, target), (constants.CONFIDENCE, confidence),
+                                (constants.EPSILON_USED, epsilon)):
                 set_exact_property(blessing, name, value)
             console.report("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
-                           "confidence %.3g, epsilon %.3g)", result.outcome, metric, result.dp_estimate,
+                           "confidence %.3g, epsilon %.3g)", result.outcome, metric,
+                           result.dp_estimate,
                            metric, result.lower_bound, result.upper_bound, confidence, epsilon)
+            # The decision depends on the model too: the whole grant's guarantee covers both.
             charged.released([blessing.uri], charged.guarantee(GuaranteeUnit.RECORD))

@@ -75,21 +75,27 @@ class Executor(base_executor.BaseExecutor):
         plan = release.ReleasePlan(FRONT_DOOR, request, epsilon, delta, budget_split, events,
                                    pipeline=pipeline, run_id=run_id, data_uri=examples.uri,
                                    require_data=True)
-        grant = release.charge(ledger, plan, selector).grant
-        blocks = ", ".join(grant.blocks) if len(grant.blocks) <= 4 else \
-            f"{grant.blocks[0]} .. {grant.blocks[-1]} ({len(grant.blocks)} blocks)"
-        console.report("BlockLedger: grant %s charged (%s, %s) on %s for pipeline %s",
-                       grant.grant_id, grant.epsilon, grant.delta, blocks, pipeline)
+        charged = release.charge(ledger, plan, selector)
+        grant = charged.grant
+        # The components downstream record their steps' outcomes; a failure before the grant
+        # is handed on (copying the Examples, writing the PrivacyGrant) is recorded here.
+        with charged:
+            charged.phase = "releasing the granted Examples"
+            blocks = ", ".join(grant.blocks) if len(grant.blocks) <= 4 else \
+                f"{grant.blocks[0]} .. {grant.blocks[-1]} ({len(grant.blocks)} blocks)"
+            console.report("BlockLedger: grant %s charged (%s, %s) on %s for pipeline %s",
+                           grant.grant_id, grant.epsilon, grant.delta, blocks, pipeline)
 
-        examples.split_names = artifact_utils.encode_split_names(list(SPLITS))
-        for block_id in grant.blocks:
-            data_uri = ledger.block(block_id).data_uri  # the grant required it (require_data)
-            for split in SPLITS:
-                source_dir = os.path.join(data_uri, f"Split-{split}")
-                target_dir = os.path.join(examples.uri, f"Split-{split}")
-                os.makedirs(target_dir, exist_ok=True)
-                for name in sorted(os.listdir(source_dir)):
-                    _link_or_copy(os.path.join(source_dir, name),
-                                  os.path.join(target_dir, f"{block_id}-{name}"))
-        mark_examples(examples, grant, grant.blocks)
-        write_grant(artifact_utils.get_single_instance(output_dict["grant"]), grant, store)
+            examples.split_names = artifact_utils.encode_split_names(list(SPLITS))
+            for block_id in grant.blocks:
+                data_uri = ledger.block(block_id).data_uri  # required by the grant
+                for split in SPLITS:
+                    source_dir = os.path.join(data_uri, f"Split-{split}")
+                    target_dir = os.path.join(examples.uri, f"Split-{split}")
+                    os.makedirs(target_dir, exist_ok=True)
+                    for name in sorted(os.listdir(source_dir)):
+                        _link_or_copy(os.path.join(source_dir, name),
+                                      os.path.join(target_dir, f"{block_id}-{name}"))
+            mark_examples(examples, grant, grant.blocks)
+            write_grant(artifact_utils.get_single_instance(output_dict["grant"]), grant, store)
+            charged.handed_on()

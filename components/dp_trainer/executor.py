@@ -141,7 +141,8 @@ class Executor(base_executor.BaseExecutor):
                 keras_model, properties = self._adassp(examples, decoder, epsilon, delta,
                                                        exec_properties)
                 # The ledger charged the event it recorded for this step; release only if it ran.
-                grant.check_event(step, adassp_lib.dp_event(properties[model_keys.NOISE_MULTIPLIER]))
+                grant.check_event(step, adassp_lib.dp_event(
+                    properties[model_keys.NOISE_MULTIPLIER]))
             else:
                 keras_model, properties = self._dp_sgd(examples, module, decoder, epsilon, delta,
                                                        exec_properties, model_run.uri)
@@ -156,6 +157,8 @@ class Executor(base_executor.BaseExecutor):
                     model.set_int_custom_property(name, value)
                 else:
                     model.set_string_custom_property(name, value)
+            # The model also depends on the steps before it (the transform's statistics, the
+            # sampler's DP count): its guarantee is the whole grant's, which composes them all.
             charged.released([model.uri], charged.guarantee(GuaranteeUnit.RECORD))
 
     def _dp_sgd(self, samples, module: UserModule, decoder: RecordDecoder, epsilon: float,

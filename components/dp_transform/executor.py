@@ -136,8 +136,10 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                        for split in SPLITS}
                 adapter = source.TensorAdapterConfig()
                 transform_fn = ((raw[TRAIN_SPLIT], adapter)
-                                | "Analyze" >> tft_beam.AnalyzeDataset(budget.wrap(preprocessing_fn)))
-                _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(transform_graph.uri)
+                                | "Analyze" >> tft_beam.AnalyzeDataset(
+                                    budget.wrap(preprocessing_fn)))
+                _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(
+                    transform_graph.uri)
                 for split in SPLITS:
                     data, metadata = ((raw[split], adapter), transform_fn) | \
                         f"Transform{split}" >> tft_beam.TransformDataset()
@@ -149,14 +151,18 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                              file_name_suffix=".gz",
                              compression_type=beam.io.filesystem.CompressionTypes.GZIP))
             if budget.spent_shares() != shares:
-                raise DPTransformError("the preprocessing_fn spent different shares when it ran than "
+                raise DPTransformError("the preprocessing_fn spent different shares when it ran "
+                                       "than "
                                        "when it was audited")
-            # The raw schema too, as TFX's Transform writes it: the trainer parses raw records with it.
+            # The raw schema too, as TFX's Transform writes it: the trainer parses raw records
+            # with it.
             metadata_io.write_metadata(raw_metadata, os.path.join(
                 transform_graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR))
             carry_grant(grant, transformed, "DPTransform")
             transform_graph.set_string_custom_property(EXAMPLES_GRANT_ID, grant.grant_id)
             set_exact_property(transform_graph, "dp_epsilon",
                                epsilon * sum(share for _, share in shares))
-            charged.released([transform_graph.uri, transformed.uri],
-                             charged.guarantee(GuaranteeUnit.RECORD))
+            # The transform graph holds the DP statistics; the transformed Examples are granted
+            # data, transformed record by record, and stay inside the platform.
+            charged.released([transform_graph.uri], charged.guarantee(
+                GuaranteeUnit.RECORD, epsilon=epsilon, delta=0.0))

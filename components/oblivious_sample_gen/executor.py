@@ -110,6 +110,9 @@ class Executor(base_executor.BaseExecutor):
             console.report("ObliviousSampleGen: %s sampling of %d rows (%s), %d epoch(s), %s",
                            descriptor.scheme, descriptor.n,
                            "public size" if exec_properties.get("public_size") is not None
-                           else "DP count", descriptor.epochs, "encrypted" if key else "not encrypted")
-            if counted:
-                charged.released([output.uri], charged.guarantee(GuaranteeUnit.RECORD))
+                           else "DP count", descriptor.epochs,
+                           "encrypted" if key else "not encrypted")
+            if counted:  # the DP count (n in the descriptor) is released; the samples are not
+                count_epsilon, _ = grant.record.share(accounting.COUNT_STEP)
+                charged.released([], charged.guarantee(GuaranteeUnit.RECORD,
+                                                       epsilon=count_epsilon, delta=0.0))

@@ -53,12 +53,13 @@ class GrantInfo:
         return self._used[step]
 
     def releasing(self, step: str, front_door: str):
-        """The release protocol for `step` (sage_tfx.release.consume): enter it right after
-        consuming the step's share, call `.released(uris, guarantee)` at the end; leaving it by
-        an error records the step `failed` (or `interrupted`) on the grant."""
+        """The release protocol for `step` (sage_tfx.release.consume), entered right after
+        consuming the step's share (`share(step)`): call `.released(uris, guarantee)` at the
+        end; leaving it by an error records the step `failed` (or `interrupted`)."""
         from sage_tfx import release
 
-        return release.consume(self._ledger, self._record, [step], front_door)
+        self.share(step)
+        return release.consume(self._ledger, self._record, [step], front_door, consumed=[step])
 
     def event(self, step: str):
         """The dp-accounting event the ledger recorded for `step` (None if it recorded none)."""

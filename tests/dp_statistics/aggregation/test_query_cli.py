@@ -243,7 +243,7 @@ def test_an_rdp_ledger_refuses_a_selection_that_spends_delta_outside_its_event(
 @pytest.mark.parametrize("raised, code, said, outcome", [
     (KeyboardInterrupt, 130, "that budget is spent and nothing was released", "interrupted"),
     (MemoryError, 7, "(that budget is spent) but nothing was released: failed while running "
-                     "the query (MemoryError)", "failed")])
+                     "the query (recorded as failed in the ledger)", "failed")])
 def test_a_query_stopped_after_its_charge_says_the_budget_is_spent_and_the_ledger_shows_it(
         ledger_with_trips, monkeypatch, capsys, raised, code, said, outcome):
     """Ctrl-C (or any failure) between the charge and the release: the exit code and message
