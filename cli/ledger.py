@@ -248,7 +248,11 @@ def _request(args) -> int:
 
         curve = tuple(rdp_curve_of([dp_event.SelfComposedDpEvent(
             dp_event.GaussianDpEvent(args.noise_multiplier), args.compositions)], ledger.orders))
-    plan = release.ReleasePlan("sage-tfx ledger request", " ".join(sys.argv[1:]) or "request",
+    asked = (f"--blocks {args.blocks}" if args.blocks is not None else f"--window {args.window}")
+    asked += (f" --epsilon {args.epsilon} --delta {args.delta}" if curve is None else
+              f" --gaussian-noise-multiplier {args.noise_multiplier} --compositions "
+              f"{args.compositions} --delta {args.delta}")
+    plan = release.ReleasePlan("sage-tfx ledger request", asked,
                                args.epsilon if curve is None else None, args.delta, {}, {},
                                rdp_curve=curve, pipeline=args.pipeline)
     charged = release.charge(ledger, plan, selector)

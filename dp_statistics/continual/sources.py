@@ -216,7 +216,12 @@ def _read_file(path: str, columns: Columns) -> pa.Table:
 
 
 def _text(column: pa.ChunkedArray) -> np.ndarray:
-    """Each cell as stripped text, "" where missing (a key or unit 8 and "8" are the same)."""
+    """Each cell as stripped text, "" where missing (a key or unit 8 and "8" are the same).
+    Integers are written by Arrow itself: through pandas a null would turn the column into
+    floats, merging ids above 2^53 (2^53 and 2^53 + 1 would become one key) only when some
+    record's id is missing, which would make a key's count depend on a neighbour."""
+    if pa.types.is_integer(column.type):
+        return pc.fill_null(pc.cast(column, pa.string()), "").to_numpy(zero_copy_only=False)
     series = column.to_pandas()
     if pd.api.types.is_float_dtype(series):  # an int column with nulls comes back as float
         series = series.map(lambda v: "" if pd.isna(v) else

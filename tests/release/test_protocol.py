@@ -137,3 +137,10 @@ def test_a_guarantee_needs_the_unit_column_it_names():
     assert release.Guarantee(1.0, 0.0, "record", None, None, ()).sentence() == (
         "(1, 0)-DP for adding or removing one record of the granted blocks; no grant (a run "
         "outside the ledger)")
+
+
+def test_a_stated_epsilon_is_never_below_the_charged_one():
+    for epsilon in (1 / 3, 2 / 3, 0.1, 7 / 9, 1e-7 / 3):
+        stated = release.Guarantee(epsilon, 1e-6 / 3, "record", None, "g", ("b",)).sentence()
+        shown_epsilon, shown_delta = stated[1:stated.index(")")].split(", ")
+        assert float(shown_epsilon) >= epsilon and float(shown_delta) >= 1e-6 / 3, stated
