@@ -392,7 +392,8 @@ def test_rdp_grants_show_split_and_events_and_denials_name_reservations(store_pa
     _rdp_ledger_with_api_and_cli_grants(store_path)
     code, out, err = ledger(store_path, "grants")
     assert code == 0, err
-    api_line, api_split, cli_line = out.splitlines()[1:]
+    api_line, api_split, cli_line, cli_request = out.splitlines()[1:]
+    assert cli_request.startswith("    request: --blocks b1")  # the CLI grant's own terms
     assert api_split.startswith("    split: training=0.9: 3x Gaussian(noise_multiplier=40)")
     assert "validation=0.1: zCDP(rho=0.00045)" in api_split
     assert cli_line.split()[3:5] == ["rdp", "-"]  # an RDP curve, no (epsilon, delta)
