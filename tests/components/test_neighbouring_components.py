@@ -129,8 +129,10 @@ CONTINUAL_ROWS = [[f"u{user}", "busy" if user % 3 else "calm", JAN + day * 86400
                   for day in range(7) for user in range(60)]
 CONTINUAL_EXTRA = {  # records in otherwise empty micro-batches, under a key no one else has
     "ordinary": [["intruder", "secret", JAN + 3 * WEEK], ["intruder", "busy", FEB + 2 * WEEK]],
+    # "soon": CsvExampleGen then reads every record's time as text (the record rule reads
+    # each one's number back).
     "bad values": [["intruder", "", JAN + 3 * WEEK], ["intruder", "busy", 2 ** 62],
-                   ["intruder", "secret\x00", FEB + 2 * WEEK], ["intruder", "busy", -1]],
+                   ["intruder", "secret\x00", FEB + 2 * WEEK], ["intruder", "busy", "soon"]],
 }
 
 
