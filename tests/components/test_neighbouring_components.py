@@ -14,7 +14,6 @@ may change anything but the DP values."""
 import csv
 import datetime as dt
 import hashlib
-import io
 import os
 import re
 import shutil
@@ -24,7 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sage_tfx.dp_statistics.matrix.strategy import _cached_eigen_design
-from support.neighbouring import PlatformLog, differences, fingerprint, normalize
+from support.neighbouring import (PlatformLog, differences, fingerprint, masked_table,
+                                  normalize)
 
 pytestmark = pytest.mark.slow
 
@@ -176,27 +176,19 @@ PRIVATE_STATE = re.compile(r"/ContinualRelease/state/\d+/state/")
 TFX_INPUT_FINGERPRINT = "custom_properties.input_fingerprint"
 
 
-def _masked(header, rows, public_columns):
-    """A released table as a reader may compare it: its header, and its rows with the DP
-    cells masked (all rows, when which rows exist is itself DP)."""
-    if public_columns is None:
-        return [header, "<dp rows>"]
-    return [header] + [[cell if column in public_columns else "<dp>"
-                        for column, cell in zip(header, row)] for row in rows]
-
-
 def _masked_release(path, root, public_columns):
+    """A released CSV or Parquet file: its header (Parquet: its schema, with pandas' column
+    types and the guarantee in its metadata) and its public cells."""
     if path.endswith(".csv"):
         with open(path, newline="") as handle:
-            rows = list(csv.reader(io.StringIO(handle.read())))
-        return _masked(rows[0], rows[1:], public_columns)
+            header, *rows = csv.reader(handle)
+        return masked_table(header, rows, public_columns)
     table = pq.read_table(path)
     metadata = {key.decode(): normalize(value.decode(), root)
-                for key, value in (table.schema.metadata or {}).items()
-                if key != b"pandas"}  # pandas' own metadata: the index and column dtypes
+                for key, value in table.schema.metadata.items()}
     return [str(table.schema.remove_metadata()), metadata,
-            *_masked(table.column_names, [list(row.values()) for row in table.to_pylist()],
-                     public_columns)]
+            *masked_table(table.column_names, [list(row.values()) for row in table.to_pylist()],
+                          public_columns)]
 
 
 def _strategy(path):

@@ -78,6 +78,16 @@ def normalize(text: str, root: str) -> str:
     return _TIMESTAMP.sub("<time>", _UUID.sub("<uuid>", text.replace(root, "<root>")))
 
 
+def masked_table(header: list, rows: list, public_columns) -> list:
+    """A released table as a reader may compare it: its header, and its rows with every cell
+    outside `public_columns` masked (all rows, when `public_columns` is None: which rows exist
+    is itself a DP release, e.g. keys that passed a DP threshold)."""
+    if public_columns is None:
+        return [header, "<dp rows>"]
+    return [header] + [[cell if column in public_columns else "<dp>"
+                        for column, cell in zip(header, row)] for row in rows]
+
+
 def _value(value: pb.Value, root: str):
     kind = value.WhichOneof("value")
     raw = getattr(value, kind) if kind else None

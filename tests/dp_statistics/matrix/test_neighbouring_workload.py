@@ -8,7 +8,6 @@ unit is an ordinary one, one with many rows, one whose values fall outside the s
 and one whose values are huge, NaN, infinite, unreadable or on a malformed line; a request the
 blocks cannot pay is denied alike (exit 3, the denial recorded)."""
 import csv
-import io
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ from sage_tfx.dp_statistics.ingest import USER_HASH_KEY_FILE
 from sage_tfx.sage_access import BlockLedger
 from sage_tfx.sage_access.records import DENIAL_TYPE, GRANT_TYPE, RELEASE_OUTCOME_TYPE
 
-from support.neighbouring import differences, fingerprint, normalize
+from support.neighbouring import differences, fingerprint, masked_table, normalize
 
 HEADER = ["uid", "trip_seconds", "payment_type"]
 TRIPS = [(f"u{unit}", 30 + 41 * unit % 280, ("Cash", "Credit Card")[unit % 2])
@@ -39,14 +38,7 @@ EXTRA_UNITS = {
 }
 # The answers are the DP values; everything else in the CSV (its header, the query labels and
 # their expected RMSE, which follow from the public spec and budget) must be equal.
-DP_CSV_COLUMNS = {"answer"}
-
-
-def _masked_csv(text: str) -> list[list[str]]:
-    rows = list(csv.reader(io.StringIO(text)))
-    masked = [column in DP_CSV_COLUMNS for column in rows[0]]
-    return rows[:1] + [["<dp>" if dp else cell for dp, cell in zip(masked, row)]
-                       for row in rows[1:]]
+PUBLIC_CSV_COLUMNS = {"query", "expected_rmse"}
 
 
 def run_workload_answer(root: str, rows, capsys, epsilon: str = "1") -> dict:
@@ -76,7 +68,8 @@ def run_workload_answer(root: str, rows, capsys, epsilon: str = "1") -> dict:
     released = []
     if os.path.exists(out):
         with open(out, newline="") as handle:
-            released = _masked_csv(handle.read())
+            header, *rows = csv.reader(handle)
+        released = masked_table(header, rows, PUBLIC_CSV_COLUMNS)
         os.remove(out)  # the DP values: compared above, masked
     stored = fingerprint(store, root)  # holds answers.csv.guarantee.json, compared whole
     # The blocks' rows (the data) and the table's secret hash key are the table's private
