@@ -9,9 +9,11 @@ covers. So before any bounding, each record is mapped to a valid one by a functi
 record alone whose output for bad content is a public constant:
 
 * `sanitise_records` (raw records, before parsing): every feature of the feature spec is kept
-  if it has the spec's type (a number of the other numeric type is converted when exact) and,
-  for a FixedLenFeature, exactly the spec's number of values;
-  otherwise it becomes the feature's default. Non-finite float values become the default
+  if it has the spec's type (a number of the other numeric type is converted when exact, text
+  holding a number to that number, an integer to its decimal text: a reader that types a column
+  from all its cells, as TFX's CsvExampleGen does, then cannot let one record move the others)
+  and, for a FixedLenFeature, exactly the spec's number of values; otherwise it becomes the
+  feature's default. Non-finite float values become the default
   value one by one. Features outside the spec are dropped, and bytes that do not parse as a
   tf.Example are read as an empty one (every feature default).
 * `finite` (derived tensors: model inputs, labels, predictions): non-finite entries become 0.
@@ -77,22 +79,50 @@ def check_spec(feature_spec: Mapping) -> None:
         defaults(name, spec)
 
 
+def _number(text: bytes, kind: str):
+    """The number a text cell holds, as `kind` (int64 only when exact), or None."""
+    try:
+        text = text.decode("ascii").strip()
+        if kind == "int64_list":
+            try:
+                return _whole(int(text))
+            except ValueError:
+                return _whole(float(text))
+        return float(text)  # NaN and infinities: the float rule below maps them
+    except (ValueError, OverflowError):  # UnicodeDecodeError is a ValueError
+        return None
+
+
+def _whole(number):
+    """`number` as an int64 value when it is a whole number in int64's range, else None."""
+    if math.isfinite(number) and number == int(number) and -2 ** 63 <= number < 2 ** 63:
+        return int(number)
+    return None
+
+
 def _values_as(feature, kind: str):
     """The feature's values as `kind`, or None. Numbers cross between int64 and float: input
     read one record at a time (CSV) types each cell on its own, so "12" in a float column is an
-    int64 value; a float is an int64 value only if it is a whole number in int64's range."""
+    int64 value; a float is an int64 value only if it is a whole number in int64's range.
+    Text and numbers cross too, each value on its own: TFX's CsvExampleGen types a column from
+    ALL its cells, so one unit's unreadable cell turns a number column into text for every
+    record (which would then all read as the default), and a text column whose cells all look
+    like integers is read as int64 (an integer reads back as its decimal text)."""
     if feature is None or feature.WhichOneof("kind") is None:
         return None
     have = feature.WhichOneof("kind")
     values = list(getattr(feature, have).value)
     if have == kind:
         return values
+    if have == "bytes_list":
+        numbers = [_number(v, kind) for v in values]
+        return None if None in numbers else numbers
+    if kind == "bytes_list":
+        return [str(v).encode() for v in values] if have == "int64_list" else None
     if have == "int64_list" and kind == "float_list":
         return [float(v) for v in values]
-    if have == "float_list" and kind == "int64_list" and all(
-            math.isfinite(v) and v == int(v) and -2 ** 63 <= v < 2 ** 63 for v in values):
-        return [int(v) for v in values]
-    return None
+    numbers = [_whole(v) for v in values]  # float_list as int64_list
+    return None if None in numbers else numbers
 
 
 def _sanitised(example: tf.train.Example, feature_spec: Mapping) -> tf.train.Example:

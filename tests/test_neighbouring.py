@@ -2,7 +2,6 @@
 stores (ML Metadata, blocks.json, the run's outputs) or logs is identical (tests/support/neighbouring.py
 says exactly what is compared)."""
 import csv
-import logging
 import os
 import shutil
 
@@ -10,41 +9,16 @@ import pytest
 from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
-import sage_tfx
 from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedule
 from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.sage_access import BlockLedger
 
-from support.neighbouring import differences, fingerprint
+from support.neighbouring import PlatformLog, differences, fingerprint
 
 # The stream's public schedule: four months, the last of which has no trip at all.
 SCHEDULE = month_schedule("2024-01", "2024-04")
 TRIPS = [(f"2024-0{month}-{day:02d}T{hour:02d}:00:00+00:00", 300 + 17 * day + hour, 1 + day / 10)
          for month in (1, 2, 3) for day in range(1, 29, 3) for hour in (7, 19)]
-
-
-class _PlatformLog(logging.Handler):
-    """What the platform's own code logs (TFX's and Beam's logs are theirs)."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines, self._package = [], os.path.dirname(sage_tfx.__file__)
-
-    def emit(self, record):
-        # The project's virtual environment may live inside the checkout (make test's .venv):
-        # TFX's and Beam's files there are not the platform's.
-        if record.pathname.startswith(self._package) and "site-packages" not in record.pathname:
-            self.lines.append(record.getMessage())
-
-    def __enter__(self):
-        # sage_tfx.console's logger does not propagate to the root logger: listen to both.
-        for logger in (logging.getLogger(), logging.getLogger("sage_tfx")):
-            logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        for logger in (logging.getLogger(), logging.getLogger("sage_tfx")):
-            logger.removeHandler(self)
 
 
 def _write_trips(directory, trips):
@@ -73,17 +47,11 @@ def _ingest_and_grant(root, trips):
     grant = BlockLedgerComponent(ledger_store=store, new_blocks=gen.outputs["examples"],
                                  window=2, epsilon=0.4, delta=1e-7,
                                  split={"training": 0.6, "validation": 0.4})
-    log, absl_logger = _PlatformLog(), logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.INFO)
-    try:
-        with log:
-            LocalDagRunner().run(pipeline.Pipeline(
-                pipeline_name="neighbours", pipeline_root=os.path.join(root, "pipeline"),
-                components=[gen, grant],
-                metadata_connection_config=metadata.sqlite_metadata_connection_config(store)))
-    finally:
-        absl_logger.setLevel(level)
+    with PlatformLog() as log:
+        LocalDagRunner().run(pipeline.Pipeline(
+            pipeline_name="neighbours", pipeline_root=os.path.join(root, "pipeline"),
+            components=[gen, grant],
+            metadata_connection_config=metadata.sqlite_metadata_connection_config(store)))
     return fingerprint(store, root, log.lines)
 
 
@@ -141,16 +109,10 @@ def _taxi_iteration(root, months, drop_trip, mode):
                              block_epsilon=BLOCK_EPSILON, block_delta=BLOCK_DELTA,
                              test_fraction=TEST_FRACTION)
     spec = (adassp_spec if mode == "adassp" else dp_sgd_spec)(seed=7)
-    log, absl_logger = _PlatformLog(), logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.INFO)
-    try:
-        with log:
-            LocalDagRunner().run(build_iteration(
-                spec, "neighbours", root, store, window=months, epsilon=1.0, ingest=ingest,
-                metadata_config=metadata.sqlite_metadata_connection_config(store)))
-    finally:
-        absl_logger.setLevel(level)
+    with PlatformLog() as log:
+        LocalDagRunner().run(build_iteration(
+            spec, "neighbours", root, store, window=months, epsilon=1.0, ingest=ingest,
+            metadata_config=metadata.sqlite_metadata_connection_config(store)))
     return fingerprint(store, root, log.lines)
 
 

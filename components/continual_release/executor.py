@@ -58,11 +58,9 @@ def _through_step(window: sources.Window, micro_batches: int, through: Optional[
 
 
 def _save_waiting(directory: str, waiting: sources.Records) -> None:
+    """Written even when no record waits: whether the file exists must not tell a reader of
+    the pipeline root that a record arrived before its trigger."""
     path = os.path.join(directory, WAITING_FILE)
-    if len(waiting) == 0:
-        if os.path.exists(path):
-            os.remove(path)
-        return
     # Raw records: readable by the owner only, like the state beside them.
     descriptor = os.open(f"{path}.partial", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "wb") as out:

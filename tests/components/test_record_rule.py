@@ -132,6 +132,36 @@ def test_csv_rows_are_read_one_at_a_time_so_one_odd_row_changes_no_other(tmp_pat
     assert parsed["trip_miles"].numpy().ravel().tolist() == [2.0, 1.5, 0.0, 0.0]
 
 
+def test_a_column_typed_from_all_its_cells_reads_each_record_as_typed_alone():
+    """TFX's CsvExampleGen (ContinualRelease's documented input) types a column from all its
+    cells: one unit's "soon" in the time column made every record's time text, read as the
+    default 0, so that one unit emptied the whole continual release; a text column whose cells
+    all look like integers became int64, every id read as "" (all units merged)."""
+    spec = {"time": tf.io.FixedLenFeature([1], tf.int64),
+            "fare": tf.io.FixedLenFeature([1], tf.float32),
+            "uid": tf.io.FixedLenFeature([1], tf.string)}
+
+    def record(time, fare, uid):
+        example = tf.train.Example()
+        for name, value in (("time", time), ("fare", fare), ("uid", uid)):
+            kind = {bytes: "bytes_list", int: "int64_list", float: "float_list"}[type(value)]
+            getattr(example.features.feature[name], kind).value.append(value)
+        return example.SerializeToString()
+
+    as_numbers = [record(1356998400, 2.5, 17), record(2 ** 62, 3.0, -4)]
+    as_text = [record(b"1356998400", b"2.5", b"17"), record(b" 4611686018427387904", b"3", b"-4")]
+    expected = {"time": [[1356998400], [2 ** 62]], "fare": [[2.5], [3.0]],
+                "uid": [[b"17"], [b"-4"]]}
+    for records in (as_numbers, as_text):
+        parsed = tf.io.parse_example(sanitise_records(records, spec), spec)
+        assert {name: value.numpy().tolist() for name, value in parsed.items()} == expected
+    # The unit whose cells made the columns text: each cell still maps on its own.
+    odd = tf.io.parse_example(sanitise_records(
+        [record(b"soon", b"NaN", b"u9"), record(b"1e3", b"\xff", b"x")], spec), spec)
+    assert {name: value.numpy().tolist() for name, value in odd.items()} == {
+        "time": [[0], [1000]], "fare": [[0.0], [0.0]], "uid": [[b"u9"], [b"x"]]}
+
+
 def test_a_record_with_an_unplaceable_key_or_no_example_cannot_stop_ingestion():
     """Keys far outside any calendar, and bytes that are no tf.Example, are dropped: block_of
     alone cannot place such keys, and one record must not fail the ingestion."""

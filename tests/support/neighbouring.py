@@ -14,11 +14,13 @@ their timestamps) are replaced by placeholders, so only data-dependent differenc
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 
 from ml_metadata.proto import metadata_store_pb2 as pb
 
+import sage_tfx
 from sage_tfx.sage_access import connect
 
 # (artifact type, custom property) pairs that DP mechanisms release within the grant's budget.
@@ -43,8 +45,47 @@ DP_LOG_VALUES = re.compile(r"(?<=ridge )[-+0-9.e]+"
                            r"|(?<= in )\[[-+0-9.e]+, [-+0-9.einf]+\]")
 
 
+class PlatformLog(logging.Handler):
+    """What the platform's own code logs while in use (TFX's and Beam's logs are theirs), with
+    absl's INFO lines let through for the time."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines, self._package = [], os.path.dirname(sage_tfx.__file__)
+
+    def emit(self, record):
+        # The project's virtual environment may live inside the checkout (make test's .venv):
+        # TFX's and Beam's files there are not the platform's.
+        if record.pathname.startswith(self._package) and "site-packages" not in record.pathname:
+            self.lines.append(record.getMessage())
+
+    def __enter__(self):
+        # sage_tfx.console's logger does not propagate to the root logger: listen to both.
+        for logger in (logging.getLogger(), logging.getLogger("sage_tfx")):
+            logger.addHandler(self)
+        absl_logger = logging.getLogger("absl")
+        self._absl_level = absl_logger.level
+        absl_logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("absl").setLevel(self._absl_level)
+        for logger in (logging.getLogger(), logging.getLogger("sage_tfx")):
+            logger.removeHandler(self)
+
+
 def normalize(text: str, root: str) -> str:
     return _TIMESTAMP.sub("<time>", _UUID.sub("<uuid>", text.replace(root, "<root>")))
+
+
+def masked_table(header: list, rows: list, public_columns) -> list:
+    """A released table as a reader may compare it: its header, and its rows with every cell
+    outside `public_columns` masked (all rows, when `public_columns` is None: which rows exist
+    is itself a DP release, e.g. keys that passed a DP threshold)."""
+    if public_columns is None:
+        return [header, "<dp rows>"]
+    return [header] + [[cell if column in public_columns else "<dp>"
+                        for column, cell in zip(header, row)] for row in rows]
 
 
 def _value(value: pb.Value, root: str):
