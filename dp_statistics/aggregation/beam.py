@@ -9,10 +9,12 @@ summed per partition; the partitions' accumulators then meet in one element, whe
 ``local.release_accumulated`` adds the noise and selects partitions (step 4). DP bounds (§4.2.5):
 each pair's values are counted into the log histogram, the histograms summed globally and turned
 into bounds by ``aggregators.infer_bounds`` (noise from sage_tfx.mechanisms), a side input of
-step 3. Sampling uses ``sage_tfx.randomness.secret_rng`` per DoFn instance.
+step 3. Sampling uses ``sage_tfx.randomness.secret_rng`` per DoFn instance (a seeded test run:
+one generator per key, :class:`_KeyedSampling`).
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Optional
 
 import apache_beam as beam
@@ -38,39 +40,73 @@ def _number_or_nan(value) -> float:
         return float("nan")
 
 
-class _ShufflePair(beam.DoFn):
-    """Step 1: one (partition, unit) pair's rows in a uniformly random order, as arrays."""
+class _KeyedSampling(beam.DoFn):
+    """Sampling randomness that does not depend on how the runner split the work.
 
-    def __init__(self, columns: list[str], presence: set[str], seed: Optional[int]):
-        self._columns, self._presence, self._seed = columns, presence, seed
+    Unseeded (the product), each DoFn instance draws from ``secret_rng()``: every pair's
+    permutation is uniform whatever worker, bundle or input order it gets, so the release's law
+    does not depend on the split. Seeded (tests only), a fixed seed per instance would make the
+    outcome depend on which elements each worker saw and in what order (and give every worker
+    the same stream); instead each key gets its own generator, seeded by (seed, stage, a SHA-256
+    of the key's repr), and its values are put in a canonical order first, so a seeded run gives
+    the same sample on any runner, with any number of workers."""
+
+    STAGE = 0
+
+    def __init__(self, seed: Optional[int]):
+        self._seed = seed
 
     def setup(self):
-        self._rng = secret_rng(self._seed)
+        self._rng = secret_rng() if self._seed is None else None
+
+    def _sampling(self, key, values: list, canonical) -> tuple[np.random.Generator, list]:
+        if self._seed is None:
+            return self._rng, values
+        digest = hashlib.sha256(repr(key).encode()).digest()
+        words = np.frombuffer(digest, dtype="<u4").tolist()
+        rng = np.random.Generator(np.random.PCG64DXSM(
+            np.random.SeedSequence([self._seed, self.STAGE, *words])))
+        return rng, sorted(values, key=canonical)
+
+
+class _ShufflePair(_KeyedSampling):
+    """Step 1: one (partition, unit) pair's rows in a uniformly random order, as arrays."""
+
+    STAGE = 1
+
+    def __init__(self, columns: list[str], presence: set[str], seed: Optional[int]):
+        super().__init__(seed)
+        self._columns, self._presence = columns, presence
 
     def process(self, element):
         (partition, unit), rows = element
-        rows = list(rows)
-        order = self._rng.permutation(len(rows))
+        rng, rows = self._sampling((partition, unit), list(rows), self._values_text)
+        order = rng.permutation(len(rows))
         columns = {c: np.array([(float("nan") if pd.isna(rows[i].get(c)) else 1.0)
                                 if c in self._presence else _number_or_nan(rows[i].get(c))
                                 for i in order])
                    for c in self._columns}
         yield unit, (partition, len(rows), columns)
 
+    def _values_text(self, row) -> str:
+        # rows equal in the columns read are interchangeable: this orders the multiset
+        return repr([row.get(c) for c in self._columns])
 
-class _SamplePartitions(beam.DoFn):
+
+class _SamplePartitions(_KeyedSampling):
     """Step 2: at most C_u of a unit's pairs, uniformly."""
 
-    def __init__(self, max_partitions: int, seed: Optional[int]):
-        self._max_partitions, self._seed = max_partitions, seed
+    STAGE = 2
 
-    def setup(self):
-        self._rng = secret_rng(self._seed)
+    def __init__(self, max_partitions: int, seed: Optional[int]):
+        super().__init__(seed)
+        self._max_partitions = max_partitions
 
     def process(self, element):
-        _, pairs = element
-        pairs = list(pairs)
-        for index in self._rng.permutation(len(pairs))[:self._max_partitions]:
+        unit, pairs = element
+        # a unit has one pair per partition: the partition's repr orders them
+        rng, pairs = self._sampling(unit, list(pairs), lambda pair: repr(pair[0]))
+        for index in rng.permutation(len(pairs))[:self._max_partitions]:
             yield pairs[index]
 
 

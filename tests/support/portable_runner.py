@@ -80,7 +80,8 @@ class PortableRunner:
         log = open(directory / f"{service}.log", "wb")
         process = subprocess.Popen([sys.executable, __file__, service, str(port_file)],
                                    stdout=log, stderr=subprocess.STDOUT, env=environment,
-                                   start_new_session=True)  # its own group: stop() kills workers too
+                                   # its own process group: stop() kills the workers too
+                                   start_new_session=True)
         log.close()
         self._processes.append(process)
         deadline = time.monotonic() + STARTUP_SECONDS
