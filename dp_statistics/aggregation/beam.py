@@ -241,23 +241,36 @@ def _release(accumulated: Accumulated, query: AggregationQuery, plan: BudgetPlan
 
 
 def run_transform(rows, transform, options=None):
-    """Run ``transform`` on ``rows`` in a pipeline of its own and return its one output; it
-    crosses from the workers through a pickle in a temporary directory."""
+    """Run ``transform`` on ``rows`` in a pipeline of its own and return its one output. It
+    crosses from the workers through a pickle in a fresh directory under the options'
+    ``--temp_location`` (on a cluster: a bucket the workers and this process both reach),
+    or under a local temporary directory without one (workers on this machine). The output is
+    a Release (noisy values only) except in the tests' pre-noise runs."""
     import pickle
     import tempfile
+    import uuid
 
-    with tempfile.TemporaryDirectory() as directory:
-        path = f"{directory}/output.pickle"
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+    shared = (options or PipelineOptions()).view_as(GoogleCloudOptions).temp_location
+    with tempfile.TemporaryDirectory() as local:
+        directory = FileSystems.join(shared or local, f"sage-tfx-output-{uuid.uuid4().hex}")
+        path = FileSystems.join(directory, "output.pickle")
 
         def save(output):
-            with open(path, "wb") as file:
-                pickle.dump(output, file)
+            with FileSystems.create(path) as file:
+                file.write(pickle.dumps(output))
 
-        with beam.Pipeline(options=options) as pipeline:
-            _ = (pipeline | "Rows" >> beam.Create(list(rows)) | "Run" >> transform
-                 | "Save" >> beam.Map(save))
-        with open(path, "rb") as file:
-            return pickle.load(file)
+        try:
+            with beam.Pipeline(options=options) as pipeline:
+                _ = (pipeline | "Rows" >> beam.Create(list(rows)) | "Run" >> transform
+                     | "Save" >> beam.Map(save))
+            with FileSystems.open(path) as file:
+                return pickle.loads(file.read())
+        finally:
+            if shared and FileSystems.exists(directory):
+                FileSystems.delete([directory])
 
 
 def _records(rows, query: AggregationQuery):

@@ -28,8 +28,9 @@ def test_two_workers_accumulate_the_local_engines_pre_noise_sums(portable_runner
     np.testing.assert_allclose(local_sums, beam_sums)
 
 
-def test_two_workers_select_the_partitions_the_local_engine_selects(portable_runner):
-    """The whole release (noise and selection in a worker): 10 partitions of 30 units each and
+def test_two_workers_select_the_partitions_the_local_engine_selects(portable_runner, tmp_path):
+    """The whole release (noise and selection in a worker, the Release handed back through
+    --temp_location as on a cluster): 10 partitions of 30 units each and
     10 of one unit, at epsilon 20. Each engine keeps exactly the 30-unit partitions unless a
     threshold draw fails: keeping a one-unit partition has probability <= delta = 1e-6 and
     dropping a 30-unit one is rarer still, so the test fails falsely with probability < 1e-4."""
@@ -40,8 +41,11 @@ def test_two_workers_select_the_partitions_the_local_engine_selects(portable_run
     query = AggregationQuery(("key",), "uid", (Aggregate.count(),
                                                Aggregate(AggregateKind.SUM, "fare", 0, 10)))
     budget = plan(query, 20.0, 1e-6)
-    beam_release = aggregate_with_beam(frame, query, budget,
-                                       options=PipelineOptions(portable_runner.options()))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    beam_release = aggregate_with_beam(frame, query, budget, options=PipelineOptions(
+        portable_runner.options(f"--temp_location={shared}")))
+    assert list(shared.iterdir()) == []  # the hand-over is cleaned up
     local_release = local.aggregate(frame, query, budget)
     assert sorted(beam_release.table["key"]) == sorted(local_release.table["key"]) == [
         f"p{k}" for k in range(10)]

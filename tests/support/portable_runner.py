@@ -67,6 +67,11 @@ class PortableRunner:
     def pool_pid(self) -> int:
         return self._processes[1].pid
 
+    def workers_started(self) -> int:
+        """How many SDK workers the pool has started so far (``workers`` per job)."""
+        log = Path(self._directory.name) / "worker-pool.log"
+        return log.read_text(errors="replace").count("Starting worker with command")
+
     def _start(self, service: str) -> int:
         directory = Path(self._directory.name)
         port_file = directory / f"{service}.port"
