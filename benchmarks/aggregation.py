@@ -32,7 +32,10 @@ started for the run, W workers per job: tests/support/portable_runner.py) or the
 ``rows_per_second`` and ``seconds`` (wall clock of the whole call: for Beam that includes
 submitting the job, starting the workers and the hand-back of the result), Beam's
 ``fixed_seconds`` (the same call on 1,000 rows: the per-job cost independent of the data), and
-``beam_over_local`` (the ratio of the two throughputs).
+``beam_over_local`` (the ratio of the two throughputs), and Beam's ``cpu_seconds`` per run by
+process: ``driver`` (this one: rows to dicts, pickling them into the job), ``job_service`` (the
+portable runner's: it runs every shuffle and moves each element to and from the workers) and
+``workers`` (the worker pool and its workers: the DoFns).
 """
 import argparse
 import contextlib
@@ -107,16 +110,24 @@ def beam_runner(arguments: list[str]):
 
 @contextlib.contextmanager
 def beam_arguments(runner: str, workers: int):
-    """The pipeline arguments of ``runner`` with ``workers`` workers, its services running."""
+    """The pipeline arguments of ``runner`` with ``workers`` workers, its services running, and
+    a function returning the CPU seconds each process has used so far."""
     if runner == "direct":
-        yield [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+        yield ([f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"],
+               _driver_cpu)
         return
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                     "tests"))
     from support.portable_runner import PortableRunner
 
     with PortableRunner(workers=workers) as services:
-        yield services.options()
+        yield services.options(), lambda: {**_driver_cpu(), **services.cpu_seconds()}
+
+
+def _driver_cpu() -> dict:
+    """This process's CPU seconds (with its finished children: the DirectRunner's workers)."""
+    times = os.times()
+    return {"driver": times.user + times.system + times.children_user + times.children_system}
 
 
 def run_pipeline_dp(frame: pd.DataFrame, epsilon: float,
@@ -166,12 +177,17 @@ def measure(run, frame, exact, epsilon, delta, repeats) -> tuple[dict, pd.Index]
 def compare_engines(args, frame: pd.DataFrame, exact: pd.DataFrame, report: dict) -> None:
     """--engine beam: the Beam engine on ``args.runner`` against the local engine."""
     report.update(runner=args.runner, workers=args.workers)
-    with beam_arguments(args.runner, args.workers) as arguments:
+    with beam_arguments(args.runner, args.workers) as (arguments, cpu_seconds):
         run_beam = beam_runner(arguments)
         _, fixed = run_beam(frame.iloc[:1000], args.epsilon, args.delta)
+        before = cpu_seconds()
         report["beam"], _ = measure(run_beam, frame, exact, args.epsilon, args.delta,
                                     args.repeats)
+        after = cpu_seconds()
     report["beam"]["fixed_seconds"] = fixed
+    # where the time went: CPU seconds per process over the measured runs
+    report["beam"]["cpu_seconds"] = {name: (after[name] - before[name]) / args.repeats
+                                     for name in after}
     report["local"], _ = measure(run_sage, frame, exact, args.epsilon, args.delta, args.repeats)
     report["beam_over_local"] = (report["beam"]["rows_per_second"]
                                  / report["local"]["rows_per_second"])

@@ -67,6 +67,35 @@ class PortableRunner:
     def pool_pid(self) -> int:
         return self._processes[1].pid
 
+    def cpu_seconds(self) -> dict:
+        """CPU time (user + system) used so far by the job service (which runs the shuffles
+        and moves every element to and from the workers) and by the worker pool with its
+        workers (the DoFns), once the last job's workers have exited."""
+        import psutil
+
+        def seconds(process) -> float:
+            times = process.cpu_times()  # readable for a zombie too
+            return times.user + times.system + times.children_user + times.children_system
+
+        def running(process) -> bool:
+            try:
+                return process.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        pool = psutil.Process(self.pool_pid)
+        deadline = time.monotonic() + STOP_SECONDS
+        while any(map(running, pool.children())) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = 0.0
+        for child in pool.children():  # exited but not reaped: their time is not the pool's yet
+            try:
+                workers += seconds(child)
+            except psutil.NoSuchProcess:
+                pass  # reaped meanwhile: counted in the pool's children times below
+        return {"job_service": seconds(psutil.Process(self._processes[0].pid)),
+                "workers": seconds(pool) + workers}
+
     def workers_started(self) -> int:
         """How many SDK workers the pool has started so far (``workers`` per job)."""
         log = Path(self._directory.name) / "worker-pool.log"
