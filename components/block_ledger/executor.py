@@ -1,8 +1,9 @@
 """BlockLedger component's executor: obtain a grant, then release the granted blocks' Examples.
 
-Order matters (docs/architecture.md, "charge before release"): the ledger charges every selected
-block (all or nothing) before a single record is copied to the output. A denied or malformed request
-fails the component with nothing charged and nothing written.
+Order matters (docs/architecture.md, "charge before release"): the checks of the components the
+grant pays for run first (preflight.py), then the ledger charges every selected block (all or
+nothing) before a single record is copied to the output. A refused check, a denied or a malformed
+request fails the component with nothing charged and nothing written.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx import console
+from sage_tfx import console, release
+from sage_tfx.components.block_ledger import preflight
 from sage_tfx.components.privacy_grant import mark_examples, step_events, write_grant
 from sage_tfx.components.util.examples_io import SPLITS
 from sage_tfx.sage_access.errors import BadRequest
@@ -38,6 +40,15 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copyfile(source, target)
 
 
+FRONT_DOOR = "BlockLedger component"
+
+
+def _node_id(context) -> str | None:
+    """The component's id in its pipeline (None outside a TFX run)."""
+    node = getattr(context, "pipeline_node", None)
+    return node.node_info.id if node is not None else None
+
+
 class Executor(base_executor.BaseExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
@@ -53,10 +64,18 @@ class Executor(base_executor.BaseExecutor):
         epsilon, delta = float(exec_properties["epsilon"]), float(exec_properties["delta"])
         events = step_events(json.loads(exec_properties.get("step_mechanisms") or "{}"),
                              budget_split, epsilon, delta, ledger.accounting.name)
+        preflight.run(preflight.parse(exec_properties.get(preflight.PROPERTY)), epsilon, delta,
+                      budget_split)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
-        grant = ledger.request(selector, epsilon=epsilon, delta=delta, pipeline=pipeline,
-                               run_id=run_id, split=budget_split, events=events,
-                               data_uri=examples.uri, require_data=True)
+        # What the ledger records as the request: the pipeline and this component's terms (the
+        # steps' outcomes are recorded by the components that spend them).
+        request = json.dumps({"pipeline": pipeline, "run": run_id, "component": _node_id(
+            self._context), "split": budget_split, "step_mechanisms": json.loads(
+                exec_properties.get("step_mechanisms") or "{}")}, sort_keys=True)
+        plan = release.ReleasePlan(FRONT_DOOR, request, epsilon, delta, budget_split, events,
+                                   pipeline=pipeline, run_id=run_id, data_uri=examples.uri,
+                                   require_data=True)
+        grant = release.charge(ledger, plan, selector).grant
         blocks = ", ".join(grant.blocks) if len(grant.blocks) <= 4 else \
             f"{grant.blocks[0]} .. {grant.blocks[-1]} ({len(grant.blocks)} blocks)"
         console.report("BlockLedger: grant %s charged (%s, %s) on %s for pipeline %s",

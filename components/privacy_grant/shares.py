@@ -32,6 +32,11 @@ class GrantInfo:
     _used: dict = field(default_factory=dict, repr=False)
 
     @property
+    def record(self):
+        """The ledger's Grant (what the release protocol's `consume` takes)."""
+        return self._record
+
+    @property
     def ledger(self):
         """The ledger that issued the grant, as require_grant opened it (reuse it; do not open
         another)."""
@@ -46,6 +51,14 @@ class GrantInfo:
             except BadRequest as error:
                 raise GrantError(str(error)) from None
         return self._used[step]
+
+    def releasing(self, step: str, front_door: str):
+        """The release protocol for `step` (sage_tfx.release.consume): enter it right after
+        consuming the step's share, call `.released(uris, guarantee)` at the end; leaving it by
+        an error records the step `failed` (or `interrupted`) on the grant."""
+        from sage_tfx import release
+
+        return release.consume(self._ledger, self._record, [step], front_door)
 
     def event(self, step: str):
         """The dp-accounting event the ledger recorded for `step` (None if it recorded none)."""

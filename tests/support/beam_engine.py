@@ -9,7 +9,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from sage_tfx.dp_statistics.aggregation import Aggregate, AggregateKind, AggregationQuery
 from sage_tfx.dp_statistics.aggregation.beam import (AccumulateTransform, GatherAccumulated,
-                                                     run_transform)
+                                                     _records, run_transform)
 
 
 def conformance_frame() -> pd.DataFrame:
@@ -41,16 +41,17 @@ def sorted_by_keys(accumulated, query=CONFORMANCE_QUERY):
 def accumulate_with_beam(rows, query, plan, seed=None, options=None):
     """Steps 1-3 as AggregateTransform runs them (its AccumulateTransform and
     GatherAccumulated; only the release is left out), returned as local.accumulate returns
-    them. Draws the DP bounds' noise when the query infers bounds. ``options``: pipeline
+    them, for rows as aggregate_with_beam takes them (a pyarrow.Table, a pandas frame or
+    dicts). Draws the DP bounds' noise when the query infers bounds. ``options``: pipeline
     arguments (DirectRunner without)."""
-    records = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else rows
+    records, schema = _records(rows, query)
     return run_transform(records, AccumulateTransform(query, plan, seed)
-                         | GatherAccumulated(query), _options(options))
+                         | GatherAccumulated(query, schema), _options(options))
 
 
 def accumulate_files_with_beam(paths, query, plan, seed=None, options=None):
-    """As accumulate_with_beam, the rows read from JSON-lines files (one bundle per file) and
-    redistributed by a Reshuffle before the engine sees them."""
+    """As accumulate_with_beam, the rows (dicts) read from JSON-lines files (one bundle per
+    file) and redistributed by a Reshuffle before the engine sees them."""
     read = (beam.io.ReadAllFromText() | beam.Map(json.loads) | beam.Reshuffle())
     return run_transform(list(paths), read | AccumulateTransform(query, plan, seed)
                          | GatherAccumulated(query), _options(options))
