@@ -121,7 +121,10 @@ def beam_arguments(runner: str, workers: int):
     from support.portable_runner import PortableRunner
 
     with PortableRunner(workers=workers) as services:
-        yield services.options(), lambda: {**_driver_cpu(), **services.cpu_seconds()}
+        # Beam 2.77's PortableRunner gives its job-state stream this deadline: a longer job
+        # fails in the client (DEADLINE_EXCEEDED) at the default 300 s
+        yield (services.options("--job_server_timeout=86400"),
+               lambda: {**_driver_cpu(), **services.cpu_seconds()})
 
 
 def _driver_cpu() -> dict:
