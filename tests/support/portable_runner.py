@@ -3,7 +3,7 @@ pool, each a separate process, so a pipeline's workers are processes of their ow
 everything over the Fn API (pickled DoFns, coded elements), as on Flink or Dataflow.
 
     with PortableRunner(workers=2) as runner:
-        with beam.Pipeline(options=runner.options()) as pipeline: ...
+        with beam.Pipeline(options=PipelineOptions(runner.options())) as pipeline: ...
 
 Run as a script it is one of the two services (``job-service PORT_FILE`` or ``worker-pool
 PORT_FILE``): each binds port 0 and writes the port it got to PORT_FILE, so there is no race for a
