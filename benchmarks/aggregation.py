@@ -1,7 +1,9 @@
-"""The DP aggregation operator against PipelineDP on the same query, data and budget (issue 18 §3).
+"""The DP aggregation operator against PipelineDP on the same query, data and budget (issue 18 §3),
+or (``--engine beam``) its Beam engine against its local engine (issue 32).
 
     python benchmarks/aggregation.py [--rows N] [--epsilon E] [--delta D] [--seed S]
                                      [--repeats R] [--json]
+    python benchmarks/aggregation.py --engine beam [--runner portable|direct] [--workers W] ...
 
 Query: per partition COUNT(*), SUM(value) and MEAN(value), each row clamped into [0, 50], at most
 C_u = 4 partitions per user and m = 2 rows per user and partition, truncated-geometric partition
@@ -22,9 +24,24 @@ contribution bounds' bias is most of it), ``rmse_common`` over the partitions bo
 ``partitions_kept``, each averaged over the R runs; and ``throughput_ratio`` (ours /
 PipelineDP's).
 PipelineDP is a benchmark-only dependency (requirements/benchmark.txt).
+
+With ``--engine beam``: the same query and data through ``aggregate_with_beam`` (rows handed
+over as dicts, as DPAggregate does) on the portable runner (Beam's job service and a worker pool
+started for the run, W workers per job: tests/support/portable_runner.py) or the DirectRunner
+(W workers in multi-processing mode), and through the local engine. Printed: each engine's
+``rows_per_second`` and ``seconds`` (wall clock of the whole call: for Beam that includes
+submitting the job, starting the workers and the hand-back of the result), Beam's
+``fixed_seconds`` (the same call on 1,000 rows: the per-job cost independent of the data), and
+``beam_over_local`` (the ratio of the two throughputs), and Beam's ``cpu_seconds`` per run by
+process: ``driver`` (this one: rows to dicts, pickling them into the job), ``job_service`` (the
+portable runner's: it runs every shuffle and moves each element to and from the workers) and
+``workers`` (the worker pool and its workers: the DoFns).
 """
 import argparse
+import contextlib
 import json
+import os
+import sys
 import time
 
 import numpy as np
@@ -55,19 +72,65 @@ def truth(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"count": grouped.size(), "sum": grouped.sum(), "mean": grouped.mean()})
 
 
-def run_sage(frame: pd.DataFrame, epsilon: float, delta: float) -> tuple[pd.DataFrame, float]:
-    query = AggregationQuery(
+def sage_query() -> AggregationQuery:
+    return AggregationQuery(
         ("partition",), "user",
         (Aggregate.count(),
          Aggregate(AggregateKind.SUM, "value", LOW, HIGH, scope=BoundsScope.ROW, name="sum"),
          Aggregate(AggregateKind.AVG, "value", LOW, HIGH, name="mean")),
         max_partitions_contributed=MAX_PARTITIONS, max_contributions_per_partition=MAX_ROWS,
         selection=SelectionRule.TRUNCATED_GEOMETRIC)
+
+
+def run_sage(frame: pd.DataFrame, epsilon: float, delta: float) -> tuple[pd.DataFrame, float]:
+    query = sage_query()
     budget = plan(query, epsilon, delta)
     start = time.perf_counter()
     table = aggregate(frame, query, budget).table
     elapsed = time.perf_counter() - start
     return table.set_index("partition")[list(METRICS)], elapsed
+
+
+def beam_runner(arguments: list[str]):
+    """``run(frame, epsilon, delta)`` of the Beam engine with these pipeline arguments."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
+
+    def run(frame: pd.DataFrame, epsilon: float, delta: float) -> tuple[pd.DataFrame, float]:
+        query = sage_query()
+        budget = plan(query, epsilon, delta)
+        start = time.perf_counter()
+        table = aggregate_with_beam(frame, query, budget,
+                                    options=PipelineOptions(arguments)).table
+        elapsed = time.perf_counter() - start
+        return table.set_index("partition")[list(METRICS)], elapsed
+    return run
+
+
+@contextlib.contextmanager
+def beam_arguments(runner: str, workers: int):
+    """The pipeline arguments of ``runner`` with ``workers`` workers, its services running, and
+    a function returning the CPU seconds each process has used so far."""
+    if runner == "direct":
+        yield ([f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"],
+               _driver_cpu)
+        return
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "tests"))
+    from support.portable_runner import PortableRunner
+
+    with PortableRunner(workers=workers) as services:
+        # Beam 2.77's PortableRunner gives its job-state stream this deadline: a longer job
+        # fails in the client (DEADLINE_EXCEEDED) at the default 300 s
+        yield (services.options("--job_server_timeout=86400"),
+               lambda: {**_driver_cpu(), **services.cpu_seconds()})
+
+
+def _driver_cpu() -> dict:
+    """This process's CPU seconds (with its finished children: the DirectRunner's workers)."""
+    times = os.times()
+    return {"driver": times.user + times.system + times.children_user + times.children_system}
 
 
 def run_pipeline_dp(frame: pd.DataFrame, epsilon: float,
@@ -114,9 +177,44 @@ def measure(run, frame, exact, epsilon, delta, repeats) -> tuple[dict, pd.Index]
             }, runs
 
 
+def compare_engines(args, frame: pd.DataFrame, exact: pd.DataFrame, report: dict) -> None:
+    """--engine beam: the Beam engine on ``args.runner`` against the local engine."""
+    report.update(runner=args.runner, workers=args.workers)
+    with beam_arguments(args.runner, args.workers) as (arguments, cpu_seconds):
+        run_beam = beam_runner(arguments)
+        _, fixed = run_beam(frame.iloc[:1000], args.epsilon, args.delta)
+        before = cpu_seconds()
+        report["beam"], _ = measure(run_beam, frame, exact, args.epsilon, args.delta,
+                                    args.repeats)
+        after = cpu_seconds()
+    report["beam"]["fixed_seconds"] = fixed
+    # where the time went: CPU seconds per process over the measured runs
+    report["beam"]["cpu_seconds"] = {name: (after[name] - before[name]) / args.repeats
+                                     for name in after}
+    report["local"], _ = measure(run_sage, frame, exact, args.epsilon, args.delta, args.repeats)
+    report["beam_over_local"] = (report["beam"]["rows_per_second"]
+                                 / report["local"]["rows_per_second"])
+    if args.json:
+        print(json.dumps(report))
+        return
+    for name in ("beam", "local"):
+        entry = report[name]
+        print(f"{name:6s} {entry['rows_per_second']:12,.0f} rows/s  {entry['seconds']:8.1f} s  "
+              f"kept {entry['partitions_kept']:8.1f}")
+    print(f"beam: {args.runner} runner, {args.workers} worker(s), fixed cost "
+          f"{fixed:.1f} s per job; beam_over_local {report['beam_over_local']:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", choices=("compare", "beam"), default="compare",
+                        help="compare: the local engine against PipelineDP (the default); "
+                             "beam: the Beam engine against the local engine")
+    parser.add_argument("--runner", choices=("portable", "direct"), default="portable",
+                        help="with --engine beam: Beam's runner")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="with --engine beam: SDK worker processes per job")
     parser.add_argument("--rows", type=int, default=10 ** 6)
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=1e-6)
@@ -129,6 +227,9 @@ def main() -> None:
     report = {"rows": args.rows, "users": int(frame["user"].nunique()),
               "partitions": int(frame["partition"].nunique()), "epsilon": args.epsilon,
               "delta": args.delta, "repeats": args.repeats}
+    if args.engine == "beam":
+        compare_engines(args, frame, exact, report)
+        return
     runs = {}
     for name, run in (("sage_tfx", run_sage), ("pipeline_dp", run_pipeline_dp)):
         report[name], runs[name] = measure(run, frame, exact, args.epsilon, args.delta,

@@ -46,3 +46,14 @@ def seeded_noise(monkeypatch):
         return _SeededNoise(noise, atom, scale, rng), privacy
 
     monkeypatch.setattr(additive, "_measurement", measurement)
+
+
+@pytest.fixture(scope="session")
+def portable_runner():
+    """Beam's portable runner with 2 SDK workers per job, each a separate process (the job
+    service and the worker pool are started once per session; tests/support/portable_runner.py).
+    Yields the PortableRunner; ``portable_runner.options()`` are the pipeline arguments."""
+    from support.portable_runner import PortableRunner
+
+    with PortableRunner(workers=2) as runner:
+        yield runner

@@ -174,7 +174,7 @@ def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float
     """The (n_pairs, width) contribution vectors of pairs whose rows are given in pair order
     (``pair_of_row`` ascending, ``rank_in_pair`` a uniformly random order within each pair),
     ``columns[c]`` the values of column c in that order. ``bounds[name]``: the aggregate's
-    [L, U]. The Beam engine calls it with one pair, the local one with all kept pairs."""
+    [L, U]. The Beam engine calls it with a batch of pairs, the local one with all kept pairs."""
     spec = layout(query)
     sampled = rank_in_pair < query.max_contributions_per_partition
     sampled_pairs = pair_of_row[sampled]

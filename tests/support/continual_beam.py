@@ -35,10 +35,11 @@ def replay(records: Iterable[tuple], batches: MicroBatches) -> TestStream:
     return stream.advance_watermark_to_infinity()
 
 
-def collect(build) -> list:
-    """Run ``build(pipeline)`` -> PCollection in a streaming DirectRunner pipeline of its own;
-    its elements, which cross from the workers as one pickle file each."""
-    options = PipelineOptions([])  # not sys.argv (pytest's)
+def collect(build, arguments=()) -> list:
+    """Run ``build(pipeline)`` -> PCollection in a streaming pipeline of its own (DirectRunner
+    unless pipeline ``arguments`` say otherwise); its elements, which cross from the workers as
+    one pickle file each."""
+    options = PipelineOptions(list(arguments))  # not sys.argv (pytest's)
     options.view_as(StandardOptions).streaming = True
     with tempfile.TemporaryDirectory() as directory:
         def save(element):

@@ -3,7 +3,8 @@ law (docs/architecture.md: one conformance test per operator). Beam runs on the 
 import numpy as np
 import pandas as pd
 from scipy import stats
-from support.beam_engine import accumulate_with_beam
+from support.beam_engine import (CONFORMANCE_QUERY, accumulate_with_beam, conformance_frame,
+                                 sorted_by_keys)
 
 from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
                                                 SelectionRule, local, plan)
@@ -11,35 +12,11 @@ from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
 from sage_tfx.randomness import secret_rng
 
 
-def _frame() -> pd.DataFrame:
-    """40 units, each in at most 3 partitions with at most 4 rows per partition (under C_u = 3
-    and m = 4: no sampling changes anything), values up to 40 so SUM's clamp bites."""
-    rng = np.random.default_rng(5)
-    rows = []
-    for unit in range(40):
-        for key in rng.choice(12, size=rng.integers(1, 4), replace=False):
-            for _ in range(rng.integers(1, 5)):
-                rows.append({"area": f"a{key}", "day": int(key % 2), "uid": unit,
-                             "fare": float(rng.uniform(0, 40))})
-    return pd.DataFrame(rows)
-
-
-QUERY = AggregationQuery(
-    ("area", "day"), "uid",
-    (Aggregate.count(), Aggregate.count_distinct(), Aggregate(AggregateKind.SUM, "fare", 0, 50),
-     Aggregate(AggregateKind.VAR, "fare", 0, 30), Aggregate.median("fare", 0, 30)),
-    max_partitions_contributed=3, max_contributions_per_partition=4)
-
-
-def _sorted(accumulated):
-    order = accumulated.keys.sort_values(list(QUERY.group_by)).index.to_numpy()
-    return accumulated.keys.iloc[order].reset_index(drop=True), accumulated.accumulators[order]
-
-
 def test_both_engines_accumulate_the_same_pre_noise_sums():
-    frame, budget = _frame(), plan(QUERY, 1.0, 1e-6)
-    local_keys, local_sums = _sorted(local.accumulate(frame, QUERY, budget, secret_rng(0)))
-    beam_keys, beam_sums = _sorted(accumulate_with_beam(frame, QUERY, budget))
+    frame, budget = conformance_frame(), plan(CONFORMANCE_QUERY, 1.0, 1e-6)
+    local_keys, local_sums = sorted_by_keys(local.accumulate(frame, CONFORMANCE_QUERY, budget,
+                                                             secret_rng(0)))
+    beam_keys, beam_sums = sorted_by_keys(accumulate_with_beam(frame, CONFORMANCE_QUERY, budget))
     pd.testing.assert_frame_equal(local_keys, beam_keys)
     np.testing.assert_allclose(local_sums, beam_sums)
     # the sums are the data's: units per partition, and fares clamped per unit into [0, 50]
@@ -52,13 +29,15 @@ def test_both_engines_accumulate_the_same_pre_noise_sums():
 
 def test_both_engines_bound_a_heavy_unit_alike():
     """With sampling active (one unit in all 12 partitions), both keep C_u of its partitions."""
-    frame = pd.concat([_frame(), pd.DataFrame({"area": [f"a{k}" for k in range(12)],
+    frame = pd.concat([conformance_frame(), pd.DataFrame({"area": [f"a{k}" for k in range(12)],
                                                "day": [k % 2 for k in range(12)],
                                                "uid": 99, "fare": 1.0})])
-    budget = plan(QUERY, 1.0, 1e-6)
-    local_units = local.accumulate(frame, QUERY, budget, secret_rng(1)).accumulators[:, 0].sum()
-    beam_units = accumulate_with_beam(frame, QUERY, budget).accumulators[:, 0].sum()
-    assert local_units == beam_units == _frame().groupby("uid")["area"].nunique().sum() + 3
+    budget = plan(CONFORMANCE_QUERY, 1.0, 1e-6)
+    local_units = local.accumulate(frame, CONFORMANCE_QUERY, budget,
+                                   secret_rng(1)).accumulators[:, 0].sum()
+    beam_units = accumulate_with_beam(frame, CONFORMANCE_QUERY, budget).accumulators[:, 0].sum()
+    pairs = conformance_frame().groupby("uid")["area"].nunique().sum()
+    assert local_units == beam_units == pairs + 3
 
 
 def test_the_beam_engine_releases_with_the_local_noise_law():
@@ -86,9 +65,9 @@ def test_the_beam_engine_releases_with_the_local_noise_law():
 def test_a_dict_row_without_a_key_column_falls_in_the_null_key_partition_on_beam():
     """Beam takes dicts as they come; one lacking `day` must not stop a charged run (the local
     engine's frame has NaN there): it counts in the partition whose day is null."""
-    frame, budget = _frame(), plan(QUERY, 1.0, 1e-6)
+    frame, budget = conformance_frame(), plan(CONFORMANCE_QUERY, 1.0, 1e-6)
     records = frame.to_dict("records") + [{"area": "a0", "uid": 100, "fare": 1.0}]
-    accumulated = accumulate_with_beam(records, QUERY, budget)
+    accumulated = accumulate_with_beam(records, CONFORMANCE_QUERY, budget)
     null_day = accumulated.keys["day"].isna().to_numpy()
     assert null_day.sum() == 1
     np.testing.assert_array_equal(accumulated.accumulators[null_day, :2], [[1, 1]])
@@ -106,10 +85,11 @@ def test_both_engines_group_keys_whole_and_typed_as_declared():
         "area": pa.array(["a\x00", "a", "a", "b", "b", "a", "b"]),
         "day": pa.array([1, 1, None, big, big + 1, big + 1, 1], pa.int64()),
         "fare": pa.array([1.0] * 7)})
-    budget = plan(QUERY, 1.0, 1e-6)
-    local_keys, local_sums = _sorted(local.accumulate(local._frame(table, QUERY), QUERY, budget,
-                                                      secret_rng(0)))
-    beam_keys, beam_sums = _sorted(accumulate_with_beam(table, QUERY, budget))
+    query = CONFORMANCE_QUERY
+    budget = plan(query, 1.0, 1e-6)
+    local_keys, local_sums = sorted_by_keys(local.accumulate(local._frame(table, query), query,
+                                                             budget, secret_rng(0)))
+    beam_keys, beam_sums = sorted_by_keys(accumulate_with_beam(table, query, budget))
     pd.testing.assert_frame_equal(local_keys, beam_keys)
     np.testing.assert_allclose(local_sums, beam_sums)
     assert [str(t) for t in local_keys.dtypes] == ["string[pyarrow]", "int64[pyarrow]"]
