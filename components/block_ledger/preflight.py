@@ -33,6 +33,8 @@ class Check:
     legacy_keras: bool = False
     trainer: Optional[Mapping] = None
     sampling: Optional[Mapping] = None
+    # DPTransform's: the grant step whose share its preprocessing_fn spends (audited, no data).
+    transform_step: Optional[str] = None
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "module_needs": list(self.module_needs)}
@@ -55,11 +57,27 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
         try:
             if check.legacy_keras:
                 require_legacy_keras()
+            if check.transform_step is not None:
+                _transform_audit(check, epsilon, split)
+                continue
             UserModule.load(check.module_file, check.purpose, check.module_needs)
             if check.trainer is not None:
                 trainer_preflight(check.trainer, check.sampling, epsilon, delta, split)
-        except (ValueError, RuntimeError) as error:
+        except (ValueError, RuntimeError, TypeError) as error:
             raise BadRequest(f"{refusal}: {error}") from error
         except Exception as error:  # the user's module raised while it was imported
             raise BadRequest(f"{refusal}: module file {check.module_file!r} does not import: "
                              f"{type(error).__name__}: {error}") from error
+
+
+def _transform_audit(check: Check, epsilon: float, split: Mapping[str, float]) -> None:
+    """DPTransform's own audit, without data: the module loads and its preprocessing_fn uses
+    only DP analyzers whose shares fit the step's (dp_transform.executor.audit)."""
+    from sage_tfx.components.dp_transform.executor import audit, load_module
+    from sage_tfx.sage_access.accounting import split_share
+
+    if check.transform_step not in split:
+        raise ValueError(f"the grant's split has no {check.transform_step!r} step for "
+                         "DPTransform")
+    share_epsilon, _ = split_share(epsilon, 0.0, split, check.transform_step)
+    audit(*load_module(check.module_file), share_epsilon)

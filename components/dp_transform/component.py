@@ -4,6 +4,8 @@ from __future__ import annotations
 from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
+from sage_tfx.components.block_ledger import preflight
+from sage_tfx.components.block_ledger.component import check_before_charge
 from sage_tfx.components.dp_transform import executor
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
@@ -45,3 +47,6 @@ class DPTransform(base_beam_component.BaseBeamComponent):
             grant=grant,
             transform_graph=channel.Channel(type=standard_artifacts.TransformGraph),
             transformed_examples=channel.Channel(type=standard_artifacts.Examples)))
+        check_before_charge(grant, preflight.Check(
+            component="DPTransform", module_file=module_file, purpose="transform",
+            transform_step=grant_step))

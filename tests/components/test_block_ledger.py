@@ -128,3 +128,24 @@ def test_keras_2_is_in_effect_only_as_tensorflow_decided(monkeypatch):
     completed = subprocess.run([sys.executable, "-c", keras_3_first], capture_output=True,
                                text=True, timeout=120)
     assert completed.stdout.strip() == "False", completed.stderr[-2000:]
+
+
+def test_a_transform_that_uses_a_non_dp_analyzer_is_refused_before_the_charge(tmp_path):
+    """DPTransform registers its audit (traced without data) with the BlockLedger: a
+    preprocessing_fn calling tft.mean is refused before anything is charged, not after."""
+    from sage_tfx.components import BlockLedger as BlockLedgerComponent, DPTransform
+    from sage_tfx.components.block_ledger import preflight
+
+    module = _bad_module(tmp_path, (
+        "import tensorflow as tf\nimport tensorflow_transform as tft\n"
+        "def feature_spec(): return {'x': tf.io.FixedLenFeature([], tf.float32)}\n"
+        "def preprocessing_fn(inputs): return {'x': inputs['x'] - tft.mean(inputs['x'])}\n"))
+    ledger_component = BlockLedgerComponent(ledger_store="ledger.sqlite", epsilon=1.0,
+                                            delta=1e-7, window=1,
+                                            split={"transform": 0.5, "training": 0.5})
+    grant = ledger_component.outputs["grant"]
+    DPTransform(examples=ledger_component.outputs["examples"], grant=grant, module_file=module)
+    [check] = preflight.parse(grant.producer_component.exec_properties[preflight.PROPERTY])
+    assert (check.component, check.transform_step) == ("DPTransform", "transform")
+    with pytest.raises(BadRequest, match="refused before the charge.*DPTransform"):
+        preflight.run([check], 1.0, 1e-7, {"transform": "0.5", "training": "0.5"})
