@@ -44,6 +44,9 @@ def add_parser(groups) -> None:
                       help="the ledger's ML Metadata server as the job's pods reach it, "
                            "grpc://HOST:PORT (default: Kubeflow's own, "
                            "grpc://metadata-grpc-service:8080)")
+    taxi.add_argument("--seed", type=int, default=None,
+                      help="tests only: fixes the sampler's and trainer's randomness (never use "
+                           "it for a release: default, a seed from the OS)")
     taxi.add_argument("--module-file", default="sage_tfx.examples.taxi.taxi_module",
                       help="the taxi module inside the image: a path under /opt/sage-tfx or a "
                            "module path (default: %(default)s, the installed package's)")
@@ -86,7 +89,7 @@ def _taxi_example(args):
         # A file here is a path of this machine, which the job's pods do not have.
         raise ValueError(f"--ledger-store {ledger_store!r}: the job's pods reach the ledger "
                          "over gRPC; give grpc://HOST:PORT")
-    spec = dataclasses.replace(SPECS[args.mode](), module_file=args.module_file)
+    spec = dataclasses.replace(SPECS[args.mode](args.seed), module_file=args.module_file)
     window = MIN_WINDOW[args.mode] if args.window is None else args.window
     epsilon = INITIAL_EPSILON[args.mode] if args.epsilon is None else args.epsilon
     build = functools.partial(kubeflow_pipeline, spec, data_root=args.data_root, window=window,
