@@ -132,7 +132,8 @@ assert not wrong, wrong
     # Every public name of sage_tfx.components, from the wheel (not the clone).
     imported = _run(env, python, "-c", """
 import os, sys, sage_tfx, sage_tfx.components as c
-assert os.path.realpath(sage_tfx.__file__).startswith(os.path.realpath(sys.prefix)), sage_tfx.__file__
+here = os.path.realpath(sage_tfx.__file__)
+assert here.startswith(os.path.realpath(sys.prefix)), here
 for name in c.__all__:
     getattr(c, name)
 from sage_tfx.examples.taxi import taxi_module, stream

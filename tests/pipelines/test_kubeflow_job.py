@@ -79,7 +79,8 @@ def test_the_compiled_taxi_job_accepts_and_charges_as_the_demo(cluster):
     for block in ledger.live_blocks():
         assert (block.epsilon_ceiling, block.delta_ceiling) == (BLOCK_EPSILON, BLOCK_DELTA)
         assert block.charges == 1
-        assert float(block.spent[0]) == pytest.approx(INITIAL_EPSILON["dp_sgd"])  # basic: (eps, delta)
+        # Basic accounting: spent is (epsilon, delta).
+        assert float(block.spent[0]) == pytest.approx(INITIAL_EPSILON["dp_sgd"])
 
 
 @pytest.mark.slow
