@@ -1,5 +1,14 @@
 # The image every step of a compiled sage-tfx pipeline runs in (`sage-tfx compile --image ...`).
 #   docker build -t REGISTRY/sage-tfx:0.1.0 . && docker push REGISTRY/sage-tfx:0.1.0
+# (docs/pipelines.md: build, push, compile, upload, point the ledger at the cluster's metadata.)
+
+# The ledger page's chart library, as `make web` installs it (npm ci from the pinned
+# sage_access/web/package-lock.json), so that the wheel below holds it (setup.cfg package data).
+FROM node:20-bookworm-slim AS web
+WORKDIR /web
+COPY sage_access/web/package.json sage_access/web/package-lock.json ./
+RUN npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+
 # Debian 12 with CPython 3.11, the platform the lock file was verified on (shared STACK.md): TFX
 # 1.21's own image pins packages the lock replaces (ml-metadata 1.21 needs glibc 2.39).
 FROM python:3.11.7-slim-bookworm
@@ -15,5 +24,9 @@ COPY requirements/lock.txt requirements/lock.txt
 RUN pip install --quiet pip==24.3.1 setuptools==75.8.0 wheel==0.45.1 \
     && pip install --quiet --no-deps -r requirements/lock.txt
 COPY . .
+COPY --from=web /web/node_modules sage_access/web/node_modules
+# Installed as a wheel (not editable), as tests/test_wheel.py installs it.
 RUN pip install --quiet --no-deps --no-build-isolation . \
-    && python -c "import sage_tfx.components, sage_tfx.validators, tfx, ml_metadata"
+    && cd / && python -c "import sage_tfx.components as c; [getattr(c, n) for n in c.__all__]; \
+from sage_tfx.sage_access.web.app import chart_library; chart_library()" \
+    && sage-tfx --help > /dev/null

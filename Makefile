@@ -78,6 +78,7 @@ benchmark: $(STAMP) $(WEB_ASSETS)
 	$(BIN)/python benchmarks/taxi_sample_complexity.py --json
 	$(BIN)/python benchmarks/workload.py --json
 	$(BIN)/python benchmarks/noise.py --json
+	$(BIN)/python benchmarks/kubeflow_local.py
 	$(BIN)/python benchmarks/audit.py --json
 	$(BIN)/python benchmarks/aggregation.py --rows 1000000 --json
 	$(BIN)/python benchmarks/streaming.py --json

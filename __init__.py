@@ -17,3 +17,22 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 __version__ = "0.1.0"
+
+# The custom artifact types, by their TYPE_NAME: TFX's Kubeflow V2 entrypoint (each task of a
+# compiled job) imports an artifact's class from the title of its type, e.g. `sage_tfx.PrivacyGrant`
+# (Kubeflow requires TYPE_NAME to be `namespace.Name`, so the class must be reachable there).
+# Imported on first use (PEP 562): `import sage_tfx` stays light.
+_ARTIFACT_TYPES = {
+    "PrivacyGrant": "sage_tfx.components.privacy_grant.artifact",
+    "DPStatistics": "sage_tfx.components.dp_aggregate.component",
+    "ContinualReleaseState": "sage_tfx.components.continual_release.component",
+    "WorkloadAnswers": "sage_tfx.components.matrix_mechanism.component",
+}
+
+
+def __getattr__(name: str):
+    if name not in _ARTIFACT_TYPES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_ARTIFACT_TYPES[name]), name)

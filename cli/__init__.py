@@ -1,6 +1,6 @@
 """The `sage-tfx` console script: one module per subcommand group (ledger.py, statistics.py
-for ingest and query, stream.py, workload.py, audit.py, compile.py), and what they share
-(common.py: the store arguments, opening the ledger, the exit codes).
+for ingest and query, stream.py, workload.py, audit.py, compile.py, kubeflow.py), and what
+they share (common.py: the store arguments, opening the ledger, the exit codes).
 
 Groups import their implementation lazily, so `sage-tfx ledger ...` and the statistics commands
 never import TensorFlow; a command that needs it quiets TensorFlow's logging before the first
@@ -18,6 +18,7 @@ sage-tfx: differentially private ML pipelines with a per-block privacy budget.
   sage-tfx ledger ...    keep the privacy-budget ledger: create it (init), add data blocks,
                          grant budget, and see what was spent, reserved and is still free
   sage-tfx compile ...   compile a pipeline into a Kubeflow Pipelines job
+  sage-tfx kubeflow ...  run a compiled Kubeflow job on this machine, task by task (run-local)
   sage-tfx audit ...     measure, by running them, lower bounds on the mechanisms' epsilon
   sage-tfx ingest ...    register a CSV file as a table of ledger blocks
   sage-tfx query ...     run a DP SQL query (SELECT WITH ANONYMIZATION ...) on ingested tables
@@ -34,16 +35,18 @@ Set SAGE_TFX_DEBUG=1 to see a Python traceback when a command fails unexpectedly
 
 def main(argv: list[str] | None = None) -> int:
     from sage_tfx import __version__
-    from sage_tfx.cli import audit, compile, ledger, statistics, stream, workload
+    from sage_tfx.cli import audit, compile, kubeflow, ledger, statistics, stream, workload
     from sage_tfx.cli.common import EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED
 
     parser = argparse.ArgumentParser(prog="sage-tfx", description=DESCRIPTION + _exit_codes(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sage-tfx {__version__}")
-    groups = parser.add_subparsers(dest="group", required=True,
-                                   metavar="{ledger,compile,audit,ingest,query,workload-answer,stream}")
+    groups = parser.add_subparsers(
+        dest="group", required=True,
+        metavar="{ledger,compile,kubeflow,audit,ingest,query,workload-answer,stream}")
     ledger.add_parser(groups)
     compile.add_parser(groups)
+    kubeflow.add_parser(groups)
     audit.add_parser(groups)
     statistics.add_parsers(groups)
     workload.add_parser(groups)

@@ -42,6 +42,13 @@ def add_parser(groups) -> None:
                            "MIN_WINDOW in examples/taxi/pipeline.py)")
     taxi.add_argument("--epsilon", type=float,
                       help="the iteration's epsilon (default: the mode's INITIAL_EPSILON)")
+    taxi.add_argument("--ledger-store", default=None,
+                      help="the ledger's ML Metadata server as the job's pods reach it, "
+                           "grpc://HOST:PORT (default: Kubeflow's own, "
+                           "grpc://metadata-grpc-service:8080)")
+    taxi.add_argument("--seed", type=int, default=None,
+                      help="tests only: fixes the sampler's and trainer's randomness (never use "
+                           "it for a release: default, a seed from the OS)")
     taxi.add_argument("--module-file", default="sage_tfx.examples.taxi.taxi_module",
                       help="the taxi module inside the image: a path under /opt/sage-tfx or a "
                            "module path (default: %(default)s, the installed package's)")
@@ -63,7 +70,11 @@ def _compile(args) -> int:
     if args.pipeline_module:
         return kubeflow.compile_command(args.pipeline_module, args.out, args.image,
                                         args.pipeline_root)
-    build, summary = _taxi_example(args)
+    try:
+        build, summary = _taxi_example(args)
+    except ValueError as error:
+        print(f"sage-tfx compile: {error}; nothing written", file=sys.stderr)
+        return 2
     return kubeflow.compile_command(build, args.out, args.image, args.pipeline_root, summary)
 
 
@@ -75,11 +86,17 @@ def _taxi_example(args):
 
     from sage_tfx.examples.taxi.pipeline import (INITIAL_EPSILON, MIN_WINDOW, SPECS,
                                                  kubeflow_pipeline)
-    from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
-    spec = dataclasses.replace(SPECS[args.mode](), module_file=args.module_file)
+    from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE, parse
+    ledger_store = args.ledger_store or KUBEFLOW_LEDGER_STORE
+    if isinstance(parse(ledger_store), str):  # parse refuses a malformed grpc:// address
+        # A file here is a path of this machine, which the job's pods do not have.
+        raise ValueError(f"--ledger-store {ledger_store!r}: the job's pods reach the ledger "
+                         "over gRPC; give grpc://HOST:PORT")
+    spec = dataclasses.replace(SPECS[args.mode](args.seed), module_file=args.module_file)
     window = MIN_WINDOW[args.mode] if args.window is None else args.window
     epsilon = INITIAL_EPSILON[args.mode] if args.epsilon is None else args.epsilon
     build = functools.partial(kubeflow_pipeline, spec, data_root=args.data_root, window=window,
-                              epsilon=epsilon, months=(args.first_month, args.last_month))
+                              epsilon=epsilon, months=(args.first_month, args.last_month),
+                              ledger_store=ledger_store)
     return build, (f"; a grant of epsilon {epsilon:g} on {window} block(s); ledger at "
-                   f"{KUBEFLOW_LEDGER_STORE}")
+                   f"{ledger_store}")

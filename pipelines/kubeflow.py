@@ -25,6 +25,7 @@ from typing import Callable, Union
 from tfx.orchestration import pipeline as tfx_pipeline_module
 from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 
+from sage_tfx.components.block_example_gen import BlockExampleGen
 from sage_tfx.components.util.user_module import is_module_path
 from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
 
@@ -99,6 +100,12 @@ def compile_kubeflow(source: PipelineSource, out: str, image: str, **arguments) 
     `arguments`) to `out` and return it."""
     tfx_pipeline = resolve_pipeline(source, **arguments)
     check_module_files(tfx_pipeline)
+    for component in tfx_pipeline.components:
+        if isinstance(component, BlockExampleGen):
+            # TFX's Kubeflow V2 entrypoint publishes exactly one artifact per output
+            # (translate_executor_output); one per block failed the task after the blocks
+            # were registered.
+            component.exec_properties["per_block_artifacts"] = 0
     from tfx import components
     if components.InfraValidator is None:
         # TFX 1.21's V2 step builder tests isinstance(node, components.InfraValidator), which
@@ -106,8 +113,12 @@ def compile_kubeflow(source: PipelineSource, out: str, image: str, **arguments) 
         # These pipelines have no InfraValidator, so a class nothing is an instance of is exact.
         components.InfraValidator = _NoInfraValidator
     directory, filename = os.path.split(os.path.abspath(out))
+    # Pipeline spec 2.1: Kubeflow Pipelines 2's driver resolves constant parameters only in
+    # its form (runtimeValue.constant); 2.0's constantValue fails there ("param runtime value
+    # spec of type ... not implemented"). TFX's executor entrypoint reads both.
     runner = kubeflow_v2_dag_runner.KubeflowV2DagRunner(
-        config=kubeflow_v2_dag_runner.KubeflowV2DagRunnerConfig(default_image=image),
+        config=kubeflow_v2_dag_runner.KubeflowV2DagRunnerConfig(default_image=image,
+                                                                use_pipeline_spec_2_1=True),
         output_dir=directory, output_filename=filename)
     runner.run(tfx_pipeline)
     with open(out) as handle:

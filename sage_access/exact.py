@@ -35,8 +35,22 @@ def set_exact_property(artifact, name: str, value) -> None:
     artifact.set_string_custom_property(name, exact_decimal(value))
 
 
+def custom_value(artifact, name: str):
+    """A custom property's value as written (str, int or float; None when there is none), read
+    from a TFX artifact or an MLMD record. On Kubeflow an artifact passed from one task to the
+    next arrives as JSON metadata, which TFX's entrypoint stores as struct values (a number then
+    reads back as a float); plain values are read as MLMD holds them."""
+    properties = getattr(artifact, "mlmd_artifact", artifact).custom_properties
+    if name not in properties:
+        return None
+    value = properties[name]
+    if value.HasField("struct_value"):  # only TFX artifacts are built from Kubeflow's JSON
+        return artifact.get_json_value_custom_property(name)
+    return getattr(value, value.WhichOneof("value"))
+
+
 def exact_property(artifact, name: str) -> Optional[float]:
     """The float stored with `set_exact_property` (None when there is none), read from a TFX
     artifact or an MLMD record."""
-    properties = getattr(artifact, "mlmd_artifact", artifact).custom_properties
-    return float(properties[name].string_value) if name in properties else None
+    value = custom_value(artifact, name)
+    return None if value is None else float(value)

@@ -38,8 +38,9 @@ def test_dockerfile_installs_like_the_makefile():
 
 
 def test_base_image_matches_the_supported_python_and_the_lock():
-    [base] = [line.split()[1] for line in instructions(read("Dockerfile"))
-              if line.startswith("FROM ")]
+    # The last stage is the image; an earlier one only installs the chart library.
+    base = [line.split()[1] for line in instructions(read("Dockerfile"))
+            if line.startswith("FROM ")][-1]
     version = re.match(r"python:(\d+)\.(\d+)", base)
     assert version, base
     config = configparser.ConfigParser()
@@ -57,3 +58,16 @@ def test_base_image_matches_the_supported_python_and_the_lock():
 def test_the_build_context_leaves_out_local_environments():
     ignored = read(".dockerignore").split()
     assert ".venv" in ignored and "out" in ignored
+
+
+def test_the_image_installs_the_chart_library_as_make_web_does():
+    """The wheel holds the ledger page's chart library only if it is in the build context when
+    `pip install .` runs (setup.cfg package data): the image installs it from the same lock."""
+    docker = instructions(read("Dockerfile"))
+    npm = re.search(r"cd sage_access/web && (npm ci [^\n]+)", read("Makefile"))
+    assert npm and any(line == f"RUN {npm.group(1)}" for line in docker)
+    assert "COPY sage_access/web/package.json sage_access/web/package-lock.json ./" in docker
+    copied = [i for i, line in enumerate(docker)
+              if line.startswith("COPY --from=") and "sage_access/web/node_modules" in line]
+    installed = [i for i, line in enumerate(docker) if "--no-build-isolation ." in line]
+    assert copied and installed and copied[0] < installed[0]

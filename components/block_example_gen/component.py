@@ -25,6 +25,10 @@ class BlockExampleGenSpec(component_spec.ComponentSpec):
         "block_delta": component_spec.ExecutionParameter(type=float),
         "ledger_store": component_spec.ExecutionParameter(type=str),
         "ledger_context": component_spec.ExecutionParameter(type=str),
+        # 1 (default): one Examples artifact per block; 0: one for the whole run, holding each
+        # block in a subdirectory (pipelines/kubeflow.py sets it: TFX's Kubeflow V2 entrypoint
+        # passes exactly one artifact per output).
+        "per_block_artifacts": component_spec.ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
         # Examples from another ExampleGen (e.g. TFX's CsvExampleGen), all splits, instead of files.

@@ -226,4 +226,12 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             outputs.append(examples)
         with tf.io.gfile.GFile(os.path.join(output_uri, "blocks.json"), "w") as summary:
             json.dump([list(block) for block in blocks], summary)
+        if int(exec_properties.get("per_block_artifacts", 1)) == 0:
+            # One artifact for the run: the blocks are its subdirectories (and the ledger's
+            # data_uri of each); the first block's span, as TFX spans name a run's first period.
+            template.split_names = artifact_utils.encode_split_names(list(SPLITS))
+            template.span = blocks[0][1]
+            template.set_string_custom_property(block_keys.BLOCK_IDS,
+                                                json.dumps([block[0] for block in blocks]))
+            outputs = [template]
         output_dict["examples"][:] = outputs

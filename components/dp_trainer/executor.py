@@ -28,7 +28,7 @@ from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
 from sage_tfx.components.util.user_module import RecordDecoder, UserModule
-from sage_tfx.sage_access.exact import set_exact_property
+from sage_tfx.sage_access.exact import custom_value, set_exact_property
 
 
 class SamplesMismatch(ValueError):
@@ -36,9 +36,7 @@ class SamplesMismatch(ValueError):
 
 
 def read_descriptor(samples) -> SamplingDescriptor:
-    props = samples.mlmd_artifact.custom_properties
-    flat = {name: (value.string_value if value.HasField("string_value") else value.int_value)
-            for name, value in props.items()}
+    flat = {name: custom_value(samples, name) for name in samples.mlmd_artifact.custom_properties}
     if sample_keys.SCHEME not in flat:
         raise SamplesMismatch(f"the Examples at {samples.uri} carry no sampling descriptor; "
                               "DP-SGD trains on ObliviousSampleGen's output")

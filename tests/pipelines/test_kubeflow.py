@@ -56,9 +56,14 @@ def test_dp_sgd_mode_adds_the_sampler(tmp_path):
     assert set(job["pipelineSpec"]["components"]) == COMPONENTS | {"ObliviousSampleGen"}
     # Without --window/--epsilon, the grant is DP-SGD's first iteration, as the demo runs it.
     grant = job["pipelineSpec"]["root"]["dag"]["tasks"]["BlockLedger"]["inputs"]["parameters"]
-    constant = {name: value["runtimeValue"]["constantValue"] for name, value in grant.items()}
-    assert int(constant["window"]["intValue"]) == MIN_WINDOW["dp_sgd"]
-    assert constant["epsilon"]["doubleValue"] == INITIAL_EPSILON["dp_sgd"]
+    constant = {name: value["runtimeValue"]["constant"] for name, value in grant.items()}
+    assert constant["window"] == MIN_WINDOW["dp_sgd"]
+    assert constant["epsilon"] == INITIAL_EPSILON["dp_sgd"]
+    # Pipeline spec 2.1, the only form of constants Kubeflow Pipelines 2's driver resolves.
+    assert job["pipelineSpec"]["schemaVersion"] == "2.1.0"
+    # TFX's Kubeflow V2 entrypoint publishes one artifact per output: one for the whole run.
+    ingest = job["pipelineSpec"]["root"]["dag"]["tasks"]["BlockExampleGen"]["inputs"]
+    assert ingest["parameters"]["per_block_artifacts"]["runtimeValue"]["constant"] == 0
 
 
 @pytest.mark.slow
@@ -97,6 +102,10 @@ def test_no_silent_placeholders_and_no_directories_created(tmp_path):
         assert completed.returncode == 2 and missing in completed.stderr
     completed = compile_with("--out", out, *REQUIRED)
     assert completed.returncode == 2 and "--data-root" in completed.stderr
+    for store in (str(tmp_path / "ledger.sqlite"), "grpc://no-port"):  # pods reach it over gRPC
+        completed = compile_with("--out", out, *TAXI, "--ledger-store", store)
+        assert completed.returncode == 2, completed.stderr
+        assert "--ledger-store" in completed.stderr or "grpc://HOST:PORT" in completed.stderr
     nested = tmp_path / "absent" / "dir" / "job.json"
     completed = compile_with("--out", str(nested), *TAXI)
     assert completed.returncode == 2 and "does not exist" in completed.stderr
@@ -158,7 +167,7 @@ def test_the_compiled_job_names_no_file_of_the_compiling_machine(tmp_path):
     local = [s for s in _strings(job) if s.startswith((REPO_ROOT, str(tmp_path)))]
     assert local == []
     trainer = job["pipelineSpec"]["root"]["dag"]["tasks"]["DPTrainer"]["inputs"]["parameters"]
-    assert trainer["module_file"]["runtimeValue"]["constantValue"]["stringValue"] == \
+    assert trainer["module_file"]["runtimeValue"]["constant"] == \
         "sage_tfx.examples.taxi.taxi_module"
     # A path of this machine given to the CLI is refused before anything is written.
     from sage_tfx.examples.taxi.pipeline import MODULE_FILE
@@ -188,3 +197,25 @@ def test_a_module_file_of_this_machine_is_refused_naming_the_fix():
     for portable in (f"{IMAGE_ROOT}/examples/trip_model.py", "sage_tfx.examples.trip_model",
                      "my_company.models.trips"):
         check_module_files(create_pipeline("gs://b/f", ingest=False, module_file=portable))
+
+
+def test_custom_artifact_types_import_from_their_type_names():
+    """TFX's Kubeflow V2 entrypoint imports each artifact's class from its type's title."""
+    from tfx.types import artifact
+    from tfx.utils import import_utils
+
+    import sage_tfx.components as components
+
+    for name in components.__all__:  # imports every component's module
+        getattr(components, name)
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    ours = {cls for cls in subclasses(artifact.Artifact)
+            if (getattr(cls, "TYPE_NAME", None) or "").startswith("sage_tfx.")}
+    assert len(ours) >= 4
+    for cls in ours:
+        assert import_utils.import_class_by_path(cls.TYPE_NAME) is cls

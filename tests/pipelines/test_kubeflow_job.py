@@ -1,0 +1,98 @@
+"""The taxi DP-SGD job as a cluster runs it (issue 30): compiled by `sage-tfx compile
+--kubeflow` for the iteration that ACCEPTs in `make demo` (24 months at epsilon 0.5), run by
+`sage-tfx kubeflow run-local` (each task its own process), the ledger reached only over ML
+Metadata's gRPC service (a server process in front of the ledger's file). It ACCEPTs and charges
+what the demo's iteration charges; a job whose module is missing stops before any charge.
+
+Tasks run in their own processes, so the test seeds them there: `--seed` (sampler and trainer)
+and seeded_tasks/sitecustomize.py (the mechanisms' noise, same law and scale), so the outcome
+repeats. Several minutes: each task starts TensorFlow."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sage_tfx.examples.taxi.pipeline import (BLOCK_DELTA, BLOCK_EPSILON, DP_SGD_SPLIT,
+                                             INITIAL_EPSILON, MIN_WINDOW, dp_sgd_spec)
+from sage_tfx.examples.taxi.stream import TaxiStream
+from sage_tfx.sage_access import BlockLedger
+from sage_tfx.sage_access.accounting import AccountingMode
+
+from support import REPO_ROOT
+from support.mlmd_grpc import grpc_store
+
+TESTS = os.path.join(REPO_ROOT, "tests")
+SEEDED_TASKS = os.path.join(TESTS, "support", "seeded_tasks")
+
+
+def _cli(*args, timeout=1800):
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([SEEDED_TASKS, TESTS]))
+    return subprocess.run([sys.executable, "-m", "sage_tfx.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=environment)
+
+
+def _compile(tmp, store, data, first, last, *extra):
+    out = str(tmp / f"job-{first}.json")
+    compiled = _cli("compile", "--kubeflow", "--out", out, "--image", "example.com/sage:0.1.0",
+                    "--pipeline-root", str(tmp / "root"), "--data-root", str(data),
+                    "--mode", "dp_sgd", "--first-month", first, "--last-month", last,
+                    "--ledger-store", store, "--seed", "0", *extra, timeout=600)
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """(tmp dir, grpc:// ledger address, the ledger file, the taxi stream) with the demo's
+    ledger: basic accounting, minimum request 0.05, as examples/taxi/run.py creates it."""
+    tmp = tmp_path_factory.mktemp("kubeflow")
+    path = str(tmp / "ledger.sqlite")
+    with grpc_store(path) as store:
+        BlockLedger.create(store, accounting=AccountingMode.BASIC, min_request_epsilon=0.05)
+        yield tmp, store, path, TaxiStream.load()
+
+
+@pytest.mark.slow
+def test_the_compiled_taxi_job_accepts_and_charges_as_the_demo(cluster):
+    tmp, store, path, stream = cluster
+    months = stream.release(MIN_WINDOW["dp_sgd"], str(tmp / "first-months"))
+    job = _compile(tmp, store, tmp / "first-months", months[0], months[-1])
+    ran = _cli("kubeflow", "run-local", job, "--pipeline-root", str(tmp / "root"))
+    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-5000:]
+    assert "all 7 tasks done" in ran.stdout
+    # ACCEPT: the validator blessed the model and the Pusher pushed it.
+    [blessing] = [json.load(open(os.path.join(directory, "output_metadata.json")))
+                  for directory, _, files in os.walk(tmp / "root")
+                  if directory.endswith(os.path.join(".local", "SLAedValidator"))]
+    assert blessing["artifacts"]["blessing"]["artifacts"][0]["metadata"]["outcome"] == "ACCEPT"
+    assert os.listdir(tmp / "root" / "serving")
+    # The demo's first DP-SGD iteration: its window of the 24 months, its epsilon, the spec's
+    # delta and split, one grant, every block charged that much (basic composition).
+    ledger = BlockLedger(store)
+    [grant] = ledger.grant_records()
+    assert sorted(grant["blocks"]) == sorted(months) and len(months) == 24
+    assert (grant["epsilon"], grant["delta"]) == (INITIAL_EPSILON["dp_sgd"], dp_sgd_spec().delta)
+    assert {step: float(share) for step, share in grant["split"].items()} == DP_SGD_SPLIT
+    assert grant["pipeline"] == "sage-taxi" and grant["outcome"] == "released"
+    for block in ledger.live_blocks():
+        assert (block.epsilon_ceiling, block.delta_ceiling) == (BLOCK_EPSILON, BLOCK_DELTA)
+        assert block.charges == 1
+        # Basic accounting: spent is (epsilon, delta).
+        assert float(block.spent[0]) == pytest.approx(INITIAL_EPSILON["dp_sgd"])
+
+
+@pytest.mark.slow
+def test_a_job_whose_module_is_missing_stops_before_the_charge(cluster):
+    tmp, store, path, stream = cluster
+    before = BlockLedger(store).grant_records()
+    months = stream.release(2, str(tmp / "new-months"))
+    job = _compile(tmp, store, tmp / "new-months", months[0], months[-1],
+                   "--module-file", "sage_tfx.examples.taxi.no_such_module")
+    ran = _cli("kubeflow", "run-local", job, "--pipeline-root", str(tmp / "root"))
+    assert ran.returncode == 2, (ran.stdout + ran.stderr)[-5000:]
+    assert "task BlockLedger failed" in ran.stderr and "nothing was charged" in ran.stderr
+    assert "no_such_module" in ran.stdout  # the preflight's refusal, in the task's log tail
+    assert "DPTransform" not in ran.stdout  # no later task started
+    assert BlockLedger(store).grant_records() == before

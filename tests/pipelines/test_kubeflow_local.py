@@ -1,0 +1,141 @@
+"""`sage-tfx kubeflow run-local` on small jobs whose tasks are plain Python: the order, the
+executor input Kubeflow fills in, artifacts passed through the pipeline root, a failing task
+stopping the job, and jobs refused before any task starts. (The taxi job: test_kubeflow_job.py.)"""
+import json
+import os
+import sys
+
+import pytest
+
+from sage_tfx.pipelines.kubeflow_local import (CHARGING_EXECUTOR, JobFailed, JobRefused,
+                                               run_local, task_order)
+
+# A task: reads the executor input ({{$}}), writes each output artifact's file and the output
+# metadata file; its inputs' files and metadata are copied into what it writes.
+TASK = r"""
+import json, os, sys
+given = json.loads(sys.argv[sys.argv.index("--input") + 1])
+fail = int(sys.argv[sys.argv.index("--exit") + 1])
+seen = {key: {"text": open(os.path.join(a["artifacts"][0]["uri"], "data")).read(),
+              "metadata": a["artifacts"][0]["metadata"]}
+        for key, a in given["inputs"]["artifacts"].items()}
+if fail:
+    sys.exit(fail)
+written = {}
+for key, a in given["outputs"]["artifacts"].items():
+    uri = a["artifacts"][0]["uri"]
+    os.makedirs(uri)
+    with open(os.path.join(uri, "data"), "w") as handle:
+        json.dump({"parameters": given["inputs"]["parameterValues"], "seen": seen,
+                   "cwd": os.getcwd(), "keras": os.environ.get("TF_USE_LEGACY_KERAS")}, handle)
+    written[key] = {"artifacts": [{"uri": uri, "metadata": {"written_by": key}}]}
+with open(given["outputs"]["outputFile"], "w") as handle:
+    json.dump({"artifacts": written}, handle)
+"""
+SCHEMA = {"instanceSchema": "title: tfx.Examples\ntype: object\n"}
+
+
+def _job(tasks: dict) -> dict:
+    """A PipelineJob of `tasks` {name: (inputs from {key: producer}, exit code, executor)}."""
+    components, executors, dag = {}, {}, {}
+    for name, (inputs, exit_code, executor) in tasks.items():
+        components[name] = {
+            "executorLabel": f"{name}_executor",
+            "inputDefinitions": {"artifacts": {key: {"artifactType": SCHEMA} for key in inputs},
+                                 "parameters": {"step": {"parameterType": "STRING"}}},
+            "outputDefinitions": {"artifacts": {"out": {"artifactType": SCHEMA}}}}
+        executors[f"{name}_executor"] = {"container": {
+            "image": "example.com/sage-tfx:0.1.0", "command": ["python", "-c", TASK],
+            "args": ["--executor_class_path", executor, "--input", "{{$}}",
+                     "--exit", str(exit_code)]}}
+        dag[name] = {"componentRef": {"name": name}, "taskInfo": {"name": name},
+                     "dependentTasks": sorted(set(inputs.values())),
+                     "inputs": {"parameters": {"step": {"runtimeValue": {"constant": name}}},
+                                "artifacts": {key: {"taskOutputArtifact": {
+                                    "producerTask": producer, "outputArtifactKey": "out"}}
+                                    for key, producer in inputs.items()}}}
+    return {"displayName": "toy", "pipelineSpec": {
+        "schemaVersion": "2.1.0", "pipelineInfo": {"name": "toy"}, "components": components,
+        "deploymentSpec": {"executors": executors}, "root": {"dag": {"tasks": dag}}}}
+
+
+def _read(run, task):
+    with open(os.path.join(run.tasks[[t.name for t in run.tasks].index(task)].outputs["out"]
+                           ["uri"], "data")) as handle:
+        return json.load(handle)
+
+
+def test_tasks_run_in_order_each_given_what_kubeflow_gives(tmp_path):
+    job = _job({"c": ({"left": "a", "right": "b"}, 0, "x.Executor"),
+                "b": ({"source": "a"}, 0, "x.Executor"), "a": ({}, 0, "x.Executor")})
+    run = run_local(job, str(tmp_path), report=lambda line: None, run_id="r1")
+    assert [task.name for task in run.tasks] == ["a", "b", "c"]
+    assert run.run_root == f"{tmp_path}/toy/r1"
+    c = _read(run, "c")
+    assert c["parameters"] == {"step": "c"}
+    # Each input is the producer's output: its file under the run root, its written metadata.
+    assert run.tasks[0].outputs["out"]["uri"] == f"{tmp_path}/toy/r1/a/out"
+    assert c["seen"]["right"]["metadata"] == {"written_by": "out"}
+    assert json.loads(c["seen"]["left"]["text"])["parameters"] == {"step": "a"}
+    assert json.loads(c["seen"]["right"]["text"])["seen"]["source"]["metadata"] == \
+        {"written_by": "out"}
+    # The image's environment, in an empty directory that is not this one.
+    assert c["keras"] == "1" and c["cwd"] != os.getcwd() and not run.charged
+
+
+def test_a_failing_task_stops_the_job(tmp_path):
+    job = _job({"ingest": ({}, 0, "x.Executor"),
+                "grant": ({"blocks": "ingest"}, 3, CHARGING_EXECUTOR),
+                "train": ({"examples": "grant"}, 0, "x.Executor")})
+    lines = []
+    with pytest.raises(JobFailed, match="task grant failed \\(exit 3\\); nothing was charged"):
+        run_local(job, str(tmp_path), report=lines.append, run_id="r1")
+    assert not os.path.exists(tmp_path / "toy" / "r1" / "train")
+    assert any("grant: FAILED (exit 3)" in line for line in lines)
+    job = _job({"grant": ({}, 0, CHARGING_EXECUTOR), "train": ({"examples": "grant"}, 4,
+                                                              "x.Executor")})
+    with pytest.raises(JobFailed, match="after|spent") as failed:
+        run_local(job, str(tmp_path), report=lambda line: None, run_id="r2")
+    assert failed.value.run.charged
+
+
+def test_jobs_that_cannot_run_are_refused_before_any_task(tmp_path):
+    job = _job({"a": ({}, 0, "x.Executor")})
+    old = json.loads(json.dumps(job))
+    old["pipelineSpec"]["schemaVersion"] = "2.0.0"
+    with pytest.raises(JobRefused, match="runtimeValue.constant"):
+        run_local(old, str(tmp_path))
+    runtime = json.loads(json.dumps(job))
+    runtime["pipelineSpec"]["root"]["dag"]["tasks"]["a"]["inputs"]["parameters"]["step"] = {
+        "componentInputParameter": "step"}
+    with pytest.raises(JobRefused, match="only constants"):
+        run_local(runtime, str(tmp_path))
+    cycle = _job({"a": ({"x": "b"}, 0, "x.Executor"), "b": ({"y": "a"}, 0, "x.Executor")})
+    with pytest.raises(JobRefused, match="cycle"):
+        run_local(cycle, str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_task_order_is_topological_and_repeatable():
+    tasks = {"z": {"dependentTasks": []}, "y": {"dependentTasks": ["z"]},
+             "a": {"dependentTasks": ["y"]}, "b": {"dependentTasks": []}}
+    assert task_order(tasks) == ["b", "z", "y", "a"]
+    with pytest.raises(JobRefused, match="unknown task"):
+        task_order({"a": {"dependentTasks": ["nope"]}})
+
+
+def test_the_cli_exit_codes(tmp_path):
+    import subprocess
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(_job({"grant": ({}, 0, CHARGING_EXECUTOR),
+                                     "train": ({"examples": "grant"}, 5, "x.Executor")})))
+    completed = subprocess.run([sys.executable, "-m", "sage_tfx.cli", "kubeflow", "run-local",
+                                str(path), "--pipeline-root", str(tmp_path / "root")],
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 7, completed.stderr
+    assert "task train failed (exit 5); the ledger was charged" in completed.stderr
+    path.write_text("{}")
+    completed = subprocess.run([sys.executable, "-m", "sage_tfx.cli", "kubeflow", "run-local",
+                                str(path), "--pipeline-root", str(tmp_path / "root")],
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2 and "no task started" in completed.stderr
