@@ -58,7 +58,7 @@ def truth(frame: pd.DataFrame) -> pd.DataFrame:
 def run_sage(frame: pd.DataFrame, epsilon: float, delta: float) -> tuple[pd.DataFrame, float]:
     query = AggregationQuery(
         ("partition",), "user",
-        (Aggregate.count(),
+        (Aggregate.count("value", name="count"),  # no NULLs here: COUNT(*); MEAN derives it
          Aggregate(AggregateKind.SUM, "value", LOW, HIGH, scope=BoundsScope.ROW, name="sum"),
          Aggregate(AggregateKind.AVG, "value", LOW, HIGH, name="mean")),
         max_partitions_contributed=MAX_PARTITIONS, max_contributions_per_partition=MAX_ROWS,

@@ -22,13 +22,25 @@ block                  a kept pair's contribution                      Delta (L1
 =====================  ==============================================  ======================
 units                  1                                               1
 rows                   sampled rows, <= m                              m
-SUM [L, U], unit       clamp(sum of the unit's rows, L, U)             max(|L|, |U|)
-SUM [L, U], row        sum over sampled rows of clamp(x)               m max(|L|, |U|)
-centred sum (AVG...)   sum over sampled rows of clamp(x) - mid          m (U - L) / 2
-centred squares        sum over sampled rows of (clamp(x) - mid)^2     m h^2 / 2, h = (U-L)/2
-                       - h^2 / 2  (in [-h^2/2, h^2/2])
-histogram (QUANTILE)   counts of sampled rows per bucket of [L, U]     m (one bucket: L1=L2=m)
+COUNT(col)             sampled rows whose col is not NULL, <= m        m
+SUM [L, U], unit       clamp(sum of the unit's non-NULL values, L, U)  max(|L|, |U|)
+                       (0 when it has none)
+SUM [L, U], row        sum over sampled non-NULL rows of clamp(x)      m max(|L|, |U|)
+count (AVG...)         sampled rows whose value is not NULL, <= m      m
+centred sum (AVG...)   sum over sampled non-NULL rows of clamp(x)-mid  m (U - L) / 2
+centred squares        sum over sampled non-NULL rows of               m h^2 / 2, h = (U-L)/2
+                       (clamp(x) - mid)^2 - h^2 / 2 (in [-h^2/2, h^2/2])
+histogram (QUANTILE)   counts of sampled non-NULL rows per bucket      m (one bucket: L1=L2=m)
 =====================  ==============================================  ======================
+
+NULL semantics (BigQuery's): a NULL or NaN value (and, from SQL, text that does not parse as a
+number) is skipped by the aggregate that reads it: it adds no term to that aggregate's blocks,
+while the row still counts for COUNT(*) and for the other aggregates. Why the bounds hold: the
+m sampled rows of a pair are chosen before any value is looked at, and skipping is a function
+of one row's value alone, so each block above is a sum of at most m terms each within the
+stated range (a skipped row's term is 0, inside every range): a unit's change is bounded by
+the same Delta, whatever its values. AVG, VAR and STDDEV divide by their own noisy count of
+non-NULL rows (not the rows block), so a NULL never pulls a mean toward the midpoint or 0.
 
 Over the C_u partitions a unit touches (different coordinates), the block's vector changes by at
 most C_u * Delta in L1 and sqrt(C_u) * Delta in L2: the Laplace / Gaussian sensitivities
@@ -80,8 +92,9 @@ def counts_column(aggregate: Aggregate) -> bool:
 
 
 def layout(query: AggregationQuery) -> Layout:
-    widths = {AggregateKind.SUM: 1, AggregateKind.AVG: 1, AggregateKind.VAR: 2,
-              AggregateKind.STDDEV: 2, AggregateKind.QUANTILE: QUANTILE_BUCKETS}
+    # AVG / VAR / STDDEV: their non-NULL row count, centred sum[, centred squares].
+    widths = {AggregateKind.SUM: 1, AggregateKind.AVG: 2, AggregateKind.VAR: 3,
+              AggregateKind.STDDEV: 3, AggregateKind.QUANTILE: QUANTILE_BUCKETS}
     blocks, start = {}, 2
     for aggregate in query.aggregates:
         # COUNT(*) and COUNT_DISTINCT read rows / units; COUNT(col) its own column of rows.
@@ -168,13 +181,29 @@ def midpoint_and_half_width(low: float, high: float) -> tuple[float, float]:
     return (low + high) / 2.0, (high - low) / 2.0
 
 
+def present_values(values: np.ndarray, low: float, high: float) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``values`` are set (not NULL/NaN: SQL's NULL, skipped by every aggregate as in
+    BigQuery) and the values clamped into [low, high], 0 where not set (an infinity is a value:
+    it clamps to the nearer bound)."""
+    present = ~np.isnan(values)
+    clamped = mechanisms.bounded(np.clip(np.where(present, values, low), low, high), low, high)
+    return present, np.where(present, clamped, 0.0)
+
+
 def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float, float]],
                        pair_of_row: np.ndarray, rank_in_pair: np.ndarray, n_pairs: int,
                        columns: Mapping[str, np.ndarray]) -> np.ndarray:
     """The (n_pairs, width) contribution vectors of pairs whose rows are given in pair order
     (``pair_of_row`` ascending, ``rank_in_pair`` a uniformly random order within each pair),
-    ``columns[c]`` the values of column c in that order. ``bounds[name]``: the aggregate's
-    [L, U]. The Beam engine calls it with one pair, the local one with all kept pairs."""
+    ``columns[c]`` the values of column c in that order (NaN: NULL). ``bounds[name]``: the
+    aggregate's [L, U]. The Beam engine calls it with one pair, the local one with all kept
+    pairs.
+
+    NULL skipping (module docstring): a sampled row whose value is NULL adds nothing to that
+    aggregate's block. Whether a row is skipped is a function of that row alone, applied after
+    the sampling (which never looks at values), so each block of a unit's contribution keeps
+    the range of the Delta table: skipping only removes terms from a sum of at most m bounded
+    terms."""
     spec = layout(query)
     sampled = rank_in_pair < query.max_contributions_per_partition
     sampled_pairs = pair_of_row[sampled]
@@ -187,26 +216,36 @@ def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float
             present = ~np.isnan(columns[aggregate.column][sampled])
             out[:, block.start] = np.bincount(sampled_pairs, weights=present, minlength=n_pairs)
         elif aggregate.kind is AggregateKind.SUM and not aggregate.bounds_rows:
-            totals = saturating_sums(pair_of_row, columns[aggregate.column], n_pairs)
-            out[:, block.start] = mechanisms.bounded(totals, *bounds[aggregate.output_name])
+            # The unit's total over its non-NULL values, clamped; a pair with no value adds 0.
+            column = columns[aggregate.column]
+            present = ~np.isnan(column)
+            totals = saturating_sums(pair_of_row, np.where(present, column, 0.0), n_pairs)
+            has_value = np.bincount(pair_of_row, weights=present, minlength=n_pairs) > 0
+            out[:, block.start] = np.where(
+                has_value, mechanisms.bounded(totals, *bounds[aggregate.output_name]), 0.0)
         elif aggregate.bounds_rows:
             low, high = bounds[aggregate.output_name]
-            values = mechanisms.bounded(columns[aggregate.column][sampled], low, high)
-            if aggregate.kind is AggregateKind.SUM:
+            present, values = present_values(columns[aggregate.column][sampled], low, high)
+            if aggregate.kind is AggregateKind.SUM:  # the clamped values, not centred
                 out[:, block.start] = np.bincount(sampled_pairs, weights=values,
                                                   minlength=n_pairs)
-            elif aggregate.kind is AggregateKind.QUANTILE:
-                bucket = histogram_buckets(values, low, high)
-                out[:, block] = np.bincount(sampled_pairs * QUANTILE_BUCKETS + bucket,
+                continue
+            if aggregate.kind is AggregateKind.QUANTILE:
+                bucket = histogram_buckets(values[present], low, high)
+                out[:, block] = np.bincount(sampled_pairs[present] * QUANTILE_BUCKETS + bucket,
                                             minlength=n_pairs * QUANTILE_BUCKETS
                                             ).reshape(n_pairs, QUANTILE_BUCKETS)
                 continue
+            # AVG / VAR / STDDEV: their own count of non-NULL rows, then the centred moments.
             mid, half = midpoint_and_half_width(low, high)
-            centred = values - mid
-            out[:, block.start] = np.bincount(sampled_pairs, weights=centred, minlength=n_pairs)
+            centred = np.where(present, values - mid, 0.0)
+            out[:, block.start] = np.bincount(sampled_pairs, weights=present, minlength=n_pairs)
+            out[:, block.start + 1] = np.bincount(sampled_pairs, weights=centred,
+                                                  minlength=n_pairs)
             if aggregate.kind in (AggregateKind.VAR, AggregateKind.STDDEV):
-                out[:, block.start + 1] = np.bincount(
-                    sampled_pairs, weights=centred ** 2 - half ** 2 / 2.0, minlength=n_pairs)
+                out[:, block.start + 2] = np.bincount(
+                    sampled_pairs, weights=np.where(present, centred ** 2 - half ** 2 / 2.0, 0.0),
+                    minlength=n_pairs)
     return out
 
 
@@ -317,9 +356,12 @@ def bounds_input(aggregate: Aggregate, pair_of_row: np.ndarray, rank_in_pair: np
                  n_pairs: int, column: np.ndarray, max_rows: int) -> np.ndarray:
     """The values one aggregate's bounds are inferred from: each kept pair's total (unit-scoped
     SUM) or its sampled rows' values, for pairs given in pair order."""
-    if not aggregate.bounds_rows:
-        return np.bincount(pair_of_row, weights=column, minlength=n_pairs)
-    return column[rank_in_pair < max_rows]
+    if not aggregate.bounds_rows:  # pairs without a non-NULL value add nothing
+        present = ~np.isnan(column)
+        totals = np.bincount(pair_of_row, weights=np.where(present, column, 0.0),
+                             minlength=n_pairs)
+        return totals[np.bincount(pair_of_row, weights=present, minlength=n_pairs) > 0]
+    return column[rank_in_pair < max_rows]  # log_histogram skips the NULLs (NaN)
 
 
 # --- 4: noise, selection, post-processing ----------------------------------------------------
@@ -354,14 +396,14 @@ def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     epsilon, delta = component_budget(aggregate.kind, step.epsilon, step.delta)
     m = query.max_contributions_per_partition
     mid, half = midpoint_and_half_width(low, high)
-    rows = _noisy(query, accumulators[:, Layout.ROWS], m, epsilon, delta)
-    centred = _noisy(query, accumulators[:, block.start], m * half, epsilon, delta)
+    rows = _noisy(query, accumulators[:, block.start], m, epsilon, delta)
+    centred = _noisy(query, accumulators[:, block.start + 1], m * half, epsilon, delta)
     moments = _NoisyMoments(rows.value, centred.value, mid)
     count = np.maximum(rows.value, 1.0)
     mean = np.clip(mid + centred.value / count, low, high)
     if aggregate.kind is AggregateKind.AVG:
         return mean, [rows.event, centred.event], moments
-    squares = _noisy(query, accumulators[:, block.start + 1], m * half ** 2 / 2.0, epsilon,
+    squares = _noisy(query, accumulators[:, block.start + 2], m * half ** 2 / 2.0, epsilon,
                      delta)
     centred_mean = mean - mid
     variance = np.clip(squares.value / count + half ** 2 / 2.0 - centred_mean ** 2,

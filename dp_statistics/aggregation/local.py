@@ -89,7 +89,7 @@ def _not_numeric(column: str, kind) -> QueryError:
 def numeric_column(frame: pd.DataFrame, column: str) -> np.ndarray:
     """The column as doubles. The refusal depends on the column's type only (the schema, the
     same on neighbouring tables): in an untyped (object) column a value that is not a number
-    counts as missing, i.e. its clamp's midpoint, since refusing the query because of one row
+    is NULL (NaN, skipped by the aggregates), since refusing the query because of one row
     would reveal that the row is there."""
     series = frame[column]
     if pd.api.types.is_object_dtype(series.dtype):
