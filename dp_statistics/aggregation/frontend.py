@@ -13,6 +13,7 @@ is refused) and runs the operator.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from decimal import ROUND_DOWN, Decimal
 from typing import Callable, Mapping, NamedTuple, Union
@@ -67,7 +68,15 @@ def check_query(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
 def plan_query(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
                arrow_schemas: Mapping[str, pa.Schema], epsilon: float,
                delta: float) -> PlannedQuery:
-    """`check_query`, then the budget plan at (epsilon, delta)."""
+    """`check_query`, then the budget plan at (epsilon, delta), the grant's: OPTIONS epsilon
+    and delta (BigQuery's), when given, must be these."""
+    for name, granted in (("epsilon", epsilon), ("delta", delta)):
+        stated = parsed.options.get(name)
+        if stated is not None and not (isinstance(stated, (int, float))
+                                       and math.isclose(stated, granted, rel_tol=1e-9,
+                                                        abs_tol=1e-300)):
+            raise QueryError(f"OPTIONS {name} = {stated!r}, but the grant's {name} is "
+                             f"{granted:g}: give the same value (the grant is what is charged)")
     checked, query, columns = check_query(parsed, schemas, arrow_schemas)
     return PlannedQuery(checked, query, columns, plan(query, epsilon, delta), epsilon, delta)
 
