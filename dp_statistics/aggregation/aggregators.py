@@ -63,6 +63,7 @@ import pandas as pd
 from dp_accounting import dp_event
 
 from sage_tfx import mechanisms
+from sage_tfx.dp_statistics.aggregation import accuracy
 from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, SELECTION_STEP,
                                                        BudgetPlan, component_budget,
                                                        derived_from,
@@ -378,53 +379,67 @@ def _noisy(query: AggregationQuery, values: np.ndarray, sensitivity: float, epsi
                                epsilon=epsilon, delta=delta)
 
 
+def _law(query: AggregationQuery, noisy: mechanisms.Release,
+         sensitivity: float) -> accuracy.NoiseLaw:
+    """The noise law `_noisy` ran at per-partition sensitivity Delta (for stated accuracy)."""
+    partitions = query.max_partitions_contributed
+    factor = partitions if NoiseKind(query.noise) is NoiseKind.LAPLACE else math.sqrt(partitions)
+    return accuracy.NoiseLaw.of(noisy.event, factor * sensitivity)
+
+
 @dataclasses.dataclass(frozen=True)
 class _NoisyMoments:
-    """An AVG/VAR/STDDEV's noisy row count N and centred sum S, and its midpoint (the derived
-    COUNT is N, the derived row-scoped SUM mid * N + S)."""
+    """An AVG/VAR/STDDEV's noisy row count N and centred sum S, their noise laws, and its
+    midpoint (the derived COUNT is N, the derived row-scoped SUM mid * N + S)."""
     rows: np.ndarray
     centred_sum: np.ndarray
     mid: float
+    rows_law: accuracy.NoiseLaw
+    sum_law: accuracy.NoiseLaw
 
 
 def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     """AVG / VAR from noisy (rows, centred sum[, centred squares]) (LLSY16, module docstring):
     mean = mid + S / max(N, 1), clamped to [L, U]; var = (Q / N + h^2 / 2) - (S / N)^2,
     clamped to [0, h^2]; STDDEV its square root. Returns (values, events of the noisy sums,
-    the noisy moments)."""
+    the noisy moments, the stated accuracy)."""
     step = plan.step(aggregate.output_name)
     epsilon, delta = component_budget(aggregate.kind, step.epsilon, step.delta)
     m = query.max_contributions_per_partition
     mid, half = midpoint_and_half_width(low, high)
     rows = _noisy(query, accumulators[:, block.start], m, epsilon, delta)
     centred = _noisy(query, accumulators[:, block.start + 1], m * half, epsilon, delta)
-    moments = _NoisyMoments(rows.value, centred.value, mid)
+    moments = _NoisyMoments(rows.value, centred.value, mid, _law(query, rows, m),
+                            _law(query, centred, m * half))
     count = np.maximum(rows.value, 1.0)
     mean = np.clip(mid + centred.value / count, low, high)
     if aggregate.kind is AggregateKind.AVG:
-        return mean, [rows.event, centred.event], moments
+        return mean, [rows.event, centred.event], moments, accuracy.mean(
+            rows.value, centred.value, mid, low, high, moments.rows_law, moments.sum_law)
     squares = _noisy(query, accumulators[:, block.start + 2], m * half ** 2 / 2.0, epsilon,
                      delta)
     centred_mean = mean - mid
     variance = np.clip(squares.value / count + half ** 2 / 2.0 - centred_mean ** 2,
                        0.0, half ** 2)
     value = variance if aggregate.kind is AggregateKind.VAR else np.sqrt(variance)
-    return value, [rows.event, centred.event, squares.event], moments
+    laws = (moments.rows_law, moments.sum_law, _law(query, squares, m * half ** 2 / 2.0))
+    return value, [rows.event, centred.event, squares.event], moments, accuracy.variance(
+        rows.value, centred.value, squares.value, half, laws,
+        root=aggregate.kind is AggregateKind.STDDEV)
 
 
-def quantile_from_histogram(noisy_counts: np.ndarray, q: float, low: float,
+def quantile_from_histogram(noisy_counts: np.ndarray, q, low: float,
                             high: float) -> np.ndarray:
     """Post-processing of a (partitions, B) noisy histogram: negative counts become 0, then the
-    value where the cumulative count reaches q of the total, linear within its bucket (q = 0:
-    the lower edge of the first non-empty bucket; q = 1: the upper edge of the last; no
-    positive count at all: the midpoint of [L, U])."""
+    value where the cumulative count reaches q of the total (q: one fraction, or one per
+    partition), linear within its bucket (q = 0: the lower edge of the first non-empty bucket;
+    q = 1: the upper edge of the last; no positive count at all: the midpoint of [L, U])."""
     counts = np.maximum(noisy_counts, 0.0)
     cumulative = np.cumsum(counts, axis=1)
+    q = np.broadcast_to(np.asarray(q, dtype=np.float64), cumulative[:, -1].shape)
     target = q * cumulative[:, -1]
-    if q < 1.0:
-        index = (cumulative <= target[:, None]).sum(axis=1)
-    else:
-        index = (cumulative < target[:, None]).sum(axis=1)
+    index = np.where(q < 1.0, (cumulative <= target[:, None]).sum(axis=1),
+                     (cumulative < target[:, None]).sum(axis=1))
     index = np.minimum(index, QUANTILE_BUCKETS - 1)
     rows = np.arange(counts.shape[0])
     before = np.where(index > 0, cumulative[rows, np.maximum(index - 1, 0)], 0.0)
@@ -437,10 +452,13 @@ def quantile_from_histogram(noisy_counts: np.ndarray, q: float, low: float,
 
 def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
             accumulators: np.ndarray, bounds: Mapping[str, tuple[float, float]],
-            bounds_events: Mapping[str, object]) -> tuple[pd.DataFrame, dict]:
+            bounds_events: Mapping[str, object]) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
     """Step 4: select partitions (unless public), add each aggregate's noise on the kept ones
     and post-process. ``keys``: one row per accumulator row (the group-by values). Returns the
-    released table (sorted by the keys) and the events by step name, in plan order."""
+    released table (sorted by the keys), the events by step name, in plan order, and each
+    aggregate's stated accuracy (accuracy.py: ``<name>_stddev``, ``_ci_low``, ``_ci_high``,
+    row by row as the table). Quantiles of one column with the same bounds are released in
+    the order of q (sorted per partition: post-processing)."""
     events = dict(bounds_events)
     selected_counts: Optional[np.ndarray] = None
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
@@ -454,6 +472,7 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
     spec = layout(query)
     derived = derived_from(query)
     moments: dict[str, _NoisyMoments] = {}
+    stated: dict[str, tuple] = {}
     # Aggregates with a step first (in query order); the derived ones read their sources after.
     for aggregate in sorted(query.aggregates, key=lambda a: a.output_name in derived):
         name = aggregate.output_name
@@ -461,13 +480,21 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
             source = derived[name]
             if source == SELECTION_STEP:
                 table[name] = np.asarray(selected_counts, dtype=np.float64)
+                law = accuracy.NoiseLaw.of(events[SELECTION_STEP],
+                                           math.sqrt(query.max_partitions_contributed))
+                stated[name] = accuracy.additive(table[name].to_numpy(), [(1.0, law)])
             elif aggregate.kind is AggregateKind.COUNT:
                 table[name] = moments[source].rows
+                stated[name] = accuracy.additive(moments[source].rows,
+                                                 [(1.0, moments[source].rows_law)])
             else:  # saturated as the sums are (post-processing of the noisy moments)
                 with np.errstate(over="ignore"):
                     total = moments[source].mid * moments[source].rows \
                         + moments[source].centred_sum
                 table[name] = np.clip(total, -MAX_MAGNITUDE, MAX_MAGNITUDE)
+                stated[name] = accuracy.additive(table[name].to_numpy(), [
+                    (moments[source].mid, moments[source].rows_law),
+                    (1.0, moments[source].sum_law)])
             continue
         step = plan.step(name)
         block = spec.blocks[name]
@@ -478,24 +505,60 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
                            if aggregate.kind is AggregateKind.COUNT else 1)
             noisy = _noisy(query, accumulators[:, column], sensitivity, step.epsilon, step.delta)
             table[name], events[name] = noisy.value, noisy.event
+            stated[name] = accuracy.additive(noisy.value, [(1.0, _law(query, noisy,
+                                                                      sensitivity))])
             continue
         low, high = bounds[name]
         if aggregate.kind is AggregateKind.SUM:
             rows = query.max_contributions_per_partition if aggregate.bounds_rows else 1
-            noisy = _noisy(query, accumulators[:, block.start], rows * max(abs(low), abs(high)),
+            sensitivity = rows * max(abs(low), abs(high))
+            noisy = _noisy(query, accumulators[:, block.start], sensitivity,
                            step.epsilon, step.delta)
             table[name], events[name] = noisy.value, noisy.event
+            stated[name] = accuracy.additive(noisy.value, [(1.0, _law(query, noisy,
+                                                                      sensitivity))])
         elif aggregate.kind is AggregateKind.QUANTILE:
             noisy = _noisy(query, accumulators[:, block], query.max_contributions_per_partition,
                            step.epsilon, step.delta)
-            table[name] = quantile_from_histogram(noisy.value.reshape(len(table),
-                                                                      QUANTILE_BUCKETS),
-                                                  aggregate.q, low, high)
+            histogram = noisy.value.reshape(len(table), QUANTILE_BUCKETS)
+            table[name] = quantile_from_histogram(histogram, aggregate.q, low, high)
             events[name] = noisy.event
+            stated[name] = accuracy.quantile(
+                histogram, aggregate.q, low, high,
+                _law(query, noisy, query.max_contributions_per_partition),
+                quantile_from_histogram)
         else:
-            value, parts, moments[name] = _mean_and_square(query, accumulators, block, plan,
-                                                           aggregate, low, high)
+            value, parts, moments[name], stated[name] = _mean_and_square(
+                query, accumulators, block, plan, aggregate, low, high)
             table[name], events[name] = value, dp_event.ComposedDpEvent(parts)
-    table = table[list(query.group_by) + [a.output_name for a in query.aggregates]]
+    _quantiles_in_order(query, bounds, table, stated)
+    names = [a.output_name for a in query.aggregates]
+    table = table[list(query.group_by) + names]
+    intervals = pd.DataFrame({column: values for name in names for column, values in
+                              zip(accuracy.interval_columns(name), stated[name])})
+    order = np.asarray(table.sort_values(list(query.group_by)).index)
     ordered = {s.name: events[s.name] for s in plan.steps}
-    return table.sort_values(list(query.group_by), ignore_index=True), ordered
+    return (table.iloc[order].reset_index(drop=True), ordered,
+            intervals.iloc[order].reset_index(drop=True))
+
+
+def _quantiles_in_order(query: AggregationQuery, bounds, table: pd.DataFrame,
+                        stated: dict) -> None:
+    """Sort, per partition, the quantiles that read one column with the same bounds by q
+    (an NTILE's cut points, a MEDIAN beside a MIN): post-processing, so the released
+    quantiles are monotone in q (accuracy.monotone says why the intervals stay valid)."""
+    groups: dict[tuple, list] = {}
+    for aggregate in query.aggregates:
+        if aggregate.kind is AggregateKind.QUANTILE:
+            groups.setdefault((aggregate.column, bounds[aggregate.output_name]), []).append(
+                aggregate)
+    for members in groups.values():
+        if len(members) < 2 or len(table) == 0:
+            continue
+        names = [a.output_name for a in sorted(members, key=lambda a: a.q)]
+        table[names] = accuracy.monotone(table[names].to_numpy())
+        for part in range(3):  # stddev, low and high ends, each sorted alike
+            sorted_part = accuracy.monotone(np.stack([stated[n][part] for n in names], axis=1))
+            for index, name in enumerate(names):
+                stated[name] = tuple(sorted_part[:, index] if p == part else stated[name][p]
+                                     for p in range(3))

@@ -21,11 +21,11 @@ from typing import Callable, Mapping, NamedTuple, Union
 import pandas as pd
 import pyarrow as pa
 
-from sage_tfx.dp_statistics.aggregation import relation, sql
+from sage_tfx.dp_statistics.aggregation import accuracy, relation, sql
 from sage_tfx.dp_statistics.aggregation.budget import BudgetPlan, plan
 from sage_tfx.dp_statistics.aggregation.local import aggregate
 from sage_tfx.dp_statistics.aggregation.release import Release
-from sage_tfx.dp_statistics.aggregation.spec import AggregationQuery, QueryError
+from sage_tfx.dp_statistics.aggregation.spec import AggregateKind, AggregationQuery, QueryError
 from sage_tfx.release import Charged, GuaranteeUnit, ReleasePlan, consume
 from sage_tfx.sage_access.accounting import BudgetRequest, event_from_json
 from sage_tfx.sage_access.errors import BadRequest
@@ -138,15 +138,41 @@ def _check_accountable(grant, budget: BudgetPlan, accounting) -> None:
 
 
 def run(rows: pa.Table, planned: PlannedQuery, charged: Charged, unit: GuaranteeUnit,
-        engine: Callable = aggregate) -> Release:
+        engine: Callable = aggregate, intervals: bool = False,
+        non_negative_counts: bool = False) -> Release:
     """Consume every share of the charged grant, then run the operator on `rows` with `engine`
     (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam). The grant was charged
-    from `planned` (release.charge), or checked to pay for it (`check_grant`)."""
+    from `planned` (release.charge), or checked to pay for it (`check_grant`).
+
+    Post-processing of what was released, at no budget: `intervals` adds after each aggregate
+    its noise standard deviation and 95% interval (`<name>_stddev`, `<name>_ci_low`,
+    `<name>_ci_high`; accuracy.py); `non_negative_counts` clamps COUNT values (and their
+    intervals) at 0; a release made with it states NON_NEGATIVE_COUNTS in its guarantee."""
     budget = planned.budget
     for step in budget.steps:
         charged.share(step.name)
     release = engine(rows, planned.query, budget, unit)
-    return dataclasses.replace(release, table=release.table[list(planned.columns)])
+    table = release.table.copy()
+    stated = release.intervals.copy()
+    if non_negative_counts:
+        for aggregate in planned.query.aggregates:
+            if aggregate.kind in (AggregateKind.COUNT, AggregateKind.COUNT_DISTINCT):
+                name = aggregate.output_name
+                low, high = accuracy.interval_columns(name)[1:]
+                table[name] = table[name].clip(lower=0.0)
+                stated[low], stated[high] = stated[low].clip(lower=0.0), stated[high].clip(
+                    lower=0.0)
+    columns = list(planned.columns)
+    if intervals:
+        table = pd.concat([table, stated], axis=1)
+        columns = [column for name in planned.columns for column in (
+            [name, *accuracy.interval_columns(name)]
+            if name + accuracy.SUFFIXES[0] in stated.columns else [name])]  # keys have none
+    return dataclasses.replace(release, table=table[columns])
+
+
+# What a release made with non_negative_counts states with its guarantee (Guarantee.mechanism).
+NON_NEGATIVE_COUNTS = "counts clamped at 0 by post-processing"
 
 
 def planned_for_grant(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
@@ -160,7 +186,8 @@ def planned_for_grant(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSc
 
 
 def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, ledger,
-                 unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ) -> Release:
+                 unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ,
+                 intervals: bool = False, non_negative_counts: bool = False) -> Release:
     """The DP aggregation of `data` (an Arrow table or a pandas frame) under `grant`, a ledger
     Grant made for this query (`release.charge(ledger, planned.release_plan(...), selector)`)
     with the `ledger` that issued it.
@@ -168,7 +195,7 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, led
     `query_sql`: DP SQL whose FROM names any table (it is `data`) and whose OPTIONS name the
     unit (`privacy_unit_column = uid`). Every share of the grant is consumed before anything
     runs, so a grant pays for one release; the grant's outcome is recorded (released, or
-    failed with a public reason)."""
+    failed with a public reason). `intervals`, `non_negative_counts`: as `run`'s."""
     if isinstance(data, pd.DataFrame):
         data = pa.Table.from_pandas(data, preserve_index=False)
     if not isinstance(data, pa.Table):
@@ -186,6 +213,8 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, led
                                 {name: data.schema for name in names}, grant)
     check_grant(planned, grant, ledger.accounting)
     with consume(ledger, grant, list(grant.split), "dp_aggregate()") as charged:
-        release = run(relation.evaluate(planned.checked, lambda _: data), planned, charged, unit)
-        charged.released(guarantee=charged.guarantee(unit, unit_column))
+        release = run(relation.evaluate(planned.checked, lambda _: data), planned, charged, unit,
+                      intervals=intervals, non_negative_counts=non_negative_counts)
+        charged.released(guarantee=charged.guarantee(
+            unit, unit_column, mechanism=NON_NEGATIVE_COUNTS if non_negative_counts else None))
     return release

@@ -188,12 +188,13 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
 def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: Accumulated,
                         unit: GuaranteeUnit) -> Release:
     """Step 4 (noise, selection, post-processing) and the guarantee, for either engine."""
-    table, events = aggregators.release(query, plan, accumulated.keys, accumulated.accumulators,
-                                        accumulated.bounds, accumulated.bounds_events)
+    table, events, intervals = aggregators.release(
+        query, plan, accumulated.keys, accumulated.accumulators, accumulated.bounds,
+        accumulated.bounds_events)
     return Release(table, plan.epsilon, plan.delta,
                    GuaranteeUnit(unit).describe(query.unit_column), events, plan.additional_delta,
                    {name: (float(low), float(high))
-                    for name, (low, high) in accumulated.bounds.items()})
+                    for name, (low, high) in accumulated.bounds.items()}, intervals)
 
 
 def aggregate(data, query: AggregationQuery, plan: BudgetPlan,

@@ -167,3 +167,119 @@ def test_a_parse_error_is_shown_on_the_users_text_without_escapes():
     # line 3 of the text as written, the column of its ")"; sqlglot's class paths shortened
     assert "at line 3, column 25" in message and 'near "AS n FROM trips WHERE fare > )"' in \
         message and "<class" not in message, message
+
+
+# ---------------------------------------------------------------- stated accuracy
+from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregationQuery,  # noqa: E402
+                                                NoiseKind, aggregate, aggregators, plan)
+
+PARTITIONS = 600
+
+
+def _partitions_frame():
+    """600 partitions of 6 units with 2 rows each, values spread over [0, 12] (clamped to
+    [0, 10]), one NULL per unit."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for key in range(PARTITIONS):
+        for unit in range(6):
+            rows.append((key, f"{key}-{unit}", rng.uniform(0, 12)))
+            rows.append((key, f"{key}-{unit}", np.nan))
+    return pd.DataFrame(rows, columns=["key", "uid", "x"])
+
+
+AGGREGATES = (Aggregate.count(), Aggregate(AggregateKind.SUM, "x", 0, 10, name="total"),
+              Aggregate(AggregateKind.AVG, "x", 0, 10, name="mean"),
+              Aggregate(AggregateKind.VAR, "x", 0, 10, name="var"),
+              Aggregate(AggregateKind.STDDEV, "x", 0, 10, name="sd"),
+              Aggregate.median("x", 0, 10, name="median"))
+
+
+def _noiseless(query, values, sensitivity, epsilon, delta):
+    from dp_accounting import dp_event
+    from sage_tfx.mechanisms import Release
+    return Release(np.asarray(values, dtype=np.float64), dp_event.NoOpDpEvent())
+
+
+@pytest.mark.parametrize("noise", [NoiseKind.LAPLACE, NoiseKind.GAUSSIAN])
+def test_the_stated_intervals_cover_the_noiseless_value_95_percent_of_the_time(
+        noise, seeded_noise, monkeypatch):
+    """Each partition's interval should cover the value the noise was added to (the release
+    without noise) at least 95% of the time: over 600 partitions, below 552 covered
+    (binomial, p = 0.95) happens with probability < 4e-4 for an exact 95% interval; the
+    conservative ones cover more. The stated stddev of COUNT and SUM is their errors' (within
+    10%: the sample sd's standard error is 2.9% here)."""
+    frame = _partitions_frame()
+    query = AggregationQuery(("key",), "uid", AGGREGATES, max_partitions_contributed=1,
+                             max_contributions_per_partition=2, selection=SelectionRule.PUBLIC,
+                             public_partitions=tuple((k,) for k in range(PARTITIONS)),
+                             noise=noise)
+    budget = plan(query, 3.0, 1e-6)
+    noisy = aggregate(frame, query, budget, seed=1)
+    with monkeypatch.context() as patched:
+        patched.setattr(aggregators, "_noisy", _noiseless)
+        truth = aggregate(frame, query, budget, seed=1).table
+    stated = noisy.intervals
+    for name in ("count", "total", "mean", "var", "sd", "median"):
+        covered = ((stated[f"{name}_ci_low"] <= truth[name] + 1e-9)
+                   & (truth[name] - 1e-9 <= stated[f"{name}_ci_high"])).sum()
+        assert covered >= 552, (name, covered)
+    for name in ("count", "total"):
+        errors = noisy.table[name] - truth[name]
+        assert np.std(errors) == pytest.approx(stated[f"{name}_stddev"].iloc[0], rel=0.1), name
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_query_intervals_add_three_columns_per_aggregate(speeds, tmp_path, suffix, capsys):
+    store, _ = speeds
+    out = tmp_path / f"release{suffix}"
+    assert query(store, "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(max_groups_contributed = 1) "
+                        "region, COUNT(*) AS n, AVG(speed, contribution_bounds_per_group => "
+                        "(0, 100)) AS mean_speed FROM drives GROUP BY region", "--intervals",
+                 out=out) == 0, capsys.readouterr().err
+    released = pd.read_parquet(out) if suffix == ".parquet" else pd.read_csv(out)
+    assert list(released.columns) == [
+        "region", "n", "n_stddev", "n_ci_low", "n_ci_high",
+        "mean_speed", "mean_speed_stddev", "mean_speed_ci_low", "mean_speed_ci_high"]
+    assert (released["mean_speed_ci_low"] <= released["mean_speed"]).all()
+    assert (released["mean_speed"] <= released["mean_speed_ci_high"]).all()
+    assert (released["n_stddev"] > 0).all()
+
+
+def test_ntile_cut_points_are_released_in_order(tmp_path, store_path, seeded_noise, capsys):
+    """Before issue 33 each cut point came from its own noisy histogram, unsorted: at this
+    epsilon most of the 40 groups' quartiles were out of order."""
+    BlockLedger.create(store_path)
+    rows = [(f"u{i}", f"g{i % 40}", f"{(i * 7) % 10}") for i in range(400)]
+    assert ingest(store_path, tmp_path, "t", ["uid", "g", "x"], rows, "x:float") == 0
+    groups = ", ".join(f"'g{i}'" for i in range(40))
+    out = tmp_path / "release.csv"
+    assert query(store_path, f"SELECT WITH ANONYMIZATION OPTIONS(max_groups_contributed = 1, "
+                             f"public_groups = ({groups})) g, ANON_NTILE(x, 4, 0, 10) AS q "
+                             "FROM t GROUP BY g", "--intervals", epsilon="0.5", out=out) == 0, \
+        capsys.readouterr().err
+    released = pd.read_csv(out)
+    cuts = released[["q_1", "q_2", "q_3"]].to_numpy()
+    assert (np.diff(cuts, axis=1) >= 0).all()
+    for end in ("ci_low", "ci_high"):
+        assert (np.diff(released[[f"q_{k}_{end}" for k in (1, 2, 3)]].to_numpy(), axis=1)
+                >= 0).all()
+
+
+def test_non_negative_counts_are_an_option_stated_in_the_release(tmp_path, store_path,
+                                                                 seeded_noise, capsys):
+    BlockLedger.create(store_path)
+    rows = [(f"u{i}", f"g{i % 60}", "1") for i in range(60)]  # one unit per group
+    assert ingest(store_path, tmp_path, "t", ["uid", "g", "x"], rows, "x:float") == 0
+    groups = ", ".join(f"'g{i}'" for i in range(60))
+    text = (f"SELECT WITH ANONYMIZATION OPTIONS(max_groups_contributed = 1, public_groups = "
+            f"({groups})) g, ANON_COUNT(*) AS n FROM t GROUP BY g")
+    plain, clamped = tmp_path / "plain.csv", tmp_path / "clamped.csv"
+    assert query(store_path, text, epsilon="0.5", out=plain) == 0
+    assert "clamped" not in capsys.readouterr().out  # off by default
+    assert (pd.read_csv(plain)["n"] < 0).any()  # 1 + Laplace(16): negative about 47% of the time
+    assert query(store_path, text, "--non-negative", epsilon="0.5", out=clamped) == 0
+    assert "counts clamped at 0 by post-processing" in capsys.readouterr().out
+    assert (pd.read_csv(clamped)["n"] >= 0).all()
+    with open(f"{clamped}.guarantee.json") as handle:
+        assert "counts clamped at 0" in handle.read()
