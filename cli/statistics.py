@@ -124,7 +124,8 @@ def _query(args) -> int:
             write = release.write_parquet if args.out.endswith(".parquet") else release.write_csv
             write(result.table, args.out, guarantee)
         charged.released([os.path.abspath(args.out)] if args.out else ["stdout"], guarantee)
-    print(result.table.to_string(index=False) if len(result.table) else "(no group released)")
+    print(result.table.to_string(index=False) if len(result.table)
+          else frontend.nothing_released(planned, unit_column))
     print(f"guarantee: {guarantee.sentence()}")
     return 0
 

@@ -283,3 +283,33 @@ def test_non_negative_counts_are_an_option_stated_in_the_release(tmp_path, store
     assert (pd.read_csv(clamped)["n"] >= 0).all()
     with open(f"{clamped}.guarantee.json") as handle:
         assert "counts clamped at 0" in handle.read()
+
+
+# ---------------------------------------------------------------- messages
+def test_when_no_group_passes_selection_the_release_says_why_in_public_numbers(
+        tmp_path, store_path, capsys):
+    BlockLedger.create(store_path)
+    rows = [(f"u{i}", f"g{i % 50}", "1") for i in range(100)]  # 2 units per group
+    assert ingest(store_path, tmp_path, "t", ["uid", "g", "x"], rows, "x:float") == 0
+    text = ("SELECT WITH ANONYMIZATION OPTIONS(max_groups_contributed = 4) g, "
+            "ANON_COUNT(*) AS n FROM t GROUP BY g")
+    assert query(store_path, text, epsilon="0.3", delta="1e-6") == 0
+    printed = capsys.readouterr().out
+    first = next(line for line in printed.splitlines() if line.startswith("no group"))
+    assert first.startswith("no group released: partition selection (truncated_geometric, "
+                            "epsilon 0.15 of the query's 0.3"), printed
+    threshold = int(first.split("only from about ")[1].split()[0])
+    assert threshold > 2  # above the 2 units each group has: why nothing passed
+    for option in ("public_groups", "raise --epsilon", "lower max_groups_contributed"):
+        assert option in first
+
+
+def test_a_denial_names_the_free_budget_of_each_block(tmp_path, store_path, capsys):
+    BlockLedger.create(store_path)
+    rows = [(f"u{i}", "g", "1") for i in range(10)]
+    assert ingest(store_path, tmp_path, "t", ["uid", "g", "x"], rows, "x:float") == 0
+    assert query(store_path, "SELECT WITH DIFFERENTIAL_PRIVACY COUNT(*) AS n FROM t",
+                 epsilon="150", delta="0") == 3
+    err = capsys.readouterr().err
+    assert "only 0 block(s) of table t can pay" in err and "t.users-0-of-1:" in err, err
+    assert "100" in err.split("t.users-0-of-1:")[1]  # its free epsilon, as ledger request says
