@@ -313,3 +313,19 @@ def test_a_denial_names_the_free_budget_of_each_block(tmp_path, store_path, caps
     err = capsys.readouterr().err
     assert "only 0 block(s) of table t can pay" in err and "t.users-0-of-1:" in err, err
     assert "100" in err.split("t.users-0-of-1:")[1]  # its free epsilon, as ledger request says
+
+
+def test_the_documented_bigquery_query_runs_unchanged(speeds, capsys):
+    """docs/statistics.md's first ```sql block, exactly as written, with the flags it shows."""
+    import re
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[3] / "docs" / "statistics.md").read_text()
+    documented = re.search(r"```sql\n(.*?)```", guide, re.S).group(1)
+    store, _ = speeds
+    assert query(store, documented, "--intervals", epsilon="1", delta="1e-6") == 0, \
+        capsys.readouterr().err
+    header = next(line for line in capsys.readouterr().out.splitlines()
+                  if line.split()[:1] == ["region"])
+    assert header.split()[:6] == ["region", "trips", "trips_stddev", "trips_ci_low",
+                                  "trips_ci_high", "speeds"]
