@@ -249,6 +249,13 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
                              user_blocks=user_blocks)
         parts = [(_user_part(k, user_blocks), None, None) for k in range(user_blocks)]
     existing = tables.find_table(ledger, name, missing_ok=True)
+    if existing is not None:  # the schema the table declared, checked against this file's
+        missing = [c for c in existing.columns if c not in header]
+        extra = [c for c in header if c not in existing.columns]
+        if missing or extra:
+            raise BadRequest(f"--csv {csv_path} does not have table {name!r}'s columns: "
+                             f"missing {missing}, extra {extra} (the table has "
+                             f"{list(existing.columns)}); nothing was registered")
     if existing is not None and existing != table:
         raise BadRequest(f"table {name!r} exists in ledger {ledger.context!r} with another "
                          f"definition ({existing.to_json()}); ingest under a new --table name")

@@ -329,3 +329,29 @@ def test_the_documented_bigquery_query_runs_unchanged(speeds, capsys):
                   if line.split()[:1] == ["region"])
     assert header.split()[:6] == ["region", "trips", "trips_stddev", "trips_ci_low",
                                   "trips_ci_high", "speeds"]
+
+
+def test_a_later_file_missing_or_adding_a_column_is_refused_before_anything_is_registered(
+        tmp_path, store_path, capsys):
+    BlockLedger.create(store_path)
+    january = [("u1", "a", "3", "2013-01-05")]
+
+    def monthly(name, header, rows, start, end):
+        path = tmp_path / f"{name}.csv"
+        with open(path, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(header)
+            writer.writerows(rows)
+        return main(["ingest", "--store", store_path, "--csv", str(path), "--table", "trips",
+                     "--unit-column", "uid", "--time-column", "ts", "--start", start, "--end",
+                     end, "--types", "fare:float", "--epsilon", "1", "--delta", "1e-6",
+                     "--out", str(tmp_path / f"blocks-{name}")])
+
+    assert monthly("jan", ["uid", "key", "fare", "ts"], january, "2013-01", "2013-02") == 0
+    before = [b.block_id for b in BlockLedger(store_path).blocks()]
+    capsys.readouterr()
+    assert monthly("feb", ["uid", "fare", "ts", "tip"], [("u1", "3", "2013-02-05", "1")],
+                   "2013-02", "2013-03") == 2
+    err = capsys.readouterr().err
+    assert "missing ['key'], extra ['tip']" in err, err
+    assert [b.block_id for b in BlockLedger(store_path).blocks()] == before
