@@ -7,23 +7,7 @@ import pytest
 
 from sage_tfx.dp_statistics.aggregation import AggregateKind, QueryError, SelectionRule
 from sage_tfx.dp_statistics.aggregation import relation, sql
-
-SCHEMAS = {
-    "trips": sql.TableSchema("uid", {"uid": "string", "area": "int", "fare": "float",
-                                     "company": "string"}),
-    "riders": sql.TableSchema("uid", {"uid": "string", "age": "int", "area": "int"}),
-    "fleet": sql.TableSchema("car", {"car": "string", "area": "int"}),
-}
-
-
-def compile_sql(text):
-    return sql.to_query(sql.check(sql.parse(text), SCHEMAS))
-
-
-def refusal(text):
-    with pytest.raises(QueryError) as error:
-        compile_sql(text)
-    return str(error.value)
+from support.dp_sql import SCHEMAS, compile_sql, refusal
 
 
 def test_anonymization_query_with_options_becomes_the_operators_query():

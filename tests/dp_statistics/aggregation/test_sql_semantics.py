@@ -73,20 +73,10 @@ def test_null_nan_and_unparseable_cells_are_skipped_by_each_aggregate(speeds, tm
 
 
 # ---------------------------------------------------------------- BigQuery's spelling
-from sage_tfx.dp_statistics.aggregation import (AggregateKind, BoundsScope, QueryError,  # noqa: E402
-                                                SelectionRule, sql)
+from sage_tfx.dp_statistics.aggregation import (AggregateKind, BoundsScope,  # noqa: E402
+                                                SelectionRule)
 
-SCHEMAS = {"trips": sql.TableSchema("uid", {"uid": "string", "area": "int", "fare": "float"})}
-
-
-def compile_sql(text):
-    return sql.to_query(sql.check(sql.parse(text), SCHEMAS))
-
-
-def refusal(text):
-    with pytest.raises(QueryError) as error:
-        compile_sql(text)
-    return str(error.value)
+from support.dp_sql import compile_sql, refusal  # noqa: E402
 
 
 def test_bigquerys_aggregates_and_named_bounds_are_the_operators():
