@@ -75,7 +75,7 @@ def truth(frame: pd.DataFrame) -> pd.DataFrame:
 def sage_query() -> AggregationQuery:
     return AggregationQuery(
         ("partition",), "user",
-        (Aggregate.count(),
+        (Aggregate.count("value", name="count"),  # no NULLs here: COUNT(*); MEAN derives it
          Aggregate(AggregateKind.SUM, "value", LOW, HIGH, scope=BoundsScope.ROW, name="sum"),
          Aggregate(AggregateKind.AVG, "value", LOW, HIGH, name="mean")),
         max_partitions_contributed=MAX_PARTITIONS, max_contributions_per_partition=MAX_ROWS,

@@ -4,7 +4,7 @@
         (--time-column COL --period month|day|hour --start T --end T | --user-blocks K)
         [--types COL:TYPE,...] --epsilon E --delta D [--table NAME] --out DIR
     sage-tfx query --store S [--context C] (--window W | --blocks IDS) --epsilon E --delta D
-        [--out FILE.csv] "SELECT WITH ANONYMIZATION ..."
+        [--out FILE.csv|FILE.parquet] [--intervals] [--non-negative] "SELECT WITH ..."
 
 `query` parses and checks the query first (nothing is charged for a query it refuses), then
 charges one grant on the blocks, split among the query's steps, reads only the granted blocks of
@@ -64,7 +64,14 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
     selector.add_argument("--window", type=int, help="the W most recent blocks of each table "
                                                      "the query reads that can pay")
     selector.add_argument("--blocks", help="comma-separated block ids")
-    query.add_argument("--out", help="also write the released table to this CSV file")
+    query.add_argument("--out", help="also write the released table to this CSV file (or "
+                                     "Parquet, when it ends in .parquet)")
+    query.add_argument("--intervals", action="store_true",
+                       help="add each aggregate's noise standard deviation and 95%% interval "
+                            "(<name>_stddev, <name>_ci_low, <name>_ci_high; no extra budget)")
+    query.add_argument("--non-negative", action="store_true",
+                       help="clamp released counts at 0 (post-processing, stated in the "
+                            "guarantee)")
     add_beam_arguments(query)
     query.add_argument("sql", help='the query, e.g. "SELECT WITH ANONYMIZATION key, '
                                    'ANON_COUNT(*) FROM trips GROUP BY key"')
@@ -111,13 +118,17 @@ def _query(args) -> int:
             planned.checked,
             lambda name: tables.read_blocks(ledger, found[name], charged.grant.blocks))
         charged.phase = "running the query"
-        result = frontend.run(rows, planned, charged, unit, engine=engine)
-        guarantee = charged.guarantee(unit, unit_column)
+        result = frontend.run(rows, planned, charged, unit, engine=engine,
+                              intervals=args.intervals, non_negative_counts=args.non_negative)
+        guarantee = charged.guarantee(unit, unit_column, mechanism=(
+            frontend.NON_NEGATIVE_COUNTS if args.non_negative else None))
         charged.phase = "writing the release"
         if args.out:
-            release.write_csv(result.table, args.out, guarantee)
+            write = release.write_parquet if args.out.endswith(".parquet") else release.write_csv
+            write(result.table, args.out, guarantee)
         charged.released([os.path.abspath(args.out)] if args.out else ["stdout"], guarantee)
-    print(result.table.to_string(index=False) if len(result.table) else "(no group released)")
+    print(result.table.to_string(index=False) if len(result.table)
+          else frontend.nothing_released(planned, unit_column))
     print(f"guarantee: {guarantee.sentence()}")
     return 0
 

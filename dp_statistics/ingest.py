@@ -12,9 +12,10 @@ What is stored depends on the rows only through the rows themselves (issue 16 §
 Bad rows (the project's record rule, components/record_rule.py, applied column-wise): a line
 with the wrong number of cells, or with a cell that is not UTF-8, is dropped by itself (as the
 stream reader drops it: `read_text_csv`; no error quotes a line or a byte's position). Each cell
-is mapped on its own to a valid value of its column's declared type, and a cell that is not one
-(text in a number column, an empty cell, NaN or an infinity) becomes the type's public default,
-0 or "". A row without a unit id, or whose time is missing, unreadable or outside the schedule,
+is mapped on its own to a value of its column's declared type, and a cell of a number column
+that is not one (text, an empty cell, NaN; for an int column also a fraction or an infinity) is
+stored as NULL, which every aggregate skips (SQL's and BigQuery's semantics; a default such as
+0 would pull a mean toward it). An empty cell of a string column is the empty string. A row without a unit id, or whose time is missing, unreadable or outside the schedule,
 is dropped (add-or-remove-one covers dropping it, and nothing says whether any was). So the
 rows stored are f(row) for a per-row map f, and adding or removing one input row changes one
 stored row of one block.
@@ -160,14 +161,14 @@ def _is_utf8(cell: bytes) -> bool:
 
 
 def _typed(cells: pd.Series, kind: str) -> pa.Array:
-    """The record rule on one column: each cell as `kind`, or the public default."""
+    """One column's cells as `kind`, each on its own; a number cell that is not one is NULL."""
     if kind == "string":
         return pa.array(cells.fillna(""), pa.string())
     numbers = pd.to_numeric(cells.str.strip(), errors="coerce").astype("float64").to_numpy()
     if kind == "float":
-        return pa.array(np.where(np.isfinite(numbers), numbers, 0.0), pa.float64())
+        return pa.array(numbers, pa.float64(), mask=np.isnan(numbers))
     whole = np.isfinite(numbers) & (numbers == np.round(numbers)) & (np.abs(numbers) < 2 ** 62)
-    return pa.array(np.where(whole, numbers, 0.0).astype(np.int64), pa.int64())
+    return pa.array(np.where(whole, numbers, 0.0).astype(np.int64), pa.int64(), mask=~whole)
 
 
 def time_seconds(cells: pd.Series) -> np.ndarray:
@@ -248,6 +249,13 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
                              user_blocks=user_blocks)
         parts = [(_user_part(k, user_blocks), None, None) for k in range(user_blocks)]
     existing = tables.find_table(ledger, name, missing_ok=True)
+    if existing is not None:  # the schema the table declared, checked against this file's
+        missing = [c for c in existing.columns if c not in header]
+        extra = [c for c in header if c not in existing.columns]
+        if missing or extra:
+            raise BadRequest(f"--csv {csv_path} does not have table {name!r}'s columns: "
+                             f"missing {missing}, extra {extra} (the table has "
+                             f"{list(existing.columns)}); nothing was registered")
     if existing is not None and existing != table:
         raise BadRequest(f"table {name!r} exists in ledger {ledger.context!r} with another "
                          f"definition ({existing.to_json()}); ingest under a new --table name")

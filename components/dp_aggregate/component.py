@@ -27,6 +27,9 @@ class DPAggregateSpec(component_spec.ComponentSpec):
         "query": component_spec.ExecutionParameter(type=str),
         "unit_column": component_spec.ExecutionParameter(type=str),
         "columns": component_spec.ExecutionParameter(type=str),
+        # 1: add each aggregate's noise stddev and 95% interval; clamp counts at 0 (stated).
+        "intervals": component_spec.ExecutionParameter(type=int, optional=True),
+        "non_negative_counts": component_spec.ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
         "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
@@ -45,7 +48,9 @@ class DPAggregate(base_beam_component.BaseBeamComponent):
     were cut: all rows of one unit when every block was cut by `unit_column`
     (BlockExampleGen with block_by="users" and block_key=unit_column), else the weaker "within
     the blocks read" (e.g. blocks by month). The query is parsed and checked (row ownership, columns, options) when the
-    pipeline is built. Request its grant with `split=DPAggregate.split(...)` on the BlockLedger
+    pipeline is built. `intervals`: each aggregate also gets `<name>_stddev`, `<name>_ci_low`
+    and `<name>_ci_high` (its noise and a 95% interval, post-processing);
+    `non_negative_counts`: counts clamped at 0, stated in the guarantee. Request its grant with `split=DPAggregate.split(...)` on the BlockLedger
     component (a basic ledger: the steps' events are checked, when recorded, at run time).
     """
 
@@ -53,11 +58,13 @@ class DPAggregate(base_beam_component.BaseBeamComponent):
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, query: str,
-                 unit_column: str, columns: Mapping[str, str]):
+                 unit_column: str, columns: Mapping[str, str], intervals: bool = False,
+                 non_negative_counts: bool = False):
         # Refuse a bad query now, when the pipeline is built.
         frontend.check_query(*executor.query_inputs(query, unit_column, dict(columns)))
         super().__init__(spec=DPAggregateSpec(
             query=query, unit_column=unit_column, columns=json.dumps(dict(columns)),
+            intervals=int(bool(intervals)), non_negative_counts=int(bool(non_negative_counts)),
             examples=examples, grant=grant, statistics=channel.Channel(type=DPStatistics)))
 
     @staticmethod

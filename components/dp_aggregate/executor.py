@@ -71,8 +71,12 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             data = read_rows([e.uri for e in input_dict["examples"]], columns)
             rows = relation.evaluate(planned.checked, lambda _: data)
             charged.phase = "running the query"
-            result = frontend.run(rows, planned, charged, unit, engine=beam_engine)
-            guarantee = charged.guarantee(unit, unit_column)
+            non_negative = bool(exec_properties.get("non_negative_counts"))
+            result = frontend.run(rows, planned, charged, unit, engine=beam_engine,
+                                  intervals=bool(exec_properties.get("intervals")),
+                                  non_negative_counts=non_negative)
+            guarantee = charged.guarantee(unit, unit_column, mechanism=(
+                frontend.NON_NEGATIVE_COUNTS if non_negative else None))
             charged.phase = "writing the release"
             os.makedirs(target.uri, exist_ok=True)
             release.write_csv(result.table, os.path.join(target.uri, "release.csv"), guarantee)

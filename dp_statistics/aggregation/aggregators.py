@@ -22,13 +22,25 @@ block                  a kept pair's contribution                      Delta (L1
 =====================  ==============================================  ======================
 units                  1                                               1
 rows                   sampled rows, <= m                              m
-SUM [L, U], unit       clamp(sum of the unit's rows, L, U)             max(|L|, |U|)
-SUM [L, U], row        sum over sampled rows of clamp(x)               m max(|L|, |U|)
-centred sum (AVG...)   sum over sampled rows of clamp(x) - mid          m (U - L) / 2
-centred squares        sum over sampled rows of (clamp(x) - mid)^2     m h^2 / 2, h = (U-L)/2
-                       - h^2 / 2  (in [-h^2/2, h^2/2])
-histogram (QUANTILE)   counts of sampled rows per bucket of [L, U]     m (one bucket: L1=L2=m)
+COUNT(col)             sampled rows whose col is not NULL, <= m        m
+SUM [L, U], unit       clamp(sum of the unit's non-NULL values, L, U)  max(|L|, |U|)
+                       (0 when it has none)
+SUM [L, U], row        sum over sampled non-NULL rows of clamp(x)      m max(|L|, |U|)
+count (AVG...)         sampled rows whose value is not NULL, <= m      m
+centred sum (AVG...)   sum over sampled non-NULL rows of clamp(x)-mid  m (U - L) / 2
+centred squares        sum over sampled non-NULL rows of               m h^2 / 2, h = (U-L)/2
+                       (clamp(x) - mid)^2 - h^2 / 2 (in [-h^2/2, h^2/2])
+histogram (QUANTILE)   counts of sampled non-NULL rows per bucket      m (one bucket: L1=L2=m)
 =====================  ==============================================  ======================
+
+NULL semantics (BigQuery's): a NULL or NaN value (and, from SQL, text that does not parse as a
+number) is skipped by the aggregate that reads it: it adds no term to that aggregate's blocks,
+while the row still counts for COUNT(*) and for the other aggregates. Why the bounds hold: the
+m sampled rows of a pair are chosen before any value is looked at, and skipping is a function
+of one row's value alone, so each block above is a sum of at most m terms each within the
+stated range (a skipped row's term is 0, inside every range): a unit's change is bounded by
+the same Delta, whatever its values. AVG, VAR and STDDEV divide by their own noisy count of
+non-NULL rows (not the rows block), so a NULL never pulls a mean toward the midpoint or 0.
 
 Over the C_u partitions a unit touches (different coordinates), the block's vector changes by at
 most C_u * Delta in L1 and sqrt(C_u) * Delta in L2: the Laplace / Gaussian sensitivities
@@ -51,6 +63,7 @@ import pandas as pd
 from dp_accounting import dp_event
 
 from sage_tfx import mechanisms
+from sage_tfx.dp_statistics.aggregation import accuracy
 from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, SELECTION_STEP,
                                                        BudgetPlan, component_budget,
                                                        derived_from,
@@ -80,8 +93,9 @@ def counts_column(aggregate: Aggregate) -> bool:
 
 
 def layout(query: AggregationQuery) -> Layout:
-    widths = {AggregateKind.SUM: 1, AggregateKind.AVG: 1, AggregateKind.VAR: 2,
-              AggregateKind.STDDEV: 2, AggregateKind.QUANTILE: QUANTILE_BUCKETS}
+    # AVG / VAR / STDDEV: their non-NULL row count, centred sum[, centred squares].
+    widths = {AggregateKind.SUM: 1, AggregateKind.AVG: 2, AggregateKind.VAR: 3,
+              AggregateKind.STDDEV: 3, AggregateKind.QUANTILE: QUANTILE_BUCKETS}
     blocks, start = {}, 2
     for aggregate in query.aggregates:
         # COUNT(*) and COUNT_DISTINCT read rows / units; COUNT(col) its own column of rows.
@@ -168,13 +182,29 @@ def midpoint_and_half_width(low: float, high: float) -> tuple[float, float]:
     return (low + high) / 2.0, (high - low) / 2.0
 
 
+def present_values(values: np.ndarray, low: float, high: float) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``values`` are set (not NULL/NaN: SQL's NULL, skipped by every aggregate as in
+    BigQuery) and the values clamped into [low, high], 0 where not set (an infinity is a value:
+    it clamps to the nearer bound)."""
+    present = ~np.isnan(values)
+    clamped = mechanisms.bounded(np.clip(np.where(present, values, low), low, high), low, high)
+    return present, np.where(present, clamped, 0.0)
+
+
 def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float, float]],
                        pair_of_row: np.ndarray, rank_in_pair: np.ndarray, n_pairs: int,
                        columns: Mapping[str, np.ndarray]) -> np.ndarray:
     """The (n_pairs, width) contribution vectors of pairs whose rows are given in pair order
     (``pair_of_row`` ascending, ``rank_in_pair`` a uniformly random order within each pair),
-    ``columns[c]`` the values of column c in that order. ``bounds[name]``: the aggregate's
-    [L, U]. The Beam engine calls it with a batch of pairs, the local one with all kept pairs."""
+    ``columns[c]`` the values of column c in that order (NaN: NULL). ``bounds[name]``: the
+    aggregate's [L, U]. The Beam engine calls it with a batch of pairs, the local one with all
+    kept pairs.
+
+    NULL skipping (module docstring): a sampled row whose value is NULL adds nothing to that
+    aggregate's block. Whether a row is skipped is a function of that row alone, applied after
+    the sampling (which never looks at values), so each block of a unit's contribution keeps
+    the range of the Delta table: skipping only removes terms from a sum of at most m bounded
+    terms."""
     spec = layout(query)
     sampled = rank_in_pair < query.max_contributions_per_partition
     sampled_pairs = pair_of_row[sampled]
@@ -187,26 +217,36 @@ def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float
             present = ~np.isnan(columns[aggregate.column][sampled])
             out[:, block.start] = np.bincount(sampled_pairs, weights=present, minlength=n_pairs)
         elif aggregate.kind is AggregateKind.SUM and not aggregate.bounds_rows:
-            totals = saturating_sums(pair_of_row, columns[aggregate.column], n_pairs)
-            out[:, block.start] = mechanisms.bounded(totals, *bounds[aggregate.output_name])
+            # The unit's total over its non-NULL values, clamped; a pair with no value adds 0.
+            column = columns[aggregate.column]
+            present = ~np.isnan(column)
+            totals = saturating_sums(pair_of_row, np.where(present, column, 0.0), n_pairs)
+            has_value = np.bincount(pair_of_row, weights=present, minlength=n_pairs) > 0
+            out[:, block.start] = np.where(
+                has_value, mechanisms.bounded(totals, *bounds[aggregate.output_name]), 0.0)
         elif aggregate.bounds_rows:
             low, high = bounds[aggregate.output_name]
-            values = mechanisms.bounded(columns[aggregate.column][sampled], low, high)
-            if aggregate.kind is AggregateKind.SUM:
+            present, values = present_values(columns[aggregate.column][sampled], low, high)
+            if aggregate.kind is AggregateKind.SUM:  # the clamped values, not centred
                 out[:, block.start] = np.bincount(sampled_pairs, weights=values,
                                                   minlength=n_pairs)
-            elif aggregate.kind is AggregateKind.QUANTILE:
-                bucket = histogram_buckets(values, low, high)
-                out[:, block] = np.bincount(sampled_pairs * QUANTILE_BUCKETS + bucket,
+                continue
+            if aggregate.kind is AggregateKind.QUANTILE:
+                bucket = histogram_buckets(values[present], low, high)
+                out[:, block] = np.bincount(sampled_pairs[present] * QUANTILE_BUCKETS + bucket,
                                             minlength=n_pairs * QUANTILE_BUCKETS
                                             ).reshape(n_pairs, QUANTILE_BUCKETS)
                 continue
+            # AVG / VAR / STDDEV: their own count of non-NULL rows, then the centred moments.
             mid, half = midpoint_and_half_width(low, high)
-            centred = values - mid
-            out[:, block.start] = np.bincount(sampled_pairs, weights=centred, minlength=n_pairs)
+            centred = np.where(present, values - mid, 0.0)
+            out[:, block.start] = np.bincount(sampled_pairs, weights=present, minlength=n_pairs)
+            out[:, block.start + 1] = np.bincount(sampled_pairs, weights=centred,
+                                                  minlength=n_pairs)
             if aggregate.kind in (AggregateKind.VAR, AggregateKind.STDDEV):
-                out[:, block.start + 1] = np.bincount(
-                    sampled_pairs, weights=centred ** 2 - half ** 2 / 2.0, minlength=n_pairs)
+                out[:, block.start + 2] = np.bincount(
+                    sampled_pairs, weights=np.where(present, centred ** 2 - half ** 2 / 2.0, 0.0),
+                    minlength=n_pairs)
     return out
 
 
@@ -317,9 +357,12 @@ def bounds_input(aggregate: Aggregate, pair_of_row: np.ndarray, rank_in_pair: np
                  n_pairs: int, column: np.ndarray, max_rows: int) -> np.ndarray:
     """The values one aggregate's bounds are inferred from: each kept pair's total (unit-scoped
     SUM) or its sampled rows' values, for pairs given in pair order."""
-    if not aggregate.bounds_rows:
-        return np.bincount(pair_of_row, weights=column, minlength=n_pairs)
-    return column[rank_in_pair < max_rows]
+    if not aggregate.bounds_rows:  # pairs without a non-NULL value add nothing
+        present = ~np.isnan(column)
+        totals = np.bincount(pair_of_row, weights=np.where(present, column, 0.0),
+                             minlength=n_pairs)
+        return totals[np.bincount(pair_of_row, weights=present, minlength=n_pairs) > 0]
+    return column[rank_in_pair < max_rows]  # log_histogram skips the NULLs (NaN)
 
 
 # --- 4: noise, selection, post-processing ----------------------------------------------------
@@ -336,53 +379,67 @@ def _noisy(query: AggregationQuery, values: np.ndarray, sensitivity: float, epsi
                                epsilon=epsilon, delta=delta)
 
 
+def _law(query: AggregationQuery, noisy: mechanisms.Release,
+         sensitivity: float) -> accuracy.NoiseLaw:
+    """The noise law `_noisy` ran at per-partition sensitivity Delta (for stated accuracy)."""
+    partitions = query.max_partitions_contributed
+    factor = partitions if NoiseKind(query.noise) is NoiseKind.LAPLACE else math.sqrt(partitions)
+    return accuracy.NoiseLaw.of(noisy.event, factor * sensitivity)
+
+
 @dataclasses.dataclass(frozen=True)
 class _NoisyMoments:
-    """An AVG/VAR/STDDEV's noisy row count N and centred sum S, and its midpoint (the derived
-    COUNT is N, the derived row-scoped SUM mid * N + S)."""
+    """An AVG/VAR/STDDEV's noisy row count N and centred sum S, their noise laws, and its
+    midpoint (the derived COUNT is N, the derived row-scoped SUM mid * N + S)."""
     rows: np.ndarray
     centred_sum: np.ndarray
     mid: float
+    rows_law: accuracy.NoiseLaw
+    sum_law: accuracy.NoiseLaw
 
 
 def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     """AVG / VAR from noisy (rows, centred sum[, centred squares]) (LLSY16, module docstring):
     mean = mid + S / max(N, 1), clamped to [L, U]; var = (Q / N + h^2 / 2) - (S / N)^2,
     clamped to [0, h^2]; STDDEV its square root. Returns (values, events of the noisy sums,
-    the noisy moments)."""
+    the noisy moments, the stated accuracy)."""
     step = plan.step(aggregate.output_name)
     epsilon, delta = component_budget(aggregate.kind, step.epsilon, step.delta)
     m = query.max_contributions_per_partition
     mid, half = midpoint_and_half_width(low, high)
-    rows = _noisy(query, accumulators[:, Layout.ROWS], m, epsilon, delta)
-    centred = _noisy(query, accumulators[:, block.start], m * half, epsilon, delta)
-    moments = _NoisyMoments(rows.value, centred.value, mid)
+    rows = _noisy(query, accumulators[:, block.start], m, epsilon, delta)
+    centred = _noisy(query, accumulators[:, block.start + 1], m * half, epsilon, delta)
+    moments = _NoisyMoments(rows.value, centred.value, mid, _law(query, rows, m),
+                            _law(query, centred, m * half))
     count = np.maximum(rows.value, 1.0)
     mean = np.clip(mid + centred.value / count, low, high)
     if aggregate.kind is AggregateKind.AVG:
-        return mean, [rows.event, centred.event], moments
-    squares = _noisy(query, accumulators[:, block.start + 1], m * half ** 2 / 2.0, epsilon,
+        return mean, [rows.event, centred.event], moments, accuracy.mean(
+            rows.value, centred.value, mid, low, high, moments.rows_law, moments.sum_law)
+    squares = _noisy(query, accumulators[:, block.start + 2], m * half ** 2 / 2.0, epsilon,
                      delta)
     centred_mean = mean - mid
     variance = np.clip(squares.value / count + half ** 2 / 2.0 - centred_mean ** 2,
                        0.0, half ** 2)
     value = variance if aggregate.kind is AggregateKind.VAR else np.sqrt(variance)
-    return value, [rows.event, centred.event, squares.event], moments
+    laws = (moments.rows_law, moments.sum_law, _law(query, squares, m * half ** 2 / 2.0))
+    return value, [rows.event, centred.event, squares.event], moments, accuracy.variance(
+        rows.value, centred.value, squares.value, half, laws,
+        root=aggregate.kind is AggregateKind.STDDEV)
 
 
-def quantile_from_histogram(noisy_counts: np.ndarray, q: float, low: float,
+def quantile_from_histogram(noisy_counts: np.ndarray, q, low: float,
                             high: float) -> np.ndarray:
     """Post-processing of a (partitions, B) noisy histogram: negative counts become 0, then the
-    value where the cumulative count reaches q of the total, linear within its bucket (q = 0:
-    the lower edge of the first non-empty bucket; q = 1: the upper edge of the last; no
-    positive count at all: the midpoint of [L, U])."""
+    value where the cumulative count reaches q of the total (q: one fraction, or one per
+    partition), linear within its bucket (q = 0: the lower edge of the first non-empty bucket;
+    q = 1: the upper edge of the last; no positive count at all: the midpoint of [L, U])."""
     counts = np.maximum(noisy_counts, 0.0)
     cumulative = np.cumsum(counts, axis=1)
+    q = np.broadcast_to(np.asarray(q, dtype=np.float64), cumulative[:, -1].shape)
     target = q * cumulative[:, -1]
-    if q < 1.0:
-        index = (cumulative <= target[:, None]).sum(axis=1)
-    else:
-        index = (cumulative < target[:, None]).sum(axis=1)
+    index = np.where(q < 1.0, (cumulative <= target[:, None]).sum(axis=1),
+                     (cumulative < target[:, None]).sum(axis=1))
     index = np.minimum(index, QUANTILE_BUCKETS - 1)
     rows = np.arange(counts.shape[0])
     before = np.where(index > 0, cumulative[rows, np.maximum(index - 1, 0)], 0.0)
@@ -395,10 +452,13 @@ def quantile_from_histogram(noisy_counts: np.ndarray, q: float, low: float,
 
 def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
             accumulators: np.ndarray, bounds: Mapping[str, tuple[float, float]],
-            bounds_events: Mapping[str, object]) -> tuple[pd.DataFrame, dict]:
+            bounds_events: Mapping[str, object]) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
     """Step 4: select partitions (unless public), add each aggregate's noise on the kept ones
     and post-process. ``keys``: one row per accumulator row (the group-by values). Returns the
-    released table (sorted by the keys) and the events by step name, in plan order."""
+    released table (sorted by the keys), the events by step name, in plan order, and each
+    aggregate's stated accuracy (accuracy.py: ``<name>_stddev``, ``_ci_low``, ``_ci_high``,
+    row by row as the table). Quantiles of one column with the same bounds are released in
+    the order of q (sorted per partition: post-processing)."""
     events = dict(bounds_events)
     selected_counts: Optional[np.ndarray] = None
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
@@ -412,6 +472,7 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
     spec = layout(query)
     derived = derived_from(query)
     moments: dict[str, _NoisyMoments] = {}
+    stated: dict[str, tuple] = {}
     # Aggregates with a step first (in query order); the derived ones read their sources after.
     for aggregate in sorted(query.aggregates, key=lambda a: a.output_name in derived):
         name = aggregate.output_name
@@ -419,13 +480,21 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
             source = derived[name]
             if source == SELECTION_STEP:
                 table[name] = np.asarray(selected_counts, dtype=np.float64)
+                law = accuracy.NoiseLaw.of(events[SELECTION_STEP],
+                                           math.sqrt(query.max_partitions_contributed))
+                stated[name] = accuracy.additive(table[name].to_numpy(), [(1.0, law)])
             elif aggregate.kind is AggregateKind.COUNT:
                 table[name] = moments[source].rows
+                stated[name] = accuracy.additive(moments[source].rows,
+                                                 [(1.0, moments[source].rows_law)])
             else:  # saturated as the sums are (post-processing of the noisy moments)
                 with np.errstate(over="ignore"):
                     total = moments[source].mid * moments[source].rows \
                         + moments[source].centred_sum
                 table[name] = np.clip(total, -MAX_MAGNITUDE, MAX_MAGNITUDE)
+                stated[name] = accuracy.additive(table[name].to_numpy(), [
+                    (moments[source].mid, moments[source].rows_law),
+                    (1.0, moments[source].sum_law)])
             continue
         step = plan.step(name)
         block = spec.blocks[name]
@@ -436,24 +505,60 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
                            if aggregate.kind is AggregateKind.COUNT else 1)
             noisy = _noisy(query, accumulators[:, column], sensitivity, step.epsilon, step.delta)
             table[name], events[name] = noisy.value, noisy.event
+            stated[name] = accuracy.additive(noisy.value, [(1.0, _law(query, noisy,
+                                                                      sensitivity))])
             continue
         low, high = bounds[name]
         if aggregate.kind is AggregateKind.SUM:
             rows = query.max_contributions_per_partition if aggregate.bounds_rows else 1
-            noisy = _noisy(query, accumulators[:, block.start], rows * max(abs(low), abs(high)),
+            sensitivity = rows * max(abs(low), abs(high))
+            noisy = _noisy(query, accumulators[:, block.start], sensitivity,
                            step.epsilon, step.delta)
             table[name], events[name] = noisy.value, noisy.event
+            stated[name] = accuracy.additive(noisy.value, [(1.0, _law(query, noisy,
+                                                                      sensitivity))])
         elif aggregate.kind is AggregateKind.QUANTILE:
             noisy = _noisy(query, accumulators[:, block], query.max_contributions_per_partition,
                            step.epsilon, step.delta)
-            table[name] = quantile_from_histogram(noisy.value.reshape(len(table),
-                                                                      QUANTILE_BUCKETS),
-                                                  aggregate.q, low, high)
+            histogram = noisy.value.reshape(len(table), QUANTILE_BUCKETS)
+            table[name] = quantile_from_histogram(histogram, aggregate.q, low, high)
             events[name] = noisy.event
+            stated[name] = accuracy.quantile(
+                histogram, aggregate.q, low, high,
+                _law(query, noisy, query.max_contributions_per_partition),
+                quantile_from_histogram)
         else:
-            value, parts, moments[name] = _mean_and_square(query, accumulators, block, plan,
-                                                           aggregate, low, high)
+            value, parts, moments[name], stated[name] = _mean_and_square(
+                query, accumulators, block, plan, aggregate, low, high)
             table[name], events[name] = value, dp_event.ComposedDpEvent(parts)
-    table = table[list(query.group_by) + [a.output_name for a in query.aggregates]]
+    _quantiles_in_order(query, bounds, table, stated)
+    names = [a.output_name for a in query.aggregates]
+    table = table[list(query.group_by) + names]
+    intervals = pd.DataFrame({column: values for name in names for column, values in
+                              zip(accuracy.interval_columns(name), stated[name])})
+    order = np.asarray(table.sort_values(list(query.group_by)).index)
     ordered = {s.name: events[s.name] for s in plan.steps}
-    return table.sort_values(list(query.group_by), ignore_index=True), ordered
+    return (table.iloc[order].reset_index(drop=True), ordered,
+            intervals.iloc[order].reset_index(drop=True))
+
+
+def _quantiles_in_order(query: AggregationQuery, bounds, table: pd.DataFrame,
+                        stated: dict) -> None:
+    """Sort, per partition, the quantiles that read one column with the same bounds by q
+    (an NTILE's cut points, a MEDIAN beside a MIN): post-processing, so the released
+    quantiles are monotone in q (accuracy.monotone says why the intervals stay valid)."""
+    groups: dict[tuple, list] = {}
+    for aggregate in query.aggregates:
+        if aggregate.kind is AggregateKind.QUANTILE:
+            groups.setdefault((aggregate.column, bounds[aggregate.output_name]), []).append(
+                aggregate)
+    for members in groups.values():
+        if len(members) < 2 or len(table) == 0:
+            continue
+        names = [a.output_name for a in sorted(members, key=lambda a: a.q)]
+        table[names] = accuracy.monotone(table[names].to_numpy())
+        for part in range(3):  # stddev, low and high ends, each sorted alike
+            sorted_part = accuracy.monotone(np.stack([stated[n][part] for n in names], axis=1))
+            for index, name in enumerate(names):
+                stated[name] = tuple(sorted_part[:, index] if p == part else stated[name][p]
+                                     for p in range(3))

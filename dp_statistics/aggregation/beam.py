@@ -38,7 +38,7 @@ from sage_tfx.randomness import secret_rng
 
 
 def _number_or_nan(value) -> float:
-    """A value that is not a number counts as missing (its clamp's midpoint): refusing the query
+    """A value that is not a number is NULL (NaN, skipped by the aggregates): refusing the query
     because of one row would reveal that the row is there (local.numeric_column)."""
     try:
         return float(value) if value is not None else float("nan")

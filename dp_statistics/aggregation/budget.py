@@ -4,8 +4,9 @@ Steps. ``partition_selection`` (absent with public partitions), one step per agg
 its output column, and ``bounds:<output column>`` for each aggregate whose bounds are inferred
 (§4.2.5). Three aggregates are post-processing of another step and have no step of their own
 (:func:`derived_from`): COUNT(DISTINCT unit) under a thresholding rule is the selection's noisy
-unit count (the seed's remark after its thresholding theorem); COUNT(*) next to an AVG, VAR or
-STDDEV is that aggregate's noisy row count (the same rows, the same sensitivity m); a row-scoped
+unit count (the seed's remark after its thresholding theorem); COUNT(col) next to an AVG, VAR or
+STDDEV of the same column is that aggregate's noisy count of non-NULL rows (the same rows, the
+same sensitivity m; COUNT(*) is not: it also counts the rows whose value is NULL); a row-scoped
 SUM with the column and literal bounds of an AVG/VAR/STDDEV is mid * N + S from its noisy row
 count N and centred sum S (PipelineDP derives COUNT and SUM from MEAN the same way).
 
@@ -107,8 +108,11 @@ def derived_from(query: AggregationQuery) -> dict[str, str]:
         if (aggregate.kind is AggregateKind.COUNT_DISTINCT
                 and SelectionRule(query.selection) in _THRESHOLDING):
             derived[aggregate.output_name] = SELECTION_STEP
-        elif aggregate.kind is AggregateKind.COUNT and aggregate.column is None and means:
-            derived[aggregate.output_name] = means[0].output_name
+        elif aggregate.kind is AggregateKind.COUNT and aggregate.column is not None:
+            # The mean's count is of its column's non-NULL sampled rows: COUNT(that column).
+            source = next((m for m in means if m.column == aggregate.column), None)
+            if source is not None:
+                derived[aggregate.output_name] = source.output_name
         elif aggregate.kind is AggregateKind.SUM and aggregate.bounds_rows:
             source = next((m for m in means if (m.column, m.low, m.high) == (
                 aggregate.column, aggregate.low, aggregate.high) and m.low is not None), None)

@@ -13,18 +13,21 @@ is refused) and runs the operator.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from decimal import ROUND_DOWN, Decimal
-from typing import Callable, Mapping, NamedTuple, Union
+from typing import Callable, Mapping, NamedTuple, Optional, Union
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from sage_tfx.dp_statistics.aggregation import relation, sql
-from sage_tfx.dp_statistics.aggregation.budget import BudgetPlan, plan
+from sage_tfx.dp_statistics.aggregation import accuracy, relation, sql
+from sage_tfx.dp_statistics.aggregation.budget import SELECTION_STEP, BudgetPlan, plan
 from sage_tfx.dp_statistics.aggregation.local import aggregate
 from sage_tfx.dp_statistics.aggregation.release import Release
-from sage_tfx.dp_statistics.aggregation.spec import AggregationQuery, QueryError
+from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQuery, QueryError,
+                                                     SelectionRule)
 from sage_tfx.release import Charged, GuaranteeUnit, ReleasePlan, consume
 from sage_tfx.sage_access.accounting import BudgetRequest, event_from_json
 from sage_tfx.sage_access.errors import BadRequest
@@ -67,7 +70,15 @@ def check_query(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
 def plan_query(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
                arrow_schemas: Mapping[str, pa.Schema], epsilon: float,
                delta: float) -> PlannedQuery:
-    """`check_query`, then the budget plan at (epsilon, delta)."""
+    """`check_query`, then the budget plan at (epsilon, delta), the grant's: OPTIONS epsilon
+    and delta (BigQuery's), when given, must be these."""
+    for name, granted in (("epsilon", epsilon), ("delta", delta)):
+        stated = parsed.options.get(name)
+        if stated is not None and not (isinstance(stated, (int, float))
+                                       and math.isclose(stated, granted, rel_tol=1e-9,
+                                                        abs_tol=1e-300)):
+            raise QueryError(f"OPTIONS {name} = {stated!r}, but the grant's {name} is "
+                             f"{granted:g}: give the same value (the grant is what is charged)")
     checked, query, columns = check_query(parsed, schemas, arrow_schemas)
     return PlannedQuery(checked, query, columns, plan(query, epsilon, delta), epsilon, delta)
 
@@ -129,15 +140,90 @@ def _check_accountable(grant, budget: BudgetPlan, accounting) -> None:
 
 
 def run(rows: pa.Table, planned: PlannedQuery, charged: Charged, unit: GuaranteeUnit,
-        engine: Callable = aggregate) -> Release:
+        engine: Callable = aggregate, intervals: bool = False,
+        non_negative_counts: bool = False) -> Release:
     """Consume every share of the charged grant, then run the operator on `rows` with `engine`
     (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam). The grant was charged
-    from `planned` (release.charge), or checked to pay for it (`check_grant`)."""
+    from `planned` (release.charge), or checked to pay for it (`check_grant`).
+
+    Post-processing of what was released, at no budget: `intervals` adds after each aggregate
+    its noise standard deviation and 95% interval (`<name>_stddev`, `<name>_ci_low`,
+    `<name>_ci_high`; accuracy.py); `non_negative_counts` clamps COUNT values (and their
+    intervals) at 0; a release made with it states NON_NEGATIVE_COUNTS in its guarantee."""
     budget = planned.budget
     for step in budget.steps:
         charged.share(step.name)
     release = engine(rows, planned.query, budget, unit)
-    return dataclasses.replace(release, table=release.table[list(planned.columns)])
+    table = release.table.copy()
+    stated = release.intervals.copy()
+    if non_negative_counts:
+        for counted in planned.query.aggregates:
+            if counted.kind in (AggregateKind.COUNT, AggregateKind.COUNT_DISTINCT):
+                name = counted.output_name
+                low, high = accuracy.interval_columns(name)[1:]
+                table[name] = table[name].clip(lower=0.0)
+                stated[low], stated[high] = stated[low].clip(lower=0.0), stated[high].clip(
+                    lower=0.0)
+    columns = list(planned.columns)
+    if intervals:
+        table = pd.concat([table, stated], axis=1)
+        columns = [column for name in planned.columns for column in (
+            [name, *accuracy.interval_columns(name)]
+            if name + accuracy.SUFFIXES[0] in stated.columns else [name])]  # keys have none
+    return dataclasses.replace(release, table=table[columns])
+
+
+def typical_threshold(query: AggregationQuery, budget: BudgetPlan) -> Optional[int]:
+    """The number of distinct units from which partition selection keeps a group with
+    probability at least 1/2 (public: the rule and its share of the budget), or None for a
+    rule without a closed form here."""
+    from sage_tfx import mechanisms
+    from sage_tfx.mechanisms import selection
+
+    rule = SelectionRule(query.selection)
+    if rule is SelectionRule.PUBLIC:
+        return None
+    step = budget.step(SELECTION_STEP)
+    partitions = query.max_partitions_contributed
+    if rule is SelectionRule.LAPLACE_THRESHOLD:  # kept when n + Z >= tau, Z symmetric
+        return selection.laplace_threshold_tau(max_partitions_per_unit=partitions,
+                                               epsilon=step.epsilon, delta=step.delta)
+    if rule is SelectionRule.GAUSSIAN_THRESHOLD:  # kept when n + Z > tau
+        multiplier = mechanisms.gaussian_sigma(l2_sensitivity=1.0, epsilon=step.epsilon,
+                                               delta=step.delta / 2.0)
+        sigma, k = mechanisms.gaussian_lattice(l2_sensitivity=math.sqrt(partitions), size=1,
+                                               noise_multiplier=multiplier)
+        return math.ceil(selection.gaussian_threshold_tau(
+            sigma=sigma, lattice_exponent=k, max_partitions_per_unit=partitions,
+            threshold_delta=step.delta / 2.0))
+    if rule is SelectionRule.TRUNCATED_GEOMETRIC:  # keep probability pi(n) at (eps/C, delta/C)
+        counts = np.arange(1, 2 ** 22)
+        kept = selection.truncated_geometric_keep_probability(
+            counts, epsilon=step.epsilon / partitions, delta=step.delta / partitions) >= 0.5
+        return int(counts[kept.argmax()]) if kept.any() else None
+    return None
+
+
+def nothing_released(planned: PlannedQuery, unit_column: str) -> str:
+    """Why a release has no row, in public numbers only (the rule, its budget, the options):
+    every group's noisy unit count fell short of partition selection's threshold."""
+    query = planned.query
+    step = planned.budget.step(SELECTION_STEP)
+    threshold = typical_threshold(query, planned.budget)
+    size = (f"a group is kept with probability 1/2 or more only from about {threshold} "
+            f"distinct {unit_column} values" if threshold is not None
+            else "a group needs enough distinct units to pass it")
+    return (f"no group released: partition selection ({SelectionRule(query.selection).value}, "
+            f"epsilon {step.epsilon:g} of the query's {planned.epsilon:g}, delta {step.delta:g}, "
+            f"max_groups_contributed = {query.max_partitions_contributed}) dropped every group; "
+            f"{size}. To release smaller groups: list them (OPTIONS(public_groups = (...)): no "
+            "selection and no budget spent on it), raise --epsilon, or lower "
+            "max_groups_contributed (each unit then counts in fewer groups, and the "
+            "threshold falls)")
+
+
+# What a release made with non_negative_counts states with its guarantee (Guarantee.mechanism).
+NON_NEGATIVE_COUNTS = "counts clamped at 0 by post-processing"
 
 
 def planned_for_grant(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
@@ -151,7 +237,8 @@ def planned_for_grant(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSc
 
 
 def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, ledger,
-                 unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ) -> Release:
+                 unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ,
+                 intervals: bool = False, non_negative_counts: bool = False) -> Release:
     """The DP aggregation of `data` (an Arrow table or a pandas frame) under `grant`, a ledger
     Grant made for this query (`release.charge(ledger, planned.release_plan(...), selector)`)
     with the `ledger` that issued it.
@@ -159,7 +246,7 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, led
     `query_sql`: DP SQL whose FROM names any table (it is `data`) and whose OPTIONS name the
     unit (`privacy_unit_column = uid`). Every share of the grant is consumed before anything
     runs, so a grant pays for one release; the grant's outcome is recorded (released, or
-    failed with a public reason)."""
+    failed with a public reason). `intervals`, `non_negative_counts`: as `run`'s."""
     if isinstance(data, pd.DataFrame):
         data = pa.Table.from_pandas(data, preserve_index=False)
     if not isinstance(data, pa.Table):
@@ -177,6 +264,8 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, led
                                 {name: data.schema for name in names}, grant)
     check_grant(planned, grant, ledger.accounting)
     with consume(ledger, grant, list(grant.split), "dp_aggregate()") as charged:
-        release = run(relation.evaluate(planned.checked, lambda _: data), planned, charged, unit)
-        charged.released(guarantee=charged.guarantee(unit, unit_column))
+        release = run(relation.evaluate(planned.checked, lambda _: data), planned, charged, unit,
+                      intervals=intervals, non_negative_counts=non_negative_counts)
+        charged.released(guarantee=charged.guarantee(
+            unit, unit_column, mechanism=NON_NEGATIVE_COUNTS if non_negative_counts else None))
     return release

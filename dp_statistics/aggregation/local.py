@@ -89,7 +89,7 @@ def _not_numeric(column: str, kind) -> QueryError:
 def numeric_column(frame: pd.DataFrame, column: str) -> np.ndarray:
     """The column as doubles. The refusal depends on the column's type only (the schema, the
     same on neighbouring tables): in an untyped (object) column a value that is not a number
-    counts as missing, i.e. its clamp's midpoint, since refusing the query because of one row
+    is NULL (NaN, skipped by the aggregates), since refusing the query because of one row
     would reveal that the row is there."""
     series = frame[column]
     if pd.api.types.is_object_dtype(series.dtype):
@@ -188,12 +188,13 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
 def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: Accumulated,
                         unit: GuaranteeUnit) -> Release:
     """Step 4 (noise, selection, post-processing) and the guarantee, for either engine."""
-    table, events = aggregators.release(query, plan, accumulated.keys, accumulated.accumulators,
-                                        accumulated.bounds, accumulated.bounds_events)
+    table, events, intervals = aggregators.release(
+        query, plan, accumulated.keys, accumulated.accumulators, accumulated.bounds,
+        accumulated.bounds_events)
     return Release(table, plan.epsilon, plan.delta,
                    GuaranteeUnit(unit).describe(query.unit_column), events, plan.additional_delta,
                    {name: (float(low), float(high))
-                    for name, (low, high) in accumulated.bounds.items()})
+                    for name, (low, high) in accumulated.bounds.items()}, intervals)
 
 
 def aggregate(data, query: AggregationQuery, plan: BudgetPlan,

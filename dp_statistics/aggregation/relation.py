@@ -10,11 +10,12 @@ error), and a comparison of mismatched types fails on the schema alone.
 `check_on_schema` runs the whole relation on empty tables of the ingested schemas before
 anything is charged, so such an error refuses the query instead of stopping a charged run.
 
-The aggregates' arguments then follow the project's record rule (components/record_rule.py):
-a NaN, infinite or NULL value becomes the public default 0, row by row, so no row's content
-can make the operator raise or release NaN. An argument must be numeric (sql.py types it and
-`check_on_schema` checks Arrow's type before the charge); the conversion to float is total all
-the same (text that does not parse is NULL, so the default), so no value can fail a charged run.
+The aggregates' arguments are then read as numbers with SQL's NULL semantics: a NULL (or NaN)
+value stays NULL, held as NaN, and every aggregate skips it (spec.py, aggregators.py); it is
+never replaced by a default, which would pull a mean toward it. An argument must be numeric
+(sql.py types it and `check_on_schema` checks Arrow's type before the charge); the conversion
+to float is total all the same (text that does not parse is NULL), so no value can fail a
+charged run.
 """
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def _rows(relation: Relation, read: Callable[[str], pa.Table], unit: str) -> pa.
 
 def _arguments_raw(checked: CheckedQuery, read: Callable[[str], pa.Table]) -> pa.Table:
     """The unit column, the group keys and each aggregate argument (`__value<i>`) as its
-    expression computes it, before the record rule."""
+    expression computes it, before the conversion to numbers."""
     rows = _rows(checked.source, read, checked.unit_column)
     columns = {checked.unit_column: pc.field(checked.unit_column)}
     columns.update({name: to_arrow(expression) for name, expression in checked.keys})
@@ -167,27 +168,26 @@ def _parsed_or_null(value) -> float | None:
         return None
 
 
-def _record_rule(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """float64 values with the record rule applied, for ANY input type: numbers are cast
-    (unchecked); anything else (check_on_schema refuses it, but a charged run must not fail on
-    a value) is parsed value by value, unparseable -> NULL. NaN, infinite and NULL -> 0."""
+def _numbers(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """float64 values for ANY input type, NULL (and NaN) as NaN: numbers are cast (unchecked);
+    anything else (check_on_schema refuses it, but a charged run must not fail on a value) is
+    parsed value by value, unparseable -> NULL."""
     if _is_numeric(column.type):
         values = column.cast(pa.float64(), safe=False)
     else:
         values = pa.chunked_array([pa.array([_parsed_or_null(v) for v in column.to_pylist()],
                                             pa.float64())])
-    # is_finite is NULL on a NULL value; fill_null makes it the default too.
-    return pc.fill_null(pc.if_else(pc.is_finite(values), values, 0.0), 0.0)
+    return pc.fill_null(values, float("nan"))
 
 
 def evaluate(checked: CheckedQuery, read: Callable[[str], pa.Table]) -> pa.Table:
     """The operator's input for `checked`: the unit column, one column per group key (named as
-    released) and one per aggregate argument (`__value<i>`, record rule applied). `read(table)`
+    released) and one per aggregate argument (`__value<i>`, as numbers, NULL as NaN). `read(table)`
     returns the rows of a table's granted blocks."""
     projected = _arguments_raw(checked, read)
     counted = _counted_arguments(checked)
     return pa.table({name: (_presence(column) if name in counted
-                            else _record_rule(column) if name.startswith(ARGUMENT_PREFIX)
+                            else _numbers(column) if name.startswith(ARGUMENT_PREFIX)
                             else column)
                      for name, column in zip(projected.column_names, projected.columns)})
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Mapping, Optional
 
 import pandas as pd
 from dp_accounting import dp_event
@@ -16,7 +16,9 @@ class Release:
     says which unit and within what. ``events``: the dp-accounting event of each plan step as it
     ran (noise read back from OpenDP's maps); ``additional_delta``: delta spent outside them by
     partition selection. ``bounds``: the [L, U] each bounded aggregate used, by output column
-    (given, or inferred with DP: a release of its ``bounds:`` step)."""
+    (given, or inferred with DP: a release of its ``bounds:`` step). ``intervals``: each
+    aggregate's noise standard deviation and 95% interval (``<name>_stddev``, ``<name>_ci_low``,
+    ``<name>_ci_high``; accuracy.py says how), row by row as ``table``: post-processing."""
     table: pd.DataFrame
     epsilon: float
     delta: float
@@ -24,6 +26,7 @@ class Release:
     events: Mapping[str, dp_event.DpEvent]
     additional_delta: float
     bounds: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    intervals: Optional[pd.DataFrame] = None
 
     @property
     def event(self) -> dp_event.DpEvent:

@@ -13,19 +13,28 @@ most ``max_contributions_per_partition`` (m) of its rows, sampled uniformly. The
 kind               the unit's contribution to one partition                   bounds [low, high]
 =================  =========================================================  ==================
 COUNT              its number of kept rows, in [0, m]                         none
-COUNT(column)      its number of kept rows where column is not null, [0, m]   none
+COUNT(column)      its number of kept rows where column is not NULL, [0, m]   none
 COUNT_DISTINCT     1                                                          none
-SUM (scope UNIT)   the sum of ALL its rows' values, clamped into [low, high]  the unit's total
-SUM (scope ROW)    the sum of its kept rows, each clamped into [low, high]    each row's value
-AVG, VAR, STDDEV   its kept rows, each value clamped into [low, high]         each row's value
-QUANTILE           its kept rows, each value clamped into [low, high]         each row's value
+SUM (scope UNIT)   the sum of ALL its non-NULL values, clamped into [low, high] the unit's total
+SUM (scope ROW)    the sum of its kept non-NULL values, each clamped          each row's value
+AVG, VAR, STDDEV   its kept non-NULL values, each clamped into [low, high]    each row's value
+QUANTILE           its kept non-NULL values, each clamped into [low, high]    each row's value
 =================  =========================================================  ==================
+
+NULLs (BigQuery's semantics, for every aggregate that reads a column): a NULL or NaN value is
+skipped by that aggregate, never replaced (not by 0, not by a midpoint). COUNT(column) counts
+the non-NULL values; SUM adds the non-NULL values; AVG, VAR, STDDEV and the quantiles are of
+the non-NULL values (AVG divides by their count, not by the rows'); a partition whose values
+are all NULL still gets a noisy release (of an empty set: AVG then reads its noisy sums near
+0, and is clamped into [low, high]). COUNT(*) counts rows whatever their values.
+An infinite value is a value: it is clamped to the nearer bound. aggregators.py shows why
+skipping keeps every sensitivity.
 
 SUM's bounds apply to the unit's total in the partition by default (the seed's ANON_SUM, and
 BigQuery's contribution_bounds_per_group); ``scope=BoundsScope.ROW`` clamps each row instead
 (BigQuery's contribution_bounds_per_row, PipelineDP's min_value/max_value). A row-scoped SUM
-with the same column and literal bounds as an AVG/VAR/STDDEV of the query, and COUNT(*) next to
-any of those, are post-processed from that aggregate's noisy row count and centred sum (budget.py).
+with the same column and literal bounds as an AVG/VAR/STDDEV of the query, and COUNT(column)
+of that column, are post-processed from that aggregate's noisy row count and centred sum (budget.py).
 
 ``low``/``high`` left ``None`` are inferred with DP from the data (§4.2.5), at a budget share of
 their own. MEDIAN, MIN, MAX and NTILE are quantiles: q = 0.5, 0, 1 and the NTILE's fraction.

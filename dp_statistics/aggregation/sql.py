@@ -15,9 +15,18 @@ hand-written here.
 
 Aggregates (ZetaSQL's ANON_ names; bounds are literals, or omitted to be inferred with DP when
 the query allows it): ANON_COUNT(*), ANON_COUNT(col), ANON_COUNT(DISTINCT <unit>),
-ANON_SUM/AVG/VAR/STDDEV(expr[, lower, upper]), ANON_MEDIAN/MIN/MAX(expr[, lower, upper]) and
-ANON_NTILE(expr, n[, lower, upper]) (the n-1 cut points of n equal parts). An aggregate's
-argument may be any row-wise expression.
+ANON_SUM/AVG/VAR/STDDEV(expr[, lower, upper]), ANON_MEDIAN/MIN/MAX(expr[, lower, upper]),
+ANON_PERCENTILE_CONT(expr, p[, lower, upper]) and ANON_NTILE(expr, n[, lower, upper]) (the
+n-1 cut points of n equal parts). An aggregate's argument may be any row-wise expression.
+
+BigQuery's spelling is accepted in the DP SELECT list: COUNT(*), COUNT(expr), SUM, AVG and
+PERCENTILE_CONT(expr, p), with bounds as `contribution_bounds_per_group => (lower, upper)`
+(SUM: the unit's total in the group is clamped, BigQuery's meaning; AVG: each value is
+clamped, and AVG is the mean of the rows read, not BigQuery's mean of per-unit means) or
+`contribution_bounds_per_row => (lower, upper)` (SUM, PERCENTILE_CONT: each row), and
+OPTIONS epsilon and delta (equal to the grant's). A query without GROUP BY releases one row,
+the total (one public group: no selection). Outside the DP SELECT list (a subquery), SUM and
+COUNT are SQL's per-unit reductions.
 
 Row ownership (the seed's Table 4.3; uid is the unit column recorded at ingest). Every row the
 operator reads must be owned by exactly one unit, so every operator below it must derive each
@@ -42,6 +51,7 @@ unit's rows pass or not independently of every other unit's).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
@@ -49,11 +59,12 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.parser import Parser
 from sqlglot.tokens import TokenType
 
 from sage_tfx.dp_statistics.aggregation.spec import (
     DEFAULT_MAX_CONTRIBUTIONS_PER_PARTITION, DEFAULT_MAX_PARTITIONS_CONTRIBUTED, Aggregate,
-    AggregateKind, AggregationQuery, NoiseKind, QueryError, SelectionRule)
+    AggregateKind, AggregationQuery, BoundsScope, NoiseKind, QueryError, SelectionRule)
 
 DP_KEYWORDS = ("ANONYMIZATION", "DIFFERENTIAL_PRIVACY")
 # ANON_ name -> (aggregate kind, whether a column argument is required).
@@ -62,8 +73,13 @@ COUNT_COLUMN = "count_column"
 ANON_FUNCTIONS = {
     "ANON_COUNT": "count", "ANON_SUM": "sum", "ANON_AVG": "mean", "ANON_VAR": "variance",
     "ANON_STDDEV": "stddev", "ANON_NTILE": "ntile", "ANON_MEDIAN": "median",
-    "ANON_MIN": "min", "ANON_MAX": "max",
+    "ANON_MIN": "min", "ANON_MAX": "max", "ANON_PERCENTILE_CONT": "percentile",
 }
+# BigQuery's names of the DP aggregates (in the DP SELECT list only; parse() renames them to
+# BIGQUERY_PREFIX + name) and the ANON_ function each is.
+BIGQUERY_PREFIX = "BQ_"
+BIGQUERY_NAMES = {"COUNT": "ANON_COUNT", "SUM": "ANON_SUM", "AVG": "ANON_AVG",
+                  "PERCENTILE_CONT": "ANON_PERCENTILE_CONT"}
 # Plain aggregates a subquery grouped by the unit may use (a per-unit, pre-DP reduction), with
 # their pyarrow hash-aggregate names.
 INNER_AGGREGATES = {exp.Sum: "sum", exp.Count: "count", exp.Avg: "mean", exp.Min: "min",
@@ -147,6 +163,8 @@ class AggregateCall:
     lower: Optional[float] = None
     upper: Optional[float] = None
     ntiles: Optional[int] = None
+    q: Optional[float] = None  # PERCENTILE_CONT's percentile
+    rows_bounded: bool = False  # contribution_bounds_per_row: SUM clamps each row
     clause: str = ""
 
 
@@ -173,19 +191,22 @@ class CheckedQuery:
 
 # ---------------------------------------------------------------- parsing
 def parse(sql: str) -> ParsedQuery:
-    """The query's DP clause and options cut out (see the module docstring), the rest parsed."""
+    """The query's DP clause and options cut out (see the module docstring), the rest parsed.
+
+    The body is parsed from the tokens of the user's own text (the DP clause's tokens left
+    out), so a parse error's line, column and context are those of the text the user wrote."""
     if not isinstance(sql, str) or not sql.strip():
         raise QueryError("the query is empty")
     try:
         tokens = sqlglot.tokenize(sql)
     except TokenError as error:
-        raise QueryError(f"the query does not parse: {error}") from None
+        raise QueryError(f"the query does not parse: {_plain(str(error))}") from None
     if (len(tokens) < 3 or tokens[0].token_type != TokenType.SELECT
             or tokens[1].token_type != TokenType.WITH
             or tokens[2].text.upper() not in DP_KEYWORDS):
         raise QueryError("a DP query starts with SELECT WITH ANONYMIZATION (or SELECT WITH "
                          "DIFFERENTIAL_PRIVACY); this one does not")
-    cut_end = tokens[2].end + 1
+    body_start = 3
     options: dict[str, object] = {}
     if len(tokens) > 4 and tokens[3].text.upper() == "OPTIONS" and \
             tokens[4].token_type == TokenType.L_PAREN:
@@ -198,12 +219,15 @@ def parse(sql: str) -> ParsedQuery:
         if close is None:
             raise QueryError("OPTIONS( ... is not closed")
         options = _options(sql[tokens[4].end + 1:tokens[close].start])
-        cut_end = tokens[close].end + 1
-    body = "SELECT " + sql[cut_end:]
+        body_start = close + 1
+    body = [tokens[0], *tokens[body_start:]]
+    _mark_dp_aggregates(body)
     try:
-        statements = sqlglot.parse(body)
-    except (ParseError, TokenError) as error:
-        raise QueryError(f"the query does not parse: {error}") from None
+        statements = Parser().parse(body, sql)
+    except ParseError as error:
+        raise QueryError(f"the query does not parse: {_parse_error(error)}") from None
+    except TokenError as error:
+        raise QueryError(f"the query does not parse: {_plain(str(error))}") from None
     statements = [s for s in statements if s is not None]
     if len(statements) != 1:
         raise QueryError(f"give exactly one SELECT statement, got {len(statements)}")
@@ -214,14 +238,54 @@ def parse(sql: str) -> ParsedQuery:
     return ParsedQuery(sql=sql, options=options, select=select)
 
 
+def _mark_dp_aggregates(body: list) -> None:
+    """BigQuery's spelling: COUNT, SUM, AVG and PERCENTILE_CONT called in the DP SELECT list
+    (before its FROM, at any depth) are the DP aggregates. sqlglot's own Sum/Avg/... take one
+    argument and no `name => value`, so these calls are renamed, token by token, to the
+    internal BQ_ names (BIGQUERY_FUNCTIONS); a subquery's SUM (in FROM) stays SQL's."""
+    depth = 0
+    for index, token in enumerate(body[1:-1], start=1):
+        depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(token.token_type, 0)
+        if depth == 0 and token.token_type == TokenType.FROM:
+            return
+        if token.text.upper() in BIGQUERY_NAMES and \
+                body[index + 1].token_type == TokenType.L_PAREN:
+            token.text = BIGQUERY_PREFIX + token.text.upper()
+            token.token_type = TokenType.VAR
+
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _plain(text: str) -> str:
+    """sqlglot's message without the terminal's underline escapes."""
+    return _ANSI_ESCAPE.sub("", text)
+
+
+def _parse_error(error: ParseError) -> str:
+    """The first error sqlglot reports, on the user's text: what is wrong, where (line and
+    column of the text as written) and the words around it."""
+    if not error.errors:
+        return _plain(str(error))
+    first = error.errors[0]
+    near = " ".join(_plain((first.get("start_context") or "")[-30:]
+                           + (first.get("highlight") or "")).split())
+    description = re.sub(r"<class '[\w.]*?(\w+)'>", r"\1", str(first.get("description")))
+    return (f"{description} at line {first.get('line')}, column {first.get('col')}, "
+            f"near \"{near}\"")
+
+
 def _options(text: str) -> dict[str, object]:
     """OPTIONS(name = literal, ...) as {lower-case name: Python value}."""
     if not text.strip():
         return {}
     try:
         items = sqlglot.parse_one("SELECT " + text).expressions
-    except (ParseError, TokenError) as error:
-        raise QueryError(f"OPTIONS({text}) does not parse: {error}") from None
+    except ParseError as error:  # its positions are of "SELECT " + text: not shown
+        reason = error.errors[0].get("description") if error.errors else "invalid syntax"
+        raise QueryError(f"OPTIONS({text}) does not parse: {reason}") from None
+    except TokenError as error:
+        raise QueryError(f"OPTIONS({text}) does not parse: {_plain(str(error))}") from None
     options = {}
     for item in items:
         if not (isinstance(item, exp.EQ) and isinstance(item.this, exp.Column)
@@ -259,7 +323,8 @@ def _literal(node: exp.Expression, where: str):
 
 
 def _clause(node: exp.Expression) -> str:
-    text = node.sql()
+    """The node as SQL, as the user spelled it (BigQuery's names without the internal BQ_)."""
+    text = re.sub(rf"\b{BIGQUERY_PREFIX}({'|'.join(BIGQUERY_NAMES)})\(", r"\1(", node.sql())
     return text if len(text) <= 160 else text[:157] + "..."
 
 
@@ -356,16 +421,24 @@ def check(parsed: ParsedQuery, schemas: Mapping[str, TableSchema]) -> CheckedQue
         if not any(key == expression for _, expression in keys):
             raise QueryError(f"GROUP BY {_clause(item)} is not in the SELECT list (every group "
                              "key is released with its row)")
-    if not keys:
-        raise QueryError("the DP query has no GROUP BY key: add GROUP BY (a DP query releases "
-                         "one row per group)")
+    if not group_items:  # one public group, the total: a constant key, never released
+        keys.append((TOTAL_KEY, exp.Literal.number(TOTAL_GROUP)))
     return CheckedQuery(parsed=parsed, tables=tuple(dict.fromkeys(tables)), unit_column=unit,
                         source=source, keys=tuple(keys), aggregates=tuple(aggregates),
                         output_order=tuple(order))
 
 
+def _function_name(node: exp.Anonymous) -> str:
+    """The ANON_ name of a DP aggregate call (BigQuery's SUM is ANON_SUM)."""
+    name = node.name.upper()
+    if name.startswith(BIGQUERY_PREFIX) and name[len(BIGQUERY_PREFIX):] in BIGQUERY_NAMES:
+        return BIGQUERY_NAMES[name[len(BIGQUERY_PREFIX):]]
+    return name
+
+
 def _default_name(node: exp.Expression, index: int) -> str:
-    """An unaliased output column's name: a column's own name; ANON_SUM(fare) -> anon_sum_fare."""
+    """An unaliased output column's name: a column's own name; ANON_SUM(fare) -> anon_sum_fare,
+    SUM(fare) -> sum_fare."""
     if isinstance(node, exp.Column):
         return node.name
     if _is_anon(node):
@@ -373,12 +446,12 @@ def _default_name(node: exp.Expression, index: int) -> str:
         if isinstance(argument, exp.Distinct):
             argument = argument.expressions[0]
         suffix = f"_{argument.name}" if isinstance(argument, exp.Column) else ""
-        return node.name.lower() + suffix
+        return node.name.lower().removeprefix(BIGQUERY_PREFIX.lower()) + suffix
     return f"column_{index}"
 
 
 def _is_anon(node: exp.Expression) -> bool:
-    return isinstance(node, exp.Anonymous) and node.name.upper() in ANON_FUNCTIONS
+    return isinstance(node, exp.Anonymous) and _function_name(node) in ANON_FUNCTIONS
 
 
 def _contains_anon(node: exp.Expression) -> bool:
@@ -392,10 +465,45 @@ def _number(node: exp.Expression, where: str) -> float:
     return float(value)
 
 
+# BigQuery's named bounds: what each clamps (SUM: the unit's total in the group, or each row).
+BOUNDS_PER_GROUP = "contribution_bounds_per_group"
+BOUNDS_PER_ROW = "contribution_bounds_per_row"
+
+
+def _named_bounds(call: exp.Anonymous, function: str,
+                  where: str) -> tuple[list, Optional[tuple[float, float]], Optional[str]]:
+    """The call's positional arguments, and its `name => (lower, upper)` bounds and their
+    name, if any (BigQuery's spelling)."""
+    positional, named = [], {}
+    for argument in call.expressions:
+        if isinstance(argument, exp.Kwarg):
+            named[argument.this.name.lower()] = argument.expression
+        else:
+            positional.append(argument)
+    if not named:
+        return positional, None, None
+    unknown = sorted(set(named) - {BOUNDS_PER_GROUP, BOUNDS_PER_ROW})
+    if unknown or len(named) > 1:
+        raise QueryError(f"{where}: give one of {BOUNDS_PER_GROUP} or {BOUNDS_PER_ROW} "
+                         f"=> (lower, upper), got {sorted(named)}")
+    [(kind, value)] = named.items()
+    if function == "ANON_COUNT":
+        raise QueryError(f"{where}: COUNT takes no {kind}: the rows one unit adds to a group "
+                         "are bounded by OPTIONS(max_rows_contributed_per_group = n)")
+    if function == "ANON_PERCENTILE_CONT" and kind != BOUNDS_PER_ROW:
+        raise QueryError(f"{where}: PERCENTILE_CONT clamps each row: use {BOUNDS_PER_ROW}")
+    bounds = _literal(value, where)
+    if not (isinstance(bounds, tuple) and len(bounds) == 2 and all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)):
+        raise QueryError(f"{where}: {kind} => (lower, upper) takes two number literals")
+    return positional, (float(bounds[0]), float(bounds[1])), kind
+
+
 def _aggregate_call(name: str, call: exp.Anonymous, scope: _Scope) -> AggregateCall:
     where = _clause(call)
-    kind = ANON_FUNCTIONS[call.name.upper()]
-    args = list(call.expressions)
+    function = _function_name(call)
+    kind = ANON_FUNCTIONS[function]
+    args, named, bounds_name = _named_bounds(call, function, where)
     if kind == "count":
         if len(args) == 1 and isinstance(args[0], exp.Star):
             return AggregateCall(name=name, kind="count", argument=None, clause=where)
@@ -411,13 +519,13 @@ def _aggregate_call(name: str, call: exp.Anonymous, scope: _Scope) -> AggregateC
         if len(args) == 1 and not isinstance(args[0], exp.Distinct):
             return AggregateCall(name=name, kind=COUNT_COLUMN,
                                  argument=_check_row_wise(args[0], scope, where), clause=where)
-        raise QueryError(f"{where}: ANON_COUNT takes *, one expression (its rows where it is "
+        raise QueryError(f"{where}: COUNT takes *, one expression (its rows where it is "
                          f"not null) or DISTINCT {scope.unit}")
     if not args:
-        raise QueryError(f"{where}: {call.name.upper()} needs a column")
+        raise QueryError(f"{where}: {function} needs a column")
     written, rest = args[0], args[1:]
     argument = _check_row_wise(written, scope, where)
-    ntiles = None
+    ntiles = q = None
     if kind == "ntile":
         if not rest:
             raise QueryError(f"{where}: ANON_NTILE(expr, n[, lower, upper]) needs n")
@@ -425,19 +533,29 @@ def _aggregate_call(name: str, call: exp.Anonymous, scope: _Scope) -> AggregateC
         if n != int(n) or n < 2:
             raise QueryError(f"{where}: ANON_NTILE's n must be an integer >= 2, got {n:g}")
         ntiles, rest = int(n), rest[1:]
+    if kind == "percentile":
+        if not rest:
+            raise QueryError(f"{where}: PERCENTILE_CONT(expr, percentile, ...) needs the "
+                             "percentile, a number in [0, 1]")
+        q, rest = _number(rest[0], where), rest[1:]
+        if not 0.0 <= q <= 1.0:
+            raise QueryError(f"{where}: the percentile must lie in [0, 1], got {q:g}")
+    if named is not None and rest:
+        raise QueryError(f"{where}: give the bounds once: as {bounds_name} or as arguments")
     if len(rest) not in (0, 2):
         raise QueryError(f"{where}: give both bounds (lower, upper) or neither (inferred)")
     lower = upper = None
-    if rest:
-        lower, upper = _number(rest[0], where), _number(rest[1], where)
+    if rest or named:
+        lower, upper = named or (_number(rest[0], where), _number(rest[1], where))
         if not lower < upper:
             raise QueryError(f"{where}: the lower bound {lower:g} must be below the upper "
                              f"bound {upper:g}")
     if _expression_type(written, scope) == "string":
-        raise QueryError(f"{where}: {_clause(written)} is text; {call.name.upper()} needs "
+        raise QueryError(f"{where}: {_clause(written)} is text; {function} needs "
                          "numbers (declare the column numeric at ingest)")
     return AggregateCall(name=name, kind=kind, argument=argument, lower=lower, upper=upper,
-                         ntiles=ntiles, clause=where)
+                         ntiles=ntiles, q=q, rows_bounded=bounds_name == BOUNDS_PER_ROW,
+                         clause=where)
 
 
 def _expression_type(node: exp.Expression, scope: _Scope) -> str:
@@ -708,11 +826,16 @@ def _inner_aggregate(node: exp.AggFunc, scope: _Scope,
 #   noise: laplace (default) or gaussian;
 #   infer_bounds: true (default: omitted bounds are inferred with DP, §4.2.5) or false (an
 #       aggregate without bounds is refused);
-#   privacy_unit_column: optional; must name the unit column recorded at ingest.
-# epsilon and delta are not options: they are the grant's (--epsilon/--delta).
+#   privacy_unit_column: optional; must name the unit column recorded at ingest;
+#   epsilon, delta: optional (BigQuery's); they must equal the grant's (--epsilon/--delta),
+#       which is what is charged (frontend.plan_query checks them).
 OPTION_NAMES = ("max_groups_contributed", "kappa", "max_rows_contributed_per_group",
-                "selection", "public_groups", "noise", "infer_bounds", "privacy_unit_column")
+                "selection", "public_groups", "noise", "infer_bounds", "privacy_unit_column",
+                "epsilon", "delta")
 RESERVED_PREFIX = "__"  # no user column may start with it (_check_name)
+# A query without GROUP BY releases one row, the total: the operator groups by this constant
+# key, listed as the one public group (no selection, no budget for it) and not released.
+TOTAL_KEY, TOTAL_GROUP = RESERVED_PREFIX + "total", 1
 ARGUMENT_PREFIX = RESERVED_PREFIX + "value"
 
 
@@ -746,8 +869,7 @@ def to_query(checked: CheckedQuery) -> tuple[AggregationQuery, tuple[str, ...]]:
     options = dict(checked.parsed.options)
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
-        raise QueryError(f"OPTIONS: unknown option(s) {unknown} (known: {list(OPTION_NAMES)}; "
-                         "epsilon and delta come from the grant)")
+        raise QueryError(f"OPTIONS: unknown option(s) {unknown} (known: {list(OPTION_NAMES)})")
     unit = options.get("privacy_unit_column")
     if unit is not None and unit != checked.unit_column:
         raise QueryError(f"OPTIONS privacy_unit_column = {unit}: the tables' unit column, "
@@ -758,7 +880,14 @@ def to_query(checked: CheckedQuery) -> tuple[AggregationQuery, tuple[str, ...]]:
     selection = _option_enum(options, "selection", SelectionRule,
                              SelectionRule.TRUNCATED_GEOMETRIC)
     public = options.get("public_groups")
-    if public is not None:
+    if checked.keys and checked.keys[0][0] == TOTAL_KEY:
+        given = [name for name in ("public_groups", "selection") if name in options]
+        if given:
+            raise QueryError(f"OPTIONS {given[0]}: a query without GROUP BY releases one row, "
+                             "the total, with no group to select; drop the option or add "
+                             "GROUP BY")
+        selection, public = SelectionRule.PUBLIC, ((TOTAL_GROUP,),)
+    elif public is not None:
         if "selection" in options and selection is not SelectionRule.PUBLIC:
             raise QueryError("OPTIONS: public_groups releases exactly the listed groups; it "
                              f"cannot go with selection = {selection.value}")
@@ -782,6 +911,12 @@ def to_query(checked: CheckedQuery) -> tuple[AggregationQuery, tuple[str, ...]]:
             made = [Aggregate(AggregateKind.QUANTILE, column, q=k / call.ntiles,
                               name=f"{call.name}_{k}", **bounds)
                     for k in range(1, call.ntiles)]
+        elif call.kind == "percentile":
+            made = [Aggregate(AggregateKind.QUANTILE, column, q=call.q, name=call.name,
+                              **bounds)]
+        elif call.kind == "sum" and call.rows_bounded:
+            made = [Aggregate(AggregateKind.SUM, column, name=call.name,
+                              scope=BoundsScope.ROW, **bounds)]
         else:
             kind, q = {"sum": (AggregateKind.SUM, None), "mean": (AggregateKind.AVG, None),
                        "variance": (AggregateKind.VAR, None),

@@ -68,15 +68,15 @@ def test_count_and_row_sum_derived_from_avg_are_its_row_count_and_clamped_sum(mo
     assert table["avg_x"].tolist() == [19.0 / 4, 2.0]
 
 
-def test_a_stray_non_number_in_an_untyped_column_counts_as_missing(monkeypatch):
-    """Refusing the query because of one row's value would reveal the row: the value counts as
-    missing, i.e. its clamp's midpoint, on both engines' path (local shown here)."""
+def test_a_stray_non_number_in_an_untyped_column_is_null_and_skipped(monkeypatch):
+    """Refusing the query because of one row's value would reveal the row: the value is NULL,
+    which the SUM skips (not its clamp's midpoint, as before issue 33)."""
     frame = pd.DataFrame({"uid": [1, 2], "key": [0, 0], "x": pd.Series([4.0, "n/a"],
                                                                       dtype=object)})
     query = AggregationQuery(("key",), "uid", (Aggregate(AggregateKind.SUM, "x", 0, 10),),
                              selection=SelectionRule.PUBLIC, public_partitions=((0,),))
     monkeypatch.setattr(aggregators, "_noisy", _noiseless)
-    assert aggregate(frame, query, plan(query, 1.0, 0.0)).table["sum_x"].tolist() == [9.0]
+    assert aggregate(frame, query, plan(query, 1.0, 0.0)).table["sum_x"].tolist() == [4.0]
 
 
 def _noiseless(query, values, sensitivity, epsilon, delta):
@@ -97,10 +97,24 @@ def test_a_units_sum_is_clamped_into_its_bounds_and_rows_are_capped_at_m():
                                          pair_of_row, rank, 3, {"x": x})
     spec = aggregators.layout(query)
     sums = out[:, spec.blocks["sum_x"].start]
-    assert sums.tolist() == [20.0, -5.0, 7.5]  # NaN total counts as the midpoint
+    assert sums.tolist() == [20.0, -5.0, 0.0]  # a pair whose values are all NULL adds nothing
     assert out[:, aggregators.Layout.ROWS].tolist() == [3, 2, 1]
-    # centred sums of at most m rows, each clamped into [0, 10] (mid 5, so in [-15, 15])
-    assert out[:, spec.blocks["avg_x"].start].tolist() == [15.0, -10.0, 0.0]
+    # the AVG's own count of non-NULL rows, then the centred sums of at most m rows, each
+    # clamped into [0, 10] (mid 5, so in [-15, 15]); the NULL row adds to neither
+    avg = spec.blocks["avg_x"].start
+    assert out[:, avg].tolist() == [3, 2, 0]
+    assert out[:, avg + 1].tolist() == [15.0, -10.0, 0.0]
+
+
+def test_a_row_scoped_sum_without_noise_is_the_sum_of_clamped_rows(monkeypatch):
+    """Before issue 33 a row-scoped SUM's block was overwritten by its centred sum: the release
+    was off by mid * rows (hidden by the noise in the KS tests)."""
+    frame = pd.DataFrame({"uid": [1, 1, 2], "key": 0, "x": [1.0, 9.0, 4.0]})
+    query = AggregationQuery(("key",), "uid", (
+        Aggregate(AggregateKind.SUM, "x", 2.0, 6.0, scope=BoundsScope.ROW),),
+        selection=SelectionRule.PUBLIC, public_partitions=((0,),))
+    monkeypatch.setattr(aggregators, "_noisy", _noiseless)
+    assert aggregate(frame, query, plan(query, 1.0, 0.0)).table["sum_x"].tolist() == [12.0]
 
 
 def test_without_noise_the_moments_and_quantiles_are_the_clamped_rows_statistics(monkeypatch):

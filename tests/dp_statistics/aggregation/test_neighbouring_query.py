@@ -32,7 +32,7 @@ def _write(path, header, rows):
 def _masked_table(lines: list[str], keys: int) -> list[str]:
     """The printed release with every cell after the `keys` group keys masked (the header
     kept): what the printout says apart from the DP values."""
-    if not lines or lines[0] == "(no group released)":
+    if not lines or lines[0].startswith("no group released"):
         return lines
     # The header's spacing follows the printed width of the DP values: compare its words.
     return [" ".join(lines[0].split())] + [

@@ -77,18 +77,20 @@ def test_a_plan_for_another_query_is_refused():
 
 
 def test_plan_steps_split_the_grant_and_name_each_aggregate():
-    q = query(aggregates=(Aggregate.count(), Aggregate.count_distinct(),
+    q = query(aggregates=(Aggregate.count(), Aggregate.count("fare"), Aggregate.count_distinct(),
                           Aggregate(AggregateKind.SUM, "fare", 0, 10, scope=BoundsScope.ROW),
                           Aggregate(AggregateKind.AVG, "fare", 0, 10),
                           Aggregate(AggregateKind.SUM, "fare", 0, 40, name="fare_total")),
               selection=SelectionRule.LAPLACE_THRESHOLD)
-    # COUNT(DISTINCT) is the thresholding's noisy unit count, COUNT(*) and the row-scoped SUM
-    # come from AVG's noisy count and sum: none has a step of its own. AVG weighs 2 (two sums).
+    # COUNT(DISTINCT) is the thresholding's noisy unit count, COUNT(fare) and the row-scoped SUM
+    # come from AVG's noisy count of non-NULL fares and its sum: none has a step of its own.
+    # COUNT(*) has one (it counts rows whose fare is NULL too). AVG weighs 2 (two sums).
     budget = plan(q, 1.0, 1e-6)
-    assert [s.name for s in budget.steps] == ["partition_selection", "avg_fare", "fare_total"]
-    assert [s.epsilon for s in budget.steps] == pytest.approx([0.25, 0.5, 0.25])
-    budget = plan(q, 0.9, 1e-6, weights={"partition_selection": 2.0, "avg_fare": 1.0})
-    assert [s.epsilon for s in budget.steps] == pytest.approx([0.45, 0.225, 0.225])
+    assert [s.name for s in budget.steps] == ["partition_selection", "count", "avg_fare",
+                                              "fare_total"]
+    assert [s.epsilon for s in budget.steps] == pytest.approx([0.2, 0.2, 0.4, 0.2])
+    budget = plan(q, 1.1, 1e-6, weights={"partition_selection": 2.0, "avg_fare": 1.0})
+    assert [s.epsilon for s in budget.steps] == pytest.approx([0.44, 0.22, 0.22, 0.22])
     assert sum(s.epsilon for s in budget.steps) == pytest.approx(budget.epsilon)
     assert budget.delta == budget.additional_delta == 1e-6
     with pytest.raises(QueryError, match="weights name unknown steps"):

@@ -29,7 +29,7 @@ def ledger_with_trips(tmp_path, store_path):
     BlockLedger.create(store_path)
     rows = [(f"u{i % 40}", "ab"[i % 2], 10 + i % 7, f"2013-01-{1 + i % 28:02d}T10:00:00")
             for i in range(300)]
-    rows += [("u1", "a", "oops", "2013-02-03"),  # a bad fare becomes 0 (record rule)
+    rows += [("u1", "a", "oops", "2013-02-03"),  # a bad fare is NULL
              ("u2", "b", "12", "not a time"),  # no usable time: dropped
              ("", "a", "3", "2013-01-05"),  # no unit: dropped
              ("u3", "a", "7", "1359900000")]  # Unix seconds (2013-02-03)
@@ -59,7 +59,7 @@ def test_ingest_registers_the_public_schedule_with_the_unit_and_no_counts(
     assert dict(table.columns) == {"uid": "string", "key": "string", "fare": "float",
                                    "ts": "int"}
     february = tables.read_blocks(ledger, table, ["trips.2013-02"]).to_pydict()
-    assert sorted(zip(february["uid"], february["fare"])) == [("u1", 0.0), ("u3", 7.0)]
+    assert sorted(zip(february["uid"], february["fare"])) == [("u1", None), ("u3", 7.0)]
     printed = capsys.readouterr().out
     assert "302" not in printed and "300" not in printed  # no row count leaves ingest
     # Blocks are immutable: the same months again are refused before anything is written.

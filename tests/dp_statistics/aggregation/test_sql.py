@@ -1,27 +1,13 @@
 """DP SQL: what a query means to the operator, and every refusal of the seed's row-ownership
 rules (Table 4.3), each naming the offending clause. No data, no ledger: pure parsing."""
+import math
+
 import pyarrow as pa
 import pytest
 
 from sage_tfx.dp_statistics.aggregation import AggregateKind, QueryError, SelectionRule
 from sage_tfx.dp_statistics.aggregation import relation, sql
-
-SCHEMAS = {
-    "trips": sql.TableSchema("uid", {"uid": "string", "area": "int", "fare": "float",
-                                     "company": "string"}),
-    "riders": sql.TableSchema("uid", {"uid": "string", "age": "int", "area": "int"}),
-    "fleet": sql.TableSchema("car", {"car": "string", "area": "int"}),
-}
-
-
-def compile_sql(text):
-    return sql.to_query(sql.check(sql.parse(text), SCHEMAS))
-
-
-def refusal(text):
-    with pytest.raises(QueryError) as error:
-        compile_sql(text)
-    return str(error.value)
+from support.dp_sql import SCHEMAS, compile_sql, refusal
 
 
 def test_anonymization_query_with_options_becomes_the_operators_query():
@@ -151,8 +137,8 @@ def test_missing_bounds_are_inferred_unless_inference_is_off():
 
 @pytest.mark.parametrize("text, named", [
     ("SELECT area, ANON_COUNT(*) FROM trips GROUP BY area", "SELECT WITH ANONYMIZATION"),
-    ("SELECT WITH ANONYMIZATION OPTIONS(epsilon = 1) area, ANON_COUNT(*) FROM trips "
-     "GROUP BY area", "unknown option(s) ['epsilon']"),
+    ("SELECT WITH ANONYMIZATION OPTIONS(epsilons = 1) area, ANON_COUNT(*) FROM trips "
+     "GROUP BY area", "unknown option(s) ['epsilons']"),
     ("SELECT WITH ANONYMIZATION OPTIONS(privacy_unit_column = company) area, ANON_COUNT(*) "
      "FROM trips GROUP BY area", "recorded at ingest, is uid"),
     ("SELECT WITH ANONYMIZATION area, company, ANON_COUNT(*) FROM trips GROUP BY area",
@@ -171,7 +157,6 @@ def test_missing_bounds_are_inferred_unless_inference_is_off():
      "lower bound 5 must be below"),
     ("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM trips GROUP BY area ORDER BY area",
      "ORDER"),
-    ("SELECT WITH ANONYMIZATION ANON_COUNT(*) FROM trips", "no GROUP BY"),
     # names of the relation's internal columns: a key so named would be replaced by a value
     ("SELECT WITH ANONYMIZATION company AS __value0, ANON_SUM(fare, 0, 1) FROM trips "
      "GROUP BY company", "the name __value0 starts with __, which is reserved"),
@@ -192,14 +177,16 @@ def test_type_errors_surface_on_the_schema_before_any_data():
         relation.check_on_schema(checked, schemas)
 
 
-def test_aggregate_arguments_follow_the_record_rule():
+def test_aggregate_arguments_keep_null_as_nan_for_the_aggregates_to_skip():
     checked = sql.check(sql.parse("SELECT WITH ANONYMIZATION area, ANON_SUM(fare / area, 0, 9) "
                                   "FROM trips GROUP BY area"), SCHEMAS)
     rows = relation.evaluate(checked, lambda _: pa.table({
         "uid": ["a", "b", "c"], "area": [0, 2, 0], "fare": [1.0, None, 0.0],
         "company": ["x", "y", "z"]}))
-    # 1/0 = inf, NULL/2 = NULL, 0/0 = NaN: each becomes the public default 0, row by row.
-    assert rows.column("__value0").to_pylist() == [0.0, 0.0, 0.0]
+    # 1/0 = inf (a value: clamped to the bound), NULL/2 = NULL and 0/0 = NaN (skipped by the
+    # aggregate, never replaced by a default).
+    values = rows.column("__value0").to_pylist()
+    assert values[0] == float("inf") and math.isnan(values[1]) and math.isnan(values[2])
 
 
 def test_no_value_can_make_the_relation_fail_after_the_charge():
@@ -224,7 +211,8 @@ def test_a_text_argument_the_static_types_miss_is_refused_on_the_schema():
                                    ("company", pa.string())])}
     with pytest.raises(QueryError, match="ANON_SUM.*its argument is string"):
         relation.check_on_schema(checked, schemas)
-    # And the conversion after the charge is total: text that does not parse is the default 0.
+    # And the conversion after the charge is total: text that does not parse is NULL (NaN).
     rows = relation.evaluate(checked, lambda _: pa.table({
         "uid": ["a", "b", "c"], "area": [1, 1, 1], "company": ["2.5", "secret", None]}))
-    assert rows.column("__value0").to_pylist() == [2.5, 0.0, 0.0]
+    values = rows.column("__value0").to_pylist()
+    assert values[0] == 2.5 and math.isnan(values[1]) and math.isnan(values[2])
