@@ -508,7 +508,7 @@ def test_grants_and_show_list_outcome_front_door_and_request_of_grants_and_denia
     assert released["request"] == LONG_SQL  # whole, newlines included
     assert released["steps"]["count"]["artifacts"] == ["out/fares.csv"]
     assert released["split"] == {"count": "1/6", "sum": "5/6"}  # exact
-    assert failed["steps"]["count"]["reason"] == "failed while computing (ValueError)"
+    assert failed["steps"]["count"]["reason"] == "failed while computing"
     assert (denied["epsilon"], denied["request"], list(denied["free"])) == (
         5.0, "SELECT COUNT(*) FROM trips", ["2024-01"])
 
@@ -533,7 +533,7 @@ def test_grants_and_show_list_outcome_front_door_and_request_of_grants_and_denia
     assert failed_lines[0].split()[2:8] == ["failed", "0.25", "0", "taxi-stats", "DPAggregate",
                                             "component"]
     assert failed_lines[0].endswith("2024-01,2024-02")
-    assert "    count, sum: failed while computing (ValueError)" in failed_lines
+    assert "    count, sum: failed while computing" in failed_lines
     assert "    request: SELECT SUM(fare) FROM trips -- \\x1b[2J" in failed_lines
     assert "\x1b" not in out
     assert "quotes the data" not in out

@@ -85,7 +85,7 @@ def test_the_page_shows_the_ledger_escapes_names_and_follows_new_grants(
         By.CSS_SELECTOR, "#grants-body td.outcome details")
     failed_why.find_element(By.TAG_NAME, "summary").click()
     reason = failed_why.find_element(By.TAG_NAME, "div")
-    assert reason.is_displayed() and reason.text == "failed while computing (ValueError)"
+    assert reason.is_displayed() and reason.text == "failed while computing"
     assert denied_why.get_attribute("textContent").startswith(
         "why2024-03 had spent (0.75, 0) of ceiling (1, 1e-06)")
     assert released_what.get_attribute("textContent") == "whatreleased out/fares.csv"
