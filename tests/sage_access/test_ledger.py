@@ -1,4 +1,4 @@
-"""The BlockLedger on real ML Metadata (SQLite file and in-memory)."""
+"""The BlockLedger on real ML Metadata (SQLite file, MySQL database on MariaDB, in-memory)."""
 import json
 
 import numpy as np
@@ -268,3 +268,23 @@ def test_require_data_refuses_blocks_without_examples_inside_the_grant(tmp_path)
                           require_data=True).blocks == ("old", "new")
     # Without the option the ledger grants data-less blocks (budget-only ledgers, the CLI).
     assert ledger.request(RecentWindow(2), epsilon=0.3, delta=0).blocks == ("new", "bare")
+
+
+def test_integers_beyond_32_bits_are_stored_exactly_on_both_backends(store_path):
+    # MLMD's MySQL schema refuses an int_value of 2**40 ("Out of range value"); a ledger record
+    # holding a time in ms, an id or a count beyond 32 bits must still store it, and read it back.
+    from sage_tfx.sage_access.records import get_property, set_properties
+
+    store = connect(store_path)
+    type_id = store.put_artifact_type(pb.ArtifactType(name="sage_tfx.test.Wide"))
+    values = {"small": 7, "int32_max": 2**31 - 1, "int32_min": -2**31, "over": 2**31,
+              "under": -2**31 - 1, "time_ms": 1_732_569_600_123, "largest": 10**15 - 1,
+              "flag": True}
+    record = pb.Artifact(type_id=type_id, name="wide")
+    set_properties(record, values)
+    [record_id] = store.put_artifacts([record])
+    [stored] = store.get_artifacts_by_id([record_id])
+    assert {key: get_property(stored, key) for key in values} == dict(values, flag=1)
+    assert all(isinstance(get_property(stored, key), int) for key in values)
+    with pytest.raises(ValueError, match="10\\*\\*15"):
+        set_properties(pb.Artifact(), {"id": 10**15})
