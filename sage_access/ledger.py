@@ -39,7 +39,7 @@ from sage_tfx.sage_access.records import (GRANT_TYPE, LEDGER_CONTEXT_TYPE, UPDAT
                                           LedgerRecords, check_name, get_float, get_property,
                                           input_event, new_ledger_state, output_event,
                                           register_types, set_properties)
-from sage_tfx.sage_access.store import StoreSpec, connect, connect_read_only
+from sage_tfx.sage_access.store import CommitUnknown, StoreSpec, connect, connect_read_only
 from sage_tfx.sage_access.transaction import Conflict, Transactions
 
 
@@ -96,6 +96,9 @@ class BlockLedger:
             mlmd.put_execution(execution, [(state, output_event())], [ledger_context])
         except mlmd_errors.AlreadyExistsError:
             raise BadRequest(f"ledger context {context!r} already exists in this store") from None
+        except CommitUnknown:  # the store reconnected: the context exists iff the call landed
+            if mlmd.get_context_by_type_and_name(LEDGER_CONTEXT_TYPE, context) is None:
+                return cls.create(mlmd, context, accounting, min_request_epsilon)
         return cls(mlmd, context)
 
     # ----------------------------------------------------------------- reading
@@ -191,7 +194,10 @@ class BlockLedger:
                 raise
             return block
 
-        return self._transactions.retrying(attempt)
+        def committed() -> Optional[BlockState]:
+            return self.block(block_id) if self._records.block_exists(block_id) else None
+
+        return self._transactions.retrying(attempt, committed)
 
     def register_pipeline(self, pipeline: str) -> None:
         """Mark a pipeline as waiting: blocks arriving from now on reserve a share for it."""
@@ -207,7 +213,8 @@ class BlockLedger:
                 self._transactions.ledger_version(state, "register_pipeline",
                                                   waiting=json.dumps(waiting + [pipeline])))
 
-        self._transactions.retrying(attempt)
+        self._transactions.retrying(
+            attempt, lambda: True if pipeline in self.waiting_pipelines() else None)
 
     def finish_pipeline(self, pipeline: str) -> None:
         """The pipeline was accepted or abandoned: its unused reservations return and are re-split
@@ -234,7 +241,8 @@ class BlockLedger:
             self._transactions.commit(
                 UPDATE_TYPE, {"kind": "finish_pipeline", "pipeline": pipeline}, changes)
 
-        self._transactions.retrying(attempt)
+        self._transactions.retrying(
+            attempt, lambda: None if pipeline in self.waiting_pipelines() else True)
 
     def request(self, selector: BlockIds | RecentWindow, epsilon: Optional[float] = None,
                 delta: Optional[float] = None, rdp_curve: Optional[Sequence[float]] = None,
@@ -274,12 +282,15 @@ class BlockLedger:
             check_name(pipeline, "pipeline")
         _check_selector(selector)
         run_contexts = lineage.run_contexts(self._store, run_id)
+        # One id for every attempt: after a lost connection, `committed` finds the grant by it,
+        # and two commits of it could never both succeed (the execution's name is unique).
+        grant_id = uuid.uuid4().hex
 
         def attempt() -> Grant:
             chosen = self._choose(selector, demand, pipeline)
             if require_data:
                 _check_data([block for _, block in chosen])
-            grant = Grant(grant_id=uuid.uuid4().hex, context=self.context,
+            grant = Grant(grant_id=grant_id, context=self.context,
                           blocks=tuple(block.block_id for _, block in chosen),
                           epsilon=self.accounting.granted_epsilon(budget, demand),
                           delta=budget.delta, rdp_curve=budget.rdp_curve, pipeline=pipeline,
@@ -301,7 +312,11 @@ class BlockLedger:
                 run_contexts, name=f"grant-{grant.grant_id}")
             return dataclasses.replace(grant, execution_id=execution_id)
 
-        return self._transactions.retrying(attempt)
+        def committed() -> Optional[Grant]:
+            execution = self._records.grant_execution(grant_id)
+            return None if execution is None else self._records.grant_of(execution)
+
+        return self._transactions.retrying(attempt, committed)
 
     def _demand(self, budget: BudgetRequest, split: Mapping[str, str],
                 events: Mapping[str, object], additional_delta: float = 0.0) -> np.ndarray:
@@ -356,12 +371,17 @@ class BlockLedger:
     def record_data(self, grant: Grant, uri: str, producer: str) -> None:
         """Record that `producer` wrote data derived from `grant`'s data at `uri` (e.g. the
         samples ObliviousSampleGen draws from the granted Examples). Append-only."""
-        try:
-            self._transactions.commit(
-                UPDATE_TYPE, {"kind": "grant_data", "grant_id": grant.grant_id},
-                [(self._records.data_record(grant.grant_id, uri, producer), output_event())])
-        except Conflict:
-            raise BadRequest(f"grant {grant.grant_id} already has data at {uri}") from None
+        def attempt() -> bool:
+            try:
+                self._transactions.commit(
+                    UPDATE_TYPE, {"kind": "grant_data", "grant_id": grant.grant_id},
+                    [(self._records.data_record(grant.grant_id, uri, producer), output_event())])
+            except Conflict:
+                raise BadRequest(f"grant {grant.grant_id} already has data at {uri}") from None
+            return True
+
+        self._transactions.retrying(
+            attempt, lambda: True if self._records.has_data(grant.grant_id, uri) else None)
 
     def require_data(self, grant: Grant, uri: str) -> None:
         """BadRequest unless `grant` released (or a component derived from it) the data at
@@ -377,16 +397,24 @@ class BlockLedger:
         BadRequest naming the first. Returns the share's (epsilon, delta)."""
         share = grant.share(step)
         record = self._records.share_use_record(grant.grant_id, step, consumer)
-        try:
-            self._transactions.commit(UPDATE_TYPE, {"kind": "use_share",
-                                                    "grant_id": grant.grant_id, "step": step},
-                                      [(record, output_event())])
-        except Conflict:
-            first = self._records.share_consumer(grant.grant_id, step)
-            raise BadRequest(f"the {step!r} share of grant {grant.grant_id} was already used "
-                             f"(by {first or 'another consumer'}); "
-                             "a share is spent once: request a new grant") from None
-        return share
+
+        def attempt() -> tuple[float, float]:
+            try:
+                self._transactions.commit(UPDATE_TYPE, {"kind": "use_share",
+                                                        "grant_id": grant.grant_id, "step": step},
+                                          [(record, output_event())])
+            except Conflict:
+                first = self._records.share_consumer(grant.grant_id, step)
+                raise BadRequest(f"the {step!r} share of grant {grant.grant_id} was already "
+                                 f"used (by {first or 'another consumer'}); "
+                                 "a share is spent once: request a new grant") from None
+            return share
+
+        # A lost commit that landed recorded this consumer (a consumer name is one component of
+        # one run: it does not race itself for the same share).
+        return self._transactions.retrying(
+            attempt, lambda: share if self._records.share_consumer(grant.grant_id, step)
+            == consumer else None)
 
     def pin(self, grant_id: str, name: str, digest: str) -> None:
         """Pin grant `grant_id`'s output `name` (e.g. one trigger of a continual release) to the
@@ -397,16 +425,23 @@ class BlockLedger:
         and nothing is recorded: with the grant's keyed noise, a second output of `name` from
         other data would differ from the first by exactly the true difference."""
         record = self._records.pin_record(grant_id, name, digest)
-        try:
-            self._transactions.commit(UPDATE_TYPE, {"kind": "pin", "grant_id": grant_id,
-                                                    "name": name},
-                                      [(record, output_event())])
-        except Conflict:
-            if self._records.pinned_digest(grant_id, name) != digest:
-                raise BadRequest(f"{name} of grant {grant_id} was computed from other "
-                                 "data before (its digest is pinned in the ledger): computing "
-                                 "it again from these records would publish their difference; "
-                                 "replay the original records, or use a new grant") from None
+
+        def attempt() -> bool:
+            try:
+                self._transactions.commit(UPDATE_TYPE, {"kind": "pin", "grant_id": grant_id,
+                                                        "name": name},
+                                          [(record, output_event())])
+            except Conflict:
+                if self._records.pinned_digest(grant_id, name) != digest:
+                    raise BadRequest(
+                        f"{name} of grant {grant_id} was computed from other data before (its "
+                        "digest is pinned in the ledger): computing it again from these "
+                        "records would publish their difference; replay the original "
+                        "records, or use a new grant") from None
+            return True
+
+        # Pinning the same digest again is a no-op, so a lost commit is simply pinned again.
+        self._transactions.retrying(attempt, lambda: None)
 
     # ----------------------------------------------------------------- audit and lineage
     def grant_records(self, after: int = 0) -> list[dict]:

@@ -288,3 +288,35 @@ def test_integers_beyond_32_bits_are_stored_exactly_on_both_backends(store_path)
     assert all(isinstance(get_property(stored, key), int) for key in values)
     with pytest.raises(ValueError, match="10\\*\\*15"):
         set_properties(pb.Artifact(), {"id": 10**15})
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_a_grant_whose_commit_fate_is_unknown_is_resolved_from_the_ledger(store_path, landed,
+                                                                         monkeypatch):
+    # What a MySQL client sees when the server dies mid-commit: the store reconnects and raises
+    # CommitUnknown, whether or not the call committed. The grant is looked up by its unique
+    # name: charged once either way, and the caller gets the grant that is in the ledger.
+    from sage_tfx.sage_access.store import CommitUnknown
+
+    ledger = make_ledger(store_path, blocks=2)
+    store = ledger.store
+    real_put = store.put_execution
+    lost = []
+
+    def put_losing_the_first_answer(*args, **kwargs):
+        if not lost:
+            lost.append(True)
+            if landed:
+                real_put(*args, **kwargs)
+            raise CommitUnknown("connection lost")
+        return real_put(*args, **kwargs)
+
+    monkeypatch.setattr(store, "put_execution", put_losing_the_first_answer)
+    grant = ledger.request(BlockIds(["b0", "b1"]), epsilon=0.25, delta=1e-8)
+    monkeypatch.undo()
+    [recorded] = ledger.grant_records()
+    assert recorded["grant_id"] == grant.grant_id
+    assert ledger.find_grant(grant.grant_id).execution_id == grant.execution_id
+    for block in ledger.blocks():
+        assert tuple(block.spent) == (0.25, 1e-8) and block.charges == 1
+    assert ledger.audit().problems == []
