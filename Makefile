@@ -81,7 +81,8 @@ test-quick: $(STAMP) $(WEB_ASSETS) browser mariadb
 benchmark: $(STAMP) $(WEB_ASSETS)
 	# PipelineDP, the anchor of benchmarks/aggregation.py, is pinned apart from the lock.
 	$(BIN)/pip install --quiet --no-deps -r requirements/benchmark.txt
-	$(BIN)/python benchmarks/ledger.py
+	$(BIN)/python benchmarks/ledger.py --backend sqlite --json
+	$(BIN)/python benchmarks/ledger.py --backend mysql --json
 	$(BIN)/python benchmarks/ledger_web.py
 	$(BIN)/python benchmarks/oblivious_sampling.py --n 1000000 --json
 	$(BIN)/python benchmarks/dp_training.py --rows 100000 --json

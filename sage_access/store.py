@@ -248,6 +248,14 @@ _CONNECTION_LOST = ("lost connection", "server has gone away", "can't connect",
                     "connection refused", "server shutdown in progress", "connection was killed")
 
 
+def is_lock_error(error: Exception) -> bool:
+    """A concurrent writer got in the way; the call was rolled back as a whole, so it is safe
+    to run again. SQLite reports a busy/locked database; MySQL (InnoDB) picks a deadlock victim,
+    reads included (MLMD reads LOCK IN SHARE MODE), or times a lock wait out."""
+    text = str(error).lower()
+    return any(sign in text for sign in ("locked", "busy", "deadlock", "lock wait timeout"))
+
+
 def _connection_lost(error: Exception) -> bool:
     text = str(error).lower()
     return any(symptom in text for symptom in _CONNECTION_LOST)
@@ -300,18 +308,23 @@ class ReconnectingMySQLStore(metadata_store.MetadataStore):
             pause = min(2 * pause, 2.0)
 
     def _call_method(self, method_name, request, response) -> None:
-        if self._read_only and not method_name.startswith("Get"):
+        reading = method_name.startswith("Get")
+        if self._read_only and not reading:
             raise StoreRefused(f"store {self.spec} is opened read-only: {method_name} refused")
+        deadline = time.monotonic() + MYSQL_RECONNECT_SECONDS
         while True:
             try:
                 if self._metadata_store is None:
                     self._reconnect()
                 return super()._call_method(method_name, request, response)
             except (RuntimeError, mlmd_errors.StatusError) as error:
+                if reading and is_lock_error(error) and time.monotonic() < deadline:
+                    time.sleep(random.uniform(0, 0.02))  # a deadlock victim: read again
+                    continue
                 if not _connection_lost(error):
                     raise
             self._reconnect()
-            if not method_name.startswith("Get"):
+            if not reading:
                 raise CommitUnknown(f"{method_name} on {self.spec} lost its connection; it "
                                     "may or may not have committed")
 

@@ -28,7 +28,7 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.sage_access.errors import LedgerBusy
 from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, LEDGER_VERSION_TYPE, LedgerRecords,
                                           get_property, output_event, set_properties)
-from sage_tfx.sage_access.store import CommitUnknown
+from sage_tfx.sage_access.store import CommitUnknown, is_lock_error
 
 _MAX_ATTEMPTS = 400
 _MAX_WAIT_SECONDS = 60.0
@@ -38,14 +38,6 @@ T = TypeVar("T")
 
 class Conflict(Exception):
     """Another writer committed first (a unique name exists already); re-read and retry."""
-
-
-def _is_lock_error(error: Exception) -> bool:
-    # SQLite reports a concurrent writer as a busy/locked database; MySQL (InnoDB) picks a
-    # deadlock victim, reads included (MLMD reads LOCK IN SHARE MODE), or times a lock wait out.
-    # Either way the transaction was rolled back as a whole: safe to run again.
-    text = str(error).lower()
-    return any(sign in text for sign in ("locked", "busy", "deadlock", "lock wait timeout"))
 
 
 class Transactions:
@@ -90,7 +82,7 @@ class Transactions:
             except Conflict:
                 pass
             except mlmd_errors.StatusError as error:
-                if not _is_lock_error(error):
+                if not is_lock_error(error):
                     raise
             if time.monotonic() > deadline:
                 break

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.sage_access import BlockLedger, StoreRefused
 from sage_tfx.sage_access.store import (MYSQL_PASSWORD_VARIABLE, MySQLStore, StoreUnreachable,
@@ -136,3 +137,50 @@ def test_the_socket_form_reaches_the_same_ledger(mariadb_server, mariadb_store):
     BlockLedger.create(mariadb_store).add_block("b1", 1.0, 1e-6)
     over_socket = mariadb_server.socket_store(parse(mariadb_store).database)
     assert [b.block_id for b in BlockLedger(over_socket, read_only=True).blocks()] == ["b1"]
+
+
+def failing_once(monkeypatch, message: str):
+    """Make the next MLMD call fail as MySQL does with `message`; the calls that failed."""
+    from ml_metadata import errors as mlmd_errors
+    from ml_metadata.metadata_store import metadata_store
+
+    real = metadata_store.MetadataStore._call_method
+    failed = []
+
+    def call(store, method_name, request, response):
+        if not failed:
+            failed.append(method_name)
+            raise mlmd_errors.InternalError(message)
+        return real(store, method_name, request, response)
+
+    monkeypatch.setattr(metadata_store.MetadataStore, "_call_method", call)
+    return failed
+
+
+@pytest.mark.parametrize("message", [
+    "mysql_query failed: errno: Lost connection to MySQL server during query",
+    "mysql_query failed: errno: Deadlock found when trying to get lock; try restarting "
+    "transaction"])
+def test_a_read_that_loses_its_connection_or_a_deadlock_is_read_again(mariadb_store, monkeypatch,
+                                                                      message):
+    ledger = BlockLedger.create(mariadb_store)
+    ledger.add_block("b1", 1.0, 1e-6)
+    connection = ledger.store._metadata_store
+    failed = failing_once(monkeypatch, message)
+    assert [block.block_id for block in ledger.blocks()] == ["b1"]
+    assert failed and failed[0].startswith("Get")
+    # A lost connection leaves the MLMD object dead for good: a new one replaced it.
+    assert (ledger.store._metadata_store is connection) == ("Deadlock" in message)
+
+
+def test_a_write_that_loses_its_connection_reconnects_and_says_its_fate_is_unknown(
+        mariadb_store, monkeypatch):
+    from sage_tfx.sage_access.store import CommitUnknown
+
+    ledger = BlockLedger.create(mariadb_store)
+    connection = ledger.store._metadata_store
+    failing_once(monkeypatch, "mysql_query failed: errno: MySQL server has gone away")
+    with pytest.raises(CommitUnknown):
+        ledger.store.put_artifact_type(pb.ArtifactType(name="sage_tfx.test.Any"))
+    assert ledger.store._metadata_store is not connection
+    ledger.add_block("b1", 1.0, 1e-6)  # the new connection works
