@@ -22,7 +22,8 @@ and `show`, `plot`, `contexts`, `grants`, `audit` and `serve` open the store rea
 
 Exit codes: 0 success; 2 bad input or a store that is not a ledger (nothing written); 3 request
 denied for lack of budget (nothing charged); 4 ledger busy (too many concurrent writers; nothing
-charged); 5 store unreachable (gRPC server down or unknown); 6 audit found inconsistencies.
+charged); 5 store unreachable (gRPC or MySQL server down or unknown, or refusing the login); 6
+audit found inconsistencies.
 """
 from __future__ import annotations
 
@@ -143,10 +144,11 @@ def _run(handler, args) -> int:
     from ml_metadata import errors as mlmd_errors
 
     from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
+    from sage_tfx.sage_access.store import StoreUnreachable
 
     try:
         if not args.store:
-            raise BadRequest(f"no store: pass --store FILE|grpc://HOST:PORT or set "
+            raise BadRequest(f"no store: pass --store FILE|grpc://HOST:PORT|mysql://... or set "
                              f"{STORE_ENVIRONMENT_VARIABLE}")
         return handler(args)
     except BadRequest as error:
@@ -155,6 +157,8 @@ def _run(handler, args) -> int:
         return _fail(args, EXIT_DENIED, str(error), error.remaining)
     except LedgerBusy as error:
         return _fail(args, EXIT_BUSY, str(error))
+    except StoreUnreachable as error:  # a MySQL server down or refusing the login
+        return _fail(args, EXIT_UNREACHABLE, str(error))
     except (mlmd_errors.UnavailableError,
             mlmd_errors.DeadlineExceededError) as error:
         return _fail(args, EXIT_UNREACHABLE, f"store {args.store} is unreachable: "

@@ -38,7 +38,7 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.metadata_store.pywrap.metadata_store_extension import metadata_store as mlmd_cc
 from ml_metadata.proto import metadata_store_pb2
 
-from sage_tfx.sage_access.errors import BadRequest
+from sage_tfx.sage_access.errors import BadRequest, LedgerError
 
 MYSQL_PASSWORD_VARIABLE = "SAGE_TFX_MYSQL_PASSWORD"
 # A MySQL client retries its connection this long while the server restarts (a failover, a
@@ -60,7 +60,7 @@ class StoreRefused(BadRequest):
     """The store is not one sage-tfx may use for this command; nothing was read or written."""
 
 
-class StoreUnreachable(StoreRefused):
+class StoreUnreachable(LedgerError):
     """The store's server could not be reached (or refused the login); nothing was written."""
 
 

@@ -77,7 +77,7 @@ def test_an_unreachable_server_is_refused_without_the_password(monkeypatch):
         BlockLedger(spec)
     assert SECRET not in str(refused.value) and "127.0.0.1:1" in str(refused.value)
     code, out, err = ledger_cli(spec, "show")
-    assert code == 2 and "cannot connect" in err and SECRET not in out + err
+    assert code == 5 and "cannot connect" in err and SECRET not in out + err
 
 
 def test_a_wrong_password_is_refused_without_repeating_it(mariadb_server, tmp_path):
@@ -86,7 +86,7 @@ def test_a_wrong_password_is_refused_without_repeating_it(mariadb_server, tmp_pa
     spec = f"mysql://sage@127.0.0.1:{mariadb_server.port}/ledger?password_file={wrong}"
     for args in (("init",), ("show",)):
         code, out, err = ledger_cli(spec, *args)
-        assert code == 2 and "Access denied" in err and SECRET not in out + err, args
+        assert code == 5 and "Access denied" in err and SECRET not in out + err, args
 
 
 def test_init_creates_the_schema_in_utf8mb4_and_read_only_commands_create_nothing(
