@@ -44,6 +44,7 @@ from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
 from sage_tfx.components.privacy_grant import Mechanism, step_events
+from sage_tfx.components.util.user_module import is_module_path
 from sage_tfx.pipelines.policy import Policy, PolicyName, after_retry
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.accounting import AccountingMode, check_split
@@ -81,7 +82,7 @@ class IterationSpec:
 
     def check(self) -> None:
         """Refuse a spec that cannot run, before anything is charged."""
-        if not os.path.isfile(self.module_file):
+        if not (os.path.isfile(self.module_file) or is_module_path(self.module_file)):
             raise BadRequest(f"module file {self.module_file!r} does not exist")
         split = check_split(self.split)
         needed = {"transform", "training", "validation"}

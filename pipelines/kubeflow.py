@@ -8,8 +8,9 @@ function (`PATH.py[:FUNCTION]` or `package.module[:FUNCTION]`). Pipelines built 
 components keep their ledger in the cluster's ML Metadata, reached over gRPC
 (sage_access/store.KUBEFLOW_LEDGER_STORE), the store the Kubeflow UI reads, so each grant
 appears next to its run. The image must have sage-tfx installed, TF_USE_LEGACY_KERAS=1 in its
-environment (tensorflow-privacy needs Keras 2), and any module file at the path given. The
-CLI's default pipeline (the taxi example) is chosen in sage_tfx/cli.py, not here.
+environment (tensorflow-privacy needs Keras 2), and any module file at the path given: the
+compiler refuses a `module_file` that names a file of the compiling machine (check_module_files).
+The CLI's default pipeline (the taxi example) is chosen in sage_tfx/cli.py, not here.
 """
 from __future__ import annotations
 
@@ -17,18 +18,23 @@ import importlib
 import importlib.util
 import json
 import os
+import posixpath
 import sys
 from typing import Callable, Union
 
 from tfx.orchestration import pipeline as tfx_pipeline_module
 from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 
+from sage_tfx.components.util.user_module import is_module_path
 from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
 
 PipelineSource = Union[tfx_pipeline_module.Pipeline, Callable[..., tfx_pipeline_module.Pipeline],
                        str]
-__all__ = ["KUBEFLOW_LEDGER_STORE", "compile_kubeflow", "compile_command", "load_pipeline",
-           "resolve_pipeline"]
+__all__ = ["IMAGE_ROOT", "KUBEFLOW_LEDGER_STORE", "check_module_files", "compile_kubeflow",
+           "compile_command", "load_pipeline", "resolve_pipeline"]
+# Where the image has sage-tfx's files (the Dockerfile's WORKDIR, which it copies the repository
+# to and installs from): the only files of a compiled job's steps that this compiler knows of.
+IMAGE_ROOT = "/opt/sage-tfx"
 
 
 def load_pipeline(source: str) -> Callable[..., tfx_pipeline_module.Pipeline]:
@@ -65,6 +71,25 @@ def resolve_pipeline(source: PipelineSource, **arguments) -> tfx_pipeline_module
     return built
 
 
+def check_module_files(tfx_pipeline: tfx_pipeline_module.Pipeline) -> None:
+    """ValueError unless every component's `module_file` is a module path (`package.module`,
+    found wherever the image installed it) or a file under IMAGE_ROOT. Any other path names a
+    file of the compiling machine that the cluster's containers do not have: the step would
+    fail there, after the BlockLedger charged its grant."""
+    for component in tfx_pipeline.components:
+        path = component.exec_properties.get("module_file")
+        if path is None or is_module_path(path):
+            continue
+        if posixpath.isabs(path) and posixpath.normpath(path).startswith(IMAGE_ROOT + "/"):
+            continue
+        raise ValueError(
+            f"{component.id}'s module_file {path!r} is a path on this machine, which the "
+            f"job's containers do not have (the image holds sage-tfx under {IMAGE_ROOT}); the "
+            "step would fail there after the grant was charged. Pass a path inside the image "
+            f"(under {IMAGE_ROOT}/; for the taxi example, --module-file) or a module path "
+            "installed in the image (package.module, e.g. sage_tfx.examples.trip_model)")
+
+
 class _NoInfraValidator:
     """Stands in for tfx.components.InfraValidator when its import failed (see below)."""
 
@@ -73,6 +98,7 @@ def compile_kubeflow(source: PipelineSource, out: str, image: str, **arguments) 
     """Write the PipelineJob JSON of the pipeline `source` names (resolve_pipeline, called with
     `arguments`) to `out` and return it."""
     tfx_pipeline = resolve_pipeline(source, **arguments)
+    check_module_files(tfx_pipeline)
     from tfx import components
     if components.InfraValidator is None:
         # TFX 1.21's V2 step builder tests isinstance(node, components.InfraValidator), which

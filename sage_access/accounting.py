@@ -127,7 +127,7 @@ class BudgetRequest:
 @dataclass(frozen=True)
 class ShowColumn:
     """A column of `sage-tfx ledger show`: its title, width and the cell of one block's row
-    (sage_access.cli.block_row: the ceilings, the guarantee and budget_view under "budget")."""
+    (sage_access.views.block_row: the ceilings, the guarantee and budget_view under "budget")."""
     title: str
     width: int
     cell: Callable[[dict], str]

@@ -35,7 +35,7 @@ from sage_tfx.sage_access.accounting import (AccountingMode, BudgetRequest, acco
                                              check_split, event_from_json, event_to_json)
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted
-from sage_tfx.sage_access.records import (GRANT_TYPE, LEDGER_CONTEXT_TYPE, UPDATE_TYPE, Grant,
+from sage_tfx.sage_access.records import (DENIAL_TYPE, GRANT_TYPE, WHOLE_GRANT, LEDGER_CONTEXT_TYPE, UPDATE_TYPE, Grant,
                                           LedgerRecords, check_name, get_float, get_property,
                                           input_event, new_ledger_state, output_event,
                                           register_types, set_properties)
@@ -250,7 +250,8 @@ class BlockLedger:
                 split: Optional[Mapping[str, str]] = None,
                 events: Optional[Mapping[str, object]] = None,
                 data_uri: Optional[str] = None, require_data: bool = False,
-                additional_delta: float = 0.0) -> Grant:
+                additional_delta: float = 0.0, front_door: Optional[str] = None,
+                request_text: Optional[str] = None) -> Grant:
         """Grant (epsilon, delta) or an RDP curve on the selected blocks, all or nothing.
 
         `split` ({step: fraction}, exact, summing to at most 1) divides the grant among the
@@ -270,7 +271,9 @@ class BlockLedger:
         Raises BadRequest for malformed input (nothing charged) and BudgetExhausted when the
         blocks cannot pay (nothing charged; the error names each block and what it has left).
         `run_id` links the charge to the pipeline run that spends it (TFX's `pipeline_run`
-        context of that name when it is in the same store).
+        context of that name when it is in the same store). `front_door` and `request_text` are
+        recorded on the grant (who asked, and for what); front doors pass them through the
+        release protocol (sage_tfx.release), which also records what became of the grant.
         """
         budget = BudgetRequest(epsilon=epsilon, delta=delta,
                                rdp_curve=tuple(rdp_curve) if rdp_curve is not None else None)
@@ -308,7 +311,8 @@ class BlockLedger:
                 changes.append((self._records.data_record(grant.grant_id, data_uri,
                                                           "BlockLedger"), output_event()))
             execution_id = self._transactions.commit(
-                GRANT_TYPE, self._records.grant_properties(grant, run_id, demand), changes,
+                GRANT_TYPE, self._records.grant_properties(grant, run_id, demand, front_door,
+                                                         request_text), changes,
                 run_contexts, name=f"grant-{grant.grant_id}")
             return dataclasses.replace(grant, execution_id=execution_id)
 
@@ -417,13 +421,13 @@ class BlockLedger:
             == consumer else None)
 
     def pin(self, grant_id: str, name: str, digest: str) -> None:
-        """Pin grant `grant_id`'s output `name` (e.g. one trigger of a continual release) to the
-        `digest` of the data it is computed from, before it is written: the append-only record
-        `<context>/grant-<id>/pin/<name>` is created once, in one MLMD call, wherever the
-        output is written from (another run, another artifact directory). The same digest
-        again is a no-op (a recomputation writes the same bits); another digest is BadRequest
-        and nothing is recorded: with the grant's keyed noise, a second output of `name` from
-        other data would differ from the first by exactly the true difference."""
+        """Pin grant `grant_id`'s output `name` (e.g. one trigger of a continual release) to
+        `digest`, a value that stands for what the output is computed from, before it is
+        written: the append-only record `<context>/grant-<id>/pin/<name>` is created once, in
+        one MLMD call, wherever the output is written from (another run, another artifact
+        directory). The same value again is a no-op; another is BadRequest and nothing is
+        recorded. Any reader of the store sees the value and the record's creation time, so
+        neither may depend on the data (continual/release.py pins random tokens)."""
         record = self._records.pin_record(grant_id, name, digest)
 
         def attempt() -> bool:
@@ -433,21 +437,78 @@ class BlockLedger:
                                           [(record, output_event())])
             except Conflict:
                 if self._records.pinned_digest(grant_id, name) != digest:
-                    raise BadRequest(
-                        f"{name} of grant {grant_id} was computed from other data before (its "
-                        "digest is pinned in the ledger): computing it again from these "
-                        "records would publish their difference; replay the original "
-                        "records, or use a new grant") from None
+                    raise BadRequest(f"{name} of grant {grant_id} is pinned to another value: "
+                                     "another copy of its computation took it first") from None
             return True
 
         # Pinning the same digest again is a no-op, so a lost commit is simply pinned again.
         self._transactions.retrying(attempt, lambda: None)
+
+    def record_outcome(self, grant: Grant, steps: Sequence[str], outcome: str, front_door: str,
+                       reason: Optional[str] = None, artifacts: Sequence[str] = (),
+                       guarantee: Optional[str] = None) -> None:
+        """Record, once and atomically, what became of `steps` of `grant` (release.protocol's
+        outcome: released with `artifacts` under `guarantee`'s sentence, failed or interrupted
+        with a public `reason`). BadRequest if one of them has an outcome
+        already (the first one stands). A grant without a split has one outcome, step `all`."""
+        steps = list(steps) if grant.split else [WHOLE_GRANT]
+        unknown = sorted(set(steps) - set(grant.split or {WHOLE_GRANT: "1"}))
+        if unknown:
+            raise BadRequest(f"grant {grant.grant_id} has no step(s) {unknown}")
+        records = [(self._records.outcome_record(grant.grant_id, step, outcome, front_door,
+                                                 reason, artifacts, guarantee), output_event())
+                   for step in steps]
+
+        def attempt() -> bool:
+            try:
+                self._transactions.commit(UPDATE_TYPE, {"kind": "release_outcome",
+                                                        "grant_id": grant.grant_id,
+                                                        "outcome": outcome}, records)
+            except Conflict:
+                raise BadRequest(f"an outcome of grant {grant.grant_id} ({', '.join(steps)}) is "
+                                 "recorded already") from None
+            return True
+
+        def committed() -> Optional[bool]:  # all of the steps recorded together, or none
+            return True if set(steps) <= set(self.grant_outcomes(grant.grant_id)) else None
+
+        self._transactions.retrying(attempt, committed)
+
+    def grant_outcomes(self, grant_id: str) -> dict[str, dict]:
+        """{step: its outcome record} of `grant_id` (empty while none is recorded)."""
+        return self._records.outcomes({grant_id}).get(grant_id, {})
+
+    def record_denial(self, front_door: str, request_text: Optional[str], pipeline: Optional[str],
+                      epsilon: Optional[float], delta: Optional[float],
+                      free: Mapping[str, str], reason: str) -> None:
+        """Record a request refused for lack of budget: who asked, for what and how much, and
+        what the blocks that could not pay had free (budgets are public; no data is read)."""
+        # A unique name, so that a commit whose fate a lost connection hid is found, not doubled.
+        name = f"denial-{uuid.uuid4().hex}"
+
+        def attempt() -> bool:
+            self._transactions.commit(DENIAL_TYPE, {
+                "kind": "denial", "front_door": front_door, "request": request_text,
+                "pipeline": pipeline, "epsilon": epsilon, "delta": delta,
+                "free": json.dumps(dict(free)), "reason": reason}, [], name=name)
+            return True
+
+        def committed() -> Optional[bool]:
+            found = self._store.get_execution_by_type_and_name(DENIAL_TYPE, name)
+            return None if found is None else True
+
+        self._transactions.retrying(attempt, committed)
 
     # ----------------------------------------------------------------- audit and lineage
     def grant_records(self, after: int = 0) -> list[dict]:
         """Every grant of this ledger (after execution id `after`), oldest first, as recorded
         (lineage.grant_records)."""
         return lineage.grant_records(self._records, after)
+
+    def denial_records(self) -> list[dict]:
+        """Every request this ledger refused for lack of budget, oldest first
+        (lineage.denial_records)."""
+        return lineage.denial_records(self._records)
 
     def latest_change(self) -> int:
         """The id of the newest execution of this ledger context (lineage.latest_change)."""

@@ -16,7 +16,8 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, GRANT_TYPE, LEDGER_CONTEXT_TYPE,
                                           RUN_CONTEXT_TYPE, TFX_RUN_CONTEXT_TYPE, Grant,
-                                          LedgerRecords, check_name, get_property)
+                                          LedgerRecords, WHOLE_GRANT, check_name, get_float,
+                                          get_property)
 from sage_tfx.sage_access.store import StoreSpec, connect
 
 
@@ -26,9 +27,12 @@ def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
     event of each step (as JSON) and the RDP curve when the grant recorded them. `execution_id`
     orders them; `after` reads only the grants whose execution_id is larger (grants are
     append-only, so a reader that keeps what it read extends it with these)."""
+    executions = records.grant_executions(after)
+    outcomes = records.outcomes({get_property(e, "grant_id") for e in executions})
     history = []
-    for execution in records.grant_executions(after):
+    for execution in executions:
         grant = records.grant_of(execution)
+        steps = outcomes.get(grant.grant_id, {})
         history.append({
             "execution_id": execution.id,
             "time_ms": execution.create_time_since_epoch, "grant_id": grant.grant_id,
@@ -37,8 +41,38 @@ def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
             # None when the grant recorded none (made before grants recorded them).
             "split": grant.split if get_property(execution, "split") else None,
             "events": grant.events if get_property(execution, "events") else None,
-            "rdp_curve": list(grant.rdp_curve) if grant.rdp_curve else None})
+            "rdp_curve": list(grant.rdp_curve) if grant.rdp_curve else None,
+            "front_door": get_property(execution, "front_door"),
+            "request": get_property(execution, "request"),
+            "outcome": grant_outcome(grant.split, steps), "steps": steps})
     return history
+
+
+def grant_outcome(split, steps: dict) -> str:
+    """A grant's outcome from its steps' records (release.Outcome's values): `failed` or
+    `interrupted` if a step was, `released` once every step of the split released, else
+    `incomplete` (a step still running, or whose process was killed: its budget is spent all
+    the same). A grant recorded before release records existed is `unrecorded`."""
+    recorded = {record["outcome"] for record in steps.values()}
+    for outcome in ("interrupted", "failed"):
+        if outcome in recorded:
+            return outcome
+    if steps and set(steps) >= set(split or {WHOLE_GRANT: "1"}):
+        return "released"
+    return "incomplete" if steps or split is not None else "unrecorded"
+
+
+def denial_records(records: LedgerRecords) -> list[dict]:
+    """Every request refused for lack of budget, oldest first: time, front door, pipeline,
+    request text, (epsilon, delta) asked for, what each block short of it had free, and why."""
+    return [{"execution_id": execution.id, "time_ms": execution.create_time_since_epoch,
+             "front_door": get_property(execution, "front_door"),
+             "pipeline": get_property(execution, "pipeline"),
+             "request": get_property(execution, "request"),
+             "epsilon": get_float(execution, "epsilon"), "delta": get_float(execution, "delta"),
+             "free": json.loads(get_property(execution, "free", "{}")),
+             "reason": get_property(execution, "reason")}
+            for execution in records.denial_executions()]
 
 
 @dataclass(frozen=True)

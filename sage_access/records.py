@@ -15,6 +15,12 @@ Record types (custom properties only, so Kubeflow V2 accepts them):
 * `sage_tfx.GrantData` artifact per data location a grant released (the granted Examples, then
   what components derived from them), named `<context>/grant-<id>/data/<digest of the uri>`.
 * `sage_tfx.ShareUse` artifact per consumed share, named `<context>/grant-<id>/share/<step>`.
+* `sage_tfx.ReleaseOutcome` artifact per step of a grant's split, named
+  `<context>/grant-<id>/outcome/<step>`: what became of the step's share (released with its
+  artifacts, failed with a public reason, interrupted); create-once, written by the release
+  protocol (sage_tfx.release). A step without one is still running, or its process was killed.
+* `sage_tfx.Denial` execution per request the ledger refused for lack of budget: who asked
+  (front door, pipeline, request text), how much, and what each block had free.
 """
 from __future__ import annotations
 
@@ -45,10 +51,14 @@ GRANT_TYPE = "sage_tfx.Grant"
 GRANT_DATA_TYPE = "sage_tfx.GrantData"
 SHARE_USE_TYPE = "sage_tfx.ShareUse"
 GRANT_PIN_TYPE = "sage_tfx.GrantPin"
+RELEASE_OUTCOME_TYPE = "sage_tfx.ReleaseOutcome"
 UPDATE_TYPE = "sage_tfx.LedgerUpdate"
+DENIAL_TYPE = "sage_tfx.Denial"
 
-# Types a store made before grant binding lacks (see LedgerRecords.__init__).
-_GRANT_BINDING_TYPES = (GRANT_DATA_TYPE, SHARE_USE_TYPE, GRANT_PIN_TYPE)
+# The step name of the outcome of a grant made without a split (e.g. `sage-tfx ledger request`).
+WHOLE_GRANT = "all"
+# Types a store made before grant binding (or release records) lacks (LedgerRecords.__init__).
+_GRANT_BINDING_TYPES = (GRANT_DATA_TYPE, SHARE_USE_TYPE, GRANT_PIN_TYPE, RELEASE_OUTCOME_TYPE)
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
 
 
@@ -156,7 +166,7 @@ def register_types(mlmd: metadata_store.MetadataStore) -> None:
     for name in (STATE_TYPE, LEDGER_VERSION_TYPE, BLOCK_TYPE, BLOCK_VERSION_TYPE,
                  *_GRANT_BINDING_TYPES):
         mlmd.put_artifact_type(pb.ArtifactType(name=name))
-    for name in (GRANT_TYPE, UPDATE_TYPE):
+    for name in (GRANT_TYPE, UPDATE_TYPE, DENIAL_TYPE):
         mlmd.put_execution_type(pb.ExecutionType(name=name))
     for name in (LEDGER_CONTEXT_TYPE, RUN_CONTEXT_TYPE):
         mlmd.put_context_type(pb.ContextType(name=name))
@@ -202,6 +212,10 @@ class LedgerRecords:
                     raise
         for name in (GRANT_TYPE, UPDATE_TYPE):
             self.types[name] = store.get_execution_type(name).id
+        try:  # a writer registered it above; a reader of an older store finds no denials
+            self.types[DENIAL_TYPE] = store.get_execution_type(DENIAL_TYPE).id
+        except mlmd_errors.NotFoundError:
+            pass
         self.context_node = store.get_context_by_type_and_name(LEDGER_CONTEXT_TYPE, context)
         if self.context_node is None:
             raise BadRequest(f"no ledger context {context!r} in this store; run `init` first")
@@ -303,9 +317,12 @@ class LedgerRecords:
 
     # ----------------------------------------------------------------- grants
     @staticmethod
-    def grant_properties(grant: Grant, run_id: Optional[str], demand: np.ndarray) -> dict:
-        """The Grant execution's properties (the source of truth about the grant)."""
+    def grant_properties(grant: Grant, run_id: Optional[str], demand: np.ndarray,
+                         front_door: Optional[str], request: Optional[str]) -> dict:
+        """The Grant execution's properties (the source of truth about the grant), with the front
+        door that asked for it and the request's text (SQL, spec, pipeline and component)."""
         return {"grant_id": grant.grant_id, "pipeline": grant.pipeline, "run_id": run_id,
+                "front_door": front_door, "request": request,
                 "blocks": json.dumps(list(grant.blocks)), "demand": encode_vector(demand),
                 "epsilon": grant.epsilon, "delta": grant.delta,
                 "rdp_curve": json.dumps(list(grant.rdp_curve)) if grant.rdp_curve else None,
@@ -382,3 +399,37 @@ class LedgerRecords:
         """Who consumed `step`'s share of `grant_id` (None if nobody recorded it)."""
         record = self._recorded(self.share_use_record(grant_id, step, ""), SHARE_USE_TYPE)
         return None if record is None else get_property(record, "consumer")
+
+    # ------------------------------------------------- what became of a grant, and denials
+    def outcome_record(self, grant_id: str, step: str, outcome: str, front_door: str,
+                       reason: Optional[str], artifacts: Sequence[str],
+                       guarantee: Optional[str]) -> pb.Artifact:
+        """The record of what became of `step`'s share of `grant_id` (create-once)."""
+        return self._grant_record(RELEASE_OUTCOME_TYPE, grant_id, "outcome", step, step=step,
+                                  outcome=outcome, front_door=front_door, reason=reason,
+                                  artifacts=json.dumps(list(artifacts)), guarantee=guarantee)
+
+    def outcomes(self, grant_ids: Optional[set] = None) -> dict[str, dict[str, dict]]:
+        """{grant id: {step: {"outcome", "front_door", "reason", "artifacts"}}} of this ledger
+        (of `grant_ids` only, when given); a store without the type has none."""
+        if RELEASE_OUTCOME_TYPE not in self.types:
+            return {}
+        found: dict[str, dict[str, dict]] = {}
+        for record in self._of_this_ledger(
+                self.store.get_artifacts_by_type(RELEASE_OUTCOME_TYPE)):
+            grant_id = get_property(record, "grant_id")
+            if grant_ids is not None and grant_id not in grant_ids:
+                continue
+            found.setdefault(grant_id, {})[get_property(record, "step")] = {
+                "outcome": get_property(record, "outcome"),
+                "front_door": get_property(record, "front_door"),
+                "reason": get_property(record, "reason"),
+                "guarantee": get_property(record, "guarantee"),
+                "artifacts": json.loads(get_property(record, "artifacts", "[]"))}
+        return found
+
+    def denial_executions(self) -> list[pb.Execution]:
+        """This ledger's Denial executions, oldest first (none in a store without the type)."""
+        if DENIAL_TYPE not in self.types:
+            return []
+        return self._of_this_ledger(self.store.get_executions_by_type(DENIAL_TYPE))

@@ -7,6 +7,8 @@ from typing import Optional
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
+from sage_tfx.components.block_ledger import preflight
+from sage_tfx.components.block_ledger.component import check_before_charge
 from sage_tfx.components.privacy_grant import PrivacyGrant
 from sage_tfx.validators import executor
 from sage_tfx.validators.slaed import Metric
@@ -47,7 +49,8 @@ class SLAedValidator(base_component.BaseComponent):
     transformed features when the transform outputs the label, as in DPTrainer.
     Output: a ModelBlessing with `blessed` = 1 only on ACCEPT (TFX's Pusher reads it), and the
     custom properties outcome, metric, dp_metric, lower_bound, upper_bound, target,
-    confidence, epsilon_used.
+    confidence, epsilon_used. The BlockLedger that grants `grant` checks, before it charges,
+    that the module loads and defines what `metric` needs (block_ledger/preflight.py).
     """
 
     SPEC_CLASS = SLAedValidatorSpec
@@ -63,3 +66,6 @@ class SLAedValidator(base_component.BaseComponent):
             loss_bound=loss_bound, grant_step=grant_step, model=model,
             examples=examples, grant=grant, transform_graph=transform_graph,
             blessing=channel.Channel(type=standard_artifacts.ModelBlessing)))
+        check_before_charge(grant, preflight.Check(
+            component="SLAedValidator", module_file=module_file, purpose=metric,
+            module_needs=executor.MODULE_NEEDS[metric]))

@@ -37,6 +37,7 @@ from tfx.types import artifact_utils
 from sage_tfx.components.block_example_gen import constants as block_keys
 from sage_tfx.components.util.examples_io import SPLITS, TEST_SPLIT, TRAIN_SPLIT
 from sage_tfx.dp_statistics.tables import record_block_key
+from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
 from sage_tfx.sage_access.store import parse
@@ -167,7 +168,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         known = {b.block_id for b in ledger.blocks()}
         existing = sorted(scheduled & known)
         if existing:
-            raise ValueError(
+            raise BadRequest(
                 f"ledger {ledger.context!r} already has block(s) {existing}: blocks are immutable "
                 "once registered (their budget may already be spent, so new records would change "
                 "what was granted), so a schedule naming them is refused. Ingest the next period: "

@@ -7,7 +7,7 @@ from typing import Mapping, Optional, Sequence
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
-from sage_tfx.components.block_ledger import executor
+from sage_tfx.components.block_ledger import executor, preflight
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
 
@@ -22,6 +22,9 @@ class BlockLedgerSpec(component_spec.ComponentSpec):
         "split": component_spec.ExecutionParameter(type=str),
         "step_mechanisms": component_spec.ExecutionParameter(type=str, optional=True),
         "pipeline_name": component_spec.ExecutionParameter(type=str, optional=True),
+        # What the components this grant pays for check before it is charged (preflight.py);
+        # they add themselves (check_before_charge).
+        preflight.PROPERTY: component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
         # Only orders the DAG (grant after ingestion); the data comes from the ledger's blocks.
@@ -42,7 +45,9 @@ class BlockLedger(base_component.BaseComponent):
     records each step's DP event (privacy_grant.planned_event), which an rdp ledger charges
     as the RDP curve of their composition. Outputs the PrivacyGrant and one Examples
     artifact (train/test) holding exactly the granted blocks. The charge is linked in MLMD to this
-    pipeline run when the ledger lives in the pipeline's metadata store.
+    pipeline run when the ledger lives in the pipeline's metadata store. Before it charges, it
+    runs the checks of the components that consume its grant (preflight.py), so a DPTrainer whose
+    module does not load, or that needs Keras 2 in a process that has Keras 3, costs nothing.
     """
 
     SPEC_CLASS = BlockLedgerSpec
@@ -71,3 +76,13 @@ class BlockLedger(base_component.BaseComponent):
             new_blocks=new_blocks,
             grant=channel.Channel(type=PrivacyGrant),
             examples=channel.Channel(type=standard_artifacts.Examples)))
+
+
+def check_before_charge(grant: channel.Channel, check: preflight.Check) -> None:
+    """Have the BlockLedger that produces `grant` run `check` before it charges. A grant from
+    elsewhere (no producer in this pipeline) is left alone: its consumer checks on its own."""
+    if isinstance(grant, channel.OutputChannel) and isinstance(grant.producer_component,
+                                                                 BlockLedger):
+        properties = grant.producer_component.exec_properties
+        checks = json.loads(properties.get(preflight.PROPERTY) or "[]")
+        properties[preflight.PROPERTY] = json.dumps(checks + [check.as_dict()])

@@ -1,8 +1,9 @@
 """BlockLedger component's executor: obtain a grant, then release the granted blocks' Examples.
 
-Order matters (docs/architecture.md, "charge before release"): the ledger charges every selected
-block (all or nothing) before a single record is copied to the output. A denied or malformed request
-fails the component with nothing charged and nothing written.
+Order matters (docs/architecture.md, "charge before release"): the checks of the components the
+grant pays for run first (preflight.py), then the ledger charges every selected block (all or
+nothing) before a single record is copied to the output. A refused check, a denied or a malformed
+request fails the component with nothing charged and nothing written.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx import console
+from sage_tfx.components.block_ledger import preflight
 from sage_tfx.components.privacy_grant import mark_examples, step_events, write_grant
 from sage_tfx.components.util.examples_io import SPLITS
 from sage_tfx.sage_access.errors import BadRequest
@@ -53,6 +55,8 @@ class Executor(base_executor.BaseExecutor):
         epsilon, delta = float(exec_properties["epsilon"]), float(exec_properties["delta"])
         events = step_events(json.loads(exec_properties.get("step_mechanisms") or "{}"),
                              budget_split, epsilon, delta, ledger.accounting.name)
+        preflight.run(preflight.parse(exec_properties.get(preflight.PROPERTY)), epsilon, delta,
+                      budget_split)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         grant = ledger.request(selector, epsilon=epsilon, delta=delta, pipeline=pipeline,
                                run_id=run_id, split=budget_split, events=events,

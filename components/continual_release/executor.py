@@ -19,16 +19,15 @@ from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx import console
+from sage_tfx import console, release
 from sage_tfx.components.privacy_grant import write_grant
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual import sources
-from sage_tfx.dp_statistics.continual.release import STATE_DIR, run_window, unit_of
+from sage_tfx.dp_statistics.continual.release import STATE_DIR, run_window
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 
 WAITING_FILE = "waiting.parquet"  # records that arrived before their micro-batch's trigger
@@ -76,7 +75,7 @@ class Executor(base_executor.BaseExecutor):
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:
         # TensorFlow (reading Examples) and the ledger only when the component runs.
-        from sage_tfx.components.dp_aggregate.executor import read_rows
+        from sage_tfx.components.util.examples_io import read_rows
         from sage_tfx.sage_access.ledger import BlockLedger
         from sage_tfx.sage_access.store import parse
 
@@ -142,15 +141,16 @@ class Executor(base_executor.BaseExecutor):
         latest = os.path.join(releases, f"release-{state.step:06d}.csv")
         table = pd.read_csv(latest, dtype={"key": str}) if state.step and os.path.exists(
             latest) else pd.DataFrame({"key": [], "value": [], "updated": []})
-        table.to_csv(os.path.join(target.uri, "release.csv"), index=False)
-        pq.write_table(pa.Table.from_pandas(table, preserve_index=False),
-                       os.path.join(target.uri, "release.parquet"))
+        guarantee = query.guarantee(state.blocks, state.grant_id)
+        release.write_csv(table, os.path.join(target.uri, "release.csv"), guarantee)
+        release.write_parquet(table, os.path.join(target.uri, "release.parquet"), guarantee)
         trigger_time = window.trigger_times(query.micro_batches)[state.step - 1] \
             if state.step else window.start
         # Exact decimal strings: ML Metadata's SQLite backend rounds doubles to 6 places.
         target.set_string_custom_property("epsilon", repr(float(query.epsilon)))
         target.set_string_custom_property("delta", repr(float(query.delta)))
-        target.set_string_custom_property("unit", unit_of(query, state.blocks))
+        target.set_string_custom_property("unit", guarantee.neighbours)
+        target.set_string_custom_property("guarantee", guarantee.sentence())
         target.set_string_custom_property("grant_id", state.grant_id)
         target.set_string_custom_property(
             "query", f"continual {query.statistic.value} by {query.key_column} over blocks "
@@ -158,6 +158,5 @@ class Executor(base_executor.BaseExecutor):
                      f"{query.micro_batches} (at {pd.Timestamp(trigger_time, unit='s', tz='UTC')})")
         target.set_string_custom_property("columns", json.dumps(list(table.columns)))
         target.set_int_custom_property("trigger", state.step)
-        console.report("ContinualRelease: trigger %d of %d released at (%s, %s)-DP for %s",
-                       state.step, query.micro_batches, query.epsilon, query.delta,
-                       unit_of(query, state.blocks))
+        console.report("ContinualRelease: trigger %d of %d released; %s", state.step,
+                       query.micro_batches, guarantee.sentence())

@@ -9,6 +9,7 @@ from tfx.types import artifact, channel, component_spec, standard_artifacts
 
 from sage_tfx.components.dp_aggregate import executor
 from sage_tfx.components.privacy_grant import PrivacyGrant
+from sage_tfx.dp_statistics.aggregation import frontend
 
 
 class DPStatistics(artifact.Artifact):
@@ -53,7 +54,8 @@ class DPAggregate(base_beam_component.BaseBeamComponent):
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, query: str,
                  unit_column: str, columns: Mapping[str, str]):
-        executor.prepared(query, unit_column, dict(columns))  # refuse a bad query now
+        # Refuse a bad query now, when the pipeline is built.
+        frontend.check_query(*executor.query_inputs(query, unit_column, dict(columns)))
         super().__init__(spec=DPAggregateSpec(
             query=query, unit_column=unit_column, columns=json.dumps(dict(columns)),
             examples=examples, grant=grant, statistics=channel.Channel(type=DPStatistics)))
@@ -62,7 +64,6 @@ class DPAggregate(base_beam_component.BaseBeamComponent):
     def split(query: str, unit_column: str, columns: Mapping[str, str], epsilon: float,
               delta: float) -> dict[str, str]:
         """The grant's split among the query's steps (for BlockLedger's `split`)."""
-        from sage_tfx.dp_statistics.aggregation import frontend, plan
-
-        prepared = executor.prepared(query, unit_column, dict(columns))
-        return frontend.grant_terms(plan(prepared.query, epsilon, delta)).split
+        planned = frontend.plan_query(*executor.query_inputs(query, unit_column, dict(columns)),
+                                      epsilon, delta)
+        return frontend.grant_terms(planned.budget).split

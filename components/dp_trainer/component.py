@@ -7,8 +7,12 @@ from typing import Optional
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
+from sage_tfx.components.block_ledger import preflight
+from sage_tfx.components.block_ledger.component import check_before_charge
 from sage_tfx.components.dp_trainer import executor
-from sage_tfx.components.dp_trainer.parameters import DEFAULT_GRANT_STEP, DEFAULT_MODE, TrainerMode
+from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
+                                                       MODULE_NEEDS, TrainerMode)
+from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
 
@@ -55,6 +59,10 @@ class DPTrainer(base_component.BaseComponent):
     tf.Examples; custom properties dp_epsilon, dp_delta, noise_multiplier, l2_norm_clip, steps,
     sampling_scheme, blocks, grant_id) and a ModelRun with TensorBoard logs (the epsilon spent
     after each epoch, public; the training loss is not DP and is written nowhere).
+
+    The BlockLedger that grants `grant` checks, before it charges, what this trainer would
+    refuse after it (block_ledger/preflight.py): the module loads and defines what `mode`
+    needs, Keras 2 for DP-SGD, and DP-SGD's calibration under Poisson sampling.
     """
 
     SPEC_CLASS = DPTrainerSpec
@@ -85,3 +93,14 @@ class DPTrainer(base_component.BaseComponent):
             examples=examples, grant=grant, transform_graph=transform_graph,
             model=channel.Channel(type=standard_artifacts.Model),
             model_run=channel.Channel(type=standard_artifacts.ModelRun)))
+        sampler = (examples.producer_component if isinstance(examples, channel.OutputChannel)
+                   else None)
+        sampling = ({name: sampler.exec_properties.get(name) for name in ("scheme", "gamma",
+                                                                           "epochs")}
+                    if isinstance(sampler, ObliviousSampleGen) else None)
+        check_before_charge(grant, preflight.Check(
+            component="DPTrainer", module_file=module_file, purpose=mode,
+            module_needs=MODULE_NEEDS[mode], legacy_keras=mode == TrainerMode.DP_SGD,
+            trainer={"mode": mode, "grant_step": grant_step, "epochs": epochs,
+                     "max_noise_multiplier": max_noise_multiplier},
+            sampling=sampling))

@@ -59,16 +59,9 @@ import tensorflow as tf  # noqa: E402
 from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads, layer_registry  # noqa: E402
 
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor  # noqa: E402
+from sage_tfx.components.util.legacy_keras import require_legacy_keras  # noqa: E402
 from sage_tfx.components.util.losses import with_reduction  # noqa: E402
 from sage_tfx.randomness import secret_seed  # noqa: E402
-
-
-def require_legacy_keras() -> None:
-    """tensorflow-privacy 0.9 works with Keras 2 (`tf_keras`) only."""
-    if not tf.keras.layers.Dense.__module__.startswith("tf_keras"):
-        raise RuntimeError(
-            "DPTrainer needs Keras 2: set TF_USE_LEGACY_KERAS=1 before TensorFlow is first "
-            "imported (importing sage_tfx first does it; in a container, set it in the image).")
 
 
 @dataclass(frozen=True)

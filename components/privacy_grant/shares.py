@@ -32,6 +32,11 @@ class GrantInfo:
     _used: dict = field(default_factory=dict, repr=False)
 
     @property
+    def record(self):
+        """The ledger's Grant (what the release protocol's `consume` takes)."""
+        return self._record
+
+    @property
     def ledger(self):
         """The ledger that issued the grant, as require_grant opened it (reuse it; do not open
         another)."""

@@ -1,11 +1,18 @@
-"""The Examples layout every component shares: the splits BlockExampleGen writes, and how one
-split's serialized records are read."""
+"""The Examples layout every component shares: the splits BlockExampleGen writes, how one
+split's serialized records are read, and the records of declared columns as an Arrow table (the
+statistics components' input)."""
 from __future__ import annotations
 
 import glob
 import os
 
+import numpy as np
+import pyarrow as pa
 import tensorflow as tf
+
+from sage_tfx.components import record_rule
+from sage_tfx.dp_statistics.aggregation import sql
+from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 
 TRAIN_SPLIT = "train"
 TEST_SPLIT = "test"
@@ -24,3 +31,31 @@ def read_split(examples_uri: str, split: str) -> tf.Tensor:
         raise ValueError(f"the Examples at {examples_uri} have no {split!r} split files")
     batches = list(tf.data.TFRecordDataset(files, compression_type="GZIP").batch(65536))
     return tf.concat(batches, axis=0) if batches else tf.zeros([0], tf.string)
+
+
+_TF_TYPES = {"int": tf.int64, "float": tf.float32, "string": tf.string}
+
+
+def feature_spec(columns: dict[str, str]) -> dict:
+    unknown = {name: kind for name, kind in columns.items() if kind not in _TF_TYPES}
+    if unknown:
+        raise sql.QueryError(f"columns {unknown}: each type must be one of {sorted(_TF_TYPES)}")
+    return {name: tf.io.FixedLenFeature([], _TF_TYPES[kind]) for name, kind in columns.items()}
+
+
+def read_rows(examples_uris: list[str], columns: dict[str, str]) -> pa.Table:
+    """Every record of the Examples (all splits), mapped to `columns` by the record rule."""
+    spec = feature_spec(columns)
+    files = sorted(f for uri in examples_uris
+                   for f in tf.io.gfile.glob(os.path.join(uri, "Split-*", "*")))
+    serialized = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(files, "GZIP")] \
+        if files else []
+    clean = record_rule.sanitise_records(serialized, spec)
+    parsed = tf.io.parse_example(tf.constant(clean, dtype=tf.string), spec) if clean else {}
+    arrays = []
+    for name, kind in columns.items():
+        values = parsed[name].numpy() if clean else np.zeros(0)
+        if kind == "string":
+            values = [v.decode("utf-8", "replace") for v in values]
+        arrays.append(pa.array(values, ARROW_TYPES[kind]))
+    return pa.Table.from_arrays(arrays, names=list(columns))

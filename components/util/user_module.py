@@ -17,8 +17,10 @@ NaN after its grant was charged. Serving applies the same `finite` map to model 
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -30,16 +32,33 @@ from sage_tfx.components.record_rule import (check_spec, finite, null_record,
 # What every use of a module needs; each component adds what its mode or metric needs
 # (dp_trainer.parameters.MODULE_NEEDS, validators.executor.MODULE_NEEDS).
 ALWAYS_NEEDED = ("LABEL_KEY", "feature_spec")
+MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def is_module_path(name: str) -> bool:
+    """`package.module`, as opposed to a file: no path separator and no `.py`."""
+    return bool(MODULE_PATH.fullmatch(name or "")) and not name.endswith(".py")
 
 
 def import_module_file(path: str):
-    """The user's module file, imported from its path (DPTrainer, DPTransform, SLAedValidator)."""
-    if not path or not os.path.isfile(path):
-        raise ValueError(f"module file {path!r} does not exist")
-    spec = importlib.util.spec_from_file_location(f"sage_user_module_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The user's module (DPTrainer, DPTransform, SLAedValidator): a file, imported from its
+    path, or a module path (`package.module`) importable in this environment; the latter does
+    not depend on where the code sits on one machine (a compiled Kubeflow job uses it)."""
+    if path and os.path.isfile(path):
+        spec = importlib.util.spec_from_file_location(f"sage_user_module_{abs(hash(path))}",
+                                                      path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    if is_module_path(path):
+        try:
+            found = importlib.util.find_spec(path)
+        except ModuleNotFoundError:  # a parent package is missing
+            found = None
+        if found is not None:
+            return importlib.import_module(path)
+        raise ValueError(f"module file {path!r} is neither a file nor an importable module")
+    raise ValueError(f"module file {path!r} does not exist")
 
 
 @dataclass(frozen=True)

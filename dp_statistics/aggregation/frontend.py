@@ -1,19 +1,21 @@
 """DP SQL and DP aggregation for users: over ingested tables (`sage-tfx query`), over a frame in
 Python (`dp_aggregate`), and in TFX (components/dp_aggregate). Thin: parsing and the ownership
-checks are sql.py's, the relation below the operator relation.py's, the operator the core's.
+checks are sql.py's, the relation below the operator relation.py's, the operator the core's, and
+paying for the release the release protocol's (sage_tfx.release).
 
-A grant pays for exactly one run of one query. Its split among the query's steps (`grant_terms`)
-is the plan's, recorded on the grant with each step's dp-accounting event; before anything is
-released, every step's share is consumed in the ledger (one record per share, so a second run on
-the same grant is refused) and the plan made from the grant's own (epsilon, delta) must give the
-recorded split and events.
+A query is parsed once and planned once (`plan_query`): the plan's split among the query's steps,
+their dp-accounting events and the delta partition selection spends outside them are the
+ReleasePlan the protocol charges (`PlannedQuery.release_plan`). `run` then checks the grant pays
+for exactly this plan (a grant made elsewhere, e.g. by the BlockLedger component, must have been
+made from it), consumes every step's share (once, in the ledger: a second run on the same grant
+is refused) and runs the operator.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from decimal import ROUND_DOWN, Decimal
-from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Union
+from typing import Callable, Mapping, NamedTuple, Union
 
 import pandas as pd
 import pyarrow as pa
@@ -22,13 +24,10 @@ from sage_tfx.dp_statistics.aggregation import relation, sql
 from sage_tfx.dp_statistics.aggregation.budget import BudgetPlan, plan
 from sage_tfx.dp_statistics.aggregation.local import aggregate
 from sage_tfx.dp_statistics.aggregation.release import Release
-from sage_tfx.dp_statistics.aggregation.spec import (AggregationQuery, GuaranteeUnit,
-                                                     QueryError)
+from sage_tfx.dp_statistics.aggregation.spec import AggregationQuery, QueryError
+from sage_tfx.release import Charged, GuaranteeUnit, ReleasePlan, consume
 from sage_tfx.sage_access.accounting import BudgetRequest, event_from_json
 from sage_tfx.sage_access.errors import BadRequest
-
-if TYPE_CHECKING:
-    from sage_tfx.sage_access.ledger import Grant
 
 # A step's fraction of the grant, written exactly (decimal) and rounded down, so the fractions
 # never sum to more than 1 (sage_access.ledger.check_split).
@@ -36,22 +35,41 @@ _FRACTION_DIGITS = Decimal("1e-15")
 
 
 @dataclass(frozen=True)
-class PreparedQuery:
-    """A checked SQL query and the operator's query for it; `columns` is the released table's
-    column order (the SELECT list, NTILE expanded)."""
+class PlannedQuery:
+    """A checked SQL query, the operator's query for it, the released table's column order
+    (the SELECT list, NTILE expanded) and its budget plan at the requested (epsilon, delta),
+    the grant's (the plan may spend less delta than granted, e.g. none with Laplace noise)."""
     checked: sql.CheckedQuery
     query: AggregationQuery
     columns: tuple[str, ...]
+    budget: BudgetPlan
+    epsilon: float
+    delta: float
+
+    def release_plan(self, front_door: str, request: str, **options) -> ReleasePlan:
+        """What the release protocol charges for this query (`options`: ReleasePlan's)."""
+        terms = grant_terms(self.budget)
+        return ReleasePlan(front_door, request, self.epsilon, self.delta, terms.split, terms.events, terms.additional_delta, **options)
 
 
-def prepare(text: str, schemas: Mapping[str, sql.TableSchema],
-            arrow_schemas: Mapping[str, pa.Schema]) -> PreparedQuery:
-    """Parse and check `text` against the tables (refusing it, with the clause named, before
-    anything is read or charged), including a run of its relation on empty tables."""
-    checked = sql.check(sql.parse(text), schemas)
+def check_query(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
+                arrow_schemas: Mapping[str, pa.Schema]
+                ) -> tuple[sql.CheckedQuery, AggregationQuery, tuple[str, ...]]:
+    """Check `parsed` (sql.parse) against the tables, including a run of its relation on empty
+    tables: every refusal names the clause, before anything is read or charged. Returns the
+    checked query, the operator's query and the released table's column order."""
+    checked = sql.check(parsed, schemas)
     query, columns = sql.to_query(checked)
     relation.check_on_schema(checked, arrow_schemas)
-    return PreparedQuery(checked, query, columns)
+    return checked, query, columns
+
+
+def plan_query(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
+               arrow_schemas: Mapping[str, pa.Schema], epsilon: float,
+               delta: float) -> PlannedQuery:
+    """`check_query`, then the budget plan at (epsilon, delta)."""
+    checked, query, columns = check_query(parsed, schemas, arrow_schemas)
+    return PlannedQuery(checked, query, columns, plan(query, epsilon, delta), epsilon, delta)
 
 
 class GrantTerms(NamedTuple):
@@ -72,29 +90,18 @@ def grant_terms(budget: BudgetPlan) -> GrantTerms:
                       budget.additional_delta)
 
 
-def request_grant(ledger, selector, query: AggregationQuery, epsilon: float, delta: float,
-                  **request_options) -> "Grant":
-    """Charge `ledger` for one run of `query` on the blocks `selector` picks, with the terms of
-    its plan at (epsilon, delta): the ledger refuses (nothing charged) a grant it cannot
-    account, e.g. an rdp ledger one whose selection spends delta outside its event, so a
-    grant made here is never charged for a release `dp_aggregate` would refuse."""
-    terms = grant_terms(plan(query, epsilon, delta))
-    return ledger.request(selector, epsilon, delta, split=terms.split, events=terms.events,
-                          additional_delta=terms.additional_delta, **request_options)
+def check_grant(planned: PlannedQuery, grant, accounting) -> None:
+    """Refuse (QueryError; nothing consumed, nothing recorded) a grant charged elsewhere that
+    was not made for `planned` or that the grant's ledger (`accounting`) could not charge."""
+    _check_grant_pays(grant, planned.budget)
+    _check_accountable(grant, planned.budget, accounting)
 
 
-def _budget_of(grant, query: AggregationQuery) -> BudgetPlan:
-    """The plan made from the grant's own budget; it must be the one the grant recorded."""
-    if grant.epsilon is None:
-        raise QueryError(f"grant {grant.grant_id} is an RDP curve; a DP aggregation needs an "
-                         "(epsilon, delta) grant")
-    budget = plan(query, grant.epsilon, grant.delta or 0.0)
+def _check_grant_pays(grant, budget: BudgetPlan) -> None:
+    """The grant must have been made for this plan: its split and the events it recorded."""
     split, events, _ = grant_terms(budget)
-    if hasattr(grant, "check_event"):  # a component's GrantInfo reads events from the ledger
-        recorded = {step: grant.event(step) for step in events}
-    else:  # a ledger Grant carries them as JSON
-        recorded = {step: event_from_json(grant.events[step]) if step in grant.events else None
-                    for step in events}
+    recorded = {step: event_from_json(grant.events[step]) if step in grant.events else None
+                for step in events}
     # A basic ledger may have recorded no event for a step (the BlockLedger component records
     # only the mechanisms it knows); one it recorded must be what runs.
     if dict(grant.split) != split or any(
@@ -102,9 +109,8 @@ def _budget_of(grant, query: AggregationQuery) -> BudgetPlan:
             for step, event in events.items()):
         raise QueryError(f"grant {grant.grant_id} was not made for this query: its split is "
                          f"{dict(grant.split)}, the query's plan needs {split} with each step's "
-                         "event (request the grant with "
-                         "frontend.request_grant(ledger, selector, query, epsilon, delta))")
-    return budget
+                         "event (charge it with release.charge(ledger, "
+                         "planned.release_plan(...), selector))")
 
 
 def _check_accountable(grant, budget: BudgetPlan, accounting) -> None:
@@ -122,61 +128,55 @@ def _check_accountable(grant, budget: BudgetPlan, accounting) -> None:
                          "nothing was released") from None
 
 
-def run(rows: pa.Table, prepared_query: AggregationQuery, grant, use_share,
-        unit: GuaranteeUnit, columns: Optional[tuple[str, ...]] = None,
-        engine: Callable = aggregate, *, accounting) -> Release:
-    """Consume every share of `grant` (`use_share(step)`), then run the operator on `rows`
-    with `engine` (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam).
-    `accounting`: the accounting of the ledger that issued the grant (`ledger.accounting`),
-    which must be able to charge the query's plan on the grant's budget."""
-    budget = _budget_of(grant, prepared_query)
-    _check_accountable(grant, budget, accounting)
+def run(rows: pa.Table, planned: PlannedQuery, charged: Charged, unit: GuaranteeUnit,
+        engine: Callable = aggregate) -> Release:
+    """Consume every share of the charged grant, then run the operator on `rows` with `engine`
+    (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam). The grant was charged
+    from `planned` (release.charge), or checked to pay for it (`check_grant`)."""
+    budget = planned.budget
     for step in budget.steps:
-        use_share(step.name)
-    release = engine(rows, prepared_query, budget, unit)
-    if columns is not None:
-        release = dataclasses.replace(release, table=release.table[list(columns)])
-    return release
+        charged.share(step.name)
+    release = engine(rows, planned.query, budget, unit)
+    return dataclasses.replace(release, table=release.table[list(planned.columns)])
 
 
-def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_or_sql: Union[str, AggregationQuery],
-                 grant, ledger=None, unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ
-                 ) -> Release:
-    """The DP aggregation of `data` (an Arrow table or a pandas frame) under `grant`.
+def planned_for_grant(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
+                      arrow_schemas: Mapping[str, pa.Schema], grant) -> PlannedQuery:
+    """The plan of `parsed` at the (epsilon, delta) of a grant charged elsewhere (the
+    BlockLedger component's), which `run` then checks the grant was made for."""
+    if grant.epsilon is None:
+        raise QueryError(f"grant {grant.grant_id} is an RDP curve; a DP aggregation needs an "
+                         "(epsilon, delta) grant")
+    return plan_query(parsed, schemas, arrow_schemas, grant.epsilon, grant.delta or 0.0)
 
-    `query_or_sql`: an AggregationQuery, or DP SQL whose FROM names any table (it is `data`)
-    and whose OPTIONS name the unit (`privacy_unit_column = uid`). `grant`: what the ledger
-    granted for this query (made with `request_grant(ledger, selector, query, epsilon, delta)`,
-    which an rdp ledger refuses before charging when the selection spends delta), either
-    a component's GrantInfo (privacy_grant.require_grant) or a ledger Grant with the `ledger`
-    that issued it. Every share of the grant is consumed before anything runs, so a grant
-    pays for one release."""
+
+def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, ledger,
+                 unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ) -> Release:
+    """The DP aggregation of `data` (an Arrow table or a pandas frame) under `grant`, a ledger
+    Grant made for this query (`release.charge(ledger, planned.release_plan(...), selector)`)
+    with the `ledger` that issued it.
+
+    `query_sql`: DP SQL whose FROM names any table (it is `data`) and whose OPTIONS name the
+    unit (`privacy_unit_column = uid`). Every share of the grant is consumed before anything
+    runs, so a grant pays for one release; the grant's outcome is recorded (released, or
+    failed with a public reason)."""
     if isinstance(data, pd.DataFrame):
         data = pa.Table.from_pandas(data, preserve_index=False)
     if not isinstance(data, pa.Table):
         raise QueryError(f"data must be a pyarrow.Table or a pandas.DataFrame, got "
                          f"{type(data).__name__}")
-    if hasattr(grant, "share") and hasattr(grant, "consumer"):  # a component's GrantInfo
-        use_share, accounting = grant.share, grant.ledger.accounting
-    elif ledger is not None:
-        def use_share(step: str) -> None:
-            ledger.use_share(grant, step, consumer="dp_aggregate")
-        accounting = ledger.accounting
-    else:
-        raise QueryError("pass the ledger that issued the grant (ledger=...), so that its shares "
-                         "are spent once")
-    if isinstance(query_or_sql, AggregationQuery):
-        return run(data, query_or_sql, grant, use_share, unit, accounting=accounting)
-    parsed = sql.parse(query_or_sql)
+    parsed = sql.parse(query_sql)
     unit_column = parsed.options.get("privacy_unit_column")
     if not isinstance(unit_column, str):
         raise QueryError("on a frame, name the unit in the query: OPTIONS(privacy_unit_column "
                          "= uid)")
-    names = [table.name for table in parsed.select.find_all(sql.exp.Table)]
+    names = sql.table_names(parsed)
     schema = sql.TableSchema(unit_column, {field.name: sql.column_kind(field.type)
                                            for field in data.schema})
-    prepared = prepare(query_or_sql, {name: schema for name in names},
-                       {name: data.schema for name in names})
-    rows = relation.evaluate(prepared.checked, lambda _: data)
-    return run(rows, prepared.query, grant, use_share, unit, prepared.columns,
-               accounting=accounting)
+    planned = planned_for_grant(parsed, {name: schema for name in names},
+                                {name: data.schema for name in names}, grant)
+    check_grant(planned, grant, ledger.accounting)
+    with consume(ledger, grant, list(grant.split), "dp_aggregate()") as charged:
+        release = run(relation.evaluate(planned.checked, lambda _: data), planned, charged, unit)
+        charged.released(guarantee=charged.guarantee(unit, unit_column))
+    return release

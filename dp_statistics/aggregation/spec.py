@@ -37,6 +37,9 @@ import enum
 import math
 from typing import Optional
 
+# The unit a release states (the release protocol's), re-exported: the operator takes it.
+from sage_tfx.release.guarantee import GuaranteeUnit  # noqa: F401
+
 
 class AggregateKind(str, enum.Enum):
     COUNT = "count"                    # COUNT(*): rows; COUNT(col): rows where col is not null
@@ -67,19 +70,6 @@ class BoundsScope(str, enum.Enum):
     """What [low, high] clamps: the unit's total in the partition, or each of its rows."""
     UNIT = "unit"
     ROW = "row"
-
-
-class GuaranteeUnit(str, enum.Enum):
-    """What one neighbouring step adds or removes: all rows of one unit within the blocks the
-    grant read, or of one unit overall (when the ledger's blocks are split by the unit)."""
-    UNIT_WITHIN_BLOCKS_READ = "unit_within_blocks_read"
-    UNIT = "unit"
-
-    def describe(self, unit_column: str) -> str:
-        """The neighbouring relation of a guarantee with this unit, in words."""
-        if self is GuaranteeUnit.UNIT:
-            return f"all rows of one {unit_column}"
-        return f"all rows of one {unit_column} within the blocks read"
 
 
 _BOUNDED_KINDS = (AggregateKind.SUM, AggregateKind.AVG, AggregateKind.VAR, AggregateKind.STDDEV,

@@ -303,6 +303,11 @@ class _Scope:
         return self.plain[name]
 
 
+def table_names(parsed: ParsedQuery) -> tuple[str, ...]:
+    """The tables the query names, each once, in order of appearance."""
+    return tuple(dict.fromkeys(table.name for table in parsed.select.find_all(exp.Table)))
+
+
 def check(parsed: ParsedQuery, schemas: Mapping[str, TableSchema]) -> CheckedQuery:
     """The query checked against the tables' schemas and the row-ownership rules."""
     select = parsed.select

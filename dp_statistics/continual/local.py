@@ -9,19 +9,25 @@ second charge (the design's "Durability" section):
   charges the grant (``charge()``) and saves its id: a restart never charges again (and refuses,
   rather than charge twice, if it died between marking and saving the grant; a ledger refusal,
   a sage_access LedgerError, charged nothing and clears the mark);
-- step t appends {pending: t, keyed digest of micro-batch t (state.batch_digest)} to the journal
-  (state.Journal), is computed, ``sink(release t)``, and appends {commit: t}. A restart whose
-  micro-batch t differs from a pending t is refused: with keyed noise the same data gives the
-  same release bits, different data would publish a second release of step t that differs by
-  exactly the changed records; a committed micro-batch that changed is refused the same way;
-- the whole state is saved (``state.npz``, atomic rename; the journal then starts afresh) on a
-  public schedule, every ceil(T / 16) steps and at the last (``save_steps``): at most 17 saves,
-  and a restart replays at most T / 16 steps. The schedule must not depend on the data: the
-  saved step is where a resumed run's progress bar starts (an earlier rule, "records since the
-  save >= rows of state", showed a data-dependent number). A restart loads the saved state (step
-  s0), verifies and skips micro-batches <= s0, recomputes the committed ones after s0 from the
-  input without releasing them again (keyed noise: the same state bit for bit) and goes on from
-  the first uncommitted one.
+- step t first *takes* its micro-batch: writes it to the state directory (state.Journal,
+  synced), then computes it, ``sink(release t)``, and appends {commit: t} to the journal;
+- the whole state is saved (``state.npz``, atomic rename; the journal and the taken
+  micro-batches then start afresh) on a public schedule, every ceil(T / 16) steps and at the
+  last (``save_steps``): at most 17 saves, and a restart recomputes at most T / 16 steps. The
+  schedule must not depend on the data: the saved step is where a resumed run's progress bar
+  starts (an earlier rule, "records since the save >= rows of state", showed a data-dependent
+  number).
+
+Lateness (what a restart does with its input): a step this state has taken is never computed
+from anything but the micro-batch it took. Steps up to the saved state's are skipped; a taken
+step after it (committed, or taken and maybe released when the last run stopped) is recomputed
+from its taken micro-batch, without releasing it again if it was committed (keyed noise: the
+same state and release bit for bit); only the steps after those are read from the input. So
+records the input brings for a step already taken are late data and are dropped, as a
+streaming system drops data past its allowed lateness (here: a micro-batch closes when its
+step is taken), and the published releases stay the ones already published. A restart never
+compares its input with what was taken: an earlier version refused "micro-batch 3 changed after
+it was released", and that refusal told where a late record fell (a data-dependent exit).
 
 Trigger times are public: a step the stream has no records for still runs (empty micro-batch),
 so keys predicted to cross there are released.
@@ -39,7 +45,7 @@ from sage_tfx.dp_statistics.continual import operator
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.dp_statistics.continual.state import (Journal, StreamStateError, WindowState,
-                                                    batch_digest, check_budget, digest_key)
+                                                    check_budget)
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 from sage_tfx.sage_access.errors import LedgerError
 
@@ -101,7 +107,7 @@ def run_local(query: StreamQuery, budget: StreamBudget,
               charge: Optional[Charge] = None, progress: Optional[Callable[[int], None]] = None,
               noise_key: Optional[bytes] = None, snapshot_every: Optional[int] = None,
               complete_window: bool = True, fsync: bool = True,
-              pin: Optional[Callable[[int, str], None]] = None) -> WindowState:
+              granted: Optional[Callable[[str], None]] = None) -> WindowState:
     """Run (or resume) the window in `state_dir` over `batches`, (step, micro-batch) pairs in
     increasing step order (steps without records may be left out). `charge()` charges the
     window's grant once and returns (grant id, block ids); None runs without a ledger (tests,
@@ -109,41 +115,37 @@ def run_local(query: StreamQuery, budget: StreamBudget,
     `snapshot_every`: save the whole state every k steps instead of every save_steps(T).
     `complete_window`: after the last batch, run the remaining steps up to T (a replayed
     window's end is known); False stops at the last batch given (a live stream that goes on).
-    `fsync`: each step's pending line reaches the disk before its release is written (False
-    survives a crash of the process, not a power cut; state.Journal).
-    `pin(step, digest)` before step's release is written: records the step's micro-batch
-    digest where every copy of this state sees it (release.py: in the ledger), refusing
-    another digest, since the journal lives in one state directory only.
+    `fsync`: each step's taken micro-batch reaches the disk before its release is written
+    (False survives a crash of the process, not a power cut; state.Journal). A batch given for
+    a step this state already took is late data, dropped (module docstring).
+    `granted(grant id)` once the window's grant is recorded in the state (charged now or
+    before), before the first step (release.py pins the run's triggers there).
     Returns the state after the last step run."""
     query.check()
     check_budget(query, budget)
     state = _open_state(query, budget, state_dir, noise_key)
     _charge_once(state, state_dir, charge)
+    if granted is not None and state.grant_id is not None:
+        granted(state.grant_id)
     journal = Journal(state_dir, state, fsync)
-    secret = digest_key(state.noise_key)
     every = snapshot_every or save_steps(query.micro_batches)
     last_step = 0
 
     def run(step: int, batch: pd.DataFrame) -> None:
-        digest = batch_digest(batch, secret)
         if step <= state.step:
-            if digest != state.digests[step - 1]:
-                raise StreamStateError(_changed(step, "was released"))
-            return
+            return  # in the saved state: the given records are late, dropped
         if state.step != step - 1:  # an invariant: the operator computes state.step + 1
             raise StreamStateError(f"step {step} after a state at step {state.step}")
+        taken = journal.taken(step)
+        if taken is None:
+            journal.take(step, batch)
+        else:
+            batch = taken  # the given records are late, dropped
+        release = operator.step(state, budget, batch)
         if step <= journal.committed:
-            if digest != journal.digest(step):
-                raise StreamStateError(_changed(step, "was released"))
-            operator.step(state, budget, batch, digest)
-            return
-        if journal.pending_digest(step) not in (None, digest):
-            raise StreamStateError(_changed(step, "may have been released"))
-        if pin is not None:
-            pin(step, digest)
-        journal.begin(step, digest)
-        sink(operator.step(state, budget, batch, digest))
-        journal.commit(step, digest)
+            return  # released before, and recomputed here bit for bit: not written again
+        sink(release)
+        journal.commit(step)
         if step == query.micro_batches or step % every == 0:
             state.save(state_dir)
             journal.saved(step)
@@ -168,13 +170,6 @@ def run_local(query: StreamQuery, budget: StreamBudget,
     finally:
         journal.close()
     return state
-
-
-def _changed(step: int, fate: str) -> str:
-    return (f"micro-batch {step} changed after it {fate}: its records differ from the ones "
-            "recorded; a second release of that step would differ by exactly the changed "
-            "records. Replay the original input, or start a new window (new state directory "
-            "and grant)")
 
 
 class CsvDirectorySink:

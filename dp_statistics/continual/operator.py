@@ -44,8 +44,7 @@ import pandas as pd
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamStatistic
-from sage_tfx.dp_statistics.continual.state import (PairTable, WindowState, batch_digest,
-                                                    digest_key)
+from sage_tfx.dp_statistics.continual.state import PairTable, WindowState
 from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex, round_to_grid
 from sage_tfx.mechanisms.bounding import bounded
 from sage_tfx.mechanisms.keyed import KeyedGaussian
@@ -169,17 +168,14 @@ def _sum_by_code(codes: np.ndarray, weights: Optional[np.ndarray] = None):
     return distinct, np.bincount(inverse, weights=weights, minlength=len(distinct))
 
 
-def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
-         digest: Optional[str] = None) -> TriggerRelease:
-    """Run micro-batch state.step + 1 (design steps 1-7) and return its release. `digest`:
-    the batch's batch_digest if the caller computed it (the durable engine does)."""
+def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> TriggerRelease:
+    """Run micro-batch state.step + 1 (design steps 1-7) and return its release."""
     query = state.query
     if budget != state.budget:
         raise QueryError("the budget is not the one this window's state was planned with")
     t = state.step + 1
     if t > query.micro_batches:
         raise QueryError(f"the window has {query.micro_batches} micro-batches; all have run")
-    digest = batch_digest(batch, digest_key(state.noise_key)) if digest is None else digest
     noise = KeyedGaussian(state.noise_key)
     grid, bound = budget.record_grid
     units, keys, values = clean_batch(batch, query.statistic, grid, bound)
@@ -242,7 +238,6 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     columns["due"][evaluated] = due
     state.schedule(evaluated, due)
     state.step = t
-    state.digests.append(digest)
 
     # 7. The release: every key selected so far, with its last noisy value, in key order (the
     # code order is the order keys first appeared in: data that one record can change).
@@ -256,4 +251,4 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame,
     updated[releasing] = True
     return TriggerRelease(t, state.keys.values[released],
                           state.column("released_value")[released], updated[released],
-                          query.guarantee(state.blocks))
+                          query.guarantee(state.blocks, state.grant_id).sentence())

@@ -5,14 +5,35 @@ release per trigger written as a CSV and a JSON guarantee line, and a progress b
 Order (charge before release): the caller has read and checked every input; `run_window` checks
 a resumed state is this window's (its blocks and its grant), then the engine charges the grant
 once (a state that already holds a grant id is never charged again) before the first step,
-pins each trigger's micro-batch digest in the ledger (BlockLedger.pin: create-once per grant
-and trigger, another digest refused with nothing written), and writes each trigger's release
-before committing it.
+the run pins every trigger it will compute in the ledger (`pin_triggers`) before computing any,
+and the engine writes each trigger's release before committing it.
+
+Pins: which copy of the state computes a trigger. The ContinualRelease component copies the
+last successful run's state into each run's own directory; a run that took trigger t and
+failed leaves the older state, from which the next run would compute t again, from other
+records (the failed run's arrivals are not in it): with the grant's keyed noise the two
+releases of t would differ by exactly those records. So each trigger is pinned, once per grant
+(BlockLedger.pin: create-once), to a token of the state directory that computes it, and a run
+whose directory holds another token for it is refused, nothing computed. What a reader of ML
+Metadata sees of a pin must not depend on the data:
+* its value is a random token (state.pin_tokens), not a digest of the micro-batch: a digest,
+  even keyed, was equal for equal micro-batches (every empty one alike), which told which
+  micro-batches were empty;
+* its creation time (MLMD's create_time_since_epoch, the wall clock of the write) is the
+  run's start: a run pins all its triggers in one go, right after the charge (first run) or
+  after loading the state (later runs), before any micro-batch is computed. Pinned per trigger
+  before its computation, pin t's time was the run's start plus the compute time of
+  micro-batches 1..t-1, which depends on the data. What precedes the pins is the reading of the
+  input and the state, which the grant's own record (written after the input is read and
+  checked, as every front door's charge) follows too;
+* whether a trigger is pinned, and by which copy, follows from which runs reached it (public:
+  their `through` triggers), never from the records: a run from an older copy is refused
+  whether or not its records differ from the failed run's (refusing only when they differ
+  would tell where a late record fell).
 """
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from typing import Optional
 
@@ -21,7 +42,8 @@ from sage_tfx.dp_statistics.continual import grant as window_grants
 from sage_tfx.dp_statistics.continual import local
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.sources import Records, Window
-from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
+from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState, pin_tokens
+from sage_tfx.release import write_json
 from sage_tfx.sage_access.errors import BadRequest
 
 STATE_DIR = "state"
@@ -31,11 +53,6 @@ def budget_of(query):
     """The window's calibration (budget.plan) for `query`."""
     return plan(query.epsilon, query.delta, query.micro_batches, query.contribution_limit,
                 query.value_bound)
-
-
-def unit_of(query, blocks) -> str:
-    """The neighbouring relation every release states, in words."""
-    return f"all records of one {query.unit_column} within blocks {', '.join(blocks)}"
 
 
 class ReleaseSink(local.CsvDirectorySink):
@@ -53,17 +70,11 @@ class ReleaseSink(local.CsvDirectorySink):
         super().__call__(release)
         query = self.query
         trigger = self.window.trigger_times(query.micro_batches)[release.step - 1]
+        guarantee = query.guarantee(self.grant["blocks"], self.grant["id"])
         line = {"trigger": int(release.step), "micro_batches": query.micro_batches,
                 "trigger_time": dt.datetime.fromtimestamp(trigger, dt.timezone.utc).isoformat(),
-                "epsilon": query.epsilon, "delta": query.delta,
-                "unit": unit_of(query, self.grant["blocks"]),
-                "guarantee": release.guarantee, "grant_id": self.grant["id"],
-                "csv": os.path.basename(self.path(release.step))}
-        path = self.path(release.step)[:-len(".csv")] + ".json"
-        temporary = f"{path}.tmp-{os.getpid()}"
-        with open(temporary, "w") as out:
-            out.write(json.dumps(line) + "\n")
-        os.replace(temporary, path)
+                **guarantee.to_json(), "csv": os.path.basename(self.path(release.step))}
+        write_json(self.path(release.step)[:-len(".csv")] + ".json", line)
 
 
 def resumable_state(ledger, state_dir: str, window: Window, budget) -> Optional[WindowState]:
@@ -89,10 +100,10 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
                noise_key: Optional[bytes] = None) -> WindowState:
     """Run the window's micro-batches up to `through_step` (default: all T) on `records`,
     charging the window's grant first unless `state_dir` already holds it. Without
-    `through_step` every micro-batch 1..T is given to the engine, which verifies the ones a
-    previous run committed against their digests and skips them; with it (a live stream that
-    goes on) only the ones after the saved state's step, and the state is saved at the end.
-    `noise_key`: tests only."""
+    `through_step` every micro-batch 1..T is given to the engine, which keeps the ones a
+    previous run took (records of `records` for them are late, dropped: local.py); with it (a
+    live stream that goes on) only the ones after the saved state's step, and the state is
+    saved at the end. `noise_key`: tests only."""
     budget = budget_of(query)
     total = query.micro_batches
     last = total if through_step is None else through_step
@@ -105,28 +116,33 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
     grant = {"id": previous.grant_id, "blocks": previous.blocks} if previous is not None \
         else {}
 
+    def pin_triggers(grant_id: str) -> None:
+        # This run's triggers, all at once before any is computed (module docstring).
+        for step, token in pin_tokens(state_dir, range(done + 1, last + 1)).items():
+            ledger.pin(grant_id, f"{window_grants.STEP}/trigger-{step}", token)
+
     def charge():
         # A refusal is all-or-nothing; run_local clears its "charge started" mark on it, so the
         # same directory may try again.
-        granted = window_grants.request_window_grant(ledger, window.block_ids, budget,
-                                                     consumer, pipeline, run_id)
+        granted = window_grants.request_window_grant(
+            ledger, window.block_ids,
+            window_grants.window_plan(query, budget, consumer, pipeline, run_id))
         grant.update(id=granted.grant_id, blocks=granted.blocks)
         return granted.grant_id, granted.blocks
-
-    def pin(step: int, digest: str) -> None:
-        # The journal pins each step's micro-batch inside one state directory; the component
-        # copies the state into a new artifact directory each run, so a failed run's released
-        # step would be unpinned for the next one. The ledger record is shared by every copy.
-        ledger.pin(grant["id"], f"{window_grants.STEP}/trigger-{step}", digest)
 
     sink = ReleaseSink(release_dir, query, window, grant)
     try:
         with console.progress("continual release", total, unit="trigger", start=done) as bar:
-            return local.run_local(
+            state = local.run_local(
                 query, budget, batches, state_dir, sink, charge=charge, progress=bar.update,
-                noise_key=noise_key, complete_window=last == total, pin=pin,
+                noise_key=noise_key, complete_window=last == total, granted=pin_triggers,
                 # A live stream stops between triggers: every step is saved, so the next run
                 # needs none of this run's records.
                 snapshot_every=None if through_step is None else 1)
     except StreamStateError as error:
         raise BadRequest(str(error)) from None
+    if state.step == total and state.grant_id is not None:
+        window_grants.record_window_released(
+            ledger, state.grant_id, consumer, os.path.abspath(release_dir),
+            query.guarantee(state.blocks, state.grant_id))
+    return state

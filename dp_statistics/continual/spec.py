@@ -17,6 +17,7 @@ from typing import Iterable, Optional
 
 from sage_tfx.choices import Choice
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
+from sage_tfx.release import Guarantee, GuaranteeUnit
 
 # Trigger steps, tree leaves and rounds are int32 in the state; 2^20 micro-batches is already
 # far more than a window's refreshes (one a second for 12 days).
@@ -86,13 +87,11 @@ class StreamQuery:
             if missing:
                 raise QueryError(f"unknown column(s) {missing}; the input has {sorted(have)}")
 
-    def guarantee(self, blocks: Iterable[str]) -> str:
-        """The sentence every release states: what one neighbouring step adds or removes."""
-        blocks = [str(block) for block in blocks]
-        where = (f"within blocks {', '.join(blocks)}" if blocks else
-                 "within the window (no ledger blocks: a run without a grant)")
-        return (f"({self.epsilon:g}, {self.delta:g})-DP for all records of one "
-                f"{self.unit_column} {where}")
+    def guarantee(self, blocks: Iterable[str], grant_id: Optional[str]) -> Guarantee:
+        """What every release of the window states: all records of one unit within the
+        window's blocks (a unit's records in other blocks are paid for by those blocks)."""
+        return Guarantee(self.epsilon, self.delta, GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ,
+                         self.unit_column, grant_id, tuple(str(block) for block in blocks))
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

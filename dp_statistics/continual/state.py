@@ -12,24 +12,27 @@ TriggerRelease leaves the operator. Tables are numpy arrays indexed by dense cod
   selection tree in ``selection``) and ``value_row`` (its value tree in ``values``, -1 before its
   first release: a key never selected never pays for a value tree);
 - the noise key (a tree's noise stream is operator.tree_ids of its key's code and round), the
-  last committed step, the grant and the digests of the micro-batches the state has consumed.
+  last committed step and the grant.
 
 Storage (``save``/``load``) is one ``.npz`` written to a temporary file and renamed over the old
-one (os.replace is atomic), with the scalars as JSON inside it; no pickle. The pending-digest
-protocol of the design's "Durability" section is ``write_pending``/``read_pending`` (local.py).
+one (os.replace is atomic), with the scalars as JSON inside it; no pickle. Between two saves the
+``Journal`` keeps the micro-batches the state took after the saved step and which of them were
+committed (local.py), and ``pin_tokens`` the random values the ledger pins per trigger
+(release.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
+import glob
 import json
 import os
-from typing import Optional
+import secrets
+from typing import Iterable, Optional
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pandas._libs import hashtable
 
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
@@ -39,7 +42,9 @@ from sage_tfx.dp_statistics.continual.spec import StreamQuery
 
 STATE_FILE = "state.npz"
 JOURNAL_FILE = "journal.jsonl"
-_FORMAT = 2  # 2: strings as UTF-8 bytes and offsets
+TAKEN_FILE = "taken-{step:06d}.parquet"  # the micro-batch a step was computed from
+PIN_TOKENS_FILE = "pin_tokens.json"
+_FORMAT = 3  # 2: strings as UTF-8 bytes and offsets; 3: no micro-batch digests
 
 
 class StreamStateError(RuntimeError):
@@ -266,7 +271,6 @@ class WindowState:
     selection: TreeIndex             # selection trees (with thresholds), rows of live rounds
     values: TreeIndex                # value trees, one per key released at least once
     step: int = 0                    # the last micro-batch computed into this state
-    digests: list = dataclasses.field(default_factory=list)  # batch_digest of batches 1..step
     grant_id: Optional[str] = None
     blocks: tuple = ()
     charge_started: bool = False
@@ -338,7 +342,7 @@ class WindowState:
         pair_codes, pair_rounds = self.pairs.to_arrays()
         meta = {"format": _FORMAT, "query": self.query.to_json(),
                 "budget": dataclasses.asdict(self.budget),
-                "step": self.step, "digests": list(self.digests), "grant_id": self.grant_id,
+                "step": self.step, "grant_id": self.grant_id,
                 "blocks": list(self.blocks), "charge_started": self.charge_started}
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
                   "noise_key": np.frombuffer(self.noise_key, dtype=np.uint8),
@@ -386,7 +390,7 @@ class WindowState:
                     PairTable(arrays["pair_codes"], arrays["pair_rounds"]), keys, columns,
                     index("selection_", budget.selection_sigma, budget.thresholds),
                     index("values_", budget.value_sigma, None),
-                    step=meta["step"], digests=meta["digests"],
+                    step=meta["step"],
                     grant_id=meta["grant_id"], blocks=tuple(meta["blocks"]),
                     charge_started=meta["charge_started"])
         state.schedule(np.arange(n_keys), state.column("due").astype(np.int64))
@@ -410,50 +414,25 @@ def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
                                f"{expected}")
 
 
-def digest_key(noise_key: bytes) -> bytes:
-    """The secret micro-batch digests are keyed with: derived from the window's noise key under
-    a label of its own (HMAC-SHA256 as a PRF), so it is as private as the state, and the noise
-    key is never used directly for anything but noise."""
-    return hmac.new(noise_key, b"sage-tfx continual: micro-batch digest key",
-                    hashlib.sha256).digest()
-
-
-def batch_digest(batch: pd.DataFrame, key: bytes) -> str:
-    """HMAC-SHA256 under `key` (digest_key) of a micro-batch's canonical content: column names
-    and dtypes, then each column's bytes in row order (numbers as they are stored; other columns
-    as pandas' 64-bit hash of each value, so a changed value keeps its hash with probability
-    2^-64). Every empty micro-batch has the same digest, whatever its columns' dtypes. Keyed:
-    the digests sit in the journal (and the ledger's trigger pins) where a plain hash would
-    let anyone who reads them test a guess of a micro-batch (an empty one has a known hash)."""
-    if len(batch) == 0:
-        return hmac.new(key, b"empty micro-batch", hashlib.sha256).hexdigest()
-    digest = hmac.new(key, digestmod=hashlib.sha256)
-    digest.update(json.dumps([[str(c), str(t)] for c, t in batch.dtypes.items()]).encode())
-    for _, column in batch.items():
-        if column.dtype.kind in "iufb":
-            digest.update(np.ascontiguousarray(column.to_numpy()).tobytes())
-        else:
-            digest.update(pd.util.hash_pandas_object(column, index=False).to_numpy().tobytes())
-    return digest.hexdigest()
-
-
 class Journal:
-    """The append-only log of the steps after the saved state (the design's pending-digest
-    protocol): line 1 is {"snapshot": s} (the step of state.npz when it was written), then per
-    step t {"pending": t, "digest": d} before t is computed and {"commit": t, "digest": d}
-    after its release was written. A line is one write() of a complete JSON object, so a crash
-    leaves at most a torn last line, which is ignored (a pending or commit never made).
-    `fsync`: a pending line reaches the disk before the step's release is written, so even
-    after a power cut (not only a crash of the process) no release exists whose micro-batch the
-    journal does not pin. A lost commit line only makes a restart recompute that step from the
-    same pinned micro-batch (the same bits), so commits are not synced (half the syncs)."""
+    """What the state took after its saved step (state.npz at step `snapshot`): the file
+    journal.jsonl, line 1 {"snapshot": s} then {"commit": t} once step t's release was written,
+    and per step t > s the micro-batch t was computed from, taken-t.parquet, written (synced)
+    before t is computed. A step is *taken* once its micro-batch is on disk: from then on it is
+    computed from that micro-batch only, whatever input a later run brings (records that arrive
+    for it later are late data, local.py), so a recomputed step has the same bits. A journal line
+    is one write() of a complete JSON object, so a crash leaves at most a torn last line, which
+    is ignored (a commit never made: the restart recomputes and rewrites that release from the
+    taken micro-batch, the same bits). `fsync`: a taken micro-batch reaches the disk before its
+    release is written, so even after a power cut no release exists whose micro-batch the state
+    does not hold (False survives a crash of the process only)."""
 
     def __init__(self, directory: str, state: WindowState, fsync: bool = True):
+        self.directory = directory
         self.path = os.path.join(directory, JOURNAL_FILE)
         self.fsync = fsync
         self.snapshot = state.step
-        self.digests: list[str] = []  # of the committed steps after the snapshot
-        self.pending: Optional[tuple[int, str]] = None
+        self.committed = state.step
         lines = _complete_lines(self.path)
         if lines and lines[0]["snapshot"] > state.step:
             raise StreamStateError(f"{self.path} continues a state saved at step "
@@ -462,62 +441,82 @@ class Journal:
         # A journal older than the saved state (the process died between writing the state
         # and starting its journal) says nothing the state does not.
         if lines and lines[0]["snapshot"] == state.step:
-            for line in lines[1:]:
-                if "commit" in line:
-                    self.digests.append(line["digest"])
-                else:
-                    self.pending = (line["pending"], line["digest"])
+            self.committed = max([state.step] + [line["commit"] for line in lines[1:]])
+        self._forget_taken(through=state.step)
+        missing = [step for step in range(state.step + 1, self.committed + 1)
+                   if not os.path.exists(self._taken_path(step))]
+        if missing:
+            raise StreamStateError(f"{self.directory}: step {missing[0]} was released but the "
+                                   "micro-batch it was computed from is gone: the state "
+                                   "directory was tampered with")
         self._out = None
         self._rewrite()  # drops a torn last line
 
-    @property
-    def committed(self) -> int:
-        return self.snapshot + len(self.digests)
+    def taken(self, step: int) -> Optional[pd.DataFrame]:
+        """The micro-batch step `step` was computed from, if this state took it."""
+        path = self._taken_path(step)
+        return pq.read_table(path).to_pandas() if os.path.exists(path) else None
 
-    def digest(self, step: int) -> str:
-        """The digest committed for `step` (snapshot < step <= committed)."""
-        return self.digests[step - self.snapshot - 1]
+    def take(self, step: int, batch: pd.DataFrame) -> None:
+        """Keep `batch` as step `step`'s micro-batch (atomic; synced if `fsync`)."""
+        path = self._taken_path(step)
+        temporary = f"{path}.tmp-{os.getpid()}"
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            pq.write_table(pa.Table.from_pandas(batch, preserve_index=False), out)
+            out.flush()
+            if self.fsync:
+                os.fsync(out.fileno())
+        os.replace(temporary, path)
 
-    def pending_digest(self, step: int) -> Optional[str]:
-        """The digest of micro-batch `step` if it was pending (maybe released) when the last
-        run stopped, else None."""
-        if self.pending is not None and self.pending[0] == step:
-            return self.pending[1]
-        return None
-
-    def begin(self, step: int, digest: str) -> None:
-        self._append({"pending": step, "digest": digest}, sync=self.fsync)
-        self.pending = (step, digest)
-
-    def commit(self, step: int, digest: str) -> None:
-        self._append({"commit": step, "digest": digest})
-        self.digests.append(digest)
+    def commit(self, step: int) -> None:
+        self._out.write(json.dumps({"commit": step}) + "\n")
+        self._out.flush()
+        self.committed = step
 
     def saved(self, step: int) -> None:
         """The state was saved at `step` (<= committed): start the journal from there."""
-        self.digests = self.digests[step - self.snapshot:]
         self.snapshot = step
         self._rewrite()
+        self._forget_taken(through=step)
+
+    def _taken_path(self, step: int) -> str:
+        return os.path.join(self.directory, TAKEN_FILE.format(step=step))
+
+    def _forget_taken(self, through: int) -> None:
+        """The saved state holds steps <= `through`: their micro-batches are not needed."""
+        for path in glob.glob(os.path.join(self.directory, "taken-*.parquet")):
+            if int(os.path.basename(path)[len("taken-"):-len(".parquet")]) <= through:
+                os.remove(path)
 
     def _rewrite(self) -> None:
         self.close()
         lines = [{"snapshot": self.snapshot}] + [
-            {"commit": self.snapshot + i + 1, "digest": d} for i, d in enumerate(self.digests)]
-        if self.pending is not None and self.pending[0] > self.committed:
-            lines.append({"pending": self.pending[0], "digest": self.pending[1]})
+            {"commit": step} for step in range(self.snapshot + 1, self.committed + 1)]
         write_json_lines(self.path, lines)
         self._out = open(self.path, "a")
-
-    def _append(self, line: dict, sync: bool = False) -> None:
-        self._out.write(json.dumps(line) + "\n")
-        self._out.flush()
-        if sync:
-            os.fsync(self._out.fileno())
 
     def close(self) -> None:
         if self._out is not None:
             self._out.close()
             self._out = None
+
+
+def pin_tokens(directory: str, steps: Iterable[int]) -> dict[int, str]:
+    """The value the ledger pins for each of `steps` in this state directory (release.py):
+    a random 256-bit token drawn the first time the step is asked for and kept here (synced)
+    before it is returned, so a restart in this directory pins the same value again, and any
+    other copy of the state draws another. Drawn, never computed from the data: a reader of the
+    ledger learns nothing from it (not even which micro-batches were empty or equal)."""
+    path = os.path.join(directory, PIN_TOKENS_FILE)
+    lines = _complete_lines(path)
+    tokens = {int(step): token for step, token in (lines[0] if lines else {}).items()}
+    missing = [step for step in steps if step not in tokens]
+    if missing:
+        tokens.update({step: secrets.token_hex(32) for step in missing})
+        private_directory(directory)
+        write_json_lines(path, [{str(step): token for step, token in sorted(tokens.items())}])
+    return {step: tokens[step] for step in steps}
 
 
 def _complete_lines(path: str) -> list[dict]:
@@ -531,7 +530,7 @@ def _complete_lines(path: str) -> list[dict]:
 
 def private_directory(directory: str) -> None:
     """Create `directory` (or restrict an existing one) readable by the owner only: the state
-    holds raw counts, the noise key and the digest key, and is often kept beside public
+    holds raw counts, the noise key and the micro-batches taken, and is often kept beside public
     releases."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)

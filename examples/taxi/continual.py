@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     return sage_tfx([
         "stream", "--store", store, "--window-blocks", ",".join(f"taxi.{m}" for m in MONTHS),
         "--epsilon", str(args.epsilon), "--delta", str(args.delta), "--input", arriving,
-        "--micro-batches", str(len(MONTHS)), "--unit-column", args.unit_column,
-        "--key-column", KEY_COLUMN, "--time-column", TIME_COLUMN,
+        # The unit and time columns are the table's (ingest recorded them): not repeated.
+        "--micro-batches", str(len(MONTHS)), "--key-column", KEY_COLUMN,
         "--contribution-limit", str(args.contribution_limit),
         "--out", os.path.join(args.workdir, "releases")])
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from sage_tfx.pipelines.adaptive import Policy, run_adaptive
     from sage_tfx.sage_access import BlockLedger
     from sage_tfx.sage_access.accounting import AccountingMode
-    from sage_tfx.sage_access.cli import format_table, ledger_table
+    from sage_tfx.sage_access.views import format_table, ledger_table
 
     chosen = [name.strip() for name in args.pipelines.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(SPECS))

@@ -34,7 +34,7 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
-from sage_tfx.sage_access.cli import block_row, describe_event, ledger_table, plot_bars
+from sage_tfx.sage_access.views import block_row, describe_event, ledger_table, plot_bars
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
 from sage_tfx.sage_access.lineage import ledger_contexts

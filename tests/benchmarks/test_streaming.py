@@ -112,7 +112,7 @@ def test_script_prints_one_consistent_json_object_at_tiny_scale():
         assert entry["records_per_s"] > 0
     assert report["baseline_1"]["queries_run"] == 8
     assert report["baseline_2"]["budget"]["compositions"] == 8  # min(B, C) participations
-    assert report["dp_sqlp"]["guarantee"].startswith("(6, 1e-09)-DP for all records of one user")
+    assert report["dp_sqlp"]["guarantee"].startswith("(6, 1e-09)-DP for adding or removing all rows of one user")
 
 
 def test_latency_mode_times_every_micro_batch():

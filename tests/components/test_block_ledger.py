@@ -1,4 +1,8 @@
-"""The BlockLedger component refuses blocks that hold no data before charging them."""
+"""The BlockLedger component refuses, before charging: blocks that hold no data, and a grant
+whose consumers (DPTrainer, SLAedValidator) would fail after the charge."""
+import subprocess
+import sys
+
 import pytest
 from tfx.types import standard_artifacts
 
@@ -6,6 +10,8 @@ from sage_tfx.components.block_ledger import executor
 from sage_tfx.components.privacy_grant import PrivacyGrant
 from sage_tfx.sage_access import BlockLedger
 from sage_tfx.sage_access.errors import BadRequest
+
+from support import TRIP_MODULE
 
 
 @pytest.mark.parametrize("selector", [{"block_ids": '["with-data", "no-data"]'},
@@ -22,3 +28,103 @@ def test_blocks_without_data_are_refused_and_nothing_is_charged(store_path, tmp_
     with pytest.raises(BadRequest, match="no-data.*nothing was charged"):
         executor.Executor().Do({}, {"examples": [examples], "grant": [grant]}, properties)
     assert [b.spent[0] for b in BlockLedger(store_path).blocks()] == [0.0, 0.0]
+
+
+# Issue 29 item 9: what the components a grant pays for would refuse after the charge is
+# checked before it (block_ledger/preflight.py).
+
+def _training_dag(module_file, max_noise_multiplier=None, **sampling):
+    from sage_tfx.components import (BlockLedger as BlockLedgerComponent, DPTrainer,
+                                      ObliviousSampleGen, SLAedValidator)
+    grant = BlockLedgerComponent(ledger_store="ledger.sqlite", epsilon=1.0, delta=1e-7, window=2,
+                                 split={"sampling_count": 0.05, "training": 0.8,
+                                        "validation": 0.15})
+    sampler = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                                 scheme="poisson", epochs=2, **sampling)
+    trainer = DPTrainer(examples=sampler.outputs["samples"], grant=grant.outputs["grant"],
+                        module_file=module_file, l2_norm_clip=1.0, learning_rate=0.05,
+                        max_noise_multiplier=max_noise_multiplier)
+    SLAedValidator(model=trainer.outputs["model"], examples=grant.outputs["examples"],
+                   grant=grant.outputs["grant"], module_file=module_file, metric="loss",
+                   target=1.0, loss_bound=2.0)
+    return grant
+
+
+def test_the_consumers_of_a_grant_give_it_their_checks():
+    from sage_tfx.components.block_ledger import preflight
+
+    grant = _training_dag(TRIP_MODULE, gamma=0.1)
+    trainer, validator = preflight.parse(grant.exec_properties[preflight.PROPERTY])
+    assert (trainer.component, trainer.module_file, trainer.legacy_keras) == (
+        "DPTrainer", TRIP_MODULE, True)
+    assert set(trainer.module_needs) == {"model_inputs", "build_model", "loss"}
+    assert trainer.sampling == {"scheme": "poisson", "gamma": 0.1, "epochs": 2}
+    assert (validator.component, validator.module_needs, validator.trainer) == (
+        "SLAedValidator", ["loss"], None)
+
+
+def _bad_module(tmp_path, text):
+    path = tmp_path / "module.py"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["missing file", "lacks loss", "raises on import",
+                                  "calibration", "keras 3"])
+def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
+        store_path, tmp_path, monkeypatch, case):
+    from sage_tfx.components.block_ledger import preflight
+    from sage_tfx.components.util import legacy_keras
+
+    module, limit, message = TRIP_MODULE, None, None
+    if case == "missing file":
+        module, message = str(tmp_path / "absent.py"), "absent.py' does not exist"
+    elif case == "lacks loss":
+        module = _bad_module(tmp_path, "LABEL_KEY = 'y'\ndef feature_spec(): return {}\n"
+                                       "def model_inputs(f): return f\ndef build_model(): pass\n")
+        message = r"DPTrainer: module file .* lacks \['loss'\]"
+    elif case == "raises on import":
+        module = _bad_module(tmp_path, "import not_installed_anywhere\n")
+        message = "does not import: ModuleNotFoundError"
+    elif case == "calibration":  # 20 Poisson steps at gamma 0.1 on a share of 0.8, sigma <= 2
+        limit, message = 2.0, "cannot pay for 20 DP-SGD step"
+    else:
+        monkeypatch.setattr(legacy_keras, "legacy_keras_in_effect", lambda: False)
+        message = "DPTrainer: DP-SGD needs Keras 2.*Import sage_tfx before tfx"
+    grant = _training_dag(module, max_noise_multiplier=limit, gamma=0.1)
+    ledger = BlockLedger.create(store_path, min_request_epsilon=0.05)
+    for block in ("b1", "b2"):
+        ledger.add_block(block, 2.0, 1e-6, data_uri=str(tmp_path / block))
+    examples, grant_artifact = standard_artifacts.Examples(), PrivacyGrant()
+    examples.uri, grant_artifact.uri = str(tmp_path / "out-examples"), str(tmp_path / "out-grant")
+    properties = {**grant.exec_properties, "ledger_store": store_path}
+    with pytest.raises(BadRequest, match="refused before the charge") as refused:
+        executor.Executor().Do({}, {"examples": [examples], "grant": [grant_artifact]},
+                               properties)
+    assert refused.match(message)
+    assert [b.spent[0] for b in BlockLedger(store_path).blocks()] == [0.0, 0.0]
+    assert not BlockLedger(store_path).grant_records()
+    if case == "calibration":  # the same check as the privacy-adaptive driver's
+        with pytest.raises(ValueError, match=message):
+            preflight.run(preflight.parse(properties[preflight.PROPERTY]), 1.0, 1e-7,
+                          {"sampling_count": 0.05, "training": 0.8, "validation": 0.15})
+
+
+def test_keras_2_is_in_effect_only_as_tensorflow_decided(monkeypatch):
+    """Before TensorFlow is imported the variable decides; after, what tf.keras is. A process
+    that used tf.keras before sage_tfx set the variable has Keras 3 for good."""
+    from sage_tfx.components.util import legacy_keras
+
+    assert legacy_keras.legacy_keras_in_effect()  # conftest imports sage_tfx first
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "0")
+    assert not legacy_keras.legacy_keras_in_effect()
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    assert legacy_keras.legacy_keras_in_effect()
+    keras_3_first = ("import os; os.environ.pop('TF_USE_LEGACY_KERAS', None); "
+                     "import tensorflow as tf; tf.keras.layers; import sage_tfx; "
+                     "from sage_tfx.components.util.legacy_keras import legacy_keras_in_effect; "
+                     "print(legacy_keras_in_effect())")
+    completed = subprocess.run([sys.executable, "-c", keras_3_first], capture_output=True,
+                               text=True, timeout=120)
+    assert completed.stdout.strip() == "False", completed.stderr[-2000:]

@@ -97,7 +97,8 @@ def test_two_runs_carry_the_state_and_charge_once(tmp_path):
         grant["grant_id"]}
     first, second = statistics
     props = {k: v.string_value for k, v in second.custom_properties.items()}
-    assert props["unit"] == "all records of one uid within blocks s.2013-01, s.2013-02"
+    assert props["unit"] == "all rows of one uid within the blocks read"
+    assert props["guarantee"].endswith("on blocks s.2013-01, s.2013-02")
     assert float(props["epsilon"]) == 4.0 and props["grant_id"] == grant["grant_id"]
     assert json.loads(props["columns"]) == ["key", "value", "updated"]
     # The second run resumed: triggers 1-2 are the first run's files, bit for bit.

@@ -410,6 +410,38 @@ def test_adassp_releases_at_the_sensitivities_of_wangs_analysis(monkeypatch):
     assert told == [9.0, 9.0, 15.0]
 
 
+def test_adassp_ridge_moves_with_the_noisy_minimum_eigenvalue(seeded_noise):
+    """Issue 29 item 12: the ridge is lambda = C - max(0, lambda_min + s Z - s Phi^-1(1 - rho/2))
+    with C = s sqrt(d ln(2 d^2 / rho)), s = sigma B_x^2 and Z ~ N(0, 1) the released eigenvalue's
+    noise. Between the two clamps, Z = (C - lambda - lambda_min) / s + Phi^-1(1 - rho/2) is read
+    back from each run's ridge. With d = 20 (C = 13.9 s) and lambda_min = 7 s, no clamp is met
+    unless |Z| > 4.9 (probability 1e-6 per run), so over 100 runs sum Z^2 is chi-square(100):
+    outside its 1e-6 and 1 - 1e-6 quantiles (about 46 and 178) with probability < 2e-6, plus
+    1e-4 for a clamp: the false-failure rate of a seed (seeded_noise fixes it at 0). The exact
+    eigenvalue gives Z = 0 in every run (sum 0); half its noise gives a sum near 25."""
+    from scipy import stats
+
+    from sage_tfx.components.dp_trainer import adassp as adassp_lib
+
+    epsilon, delta, rho, bound, runs = 1.0, 1e-6, 0.05, 1.0, 100
+    base = np.random.default_rng(5).uniform(-1, 1, size=(200, 19))
+    s = adassp_lib.noise_multiplier(epsilon, delta) * bound ** 2
+    design, _ = adassp_lib.clip_rows(base, np.zeros(200), bound, 1.0)
+    copies = max(1, round(7 * s / np.linalg.eigvalsh(design.T @ design)[0]))
+    features = np.tile(base, (copies, 1))
+    design, _ = adassp_lib.clip_rows(features, np.zeros(len(features)), bound, 1.0)
+    lambda_min = np.linalg.eigvalsh(design.T @ design)[0]
+    d = design.shape[1]
+    assert 6 < lambda_min / s < 8 and d == 20
+    ceiling = s * math.sqrt(d * math.log(2 * d * d / rho))
+    noise = np.array([(ceiling - adassp(features, features[:, 0], epsilon, delta,
+                                        feature_bound=bound, label_bound=1.0, rho=rho).ridge
+                       - lambda_min) / s + stats.norm.ppf(1 - rho / 2) for _ in range(runs)])
+    squares = float(np.sum(noise ** 2))
+    low, high = stats.chi2.ppf(1e-6, runs), stats.chi2.isf(1e-6, runs)
+    assert low <= squares <= high, (squares, low, high)
+
+
 def test_calibration_refuses_delta_one_as_a_calibration_error():
     with pytest.raises(CalibrationError, match="delta"):
         calibrate(plan_for_batch("swo", 1000, 100, 1), 1.0, 1.0)

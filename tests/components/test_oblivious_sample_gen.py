@@ -1,6 +1,7 @@
 """ObliviousSampleGen on LocalDagRunner after BlockExampleGen -> BlockLedger: samples of the
 granted training records, descriptor in MLMD, AES-GCM storage, refusal of ungranted data."""
 import base64
+import math
 import os
 
 import pytest
@@ -104,3 +105,44 @@ def test_bad_component_parameters_are_refused():
         ObliviousSampleGen(examples=None, grant=None, scheme="poisson", sample_size=3)
     with pytest.raises(ValueError, match="unknown scheme"):
         ObliviousSampleGen(examples=None, grant=None, scheme="bernoulli", gamma=0.1)
+
+
+class _CountShare:
+    """The grant as sampled_size uses it: the sampling_count share, and the event it checks."""
+
+    def __init__(self, epsilon):
+        self.epsilon, self.checked = epsilon, []
+
+    def share(self, step):
+        assert step == "sampling_count"
+        return self.epsilon, 0.0
+
+    def check_event(self, step, event):
+        self.checked.append((step, event))
+
+
+def test_the_dp_count_has_the_discrete_laplace_scale_its_share_pays_for(seeded_noise):
+    """Issue 29 item 12: the count n_hat = n + Z that sizes the samples, measured. Z is
+    DiscreteLaplace with P(z) ~ a^|z|, a = exp(-eps), so P(|Z| >= t) = 2 a^t / (1 + a). At eps
+    0.1 and t = 7 that is 0.521; with half the noise scale (eps doubled) 0.271. Of 1000 counts
+    (SWO, n = 10,000: N = n_hat), the number with |Z| >= 7 is Binomial(1000, 0.521): outside
+    its 1e-6 and 1 - 1e-6 quantiles with probability < 2e-6 (the false-failure rate of a seed;
+    seeded_noise fixes it at 0), while half the scale gives 271 +- 14, far below the lower one
+    (about 444)."""
+    from scipy import stats
+
+    from sage_tfx.sage_access.accounting import pure_dp_event
+
+    epsilon, n, draws, t = 0.1, 10_000, 1000, 7
+    grant = _CountShare(epsilon)
+    properties = {"scheme": "swo", "sample_size": 16}
+    sizes = [sample_executor.sampled_size(tf.zeros([n]), grant, properties)[0]
+             for _ in range(draws)]
+    far = sum(abs(size - n) >= t for size in sizes)
+    a = math.exp(-epsilon)
+    p = 2 * a ** t / (1 + a)
+    low, high = stats.binom.ppf(1e-6, draws, p), stats.binom.isf(1e-6, draws, p)
+    assert low <= far <= high, (far, low, high)
+    # What was measured is what the ledger was told: a pure epsilon-DP count.
+    assert {step for step, _ in grant.checked} == {"sampling_count"}
+    assert all(event == pure_dp_event(epsilon) for _, event in grant.checked)

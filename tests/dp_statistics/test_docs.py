@@ -25,5 +25,5 @@ def test_the_guide_and_the_internals_link_each_other_and_share_no_line():
 def test_the_guides_python_names_exist():
     guide = (DOCS / "statistics.md").read_text()
     named = set(re.findall(r"frontend\.(\w+)", guide))
-    assert {"request_grant", "dp_aggregate", "grant_terms"} <= named
+    assert {"plan_query", "dp_aggregate", "grant_terms"} <= named
     assert all(hasattr(frontend, name) for name in named)

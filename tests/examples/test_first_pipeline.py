@@ -76,3 +76,50 @@ def test_a_date_string_block_key_is_read_as_an_iso_date():
     assert key_of(b"2024-01-01") == 1704067200  # a date without a zone is UTC
     assert key_of(b"2024-01-01T01:00:00+01:00") == 1704067200
     assert key_of(b"last tuesday") is None  # dropped, never an error that depends on a record
+
+
+# A user's copy of the example run as a script: it imports TFX's Pusher before sage_tfx, so
+# TensorFlow has chosen Keras 3 before sage_tfx could ask for Keras 2.
+TFX_FIRST = """
+import os, sys
+os.environ.pop("TF_USE_LEGACY_KERAS", None)
+from tfx.components.pusher.component import Pusher  # TensorFlow picks Keras 3 here
+from sage_tfx.examples import first_pipeline
+sys.exit(first_pipeline.main())
+"""
+
+
+@pytest.mark.slow
+def test_a_pipeline_that_imports_tfx_first_is_refused_before_the_charge(tmp_path):
+    """Issue 29 item 9: DPTrainer needs Keras 2, which this process cannot have; the grant's
+    preflight refuses before anything is charged, in one line that says how to fix it. The
+    re-run (blocks already registered) is one line too, naming the blocks and what to do."""
+    workdir, data = str(tmp_path / "run"), str(tmp_path / "data")
+    write_csv(data, trips_per_month=40)
+    os.makedirs(workdir)
+    store = os.path.join(workdir, "metadata.sqlite")
+    BlockLedger.create(store, min_request_epsilon=0.05)
+    command = [sys.executable, "-c", TFX_FIRST, "--data-root", data, "--workdir", workdir,
+               "--first-month", "2024-01", "--last-month", "2024-03"]
+
+    def ours(stderr):  # TFX logs "Execution N failed" itself; no traceback follows
+        assert "Traceback" not in stderr
+        return [line for line in stderr.splitlines() if line.startswith("first_pipeline: ")]
+
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 2, first.stderr[-3000:]
+    [refusal] = ours(first.stderr)
+    assert ("refused before the charge (nothing was charged): DPTrainer: DP-SGD needs Keras 2"
+            in refusal)
+    assert "Import sage_tfx before tfx" in refusal and "TF_USE_LEGACY_KERAS=1" in refusal
+    ledger = BlockLedger(store)
+    assert [b.block_id for b in ledger.blocks()] == ["2024-01", "2024-02", "2024-03"]
+    assert [tuple(b.spent) for b in ledger.blocks()] == [(0.0, 0.0)] * 3
+    assert ledger.grant_records() == []
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 2, again.stderr[-3000:]
+    [refusal] = ours(again.stderr)
+    assert "already has block(s) ['2024-01', '2024-02', '2024-03']" in refusal
+    assert "immutable once registered" in refusal and "without BlockExampleGen" in refusal
+    assert BlockLedger(store).grant_records() == []

@@ -16,7 +16,8 @@ def test_48_triggers_release_the_busy_areas_under_one_grant(tmp_path):
     for month in (1, 24, 48):
         line = json.loads((releases / f"release-{month:06d}.json").read_text())
         assert line["grant_id"] == grant["grant_id"]
-        assert line["unit"].startswith("all records of one trip_id within blocks taxi.2013-01")
+        assert line["neighbours"] == "all rows of one trip_id within the blocks read"
+        assert line["blocks"][0] == "taxi.2013-01"
     true = pd.read_csv(workdir / "taxi.csv")["pickup_community_area"].value_counts()
     final = pd.read_csv(releases / "release-000048.csv").set_index("key")["value"]
     # The two busiest areas (about 4,900 and 3,300 trips). A released value lags the truth by

@@ -129,3 +129,62 @@ def test_compiles_a_pipeline_object_or_a_dotted_module_function(tmp_path):
         resolve_pipeline("sage_tfx.examples.first_pipeline:create_pipelin")
     with pytest.raises(ValueError, match="returned str, not a tfx Pipeline"):
         resolve_pipeline(lambda pipeline_root: pipeline_root, pipeline_root="gs://bucket/first")
+
+
+def _strings(value):
+    """Every string in a JSON value, and in the JSON documents some strings hold."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+    elif isinstance(value, str):
+        yield value
+        try:
+            inner = json.loads(value)
+        except ValueError:
+            return
+        if isinstance(inner, (dict, list)):
+            yield from _strings(inner)
+
+
+@pytest.mark.slow
+def test_the_compiled_job_names_no_file_of_the_compiling_machine(tmp_path):
+    """Issue 29 item 11: the cluster's containers have the image, not this machine's files; a
+    job naming the repository's module file would fail in DPTrainer after the grant."""
+    job = _compile(tmp_path)
+    local = [s for s in _strings(job) if s.startswith((REPO_ROOT, str(tmp_path)))]
+    assert local == []
+    trainer = job["pipelineSpec"]["root"]["dag"]["tasks"]["DPTrainer"]["inputs"]["parameters"]
+    assert trainer["module_file"]["runtimeValue"]["constantValue"]["stringValue"] == \
+        "sage_tfx.examples.taxi.taxi_module"
+    # A path of this machine given to the CLI is refused before anything is written.
+    from sage_tfx.examples.taxi.pipeline import MODULE_FILE
+    out = tmp_path / "refused.json"
+    completed = subprocess.run([sys.executable, "-m", "sage_tfx.cli", "compile", "--kubeflow",
+                                "--out", str(out), *TAXI, "--module-file", MODULE_FILE],
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 2 and "is a path on this machine" in completed.stderr
+    assert not out.exists()
+
+
+def test_a_module_file_of_this_machine_is_refused_naming_the_fix():
+    from sage_tfx.examples.first_pipeline import MODEL_MODULE, create_pipeline
+    from sage_tfx.pipelines.kubeflow import IMAGE_ROOT, check_module_files
+
+    local = create_pipeline("gs://bucket/first", ingest=False, module_file=MODEL_MODULE)
+    with pytest.raises(ValueError, match=r"DPTrainer's module_file '.*trip_model.py' is a path "
+                                         r"on this machine.*Pass a path inside the image "
+                                         r"\(under /opt/sage-tfx/.*or a module path"):
+        check_module_files(local)
+    for relative in ("examples/trip_model.py", "trip_model.py"):  # the container's cwd decides
+        with pytest.raises(ValueError, match="is a path on this machine"):
+            check_module_files(create_pipeline("gs://b/f", ingest=False, module_file=relative))
+    with pytest.raises(ValueError, match="is a path on this machine"):
+        check_module_files(create_pipeline("gs://b/f", ingest=False,
+                                           module_file=f"{IMAGE_ROOT}/../home/me/model.py"))
+    for portable in (f"{IMAGE_ROOT}/examples/trip_model.py", "sage_tfx.examples.trip_model",
+                     "my_company.models.trips"):
+        check_module_files(create_pipeline("gs://b/f", ingest=False, module_file=portable))

@@ -304,7 +304,8 @@ def test_ledger_cli_does_not_import_tensorflow(populated):
 def test_documented_cli_section_matches_the_parser():
     """Every command the CLI section of docs/ledger.md lists exists and every command is listed;
     the exit codes it documents are the ones the CLI uses."""
-    from sage_tfx.sage_access import cli as ledger_cli
+    from sage_tfx.cli import common
+    from sage_tfx.cli import ledger as ledger_cli
 
     with open(os.path.join(REPO_ROOT, "docs", "ledger.md")) as handle:
         document = handle.read()
@@ -315,10 +316,11 @@ def test_documented_cli_section_matches_the_parser():
     [commands] = [a for a in groups.choices["ledger"]._actions
                   if isinstance(a, argparse._SubParsersAction)]
     assert listed == set(commands.choices)
-    for code, meaning in ((ledger_cli.EXIT_BAD_INPUT, "bad input"),
-                          (ledger_cli.EXIT_DENIED, "denied"), (ledger_cli.EXIT_BUSY, "concurrent"),
-                          (ledger_cli.EXIT_UNREACHABLE, "unreachable"),
-                          (ledger_cli.EXIT_AUDIT_FAILED, "audit")):
+    for code, meaning in ((common.EXIT_BAD_INPUT, "bad input"),
+                          (common.EXIT_DENIED, "denied"), (common.EXIT_BUSY, "concurrent"),
+                          (common.EXIT_UNREACHABLE, "unreachable"),
+                          (common.EXIT_AUDIT_FAILED, "audit"),
+                          (common.EXIT_RELEASE_FAILED, "nothing released")):
         assert re.search(rf"{code} [^;]*{meaning}", section), (code, meaning)
 
 
@@ -444,7 +446,7 @@ SHOWN_ROWS = {  # one block of each mode as `show` prints it
 @pytest.mark.parametrize("mode", sorted(SHOWN_ROWS))
 def test_show_lays_a_block_out_as_its_accounting_presents_it(mode):
     from sage_tfx.sage_access.accounting import accounting_for
-    from sage_tfx.sage_access.cli import format_table
+    from sage_tfx.sage_access.views import format_table
 
     row, shown = SHOWN_ROWS[mode]
     row = dict(row, id="b1", retired=False, charges=1)

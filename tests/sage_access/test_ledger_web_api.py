@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from sage_tfx.sage_access.cli import ledger_table
+from sage_tfx.sage_access.views import ledger_table
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger
 from support.ledger_web import HOSTILE
 from support.stores import store_digest

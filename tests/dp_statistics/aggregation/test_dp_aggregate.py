@@ -1,10 +1,12 @@
-"""`dp_aggregate(data, query_or_sql, grant)`: the operator on a frame, paid by one ledger grant."""
+"""`dp_aggregate(data, sql, grant, ledger)`: the operator on a frame, paid by one ledger grant
+charged through the release protocol."""
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
 
-from sage_tfx.dp_statistics.aggregation import QueryError, frontend, plan, sql
+from sage_tfx import release
+from sage_tfx.dp_statistics.aggregation import QueryError, frontend, sql
 from sage_tfx.sage_access import BlockLedger
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockIds
@@ -19,33 +21,41 @@ def frame():
                          "area": rng.integers(1, 3, 400), "fare": rng.uniform(0, 30, 400)})
 
 
+SCHEMA = sql.TableSchema("uid", {"uid": "string", "area": "int", "fare": "float"})
+ARROW_SCHEMA = pa.Table.from_pandas(frame(), preserve_index=False).schema
+
+
+def planned(text, epsilon=1.0):
+    return frontend.plan_query(sql.parse(text), {"t": SCHEMA}, {"t": ARROW_SCHEMA}, epsilon, 1e-6)
+
+
 def granted(store_path, text=SQL, epsilon=1.0):
     ledger = BlockLedger.create(store_path)
     ledger.add_block("b1", 5.0, 1e-5)
-    parsed = sql.parse(text)
-    schema = sql.TableSchema("uid", {"uid": "string", "area": "int", "fare": "float"})
-    query, _ = sql.to_query(sql.check(parsed, {"t": schema}))
-    return ledger, frontend.request_grant(ledger, BlockIds(["b1"]), query, epsilon, 1e-6)
+    plan = planned(text, epsilon).release_plan("test", text)
+    return ledger, release.charge(ledger, plan, BlockIds(["b1"])).grant
 
 
 def test_a_grant_pays_for_one_release_of_its_query(store_path):
     ledger, grant = granted(store_path)
-    release = frontend.dp_aggregate(frame(), SQL, grant, ledger=ledger)
-    assert list(release.table.columns) == ["area", "trips", "fares"]
-    assert sorted(release.table["area"]) == [1, 2]
+    result = frontend.dp_aggregate(frame(), SQL, grant, ledger)
+    assert list(result.table.columns) == ["area", "trips", "fares"]
+    assert sorted(result.table["area"]) == [1, 2]
+    [record] = ledger.grant_records()
+    assert (record["outcome"], record["front_door"], record["request"]) == ("released", "test", SQL)
     with pytest.raises(BadRequest, match="already used"):
-        frontend.dp_aggregate(frame(), SQL, grant, ledger=ledger)
+        frontend.dp_aggregate(frame(), SQL, grant, ledger)
 
 
-def test_a_grant_for_another_query_or_without_its_ledger_is_refused(store_path):
+def test_a_grant_for_another_query_is_refused_before_anything_is_consumed(store_path):
     other = SQL.replace("ANON_SUM(fare, 0, 20) AS fares", "ANON_AVG(fare, 0, 20) AS fares")
     ledger, grant = granted(store_path, text=other)
     with pytest.raises(sql.QueryError, match="was not made for this query"):
-        frontend.dp_aggregate(frame(), SQL, grant, ledger=ledger)
-    with pytest.raises(sql.QueryError, match="pass the ledger"):
-        frontend.dp_aggregate(frame(), SQL, grant)
-    # Nothing was consumed by the refusals: the right query still runs on it.
-    assert len(frontend.dp_aggregate(frame(), other, grant, ledger=ledger).table) == 2
+        frontend.dp_aggregate(frame(), SQL, grant, ledger)
+    # Nothing was consumed or recorded by the refusal: the right query still runs on it.
+    assert ledger.grant_records()[0]["outcome"] == "incomplete"
+    assert len(frontend.dp_aggregate(frame(), other, grant, ledger).table) == 2
+    assert ledger.grant_records()[0]["outcome"] == "released"
 
 
 # Gaussian thresholding's event has an RDP curve; the discrete Laplace of the other rules has
@@ -60,18 +70,17 @@ def test_an_rdp_ledger_refuses_a_query_whose_selection_spends_delta_outside_its_
     hand without saying it releases nothing."""
     ledger = BlockLedger.create(store_path, accounting="rdp")
     ledger.add_block("b1", 5.0, 1e-5)
-    schema = sql.TableSchema("uid", {"uid": "string", "area": "int", "fare": "float"})
-    query, _ = sql.to_query(sql.check(sql.parse(SELECTED), {"t": schema}))
-    terms = frontend.grant_terms(plan(query, 1.0, 1e-6))
+    terms = frontend.grant_terms(planned(SELECTED).budget)
     assert terms.additional_delta > 0
     with pytest.raises(BadRequest, match="rdp ledger cannot charge delta spent outside"):
-        frontend.request_grant(ledger, BlockIds(["b1"]), query, 1.0, 1e-6)
+        release.charge(ledger, planned(SELECTED).release_plan("test", SELECTED),
+                       BlockIds(["b1"]))
     assert not np.any(ledger.blocks()[0].spent)
     grant = ledger.request(BlockIds(["b1"]), 1.0, 1e-6, split=terms.split, events=terms.events)
     # The run asks the ledger's accountant, so the user reads the accountant's one rule.
     with pytest.raises(QueryError, match="rdp ledger cannot charge delta spent outside .*"
                                          "nothing was released"):
-        frontend.dp_aggregate(frame(), SELECTED, grant, ledger=ledger)
+        frontend.dp_aggregate(frame(), SELECTED, grant, ledger)
     assert ledger.use_share(grant, next(iter(terms.split)), "another consumer")  # unconsumed
 
 

@@ -163,8 +163,9 @@ def test_count_of_a_column_counts_the_rows_where_it_is_set_with_count_stars_nois
             "FROM t GROUP BY key")
     table = pa.Table.from_pandas(frame, preserve_index=False)
     schema = sql.TableSchema("uid", {"uid": "int", "key": "string", "note": "string"})
-    prepared = frontend.prepare(text, {"t": schema}, {"t": table.schema})
-    assert prepared.query.aggregates == (Aggregate.count("__value0", name="notes"),)
-    rows = relation.evaluate(prepared.checked, lambda _: table)
-    released = run(rows, prepared.query, plan(prepared.query, 1e4, 0.0))
+    checked, notes_query, _ = frontend.check_query(sql.parse(text), {"t": schema},
+                                                   {"t": table.schema})
+    assert notes_query.aggregates == (Aggregate.count("__value0", name="notes"),)
+    rows = relation.evaluate(checked, lambda _: table)
+    released = run(rows, notes_query, plan(notes_query, 1e4, 0.0))
     assert np.allclose(released.table["notes"], [2, 1], atol=0.3)

@@ -57,13 +57,16 @@ def test_one_grant_one_release_per_trigger_each_naming_its_guarantee(ledger, sto
     [grant] = ledger.grant_records()
     assert grant["grant_id"] == summary["grant_id"]
     assert sorted(grant["blocks"]) == ["s.2013-01", "s.2013-02"]
-    assert summary["guarantee"] == ("(4, 1e-05)-DP for all records of one uid within blocks "
-                                    "s.2013-01, s.2013-02")
+    assert summary["guarantee"] == (
+        "(4, 1e-05)-DP for adding or removing all rows of one uid within the blocks read; "
+        f"grant {grant['grant_id']} on blocks s.2013-01, s.2013-02")
+    assert grant["outcome"] == "released" and grant["front_door"].startswith("sage-tfx stream")
     for trigger in range(1, 5):
         line = json.loads((out / f"release-{trigger:06d}.json").read_text())
         assert (line["epsilon"], line["delta"], line["grant_id"]) == (4, 1e-5,
                                                                       grant["grant_id"])
-        assert line["unit"] == "all records of one uid within blocks s.2013-01, s.2013-02"
+        assert line["neighbours"] == "all rows of one uid within the blocks read"
+        assert line["blocks"] == ["s.2013-01", "s.2013-02"]
         release = pd.read_csv(out / f"release-{trigger:06d}.csv")
         assert list(release.columns) == ["key", "value", "updated"]
         assert "rare" not in set(release["key"])  # one user's key is not selected
@@ -178,10 +181,42 @@ def test_without_input_the_window_reads_its_ingested_blocks(store_path, tmp_path
                      "--micro-batches", "4", "--contribution-limit", "8",
                      "--out", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["guarantee"].endswith("one uid within blocks trips.2013-01, trips.2013-02")
+    assert summary["guarantee"].endswith("on blocks trips.2013-01, trips.2013-02")
     # Same bound as above: the key is released at the end with all 1,600 records.
     final = pd.read_csv(out / "release-000004.csv").set_index("key")
     assert abs(final.loc["busy", "value"] - 1600) < 200
+
+
+@pytest.mark.parametrize("flag, column, recorded", [
+    ("--unit-column", "key", "uid"), ("--time-column", "amount", "time")])
+@pytest.mark.parametrize("with_input", [False, True])
+def test_a_tables_unit_and_time_column_are_the_only_ones(store_path, tmp_path, capsys, flag,
+                                                          column, recorded, with_input):
+    """The table ingest recorded with unit uid: a stream over its blocks cannot release "for
+    one key" (nor cut micro-batches by another time), with or without --input; refused with
+    nothing charged. Naming the recorded column is fine."""
+    from sage_tfx.dp_statistics.ingest import ingest
+
+    BlockLedger.create(store_path)
+    ledger = BlockLedger(store_path)
+    path = write_stream(tmp_path / "trips.csv")
+    ingest(ledger, path, str(tmp_path / "blocks"), "uid", 10.0, 1e-4, time_column="time",
+           period="month", start="2013-01", end="2013-03")
+
+    def run(out, value):
+        return sage_tfx(["stream", "--store", store_path, "--window-blocks",
+                         "trips.2013-01,trips.2013-02", "--epsilon", "4", "--delta", "1e-5",
+                         "--micro-batches", "4", "--out", str(out), flag, value,
+                         *(["--input", path] if with_input else [])])
+
+    assert run(tmp_path / "other", column) == 2
+    error = capsys.readouterr().err
+    assert f"{flag} {column}: the window's blocks are table trips's" in error
+    assert f"column is {recorded}" in error
+    assert ledger.grant_records() == [] and not (tmp_path / "other").exists()
+    assert run(tmp_path / "same", recorded) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "one uid within the blocks read" in summary["guarantee"]
 
 
 def test_the_state_may_live_outside_the_published_directory(ledger, store_path, tmp_path):
@@ -198,12 +233,23 @@ def test_the_state_may_live_outside_the_published_directory(ledger, store_path, 
     assert {name: (out / name).read_bytes() for name in first} == first
 
 
-def test_a_trigger_released_from_one_state_copy_is_refused_from_another_with_other_records(
+def pins(store_path):
+    """{trigger name: (pinned value, MLMD create time in ms)} of every trigger pin."""
+    from sage_tfx.sage_access import connect
+
+    return {pin.name.rsplit("/", 1)[-1]: (pin.custom_properties["digest"].string_value,
+                                          pin.create_time_since_epoch)
+            for pin in connect(store_path).get_artifacts_by_type("sage_tfx.GrantPin")}
+
+
+def test_a_trigger_taken_by_one_state_copy_is_refused_from_another_whatever_its_records(
         ledger, tmp_path):
     """The ContinualRelease component copies the last successful state into each run's own
-    directory: if run N+1 released trigger 2 and failed, run N+2 (from run N's state) must not
-    release trigger 2 again from other records (same keyed noise: the two releases would
-    differ by exactly the changed records). The ledger pins each trigger's digest."""
+    directory: if run N+1 took trigger 2 and failed, run N+2 (from run N's state) must not
+    release trigger 2 again (same keyed noise: from other records the two releases would differ
+    by exactly the changed records). The refusal rests on public facts (which copy took the
+    trigger), never on the records: with the same records it is refused the same way (it used
+    to pass, so refusing only other records told that a late record fell in trigger 2)."""
     import shutil
 
     from sage_tfx.dp_statistics.continual import sources
@@ -229,14 +275,48 @@ def test_a_trigger_released_from_one_state_copy_is_refused_from_another_with_oth
     for name in ("n1", "n2", "n2-same"):
         shutil.copytree(tmp_path / "n", tmp_path / name)
     run("n1", original, 2)  # released trigger 2, then (say) the run failed
-    with pytest.raises(BadRequest, match="trigger-2 of grant .* was computed from other data"):
-        run("n2", changed, 2)
-    assert not (tmp_path / "n2" / "releases" / "release-000002.csv").exists()
-    run("n2-same", original, 2)  # the same records: the same bits, allowed
-    assert (tmp_path / "n2-same" / "releases" / "release-000002.csv").read_bytes() == (
-        tmp_path / "n1" / "releases" / "release-000002.csv").read_bytes()
+    refusals = []
+    for name, records in (("n2", changed), ("n2-same", original)):
+        with pytest.raises(BadRequest, match="trigger-2 of grant .* is pinned to another value"
+                           ) as refused:
+            run(name, records, 2)
+        refusals.append(str(refused.value))
+        assert not (tmp_path / name / "releases" / "release-000002.csv").exists()
+    assert refusals[0] == refusals[1]
+    run("n1", changed, 3)  # the copy that took trigger 2 goes on (its late records dropped)
     assert len(ledger.grant_records()) == 1
     assert not ledger.audit().problems  # the pins are consistent with the ledger's history
+
+
+def test_pins_tell_nothing_about_the_micro_batches(ledger, store_path, tmp_path, monkeypatch):
+    """Every pin a reader of ML Metadata sees is data-independent: its value is not equal for
+    equal (e.g. empty) micro-batches, and every trigger is pinned before the first one is
+    computed, so the pins' creation times do not follow the data-dependent compute time (pinned
+    one by one, trigger t's pin came after computing micro-batches 1..t-1)."""
+    import time
+
+    from sage_tfx.dp_statistics.continual import local
+
+    path = tmp_path / "stream.csv"
+    with open(path, "w", newline="") as handle:  # records in micro-batch 1 only: 2-4 empty
+        writer = csv.writer(handle)
+        writer.writerow(["uid", "key", "time"])
+        writer.writerows([f"u{user}", "busy", JAN + user] for user in range(50))
+    first_step = []
+    real_step = local.operator.step
+
+    def slow_step(state, budget, batch):
+        first_step.append(first_step[0] if first_step else time.time() * 1000)
+        time.sleep(0.05)  # a trigger's compute time (data-dependent in general)
+        return real_step(state, budget, batch)
+
+    monkeypatch.setattr(local.operator, "step", slow_step)
+    assert stream(store_path, tmp_path / "out", input_path=str(path)) == 0
+    pinned = pins(store_path)
+    assert sorted(pinned) == [f"trigger-{t}" for t in range(1, 5)]
+    values = [value for value, _ in pinned.values()]
+    assert len(set(values)) == 4 and all(len(value) == 64 for value in values)
+    assert max(created for _, created in pinned.values()) <= first_step[0]
 
 
 def test_every_release_lists_its_keys_in_key_order(ledger, store_path, tmp_path):

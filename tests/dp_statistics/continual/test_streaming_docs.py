@@ -5,7 +5,7 @@ import argparse
 import re
 from pathlib import Path
 
-from sage_tfx.dp_statistics import stream_cli
+from sage_tfx.cli import stream as stream_cli
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 

@@ -6,7 +6,8 @@ import json
 import numpy as np
 from support.trip_blocks import TRIP_SPEC, write_block
 
-from sage_tfx.components.matrix_mechanism.executor import granted_histogram
+from sage_tfx.dp_statistics.matrix.granted import granted_histogram
+from sage_tfx.release import Guarantee, GuaranteeUnit
 from sage_tfx.dp_statistics.aggregation.aggregators import rows_per_unit
 from sage_tfx.dp_statistics.ingest import ingest
 from sage_tfx.dp_statistics.matrix.spec import parse_spec
@@ -27,7 +28,7 @@ def test_user_blocks_count_each_unit_once_and_state_the_unit(tmp_path):
                        1e-6, table_name="trips", user_blocks=3,
                        types={"trip_seconds": "float"})
     granted = granted_histogram(SPEC, ledger, blocks, rng=secret_rng(3))
-    assert granted.unit == "all rows of one uid"
+    assert granted.units == ((GuaranteeUnit.UNIT, "uid"),)
     cells = granted.vector.reshape(SPEC.workload.sizes)
     assert granted.vector.sum() == 6 and cells[1, 0] == 5  # u0 once, in one of its two cells
     assert cells[0, 0] + cells[2, 1] == 1
@@ -37,8 +38,10 @@ def test_user_blocks_count_each_unit_once_and_state_the_unit(tmp_path):
     ledger.add_block("examples", 1.0, 1e-6, data_uri=str(tmp_path / "examples"))
     mixed = granted_histogram(SPEC, ledger, blocks + ["examples"], rng=secret_rng(3))
     assert mixed.vector.sum() == 6 + 4
-    assert mixed.unit == ("all rows of one uid or one record of the granted blocks that are "
-                          "no table")
+    assert mixed.units == ((GuaranteeUnit.UNIT, "uid"), (GuaranteeUnit.RECORD, None))
+    (unit, column), *others = mixed.units
+    assert Guarantee(1.0, 1e-6, unit, column, "g", ("b",), other_units=others).neighbours == (
+        "all rows of one uid or one record of the granted blocks")
 
 
 def test_each_row_of_a_unit_is_kept_equally_often():

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from support import REPO_ROOT
 
-from sage_tfx.components.matrix_mechanism.executor import granted_histogram
+from sage_tfx.dp_statistics.matrix.granted import granted_histogram
+from sage_tfx.release import GuaranteeUnit
 
 from sage_tfx.dp_statistics.matrix import (answer_workload, eigen_design, expected_rmse,
                                            identity, svd_lower_bound_rmse)
@@ -45,7 +46,7 @@ def test_the_taxi_workloads_run_on_ingested_trips_with_their_columns(tmp_path):
         spec = parse_spec(handle.read())
     ledger = BlockLedger(os.path.join(workdir, "ledger.sqlite"), read_only=True)
     granted = granted_histogram(spec, ledger, [block.block_id for block in ledger.blocks()])
-    assert granted.unit == "all rows of one trip_id within the blocks read"
+    assert granted.units == ((GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ, "trip_id"),)
     histogram = granted.vector
     with open(sample_path(), newline="") as handle:
         rows = list(csv.DictReader(handle))

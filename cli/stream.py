@@ -18,18 +18,19 @@ Order (charge before release): the arguments, the window and every input file's 
 checked first (nothing charged for bad input); then ONE grant of (E, D) is charged on the
 window's blocks (its dp-accounting event and the delta spent outside it recorded on it) and its
 share consumed; then each micro-batch is run and its release written. DIR/state holds the
-operator's private state with the grant id: a second run with the same DIR and input resumes
-after the last committed micro- batch and charges nothing; another window, query or changed
-input for the same DIR is refused. The state is private (the noise key, raw counts and keyed
-digests of the micro-batches; created readable by the owner only): publish DIR without
+operator's private state with the grant id: a second run with the same DIR resumes after the
+last committed micro-batch and charges nothing; another window or query for the same DIR is
+refused. Records the input brings for a micro-batch already computed are late data, dropped
+(docs/streaming.md, "Lateness"): the published releases stay as they are. The state is private
+(the noise key, raw counts and the micro-batches taken since its last save; created readable
+by the owner only): publish DIR without
 DIR/state, or keep the state elsewhere with --state-dir. Each trigger T writes DIR/release-T.csv
 (key, value, updated: every key released so far in the window with its latest noisy value) and
 DIR/release-T.json (one line: the guarantee's epsilon, delta and unit, the trigger time, the
 grant). The last stdout line is one JSON object (grant, blocks, guarantee). Nothing
 data-dependent is printed.
 
-Exit codes as `sage-tfx query`: 0 success; 2 bad input (nothing charged); 3 denied for lack of
-budget (nothing charged); 4 ledger busy; 5 store unreachable.
+Exit codes: as every sage-tfx command (cli/common.py; `sage-tfx --help` lists them).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import argparse
 import math
 import os
 
-from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE, _run
+from sage_tfx.cli.common import add_store_arguments, open_ledger, run
 
 
 def add_parser(groups: argparse._SubParsersAction) -> None:
@@ -45,10 +46,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
         "stream", help="replay a stream through the DP-SQLP operator: one DP histogram per "
                        "trigger, one grant for the window", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
-                        help=f"SQLite ledger file or grpc://HOST:PORT "
-                             f"(default: ${STORE_ENVIRONMENT_VARIABLE})")
-    parser.add_argument("--context", default="default", help="ledger context (default: default)")
+    add_store_arguments(parser)
     parser.add_argument("--window-blocks", required=True,
                         help="comma-separated ids of the window's blocks (each with an "
                              "event-time range); the grant is charged on them")
@@ -66,16 +64,16 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                         help="the directory of the releases (and, without --state-dir, of the "
                              "resumable state, DIR/state)")
     parser.add_argument("--state-dir", default=None,
-                        help="the operator's private state (noise key, raw counts, keyed "
-                             "digests; created 0700); default: DIR/state. Publish --out "
+                        help="the operator's private state (noise key, raw counts, recent "
+                             "micro-batches; created 0700); default: DIR/state. Publish --out "
                              "without it")
     parser.add_argument("--unit-column", default=None,
-                        help="the privacy unit (default: the table's unit column; with --input: "
-                             "uid)")
+                        help="the privacy unit of --input over blocks of no table (default: "
+                             "uid); a table's is the one ingest recorded, no other")
     parser.add_argument("--key-column", default="key", help="the histogram's key (default: key)")
     parser.add_argument("--time-column", default=None,
-                        help="event time, Unix seconds or ISO 8601 (default: the table's time "
-                             "column; with --input: time)")
+                        help="event time of --input over blocks of no table, Unix seconds or "
+                             "ISO 8601 (default: time); a table's is the one ingest recorded")
     parser.add_argument("--value-column", help="sum this column (default: count records)")
     parser.add_argument("--value-bound", type=float, default=None,
                         help="L: values are clamped to [-L, L] (required with --value-column)")
@@ -84,7 +82,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                              "the paper's)")
     parser.add_argument("--pipeline", default="sage-tfx-stream",
                         help="the pipeline name the grant is charged to")
-    parser.set_defaults(run=lambda args: _run(_stream, args), command="stream")
+    parser.set_defaults(run=lambda args: run(_stream, args), command="stream")
 
 
 def check_arguments(args) -> None:
@@ -114,26 +112,42 @@ def check_arguments(args) -> None:
 
 
 def _columns(args, table):
+    """The stream's columns. A table's unit and time columns are the ones `sage-tfx ingest`
+    recorded, and no others: its blocks' budgets and every release's guarantee are for that
+    unit, so --unit-column/--time-column naming another column are refused (BadRequest, before
+    the charge) rather than let a release state "one trip" for a table whose unit is uid."""
     from sage_tfx.dp_statistics.continual.sources import Columns
+    from sage_tfx.sage_access.errors import BadRequest
 
-    unit = args.unit_column or (table.unit_column if table else "uid")
-    time = args.time_column or (table.time_column if table and table.time_column else "time")
-    return Columns(unit=unit, key=args.key_column, time=time, value=args.value_column)
+    if table is None:
+        return Columns(unit=args.unit_column or "uid", key=args.key_column,
+                       time=args.time_column or "time", value=args.value_column)
+    for what, given, recorded in (("unit", args.unit_column, table.unit_column),
+                                  ("time", args.time_column, table.time_column)):
+        flag = f"--{what}-column"
+        if given is not None and given != recorded:
+            raise BadRequest(f"{flag} {given}: the window's blocks are table {table.name}'s, "
+                             f"whose {what} column is {recorded} (recorded by sage-tfx "
+                             f"ingest; the blocks' budgets and the guarantee are for it); "
+                             f"leave {flag} out")
+    return Columns(unit=table.unit_column, key=args.key_column, time=table.time_column,
+                   value=args.value_column)
 
 
-def _ingested_table(ledger, block_ids):
-    """The table `sage-tfx ingest` registered for the window's blocks (all of one table)."""
+def _window_table(ledger, block_ids, records_given: bool):
+    """The table `sage-tfx ingest` registered whose blocks the window is (all of one table), or
+    None for blocks of no table (only with --input)."""
     from sage_tfx.dp_statistics import tables
     from sage_tfx.sage_access.errors import BadRequest
 
-    names = {block_id.split(".", 1)[0] for block_id in block_ids if "." in block_id}
-    table = tables.find_table(ledger, names.pop(), missing_ok=True) if len(names) == 1 \
-        else None
-    if table is None or not all(table.owns(b) for b in block_ids):
-        raise BadRequest("without --input the records are the rows of an ingested table's "
-                         f"blocks, and {', '.join(block_ids)} are not the blocks of one table "
-                         "(sage-tfx ingest); pass --input FILE|DIR")
-    return table
+    owners = tables.tables_of(ledger, block_ids)
+    names = {table.name for table in owners.values() if table is not None}
+    if len(names) == 1 and None not in owners.values():
+        return next(iter(owners.values()))
+    if not names and records_given:
+        return None
+    raise BadRequest(f"the window's blocks {', '.join(block_ids)} must all be the blocks of one "
+                     "table (sage-tfx ingest), or, with --input FILE|DIR, blocks of no table")
 
 
 def _stream(args) -> int:
@@ -143,13 +157,12 @@ def _stream(args) -> int:
     from sage_tfx.dp_statistics.continual import sources
     from sage_tfx.dp_statistics.continual.release import STATE_DIR, run_window
     from sage_tfx.dp_statistics.continual.spec import StreamQuery
-    from sage_tfx.sage_access.cli import _open
     from sage_tfx.sage_access.errors import BadRequest
 
     check_arguments(args)
-    ledger = _open(args)
+    ledger = open_ledger(args)
     window = sources.window_of_blocks(ledger, args.window_blocks.split(","))
-    table = None if args.input else _ingested_table(ledger, window.block_ids)
+    table = _window_table(ledger, window.block_ids, records_given=bool(args.input))
     columns = _columns(args, table)
     query = StreamQuery(key_column=columns.key, unit_column=columns.unit,
                         time_column=columns.time, value_column=columns.value,
@@ -174,6 +187,6 @@ def _stream(args) -> int:
     print(json.dumps({"grant_id": state.grant_id, "blocks": list(state.blocks),
                       "epsilon": args.epsilon, "delta": args.delta,
                       "micro_batches": args.micro_batches,
-                      "guarantee": query.guarantee(state.blocks),
+                      "guarantee": query.guarantee(state.blocks, state.grant_id).sentence(),
                       "out": os.path.abspath(args.out)}))
     return 0

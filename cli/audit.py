@@ -3,8 +3,8 @@ lower bound on a shipped mechanism's epsilon (sage_tfx.audit.bounds). MECHANISM 
 
 Prints, per mechanism, {"mechanism", "claimed_epsilon", "claimed_delta", "epsilon_lower_bound",
 "confidence", "trials"} (one JSON object per line with --json). Exit code 0 when every lower bound
-is at most its claim, 1 when one exceeds it (the mechanism leaks more than it claims, with
-probability >= confidence), 2 for bad input.
+is at most its claim, 6 when one exceeds it (the mechanism leaks more than it claims, with
+probability >= confidence: a finding, not an internal error), 2 for bad input (cli/common.py).
 """
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import argparse
 import json
 import sys
 
-EXIT_LEAK = 1
-EXIT_BAD_INPUT = 2
+from sage_tfx.cli.common import EXIT_AUDIT_FAILED, EXIT_BAD_INPUT
 
 
 def add_parser(groups: argparse._SubParsersAction) -> None:
@@ -56,4 +55,4 @@ def _audit(args) -> int:
                   f"epsilon >= {result.epsilon_lower_bound:.4f} "
                   f"with confidence {result.confidence} over {result.trials} runs per input",
                   flush=True)
-    return EXIT_LEAK if leaked else 0
+    return EXIT_AUDIT_FAILED if leaked else 0

@@ -1,70 +1,11 @@
-"""The `sage-tfx` console script: one subcommand group per concern.
-
-Groups import their implementation lazily, so `sage-tfx ledger ...` never imports TensorFlow.
-"""
+"""`sage-tfx compile --kubeflow`: its arguments here, TFX imported only when it runs."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-DESCRIPTION = """\
-sage-tfx: differentially private ML pipelines with a per-block privacy budget.
 
-  sage-tfx ledger ...    keep the privacy-budget ledger: create it (init), add data blocks,
-                         grant budget, and see what was spent, reserved and is still free
-  sage-tfx compile ...   compile a pipeline into a Kubeflow Pipelines job
-  sage-tfx audit ...     measure, by running them, lower bounds on the mechanisms' epsilon
-  sage-tfx ingest ...    register a CSV file as a table of ledger blocks
-  sage-tfx query ...     run a DP SQL query (SELECT WITH ANONYMIZATION ...) on ingested tables
-  sage-tfx workload-answer ...  answer a workload of counting queries from granted blocks
-                         (the matrix mechanism; one grant charged)
-  sage-tfx stream ...    replay a stream: a DP histogram per trigger over a window of blocks
-                         (the DP-SQLP operator; one grant for the window)
-
-Start with `sage-tfx ledger --store ledger.sqlite init`, then `sage-tfx ledger --help`.
-Set SAGE_TFX_DEBUG=1 to see a Python traceback when a command fails unexpectedly."""
-EXIT_INTERNAL_ERROR = 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    from sage_tfx.audit import cli as audit_cli
-    from sage_tfx.dp_statistics import cli as statistics_cli
-    from sage_tfx.dp_statistics import matrix_cli, stream_cli
-    from sage_tfx import __version__
-    from sage_tfx.sage_access import cli as ledger_cli
-
-    parser = argparse.ArgumentParser(prog="sage-tfx", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"sage-tfx {__version__}")
-    groups = parser.add_subparsers(dest="group", required=True,
-                                   metavar="{ledger,compile,audit,ingest,query,workload-answer,stream}")
-    ledger_cli.add_parser(groups)
-    _add_compile_parser(groups)
-    audit_cli.add_parser(groups)
-    statistics_cli.add_parsers(groups)
-    matrix_cli.add_parser(groups)
-    stream_cli.add_parser(groups)
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except BrokenPipeError:
-        # The reader went away (`sage-tfx ledger show | head`): stop quietly. Point stdout at
-        # devnull so the interpreter's final flush does not raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except KeyboardInterrupt:
-        print("sage-tfx: interrupted", file=sys.stderr)
-        return 130
-    except Exception as error:  # the last resort: one line, not a traceback
-        if os.environ.get("SAGE_TFX_DEBUG"):
-            raise
-        print(f"sage-tfx {args.group}: unexpected error: {type(error).__name__}: {error} "
-              "(set SAGE_TFX_DEBUG=1 for the traceback)", file=sys.stderr)
-        return EXIT_INTERNAL_ERROR
-
-
-def _add_compile_parser(groups) -> None:
+def add_parser(groups) -> None:
     """`sage-tfx compile`: its arguments here, TFX imported only when it runs."""
     parser = groups.add_parser(
         "compile", help="compile a pipeline (taxi, or your own module) for Kubeflow",
@@ -99,9 +40,9 @@ def _add_compile_parser(groups) -> None:
                            "MIN_WINDOW in examples/taxi/pipeline.py)")
     taxi.add_argument("--epsilon", type=float,
                       help="the iteration's epsilon (default: the mode's INITIAL_EPSILON)")
-    taxi.add_argument("--module-file", default=None,
-                      help="the taxi module's path inside the image (default: where the "
-                           "installed package has it)")
+    taxi.add_argument("--module-file", default="sage_tfx.examples.taxi.taxi_module",
+                      help="the taxi module inside the image: a path under /opt/sage-tfx or a "
+                           "module path (default: %(default)s, the installed package's)")
     parser.set_defaults(run=_compile)
 
 
@@ -132,16 +73,10 @@ def _taxi_example(args):
     from sage_tfx.examples.taxi.pipeline import (INITIAL_EPSILON, MIN_WINDOW, SPECS,
                                                  kubeflow_pipeline)
     from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
-    spec = SPECS[args.mode]()
-    if args.module_file:
-        spec = dataclasses.replace(spec, module_file=args.module_file)
+    spec = dataclasses.replace(SPECS[args.mode](), module_file=args.module_file)
     window = MIN_WINDOW[args.mode] if args.window is None else args.window
     epsilon = INITIAL_EPSILON[args.mode] if args.epsilon is None else args.epsilon
     build = functools.partial(kubeflow_pipeline, spec, data_root=args.data_root, window=window,
                               epsilon=epsilon, months=(args.first_month, args.last_month))
     return build, (f"; a grant of epsilon {epsilon:g} on {window} block(s); ledger at "
                    f"{KUBEFLOW_LEDGER_STORE}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

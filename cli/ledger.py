@@ -20,10 +20,7 @@ grpc://metadata-grpc-service:8080); it defaults to $SAGE_TFX_LEDGER_STORE. Only 
 store; every other command refuses a file that is not a sage-tfx ledger and leaves it unchanged,
 and `show`, `plot`, `contexts`, `grants`, `audit` and `serve` open the store read-only.
 
-Exit codes: 0 success; 2 bad input or a store that is not a ledger (nothing written); 3 request
-denied for lack of budget (nothing charged); 4 ledger busy (too many concurrent writers; nothing
-charged); 5 store unreachable (gRPC or MySQL server down or unknown, or refusing the login); 6
-audit found inconsistencies.
+Exit codes: as every sage-tfx command (cli/common.py; `sage-tfx --help` lists them).
 """
 from __future__ import annotations
 
@@ -34,18 +31,15 @@ import math
 import os
 import sys
 
+from sage_tfx.cli.common import (EXIT_AUDIT_FAILED, EXIT_BAD_INPUT, STORE_ENVIRONMENT_VARIABLE,
+                                 STORE_HELP,
+                                 add_store_arguments, open_ledger, run)
 # Light (no dp_accounting, no TensorFlow); the package's __init__ imports it anyway.
 from sage_tfx.sage_access.accounting import AccountingMode, accounting_for
+from sage_tfx.sage_access.views import (MAX_PLOT_BARS, describe_event, format_table,
+                                        ledger_table, plot_bars)
 
-EXIT_BAD_INPUT = 2
-EXIT_DENIED = 3
-EXIT_BUSY = 4
-EXIT_UNREACHABLE = 5
-EXIT_AUDIT_FAILED = 6
-STORE_ENVIRONMENT_VARIABLE = "SAGE_TFX_LEDGER_STORE"
 TOKEN_ENVIRONMENT_VARIABLE = "SAGE_TFX_LEDGER_TOKEN"
-# Above this many blocks the plot draws one bar per group of consecutive blocks (their mean).
-MAX_PLOT_BARS = 60
 # Okabe & Ito's colour-blind-safe palette: spent, reserved, free.
 PLOT_COLOURS = {"spent": "#D55E00", "reserved": "#E69F00", "free": "#0072B2"}
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -55,21 +49,16 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     parser = groups.add_parser("ledger", help="the privacy-budget ledger: blocks, grants, budgets",
                                description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    store_help = (f"SQLite ledger file or grpc://HOST:PORT (default: ${STORE_ENVIRONMENT_VARIABLE}"
-                  "); also accepted after the command")
     parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
-                        help=store_help)
+                        help=STORE_HELP + "; also accepted after the command")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler, help_text: str,
                 context_default: str | None = "default") -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         # SUPPRESS: given here it overrides the group's --store; absent, the group's value stays.
-        sub.add_argument("--store", default=argparse.SUPPRESS, help=store_help)
-        sub.add_argument("--context", default=context_default,
-                         help="ledger context: an independent set of budgets (default: "
-                              f"{context_default or 'every context in the store'})")
-        sub.set_defaults(run=lambda args: _run(handler, args))
+        add_store_arguments(sub, context_default, store_default=argparse.SUPPRESS)
+        sub.set_defaults(run=lambda args: run(handler, args, on_error=_print_request_json))
         return sub
 
     init = command("init", _init, "create a ledger context (creates the store if needed)")
@@ -140,50 +129,6 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                             "is not a loopback address)")
 
 
-def _run(handler, args) -> int:
-    from ml_metadata import errors as mlmd_errors
-
-    from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
-    from sage_tfx.sage_access.store import StoreUnreachable
-
-    try:
-        if not args.store:
-            raise BadRequest(f"no store: pass --store FILE|grpc://HOST:PORT|mysql://... or set "
-                             f"{STORE_ENVIRONMENT_VARIABLE}")
-        return handler(args)
-    except BadRequest as error:
-        return _fail(args, EXIT_BAD_INPUT, str(error))
-    except BudgetExhausted as error:
-        return _fail(args, EXIT_DENIED, str(error), error.remaining)
-    except LedgerBusy as error:
-        return _fail(args, EXIT_BUSY, str(error))
-    except StoreUnreachable as error:  # a MySQL server down or refusing the login
-        return _fail(args, EXIT_UNREACHABLE, str(error))
-    except (mlmd_errors.UnavailableError,
-            mlmd_errors.DeadlineExceededError) as error:
-        return _fail(args, EXIT_UNREACHABLE, f"store {args.store} is unreachable: "
-                                             f"{str(error).splitlines()[0]}")
-    except mlmd_errors.NotFoundError:
-        return _fail(args, EXIT_BAD_INPUT, f"store {args.store} has no sage-tfx ledger; create "
-                                           f"one with `sage-tfx ledger --store {args.store} init`")
-    except mlmd_errors.StatusError as error:
-        return _fail(args, EXIT_BAD_INPUT, f"store {args.store} cannot be used: "
-                                           f"{str(error).splitlines()[0]}")
-
-
-def _fail(args, code: int, message: str, remaining: dict | None = None) -> int:
-    # `sage-tfx ingest` and `query` (dp_statistics/cli.py) share this error handling.
-    where = f"ledger {args.command}" if getattr(args, "group", "ledger") == "ledger" \
-        else args.group
-    print(f"sage-tfx {where}: {message}", file=sys.stderr)
-    if args.command == "request":
-        print(json.dumps({"granted": False, "grant_id": None, "blocks": _requested_blocks(args),
-                          "epsilon": _json_number(args.epsilon),
-                          "delta": _json_number(args.delta), "error": message,
-                          "remaining": remaining or {}}))
-    return code
-
-
 def _request_usage_error(parser: argparse.ArgumentParser, message: str):
     """`request` prints its JSON object even when its arguments do not parse."""
     parser.print_usage(sys.stderr)
@@ -193,6 +138,15 @@ def _request_usage_error(parser: argparse.ArgumentParser, message: str):
     sys.exit(EXIT_BAD_INPUT)
 
 
+def _print_request_json(args, message: str, remaining: dict | None) -> None:
+    """`request` prints its JSON object on stdout whatever happens."""
+    if args.command == "request":
+        print(json.dumps({"granted": False, "grant_id": None, "blocks": _requested_blocks(args),
+                          "epsilon": _json_number(args.epsilon),
+                          "delta": _json_number(args.delta), "error": message,
+                          "remaining": remaining or {}}))
+
+
 def _json_number(value: float | None):
     # NaN and infinities are not JSON; echo them as strings so strict parsers still read the line.
     return value if value is None or math.isfinite(value) else str(value)
@@ -200,16 +154,6 @@ def _json_number(value: float | None):
 
 def _requested_blocks(args) -> list[str]:
     return [b for b in args.blocks.split(",") if b] if args.blocks else []
-
-
-def _open(args, read_only: bool = False):
-    """The ledger context; the store must already hold it (only init creates). A writing
-    command first opens it read-only, so a store without the context is never written to (an
-    MLMD server included, where a read-write open would register sage-tfx's types)."""
-    from sage_tfx.sage_access.ledger import BlockLedger
-
-    checked = BlockLedger(args.store, args.context, read_only=True)
-    return checked if read_only else BlockLedger(args.store, args.context)
 
 
 def _init(args) -> int:
@@ -245,7 +189,7 @@ def _add_block(args) -> int:
     start, end = _iso(args.start, "--start"), _iso(args.end, "--end")
     if start and end and start >= end:
         raise BadRequest(f"--start {args.start} must be before --end {args.end}")
-    ledger = _open(args)
+    ledger = open_ledger(args)
     block = ledger.add_block(args.block_id, args.epsilon, args.delta, args.start, args.end)
     reserved = ", ".join(sorted(block.reservations)) or "nobody (all free)"
     print(f"added block {block.block_id!r} with ceiling ({block.epsilon_ceiling}, "
@@ -254,13 +198,13 @@ def _add_block(args) -> int:
 
 
 def _register(args) -> int:
-    _open(args).register_pipeline(args.pipeline)
+    open_ledger(args).register_pipeline(args.pipeline)
     print(f"pipeline {args.pipeline!r} is waiting: blocks added from now on reserve a share for it")
     return 0
 
 
 def _finish(args) -> int:
-    _open(args).finish_pipeline(args.pipeline)
+    open_ledger(args).finish_pipeline(args.pipeline)
     print(f"pipeline {args.pipeline!r} finished: its unused reservations returned")
     return 0
 
@@ -277,7 +221,7 @@ def _request(args) -> int:
                          f"got {args.noise_multiplier!r}")
     elif args.compositions < 1:
         raise BadRequest(f"--compositions must be at least 1, got {args.compositions}")
-    ledger = _open(args)
+    ledger = open_ledger(args)
     selector = BlockIds(_requested_blocks(args)) if args.blocks is not None \
         else RecentWindow(args.window)
     if args.noise_multiplier is None and ledger.accounting.requires_step_events and args.delta > 0:
@@ -302,61 +246,8 @@ def _request(args) -> int:
     return 0
 
 
-def ledger_table(ledger) -> dict:
-    """The JSON view of `show --json` (also used by the demo and the plot). Each block's
-    `guarantee_epsilon`/`guarantee_delta` is what it has given up for sure: under basic
-    composition the sums spent (also given as `epsilon_spent`/`delta_spent`), under rdp the
-    filter's ceiling once anything was charged (a conversion of the spent curve would be an
-    odometer reading, not a bound under adaptive requests, so none is shown)."""
-    table = {"context": ledger.context, "accounting": ledger.accounting.name,
-             "min_request_epsilon": ledger.min_request_epsilon,
-             "waiting_pipelines": ledger.waiting_pipelines(),
-             "blocks": [block_row(ledger, block) for block in ledger.blocks()]}
-    if ledger.accounting.guarantee_note is not None:
-        table["guarantee"] = ledger.accounting.guarantee_note
-    return table
-
-
-def block_row(ledger, block) -> dict:
-    """One block's row of `ledger_table`."""
-    guarantee_epsilon, guarantee_delta = ledger.accounting.guarantee(
-        block.spent, block.epsilon_ceiling, block.delta_ceiling)
-    row = {"id": block.block_id, "epsilon_ceiling": block.epsilon_ceiling,
-           "delta_ceiling": block.delta_ceiling, "guarantee_epsilon": guarantee_epsilon,
-           "guarantee_delta": guarantee_delta}
-    if ledger.accounting.guarantee_is_spent:
-        row.update(epsilon_spent=guarantee_epsilon, delta_spent=guarantee_delta)
-    row.update({"retired": block.retired, "charges": block.charges, "start": block.start,
-                "end": block.end, "reserved_for": sorted(block.reservations),
-                "budget": ledger.accounting.budget_view(block)})
-    return row
-
-
-def format_table(table: dict) -> str:
-    """`show`'s text view of a `ledger_table`, laid out as its accounting presents its unit."""
-    accounting = accounting_for(table["accounting"])
-    lines = [f"ledger {table['context']!r}: {table['accounting']} accounting, minimum request "
-             f"epsilon {table['min_request_epsilon']}, waiting pipelines: "
-             f"{', '.join(table['waiting_pipelines']) or 'none'}"]
-    if accounting.show_note:
-        lines.append(accounting.show_note)
-    header = " ".join([f"{'block':<20}"] + [f"{column.title:>{column.width}}"
-                                           for column in accounting.show_columns]
-                      + [f"{'charges':>7}  state  reserved for"])
-    lines += [header, "-" * len(header)]
-    for row in table["blocks"]:
-        state = "retired" if row["retired"] else "live   "
-        owners = ", ".join(f"{name} {value * accounting.show_scale:.4g}"
-                           for name, value in row["budget"]["reserved"].items() if value > 0) \
-            or "-"
-        lines.append(" ".join([f"{row['id']:<20}"] + [f"{column.cell(row):>{column.width}}"
-                                                      for column in accounting.show_columns]
-                              + [f"{row['charges']:>7}  {state}  {owners}"]))
-    return "\n".join(lines)
-
-
 def _show(args) -> int:
-    table = ledger_table(_open(args, read_only=True))
+    table = ledger_table(open_ledger(args, read_only=True))
     print(json.dumps(table, indent=2) if args.json else format_table(table))
     return 0
 
@@ -374,26 +265,11 @@ def _check_output_path(path: str, suffixes: tuple[str, ...]) -> None:
         raise BadRequest(f"{path}: the file name must end in one of {', '.join(suffixes)}")
 
 
-def plot_bars(rows: list[dict]) -> list[dict]:
-    """One bar per block, or per group of consecutive blocks (their mean) above MAX_PLOT_BARS."""
-    size = max(1, math.ceil(len(rows) / MAX_PLOT_BARS))
-    bars = []
-    for first in range(0, len(rows), size):
-        group = rows[first:first + size]
-        mean = lambda key: sum(key(r["budget"]) for r in group) / len(group)  # noqa: E731
-        bars.append({
-            "label": group[0]["id"] if len(group) == 1 else f"{group[0]['id']}..{group[-1]['id']}",
-            "spent": mean(lambda b: b["spent"]),
-            "reserved": mean(lambda b: sum(b["reserved"].values())),
-            "free": mean(lambda b: b["free"]), "retired": all(r["retired"] for r in group)})
-    return bars
-
-
 def _plot(args) -> int:
     from sage_tfx.sage_access.errors import BadRequest
 
     _check_output_path(args.out, PLOT_SUFFIXES)
-    table = ledger_table(_open(args, read_only=True))
+    table = ledger_table(open_ledger(args, read_only=True))
     rows = table["blocks"]
     if not rows:
         raise BadRequest("the ledger has no blocks to plot (nothing written)")
@@ -444,25 +320,8 @@ def _contexts(args) -> int:
     return 0
 
 
-def describe_event(event: dict) -> str:
-    """A short text for a dp-accounting event recorded as JSON (accounting.event_to_json)."""
-    kind = event["type"].removesuffix("DpEvent")
-    if kind == "ZC":
-        return f"zCDP(rho={event['rho']:g})"
-    if kind == "SelfComposed":
-        return f"{event['count']}x {describe_event(event['event'])}"
-    if kind == "Composed":
-        return " + ".join(describe_event(inner) for inner in event["events"])
-    if kind == "PoissonSampled":
-        return f"PoissonSampled(q={event['sampling_probability']:g}, " \
-               f"{describe_event(event['event'])})"
-    parameters = ", ".join(f"{key}={value:g}" for key, value in event.items()
-                           if key != "type" and isinstance(value, (int, float)))
-    return f"{kind}({parameters})"
-
-
 def _grants(args) -> int:
-    records = _open(args, read_only=True).grant_records()
+    records = open_ledger(args, read_only=True).grant_records()
     if args.json:
         print(json.dumps(records, indent=2))
         return 0
@@ -482,7 +341,7 @@ def _grants(args) -> int:
 
 
 def _audit(args) -> int:
-    ledger = _open(args, read_only=True)
+    ledger = open_ledger(args, read_only=True)
     result = ledger.audit()
     for problem in result.problems:
         print(problem)

@@ -19,18 +19,16 @@ expected_rmse, event, unit and guarantee (what one neighbouring step adds or rem
 table's unit column, or one record of Examples). Nothing data-dependent is printed except the
 mechanism's output.
 
-Exit codes as `sage-tfx ledger request`: 0 success; 2 bad input (nothing charged); 3 denied for
-lack of budget (nothing charged); 4 ledger busy; 5 store unreachable.
+Exit codes: as every sage-tfx command (cli/common.py; `sage-tfx --help` lists them).
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
 
-from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE, _run
+from sage_tfx.cli.common import add_store_arguments, open_ledger, run
 
 STEP = "matrix_mechanism"
 
@@ -40,10 +38,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                                "from granted blocks (the matrix mechanism)",
                                description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
-                        help=f"SQLite ledger file or grpc://HOST:PORT "
-                             f"(default: ${STORE_ENVIRONMENT_VARIABLE})")
-    parser.add_argument("--context", default="default", help="ledger context (default: default)")
+    add_store_arguments(parser)
     selector = parser.add_mutually_exclusive_group(required=True)
     selector.add_argument("--blocks", help="comma-separated block ids")
     selector.add_argument("--window", type=int, help="the most recent W blocks that can still pay")
@@ -55,17 +50,18 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, help="the CSV to write (its directory must exist)")
     parser.add_argument("--pipeline", default="workload-answer",
                         help="the pipeline name the grant is charged to")
-    parser.set_defaults(run=lambda args: _run(_answer, args), command="workload-answer")
+    parser.set_defaults(run=lambda args: run(_answer, args), command="workload-answer")
 
 
 def _answer(args) -> int:
-    from sage_tfx.components.matrix_mechanism.executor import (GUARANTEE, granted_histogram,
-                                                                planned_event)
+    from sage_tfx import release
     from sage_tfx.dp_statistics.matrix import UnsupportedWorkload, eigen_design, mechanism
+    from sage_tfx.dp_statistics.matrix.granted import (answers_table, granted_histogram,
+                                                       mechanism_text, planned_event)
     from sage_tfx.dp_statistics.matrix.spec import parse_spec
-    from sage_tfx.sage_access.errors import BadRequest
-    from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
     from sage_tfx.dp_statistics.matrix.workload import DomainError
+    from sage_tfx.sage_access.errors import BadRequest
+    from sage_tfx.sage_access.ledger import BlockIds, RecentWindow
 
     if not args.out.endswith(".csv") or not os.path.isdir(os.path.dirname(args.out) or "."):
         raise BadRequest(f"--out must be a .csv file in an existing directory, got {args.out!r}")
@@ -74,33 +70,36 @@ def _answer(args) -> int:
                          f"{args.epsilon!r}, {args.delta!r}")
     try:
         with open(args.spec) as handle:
-            spec = parse_spec(handle.read())
+            spec_text = handle.read()
+        spec = parse_spec(spec_text)
         strategy = eigen_design(spec.workload)
         strategy.require_support(spec.workload)
     except (OSError, DomainError, UnsupportedWorkload, ValueError) as error:
         raise BadRequest(f"workload spec {args.spec}: {error}") from None
     selector = (BlockIds([b for b in args.blocks.split(",") if b]) if args.blocks is not None
                 else RecentWindow(args.window))
-    ledger = BlockLedger(args.store, args.context)
+    ledger = open_ledger(args)
     # require_data: a block without data is refused inside the grant's transaction, uncharged.
-    grant = ledger.request(selector, epsilon=args.epsilon, delta=args.delta,
-                           pipeline=args.pipeline, split={STEP: "1"},
-                           events={STEP: planned_event(args.epsilon, args.delta)},
-                           require_data=True)
-    granted = granted_histogram(spec, ledger, grant.blocks)
-    release = mechanism.answer_workload(spec.workload, strategy, granted.vector,
-                                        epsilon=args.epsilon, delta=args.delta)
-    with open(args.out, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["query", "answer", "expected_rmse"])
-        writer.writerows(zip(spec.workload.labels(), release.answers, release.query_rmse))
-    print(json.dumps({"grant_id": grant.grant_id, "blocks": list(grant.blocks),
+    plan = release.ReleasePlan.single_step(
+        "sage-tfx workload-answer", spec_text, STEP, args.epsilon, args.delta,
+        planned_event(args.epsilon, args.delta), pipeline=args.pipeline, require_data=True)
+    with release.charge(ledger, plan, selector) as charged:
+        charged.share(STEP)
+        charged.phase = "reading the granted blocks"
+        granted = granted_histogram(spec, ledger, charged.grant.blocks)
+        charged.phase = "answering the workload"
+        answered = mechanism.answer_workload(spec.workload, strategy, granted.vector,
+                                             epsilon=args.epsilon, delta=args.delta)
+        (unit, unit_column), *other_units = granted.units
+        guarantee = charged.guarantee(unit, unit_column, mechanism_text(strategy.l2_sensitivity),
+                                      other_units=other_units)
+        charged.phase = "writing the answers"
+        release.write_csv(answers_table(spec.workload.labels(), answered), args.out, guarantee)
+        charged.released([os.path.abspath(args.out)], guarantee)
+    print(json.dumps({"grant_id": charged.grant.grant_id, "blocks": list(charged.grant.blocks),
                       "epsilon": args.epsilon, "delta": args.delta,
                       "queries": spec.workload.query_count,
-                      "expected_rmse": release.expected_rmse, "strategy": strategy.name,
-                      "event": str(release.event), "unit": granted.unit,
-                      "guarantee": GUARANTEE.format(epsilon=args.epsilon, delta=args.delta,
-                                                    unit=granted.unit,
-                                                    sensitivity=strategy.l2_sensitivity),
-                      "out": args.out}))
+                      "expected_rmse": answered.expected_rmse, "strategy": strategy.name,
+                      "event": str(answered.event), "unit": guarantee.neighbours,
+                      "guarantee": guarantee.sentence(), "out": args.out}))
     return 0

@@ -10,37 +10,29 @@
 charges one grant on the blocks, split among the query's steps, reads only the granted blocks of
 the tables it names, and prints the released table and its guarantee.
 
-Exit codes (as `sage-tfx ledger`): 0 success; 2 bad input, a refused query, or a store that is
-not a ledger (nothing charged); 3 denied for lack of budget (nothing charged); 4 ledger busy;
-5 store unreachable.
+Exit codes: as every sage-tfx command (cli/common.py; `sage-tfx --help` lists them).
 """
 from __future__ import annotations
 
 import argparse
 import os
 
-from sage_tfx.sage_access.cli import STORE_ENVIRONMENT_VARIABLE
+from sage_tfx.cli.common import add_store_arguments, open_ledger, run
 
 INGEST_HELP = "register a CSV file as a table of ledger blocks (for `sage-tfx query`)"
 QUERY_HELP = "run a DP SQL query on ingested tables, charged to the ledger"
 
 
 def add_parsers(groups: argparse._SubParsersAction) -> None:
-    from sage_tfx.sage_access import cli as ledger_cli
-
     def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
         parser = groups.add_parser(name, help=help_text, description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-        parser.add_argument("--store", default=os.environ.get(STORE_ENVIRONMENT_VARIABLE),
-                            help="SQLite ledger file or grpc://HOST:PORT (default: "
-                                 f"${STORE_ENVIRONMENT_VARIABLE})")
-        parser.add_argument("--context", default="default", help="ledger context")
+        add_store_arguments(parser)
         parser.add_argument("--epsilon", type=float, required=True,
                             help="ingest: each block's epsilon ceiling; query: the grant's epsilon")
         parser.add_argument("--delta", type=float, required=True,
                             help="ingest: each block's delta ceiling; query: the grant's delta")
-        parser.set_defaults(run=lambda args: ledger_cli._run(_refusing(handler), args),
-                            command=None)
+        parser.set_defaults(run=lambda args: run(handler, args), command=None)
         return parser
 
     ingest = command("ingest", _ingest, INGEST_HELP)
@@ -76,23 +68,10 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
                                    'ANON_COUNT(*) FROM trips GROUP BY key"')
 
 
-def _refusing(handler):
-    """The operator's QueryError is bad input (exit 2), like the ledger's BadRequest."""
-    def run(args) -> int:
-        from sage_tfx.dp_statistics.aggregation.spec import QueryError
-        from sage_tfx.sage_access.errors import BadRequest
-        try:
-            return handler(args)
-        except QueryError as error:
-            raise BadRequest(str(error)) from None
-    return run
-
-
 def _ingest(args) -> int:
     from sage_tfx.dp_statistics.ingest import ingest, parse_types
-    from sage_tfx.sage_access.cli import _open
 
-    ledger = _open(args)
+    ledger = open_ledger(args)
     table, blocks = ingest(
         ledger, args.csv, args.out, args.unit_column, args.epsilon, args.delta,
         table_name=args.table, time_column=args.time_column,
@@ -105,59 +84,72 @@ def _ingest(args) -> int:
 
 
 def _query(args) -> int:
+    from sage_tfx import release
     from sage_tfx.dp_statistics import tables
     from sage_tfx.dp_statistics.aggregation import frontend, relation, sql
-    from sage_tfx.dp_statistics.aggregation.budget import plan
-    from sage_tfx.dp_statistics.aggregation.spec import GuaranteeUnit
-    from sage_tfx.sage_access.cli import _open
-    from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted
+    from sage_tfx.sage_access.errors import BadRequest
     from sage_tfx.sage_access.ledger import BlockIds
 
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise BadRequest(f"--out {args.out}: its directory does not exist (nothing charged)")
-    ledger = _open(args)
+    ledger = open_ledger(args)
     parsed = sql.parse(args.sql)
-    names = dict.fromkeys(t.name for t in parsed.select.find_all(sql.exp.Table))
-    found = {name: tables.find_table(ledger, name) for name in names}
-    prepared = frontend.prepare(
-        args.sql, {n: sql.TableSchema(t.unit_column, t.columns) for n, t in found.items()},
-        {n: t.schema for n, t in found.items()})
-    terms = frontend.grant_terms(plan(prepared.query, args.epsilon, args.delta))
+    found = {name: tables.find_table(ledger, name) for name in sql.table_names(parsed)}
+    planned = frontend.plan_query(
+        parsed, {n: sql.TableSchema(t.unit_column, t.columns) for n, t in found.items()},
+        {n: t.schema for n, t in found.items()}, args.epsilon, args.delta)
+    plan = planned.release_plan("sage-tfx query", args.sql)
+    block_ids = _query_blocks(args, ledger, found, plan)
+    unit = release.weakest_unit([t.guarantee_unit for t in found.values()])
+    unit_column = next(iter(found.values())).unit_column  # joined tables share it (sql.check)
+    with release.charge(ledger, plan, BlockIds(block_ids)) as charged:
+        charged.phase = "reading the granted blocks"
+        rows = relation.evaluate(
+            planned.checked,
+            lambda name: tables.read_blocks(ledger, found[name], charged.grant.blocks))
+        charged.phase = "running the query"
+        result = frontend.run(rows, planned, charged, unit)
+        guarantee = charged.guarantee(unit, unit_column)
+        charged.phase = "writing the release"
+        if args.out:
+            release.write_csv(result.table, args.out, guarantee)
+        charged.released([os.path.abspath(args.out)] if args.out else ["stdout"], guarantee)
+    print(result.table.to_string(index=False) if len(result.table) else "(no group released)")
+    print(f"guarantee: {guarantee.sentence()}")
+    return 0
+
+
+def _query_blocks(args, ledger, found: dict, plan) -> list[str]:
+    """The blocks to charge: --blocks (each a block of a table the query reads), or of each
+    table its --window most recent blocks that can pay (a shortfall is a recorded denial)."""
+    from sage_tfx import release
+    from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted
+
     if args.blocks:
         block_ids = [b for b in args.blocks.split(",") if b]
         foreign = [b for b in block_ids if not any(t.owns(b) for t in found.values())]
         if foreign:
             raise BadRequest(f"--blocks {', '.join(foreign)}: not blocks of the table(s) the "
                              f"query reads ({', '.join(found)})")
-    else:
-        if args.window < 1:
-            raise BadRequest(f"--window must be at least 1, got {args.window}")
-        live = ledger.live_blocks()
-        block_ids = []
-        for table in found.values():
-            payable = ledger.payable_window(args.epsilon, args.delta, size=args.window,
-                                            split=terms.split, events=terms.events,
-                                            blocks=[b for b in live if table.owns(b.block_id)],
-                                            additional_delta=terms.additional_delta)
-            if len(payable) < args.window:
-                raise BudgetExhausted(
-                    f"denied: only {len(payable)} block(s) of table {table.name} can pay the "
-                    f"request; the window needs {args.window}",
-                    {block.block_id: "can pay" for block in payable})
-            block_ids += [block.block_id for block in payable]
-    grant = frontend.request_grant(ledger, BlockIds(block_ids), prepared.query, args.epsilon,
-                                   args.delta)
-    unit = GuaranteeUnit.UNIT if all(t.guarantee_unit is GuaranteeUnit.UNIT
-                                     for t in found.values()) \
-        else GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ
-    rows = relation.evaluate(
-        prepared.checked, lambda name: tables.read_blocks(ledger, found[name], grant.blocks))
-    release = frontend.run(rows, prepared.query, grant,
-                           lambda step: ledger.use_share(grant, step, "sage-tfx query"), unit,
-                           prepared.columns, accounting=ledger.accounting)
-    print(release.table.to_string(index=False) if len(release.table) else "(no group released)")
-    print(f"guarantee: ({release.epsilon:g}, {release.delta:g})-DP for adding or removing "
-          f"{release.unit}; grant {grant.grant_id} on {len(grant.blocks)} block(s)")
-    if args.out:
-        release.table.to_csv(args.out, index=False)
-    return 0
+        return block_ids
+    if args.window < 1:
+        raise BadRequest(f"--window must be at least 1, got {args.window}")
+    live = ledger.live_blocks()
+    block_ids = []
+    for table in found.values():
+        owned = [b for b in live if table.owns(b.block_id)]
+        payable = ledger.payable_window(plan.epsilon, plan.delta, size=args.window,
+                                        split=plan.split, events=plan.events, blocks=owned,
+                                        additional_delta=plan.additional_delta)
+        if len(payable) < args.window:
+            paying = {b.block_id for b in payable}
+            free = {b.block_id: ledger.remaining(b) for b in owned if b.block_id not in paying}
+            denied = BudgetExhausted(
+                f"denied: only {len(payable)} block(s) of table {table.name} can pay the "
+                f"request; the window needs {args.window}. The others have: "
+                + "; ".join(f"{block}: {text}" for block, text in list(free.items())[:5])
+                + (f"; ... ({len(free) - 5} more)" if len(free) > 5 else ""), free)
+            release.record_denial(ledger, plan, denied)
+            raise denied
+        block_ids += [block.block_id for block in payable]
+    return block_ids

@@ -1,0 +1,112 @@
+"""What every `sage-tfx` command shares: the store and context arguments, opening the ledger,
+and one map from errors to exit codes (documented here, once; each command's help points here).
+
+Exit codes:
+  0    success
+  1    unexpected internal error (a bug: SAGE_TFX_DEBUG=1 shows the traceback)
+  2    bad input, a refused query or request, or a store that is not a ledger: nothing charged
+  3    denied for lack of budget: nothing charged (the denial is recorded in the ledger)
+  4    ledger busy (too many concurrent writers): nothing charged
+  5    store unreachable (server down or unknown, or refusing the login): nothing charged
+  6    an audit found a problem: `ledger audit` an inconsistent history, `audit` a mechanism
+       whose measured epsilon lower bound exceeds its claim
+  7    charged, nothing released: the grant's budget is spent (its failure is recorded on it)
+  130  interrupted (Ctrl-C); after a charge the message says that budget is spent
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Optional
+
+EXIT_INTERNAL_ERROR = 1
+EXIT_BAD_INPUT = 2
+EXIT_DENIED = 3
+EXIT_BUSY = 4
+EXIT_UNREACHABLE = 5
+EXIT_AUDIT_FAILED = 6
+EXIT_RELEASE_FAILED = 7
+EXIT_INTERRUPTED = 130
+EXIT_CODES_HELP = "exit codes: see `sage-tfx --help`"
+STORE_ENVIRONMENT_VARIABLE = "SAGE_TFX_LEDGER_STORE"
+STORE_HELP = (f"SQLite ledger file, grpc://HOST:PORT or mysql://USER@HOST:PORT/DATABASE "
+              f"(default: ${STORE_ENVIRONMENT_VARIABLE})")
+
+
+def add_store_arguments(parser: argparse.ArgumentParser, context_default: Optional[str] = "default",
+                        store_default=None) -> None:
+    """--store and --context, the same on every command. `store_default` argparse.SUPPRESS lets
+    a subcommand's --store override its group's."""
+    parser.add_argument("--store", help=STORE_HELP,
+                        default=os.environ.get(STORE_ENVIRONMENT_VARIABLE)
+                        if store_default is None else store_default)
+    parser.add_argument("--context", default=context_default,
+                        help="ledger context: an independent set of budgets (default: "
+                             f"{context_default or 'every context in the store'})")
+
+
+def open_ledger(args, read_only: bool = False):
+    """The ledger context; the store must already hold it (only `ledger init` creates). A
+    writing command first opens it read-only, so a store without the context is never written
+    to (an MLMD server included, where a read-write open would register sage-tfx's types)."""
+    from sage_tfx.sage_access.ledger import BlockLedger
+
+    checked = BlockLedger(args.store, args.context, read_only=True)
+    return checked if read_only else BlockLedger(args.store, args.context)
+
+
+def run(handler: Callable, args, on_error: Optional[Callable] = None) -> int:
+    """`handler(args)`, with every expected error turned into its exit code and one line on
+    stderr (`on_error(args, message, remaining)` may print more, e.g. `ledger request`'s JSON)."""
+    from ml_metadata import errors as mlmd_errors
+
+    from sage_tfx.release import ReleaseFailed
+    from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
+    from sage_tfx.sage_access.store import StoreUnreachable
+
+    def fail(code: int, message: str, remaining: Optional[dict] = None) -> int:
+        print(f"sage-tfx {command_name(args)}: {message}", file=sys.stderr)
+        if on_error is not None:
+            on_error(args, message, remaining)
+        return code
+
+    try:
+        if not args.store:
+            raise BadRequest(f"no store: pass --store FILE|grpc://HOST:PORT|mysql://... or set "
+                             f"{STORE_ENVIRONMENT_VARIABLE}")
+        return handler(args)
+    except ValueError as error:  # BadRequest, and the operators' QueryError and spec errors
+        return fail(EXIT_BAD_INPUT, str(error))
+    except BudgetExhausted as error:
+        return fail(EXIT_DENIED, str(error), error.remaining)
+    except LedgerBusy as error:
+        return fail(EXIT_BUSY, str(error))
+    except ReleaseFailed as error:
+        if os.environ.get("SAGE_TFX_DEBUG"):
+            raise
+        return fail(EXIT_RELEASE_FAILED, str(error))
+    except StoreUnreachable as error:  # a MySQL server down or refusing the login
+        return fail(EXIT_UNREACHABLE, str(error))
+    except (mlmd_errors.UnavailableError,
+            mlmd_errors.DeadlineExceededError) as error:
+        return fail(EXIT_UNREACHABLE, f"store {args.store} is unreachable: "
+                                      f"{str(error).splitlines()[0]}")
+    except mlmd_errors.NotFoundError:
+        return fail(EXIT_BAD_INPUT, f"store {args.store} has no sage-tfx ledger; create one "
+                                    f"with `sage-tfx ledger --store {args.store} init`")
+    except mlmd_errors.StatusError as error:
+        return fail(EXIT_BAD_INPUT, f"store {args.store} cannot be used: "
+                                    f"{str(error).splitlines()[0]}")
+
+
+def quiet_tensorflow() -> None:
+    """Before a command's first TensorFlow import: hide its C++ start-up lines (oneDNN, CUDA
+    probing) that say nothing to a user; a user's own setting wins."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def command_name(args) -> str:
+    """"ledger request", "query", ...: how error lines name the command."""
+    command = getattr(args, "command", None)
+    return f"{args.group} {command}" if args.group == "ledger" and command else args.group

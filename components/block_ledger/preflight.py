@@ -1,0 +1,65 @@
+"""What the components a grant pays for check before the BlockLedger charges it.
+
+A component that consumes a BlockLedger's grant (DPTrainer, SLAedValidator) registers, when it is
+constructed, the checks it can make without the grant (component.check_before_charge): its user
+module loads and defines what it needs, Keras 2 is in effect when DP-SGD needs it, and DP-SGD's
+calibration fits its share where public values decide it (dp_trainer.preflight, the check the
+privacy-adaptive driver makes too). The BlockLedger executor runs them all before
+`ledger.request`: a pipeline that would fail after the charge for one of these reasons fails
+before it, with nothing charged. The checks read the pipeline's parameters and this process's
+environment only, never a record, so whether they pass tells nothing about the data.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from sage_tfx.sage_access.errors import BadRequest
+
+PROPERTY = "preflight"  # the BlockLedger's execution parameter: a JSON list of Check
+
+
+@dataclass(frozen=True)
+class Check:
+    """One downstream component's checks. `purpose` and `module_needs` are what it passes to
+    UserModule.load; `trainer` and `sampling` are DPTrainer's and ObliviousSampleGen's
+    parameters, for dp_trainer.preflight."""
+    component: str
+    module_file: str
+    purpose: str
+    module_needs: Sequence[str] = ()
+    legacy_keras: bool = False
+    trainer: Optional[Mapping] = None
+    sampling: Optional[Mapping] = None
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "module_needs": list(self.module_needs)}
+
+
+def parse(text: Optional[str]) -> list[Check]:
+    return [Check(**check) for check in json.loads(text or "[]")]
+
+
+def run(checks: Sequence[Check], epsilon: float, delta: float,
+        split: Mapping[str, float]) -> None:
+    """BadRequest naming the component and the fix for the first check that fails."""
+    # Imported here: dp_trainer's package imports this one's component (a cycle at import).
+    from sage_tfx.components.dp_trainer.parameters import preflight as trainer_preflight
+    from sage_tfx.components.util.legacy_keras import require_legacy_keras
+    from sage_tfx.components.util.user_module import UserModule
+
+    for check in checks:
+        refusal = f"refused before the charge (nothing was charged): {check.component}"
+        try:
+            if check.legacy_keras:
+                require_legacy_keras()
+            UserModule.load(check.module_file, check.purpose, check.module_needs)
+            if check.trainer is not None:
+                trainer_preflight(check.trainer, check.sampling, epsilon, delta, split)
+        except (ValueError, RuntimeError) as error:
+            raise BadRequest(f"{refusal}: {error}") from error
+        except Exception as error:  # the user's module raised while it was imported
+            raise BadRequest(f"{refusal}: module file {check.module_file!r} does not import: "
+                             f"{type(error).__name__}: {error}") from error

@@ -1,0 +1,158 @@
+"""The release protocol: the one way any front door pays for a release.
+
+    plan      the front door turns its request into a ReleasePlan, once (plan.py)
+    preflight the front door runs every check that needs no grant (parse, schema, bounds,
+              overflow, user module, files); a refusal charges nothing
+    charge    `charge(ledger, plan, selector)`: one ledger grant, recording the front door and
+              the request's text; a denial for lack of budget is recorded too (who, how much,
+              what was free), then re-raised
+    compute   inside `with charged:`; shares are consumed through `charged.share(step)`
+    record    `charged.released(artifacts, guarantee)`; leaving the block by an exception
+              records `failed` (with a public reason and the phase) or, on Ctrl-C,
+              `interrupted`; so no grant looks complete when nothing was released
+    guarantee `charged.guarantee(unit, ...)`: the one Guarantee value every output states
+
+Components that consume steps of a grant another component charged (the training DAG: the
+BlockLedger component charges, DPTransform, ObliviousSampleGen, DPTrainer and SLAedValidator
+spend its steps) record their own steps' outcomes with `consume(ledger, grant, steps, ...)`.
+
+What is recorded is public: the request and budgets are the user's, the outcome and phase are
+the front door's control flow, and a failure's message is kept only for the ledger's own
+errors (BadRequest and the like, whose messages name public inputs); any other error is
+recorded by its type alone, since its message may quote data.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from sage_tfx.choices import Choice
+from sage_tfx.release.guarantee import Guarantee, GuaranteeUnit
+from sage_tfx.release.plan import ReleasePlan
+from sage_tfx.sage_access.errors import BudgetExhausted, LedgerError
+
+
+class Outcome(Choice):
+    """What became of a grant's step (recorded once, in ML Metadata)."""
+    RELEASED = "released"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+class ReleaseFailed(Exception):
+    """A release failed after its grant was charged: the budget is spent and nothing was
+    released. The message says so, names the grant and the phase, and quotes no data."""
+
+    def __init__(self, grant_id: str, reason: str):
+        super().__init__(f"grant {grant_id} was charged (that budget is spent) but nothing was "
+                         f"released: {reason}")
+        self.grant_id, self.reason = grant_id, reason
+
+
+class ReleaseInterrupted(KeyboardInterrupt):
+    """Ctrl-C after the charge: the budget is spent and nothing was released (the message says
+    so). A KeyboardInterrupt, so whatever stops on Ctrl-C still stops."""
+
+    def __init__(self, grant_id: str):
+        super().__init__(f"interrupted after grant {grant_id} was charged: that budget is spent "
+                         "and nothing was released (recorded as interrupted in the ledger)")
+        self.grant_id = grant_id
+
+
+def public_reason(error: BaseException, phase: str) -> str:
+    """Why a phase failed, in words that depend on no data (see the module docstring)."""
+    if isinstance(error, KeyboardInterrupt):
+        return f"interrupted while {phase}"
+    if isinstance(error, LedgerError):
+        return f"failed while {phase}: {error}"
+    return f"failed while {phase} ({type(error).__name__})"
+
+
+class Charged:
+    """A charged grant whose release is under way; use it as a context manager (see the module
+    docstring). `grant`: the ledger's Grant; `steps`: the steps whose outcome this front door
+    records."""
+
+    def __init__(self, ledger, grant, front_door: str, steps: Sequence[str]):
+        self.ledger, self.grant, self.front_door = ledger, grant, front_door
+        self.steps = tuple(steps)
+        self.phase = "computing"
+        self._recorded = False
+
+    def share(self, step: str) -> tuple[float, float]:
+        """Consume `step`'s share of the grant, once (BlockLedger.use_share)."""
+        return self.ledger.use_share(self.grant, step, consumer=self.front_door)
+
+    def guarantee(self, unit: GuaranteeUnit, unit_column: Optional[str] = None,
+                  mechanism: Optional[str] = None, epsilon: Optional[float] = None,
+                  delta: Optional[float] = None, other_units=()) -> Guarantee:
+        """The guarantee of this release: the grant's (epsilon, delta) unless the front door's
+        steps spend a part of it (their shares)."""
+        grant = self.grant
+        return Guarantee(grant.epsilon if epsilon is None else epsilon,
+                         (grant.delta or 0.0) if delta is None else delta, unit, unit_column,
+                         grant.grant_id, grant.blocks, mechanism, other_units)
+
+    def released(self, artifacts: Sequence[str] = (),
+                 guarantee: Optional[Guarantee] = None) -> None:
+        """Record that the steps released `artifacts` (paths or URIs) under `guarantee`."""
+        self._record(Outcome.RELEASED, None, artifacts,
+                     guarantee.sentence() if guarantee else None)
+
+    def _record(self, outcome: Outcome, reason: Optional[str], artifacts: Sequence[str] = (),
+                guarantee: Optional[str] = None) -> None:
+        self.ledger.record_outcome(self.grant, self.steps, outcome.value, self.front_door,
+                                   reason, artifacts, guarantee)
+        self._recorded = True
+
+    def __enter__(self) -> "Charged":
+        return self
+
+    def __exit__(self, error_type, error, traceback) -> bool:
+        if error is None:
+            if not self._recorded:
+                self._record(Outcome.FAILED, f"{self.front_door} recorded no release")
+                raise ReleaseFailed(self.grant.grant_id, "the front door recorded no release")
+            return False
+        if self._recorded:  # released, then failed afterwards (e.g. printing): it stands
+            return False
+        interrupted = isinstance(error, KeyboardInterrupt)
+        reason = public_reason(error, self.phase)
+        try:
+            self._record(Outcome.INTERRUPTED if interrupted else Outcome.FAILED, reason)
+        except LedgerError:  # an outcome stands already: this run spent nothing, say why
+            return False
+        except Exception:  # the store is gone too: the grant stays `incomplete`, still spent
+            pass
+        if isinstance(error, (ReleaseFailed, ReleaseInterrupted)):
+            return False
+        if interrupted:
+            raise ReleaseInterrupted(self.grant.grant_id) from error
+        raise ReleaseFailed(self.grant.grant_id, reason) from error
+
+
+def record_denial(ledger, plan: ReleasePlan, denied: BudgetExhausted) -> None:
+    """Record a request `plan` that the blocks could not pay (nothing was charged)."""
+    ledger.record_denial(plan.front_door, plan.request, plan.pipeline, plan.epsilon,
+                         plan.delta, denied.remaining, str(denied))
+
+
+def charge(ledger, plan: ReleasePlan, selector) -> Charged:
+    """Charge `plan` on the blocks `selector` picks (BlockIds or RecentWindow): all or nothing.
+    BudgetExhausted (recorded as a denial first) or BadRequest leave the ledger uncharged."""
+    try:
+        grant = ledger.request(selector, epsilon=plan.epsilon, delta=plan.delta,
+                               pipeline=plan.pipeline, run_id=plan.run_id, split=plan.split,
+                               events=plan.events, data_uri=plan.data_uri,
+                               require_data=plan.require_data,
+                               additional_delta=plan.additional_delta,
+                               front_door=plan.front_door, request_text=plan.request)
+    except BudgetExhausted as denied:
+        record_denial(ledger, plan, denied)
+        raise
+    return Charged(ledger, grant, plan.front_door, plan.steps)
+
+
+def consume(ledger, grant, steps: Sequence[str], front_door: str) -> Charged:
+    """The part of a grant charged elsewhere that `front_door` spends: its `steps` (their
+    outcome is recorded by this front door)."""
+    return Charged(ledger, grant, front_door, steps)
