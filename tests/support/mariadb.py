@@ -9,6 +9,7 @@ kill -9 (the data directory survives; `start()` again recovers it). `store(datab
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import shutil
@@ -31,6 +32,12 @@ def missing_reason() -> Optional[str]:
             return (f"{program} is not installed (`make mariadb` installs Debian's "
                     "mariadb-server when run as root)")
     return None
+
+
+def _die_with_parent() -> None:
+    """In the server's process before exec: SIGTERM it when the process that started it dies
+    (a test run that aborts must not leave servers behind). Linux's PR_SET_PDEATHSIG."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def _which(program: str) -> Optional[str]:
@@ -64,7 +71,7 @@ class MariaDB:
                  "--character-set-server=utf8mb4", "--collation-server=utf8mb4_bin",
                  f"--log-error={self.directory / 'error.log'}", "--skip-name-resolve",
                  "--max-connections=500"],
-                stdout=log, stderr=subprocess.STDOUT)
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         self._wait_ready()
         if first:
             self._make_user()
