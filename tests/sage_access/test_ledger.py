@@ -290,33 +290,58 @@ def test_integers_beyond_32_bits_are_stored_exactly_on_both_backends(store_path)
         set_properties(pb.Artifact(), {"id": 10**15})
 
 
+def lose_first_answer(monkeypatch, store, landed: bool) -> None:
+    """What a MySQL client sees when the server dies mid-commit: the store reconnects and raises
+    CommitUnknown, whether or not the call committed (`landed`). Later calls go through."""
+    from sage_tfx.sage_access.store import CommitUnknown
+
+    real_put = store.put_execution
+
+    def put_losing_the_first_answer(*args, **kwargs):
+        monkeypatch.setattr(store, "put_execution", real_put)
+        if landed:
+            real_put(*args, **kwargs)
+        raise CommitUnknown("connection lost")
+
+    monkeypatch.setattr(store, "put_execution", put_losing_the_first_answer)
+
+
 @pytest.mark.parametrize("landed", [True, False])
 def test_a_grant_whose_commit_fate_is_unknown_is_resolved_from_the_ledger(store_path, landed,
                                                                          monkeypatch):
-    # What a MySQL client sees when the server dies mid-commit: the store reconnects and raises
-    # CommitUnknown, whether or not the call committed. The grant is looked up by its unique
-    # name: charged once either way, and the caller gets the grant that is in the ledger.
-    from sage_tfx.sage_access.store import CommitUnknown
-
+    # The grant is looked up by its unique name: charged once either way, and the caller gets
+    # the grant that is in the ledger.
     ledger = make_ledger(store_path, blocks=2)
-    store = ledger.store
-    real_put = store.put_execution
-    lost = []
-
-    def put_losing_the_first_answer(*args, **kwargs):
-        if not lost:
-            lost.append(True)
-            if landed:
-                real_put(*args, **kwargs)
-            raise CommitUnknown("connection lost")
-        return real_put(*args, **kwargs)
-
-    monkeypatch.setattr(store, "put_execution", put_losing_the_first_answer)
+    lose_first_answer(monkeypatch, ledger.store, landed)
     grant = ledger.request(BlockIds(["b0", "b1"]), epsilon=0.25, delta=1e-8)
-    monkeypatch.undo()
     [recorded] = ledger.grant_records()
     assert recorded["grant_id"] == grant.grant_id
     assert ledger.find_grant(grant.grant_id).execution_id == grant.execution_id
     for block in ledger.blocks():
         assert tuple(block.spent) == (0.25, 1e-8) and block.charges == 1
     assert ledger.audit().problems == []
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_release_outcomes_and_denials_are_recorded_once_on_both_backends(store_path, landed,
+                                                                        monkeypatch):
+    # The release protocol's records (sage_tfx.release) on SQLite and MySQL, also when the
+    # commit's answer is lost: an outcome that landed is not refused as "recorded already", a
+    # denial is neither lost nor doubled.
+    from sage_tfx.sage_access.lineage import denial_records
+
+    ledger = make_ledger(store_path, blocks=2)
+    grant = ledger.request(BlockIds(["b0"]), epsilon=0.1, delta=0.0,
+                           split={"count": "0.5", "sum": "0.5"})
+    lose_first_answer(monkeypatch, ledger.store, landed)
+    ledger.record_outcome(grant, ["count", "sum"], "released", "test", artifacts=["/out/a"])
+    outcomes = ledger.grant_outcomes(grant.grant_id)
+    assert {step: o["outcome"] for step, o in outcomes.items()} == {"count": "released",
+                                                                    "sum": "released"}
+    with pytest.raises(BadRequest, match="recorded already"):
+        ledger.record_outcome(grant, ["count"], "failed", "test", reason="late")
+    lose_first_answer(monkeypatch, ledger.store, landed)
+    ledger.record_denial("test", "SELECT count(*)", "p", 5.0, 0.0, {"b0": "0.9"}, "too much")
+    [denial] = denial_records(ledger._records)
+    assert (denial["front_door"], denial["epsilon"], denial["free"]) == ("test", 5.0,
+                                                                        {"b0": "0.9"})
