@@ -6,7 +6,9 @@
   (grants overlap: optimistic concurrency makes the loser redo its work) and, `_own_blocks`,
   each process on 5 blocks of its own (no conflicts: what the backend's locking allows);
 * median latency of a 30-block grant with 10 and with 10,000 blocks registered;
-* median latency of the same grant after 2,000 earlier charges on those blocks (history growth).
+* median latency of the same grant after 2,000 earlier charges on those blocks (history growth);
+* the CPU time one such grant costs, client and database server together (`cpu_ms_per_grant_*`):
+  unlike wall-clock figures, it hardly depends on what else loads the machine.
 Targets: issue 2 (SQLite): <= 20 ms median at 10,000 blocks, no growth with past charges.
 Issue 31 (MySQL): grants/s grows with processes up to the core count and is at least 3x SQLite's
 at 8 processes; latency <= 10 ms and flat in history.
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 from sage_tfx.sage_access import BlockIds, BlockLedger
 
@@ -36,6 +39,23 @@ def build(path: str, blocks: int, ceiling: float = 1e9) -> BlockLedger:
     for index in range(blocks):
         ledger.add_block(f"b{index:05d}", ceiling, 0.5)
     return ledger
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def grant_cpu_ms(ledger: BlockLedger, block_ids: list[str], grants: int,
+                 server_pid: Optional[int]) -> float:
+    """CPU milliseconds one grant costs, client and database server together: what a grant
+    takes on an idle machine, whatever else loads this one (wall-clock latency does not say)."""
+    pids = [os.getpid()] + ([server_pid] if server_pid else [])
+    before = sum(cpu_seconds(pid) for pid in pids)
+    grant_latencies_ms(ledger, block_ids, grants)
+    return 1000 * (sum(cpu_seconds(pid) for pid in pids) - before) / grants
 
 
 def grant_latencies_ms(ledger: BlockLedger, block_ids: list[str], grants: int) -> list[float]:
@@ -85,8 +105,9 @@ def throughput(path: str, processes: int, seconds: float, own_blocks: bool) -> f
     return sum(done / elapsed for done, elapsed in rates)
 
 
-def measure(new_store, many: int, seconds: float) -> dict:
-    """The figures on stores made by `new_store(name)` (a path or a mysql:// spec)."""
+def measure(new_store, many: int, seconds: float, server_pid: Optional[int] = None) -> dict:
+    """The figures on stores made by `new_store(name)` (a path or a mysql:// spec; the
+    database server's process id, if there is one)."""
     result = {}
     for blocks in (10, many):
         ledger = build(new_store(f"latency{blocks}"), blocks)
@@ -96,9 +117,13 @@ def measure(new_store, many: int, seconds: float) -> dict:
         result[f"median_grant_ms_{width}_blocks_of_{blocks}"] = round(
             statistics.median(grant_latencies_ms(ledger, ids, 50)), 2)
         if blocks == many:
-            grant_latencies_ms(ledger, ids, 2000)
+            result[f"cpu_ms_per_grant_{width}_blocks_of_{blocks}"] = round(
+                grant_cpu_ms(ledger, ids, 100, server_pid), 2)
+            grant_latencies_ms(ledger, ids, 1900)
             result[f"median_grant_ms_{width}_blocks_of_{blocks}_after_2000_charges"] = round(
                 statistics.median(grant_latencies_ms(ledger, ids, 50)), 2)
+            result[f"cpu_ms_per_grant_{width}_blocks_of_{blocks}_after_2000_charges"] = round(
+                grant_cpu_ms(ledger, ids, 100, server_pid), 2)
     for processes in PROCESSES:  # a fresh ledger each, so every run starts from the same history
         for own_blocks, label in ((False, ""), (True, "_own_blocks")):
             store = new_store(f"throughput{processes}{label}")
@@ -134,7 +159,7 @@ def main() -> None:
 
             server = MariaDB(Path(directory) / "mariadb").start()
             try:
-                result.update(measure(server.store, many, seconds))
+                result.update(measure(server.store, many, seconds, server.process.pid))
             finally:
                 server.stop()
     if args.json:
