@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from sage_tfx.cli.common import EXIT_AUDIT_FAILED, EXIT_BAD_INPUT
+from sage_tfx.cli.common import EXIT_AUDIT_FAILED, EXIT_BAD_INPUT, quiet_tensorflow
 
 
 def add_parser(groups: argparse._SubParsersAction) -> None:
@@ -30,6 +30,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
 
 
 def _audit(args) -> int:
+    quiet_tensorflow()  # the DP-SGD adapter runs TensorFlow
     from sage_tfx.audit import mechanisms
 
     audits = mechanisms.shipped()

@@ -100,10 +100,56 @@ def run(handler: Callable, args, on_error: Optional[Callable] = None) -> int:
                                     f"{str(error).splitlines()[0]}")
 
 
+def add_beam_arguments(parser: argparse.ArgumentParser) -> None:
+    """--engine and --beam-option: how a command hands Beam its pipeline options (the same
+    options TFX components take as `beam_pipeline_args`; docs/running-at-scale.md lists them
+    for Dataflow, Flink and Spark)."""
+    parser.add_argument("--engine", choices=("local", "beam"), default="local",
+                        help="local: the in-process engine (default); beam: the Beam engine, "
+                             "on the runner --beam-option names (DirectRunner by default)")
+    parser.add_argument("--beam-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Beam pipeline option, repeatable, e.g. runner=PortableRunner, "
+                             "job_endpoint=localhost:8099, environment_type=EXTERNAL "
+                             "(needs --engine beam)")
+
+
+def beam_pipeline_args(args) -> list[str]:
+    """The --beam-option values as Beam's command-line options (`--KEY=VALUE`); BadRequest,
+    before anything is charged, for a malformed one or options without --engine beam."""
+    from sage_tfx.sage_access.errors import BadRequest
+
+    pipeline_args = []
+    for option in args.beam_option:
+        key, equals, value = option.partition("=")
+        key = key.strip().lstrip("-")
+        if not equals or not key or not value:
+            raise BadRequest(f"--beam-option {option!r}: write KEY=VALUE, e.g. "
+                             "runner=PortableRunner (nothing charged)")
+        pipeline_args.append(f"--{key}={value}")
+    if pipeline_args and args.engine != "beam":
+        raise BadRequest("--beam-option needs --engine beam (nothing charged)")
+    return pipeline_args
+
+
 def quiet_tensorflow() -> None:
-    """Before a command's first TensorFlow import: hide its C++ start-up lines (oneDNN, CUDA
-    probing) that say nothing to a user; a user's own setting wins."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    """Import TensorFlow without its C++ start-up lines (oneDNN, CUDA probing: absl writes them
+    to the stderr file descriptor before any logging setup, so no environment variable hides
+    them): stderr is pointed at /dev/null for the import only. An import error still raises, and
+    prints, after stderr is back. TF_CPP_MIN_LOG_LEVEL (a user's own setting wins) quiets the
+    rest."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401  (imported here so its start-up lines go nowhere)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def command_name(args) -> str:

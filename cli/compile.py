@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
+from sage_tfx.cli.common import quiet_tensorflow
+
 
 def add_parser(groups) -> None:
     """`sage-tfx compile`: its arguments here, TFX imported only when it runs."""
@@ -56,6 +58,7 @@ def _compile(args) -> int:
         print("sage-tfx compile: the taxi example needs --data-root (where new CSV files "
               "arrive); or pass --pipeline-module for your own pipeline", file=sys.stderr)
         return 2
+    quiet_tensorflow()  # compiling imports TFX, hence TensorFlow
     from sage_tfx.pipelines import kubeflow
     if args.pipeline_module:
         return kubeflow.compile_command(args.pipeline_module, args.out, args.image,

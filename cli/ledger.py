@@ -7,10 +7,13 @@
     register    mark a pipeline as waiting: new blocks reserve a share for it
     finish      the pipeline is done: its unused reservations return
     request     grant budget on blocks, all or nothing (prints one JSON object, always)
-    show        every block's spent, reserved (per pipeline) and free budget
+    show        every block's spent, reserved (per pipeline) and free budget, then the grants
+                and denials as `grants` lists them
     plot        the same as a PNG/SVG/PDF bar chart
     contexts    the ledger contexts in the store
-    grants      every grant: time, pipeline, blocks, epsilon, delta, split, run
+    grants      every grant and denial, oldest first: time, outcome (released, failed,
+                interrupted, incomplete, unrecorded; denied), epsilon, delta, pipeline, front
+                door, blocks, split, run, why it failed or was denied, and the request's text
     audit       re-derive every balance from the history and report inconsistencies
     serve       a read-only web page of all the above, with JSON endpoints (localhost unless
                 --host says otherwise, and then only with a token)
@@ -36,7 +39,7 @@ from sage_tfx.cli.common import (EXIT_AUDIT_FAILED, EXIT_BAD_INPUT, STORE_ENVIRO
                                  add_store_arguments, open_ledger, run)
 # Light (no dp_accounting, no TensorFlow); the package's __init__ imports it anyway.
 from sage_tfx.sage_access.accounting import AccountingMode, accounting_for
-from sage_tfx.sage_access.views import (MAX_PLOT_BARS, describe_event, format_table,
+from sage_tfx.sage_access.views import (MAX_PLOT_BARS, format_history, format_table, history,
                                         ledger_table, plot_bars)
 
 TOKEN_ENVIRONMENT_VARIABLE = "SAGE_TFX_LEDGER_TOKEN"
@@ -104,7 +107,8 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                          help="the pipeline spending (draws on its reservation first)")
     request.error = lambda message: _request_usage_error(request, message)
 
-    show = command("show", _show, "every block's spent, reserved and free budget")
+    show = command("show", _show, "every block's spent, reserved and free budget, and every "
+                                  "grant and denial")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     plot = command("plot", _plot, "bar chart of spent, reserved and free budget per block")
@@ -113,7 +117,8 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                            "must exist")
 
     command("contexts", _contexts, "list the ledger contexts in the store")
-    grants = command("grants", _grants, "list every grant: time, pipeline, blocks, budget, run")
+    grants = command("grants", _grants, "list every grant and denial: time, outcome, budget, "
+                                        "pipeline, front door, blocks, request")
     grants.add_argument("--json", action="store_true", help="print JSON instead of a table")
     command("audit", _audit, "re-derive every balance from the history; exit 6 on a mismatch")
     serve = command("serve", _serve, "a read-only web page of the ledger: blocks, grants, runs, "
@@ -210,6 +215,7 @@ def _finish(args) -> int:
 
 
 def _request(args) -> int:
+    from sage_tfx import release
     from sage_tfx.sage_access.errors import BadRequest
     from sage_tfx.sage_access.ledger import BlockIds, RecentWindow
 
@@ -230,25 +236,36 @@ def _request(args) -> int:
                          "its mechanism's rdp_curve; use --gaussian-noise-multiplier Z "
                          "[--compositions K], --epsilon E --delta 0 (pure DP), or the Python "
                          "API with the DP event of each step")
-    if args.noise_multiplier is None:
-        grant = ledger.request(selector, epsilon=args.epsilon, delta=args.delta,
-                               pipeline=args.pipeline)
-    else:
+    curve = None
+    if args.noise_multiplier is not None:
         from dp_accounting import dp_event
 
         from sage_tfx.sage_access.accounting import rdp_curve_of
 
-        curve = list(rdp_curve_of([dp_event.SelfComposedDpEvent(
+        curve = tuple(rdp_curve_of([dp_event.SelfComposedDpEvent(
             dp_event.GaussianDpEvent(args.noise_multiplier), args.compositions)], ledger.orders))
-        grant = ledger.request(selector, rdp_curve=curve, delta=args.delta,
-                               pipeline=args.pipeline)
-    print(json.dumps(grant.to_json()))
+    asked = (f"--blocks {args.blocks}" if args.blocks is not None else f"--window {args.window}")
+    asked += (f" --epsilon {args.epsilon} --delta {args.delta}" if curve is None else
+              f" --gaussian-noise-multiplier {args.noise_multiplier} --compositions "
+              f"{args.compositions} --delta {args.delta}")
+    plan = release.ReleasePlan("sage-tfx ledger request", asked,
+                               args.epsilon if curve is None else None, args.delta, {}, {},
+                               rdp_curve=curve, pipeline=args.pipeline)
+    charged = release.charge(ledger, plan, selector)
+    charged.issued()
+    print(json.dumps(charged.grant.to_json()))
     return 0
 
 
 def _show(args) -> int:
-    table = ledger_table(open_ledger(args, read_only=True))
-    print(json.dumps(table, indent=2) if args.json else format_table(table))
+    ledger = open_ledger(args, read_only=True)
+    table = ledger_table(ledger)
+    entries = history(ledger.grant_records(), ledger.denial_records())
+    if args.json:
+        print(json.dumps(dict(table, history=entries), indent=2))
+    else:
+        print(f"{format_table(table)}\n\ngrants and denials, oldest first:\n"
+              f"{format_history(entries)}")
     return 0
 
 
@@ -321,22 +338,9 @@ def _contexts(args) -> int:
 
 
 def _grants(args) -> int:
-    records = open_ledger(args, read_only=True).grant_records()
-    if args.json:
-        print(json.dumps(records, indent=2))
-        return 0
-    print(f"{'time (UTC)':<19} {'pipeline':<16} {'epsilon':>8} {'delta':>8}  blocks  "
-          "split (step=fraction: recorded DP event)  run")
-    for record in records:
-        moment = dt.datetime.fromtimestamp(record["time_ms"] / 1000, tz=dt.timezone.utc)
-        epsilon = "rdp" if record["epsilon"] is None else f"{record['epsilon']:.4g}"
-        delta = "-" if record["delta"] is None else f"{record['delta']:.3g}"
-        events = record["events"] or {}
-        split = "; ".join(
-            f"{step}={fraction}" + (f": {describe_event(events[step])}" if step in events else "")
-            for step, fraction in (record["split"] or {}).items()) or "-"
-        print(f"{moment:%Y-%m-%d %H:%M:%S} {record['pipeline'] or '-':<16} {epsilon:>8} "
-              f"{delta:>8}  {','.join(record['blocks'])}  {split}  {record['run_id'] or '-'}")
+    ledger = open_ledger(args, read_only=True)
+    entries = history(ledger.grant_records(), ledger.denial_records())
+    print(json.dumps(entries, indent=2) if args.json else format_history(entries))
     return 0
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from sage_tfx.cli.common import add_store_arguments, open_ledger, run
+from sage_tfx.cli.common import (add_beam_arguments, add_store_arguments, beam_pipeline_args,
+                                 open_ledger, run)
 
 INGEST_HELP = "register a CSV file as a table of ledger blocks (for `sage-tfx query`)"
 QUERY_HELP = "run a DP SQL query on ingested tables, charged to the ledger"
@@ -64,6 +65,7 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
                                                      "the query reads that can pay")
     selector.add_argument("--blocks", help="comma-separated block ids")
     query.add_argument("--out", help="also write the released table to this CSV file")
+    add_beam_arguments(query)
     query.add_argument("sql", help='the query, e.g. "SELECT WITH ANONYMIZATION key, '
                                    'ANON_COUNT(*) FROM trips GROUP BY key"')
 
@@ -92,6 +94,7 @@ def _query(args) -> int:
 
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise BadRequest(f"--out {args.out}: its directory does not exist (nothing charged)")
+    engine = _engine(args)
     ledger = open_ledger(args)
     parsed = sql.parse(args.sql)
     found = {name: tables.find_table(ledger, name) for name in sql.table_names(parsed)}
@@ -108,7 +111,7 @@ def _query(args) -> int:
             planned.checked,
             lambda name: tables.read_blocks(ledger, found[name], charged.grant.blocks))
         charged.phase = "running the query"
-        result = frontend.run(rows, planned, charged, unit)
+        result = frontend.run(rows, planned, charged, unit, engine=engine)
         guarantee = charged.guarantee(unit, unit_column)
         charged.phase = "writing the release"
         if args.out:
@@ -117,6 +120,22 @@ def _query(args) -> int:
     print(result.table.to_string(index=False) if len(result.table) else "(no group released)")
     print(f"guarantee: {guarantee.sentence()}")
     return 0
+
+
+def _engine(args):
+    """The aggregation engine --engine names, with the --beam-option pipeline options."""
+    pipeline_args = beam_pipeline_args(args)
+    if args.engine == "local":
+        from sage_tfx.dp_statistics.aggregation.local import aggregate
+
+        return aggregate
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
+
+    options = PipelineOptions(pipeline_args)
+    return lambda rows, query, budget, unit: aggregate_with_beam(rows, query, budget, unit,
+                                                                 options=options)
 
 
 def _query_blocks(args, ledger, found: dict, plan) -> list[str]:

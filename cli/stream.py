@@ -6,7 +6,7 @@
                     [--value-column COL --value-bound L] [--contribution-limit C]
                     [--state-dir STATE]
 
-Beside the `continual` package, not in it (as matrix_cli.py): `sage-tfx` builds every command's
+In the CLI package, not in `continual` (as workload.py): `sage-tfx` builds every command's
 parser on each run, so this module imports nothing heavy until the command runs.
 
 The window is the ledger blocks IDS; its micro-batches and trigger times are public: the
@@ -155,7 +155,7 @@ def _stream(args) -> int:
 
     from sage_tfx.dp_statistics.aggregation.spec import QueryError
     from sage_tfx.dp_statistics.continual import sources
-    from sage_tfx.dp_statistics.continual.release import STATE_DIR, run_window
+    from sage_tfx.dp_statistics.continual.release import STATE_DIR, record_released, run_window
     from sage_tfx.dp_statistics.continual.spec import StreamQuery
     from sage_tfx.sage_access.errors import BadRequest
 
@@ -181,9 +181,10 @@ def _stream(args) -> int:
     if not os.path.isdir(state_dir) and os.path.isdir(args.out) and os.listdir(args.out):
         raise BadRequest(f"--out {args.out} is not empty and holds no stream; give a new "
                          "directory (or the same one to resume a stream)")
+    front_door = f"sage-tfx stream {os.path.abspath(args.out)}"
     state = run_window(ledger, query, window, records, state_dir, args.out,
-                       consumer=f"sage-tfx stream {os.path.abspath(args.out)}",
-                       pipeline=args.pipeline)
+                       consumer=front_door, pipeline=args.pipeline)
+    record_released(ledger, query, state, front_door, args.out)
     print(json.dumps({"grant_id": state.grant_id, "blocks": list(state.blocks),
                       "epsilon": args.epsilon, "delta": args.delta,
                       "micro_batches": args.micro_batches,

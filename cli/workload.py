@@ -1,14 +1,15 @@
 """`sage-tfx workload-answer`: a workload of counting queries answered from granted blocks.
 
-Beside the `matrix` package, not in it: importing anything inside `matrix` runs its __init__,
-which loads the mechanisms (OpenDP, dp-accounting), and `sage-tfx` builds every command's parser
-on each run, so `sage-tfx ledger show` would pay for them.
+In the CLI package, not in `matrix`: importing anything inside `matrix` runs its __init__, which
+loads the mechanisms (OpenDP, dp-accounting), and `sage-tfx` builds every command's parser on
+each run, so `sage-tfx ledger show` would pay for them. It never imports TensorFlow (a block of
+BlockExampleGen's Examples does, when one is granted).
 
     sage-tfx workload-answer --store S (--window W | --blocks IDS) --epsilon E --delta D
                              --spec SPEC.json --out FILE.csv [--context C] [--pipeline P]
 
-Order (docs/architecture.md, "charge before release"): the spec, the budget and the output path are checked
-and the strategy chosen (data independent) before anything is charged; then ONE grant of
+Order (docs/architecture.md, "the release protocol"): the spec, the budget and the output path
+are checked and the strategy chosen (data independent) before anything is charged; then ONE grant of
 (E, D) is charged on the blocks, all or nothing, recording the Gaussian event that will run;
 then the blocks' records are read (BlockExampleGen's Examples, or the rows of a table that
 `sage-tfx ingest` registered: of each unit's rows in the granted blocks one is kept, chosen at

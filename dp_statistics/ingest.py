@@ -9,7 +9,9 @@ What is stored depends on the rows only through the rows themselves (issue 16 §
   would let one odd cell change how every other row is read;
 * nothing is counted, logged or printed about the rows.
 
-Bad rows (the project's record rule, components/record_rule.py, applied column-wise): each cell
+Bad rows (the project's record rule, components/record_rule.py, applied column-wise): a line
+with the wrong number of cells, or with a cell that is not UTF-8, is dropped by itself (as the
+stream reader drops it: `read_text_csv`; no error quotes a line or a byte's position). Each cell
 is mapped on its own to a valid value of its column's declared type, and a cell that is not one
 (text in a number column, an empty cell, NaN or an infinity) becomes the type's public default,
 0 or "". A row without a unit id, or whose time is missing, unreadable or outside the schedule,
@@ -23,11 +25,13 @@ import csv
 import datetime as dt
 import hashlib
 import os
-from typing import Mapping, Optional
+import secrets
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
@@ -37,7 +41,19 @@ from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
 
-_USER_HASH_KEY = b"sage-tfx-user-blocks"
+# The key of a --user-blocks table's hash (`user_block_of`): 32 random bytes drawn from
+# `secrets` when the table is ingested, one per table, and written to this file in the table's
+# directory under --out, beside its blocks' rows (mode 0600): it is private state like the
+# rows, so it is never stored in ML Metadata (whose properties any reader of the ledger sees),
+# printed or logged. Why secret: with a key anyone knows (one written in the source, as before
+# issue 29), anyone who knows a person's id knows which block holds their rows and whose
+# budget a release from that block spends, and can choose ids that land in one block.
+# A --user-blocks table is ingested once (all its K blocks at once; blocks are immutable), so
+# the key is used at that ingest only and kept to re-derive or audit the placement. Tables
+# ingested before keys existed were placed with the old public key: they stay queryable (a
+# query never needs the key), and re-ingesting them under a new --table name gives them a
+# secret one.
+USER_HASH_KEY_FILE = "user_hash.key"
 _NUMPY_PERIODS = {"month": "datetime64[M]", "day": "datetime64[D]", "hour": "datetime64[h]"}
 
 
@@ -75,18 +91,72 @@ def parse_types(text: Optional[str]) -> dict[str, str]:
     return declared
 
 
-def _header(path: str) -> list[str]:
+def csv_header(path: str, what: str) -> list[str]:
+    """The column names on a CSV file's first line, stripped. Bytes that are not UTF-8 become
+    U+FFFD (a column so named is then missing, and the file refused by name): never a decoding
+    error that would tell where a byte lies."""
     try:
-        with open(path, newline="") as handle:
-            header = next(csv.reader(handle), None)
+        with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+            return [name.strip() for name in next(csv.reader(handle), [])]
     except OSError as error:
-        raise BadRequest(f"cannot read --csv {path}: {error.strerror}") from None
+        raise BadRequest(f"cannot read {what} {path}: {error.strerror}") from None
+
+
+def _header(path: str) -> list[str]:
+    header = csv_header(path, "--csv")
     if not header:
         raise BadRequest(f"--csv {path} is empty; its first line must name the columns")
-    header = [name.strip() for name in header]
     if len(set(header)) != len(header) or not all(header):
         raise BadRequest(f"--csv {path}: the header must name each column once: {header}")
     return header
+
+
+def read_text_csv(path: str, what: str, columns: Optional[Sequence[str]] = None,
+                  missing_is_null: bool = False) -> pa.Table:
+    """The named columns (default: all) of a CSV file, every cell as UTF-8 text, never
+    type-inferred. The per-record rule (ingest and the stream reader): a row with the wrong
+    number of cells, or with a cell that is not UTF-8, is dropped by itself; refusing the file
+    would branch on one record, and Arrow's message would quote it. `missing_is_null`:
+    Arrow's null spellings (empty, NA, NULL, ...) read as null instead of as text. Errors name
+    the file only (BadRequest)."""
+    names = csv_header(path, what) if columns is None else list(columns)
+    try:
+        table = pacsv.read_csv(
+            path, convert_options=pacsv.ConvertOptions(
+                include_columns=list(columns or []),
+                column_types={c: pa.binary() for c in names},
+                strings_can_be_null=missing_is_null,
+                quoted_strings_can_be_null=missing_is_null),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip"))
+    except OSError as error:
+        raise BadRequest(f"cannot read {what} {path}: {error.strerror}") from None
+    except pa.ArrowInvalid:  # its message may quote a line of the file: not shown
+        raise BadRequest(f"{what} {path}: Arrow's CSV reader cannot read it (the lines are "
+                         "not shown); check that it is a CSV file") from None
+    return _decoded(table)
+
+
+def _decoded(table: pa.Table) -> pa.Table:
+    """`table`'s binary cells as UTF-8 text, dropping each row with a cell that is not UTF-8
+    (that record alone: one unit's malformed bytes never refuse the input)."""
+    valid = np.ones(table.num_rows, dtype=bool)
+    for column in table.columns:
+        try:
+            pc.cast(column, pa.string())
+        except pa.ArrowInvalid:  # rare: find the bad cells one by one
+            valid &= [cell is None or _is_utf8(cell) for cell in column.to_pylist()]
+    if not valid.all():
+        table = table.filter(pa.array(valid))
+    return pa.table({name: pc.cast(column, pa.string())
+                     for name, column in zip(table.column_names, table.columns)})
+
+
+def _is_utf8(cell: bytes) -> bool:
+    try:
+        cell.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _typed(cells: pd.Series, kind: str) -> pa.Array:
@@ -112,11 +182,23 @@ def time_seconds(cells: pd.Series) -> np.ndarray:
                     seconds)
 
 
-def user_block_of(units: np.ndarray, blocks: int) -> np.ndarray:
-    """The bucket (0..blocks-1) of each unit id: a keyed hash, so a unit's rows share a block."""
+def new_user_hash_key(table_directory: str) -> bytes:
+    """A table's secret hash key, written to USER_HASH_KEY_FILE in its directory (see there)."""
+    key = secrets.token_bytes(32)
+    os.makedirs(table_directory, exist_ok=True)
+    descriptor = os.open(os.path.join(table_directory, USER_HASH_KEY_FILE),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(key)
+    return key
+
+
+def user_block_of(units: np.ndarray, blocks: int, key: bytes) -> np.ndarray:
+    """The bucket (0..blocks-1) of each unit id: a hash keyed with the table's secret key
+    (USER_HASH_KEY_FILE), so a unit's rows share a block that only the key tells."""
     unique, inverse = np.unique(units, return_inverse=True)
     buckets = np.array([int.from_bytes(hashlib.blake2b(
-        unit.encode("utf-8"), digest_size=8, key=_USER_HASH_KEY).digest(), "big") % blocks
+        unit.encode("utf-8"), digest_size=8, key=key).digest(), "big") % blocks
         for unit in unique], dtype=np.int64)
     return buckets[inverse] if len(unique) else np.zeros(0, dtype=np.int64)
 
@@ -176,13 +258,12 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
                          "are immutable once registered; ingest the next period")
     directories = {part: os.path.abspath(os.path.join(out_dir, name, table.block_id(part)))
                    for part, _, _ in parts}
-    present = [d for d in directories.values() if os.path.exists(d)]
+    key_file = os.path.abspath(os.path.join(out_dir, name, USER_HASH_KEY_FILE))
+    present = [d for d in [*directories.values(), key_file] if os.path.exists(d)]
     if present:
         raise BadRequest(f"--out already holds {present[0]}; give a new directory")
 
-    raw = pacsv.read_csv(csv_path, convert_options=pacsv.ConvertOptions(
-        column_types={c: pa.string() for c in header}, strings_can_be_null=False,
-        quoted_strings_can_be_null=False)).to_pandas()
+    raw = read_text_csv(csv_path, "--csv").to_pandas()
     units = raw[unit_column].fillna("").str.strip()
     keep = (units != "").to_numpy()
     if time_column is not None:
@@ -195,7 +276,8 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
         row_parts = np.array([part_of[int(s)] for s in starts], dtype=object)
     else:
         raw = raw[keep]
-        buckets = user_block_of(raw[unit_column].str.strip().to_numpy(dtype=str), user_blocks)
+        buckets = user_block_of(raw[unit_column].str.strip().to_numpy(dtype=str), user_blocks,
+                                new_user_hash_key(os.path.dirname(key_file)))
         row_parts = np.array([_user_part(int(b), user_blocks) for b in buckets], dtype=object)
     arrays = []
     for column, kind in columns.items():

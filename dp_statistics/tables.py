@@ -7,9 +7,11 @@ the query), the columns and their types, and how rows are cut into blocks:
 
 * by time (`month`, `day`, `hour` of a time column): a unit's rows spread over many blocks, so a
   release is DP for the unit *within the blocks read*;
-* by a keyed hash of the unit into K blocks (`user_hash`): all rows of a unit lie in one block
-  of the table, so a release is DP for the unit, and the ledger's per-block ceilings bound each
-  unit's total loss *through this table's blocks* (Sage §4.4, user-level accounting).
+* by a keyed hash of the unit into K blocks (`user_hash`; the key is a secret of the table,
+  kept beside its rows, never in this record: ingest.USER_HASH_KEY_FILE): all rows of a unit
+  lie in one block of the table, so a release is DP for the unit, and the ledger's per-block
+  ceilings bound each unit's total loss *through this table's blocks* (Sage §4.4, user-level
+  accounting).
 
 The bound is per table. A person who appears in several tables (or in the same data ingested
 again under another name, with or without --user-blocks) has rows in blocks of each, and each

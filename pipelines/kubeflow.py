@@ -10,7 +10,7 @@ components keep their ledger in the cluster's ML Metadata, reached over gRPC
 appears next to its run. The image must have sage-tfx installed, TF_USE_LEGACY_KERAS=1 in its
 environment (tensorflow-privacy needs Keras 2), and any module file at the path given: the
 compiler refuses a `module_file` that names a file of the compiling machine (check_module_files).
-The CLI's default pipeline (the taxi example) is chosen in sage_tfx/cli.py, not here.
+The CLI's default pipeline (the taxi example) is chosen in sage_tfx/cli/compile.py, not here.
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def compile_kubeflow(source: PipelineSource, out: str, image: str, **arguments) 
 
 def compile_command(source: PipelineSource, out: str, image: str, pipeline_root: str,
                     summary: str = "") -> int:
-    """`sage-tfx compile --kubeflow` (arguments in sage_tfx/cli.py): compile the pipeline
+    """`sage-tfx compile --kubeflow` (arguments in sage_tfx/cli/compile.py): compile the pipeline
     `source` names, its function called with pipeline_root; exit status 2 if it is refused."""
     try:
         job = compile_kubeflow(source, out, image, pipeline_root=pipeline_root)

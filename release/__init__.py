@@ -7,7 +7,6 @@ from sage_tfx.release.plan import ReleasePlan
 from sage_tfx.release.protocol import (Charged, Outcome, ReleaseFailed, ReleaseInterrupted,
                                        charge, consume, public_reason, record_denial)
 
-__all__ = ["Charged", "Guarantee", "GuaranteeUnit", "Outcome", "ReleaseFailed", "ReleaseInterrupted",
-           "ReleasePlan",
-           "charge", "consume", "public_reason", "record_denial", "weakest_unit", "write_csv",
-           "write_json", "write_parquet"]
+__all__ = ["Charged", "Guarantee", "GuaranteeUnit", "Outcome", "ReleaseFailed",
+           "ReleaseInterrupted", "ReleasePlan", "charge", "consume", "public_reason",
+           "record_denial", "weakest_unit", "write_csv", "write_json", "write_parquet"]

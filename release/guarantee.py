@@ -11,6 +11,7 @@ cut by a keyed hash of the unit, so each unit lies in one block).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional, Sequence
 
 from sage_tfx.choices import Choice
@@ -71,7 +72,7 @@ class Guarantee:
                   f"{len(self.blocks)} blocks {self.blocks[0]} .. {self.blocks[-1]}")
         paid = (f"; grant {self.grant_id} on {blocks}" if self.grant_id
                 else "; no grant (a run outside the ledger)")
-        return (f"({self.epsilon:g}, {self.delta:g})-DP for adding or removing "
+        return (f"({_at_least(self.epsilon)}, {_at_least(self.delta)})-DP for adding or removing "
                 f"{self.neighbours}{how}{paid}")
 
     def to_json(self) -> dict:
@@ -87,6 +88,16 @@ class Guarantee:
         return cls(values["epsilon"], values["delta"], values["unit"], values["unit_column"],
                    values["grant_id"], tuple(values["blocks"]), values.get("mechanism"),
                    tuple(tuple(pair) for pair in values.get("other_units", ())))
+
+
+def _at_least(value: float) -> str:
+    """`value` in at most 6 significant digits, rounded up: a stated epsilon or delta is never
+    smaller than the one charged (1/3 reads 0.333334, not 0.333333)."""
+    text = f"{value:.6g}"
+    if float(text) >= value:
+        return text
+    exponent = math.floor(math.log10(abs(value))) - 5
+    return f"{math.ceil(value / 10 ** exponent) * 10 ** exponent:.6g}"
 
 
 def weakest_unit(units: Sequence[GuaranteeUnit]) -> GuaranteeUnit:

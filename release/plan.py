@@ -13,25 +13,28 @@ class ReleasePlan:
 
     `front_door`: who asks ("sage-tfx query", "DPAggregate component", ...). `request`: the
     request as the user gave it (SQL, workload spec, pipeline and component), recorded on the
-    grant. (`epsilon`, `delta`): the grant. `split` ({step: exact fraction}) and `events`
+    grant. (`epsilon`, `delta`): the grant, or (`rdp_curve`, `delta`) for a grant of a curve.
+    `split` ({step: exact fraction}) and `events`
     ({step: dp-accounting DpEvent}): the DP steps and what each runs. `additional_delta`: delta
     spent outside the events (partition selection's). `pipeline`/`run_id`: what the charge is
     attributed to. `data_uri`/`require_data`: the granted data's location and whether every
     block must have data (the ledger's request options of the same names)."""
     front_door: str
     request: str
-    epsilon: float
-    delta: float
+    epsilon: Optional[float]
+    delta: Optional[float]
     split: Mapping[str, str]
     events: Mapping[str, object]
     additional_delta: float = 0.0
+    rdp_curve: Optional[tuple[float, ...]] = None
     pipeline: Optional[str] = None
     run_id: Optional[str] = None
     data_uri: Optional[str] = None
     require_data: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "split", check_split(dict(self.split)))
+        # A bare grant (`ledger request`) has no split; any other is checked now.
+        object.__setattr__(self, "split", check_split(dict(self.split)) if self.split else {})
         object.__setattr__(self, "events", dict(self.events))
 
     @classmethod

@@ -23,17 +23,19 @@ recorded by its type alone, since its message may quote data.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence
 
 from sage_tfx.choices import Choice
 from sage_tfx.release.guarantee import Guarantee, GuaranteeUnit
 from sage_tfx.release.plan import ReleasePlan
-from sage_tfx.sage_access.errors import BudgetExhausted, LedgerError
+from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerError
 
 
 class Outcome(Choice):
     """What became of a grant's step (recorded once, in ML Metadata)."""
     RELEASED = "released"
+    ISSUED = "issued"  # a bare grant handed to its caller (`sage-tfx ledger request`)
     FAILED = "failed"
     INTERRUPTED = "interrupted"
 
@@ -52,41 +54,60 @@ class ReleaseInterrupted(KeyboardInterrupt):
     """Ctrl-C after the charge: the budget is spent and nothing was released (the message says
     so). A KeyboardInterrupt, so whatever stops on Ctrl-C still stops."""
 
-    def __init__(self, grant_id: str):
+    def __init__(self, grant_id: str, detail: str = ""):
         super().__init__(f"interrupted after grant {grant_id} was charged: that budget is spent "
-                         "and nothing was released (recorded as interrupted in the ledger)")
+                         f"and nothing was released{detail}")
         self.grant_id = grant_id
 
 
 def public_reason(error: BaseException, phase: str) -> str:
-    """Why a phase failed, in words that depend on no data (see the module docstring)."""
+    """Why a phase failed, in words that depend on no data: the phase, and the message of the
+    ledger's own errors (about public inputs). Not another error's type or message: two
+    neighbouring inputs failing in the same phase for different reasons read the same."""
     if isinstance(error, KeyboardInterrupt):
         return f"interrupted while {phase}"
     if isinstance(error, LedgerError):
         return f"failed while {phase}: {error}"
-    return f"failed while {phase} ({type(error).__name__})"
+    return f"failed while {phase}"
+
+
+def _chain(error: BaseException) -> Optional[BaseException]:
+    """The cause to chain a ReleaseFailed to: none (its traceback and message would quote what
+    failed, e.g. a tensor's shape, in every log that prints it) unless SAGE_TFX_DEBUG is set."""
+    return error if os.environ.get("SAGE_TFX_DEBUG") else None
 
 
 class Charged:
-    """A charged grant whose release is under way; use it as a context manager (see the module
+    """A grant whose release is under way; use it as a context manager (see the module
     docstring). `grant`: the ledger's Grant; `steps`: the steps whose outcome this front door
-    records."""
+    records; `spent`: those of them this run charged or consumed (only those get a `failed`
+    or `interrupted` record: a run that spent nothing of a step says nothing about it)."""
 
-    def __init__(self, ledger, grant, front_door: str, steps: Sequence[str]):
+    def __init__(self, ledger, grant, front_door: str, steps: Sequence[str],
+                 spent: Sequence[str] = (), consumed: Sequence[str] = ()):
         self.ledger, self.grant, self.front_door = ledger, grant, front_door
         self.steps = tuple(steps)
+        self.spent = set(spent) | set(consumed)
         self.phase = "computing"
+        self._consumed = set(consumed)
         self._recorded = False
+        self._handed_on = False
 
     def share(self, step: str) -> tuple[float, float]:
-        """Consume `step`'s share of the grant, once (BlockLedger.use_share)."""
-        return self.ledger.use_share(self.grant, step, consumer=self.front_door)
+        """Consume `step`'s share of the grant, once (BlockLedger.use_share); asked again, the
+        same share without consuming anything."""
+        if step in self._consumed:
+            return self.grant.share(step)
+        share = self.ledger.use_share(self.grant, step, consumer=self.front_door)
+        self.spent.add(step)
+        self._consumed.add(step)
+        return share
 
     def guarantee(self, unit: GuaranteeUnit, unit_column: Optional[str] = None,
                   mechanism: Optional[str] = None, epsilon: Optional[float] = None,
                   delta: Optional[float] = None, other_units=()) -> Guarantee:
-        """The guarantee of this release: the grant's (epsilon, delta) unless the front door's
-        steps spend a part of it (their shares)."""
+        """The guarantee of this release: the grant's (epsilon, delta) unless the front door
+        states the part it spends."""
         grant = self.grant
         return Guarantee(grant.epsilon if epsilon is None else epsilon,
                          (grant.delta or 0.0) if delta is None else delta, unit, unit_column,
@@ -98,36 +119,61 @@ class Charged:
         self._record(Outcome.RELEASED, None, artifacts,
                      guarantee.sentence() if guarantee else None)
 
+    def issued(self) -> None:
+        """Record that the grant itself was handed to the caller, who spends it outside the
+        platform's front doors (what it releases is the caller's to account for)."""
+        self._record(Outcome.ISSUED, None)
+
+    def handed_on(self) -> None:
+        """The grant goes on to the components that spend its steps (the BlockLedger
+        component's case): they record the outcomes; a failure before this point is recorded
+        here."""
+        self._handed_on = True
+
     def _record(self, outcome: Outcome, reason: Optional[str], artifacts: Sequence[str] = (),
-                guarantee: Optional[str] = None) -> None:
-        self.ledger.record_outcome(self.grant, self.steps, outcome.value, self.front_door,
-                                   reason, artifacts, guarantee)
+                guarantee: Optional[str] = None, steps: Optional[Sequence[str]] = None) -> None:
+        self.ledger.record_outcome(self.grant, self.steps if steps is None else steps,
+                                   outcome.value, self.front_door, reason, artifacts, guarantee)
         self._recorded = True
 
     def __enter__(self) -> "Charged":
+        recorded = self.ledger.grant_outcomes(self.grant.grant_id) if self.steps else {}
+        stands = sorted(set(self.steps) & set(recorded))
+        if stands and not self.spent:
+            raise BadRequest(f"step(s) {', '.join(stands)} of grant {self.grant.grant_id} have "
+                             f"an outcome already ({recorded[stands[0]]['outcome']} by "
+                             f"{recorded[stands[0]]['front_door']}); a grant pays for one "
+                             "release: request a new grant")
         return self
 
     def __exit__(self, error_type, error, traceback) -> bool:
         if error is None:
-            if not self._recorded:
+            if not (self._recorded or self._handed_on):
                 self._record(Outcome.FAILED, f"{self.front_door} recorded no release")
                 raise ReleaseFailed(self.grant.grant_id, "the front door recorded no release")
             return False
-        if self._recorded:  # released, then failed afterwards (e.g. printing): it stands
-            return False
+        if self._recorded or isinstance(error, (ReleaseFailed, ReleaseInterrupted)):
+            return False  # released before the error (it stands), or already said
         interrupted = isinstance(error, KeyboardInterrupt)
         reason = public_reason(error, self.phase)
+        spent = [step for step in self.steps if step in self.spent] if self.steps else []
+        if self.steps and not spent:
+            # This run spent none of its steps (a share another consumer used, a failure
+            # before consuming): nothing to record, and a retry may still spend them. The
+            # ledger's own errors are public; any other is said without its message.
+            if isinstance(error, LedgerError) or interrupted:
+                return False
+            raise ReleaseFailed(self.grant.grant_id, reason) from _chain(error)
+        detail = ""
         try:
-            self._record(Outcome.INTERRUPTED if interrupted else Outcome.FAILED, reason)
-        except LedgerError:  # an outcome stands already: this run spent nothing, say why
-            return False
+            self._record(Outcome.INTERRUPTED if interrupted else Outcome.FAILED, reason,
+                         steps=spent)
+            detail = f" (recorded as {'interrupted' if interrupted else 'failed'} in the ledger)"
         except Exception:  # the store is gone too: the grant stays `incomplete`, still spent
             pass
-        if isinstance(error, (ReleaseFailed, ReleaseInterrupted)):
-            return False
         if interrupted:
-            raise ReleaseInterrupted(self.grant.grant_id) from error
-        raise ReleaseFailed(self.grant.grant_id, reason) from error
+            raise ReleaseInterrupted(self.grant.grant_id, detail) from _chain(error)
+        raise ReleaseFailed(self.grant.grant_id, reason + detail) from _chain(error)
 
 
 def record_denial(ledger, plan: ReleasePlan, denied: BudgetExhausted) -> None:
@@ -141,7 +187,9 @@ def charge(ledger, plan: ReleasePlan, selector) -> Charged:
     BudgetExhausted (recorded as a denial first) or BadRequest leave the ledger uncharged."""
     try:
         grant = ledger.request(selector, epsilon=plan.epsilon, delta=plan.delta,
-                               pipeline=plan.pipeline, run_id=plan.run_id, split=plan.split,
+                               rdp_curve=plan.rdp_curve,
+                               pipeline=plan.pipeline, run_id=plan.run_id,
+                               split=plan.split or None,
                                events=plan.events, data_uri=plan.data_uri,
                                require_data=plan.require_data,
                                additional_delta=plan.additional_delta,
@@ -149,10 +197,13 @@ def charge(ledger, plan: ReleasePlan, selector) -> Charged:
     except BudgetExhausted as denied:
         record_denial(ledger, plan, denied)
         raise
-    return Charged(ledger, grant, plan.front_door, plan.steps)
+    # This run charged the whole grant: a failure is recorded on every step.
+    return Charged(ledger, grant, plan.front_door, plan.steps, spent=plan.steps)
 
 
-def consume(ledger, grant, steps: Sequence[str], front_door: str) -> Charged:
+def consume(ledger, grant, steps: Sequence[str], front_door: str,
+            consumed: Sequence[str] = ()) -> Charged:
     """The part of a grant charged elsewhere that `front_door` spends: its `steps` (their
-    outcome is recorded by this front door)."""
-    return Charged(ledger, grant, front_door, steps)
+    outcome is recorded by this front door), of which `consumed` were consumed already
+    (GrantInfo.share); entering refuses a step whose outcome stands (nothing consumed)."""
+    return Charged(ledger, grant, front_door, steps, consumed=consumed)

@@ -505,10 +505,15 @@ class BlockLedger:
         (lineage.grant_records)."""
         return lineage.grant_records(self._records, after)
 
-    def denial_records(self) -> list[dict]:
-        """Every request this ledger refused for lack of budget, oldest first
-        (lineage.denial_records)."""
-        return lineage.denial_records(self._records)
+    def denial_records(self, after: int = 0) -> list[dict]:
+        """Every request this ledger refused for lack of budget (after execution id `after`),
+        oldest first (lineage.denial_records)."""
+        return lineage.denial_records(self._records, after)
+
+    def release_outcomes(self, grant_ids: Iterable[str]) -> dict[str, dict[str, dict]]:
+        """{grant id: {step: what became of it}} for `grant_ids` (the `steps` of
+        grant_records): for a reader that re-reads the grants whose outcome was recorded."""
+        return self._records.outcomes(set(grant_ids))
 
     def latest_change(self) -> int:
         """The id of the newest execution of this ledger context (lineage.latest_change)."""

@@ -22,11 +22,12 @@ from sage_tfx.sage_access.store import StoreSpec, connect
 
 
 def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
-    """Every grant of the ledger, oldest first, as recorded: time (ms since the epoch), grant id,
-    pipeline, run id, blocks, epsilon, delta, and the split among DP steps, the dp-accounting
-    event of each step (as JSON) and the RDP curve when the grant recorded them. `execution_id`
-    orders them; `after` reads only the grants whose execution_id is larger (grants are
-    append-only, so a reader that keeps what it read extends it with these)."""
+    """Every grant of the ledger (`kind` "grant"), oldest first, as recorded: time (ms since the
+    epoch), grant id, pipeline, run id, blocks, epsilon, delta, and the split among DP steps,
+    the dp-accounting event of each step (as JSON) and the RDP curve when the grant recorded
+    them; its front door, request text, outcome and each step's record (grant_outcome).
+    `execution_id` orders them; `after` reads only the grants whose execution_id is larger
+    (grants are append-only, so a reader that keeps what it read extends it with these)."""
     executions = records.grant_executions(after)
     outcomes = records.outcomes({get_property(e, "grant_id") for e in executions})
     history = []
@@ -34,7 +35,7 @@ def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
         grant = records.grant_of(execution)
         steps = outcomes.get(grant.grant_id, {})
         history.append({
-            "execution_id": execution.id,
+            "kind": "grant", "execution_id": execution.id,
             "time_ms": execution.create_time_since_epoch, "grant_id": grant.grant_id,
             "pipeline": grant.pipeline, "run_id": get_property(execution, "run_id"),
             "blocks": list(grant.blocks), "epsilon": grant.epsilon, "delta": grant.delta,
@@ -44,35 +45,42 @@ def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
             "rdp_curve": list(grant.rdp_curve) if grant.rdp_curve else None,
             "front_door": get_property(execution, "front_door"),
             "request": get_property(execution, "request"),
-            "outcome": grant_outcome(grant.split, steps), "steps": steps})
+            "outcome": grant_outcome(grant.split, steps, get_property(execution, "front_door")),
+            "steps": steps})
     return history
 
 
-def grant_outcome(split, steps: dict) -> str:
+def grant_outcome(split, steps: dict, front_door: Optional[str]) -> str:
     """A grant's outcome from its steps' records (release.Outcome's values): `failed` or
-    `interrupted` if a step was, `released` once every step of the split released, else
+    `interrupted` if a step was, `released` once every step of the split released (`issued`
+    for a bare grant handed to its caller), else
     `incomplete` (a step still running, or whose process was killed: its budget is spent all
-    the same). A grant recorded before release records existed is `unrecorded`."""
+    the same). A grant charged outside the release protocol (no front door recorded: made
+    before release records existed, or by `BlockLedger.request` directly, as `sage-tfx ledger
+    request` did) that has no step record is `unrecorded`: nothing will ever record one."""
     recorded = {record["outcome"] for record in steps.values()}
     for outcome in ("interrupted", "failed"):
         if outcome in recorded:
             return outcome
     if steps and set(steps) >= set(split or {WHOLE_GRANT: "1"}):
-        return "released"
-    return "incomplete" if steps or split is not None else "unrecorded"
+        return "issued" if recorded == {"issued"} else "released"
+    return "incomplete" if steps or front_door else "unrecorded"
 
 
-def denial_records(records: LedgerRecords) -> list[dict]:
-    """Every request refused for lack of budget, oldest first: time, front door, pipeline,
-    request text, (epsilon, delta) asked for, what each block short of it had free, and why."""
-    return [{"execution_id": execution.id, "time_ms": execution.create_time_since_epoch,
+def denial_records(records: LedgerRecords, after: int = 0) -> list[dict]:
+    """Every request refused for lack of budget (`kind` "denial", `outcome` "denied"), oldest
+    first: time, front door, pipeline, request text, (epsilon, delta) asked for, what each block
+    short of it had free, and why.
+    `after`: only those whose execution_id is larger (denials are append-only, as grants)."""
+    return [{"kind": "denial", "outcome": "denied", "execution_id": execution.id,
+             "time_ms": execution.create_time_since_epoch,
              "front_door": get_property(execution, "front_door"),
              "pipeline": get_property(execution, "pipeline"),
              "request": get_property(execution, "request"),
              "epsilon": get_float(execution, "epsilon"), "delta": get_float(execution, "delta"),
              "free": json.loads(get_property(execution, "free", "{}")),
              "reason": get_property(execution, "reason")}
-            for execution in records.denial_executions()]
+            for execution in records.denial_executions(after)]
 
 
 @dataclass(frozen=True)
@@ -141,10 +149,11 @@ def latest_change(records: LedgerRecords) -> int:
 
 def changes(records: LedgerRecords, after: int = 0) -> list[dict]:
     """The changes recorded in the ledger context after execution id `after`, oldest first:
-    {"execution_id", "kind", "blocks", "pipeline"}. `kind` is "grant", "add_block",
-    "register_pipeline", "finish_pipeline", "grant_data", "use_share" or "init"; `blocks` names
-    the blocks whose balance it changed ([] for none, None for any: finishing a pipeline returns
-    its reservations on every block holding one)."""
+    {"execution_id", "kind", "blocks", "pipeline", "grant_id"}. `kind` is "grant", "add_block",
+    "register_pipeline", "finish_pipeline", "grant_data", "use_share", "release_outcome",
+    "denial" or "init"; `blocks` names the blocks whose balance it changed ([] for none, None for
+    any: finishing a pipeline returns its reservations on every block holding one); `grant_id`
+    the grant a grant or a release outcome is about (else None)."""
     executions = records.store.get_executions_by_context(
         records.context_node.id, list_options=metadata_store.ListOptions(
             order_by=metadata_store.OrderByField.ID, is_asc=True,
@@ -158,7 +167,8 @@ def changes(records: LedgerRecords, after: int = 0) -> list[dict]:
             blocks = {"add_block": [get_property(execution, "block_id")],
                       "finish_pipeline": None}.get(kind, [])
         found.append({"execution_id": execution.id, "kind": kind, "blocks": blocks,
-                      "pipeline": get_property(execution, "pipeline")})
+                      "pipeline": get_property(execution, "pipeline"),
+                      "grant_id": get_property(execution, "grant_id")})
     return found
 
 

@@ -55,6 +55,10 @@ RELEASE_OUTCOME_TYPE = "sage_tfx.ReleaseOutcome"
 UPDATE_TYPE = "sage_tfx.LedgerUpdate"
 DENIAL_TYPE = "sage_tfx.Denial"
 
+# Up to this many grants, `outcomes` reads their records by a filter query instead of the type.
+_OUTCOMES_BY_FILTER = 100
+_GRANT_ID = re.compile(r"[0-9a-f]{32}")
+
 # The step name of the outcome of a grant made without a split (e.g. `sage-tfx ledger request`).
 WHOLE_GRANT = "all"
 # Types a store made before grant binding (or release records) lacks (LedgerRecords.__init__).
@@ -412,11 +416,21 @@ class LedgerRecords:
     def outcomes(self, grant_ids: Optional[set] = None) -> dict[str, dict[str, dict]]:
         """{grant id: {step: {"outcome", "front_door", "reason", "artifacts"}}} of this ledger
         (of `grant_ids` only, when given); a store without the type has none."""
-        if RELEASE_OUTCOME_TYPE not in self.types:
+        if RELEASE_OUTCOME_TYPE not in self.types or (grant_ids is not None and not grant_ids):
             return {}
+        if grant_ids is not None and len(grant_ids) <= _OUTCOMES_BY_FILTER and all(
+                _GRANT_ID.fullmatch(grant_id) for grant_id in grant_ids):
+            # A few grants (a reader following new ones): only their records, not every
+            # outcome ever recorded (ids checked above, so they can be quoted in the query).
+            quoted = ", ".join(f"'{grant_id}'" for grant_id in sorted(grant_ids))
+            records = self.store.get_artifacts(list_options=metadata_store.ListOptions(
+                order_by=metadata_store.OrderByField.ID, is_asc=True,
+                filter_query=f"{ledger_filter(RELEASE_OUTCOME_TYPE, self.context)} AND "
+                             f"custom_properties.grant_id.string_value IN ({quoted})"))
+        else:
+            records = self._of_this_ledger(self.store.get_artifacts_by_type(RELEASE_OUTCOME_TYPE))
         found: dict[str, dict[str, dict]] = {}
-        for record in self._of_this_ledger(
-                self.store.get_artifacts_by_type(RELEASE_OUTCOME_TYPE)):
+        for record in records:
             grant_id = get_property(record, "grant_id")
             if grant_ids is not None and grant_id not in grant_ids:
                 continue
@@ -428,8 +442,13 @@ class LedgerRecords:
                 "artifacts": json.loads(get_property(record, "artifacts", "[]"))}
         return found
 
-    def denial_executions(self) -> list[pb.Execution]:
-        """This ledger's Denial executions, oldest first (none in a store without the type)."""
+    def denial_executions(self, after: int = 0) -> list[pb.Execution]:
+        """This ledger's Denial executions, oldest first (none in a store without the type);
+        with `after`, those whose id is larger."""
         if DENIAL_TYPE not in self.types:
             return []
-        return self._of_this_ledger(self.store.get_executions_by_type(DENIAL_TYPE))
+        if not after:
+            return self._of_this_ledger(self.store.get_executions_by_type(DENIAL_TYPE))
+        return self.store.get_executions(list_options=metadata_store.ListOptions(
+            order_by=metadata_store.OrderByField.ID, is_asc=True,
+            filter_query=f"{ledger_filter(DENIAL_TYPE, self.context)} AND id > {int(after)}"))

@@ -12,6 +12,7 @@ from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
 from sage_tfx import console
+from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.record_rule import finite, null_record
 from sage_tfx.components.util.examples_io import TEST_SPLIT, read_split
@@ -87,43 +88,50 @@ class Executor(base_executor.BaseExecutor):
         grant = require_grant(input_dict["grant"], [examples])
         step = exec_properties.get("grant_step") or "validation"
         epsilon, _ = grant.share(step)
-        grant.check_event(step, pure_dp_event(epsilon))  # Laplace releases summing to epsilon
-        module = UserModule.load(exec_properties.get("module_file"), metric, MODULE_NEEDS[metric])
-        model = artifact_utils.get_single_instance(input_dict["model"])
+        with grant.releasing(step, "SLAedValidator component") as charged:
+            grant.check_event(step, pure_dp_event(epsilon))  # Laplace releases summing to epsilon
+            module = UserModule.load(exec_properties.get("module_file"), metric,
+                                     MODULE_NEEDS[metric])
+            model = artifact_utils.get_single_instance(input_dict["model"])
 
-        transform_output = None
-        if input_dict.get("transform_graph"):
-            import tensorflow_transform as tft
-            transform_output = tft.TFTransformOutput(
-                artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
-        decoder = RecordDecoder(module, transform_output)
-        # Bad records get their public defaults (record_rule) before the model or the metric
-        # sees them: the serving signature would raise on a record missing a feature.
-        # Row 0 is a null record, dropped after the metric ran: an empty test split (a dataset
-        # of size 0) takes the same path as any other and releases with count 0.
-        serialized = np.array(decoder.sanitise([null_record(decoder.raw_spec)] + list(
-            read_split(examples.uri, TEST_SPLIT).numpy())), dtype=object)
-        labels = decoder.labels(serialized).numpy()
-        values = per_example_metric(metric, module, labels, predictions(model.uri, serialized))[1:]
-        if metric == Metric.LOSS:
-            result = loss_validator(values, target, epsilon, confidence, float(loss_bound))
-        else:
-            result = accuracy_validator(values, target, epsilon, confidence)
+            transform_output = None
+            if input_dict.get("transform_graph"):
+                import tensorflow_transform as tft
+                transform_output = tft.TFTransformOutput(
+                    artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
+            decoder = RecordDecoder(module, transform_output)
+            # Bad records get their public defaults (record_rule) before the model or the metric
+            # sees them: the serving signature would raise on a record missing a feature.
+            # Row 0 is a null record, dropped after the metric ran: an empty test split (a dataset
+            # of size 0) takes the same path as any other and releases with count 0.
+            serialized = np.array(decoder.sanitise([null_record(decoder.raw_spec)] + list(
+                read_split(examples.uri, TEST_SPLIT).numpy())), dtype=object)
+            labels = decoder.labels(serialized).numpy()
+            values = per_example_metric(metric, module, labels,
+                                        predictions(model.uri, serialized))[1:]
+            if metric == Metric.LOSS:
+                result = loss_validator(values, target, epsilon, confidence, float(loss_bound))
+            else:
+                result = accuracy_validator(values, target, epsilon, confidence)
 
-        blessing = artifact_utils.get_single_instance(output_dict["blessing"])
-        blessed = result.outcome == ACCEPT
-        io_utils.write_string_file(os.path.join(blessing.uri, "BLESSED" if blessed
-                                                else "NOT_BLESSED"), "")
-        blessing.set_int_custom_property(constants.BLESSED, int(blessed))
-        blessing.set_string_custom_property(constants.CURRENT_MODEL, model.uri)
-        blessing.set_int_custom_property(constants.CURRENT_MODEL_ID, model.id)
-        blessing.set_string_custom_property(constants.OUTCOME, result.outcome)
-        blessing.set_string_custom_property(constants.METRIC, metric)
-        for name, value in ((constants.DP_METRIC, result.dp_estimate),
-                            (constants.LOWER_BOUND, result.lower_bound),
-                            (constants.UPPER_BOUND, result.upper_bound), (constants.TARGET, target),
-                            (constants.CONFIDENCE, confidence), (constants.EPSILON_USED, epsilon)):
-            set_exact_property(blessing, name, value)
-        console.report("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
-                       "confidence %.3g, epsilon %.3g)", result.outcome, metric, result.dp_estimate,
-                       metric, result.lower_bound, result.upper_bound, confidence, epsilon)
+            blessing = artifact_utils.get_single_instance(output_dict["blessing"])
+            blessed = result.outcome == ACCEPT
+            io_utils.write_string_file(os.path.join(blessing.uri, "BLESSED" if blessed
+                                                    else "NOT_BLESSED"), "")
+            blessing.set_int_custom_property(constants.BLESSED, int(blessed))
+            blessing.set_string_custom_property(constants.CURRENT_MODEL, model.uri)
+            blessing.set_int_custom_property(constants.CURRENT_MODEL_ID, model.id)
+            blessing.set_string_custom_property(constants.OUTCOME, result.outcome)
+            blessing.set_string_custom_property(constants.METRIC, metric)
+            for name, value in ((constants.DP_METRIC, result.dp_estimate),
+                                (constants.LOWER_BOUND, result.lower_bound),
+                                (constants.UPPER_BOUND, result.upper_bound),
+                                (constants.TARGET, target), (constants.CONFIDENCE, confidence),
+                                (constants.EPSILON_USED, epsilon)):
+                set_exact_property(blessing, name, value)
+            console.report("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
+                           "confidence %.3g, epsilon %.3g)", result.outcome, metric,
+                           result.dp_estimate,
+                           metric, result.lower_bound, result.upper_bound, confidence, epsilon)
+            # The decision depends on the model too: the whole grant's guarantee covers both.
+            charged.released([blessing.uri], charged.guarantee(GuaranteeUnit.RECORD))

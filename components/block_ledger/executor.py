@@ -15,7 +15,7 @@ from typing import Any
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx import console
+from sage_tfx import console, release
 from sage_tfx.components.block_ledger import preflight
 from sage_tfx.components.privacy_grant import mark_examples, step_events, write_grant
 from sage_tfx.components.util.examples_io import SPLITS
@@ -40,6 +40,15 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copyfile(source, target)
 
 
+FRONT_DOOR = "BlockLedger component"
+
+
+def _node_id(context) -> str | None:
+    """The component's id in its pipeline (None outside a TFX run)."""
+    node = getattr(context, "pipeline_node", None)
+    return node.node_info.id if node is not None else None
+
+
 class Executor(base_executor.BaseExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
@@ -58,23 +67,35 @@ class Executor(base_executor.BaseExecutor):
         preflight.run(preflight.parse(exec_properties.get(preflight.PROPERTY)), epsilon, delta,
                       budget_split)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
-        grant = ledger.request(selector, epsilon=epsilon, delta=delta, pipeline=pipeline,
-                               run_id=run_id, split=budget_split, events=events,
-                               data_uri=examples.uri, require_data=True)
-        blocks = ", ".join(grant.blocks) if len(grant.blocks) <= 4 else \
-            f"{grant.blocks[0]} .. {grant.blocks[-1]} ({len(grant.blocks)} blocks)"
-        console.report("BlockLedger: grant %s charged (%s, %s) on %s for pipeline %s",
-                       grant.grant_id, grant.epsilon, grant.delta, blocks, pipeline)
+        # What the ledger records as the request: the pipeline and this component's terms (the
+        # steps' outcomes are recorded by the components that spend them).
+        request = json.dumps({"pipeline": pipeline, "run": run_id, "component": _node_id(
+            self._context), "split": budget_split, "step_mechanisms": json.loads(
+                exec_properties.get("step_mechanisms") or "{}")}, sort_keys=True)
+        plan = release.ReleasePlan(FRONT_DOOR, request, epsilon, delta, budget_split, events,
+                                   pipeline=pipeline, run_id=run_id, data_uri=examples.uri,
+                                   require_data=True)
+        charged = release.charge(ledger, plan, selector)
+        grant = charged.grant
+        # The components downstream record their steps' outcomes; a failure before the grant
+        # is handed on (copying the Examples, writing the PrivacyGrant) is recorded here.
+        with charged:
+            charged.phase = "releasing the granted Examples"
+            blocks = ", ".join(grant.blocks) if len(grant.blocks) <= 4 else \
+                f"{grant.blocks[0]} .. {grant.blocks[-1]} ({len(grant.blocks)} blocks)"
+            console.report("BlockLedger: grant %s charged (%s, %s) on %s for pipeline %s",
+                           grant.grant_id, grant.epsilon, grant.delta, blocks, pipeline)
 
-        examples.split_names = artifact_utils.encode_split_names(list(SPLITS))
-        for block_id in grant.blocks:
-            data_uri = ledger.block(block_id).data_uri  # the grant required it (require_data)
-            for split in SPLITS:
-                source_dir = os.path.join(data_uri, f"Split-{split}")
-                target_dir = os.path.join(examples.uri, f"Split-{split}")
-                os.makedirs(target_dir, exist_ok=True)
-                for name in sorted(os.listdir(source_dir)):
-                    _link_or_copy(os.path.join(source_dir, name),
-                                  os.path.join(target_dir, f"{block_id}-{name}"))
-        mark_examples(examples, grant, grant.blocks)
-        write_grant(artifact_utils.get_single_instance(output_dict["grant"]), grant, store)
+            examples.split_names = artifact_utils.encode_split_names(list(SPLITS))
+            for block_id in grant.blocks:
+                data_uri = ledger.block(block_id).data_uri  # required by the grant
+                for split in SPLITS:
+                    source_dir = os.path.join(data_uri, f"Split-{split}")
+                    target_dir = os.path.join(examples.uri, f"Split-{split}")
+                    os.makedirs(target_dir, exist_ok=True)
+                    for name in sorted(os.listdir(source_dir)):
+                        _link_or_copy(os.path.join(source_dir, name),
+                                      os.path.join(target_dir, f"{block_id}-{name}"))
+            mark_examples(examples, grant, grant.blocks)
+            write_grant(artifact_utils.get_single_instance(output_dict["grant"]), grant, store)
+            charged.handed_on()

@@ -27,7 +27,7 @@ from sage_tfx import console, release
 from sage_tfx.components.privacy_grant import write_grant
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual import sources
-from sage_tfx.dp_statistics.continual.release import STATE_DIR, run_window
+from sage_tfx.dp_statistics.continual.release import STATE_DIR, record_released, run_window
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 
 WAITING_FILE = "waiting.parquet"  # records that arrived before their micro-batch's trigger
@@ -127,8 +127,9 @@ class Executor(base_executor.BaseExecutor):
         state_artifact.set_int_custom_property("micro_batches", total)
         write_grant(artifact_utils.get_single_instance(output_dict["grant"]),
                     ledger.find_grant(state.grant_id), store)
-        self._publish(artifact_utils.get_single_instance(output_dict["statistics"]), query,
-                      window, state, os.path.join(directory, RELEASES_DIR))
+        statistics = artifact_utils.get_single_instance(output_dict["statistics"])
+        self._publish(statistics, query, window, state, os.path.join(directory, RELEASES_DIR))
+        record_released(ledger, query, state, _CONSUMER, statistics.uri)  # written: last
 
     @staticmethod
     def _publish(target, query: StreamQuery, window: sources.Window, state,

@@ -4,7 +4,8 @@ Order: the grant was charged by the ledger (BlockLedger component); `require_gra
 the Examples against the ledger's records; the query was checked when the pipeline was built and
 is checked again here before a record is read; inside the release protocol (`release.consume`:
 the outcome of the query's steps is recorded on the grant), `frontend.run` consumes every step's
-share (once, in the ledger) before the operator runs; the release is written with its guarantee. Records are
+share (once, in the ledger) before the operator runs; the release is written with its
+guarantee. Records are
 mapped to the declared columns by the record rule (components/record_rule.py) first, so no
 record's content can stop the run after its charge.
 """
@@ -57,7 +58,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         options = PipelineOptions(self._beam_pipeline_args or [])
 
         def beam_engine(rows_table, aggregation_query, budget, unit):
-            return aggregate_with_beam(rows_table.to_pandas(), aggregation_query, budget, unit,
+            return aggregate_with_beam(rows_table, aggregation_query, budget, unit,
                                        options=options)
 
         # The unit comes from how the granted blocks were cut (their records), never from a

@@ -24,6 +24,7 @@ from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen import constants as sample_keys
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
+from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
 from sage_tfx.components.util.user_module import RecordDecoder, UserModule
@@ -121,39 +122,44 @@ class Executor(base_executor.BaseExecutor):
         grant = require_grant(input_dict["grant"], [examples])
         step = exec_properties.get("grant_step") or DEFAULT_GRANT_STEP
         epsilon, delta = grant.share(step)
-        if mode == TrainerMode.DP_SGD:
-            # DP-SGD has no event before it runs (privacy_grant.planned_event), so the ledger
-            # must have charged its (epsilon, delta) share, not another mechanism's curve.
-            grant.check_event(step, None)
-        module = UserModule.load(exec_properties.get("module_file"), mode, MODULE_NEEDS[mode])
-        transform_output = None
-        if input_dict.get("transform_graph"):
-            import tensorflow_transform as tft
-            transform_output = tft.TFTransformOutput(
-                artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
-        decoder = RecordDecoder(module, transform_output)
-        model = artifact_utils.get_single_instance(output_dict["model"])
-        model_run = artifact_utils.get_single_instance(output_dict["model_run"])
+        with grant.releasing(step, "DPTrainer component") as charged:
+            if mode == TrainerMode.DP_SGD:
+                # DP-SGD has no event before it runs (privacy_grant.planned_event), so the ledger
+                # must have charged its (epsilon, delta) share, not another mechanism's curve.
+                grant.check_event(step, None)
+            module = UserModule.load(exec_properties.get("module_file"), mode, MODULE_NEEDS[mode])
+            transform_output = None
+            if input_dict.get("transform_graph"):
+                import tensorflow_transform as tft
+                transform_output = tft.TFTransformOutput(
+                    artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
+            decoder = RecordDecoder(module, transform_output)
+            model = artifact_utils.get_single_instance(output_dict["model"])
+            model_run = artifact_utils.get_single_instance(output_dict["model_run"])
 
-        if mode == TrainerMode.ADASSP:
-            keras_model, properties = self._adassp(examples, decoder, epsilon, delta,
-                                                   exec_properties)
-            # The ledger charged the event it recorded for this step; release only if it ran.
-            grant.check_event(step, adassp_lib.dp_event(properties[model_keys.NOISE_MULTIPLIER]))
-        else:
-            keras_model, properties = self._dp_sgd(examples, module, decoder, epsilon, delta,
-                                                   exec_properties, model_run.uri)
-        save_model(keras_model, decoder, model.uri)
-        properties.update({model_keys.GRANT_ID: grant.grant_id,
-                           model_keys.BLOCKS: json.dumps(list(grant.blocks)),
-                           model_keys.TRAINER_MODE: mode})
-        for name, value in properties.items():
-            if isinstance(value, float):
-                set_exact_property(model, name, value)
-            elif isinstance(value, int):
-                model.set_int_custom_property(name, value)
+            if mode == TrainerMode.ADASSP:
+                keras_model, properties = self._adassp(examples, decoder, epsilon, delta,
+                                                       exec_properties)
+                # The ledger charged the event it recorded for this step; release only if it ran.
+                grant.check_event(step, adassp_lib.dp_event(
+                    properties[model_keys.NOISE_MULTIPLIER]))
             else:
-                model.set_string_custom_property(name, value)
+                keras_model, properties = self._dp_sgd(examples, module, decoder, epsilon, delta,
+                                                       exec_properties, model_run.uri)
+            save_model(keras_model, decoder, model.uri)
+            properties.update({model_keys.GRANT_ID: grant.grant_id,
+                               model_keys.BLOCKS: json.dumps(list(grant.blocks)),
+                               model_keys.TRAINER_MODE: mode})
+            for name, value in properties.items():
+                if isinstance(value, float):
+                    set_exact_property(model, name, value)
+                elif isinstance(value, int):
+                    model.set_int_custom_property(name, value)
+                else:
+                    model.set_string_custom_property(name, value)
+            # The model also depends on the steps before it (the transform's statistics, the
+            # sampler's DP count): its guarantee is the whole grant's, which composes them all.
+            charged.released([model.uri], charged.guarantee(GuaranteeUnit.RECORD))
 
     def _dp_sgd(self, samples, module: UserModule, decoder: RecordDecoder, epsilon: float,
                 delta: float, exec_properties: dict[str, Any], log_dir: str):

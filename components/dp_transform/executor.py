@@ -25,6 +25,7 @@ from sage_tfx.components.dp_transform import row_audit
 from sage_tfx import console
 from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_analyzer,
                                                         transform_budget)
+from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import EXAMPLES_GRANT_ID, carry_grant, require_grant
 from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitise_record
 from sage_tfx.components.util.examples_io import SPLITS, TRAIN_SPLIT
@@ -104,55 +105,64 @@ class Executor(base_beam_executor.BaseBeamExecutor):
            exec_properties: dict[str, Any]) -> None:
         grant = require_grant(input_dict["grant"], input_dict["examples"])
         epsilon, _ = grant.share(exec_properties["grant_step"])
-        # Laplace analyzers whose epsilons sum to at most the share.
-        grant.check_event(exec_properties["grant_step"], pure_dp_event(epsilon))
-        preprocessing_fn, feature_spec = load_module(exec_properties["module_file"])
-        shares = audit(preprocessing_fn, feature_spec, epsilon)
-        console.report("DPTransform: grant %s, transform epsilon %s split among %s",
-                       grant.grant_id, epsilon, shares)
+        with grant.releasing(exec_properties["grant_step"], "DPTransform component") as charged:
+            # Laplace analyzers whose epsilons sum to at most the share.
+            grant.check_event(exec_properties["grant_step"], pure_dp_event(epsilon))
+            preprocessing_fn, feature_spec = load_module(exec_properties["module_file"])
+            shares = audit(preprocessing_fn, feature_spec, epsilon)
+            console.report("DPTransform: grant %s, transform epsilon %.4g split among %s",
+                           grant.grant_id, epsilon, shares)
 
-        examples = artifact_utils.get_single_instance(input_dict["examples"])
-        transform_graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
-        transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])
-        transformed.split_names = artifact_utils.encode_split_names(list(SPLITS))
-        raw_metadata = dataset_metadata.DatasetMetadata.from_feature_spec(feature_spec)
-        with transform_budget(epsilon) as budget, \
-                tempfile.TemporaryDirectory() as temp_dir, \
-                self._make_beam_pipeline() as pipeline, \
-                tft_beam.Context(temp_dir=temp_dir, force_tf_compat_v1=True):
-            # The record rule (record_rule.py) before TFT parses anything: a record missing a
-            # feature, or with a malformed or non-finite one, gets the public defaults instead
-            # of failing the analysis after the grant was charged.
-            source = tfxio.TFExampleBeamRecord(
-                physical_format="tfrecord", schema=raw_metadata.schema,
-                telemetry_descriptors=["sage_tfx", "DPTransform"])
-            raw = {split: (pipeline
-                           | f"Read{split}" >> beam.io.ReadFromTFRecord(
-                               _split_pattern(examples, split))
-                           | f"Sanitise{split}" >> beam.Map(sanitise_record, feature_spec)
-                           | f"Decode{split}" >> source.BeamSource())
-                   for split in SPLITS}
-            adapter = source.TensorAdapterConfig()
-            transform_fn = ((raw[TRAIN_SPLIT], adapter)
-                            | "Analyze" >> tft_beam.AnalyzeDataset(budget.wrap(preprocessing_fn)))
-            _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(transform_graph.uri)
-            for split in SPLITS:
-                data, metadata = ((raw[split], adapter), transform_fn) | \
-                    f"Transform{split}" >> tft_beam.TransformDataset()
-                coder = tft.coders.ExampleProtoCoder(metadata.schema)
-                _ = (data
-                     | f"Encode{split}" >> beam.Map(coder.encode)
-                     | f"Write{split}" >> beam.io.WriteToTFRecord(
-                         os.path.join(transformed.uri, f"Split-{split}", "data_tfrecord"),
-                         file_name_suffix=".gz",
-                         compression_type=beam.io.filesystem.CompressionTypes.GZIP))
-        if budget.spent_shares() != shares:
-            raise DPTransformError("the preprocessing_fn spent different shares when it ran than "
-                                   "when it was audited")
-        # The raw schema too, as TFX's Transform writes it: the trainer parses raw records with it.
-        metadata_io.write_metadata(raw_metadata, os.path.join(
-            transform_graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR))
-        carry_grant(grant, transformed, "DPTransform")
-        transform_graph.set_string_custom_property(EXAMPLES_GRANT_ID, grant.grant_id)
-        set_exact_property(transform_graph, "dp_epsilon",
-                           epsilon * sum(share for _, share in shares))
+            examples = artifact_utils.get_single_instance(input_dict["examples"])
+            transform_graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
+            transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])
+            transformed.split_names = artifact_utils.encode_split_names(list(SPLITS))
+            raw_metadata = dataset_metadata.DatasetMetadata.from_feature_spec(feature_spec)
+            with transform_budget(epsilon) as budget, \
+                    tempfile.TemporaryDirectory() as temp_dir, \
+                    self._make_beam_pipeline() as pipeline, \
+                    tft_beam.Context(temp_dir=temp_dir, force_tf_compat_v1=True):
+                # The record rule (record_rule.py) before TFT parses anything: a record missing a
+                # feature, or with a malformed or non-finite one, gets the public defaults instead
+                # of failing the analysis after the grant was charged.
+                source = tfxio.TFExampleBeamRecord(
+                    physical_format="tfrecord", schema=raw_metadata.schema,
+                    telemetry_descriptors=["sage_tfx", "DPTransform"])
+                raw = {split: (pipeline
+                               | f"Read{split}" >> beam.io.ReadFromTFRecord(
+                                   _split_pattern(examples, split))
+                               | f"Sanitise{split}" >> beam.Map(sanitise_record, feature_spec)
+                               | f"Decode{split}" >> source.BeamSource())
+                       for split in SPLITS}
+                adapter = source.TensorAdapterConfig()
+                transform_fn = ((raw[TRAIN_SPLIT], adapter)
+                                | "Analyze" >> tft_beam.AnalyzeDataset(
+                                    budget.wrap(preprocessing_fn)))
+                _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(
+                    transform_graph.uri)
+                for split in SPLITS:
+                    data, metadata = ((raw[split], adapter), transform_fn) | \
+                        f"Transform{split}" >> tft_beam.TransformDataset()
+                    coder = tft.coders.ExampleProtoCoder(metadata.schema)
+                    _ = (data
+                         | f"Encode{split}" >> beam.Map(coder.encode)
+                         | f"Write{split}" >> beam.io.WriteToTFRecord(
+                             os.path.join(transformed.uri, f"Split-{split}", "data_tfrecord"),
+                             file_name_suffix=".gz",
+                             compression_type=beam.io.filesystem.CompressionTypes.GZIP))
+            if budget.spent_shares() != shares:
+                raise DPTransformError("the preprocessing_fn spent different shares when it ran "
+                                       "than "
+                                       "when it was audited")
+            # The raw schema too, as TFX's Transform writes it: the trainer parses raw records
+            # with it.
+            metadata_io.write_metadata(raw_metadata, os.path.join(
+                transform_graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR))
+            carry_grant(grant, transformed, "DPTransform")
+            transform_graph.set_string_custom_property(EXAMPLES_GRANT_ID, grant.grant_id)
+            set_exact_property(transform_graph, "dp_epsilon",
+                               epsilon * sum(share for _, share in shares))
+            # The transform graph holds the DP statistics; the transformed Examples are granted
+            # data, transformed record by record, and stay inside the platform.
+            charged.released([transform_graph.uri], charged.guarantee(
+                GuaranteeUnit.RECORD, epsilon=epsilon, delta=0.0))

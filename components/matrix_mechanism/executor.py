@@ -2,7 +2,8 @@
 
 Order: the spec is parsed and the strategy chosen (both data independent), and the share's
 recorded event checked to be the Gaussian that runs, before the grant's share is consumed
-inside the release protocol (`release.consume`: the step's outcome is recorded on the grant); the records of
+inside the release protocol (`GrantInfo.releasing`: the step's outcome is recorded on the
+grant); the records of
 both splits are read, each mapped to one cell by the record rule (spec.py: a bad or
 out-of-domain value counts in its attribute's public default cell; bytes that are no
 tf.Example read as an empty one), and only the mechanism's output is written or logged.
@@ -82,8 +83,8 @@ class Executor(base_executor.BaseExecutor):
         step = exec_properties.get("grant_step") or "statistics"
         epsilon, delta = info.record.share(step)
         info.check_event(step, planned_event(epsilon, delta))
-        with release.consume(info.ledger, info.record, [step], _FRONT_DOOR) as charged:
-            info.share(step)  # a second consumer gets GrantError, and the first outcome stands
+        # Consumed first: a second consumer gets GrantError, and the first outcome stands.
+        with info.releasing(step, _FRONT_DOOR) as charged:
             charged.phase = "reading the granted Examples"
             histogram = examples_histogram(spec, examples.uri)
             charged.phase = "answering the workload"

@@ -2,6 +2,7 @@
 the requested epochs, and write the samples in training order with their descriptor."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any
@@ -18,6 +19,7 @@ from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import (DEFAULT_EPOCHS, samples_poisson,
                                                                samples_swo, shuffle_and_split)
 from sage_tfx.components.privacy_grant import carry_grant, require_grant
+from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
 from sage_tfx.mechanisms import discrete_laplace
 from sage_tfx.sage_access.accounting import pure_dp_event
@@ -80,28 +82,37 @@ class Executor(base_executor.BaseExecutor):
 
         records = read_split(source.uri, TRAIN_SPLIT)
         size, size_truncation = sampled_size(records, grant, exec_properties)
-        samples = sample(records, exec_properties, size)
-        descriptor = dataclasses.replace(samples.descriptor,
-                                         size_truncation_probability=size_truncation)
-        # Null and dummy slots hold null records (b""): routing copies no record into them.
-        records = samples.records
+        # With a DP count the sampler spends the count step's share: its outcome is recorded.
+        counted = exec_properties.get("public_size") is None
+        with grant.releasing(accounting.COUNT_STEP, "ObliviousSampleGen component") if counted \
+                else contextlib.nullcontext() as charged:
+            samples = sample(records, exec_properties, size)
+            descriptor = dataclasses.replace(samples.descriptor,
+                                             size_truncation_probability=size_truncation)
+            # Null and dummy slots hold null records (b""): routing copies no record into them.
+            records = samples.records
 
-        output = artifact_utils.get_single_instance(output_dict["samples"])
-        output.split_names = artifact_utils.encode_split_names([TRAIN_SPLIT])
-        samples_io.write_samples(os.path.join(output.uri, f"Split-{TRAIN_SPLIT}"), records,
-                                 samples.sample_ids, descriptor, key,
-                                 int(record_width) if key is not None else 0)
-        for name, value in descriptor.to_properties().items():
-            if isinstance(value, int):
-                output.set_int_custom_property(name, value)
-            else:
-                output.set_string_custom_property(name, value)
-        output.set_int_custom_property(sample_keys.ENCRYPTED, int(key is not None))
-        if key is not None:
-            output.set_int_custom_property(sample_keys.RECORD_WIDTH, int(record_width))
-        carry_grant(grant, output, "ObliviousSampleGen")
-        # n is the DP count (or the user's public size), never the exact number of records.
-        console.report("ObliviousSampleGen: %s sampling of %d rows (%s), %d epoch(s), %s",
-                       descriptor.scheme, descriptor.n,
-                       "public size" if exec_properties.get("public_size") is not None
-                       else "DP count", descriptor.epochs, "encrypted" if key else "not encrypted")
+            output = artifact_utils.get_single_instance(output_dict["samples"])
+            output.split_names = artifact_utils.encode_split_names([TRAIN_SPLIT])
+            samples_io.write_samples(os.path.join(output.uri, f"Split-{TRAIN_SPLIT}"), records,
+                                     samples.sample_ids, descriptor, key,
+                                     int(record_width) if key is not None else 0)
+            for name, value in descriptor.to_properties().items():
+                if isinstance(value, int):
+                    output.set_int_custom_property(name, value)
+                else:
+                    output.set_string_custom_property(name, value)
+            output.set_int_custom_property(sample_keys.ENCRYPTED, int(key is not None))
+            if key is not None:
+                output.set_int_custom_property(sample_keys.RECORD_WIDTH, int(record_width))
+            carry_grant(grant, output, "ObliviousSampleGen")
+            # n is the DP count (or the user's public size), never the exact number of records.
+            console.report("ObliviousSampleGen: %s sampling of %d rows (%s), %d epoch(s), %s",
+                           descriptor.scheme, descriptor.n,
+                           "public size" if exec_properties.get("public_size") is not None
+                           else "DP count", descriptor.epochs,
+                           "encrypted" if key else "not encrypted")
+            if counted:  # the DP count (n in the descriptor) is released; the samples are not
+                count_epsilon, _ = grant.record.share(accounting.COUNT_STEP)
+                charged.released([], charged.guarantee(GuaranteeUnit.RECORD,
+                                                       epsilon=count_epsilon, delta=0.0))

@@ -52,6 +52,15 @@ class GrantInfo:
                 raise GrantError(str(error)) from None
         return self._used[step]
 
+    def releasing(self, step: str, front_door: str):
+        """The release protocol for `step` (sage_tfx.release.consume), entered right after
+        consuming the step's share (`share(step)`): call `.released(uris, guarantee)` at the
+        end; leaving it by an error records the step `failed` (or `interrupted`)."""
+        from sage_tfx import release
+
+        self.share(step)
+        return release.consume(self._ledger, self._record, [step], front_door, consumed=[step])
+
     def event(self, step: str):
         """The dp-accounting event the ledger recorded for `step` (None if it recorded none)."""
         return self._ledger.grant_event(self._record, step)

@@ -55,8 +55,8 @@ from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, SELEC
                                                        BudgetPlan, component_budget,
                                                        derived_from,
                                                        run_selection)
-from sage_tfx.dp_statistics.aggregation.spec import (Aggregate, AggregateKind, AggregationQuery,
-                                                     NoiseKind, SelectionRule)
+from sage_tfx.dp_statistics.aggregation.spec import (MAX_MAGNITUDE, Aggregate, AggregateKind,
+                                                     AggregationQuery, NoiseKind, SelectionRule)
 
 # Equal-width buckets of [L, U] for quantiles: the resolution is (U - L) / 64, and the noise of
 # a cumulative count over k buckets grows as sqrt(k).
@@ -187,8 +187,7 @@ def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float
             present = ~np.isnan(columns[aggregate.column][sampled])
             out[:, block.start] = np.bincount(sampled_pairs, weights=present, minlength=n_pairs)
         elif aggregate.kind is AggregateKind.SUM and not aggregate.bounds_rows:
-            totals = np.bincount(pair_of_row, weights=columns[aggregate.column],
-                                 minlength=n_pairs)
+            totals = saturating_sums(pair_of_row, columns[aggregate.column], n_pairs)
             out[:, block.start] = mechanisms.bounded(totals, *bounds[aggregate.output_name])
         elif aggregate.bounds_rows:
             low, high = bounds[aggregate.output_name]
@@ -211,6 +210,26 @@ def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float
     return out
 
 
+def saturated(positive: np.ndarray, negative: np.ndarray) -> np.ndarray:
+    """min(P, T) - min(N, T) with T = spec.MAX_MAGNITUDE: a sum of contributions c_i given as
+    P = sum of max(c_i, 0) and N = sum of max(-c_i, 0) (either may be inf in floating point),
+    saturated instead of overflowing (issue 29: an infinite sum made the charged run fail,
+    or not, depending on the data).
+
+    Why the sensitivity is kept: adding one unit adds p = max(c, 0) to P and n = max(-c, 0)
+    to N (one of them 0), and t -> min(t, T) is non-decreasing and 1-Lipschitz, so the result
+    moves by at most max(p, n) = |c|, per coordinate: the Delta of the table above, in L1 and
+    in L2. Summing the signs apart matters: a running sum that overflowed and then met a
+    negative term would not move by |c| only. The result lies in [-T, T], finite."""
+    return np.minimum(positive, MAX_MAGNITUDE) - np.minimum(negative, MAX_MAGNITUDE)
+
+
+def saturating_sums(groups: np.ndarray, weights: np.ndarray, n_groups: int) -> np.ndarray:
+    """The saturated sum of ``weights`` per group (np.bincount's, through :func:`saturated`)."""
+    return saturated(np.bincount(groups, weights=np.maximum(weights, 0.0), minlength=n_groups),
+                     np.bincount(groups, weights=np.maximum(-weights, 0.0), minlength=n_groups))
+
+
 def histogram_buckets(values: np.ndarray, low: float, high: float) -> np.ndarray:
     width = (high - low) / QUANTILE_BUCKETS
     return np.clip(np.floor((values - low) / width), 0, QUANTILE_BUCKETS - 1).astype(np.int64)
@@ -218,8 +237,9 @@ def histogram_buckets(values: np.ndarray, low: float, high: float) -> np.ndarray
 
 def sum_by_partition(partitions: np.ndarray, contributions: np.ndarray,
                      n_partitions: int) -> np.ndarray:
-    """The (n_partitions, width) accumulators: the sum of each partition's pair vectors."""
-    return np.stack([np.bincount(partitions, weights=contributions[:, j], minlength=n_partitions)
+    """The (n_partitions, width) accumulators: the saturated sum of each partition's pair
+    vectors (:func:`saturated`)."""
+    return np.stack([saturating_sums(partitions, contributions[:, j], n_partitions)
                      for j in range(contributions.shape[1])], axis=1).reshape(
                          n_partitions, contributions.shape[1])
 
@@ -401,9 +421,11 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
                 table[name] = np.asarray(selected_counts, dtype=np.float64)
             elif aggregate.kind is AggregateKind.COUNT:
                 table[name] = moments[source].rows
-            else:
-                table[name] = (moments[source].mid * moments[source].rows
-                               + moments[source].centred_sum)
+            else:  # saturated as the sums are (post-processing of the noisy moments)
+                with np.errstate(over="ignore"):
+                    total = moments[source].mid * moments[source].rows \
+                        + moments[source].centred_sum
+                table[name] = np.clip(total, -MAX_MAGNITUDE, MAX_MAGNITUDE)
             continue
         step = plan.step(name)
         block = spec.blocks[name]

@@ -18,6 +18,7 @@ from typing import Optional
 import apache_beam as beam
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from sage_tfx.dp_statistics.aggregation import aggregators
 from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
@@ -26,6 +27,7 @@ from sage_tfx.dp_statistics.aggregation.local import (Accumulated, check_plan,
                                                       value_columns)
 from sage_tfx.dp_statistics.aggregation.spec import (AggregationQuery, GuaranteeUnit,
                                                      SelectionRule)
+from sage_tfx.dp_statistics.identifiers import representable_ids
 from sage_tfx.randomness import secret_rng
 
 
@@ -96,15 +98,26 @@ def _pair_histogram(pair, query: AggregationQuery, name: str) -> np.ndarray:
 
 
 def _contribution(pair, query: AggregationQuery, inferred: dict):
+    """(partition, the pair's contribution split by sign: rows [positive parts, negative
+    parts]), summed apart so that the totals saturate as on the local engine
+    (aggregators.saturated)."""
     partition, size, columns = pair
     pair_of_row, rank = _one_pair(size)
-    return partition, aggregators.pair_contributions(query, _given_bounds(query, inferred),
-                                                     pair_of_row, rank, 1, columns)[0]
+    vector = aggregators.pair_contributions(query, _given_bounds(query, inferred), pair_of_row,
+                                            rank, 1, columns)[0]
+    return partition, np.stack([np.maximum(vector, 0.0), np.maximum(-vector, 0.0)])
+
+
+def _sum_signed(parts) -> np.ndarray:
+    """The sum of sign-split contributions; a part that overflows is inf, which saturates."""
+    with np.errstate(over="ignore"):
+        return np.sum(list(parts), axis=0)
 
 
 class AccumulateTransform(beam.PTransform):
-    """rows (dicts) -> (the partitions' (key tuple, contribution sum) pairs, the inferred bounds
-    as (output name, ((low, high), event)) pairs): steps 1-3 and the DP bounds."""
+    """rows (dicts) -> (the partitions' (key tuple, sign-split contribution sums) pairs, the
+    inferred bounds as (output name, ((low, high), event)) pairs): steps 1-3 and the DP
+    bounds."""
 
     def __init__(self, query: AggregationQuery, plan: BudgetPlan, seed: Optional[int] = None):
         super().__init__()
@@ -129,6 +142,10 @@ class AccumulateTransform(beam.PTransform):
         def wanted(row):
             if pd.isna(row.get(unit_column)):
                 return False  # owned by nobody (None, or NaN from a pandas frame)
+            # The local engine's rule (local.representable_rows), on this row alone.
+            texts = [v for v in (*partition(row), row[unit_column]) if isinstance(v, str)]
+            if texts and not representable_ids(texts).all():
+                return False
             return public is None or partition(row) in public
 
         pairs = (rows
@@ -160,25 +177,27 @@ class AccumulateTransform(beam.PTransform):
         if public is not None:  # listed partitions without rows are released too
             width = aggregators.layout(query).width
             zeros = (rows.pipeline | "PublicKeys" >> beam.Create(
-                [(key, np.zeros(width)) for key in query.public_partitions]))
+                [(key, np.zeros((2, width))) for key in query.public_partitions]))
             vectors = (vectors, zeros) | "WithPublic" >> beam.Flatten()
-        return (vectors | "SumPartitions" >> beam.CombinePerKey(
-            lambda vs: np.sum(list(vs), axis=0)), inferred)
+        return (vectors | "SumPartitions" >> beam.CombinePerKey(_sum_signed), inferred)
 
 
 class GatherAccumulated(beam.PTransform):
     """AccumulateTransform's output -> one ``local.Accumulated`` (what ``local.accumulate``
-    returns: the pre-noise sums of every partition and the inferred bounds)."""
+    returns: the pre-noise sums of every partition and the inferred bounds). ``schema``: the
+    rows' Arrow schema when they came from a table, so the keys keep their declared types as
+    on the local engine (else pandas infers them, as for a frame)."""
 
-    def __init__(self, query: AggregationQuery):
+    def __init__(self, query: AggregationQuery, schema: Optional[pa.Schema] = None):
         super().__init__()
-        self._query = query
+        self._query, self._schema = query, schema
 
     def expand(self, accumulated):
         vectors, inferred = accumulated
         return (vectors
                 | "Gather" >> beam.combiners.ToList()
-                | "Pack" >> beam.Map(_accumulated, self._query, beam.pvalue.AsDict(inferred)))
+                | "Pack" >> beam.Map(_accumulated, self._query, beam.pvalue.AsDict(inferred),
+                                     self._schema))
 
 
 class AggregateTransform(beam.PTransform):
@@ -187,15 +206,15 @@ class AggregateTransform(beam.PTransform):
 
     def __init__(self, query: AggregationQuery, plan: BudgetPlan,
                  unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None, schema: Optional[pa.Schema] = None):
         super().__init__()
         self._accumulate = AccumulateTransform(query, plan, seed)
-        self._query, self._plan, self._unit = query, plan, unit
+        self._query, self._plan, self._unit, self._schema = query, plan, unit, schema
 
     def expand(self, rows):
         return (rows
                 | "Accumulate" >> self._accumulate
-                | "GatherAccumulated" >> GatherAccumulated(self._query)
+                | "GatherAccumulated" >> GatherAccumulated(self._query, self._schema)
                 | "Release" >> beam.Map(_release, self._query, self._plan, self._unit))
 
 
@@ -225,16 +244,38 @@ def run_transform(rows, transform, options=None):
 
 
 def _records(rows, query: AggregationQuery):
+    """(the rows as dicts, their Arrow schema if they came from a table)."""
+    if isinstance(rows, pa.Table):
+        query.check(rows.column_names)
+        return rows.to_pylist(), rows.schema  # Python ints: exact beyond 2^53, None for null
     if isinstance(rows, pd.DataFrame):
         query.check(rows.columns)
-        return rows.to_dict("records")
-    return rows
+        return rows.to_dict("records"), None
+    return rows, None
 
 
-def _accumulated(pairs: list, query: AggregationQuery, inferred: dict) -> Accumulated:
+def _keys(partitions: list, query: AggregationQuery,
+          schema: Optional[pa.Schema]) -> pd.DataFrame:
+    """The partitions' key tuples as a frame: in the schema's types when given (public keys
+    that do not fit their column's type stay Python objects, as on the local engine)."""
+    columns = list(query.group_by)
+    if schema is not None:
+        try:
+            return pa.table({column: pa.array([key[i] for key in partitions],
+                                              schema.field(column).type)
+                             for i, column in enumerate(columns)}).to_pandas(
+                                 types_mapper=pd.ArrowDtype)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+    return pd.DataFrame(partitions, columns=columns)
+
+
+def _accumulated(pairs: list, query: AggregationQuery, inferred: dict,
+                 schema: Optional[pa.Schema] = None) -> Accumulated:
     width = aggregators.layout(query).width
-    keys = pd.DataFrame([partition for partition, _ in pairs], columns=list(query.group_by))
-    matrix = np.stack([vector for _, vector in pairs]) if pairs else np.zeros((0, width))
+    keys = _keys([partition for partition, _ in pairs], query, schema)
+    matrix = aggregators.saturated(*np.stack([signed for _, signed in pairs], axis=1)) \
+        if pairs else np.zeros((0, width))
     events = {BOUNDS_STEP_PREFIX + name: value[1] for name, value in inferred.items()}
     return Accumulated(keys, matrix, _given_bounds(query, inferred), events)
 
@@ -243,7 +284,8 @@ def aggregate_with_beam(rows, query: AggregationQuery, plan: BudgetPlan,
                         unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ, *,
                         options: Optional[beam.options.pipeline_options.PipelineOptions] = None,
                         seed: Optional[int] = None):
-    """Run :class:`AggregateTransform` on ``rows`` (an iterable of dicts, or a pandas frame) in
-    a pipeline of its own (DirectRunner unless ``options`` say otherwise); the Release."""
-    return run_transform(_records(rows, query), AggregateTransform(query, plan, unit, seed),
-                         options)
+    """Run :class:`AggregateTransform` on ``rows`` (a pyarrow.Table, a pandas frame or an
+    iterable of dicts) in a pipeline of its own (DirectRunner unless ``options`` say
+    otherwise); the Release."""
+    records, schema = _records(rows, query)
+    return run_transform(records, AggregateTransform(query, plan, unit, seed, schema), options)

@@ -40,8 +40,9 @@ import numpy as np
 from dp_accounting import dp_event
 
 from sage_tfx import mechanisms
-from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQuery, NoiseKind,
-                                                     QueryError, SelectionRule)
+from sage_tfx.dp_statistics.aggregation.spec import (MAX_MAGNITUDE, AggregateKind,
+                                                     AggregationQuery, NoiseKind, QueryError,
+                                                     SelectionRule)
 
 SELECTION_STEP = "partition_selection"
 BOUNDS_STEP_PREFIX = "bounds:"
@@ -178,11 +179,29 @@ def plan(query: AggregationQuery, epsilon: float, delta: float,
         else:
             step_delta = ((delta - selection_delta) * share[name] / gaussian_weight
                           if name in gaussian_steps else 0.0)
-            steps.append(PlanStep(name, step_epsilon, step_delta,
-                                  component_event(query, aggregates[name].kind, step_epsilon,
-                                                  step_delta)))
+            event = component_event(query, aggregates[name].kind, step_epsilon, step_delta)
+            _check_noise_scale(query, aggregates[name], event)
+            steps.append(PlanStep(name, step_epsilon, step_delta, event))
     spent_delta = sum(step.delta for step in steps)
     return BudgetPlan(query, epsilon, spent_delta, tuple(steps))
+
+
+def _check_noise_scale(query: AggregationQuery, aggregate, event: dp_event.DpEvent) -> None:
+    """Refuse, before any charge, an aggregate whose noise scale (its multiplier times the L1
+    or L2 sensitivity over C_u partitions) exceeds spec.MAX_MAGNITUDE: its noisy sums could
+    overflow to infinity by the noise alone."""
+    l1 = query.largest_change(aggregate)
+    if l1 is None:
+        return
+    one = event.event if isinstance(event, dp_event.SelfComposedDpEvent) else event
+    sensitivity = l1 if NoiseKind(query.noise) is NoiseKind.LAPLACE \
+        else l1 / math.sqrt(query.max_partitions_contributed)
+    scale = one.noise_multiplier * sensitivity
+    if not scale <= MAX_MAGNITUDE:
+        raise QueryError(f"aggregate {aggregate.output_name!r}: bounds [{aggregate.low!r}, "
+                         f"{aggregate.high!r}] at this step's epsilon need noise of scale "
+                         f"{scale:g}, beyond 2^1000 (about {MAX_MAGNITUDE:.3g}); narrow the "
+                         "bounds or raise epsilon")
 
 
 def component_budget(kind: AggregateKind, epsilon: float, delta: float) -> tuple[float, float]:

@@ -6,12 +6,14 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from sage_tfx.dp_statistics.aggregation import aggregators
 from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
 from sage_tfx.dp_statistics.aggregation.release import Release
 from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQuery,
                                                      GuaranteeUnit, QueryError, SelectionRule)
+from sage_tfx.dp_statistics.identifiers import representable_ids
 from sage_tfx.randomness import secret_rng
 
 
@@ -33,10 +35,13 @@ def presence_columns(query: AggregationQuery) -> set[str]:
     return set(value_columns(query)) - numeric
 
 
+def identity_columns(query: AggregationQuery) -> list[str]:
+    """The group-by columns and the unit column: what rows are grouped by."""
+    return list(dict.fromkeys([*query.group_by, query.unit_column]))
+
+
 def _frame(data, query: AggregationQuery) -> pd.DataFrame:
     if hasattr(data, "to_pandas") and hasattr(data, "schema"):  # pyarrow.Table
-        import pyarrow as pa
-
         query.check(data.column_names)
         for column in set(value_columns(query)) - presence_columns(query):
             kind = data.schema.field(column).type
@@ -44,14 +49,36 @@ def _frame(data, query: AggregationQuery) -> pd.DataFrame:
                     or pa.types.is_boolean(kind) or pa.types.is_decimal(kind)
                     or pa.types.is_null(kind)):
                 raise _not_numeric(column, kind)
-        needed = list(dict.fromkeys(list(query.group_by) + [query.unit_column]
-                                    + value_columns(query)))
-        return data.select(needed).to_pandas()
+        # Keys and units keep their declared Arrow type (pandas' own conversion makes an
+        # integer column holding a null float, which prints 1 as 1.0 and merges integers
+        # above 2^53), and pandas groups them with Arrow's hashing, which reads whole strings.
+        identity = identity_columns(query)
+        frame = data.select(identity).to_pandas(types_mapper=pd.ArrowDtype)
+        for column in value_columns(query):
+            if column not in identity:
+                frame[column] = data[column].to_pandas()
+        return frame
     if not isinstance(data, pd.DataFrame):
         raise QueryError(f"data must be a pyarrow.Table or a pandas.DataFrame, got "
                          f"{type(data).__name__}")
     query.check(data.columns)
     return data
+
+
+def representable_rows(frame: pd.DataFrame, query: AggregationQuery) -> np.ndarray:
+    """Rows whose text keys and unit are representable (identifiers.py: no NUL, at most
+    MAX_ID_BYTES): the others are dropped, each by its own content, before any grouping."""
+    keep = np.ones(len(frame), dtype=bool)
+    for column in identity_columns(query):
+        series = frame[column]
+        if isinstance(series.dtype, pd.ArrowDtype):
+            kind = series.dtype.pyarrow_dtype
+            if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+                keep &= representable_ids(pa.array(series))
+        elif pd.api.types.is_object_dtype(series.dtype) or pd.api.types.is_string_dtype(
+                series.dtype):
+            keep &= representable_ids([v if isinstance(v, str) else None for v in series])
+    return keep
 
 
 def _not_numeric(column: str, kind) -> QueryError:
@@ -76,7 +103,9 @@ def numeric_column(frame: pd.DataFrame, column: str) -> np.ndarray:
 
 def partition_codes(frame: pd.DataFrame,
                     query: AggregationQuery) -> tuple[np.ndarray, pd.DataFrame]:
-    """Each row's partition index (-1: not a public partition) and the partitions' keys."""
+    """Each row's partition index (-1: not a public partition) and the partitions' keys, in
+    their columns' types. `frame` holds representable keys only (`representable_rows`), so
+    grouping is by the whole value (pandas' Arrow-backed and numeric factorize are exact)."""
     keys_frame = frame[list(query.group_by)]
     codes = None
     for column in query.group_by:
@@ -84,18 +113,18 @@ def partition_codes(frame: pd.DataFrame,
         # Re-factorizing the combined code keeps it below the row count (no overflow).
         codes = column_codes if codes is None else pd.factorize(
             codes * max(len(uniques), 1) + column_codes)[0]
-    codes = codes.astype(np.int64, copy=False)
+    codes = np.asarray(codes, dtype=np.int64)
     first = np.empty(int(codes.max()) + 1 if codes.size else 0, dtype=np.int64)
     first[codes[::-1]] = np.arange(codes.size)[::-1]  # the last write, the first occurrence, wins
     keys = keys_frame.iloc[first].reset_index(drop=True)
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
         return codes, keys
     public = {key: i for i, key in enumerate(query.public_partitions)}
-    data_to_public = np.array([public.get(key, -1) for key in keys.itertuples(index=False,
-                                                                           name=None)],
-                              dtype=np.int64)
+    as_python = keys.astype(object).where(keys.notna(), None)  # a null key matches NULL
+    data_to_public = np.array([public.get(key, -1) for key in as_python.itertuples(
+        index=False, name=None)], dtype=np.int64)
     public_keys = pd.DataFrame(list(query.public_partitions), columns=list(query.group_by))
-    for column in query.group_by:  # the data's dtypes where the listed values allow
+    for column in query.group_by:  # the columns' types (the schema's) where the values fit
         try:
             public_keys[column] = public_keys[column].astype(keys[column].dtype)
         except (TypeError, ValueError):
@@ -117,13 +146,14 @@ class Accumulated:
 def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
                rng: np.random.Generator) -> Accumulated:
     """Steps 1-3 of aggregators.py (and the DP bounds) on a checked frame."""
+    frame = frame[representable_rows(frame, query)].reset_index(drop=True)
     presence = presence_columns(query)
     columns = {c: np.where(frame[c].notna().to_numpy(), 1.0, np.nan) if c in presence
                else numeric_column(frame, c) for c in value_columns(query)}
     owned = frame[query.unit_column].notna().to_numpy()
     codes, keys = partition_codes(frame, query)
     rows = owned & (codes >= 0)
-    unit_codes, _ = pd.factorize(frame[query.unit_column].to_numpy()[rows])
+    unit_codes, _ = pd.factorize(frame[query.unit_column][rows])
     pairs = aggregators.bound_contributions(unit_codes, codes[rows], len(keys),
                                             query.max_partitions_contributed, rng)
     kept_row = pairs.pair_kept[pairs.pair_of_row]

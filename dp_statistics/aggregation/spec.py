@@ -154,6 +154,22 @@ class Aggregate:
     def bounds_inferred(self) -> bool:
         return self.bounded and self.low is None
 
+    def largest_change(self, max_rows: int) -> Optional[float]:
+        """The most one unit moves one of this aggregate's noisy sums in one partition, at most
+        ``max_rows`` rows read (aggregators.py's Delta table; the centred squares' |clamp -
+        mid|^2 <= h^2 bound is the largest of its terms), or None without literal bounds (the
+        DP bounds lie within +-2^50). Non-finite when the bounds' midpoint or width is."""
+        if not self.bounded or self.low is None:
+            return None
+        if not (math.isfinite(self.low + self.high) and math.isfinite(self.high - self.low)):
+            return math.inf  # the midpoint or the width overflows
+        if self.kind is AggregateKind.SUM:
+            return max(abs(self.low), abs(self.high)) * (max_rows if self.bounds_rows else 1)
+        if self.kind is AggregateKind.QUANTILE:
+            return float(max_rows)
+        half = (self.high - self.low) / 2.0
+        return max_rows * (half if self.kind is AggregateKind.AVG else max(half, half * half))
+
     @property
     def bounds_rows(self) -> bool:
         """True when [low, high] clamps each row's value, False when it clamps the unit's sum."""
@@ -200,6 +216,14 @@ class Aggregate:
             raise QueryError(f"{where}: q is for quantiles, not {kind.value}")
 
 
+# The largest magnitude a released sum or its noise scale may reach: 2^1000 (about 1.07e301).
+# Accumulated sums saturate at it (aggregators.saturated), and a query whose bounds let one unit
+# move a sum, or whose noise scale, beyond it is refused before anything is charged. Below
+# 2^1023 by a factor of 2^23, so a saturated sum plus its noise (beyond 2^23 noise scales with
+# probability e^-8388608) stays finite.
+MAX_MAGNITUDE = 2.0 ** 1000
+
+
 # BigQuery's max_groups_contributed default (WITH DIFFERENTIAL_PRIVACY OPTIONS) and PipelineDP's
 # usual setting; an analyst who knows the data sets both.
 DEFAULT_MAX_PARTITIONS_CONTRIBUTED = 4
@@ -234,6 +258,31 @@ class AggregationQuery:
             object.__setattr__(self, "public_partitions", tuple(
                 tuple(key) if isinstance(key, list) else key for key in self.public_partitions))
 
+    def largest_change(self, aggregate: Aggregate) -> Optional[float]:
+        """The most one unit moves the L1 norm of one of the aggregate's noisy sums over the
+        C_u partitions it touches (None: bounds inferred with DP, small by construction)."""
+        per_partition = aggregate.largest_change(self.max_contributions_per_partition)
+        return None if per_partition is None else \
+            self.max_partitions_contributed * per_partition
+
+    def _check_magnitudes(self) -> None:
+        """Refuse bounds whose worst case is not finite (issue 29): one unit's change to a sum
+        must stay below MAX_MAGNITUDE, so that sums saturating there keep their sensitivity and
+        their noise scale is finite."""
+        for option in ("max_partitions_contributed", "max_contributions_per_partition"):
+            value = getattr(self, option)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return  # refused below, by name
+        for aggregate in self.aggregates:
+            change = self.largest_change(aggregate)
+            if change is not None and not change <= MAX_MAGNITUDE:
+                raise QueryError(
+                    f"aggregate {aggregate.output_name!r}: bounds [{aggregate.low!r}, "
+                    f"{aggregate.high!r}] let one unit move a released sum by up to {change:g} "
+                    f"(over max_groups_contributed = {self.max_partitions_contributed} and "
+                    f"{self.max_contributions_per_partition} rows per group), beyond 2^1000 "
+                    f"(about {MAX_MAGNITUDE:.3g}), where sums saturate; narrow the bounds")
+
     def check(self, columns=None) -> None:
         """Raise QueryError naming the first problem; with ``columns`` (the table's column
         names) also refuse unknown columns."""
@@ -254,6 +303,7 @@ class AggregationQuery:
             if aggregate.bounds_inferred and not self.infer_bounds:
                 raise QueryError(f"aggregate {aggregate.output_name!r} has no bounds and bounds "
                                  "inference is off (infer_bounds=False): give [low, high]")
+        self._check_magnitudes()
         names = [a.output_name for a in self.aggregates]
         clashes = sorted({n for n in names if names.count(n) > 1}
                          | (set(names) & set(self.group_by)))

@@ -86,6 +86,7 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
 
 from sage_tfx.dp_statistics.continual import operator, sources
+from sage_tfx.dp_statistics.identifiers import usable_ids
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.dp_statistics.continual.state import check_budget
@@ -493,7 +494,7 @@ class EvaluateKeys(beam.DoFn):
 
 @beam.typehints.with_output_types(Tuple[str, StreamRecord])
 class Prepare(beam.DoFn):
-    """Drops records without a usable unit or key (sources.usable_ids: not empty, no NUL, at
+    """Drops records without a usable unit or key (identifiers.usable_ids: not empty, no NUL, at
     most 1024 bytes), or outside the window (each a function of the record alone), and keys the
     rest by unit."""
 
@@ -502,7 +503,7 @@ class Prepare(beam.DoFn):
 
     def process(self, record: StreamRecord, timestamp=beam.DoFn.TimestampParam):
         unit, key = _text(record.unit), _text(record.key)
-        if self._batches.step_of(float(timestamp)) and sources.usable_ids(
+        if self._batches.step_of(float(timestamp)) and usable_ids(
                 np.array([unit, key], dtype=object)).all():
             yield unit, record._replace(unit=unit, key=key)
 

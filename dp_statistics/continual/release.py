@@ -34,6 +34,7 @@ Metadata sees of a pin must not depend on the data:
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 from typing import Optional
 
@@ -43,8 +44,8 @@ from sage_tfx.dp_statistics.continual import local
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.sources import Records, Window
 from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState, pin_tokens
-from sage_tfx.release import write_json
-from sage_tfx.sage_access.errors import BadRequest
+from sage_tfx.release import ReleaseFailed, ReleaseInterrupted, public_reason, write_json
+from sage_tfx.sage_access.errors import BadRequest, LedgerError
 
 STATE_DIR = "state"
 
@@ -119,7 +120,8 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
     def pin_triggers(grant_id: str) -> None:
         # This run's triggers, all at once before any is computed (module docstring).
         for step, token in pin_tokens(state_dir, range(done + 1, last + 1)).items():
-            ledger.pin(grant_id, f"{window_grants.STEP}/trigger-{step}", token)
+            ledger.pin(grant_id, f"{window_grants.STEP}/trigger-{step}",
+                       _bound_to_directory(token, state_dir))
 
     def charge():
         # A refusal is all-or-nothing; run_local clears its "charge started" mark on it, so the
@@ -141,8 +143,41 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
                 snapshot_every=None if through_step is None else 1)
     except StreamStateError as error:
         raise BadRequest(str(error)) from None
-    if state.step == total and state.grant_id is not None:
-        window_grants.record_window_released(
-            ledger, state.grant_id, consumer, os.path.abspath(release_dir),
-            query.guarantee(state.blocks, state.grant_id))
+    except KeyboardInterrupt:
+        if grant.get("id"):
+            raise ReleaseInterrupted(grant["id"], _RESUME) from None
+        raise
+    except Exception as error:
+        # After the charge a failure says the budget is spent, in public words (the phase),
+        # and how to go on; the grant stays incomplete, since the window can resume.
+        if grant.get("id") and not isinstance(error, LedgerError):
+            raise ReleaseFailed(grant["id"], public_reason(error, "computing the window")
+                                + _RESUME) from None
+        raise
     return state
+
+
+def _bound_to_directory(token: str, state_dir: str) -> str:
+    """The pin of a trigger: its token bound to this very state directory (its device and
+    inode). A copy of the directory carries the tokens but not the inode, so it cannot pin
+    the same value and is refused a trigger another copy took (two copies computing trigger t
+    from different records under the same keyed noise would publish their difference).
+    Resuming in the same directory, or after moving it within its file system, pins the same
+    value; a restored backup is another directory and starts a new window. Still a function
+    of random bits only: a reader of the ledger learns nothing about the data from it."""
+    status = os.stat(state_dir)
+    return hashlib.sha256(f"{token}:{status.st_dev}:{status.st_ino}".encode()).hexdigest()
+
+
+_RESUME = ("; run again with the same state directory to resume the window (nothing more is "
+           "charged)")
+
+
+def record_released(ledger, query, state: WindowState, front_door: str,
+                    release_dir: str) -> None:
+    """Once the window's last trigger is out and written (the caller's last step), record its
+    grant released with the release directory and the guarantee."""
+    if state.step == query.micro_batches and state.grant_id is not None:
+        window_grants.record_window_released(
+            ledger, state.grant_id, front_door, os.path.abspath(release_dir),
+            query.guarantee(state.blocks, state.grant_id))

@@ -10,9 +10,9 @@ therefore a function of the window and T alone, never of the data (a stream is n
 N records", which would let one record move every later trigger).
 
 Records. A record is kept or dropped by looking at that record alone: it is dropped when its
-unit or key is empty, contains a NUL character or is longer than MAX_ID_BYTES (1024) bytes in
-UTF-8, its time is missing or unreadable, or its time lies in no block of the window (outside
-the range, or in a gap between the blocks). A value that is not a finite number becomes 0 (the
+unit or key is empty, contains a NUL character or is longer than 1024 bytes in UTF-8
+(identifiers.usable_ids), its time is missing or unreadable, or its time lies in no block of
+the window (outside the range, or in a gap between the blocks). A value that is not a finite number becomes 0 (the
 record rule's public default), so a bad cell never changes what a run does after its charge;
 clamping to [-L, L] is the operator's. Without a value column every record is the value 1
 (COUNT(*)). Nothing is counted, logged or printed about the records.
@@ -28,7 +28,6 @@ order), the order contribution bounding keeps a unit's first ones in.
 """
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import os
 from dataclasses import dataclass
@@ -38,14 +37,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from sage_tfx.dp_statistics.ingest import time_seconds
+from sage_tfx.dp_statistics.identifiers import usable_ids
+from sage_tfx.dp_statistics.ingest import csv_header, read_text_csv, time_seconds
 from sage_tfx.sage_access.errors import BadRequest
 
 INPUT_SUFFIXES = (".csv", ".parquet")
-MAX_ID_BYTES = 1024  # a longer unit or key id drops its record (module docstring)
 
 
 @dataclass(frozen=True)
@@ -201,58 +199,29 @@ def input_files(path: str) -> list[str]:
 
 def _read_file(path: str, columns: Columns) -> pa.Table:
     """The named columns of one file, as text (CSV) or as stored (Parquet)."""
-    try:
-        if path.endswith(".parquet"):
+    if path.endswith(".parquet"):
+        try:
             names = pq.read_schema(path).names
             missing = [c for c in columns.names() if c not in names]
             if not missing:
                 return pq.read_table(path, columns=columns.names())
-        else:
-            # Bytes that are not UTF-8 in the header become U+FFFD: a column so named is
-            # missing (the file refused by name), never a decoding error about a record.
-            with open(path, newline="", encoding="utf-8", errors="replace") as handle:
-                header = [name.strip() for name in next(csv.reader(handle), [])]
-            missing = [c for c in columns.names() if c not in header]
-            if not missing:
-                return _decoded(pacsv.read_csv(
-                    path, convert_options=pacsv.ConvertOptions(
-                        include_columns=columns.names(),
-                        column_types={c: pa.binary() for c in columns.names()},
-                        strings_can_be_null=True),
-                    # A row with too few or too many cells is dropped on its own, not a reason
-                    # to refuse the file (which would branch on one record).
-                    parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip")))
-    except (OSError, pa.ArrowInvalid) as error:
-        raise BadRequest(f"--input {path} cannot be read: {error}") from None
+        except (OSError, pa.ArrowInvalid) as error:
+            raise BadRequest(f"--input {path} cannot be read: {error}") from None
+    else:
+        missing = [c for c in columns.names() if c not in csv_header(path, "--input")]
+        if not missing:
+            return read_text_csv(path, "--input", columns.names(), missing_is_null=True)
     raise BadRequest(f"--input {path} has no column(s) {', '.join(missing)} (the "
                      "--unit-column, --key-column, --time-column, --value-column)")
 
 
-def _decoded(table: pa.Table) -> pa.Table:
-    """`table`'s binary cells as UTF-8 text, dropping each row with a cell that is not UTF-8
-    (that record alone: one unit's malformed bytes never refuse the input)."""
-    valid = np.ones(table.num_rows, dtype=bool)
-    for column in table.columns:
-        try:
-            pc.cast(column, pa.string())
-        except pa.ArrowInvalid:  # rare: find the bad cells one by one
-            valid &= [cell is None or _is_utf8(cell) for cell in column.to_pylist()]
-    if not valid.all():
-        table = table.filter(pa.array(valid))
-    return pa.table({name: pc.cast(column, pa.string())
-                     for name, column in zip(table.column_names, table.columns)})
-
-
-def _is_utf8(cell: bytes) -> bool:
-    try:
-        cell.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _text(column: pa.ChunkedArray) -> np.ndarray:
-    """Each cell as stripped text, "" where missing (a key or unit 8 and "8" are the same)."""
+    """Each cell as stripped text, "" where missing (a key or unit 8 and "8" are the same).
+    Integers are written by Arrow itself: through pandas a null would turn the column into
+    floats, merging ids above 2^53 (2^53 and 2^53 + 1 would become one key) only when some
+    record's id is missing, which would make a key's count depend on a neighbour."""
+    if pa.types.is_integer(column.type):
+        return pc.fill_null(pc.cast(column, pa.string()), "").to_numpy(zero_copy_only=False)
     series = column.to_pandas()
     if pd.api.types.is_float_dtype(series):  # an int column with nulls comes back as float
         series = series.map(lambda v: "" if pd.isna(v) else
@@ -293,18 +262,6 @@ def _fields(table: pa.Table, columns: Columns) -> tuple[np.ndarray, ...]:
     return (_text(table[columns.unit]), _text(table[columns.key]),
             _values(table[columns.value] if columns.value else None, table.num_rows),
             _seconds(table[columns.time]))
-
-
-def usable_ids(ids: np.ndarray) -> np.ndarray:
-    """Which unit or key ids (stripped text) a record may carry (both engines): not empty, no NUL character (pandas' string
-    hashing stops at a NUL, so "u\\x00" and "u" would share a code in one micro-batch and not
-    in the next: one unit with two contribution budgets), at most MAX_ID_BYTES in UTF-8 (the
-    state's memory is public, not one record's choice)."""
-    text = pa.array(ids, pa.large_string())
-    return np.asarray(pc.and_(
-        pc.and_(pc.greater(pc.binary_length(text), 0),
-                pc.less_equal(pc.binary_length(text), MAX_ID_BYTES)),
-        pc.invert(pc.match_substring(text, "\x00"))), dtype=bool)
 
 
 def _kept(parts: Sequence[tuple[np.ndarray, ...]], window: Window,

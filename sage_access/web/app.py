@@ -4,8 +4,8 @@ Read-only by construction: every ledger is opened with `read_only=True` (an SQLi
 Metadata's READONLY mode, after Python's read-only SQLite checked it), and the app has only GET
 routes. It reads the store from one background thread, which keeps a snapshot per context and
 re-reads a context only when its newest execution (`BlockLedger.latest_change`) moved, and then
-only what changed (`BlockLedger.changes`): the new grants (append-only) and the blocks they
-touched. Requests are
+only what changed (`BlockLedger.changes`): the new grants and denials (append-only), the outcomes
+recorded since, and the blocks they touched. Requests are
 answered from the snapshots (paged tables, charts aggregated on the server), so a page over
 10,000 blocks and 100,000 grants costs what one page of rows costs, not what the store holds.
 
@@ -17,6 +17,7 @@ script: a name such as `<script>alert(1)</script>` is shown as text.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import hmac
@@ -30,14 +31,16 @@ import threading
 import time
 from typing import Optional
 
+import numpy as np
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
-from sage_tfx.sage_access.views import block_row, describe_event, ledger_table, plot_bars
+from sage_tfx.sage_access.views import (block_row, describe_event, history, ledger_table,
+                                        plot_bars)
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import BlockLedger
-from sage_tfx.sage_access.lineage import ledger_contexts
+from sage_tfx.sage_access.lineage import grant_outcome, ledger_contexts
 from sage_tfx.sage_access.store import connect_read_only
 
 log = logging.getLogger("sage_tfx.ledger_web")
@@ -45,6 +48,11 @@ log = logging.getLogger("sage_tfx.ledger_web")
 REFRESH_SECONDS = 1.0
 MAX_PAGE_ROWS = 500
 TIMELINE_BUCKETS = 120
+# The spent-budget chart draws at most this many lines (pipelines or front doors) besides the
+# whole ledger's; the rest share one line.
+MAX_TIMELINE_SERIES = 8
+# The outcomes a history entry can have (lineage.grant_outcome's, and a denial's).
+OUTCOMES = ("released", "failed", "interrupted", "incomplete", "unrecorded", "denied")
 # How many execution ids back a refresh re-reads (see read_snapshot).
 RECHECK_IDS = 256
 TOKEN_COOKIE = "sage_tfx_ledger_token"
@@ -91,6 +99,9 @@ class Snapshot:
     mark: int  # BlockLedger.latest_change when read
     table: dict  # cli.ledger_table: the ledger's settings and every block, in arrival order
     grants: list  # grant_records, oldest first
+    denials: list  # denial_records, oldest first
+    history: list  # views.history: the grants and denials, oldest first
+    outcomes: dict  # {outcome: how many history entries have it}
     bars: list  # cli.plot_bars of the blocks: at most 60 bars
     timeline: dict
     reservations: list
@@ -100,6 +111,10 @@ class Snapshot:
     def last_grant(self) -> int:
         return self.grants[-1]["execution_id"] if self.grants else 0
 
+    @property
+    def last_denial(self) -> int:
+        return self.denials[-1]["execution_id"] if self.denials else 0
+
     def summary(self) -> dict:
         blocks = self.table["blocks"]
         retired = sum(row["retired"] for row in blocks)
@@ -107,34 +122,103 @@ class Snapshot:
                 "min_request_epsilon": self.table["min_request_epsilon"],
                 "version": self.mark, "read_at_ms": self.read_at, "blocks": len(blocks),
                 "live_blocks": len(blocks) - retired, "retired_blocks": retired,
-                "grants": len(self.grants),
+                "grants": len(self.grants), "denials": len(self.denials),
+                "outcomes": self.outcomes,
                 "waiting_pipelines": self.table["waiting_pipelines"],
                 "guarantee": self.table.get("guarantee")}
 
 
-def timeline(grants: list[dict], buckets: int = TIMELINE_BUCKETS) -> dict:
-    """Consumption over time in at most `buckets` equal intervals: the grants in each, the epsilon
-    they charged (a grant of epsilon on k blocks charges k * epsilon; rdp grants, which have no
-    epsilon, are counted but add none) and the running total."""
-    if not grants:
-        return {"bucket_ms": 0, "buckets": []}
-    # Execution ids can commit out of time order (MySQL-backed MLMD): bound by the times.
-    first = min(grant["time_ms"] for grant in grants)
-    last = max(grant["time_ms"] for grant in grants)
+def timeline(grants: list[dict], accounting: str, buckets: int = TIMELINE_BUCKETS) -> dict:
+    """Spent budget over time, in at most `buckets` equal intervals (`end_ms`: when each ends):
+    per pipeline (or front door, for grants that name no pipeline), the epsilon its grants
+    charged to the block they charged most (`series`), and over all grants, the epsilon spent
+    on the ledger's most-charged block (`all`): what one record there has lost, adding up the
+    grants' epsilons as basic composition does. One unit (epsilon), zero before the first
+    grant. Failed and interrupted grants count (their budget is spent); grants that charged an
+    RDP curve without an epsilon add nothing and are counted in `without_epsilon`. `axis` and
+    `note` say in words what is shown (under rdp accounting, an upper bound)."""
+    unpriced = sum(grant["epsilon"] is None for grant in grants)
+    priced = sorted((grant for grant in grants if grant["epsilon"] is not None),
+                    key=lambda grant: grant["time_ms"])  # MySQL may commit ids out of time order
+    words = _timeline_words(accounting, unpriced)
+    if not priced:
+        return dict(words, bucket_ms=0, start_ms=None, end_ms=[], series=[], all=[],
+                    without_epsilon=unpriced)
+    first, last = priced[0]["time_ms"], priced[-1]["time_ms"]
     width = max(1000, math.ceil((last - first + 1) / buckets))
-    counts = [0] * (((last - first) // width) + 1)
-    charged = [0.0] * len(counts)
-    for grant in grants:
-        index = (grant["time_ms"] - first) // width
-        counts[index] += 1
-        if grant["epsilon"] is not None:
-            charged[index] += grant["epsilon"] * len(grant["blocks"])
-    total, rows = 0.0, []
-    for index, (count, epsilon) in enumerate(zip(counts, charged)):
-        total += epsilon
-        rows.append({"start_ms": first + index * width, "grants": count,
-                     "epsilon_charged": epsilon, "epsilon_total": total})
-    return {"bucket_ms": width, "buckets": rows}
+    count = (last - first) // width + 1
+    # One charge per (grant, block), in time order: its line, block, epsilon and bucket.
+    names, lines = np.unique([grant["pipeline"] or (
+        f"{grant['front_door']} (no pipeline)" if grant["front_door"] else "(no pipeline)")
+        for grant in priced], return_inverse=True)
+    per_grant = [len(grant["blocks"]) for grant in priced]
+    lines = np.repeat(lines, per_grant)
+    block = np.unique([block for grant in priced for block in grant["blocks"]],
+                      return_inverse=True)[1]
+    epsilon = np.repeat([grant["epsilon"] for grant in priced], per_grant)
+    bucket = np.repeat((np.array([grant["time_ms"] for grant in priced]) - first) // width,
+                       per_grant)
+    peaks = _running_peaks(lines, block, epsilon)
+    finals = np.zeros(len(names))
+    np.maximum.at(finals, lines, peaks)
+    # Largest first; ties by name (rounded: the running sums carry float error of ~1e-15).
+    order = sorted(range(len(names)), key=lambda line: (-round(finals[line], 9), names[line]))
+    ranked = [str(names[line]) for line in order]
+    position = np.empty(len(names), dtype=int)  # each line's row, largest first
+    position[order] = np.minimum(np.arange(len(names)), MAX_TIMELINE_SERIES - 1)
+    if len(ranked) > MAX_TIMELINE_SERIES:  # the largest lines, and one for all the others
+        ranked[MAX_TIMELINE_SERIES - 1:] = [
+            f"{len(ranked) - MAX_TIMELINE_SERIES + 1} other pipelines"]
+        peaks = _running_peaks(position[lines], block, epsilon)
+    values = np.zeros((len(ranked) + 1, count))  # the last row: all grants
+    np.maximum.at(values, (position[lines], bucket), peaks)
+    np.maximum.at(values[-1], bucket, _running_peaks(np.zeros_like(lines), block, epsilon))
+    values = np.maximum.accumulate(values, axis=1)  # carried through quiet intervals
+    return dict(words, bucket_ms=width, start_ms=first,
+                end_ms=[first + (index + 1) * width for index in range(count)],
+                series=[{"name": name, "values": values[index].tolist()}
+                        for index, name in enumerate(ranked)],
+                all=values[-1].tolist(), without_epsilon=unpriced)
+
+
+def _running_peaks(lines: np.ndarray, blocks: np.ndarray, epsilons: np.ndarray) -> np.ndarray:
+    """For charges (line, block, epsilon) in time order: after each, the most its line has
+    charged any one block so far (a running maximum, per line, of running sums per block)."""
+    # Running sums per (line, block): one cumulative sum over the charges grouped by pair,
+    # minus the sum before each group.
+    pairs = lines * (blocks.max() + 1) + blocks
+    order = np.argsort(pairs, kind="stable")
+    sums = np.cumsum(epsilons[order])
+    starts = np.flatnonzero(np.r_[True, pairs[order][1:] != pairs[order][:-1]])
+    before = (sums - epsilons[order])[starts]
+    spent = np.empty_like(sums)
+    spent[order] = sums - np.repeat(before, np.diff(np.r_[starts, len(sums)]))
+    # Running maximum per line: lift each line above the one before (spent >= 0), so that one
+    # maximum.accumulate over the lines in order carries nothing from one line into the next.
+    order = np.argsort(lines, kind="stable")
+    lift = lines[order] * (spent.max() + 1.0)
+    peaks = np.empty_like(spent)
+    peaks[order] = np.maximum.accumulate(spent[order] + lift) - lift
+    return peaks
+
+
+def _timeline_words(accounting: str, unpriced: int) -> dict:
+    """The chart's axis title and note: what its numbers are, in words."""
+    if accounting == "rdp":
+        axis = "ε the grants were calibrated to, added up on the most-charged block"
+        note = ("RDP accounting: each line adds up the ε its grants were calibrated to on the "
+                "block they charged most, an upper bound; each block's Rényi filter guarantees "
+                "at most its ε ceiling (see the blocks), which the lines may pass.")
+    else:
+        axis = "ε spent on the most-charged block"
+        note = ("ε spent over time: per pipeline (or front door), on the block its grants "
+                "charged most; 'all grants': the ledger's most-charged block, the ε one record "
+                "there has lost (basic composition adds up the grants' ε).")
+    note += " Failed and interrupted grants count: their budget is spent."
+    if unpriced:
+        note += (f" {unpriced} grant(s) charged an RDP curve without an ε and are not in the "
+                 "lines.")
+    return {"axis": axis, "note": note}
 
 
 def reservations(table: dict) -> list[dict]:
@@ -158,31 +242,67 @@ def reservations(table: dict) -> list[dict]:
 
 
 def read_snapshot(ledger: BlockLedger, previous: Optional[Snapshot]) -> Snapshot:
-    """A snapshot of `ledger`, reading only what changed since `previous`: the grants recorded
-    since (grants are append-only) and the blocks those changes touched (all of them after a
-    pipeline finished). Changes are re-read from RECHECK_IDS executions back, because an MLMD
-    server with concurrent writers (MySQL) may commit a smaller id after a larger one."""
+    """A snapshot of `ledger`, reading only what changed since `previous`: the grants and
+    denials recorded since (both append-only), the outcomes recorded since (on new or older
+    grants), and the blocks those changes touched (all of them after a pipeline finished).
+    Changes are re-read from RECHECK_IDS executions back, because an MLMD server with
+    concurrent writers (MySQL) may commit a smaller id after a larger one."""
     mark = ledger.latest_change()
     if previous is None:
-        grants = ledger.grant_records()
+        grants, denials = ledger.grant_records(), ledger.denial_records()
         table = ledger_table(ledger)
     else:
         changes = ledger.changes(after=max(0, previous.mark - RECHECK_IDS))
         mark = max([mark] + [change["execution_id"] for change in changes])
-        known = {grant["execution_id"] for grant in previous.grants[-RECHECK_IDS:]}
-        grants = previous.grants + [
-            grant for grant in ledger.grant_records(after=max(0, previous.last_grant - RECHECK_IDS))
-            if grant["execution_id"] not in known]
-        if any(grants[i]["execution_id"] > grants[i + 1]["execution_id"]
-               for i in range(len(previous.grants) - 1, len(grants) - 1)):
-            grants.sort(key=lambda grant: grant["execution_id"])
+        grants = _extended(previous.grants, ledger.grant_records(
+            after=max(0, previous.last_grant - RECHECK_IDS)))
+        grants = _with_outcomes(ledger, grants, {
+            change["grant_id"] for change in changes if change["kind"] == "release_outcome"})
+        denials = previous.denials
+        if any(change["kind"] == "denial" for change in changes):
+            denials = _extended(denials, ledger.denial_records(
+                after=max(0, previous.last_denial - RECHECK_IDS)))
         try:
             table = _updated_table(ledger, previous.table, changes)
         except BadRequest:  # a block no longer under the id a change names (an edited store)
             table = ledger_table(ledger)
-    return Snapshot(mark=mark, table=table, grants=grants, bars=plot_bars(table["blocks"]),
-                    timeline=timeline(grants), reservations=reservations(table),
-                    read_at=int(time.time() * 1000))
+    entries = history(grants, denials)
+    return Snapshot(mark=mark, table=table, grants=grants, denials=denials, history=entries,
+                    outcomes=dict(collections.Counter(entry["outcome"] for entry in entries)),
+                    bars=plot_bars(table["blocks"]),
+                    timeline=timeline(grants, table["accounting"]),
+                    reservations=reservations(table), read_at=int(time.time() * 1000))
+
+
+def _extended(rows: list[dict], fresh: list[dict]) -> list[dict]:
+    """`rows` (records oldest first by execution id) with the `fresh` ones it does not hold,
+    in execution-id order (`fresh` were read from RECHECK_IDS back, see read_snapshot)."""
+    known = {row["execution_id"] for row in rows[-RECHECK_IDS:]}
+    extended = rows + [row for row in fresh if row["execution_id"] not in known]
+    if any(extended[i]["execution_id"] > extended[i + 1]["execution_id"]
+           for i in range(len(rows) - 1, len(extended) - 1)):
+        extended.sort(key=lambda row: row["execution_id"])
+    return extended
+
+
+def _with_outcomes(ledger: BlockLedger, grants: list[dict], grant_ids: set) -> list[dict]:
+    """`grants` with the outcomes of `grant_ids` read again (a release records its outcome
+    after its grant: a grant read while computing was `incomplete`). Recent grants first: an
+    outcome is usually recorded soon after its grant."""
+    if not grant_ids:
+        return grants
+    outcomes = ledger.release_outcomes(grant_ids)
+    grants, waiting = list(grants), set(grant_ids)
+    for index in range(len(grants) - 1, -1, -1):
+        grant = grants[index]
+        if grant["grant_id"] in waiting:
+            steps = outcomes.get(grant["grant_id"], {})
+            grants[index] = dict(grant, steps=steps, outcome=grant_outcome(
+                grant["split"], steps, grant["front_door"]))
+            waiting.discard(grant["grant_id"])
+            if not waiting:
+                break
+    return grants
 
 
 def _updated_table(ledger: BlockLedger, table: dict, changes: list[dict]) -> dict:
@@ -281,13 +401,21 @@ def _page(rows: list, offset: int, limit: int) -> dict:
             "rows": rows[offset:offset + limit]}
 
 
-def _grant_row(record: dict) -> dict:
-    events = record["events"] or {}
-    return dict(record, moment=dt.datetime.fromtimestamp(
-        record["time_ms"] / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        steps=[{"step": step, "fraction": fraction,
-                "event": describe_event(events[step]) if step in events else None}
-               for step, fraction in (record["split"] or {}).items()])
+def _history_row(entry: dict) -> dict:
+    """A grant or denial as the grants endpoint gives it: the record, its time in words
+    (`moment`), and for a grant its `steps` as a list, each with its split fraction (exact),
+    its recorded DP event in words and what became of it (outcome, reason, artifacts...)."""
+    moment = dt.datetime.fromtimestamp(entry["time_ms"] / 1000, tz=dt.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC")
+    if entry["kind"] == "denial":
+        return dict(entry, moment=moment)
+    events, outcomes, split = entry["events"] or {}, entry["steps"], entry["split"] or {}
+    steps = [dict({"outcome": None, "front_door": None, "reason": None, "guarantee": None,
+                   "artifacts": []}, **outcomes.get(step, {}), step=step,
+                  fraction=split.get(step),
+                  event=describe_event(events[step]) if step in events else None)
+             for step in list(split) + [step for step in outcomes if step not in split]]
+    return dict(entry, moment=moment, steps=steps)
 
 
 def create_app(views: LedgerViews, token: Optional[str] = None,
@@ -390,23 +518,33 @@ def create_app(views: LedgerViews, token: Optional[str] = None,
                 "blocks_per_bar": max(1, math.ceil(len(rows) / max(1, len(snapshot.bars)))),
                 "bars": snapshot.bars}
 
-    @app.get("/api/contexts/{context}/timeline", summary="Consumption over time")
+    @app.get("/api/contexts/{context}/timeline", summary="Spent budget over time")
     def consumption(context: str) -> dict:
-        """Grants and epsilon charged per time bucket (at most 120), with the running total."""
+        """Epsilon spent over time on one axis from zero, per pipeline (or front door) and over
+        all grants, at the end of each time bucket (at most 120): see `axis` and `note`."""
         return views.snapshot(context).timeline
 
-    @app.get("/api/contexts/{context}/grants", summary="Grants, newest first, paged")
+    @app.get("/api/contexts/{context}/grants", summary="Grants and denials, newest first, paged")
     def grants(context: str, offset: int = Query(0, ge=0),
                limit: int = Query(50, ge=1, le=MAX_PAGE_ROWS),
-               pipeline: Optional[str] = None) -> dict:
-        """Each grant: time, pipeline, run, blocks, epsilon, delta, the split among DP steps
-        with each step's recorded dp-accounting event (`steps`), and the RDP curve if any.
-        `pipeline` keeps that pipeline's grants only."""
-        rows = views.snapshot(context).grants
+               pipeline: Optional[str] = None,
+               outcome: Optional[str] = Query(None, pattern=f"^({'|'.join(OUTCOMES)})$")
+               ) -> dict:
+        """Every grant and every request denied for lack of budget (`kind` "grant" or
+        "denial"), newest first: time, `outcome` (released, failed, interrupted, incomplete:
+        no outcome yet or its process was killed, unrecorded: charged outside the release
+        protocol; denied), `front_door`, `request` (its whole text), pipeline, epsilon, delta.
+        A grant also has its run, blocks, RDP curve if any, and `steps`: the split among DP
+        steps, each with its recorded dp-accounting event and what became of it (reason,
+        artifacts). A denial has what each block that could not pay had `free`, and `reason`.
+        `pipeline` and `outcome` keep the entries that have it."""
+        rows = views.snapshot(context).history
         if pipeline is not None:
             rows = [row for row in rows if row["pipeline"] == pipeline]
+        if outcome is not None:
+            rows = [row for row in rows if row["outcome"] == outcome]
         page = _page(rows[::-1], offset, limit)
-        page["rows"] = [_grant_row(row) for row in page["rows"]]
+        page["rows"] = [_history_row(row) for row in page["rows"]]
         return page
 
     @app.get("/api/contexts/{context}/grants/{grant_id}/run",

@@ -4,9 +4,12 @@ a free port."""
 import pytest
 from dp_accounting import dp_event
 
+from sage_tfx.release import ReleaseFailed, charge
+from sage_tfx.sage_access.errors import BudgetExhausted
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
 from sage_tfx.sage_access.web.app import BackgroundServer
-from support.ledger_web import HOSTILE, tfx_run_with_model
+from support.ledger_web import (DENIED_SQL, FAILED_SQL, HOSTILE, QUERY_SQL, query_plan,
+                                tfx_run_with_model)
 
 
 @pytest.fixture(params=["sqlite", "mysql"])
@@ -21,7 +24,8 @@ def store_path(request, tmp_path):
 @pytest.fixture
 def ledger_path(store_path):
     """Eight monthly blocks (one retired), a waiting pipeline, three grants (one with a TFX run
-    holding a Model, one whose split names a step `<script>...`), a second context."""
+    holding a Model, one whose split names a step `<script>...`), then through the release
+    protocol a released grant, a failed one and a denial; a second context."""
     path = store_path
     ledger = BlockLedger.create(path, "default", min_request_epsilon=0.01)
     for month in range(1, 7):
@@ -37,6 +41,15 @@ def ledger_path(store_path):
     ledger.request(BlockIds(["2024-01", "2024-02"]), epsilon=0.2, delta=1e-8,
                    pipeline="hostile-split", split={HOSTILE: "1"})
     ledger.add_block("2024-08", 1.0, 1e-6, start="<img src=x onerror=alert(2)>")
+    with charge(ledger, query_plan("sage-tfx query", QUERY_SQL, 0.5),
+                BlockIds(["2024-03"])) as charged:
+        charged.released(["out/fares.csv"])
+    with pytest.raises(ReleaseFailed):
+        with charge(ledger, query_plan("DPAggregate component", FAILED_SQL, 0.25, "taxi-stats"),
+                    BlockIds(["2024-02", "2024-03"])):
+            raise ValueError("a message that may quote the data")
+    with pytest.raises(BudgetExhausted):
+        charge(ledger, query_plan("sage-tfx query", DENIED_SQL, 2.0), BlockIds(["2024-03"]))
     BlockLedger.create(path, "marketing")
     return path
 

@@ -390,9 +390,9 @@ def test_rdp_grants_show_split_and_events_and_denials_name_reservations(store_pa
     _rdp_ledger_with_api_and_cli_grants(store_path)
     code, out, err = ledger(store_path, "grants")
     assert code == 0, err
-    api_line, cli_line = out.splitlines()[1:]
-    assert "training=0.9: 3x Gaussian(noise_multiplier=40)" in api_line
-    assert "validation=0.1: zCDP(rho=0.00045)" in api_line
+    api_line, api_split, cli_line = out.splitlines()[1:]
+    assert api_split.startswith("    split: training=0.9: 3x Gaussian(noise_multiplier=40)")
+    assert "validation=0.1: zCDP(rho=0.00045)" in api_split
     assert cli_line.split()[3:5] == ["rdp", "-"]  # an RDP curve, no (epsilon, delta)
     code, out, _ = ledger(store_path, "grants", "--json")
     api_grant, cli_grant = json.loads(out)
@@ -455,3 +455,98 @@ def test_show_lays_a_block_out_as_its_accounting_presents_it(mode):
     columns = accounting_for(mode).show_columns
     assert lines[-3].split()[:2] == ["block", columns[0].title.split()[0]]
     assert lines[-1] == shown
+
+
+def _released_failed_and_denied(store):
+    """Through the release protocol: a released grant (a long SQL request), a grant whose
+    computation raised (failed), and a request larger than what is left (denied)."""
+    from dp_accounting import dp_event
+
+    from sage_tfx.release import ReleaseFailed, ReleasePlan, charge
+    from sage_tfx.sage_access.errors import BudgetExhausted
+    from sage_tfx.sage_access.ledger import BlockIds
+
+    def plan(front_door, request, epsilon, pipeline=None):
+        return ReleasePlan(front_door, request, epsilon, 0.0, {"count": "1/6", "sum": "5/6"},
+                           {"count": dp_event.LaplaceDpEvent(1 / 3),
+                            "sum": dp_event.LaplaceDpEvent(6.0)}, pipeline=pipeline)
+
+    ledger = BlockLedger(store)
+    with charge(ledger, plan("sage-tfx query", LONG_SQL, 0.5), BlockIds(["2024-01"])) as charged:
+        charged.released(["out/fares.csv"])
+    with pytest.raises(ReleaseFailed):
+        with charge(ledger, plan("DPAggregate component", FAILED_SQL, 0.25,
+                                 pipeline="taxi-stats"), BlockIds(["2024-01", "2024-02"])):
+            raise ValueError("a value that quotes the data")
+    with pytest.raises(BudgetExhausted):
+        charge(ledger, plan("sage-tfx query", "SELECT COUNT(*) FROM trips", 5.0),
+               BlockIds(["2024-01"]))
+
+
+# A terminal escape someone wrote into a request: the text view shows it, never obeys it.
+FAILED_SQL = "SELECT SUM(fare) FROM trips -- \x1b[2J"
+LONG_SQL = ("SELECT area,\n       COUNT(*) AS trips,\n       ANON_SUM(fare, 0, 100) AS fares\n"
+            "FROM trips WHERE fare > 0 GROUP BY area ORDER BY area -- " + "x" * 200)
+
+
+def test_grants_and_show_list_outcome_front_door_and_request_of_grants_and_denials(populated):
+    ledger(populated, "request", "--blocks", "2024-03", "--epsilon", "0.1", "--delta", "0")
+    _released_failed_and_denied(populated)
+
+    code, out, err = ledger(populated, "grants", "--json")
+    assert code == 0, err
+    entries = json.loads(out)
+    assert [(e["kind"], e["outcome"], e["front_door"]) for e in entries] == [
+        ("grant", "issued", "sage-tfx ledger request"),  # a bare grant, handed to its caller
+        ("grant", "released", "sage-tfx query"),
+        ("grant", "failed", "DPAggregate component"),
+        ("denial", "denied", "sage-tfx query")]
+    _, released, failed, denied = entries
+    assert released["request"] == LONG_SQL  # whole, newlines included
+    assert released["steps"]["count"]["artifacts"] == ["out/fares.csv"]
+    assert released["split"] == {"count": "1/6", "sum": "5/6"}  # exact
+    assert failed["steps"]["count"]["reason"] == "failed while computing (ValueError)"
+    assert (denied["epsilon"], denied["request"], list(denied["free"])) == (
+        5.0, "SELECT COUNT(*) FROM trips", ["2024-01"])
+
+    code, out, err = ledger(populated, "grants")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["time", "(UTC)", "outcome", "epsilon"]
+    [issued] = [line for line in lines if " issued " in line]
+    assert issued.split()[2:9] == ["issued", "0.1", "0", "-", "sage-tfx", "ledger", "request"]
+    at = {line.split()[2]: index for index, line in enumerate(lines) if line[:2] == "20"}
+    released_lines = lines[at["released"]:at["failed"]]
+    assert released_lines[0].split()[2:7] == ["released", "0.5", "0", "-", "sage-tfx"]
+    assert "    split: count=0.1667: Laplace(noise_multiplier=0.3333); sum=0.8333: " \
+           "Laplace(noise_multiplier=6)" in released_lines
+    assert "    released: out/fares.csv" in released_lines
+    [request] = [line for line in released_lines if line.startswith("    request: ")]
+    # One line, whitespace collapsed, cut to 100 characters and saying how long it was.
+    assert request.startswith("    request: SELECT area, COUNT(*) AS trips, ANON_SUM(")
+    assert request.endswith(f"… ({len(' '.join(LONG_SQL.split()))} characters)")
+    assert len(request) < 140
+    failed_lines = lines[at["failed"]:at["denied"]]
+    assert failed_lines[0].split()[2:8] == ["failed", "0.25", "0", "taxi-stats", "DPAggregate",
+                                            "component"]
+    assert failed_lines[0].endswith("2024-01,2024-02")
+    assert "    count, sum: failed while computing (ValueError)" in failed_lines
+    assert "    request: SELECT SUM(fare) FROM trips -- \\x1b[2J" in failed_lines
+    assert "\x1b" not in out
+    assert "quotes the data" not in out
+    denied_lines = lines[at["denied"]:]
+    assert denied_lines[0].split()[2:4] == ["denied", "5"]
+    assert denied_lines[0].endswith("2024-01 could not pay")
+    assert denied_lines[1].startswith("    2024-01 had: spent (0.75, 0) of ceiling (1, 1e-06)")
+    assert denied_lines[-1] == "    request: SELECT COUNT(*) FROM trips"
+
+    code, out, err = ledger(populated, "show", "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert [row["id"] for row in shown["blocks"]] == ["2024-01", "2024-02", "2024-03"]
+    assert shown["history"] == entries
+    code, out, err = ledger(populated, "show")
+    assert code == 0, err
+    table, listed = out.split("\n\ngrants and denials, oldest first:\n")
+    assert table.splitlines()[-1].startswith("2024-03")
+    assert listed.rstrip("\n") == ledger(populated, "grants")[1].rstrip("\n")

@@ -11,9 +11,11 @@ import urllib.request
 
 import pytest
 
+from sage_tfx.release import charge
+from sage_tfx.sage_access.errors import BudgetExhausted
 from sage_tfx.sage_access.views import ledger_table
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger
-from support.ledger_web import HOSTILE
+from support.ledger_web import DENIED_SQL, FAILED_SQL, HOSTILE, QUERY_SQL, query_plan
 from support.stores import store_digest
 from sage_tfx.sage_access.web import app as web_app
 
@@ -43,7 +45,9 @@ def test_endpoints_give_what_the_ledger_recorded(ledger_path, serve):
     summaries = {c["context"]: c for c in listing["contexts"]}
     assert set(summaries) == {"default", "marketing"}
     assert (summaries["default"]["blocks"], summaries["default"]["retired_blocks"],
-            summaries["default"]["grants"]) == (8, 1, 3)
+            summaries["default"]["grants"], summaries["default"]["denials"]) == (8, 1, 5, 1)
+    assert summaries["default"]["outcomes"] == {"unrecorded": 3, "released": 1, "failed": 1,
+                                                "denied": 1}
     assert summaries["default"]["waiting_pipelines"] == ["taxi-adassp"]
 
     api = f"{served.url}/api/contexts/default"
@@ -56,12 +60,34 @@ def test_endpoints_give_what_the_ledger_recorded(ledger_path, serve):
     assert [row["id"] for row in retired["rows"]] == ["2024-07"]
     assert retired["rows"][0]["epsilon_spent"] == pytest.approx(0.045)
 
-    _, _, grants = fetch(f"{api}/grants?limit=2")
-    assert grants["total"] == 3
-    newest, adassp = grants["rows"]  # newest first
+    _, _, grants = fetch(f"{api}/grants?limit=5")
+    assert grants["total"] == 6  # 5 grants and a denial
+    denied, failed, released, newest, adassp = grants["rows"]  # newest first
+    assert (denied["kind"], denied["outcome"], denied["front_door"], denied["request"],
+            denied["epsilon"], list(denied["free"])) == (
+        "denial", "denied", "sage-tfx query", DENIED_SQL, 2.0, ["2024-03"])
+    assert denied["free"]["2024-03"].startswith("spent (0.75, 0) of ceiling (1, 1e-06)")
+    assert (failed["kind"], failed["outcome"], failed["front_door"], failed["request"],
+            failed["pipeline"], failed["blocks"]) == (
+        "grant", "failed", "DPAggregate component", FAILED_SQL, "taxi-stats",
+        ["2024-02", "2024-03"])
+    assert [(s["step"], s["outcome"], s["reason"]) for s in failed["steps"]] == [
+        ("count", "failed", "failed while computing (ValueError)"),
+        ("sum", "failed", "failed while computing (ValueError)")]
+    assert (released["outcome"], released["request"], released["pipeline"]) == (
+        "released", QUERY_SQL, None)  # the request whole, newlines included
+    # Exact in JSON; the event's parameters are words for people (rounded).
+    assert [(s["step"], s["fraction"], s["event"], s["artifacts"]) for s in released["steps"]] == [
+        ("count", "1/6", "Laplace(noise_multiplier=0.3333)", ["out/fares.csv"]),
+        ("sum", "5/6", "Laplace(noise_multiplier=6)", ["out/fares.csv"])]
     assert newest["pipeline"] == "hostile-split" and newest["steps"][0]["step"] == HOSTILE
+    assert (newest["outcome"], newest["front_door"], newest["steps"][0]["outcome"]) == (
+        "unrecorded", None, None)  # charged by BlockLedger.request, outside the protocol
     assert adassp["pipeline"] == "taxi-adassp" and adassp["blocks"] == ["2024-07"]
-    _, _, oldest = fetch(f"{api}/grants?offset=2&limit=2")
+    _, _, refused = fetch(f"{api}/grants?outcome=denied")
+    assert [row["execution_id"] for row in refused["rows"]] == [denied["execution_id"]]
+    assert fetch(f"{api}/grants?outcome=lost")[0] == 422
+    _, _, oldest = fetch(f"{api}/grants?offset=5&limit=2")
     [dpsgd] = oldest["rows"]
     assert (dpsgd["epsilon"], dpsgd["delta"], dpsgd["run_id"]) == (0.3, 1e-7, "taxi-dpsgd-run-1")
     assert dpsgd["blocks"] == ["2024-06", "2024-05", "2024-04"]
@@ -88,8 +114,17 @@ def test_endpoints_give_what_the_ledger_recorded(ledger_path, serve):
     _, _, chart = fetch(f"{api}/chart")
     assert [bar["label"] for bar in chart["bars"]] == [row["id"] for row in expected]
     _, _, line = fetch(f"{api}/timeline")
-    assert sum(b["grants"] for b in line["buckets"]) == 3
-    assert line["buckets"][-1]["epsilon_total"] == pytest.approx(3 * 0.3 + 0.045 + 2 * 0.2)
+    # Spent budget on one axis: all grants together reach the most-charged block's epsilon
+    # (2024-03: 0.5 released + 0.25 failed, whose budget is spent all the same), the number
+    # the blocks table gives; each pipeline (or front door) its own most-charged block's.
+    assert line["all"][-1] == pytest.approx(max(row["epsilon_spent"] for row in expected))
+    assert line["all"][-1] == pytest.approx(0.75)
+    assert {series["name"]: series["values"][-1] for series in line["series"]} == pytest.approx({
+        "taxi-dpsgd": 0.3, "taxi-adassp": 0.045, "hostile-split": 0.2, "taxi-stats": 0.25,
+        "sage-tfx query (no pipeline)": 0.5})
+    for values in [line["all"]] + [series["values"] for series in line["series"]]:
+        assert len(values) == len(line["end_ms"]) and values == sorted(values)  # cumulative
+    assert line["axis"] == "ε spent on the most-charged block" and line["without_epsilon"] == 0
 
     assert fetch(f"{served.url}/api/contexts/nowhere")[0] == 404
     assert fetch(f"{api}/grants/0123/run")[0] == 404
@@ -112,7 +147,7 @@ def test_a_grant_made_while_serving_is_served_without_a_restart(ledger_path, ser
     assert summary["grants"] == before["grants"] + 1
     assert fetch(f"{api}/grants?limit=1")[2]["rows"][0]["pipeline"] == "late-pipeline"
     [block] = [row for row in fetch(f"{api}/blocks")[2]["rows"] if row["id"] == "2024-02"]
-    assert block["charges"] == 2 and block["epsilon_spent"] == pytest.approx(0.2 + 0.25)
+    assert block["charges"] == 3 and block["epsilon_spent"] == pytest.approx(0.2 + 0.25 + 0.25)
 
     # A new block and a finished pipeline (its reservations return on every block): the
     # served rows are again exactly `ledger show --json`'s.
@@ -127,6 +162,48 @@ def test_a_grant_made_while_serving_is_served_without_a_restart(ledger_path, ser
         reader = BlockLedger(ledger_path, "default", read_only=True)
         assert fetch(f"{api}/blocks")[2]["rows"] == ledger_table(reader)["blocks"]
         assert summary["waiting_pipelines"] == reader.waiting_pipelines()
+
+
+def test_outcomes_and_denials_recorded_while_serving_are_served(ledger_path, serve,
+                                                                monkeypatch):
+    """A grant read while its release computes is `incomplete`; its outcome, recorded later on
+    that older grant, and a denial reach the server as they happen."""
+    monkeypatch.setattr(web_app, "RECHECK_IDS", 0)  # every change read exactly once
+    served = serve(ledger_path, refresh_seconds=0.1)
+    api = f"{served.url}/api/contexts/default"
+    writer = BlockLedger(ledger_path, "default")
+
+    def after(change, what):
+        before = fetch(api)[2]["version"]
+        change()
+        deadline = time.monotonic() + 20
+        while fetch(api)[2]["version"] == before:
+            assert time.monotonic() < deadline, f"{what} never reached the server"
+            time.sleep(0.1)
+        return fetch(f"{api}/grants?limit=1")[2]["rows"][0], fetch(api)[2]
+
+    opened = []  # the release under way: charged, not yet recorded
+    newest, summary = after(lambda: opened.append(charge(writer, query_plan(
+        "ContinualRelease component", "window 7d", 0.1, "live"), BlockIds(["2024-04"]))),
+        "the grant")
+    [charged] = opened
+    assert (newest["pipeline"], newest["outcome"]) == ("live", "incomplete")
+    newest, summary = after(lambda: charged.released(["out/window.parquet"]), "the outcome")
+    assert (newest["pipeline"], newest["outcome"], newest["front_door"]) == (
+        "live", "released", "ContinualRelease component")
+    assert newest["steps"][0]["artifacts"] == ["out/window.parquet"]
+    assert summary["outcomes"]["released"] == 2 and "incomplete" not in summary["outcomes"]
+
+    def denied():
+        with pytest.raises(BudgetExhausted):
+            charge(writer, query_plan("sage-tfx query", "SELECT 2", 9.0), BlockIds(["2024-05"]))
+    newest, summary = after(denied, "the denial")
+    assert (newest["kind"], newest["request"], newest["epsilon"]) == ("denial", "SELECT 2", 9.0)
+    assert summary["denials"] == 2
+    # Read incrementally, it is what a fresh read gives.
+    fresh = web_app.read_snapshot(BlockLedger(ledger_path, "default", read_only=True), None)
+    served.views.refresh()
+    assert served.views.snapshot("default").history == fresh.history
 
 
 def test_serving_never_writes_the_store(ledger_path, serve):
@@ -219,3 +296,32 @@ def test_the_cli_generates_a_token_off_loopback_and_exits_2_on_bad_input(ledger_
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_spent_budget_over_time_is_epsilon_on_the_most_charged_block_per_pipeline():
+    """The chart's numbers: per pipeline the most it charged one block, over time; past eight
+    lines the smallest share one line, whose value is their most-charged block (not a sum)."""
+    def grant(second, pipeline, blocks, epsilon):
+        return {"time_ms": 1_000_000 + 1000 * second, "pipeline": pipeline, "blocks": blocks,
+                "epsilon": epsilon, "front_door": "sage-tfx query"}
+
+    grants = [grant(index, f"p{index}", [f"b{index}"], 0.1 * (index + 1)) for index in range(10)]
+    grants += [grant(20, "p0", ["b0", "b9"], 0.05), grant(30, None, ["b9"], 0.95),
+               grant(30, "rdp", ["b1"], None)]  # an RDP curve: no epsilon
+    line = web_app.timeline(grants, "basic", buckets=31)
+    assert line["bucket_ms"] == 1000 and len(line["end_ms"]) == 31
+    named = {series["name"]: series["values"] for series in line["series"]}
+    assert list(named) == ["p9", "sage-tfx query (no pipeline)", "p8", "p7", "p6", "p5", "p4",
+                           "4 other pipelines"]  # largest first
+    assert named["p9"][8] == 0 and named["p9"][9:] == [pytest.approx(1.0)] * 22
+    # p0 to p3 charged a block each: their line is the largest so far (0.3 after p2, 0.4
+    # after p3), not their sum; p0's second grant (0.1 + 0.05 on b0) leaves it at 0.4.
+    assert named["4 other pipelines"][2:4] == pytest.approx([0.3, 0.4])
+    assert named["4 other pipelines"][-1] == pytest.approx(0.4)
+    # All grants: b9 had 1.0, then 1.05, then 2.0.
+    assert (line["all"][9], line["all"][20], line["all"][30]) == pytest.approx((1.0, 1.05, 2.0))
+    assert line["without_epsilon"] == 1 and "1 grant(s) charged an RDP curve" in line["note"]
+    assert "basic composition" in line["note"]
+    rdp = web_app.timeline(grants, "rdp")
+    assert rdp["note"].startswith("RDP accounting:") and "upper bound" in rdp["note"]
+    assert web_app.timeline([grants[-1]], "rdp")["series"] == []

@@ -1,11 +1,26 @@
 """A ledger store for the web view's tests: what TFX and a hand-edited store leave in it."""
+from dp_accounting import dp_event
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as pb
 
+from sage_tfx.release import ReleasePlan
 from sage_tfx.sage_access.store import connect
 
 # A name that would run as script if a page put it into HTML unescaped.
 HOSTILE = "<script>alert(1)</script>"
+
+# What the release protocol's front doors asked for (fixture `ledger_path`).
+QUERY_SQL = ("SELECT area, COUNT(*) AS trips, ANON_SUM(fare, 0, 100) AS fares\n"
+             "FROM trips\nGROUP BY area")
+FAILED_SQL = "SELECT SUM(fare) FROM trips WHERE area = '<b>bold</b>'"
+DENIED_SQL = "SELECT COUNT(*) FROM trips"
+
+
+def query_plan(front_door, request, epsilon, pipeline=None):
+    """A two-step plan (fractions 1/6 and 5/6: people read 0.1667 and 0.8333)."""
+    return ReleasePlan(front_door, request, epsilon, 0.0, {"count": "1/6", "sum": "5/6"},
+                       {"count": dp_event.LaplaceDpEvent(1 / 3),
+                        "sum": dp_event.LaplaceDpEvent(6.0)}, pipeline=pipeline)
 
 
 def _store(path: str) -> metadata_store.MetadataStore:

@@ -5,6 +5,10 @@
 const POLL_MS = 1500;
 const PAGE = {blocks: 50, grants: 50, retired: 50};
 const COLOURS = {spent: "#D55E00", reserved: "#E69F00", free: "#0072B2"};  // Okabe-Ito
+// One line per pipeline on the spent-budget chart (Okabe-Ito again; black is all grants').
+const LINE_COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9",
+                      "#999999", "#F0E442"];
+const REQUEST_SHOWN_CHARS = 60;  // a request's text in the table, before "show all"
 const state = {context: null, version: null, offsets: {blocks: 0, grants: 0, retired: 0},
                plotly: null, loading: false};
 
@@ -23,21 +27,22 @@ function node(tag, text, className) {
   return element;
 }
 
+// Numbers for people, 4 significant digits (0.1667, 1e-7): the JSON keeps the exact values.
 function number(value, digits = 4) {
   if (value === null || value === undefined) return "—";
-  if (value === 0) return "0";
-  return Math.abs(value) < 1e-3 ? value.toExponential(2) : String(+value.toPrecision(digits));
+  const rounded = +Number(value).toPrecision(digits);
+  return rounded !== 0 && Math.abs(rounded) < 1e-3 ? rounded.toExponential() : String(rounded);
 }
 
 function sum(values) {
   return Object.values(values || {}).reduce((total, value) => total + value, 0);
 }
 
-function fillRows(tbodyId, rows, cells) {
+function fillRows(tbodyId, rows, cells, rowClass) {
   const body = document.getElementById(tbodyId);
   const fresh = document.createDocumentFragment();
   for (const row of rows) {
-    const tr = node("tr");
+    const tr = node("tr", null, rowClass ? rowClass(row) : null);
     for (const cell of cells(row)) {
       tr.appendChild(cell instanceof Node ? cell : node("td", cell));
     }
@@ -102,23 +107,25 @@ function drawBlocksChart(chart, Plotly) {
     responsive: true});
 }
 
+// Spent budget over time on one axis from zero: one line per pipeline (or front door) and,
+// in black, all grants together; the server says in words what the numbers are.
 function drawTimeline(line, Plotly) {
-  const times = line.buckets.map((bucket) => new Date(bucket.start_ms).toISOString());
-  document.getElementById("timeline-note").textContent = line.buckets.length
-    ? `grants and epsilon charged (epsilon × blocks) per ${Math.round(line.bucket_ms / 1000)} s`
-    : "no grants yet";
-  return Plotly.react("chart-timeline", [
-    {type: "bar", name: "ε charged", x: times, y: line.buckets.map((b) => b.epsilon_charged),
-     marker: {color: COLOURS.spent}},
-    {type: "scatter", mode: "lines", name: "ε charged in total", x: times, yaxis: "y2",
-     y: line.buckets.map((b) => b.epsilon_total), line: {color: COLOURS.free}},
-    {type: "scatter", mode: "markers", name: "grants", x: times, yaxis: "y3",
-     y: line.buckets.map((b) => b.grants), marker: {color: "#009E73", size: 5}},
-  ], {margin: {t: 10, b: 40, l: 50, r: 50}, height: 280, legend: {orientation: "h", y: 1.15},
-      xaxis: {domain: [0, 0.9]}, yaxis: {title: {text: "ε per bucket"}},
-      yaxis2: {overlaying: "y", side: "right", title: {text: "ε total"}},
-      yaxis3: {overlaying: "y", side: "right", position: 1, showgrid: false,
-               title: {text: "grants"}, anchor: "free"}},
+  document.getElementById("timeline-note").textContent = line.end_ms.length
+    ? `${line.note} A point every ${Math.round(line.bucket_ms / 1000)} s; times in UTC.`
+    : "no grants yet" + (line.without_epsilon ? ` with an ε. ${line.note}` : "");
+  const times = [line.start_ms, ...line.end_ms].map((ms) => new Date(ms).toISOString());
+  const trace = (name, values, style) => ({
+    type: "scatter", mode: "lines", name: plotText(name), x: times, y: [0, ...values],
+    line: style, hovertemplate: "ε %{y:.4g}"});
+  const traces = line.end_ms.length ? [
+    trace("all grants (the most-charged block)", line.all, {color: "#000000", width: 3}),
+    ...line.series.map((series, index) => trace(
+      series.name, series.values, {color: LINE_COLOURS[index % LINE_COLOURS.length], width: 2}))]
+    : [];
+  return Plotly.react("chart-timeline", traces, {
+    margin: {t: 10, b: 40, l: 60, r: 10}, height: 320, hovermode: "x unified",
+    legend: {orientation: "h", y: 1.02, yanchor: "bottom"},
+    yaxis: {title: {text: plotText(line.axis)}, rangemode: "tozero", tickformat: ".4~g"}},
     {displayModeBar: false, responsive: true});
 }
 
@@ -168,18 +175,79 @@ async function showRun(context, grantId) {
   fillRows("run-body", run.artifacts, (a) => [a.type, a.name, node("td", a.uri, "uri"), a.state]);
 }
 
+// A request's text: its first characters on one line, the whole text (as written) on a click.
+function requestCell(text) {
+  const cell = node("td", null, "request");
+  if (text === null || text === undefined) {
+    cell.textContent = "—";
+    return cell;
+  }
+  const line = text.split(/\s+/).join(" ").trim();
+  if (line.length <= REQUEST_SHOWN_CHARS && !text.includes("\n")) {
+    cell.textContent = text;
+    return cell;
+  }
+  const details = node("details");
+  details.appendChild(node("summary", line.length <= REQUEST_SHOWN_CHARS ? line
+                                      : `${line.slice(0, REQUEST_SHOWN_CHARS - 1)}…`));
+  details.appendChild(node("pre", text));
+  cell.appendChild(details);
+  return cell;
+}
+
+// The outcome, and why (a failure's reason, what a denied request's blocks had free) or what
+// was released, on a click.
+function outcomeCell(entry) {
+  const cell = node("td", entry.outcome, "outcome");
+  let why = [];
+  if (entry.kind === "denial") {
+    why = Object.entries(entry.free).map(([block, free]) => `${block} had ${free}`);
+  } else {
+    const reasons = new Set(entry.steps.map((s) => s.reason).filter((r) => r));
+    const artifacts = new Set(entry.steps.flatMap((s) => s.artifacts));
+    why = [...reasons];
+    if (artifacts.size) why.push(`released ${[...artifacts].join(", ")}`);
+  }
+  if (why.length) {
+    const details = node("details", null, "why");
+    details.appendChild(node("summary", entry.kind === "denial" || entry.outcome !== "released"
+                                        ? "why" : "what"));
+    for (const line of why) details.appendChild(node("div", line));
+    cell.appendChild(details);
+  }
+  return cell;
+}
+
+function blocksText(blocks) {
+  return blocks.length > 6 ? `${blocks.slice(0, 6).join(", ")} … (${blocks.length})`
+                           : blocks.join(", ");
+}
+
 async function loadGrants(context) {
   const page = await api(`/api/contexts/${encodeURIComponent(context)}/grants` +
                          `?offset=${state.offsets.grants}&limit=${PAGE.grants}`);
   pager("grants-pager", page.total, "grants", () => loadGrants(context));
-  fillRows("grants-body", page.rows, (grant) => [
-    grant.moment, node("td", grant.pipeline || "—", "name"),
-    grant.blocks.length > 6 ? `${grant.blocks.slice(0, 6).join(", ")} … (${grant.blocks.length})`
-                            : grant.blocks.join(", "),
-    grant.epsilon === null ? "RDP curve" : number(grant.epsilon), number(grant.delta),
-    grant.steps.map((s) => `${s.step} ${s.fraction}` + (s.event ? `: ${s.event}` : ""))
-      .join("; ") || "—",
-    runButton(context, grant)]);
+  fillRows("grants-body", page.rows, (entry) => [
+    entry.moment, outcomeCell(entry), node("td", entry.front_door || "—", "door"),
+    node("td", entry.pipeline || "—", "name"),
+    entry.kind === "denial" ? `${blocksText(Object.keys(entry.free))} could not pay`
+                            : blocksText(entry.blocks),
+    entry.epsilon === null ? "RDP curve" : number(entry.epsilon), number(entry.delta),
+    entry.kind === "denial" ? "—" : splitText(entry.steps),
+    requestCell(entry.request), runButton(context, entry)], (entry) => `outcome-${entry.outcome}`);
+}
+
+// A grant's split among DP steps, each with its fraction (rounded) and recorded event.
+function splitText(steps) {
+  return steps.filter((s) => s.fraction !== null)
+    .map((s) => `${s.step} ${number(fractionValue(s.fraction))}` + (s.event ? `: ${s.event}` : ""))
+    .join("; ") || "—";
+}
+
+// A split's fraction as recorded: a decimal ("0.9") or a ratio ("1/6").
+function fractionValue(text) {
+  const [top, bottom] = String(text).split("/");
+  return bottom === undefined ? Number(top) : Number(top) / Number(bottom);
 }
 
 async function loadWaiting(context) {
@@ -192,10 +260,14 @@ async function loadWaiting(context) {
 function showSummary(summary) {
   document.getElementById("context-name").textContent = summary.context;
   const items = [
-    ["accounting", summary.accounting], ["minimum request ε", summary.min_request_epsilon],
+    ["accounting", summary.accounting],
+    ["minimum request ε", number(summary.min_request_epsilon)],
     ["blocks", `${summary.blocks} (${summary.live_blocks} live, ${summary.retired_blocks} ` +
                "retired)"],
-    ["grants", summary.grants],
+    ["grants", `${summary.grants}` + (summary.grants ? ` (${Object.entries(summary.outcomes)
+      .filter(([outcome]) => outcome !== "denied")
+      .map(([outcome, count]) => `${count} ${outcome}`).join(", ")})` : "")],
+    ["denials", summary.denials],
     ["waiting pipelines", summary.waiting_pipelines.join(", ") || "none"]];
   if (summary.guarantee) items.push(["guarantee", summary.guarantee]);
   const list = document.createDocumentFragment();

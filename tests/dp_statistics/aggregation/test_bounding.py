@@ -1,4 +1,6 @@
 """Contribution bounding (aggregators.py steps 1-3): what one unit can touch and add."""
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -205,3 +207,53 @@ def test_rows_whose_random_bits_tie_keep_their_input_order():
     assert np.array_equal(keys[order], np.sort(keys))
     for key in range(3):
         assert np.all(np.diff(order[keys[order] == key]) > 0)
+
+
+# --- issue 29: sums cannot become infinite ---------------------------------------------------
+
+@pytest.mark.parametrize("aggregate, bound", [
+    (Aggregate(AggregateKind.SUM, "x", 0, 1e308), "[0, 1e+308]"),
+    (Aggregate(AggregateKind.SUM, "x", -2e300, 2e300, scope=BoundsScope.ROW),
+     "[-2e+300, 2e+300]"),
+    (Aggregate(AggregateKind.VAR, "x", 0, 1e160), "[0, 1e+160]"),
+    (Aggregate(AggregateKind.AVG, "x", -1.7e308, 1.7e308), "[-1.7e+308, 1.7e+308]")])
+def test_bounds_whose_worst_case_is_not_finite_are_refused_when_the_query_is_built(
+        aggregate, bound):
+    from sage_tfx.dp_statistics.aggregation import QueryError
+
+    with pytest.raises(QueryError, match=rf"aggregate '{aggregate.output_name}': bounds "
+                                         rf"{re.escape(bound)} let one unit move"):
+        AggregationQuery(("k",), "uid", (aggregate,), max_partitions_contributed=1).check()
+
+
+def test_a_noise_scale_beyond_the_largest_sum_is_refused_by_the_plan():
+    from sage_tfx.dp_statistics.aggregation import QueryError
+
+    query = AggregationQuery(("k",), "uid", (Aggregate(AggregateKind.SUM, "x", 0, 1e300),),
+                             max_partitions_contributed=1, selection=SelectionRule.PUBLIC,
+                             public_partitions=(("a",),))
+    plan(query, 1.0, 0.0)  # scale 1e300: accepted
+    with pytest.raises(QueryError, match=r"aggregate 'sum_x': bounds \[0, 1e\+300\] at this "
+                                         r"step's epsilon need noise of scale 1e\+302"):
+        plan(query, 0.01, 0.0)
+
+
+def test_partition_sums_saturate_and_move_by_at_most_one_contribution():
+    """Sums of huge contributions used to overflow to inf (the noise then refused to run: a
+    charged query failing or not on the data). Saturated sums stay in [-2^1000, 2^1000] and
+    removing any one contribution moves them by at most its size (the sensitivity argument
+    of aggregators.saturated)."""
+    limit = 2.0 ** 1000
+    rng = np.random.default_rng(3)
+    contributions = rng.choice([-1.0, 1.0], size=(200, 1)) * rng.uniform(0, 1.7e308, (200, 1))
+    partitions = rng.integers(0, 3, 200)
+    sums = aggregators.sum_by_partition(partitions, contributions, 3)
+    assert np.isfinite(sums).all() and (np.abs(sums) <= limit).all()
+    for removed in range(200):
+        keep = np.arange(200) != removed
+        neighbour = aggregators.sum_by_partition(partitions[keep], contributions[keep], 3)
+        change = np.abs(sums - neighbour).sum()
+        assert change <= abs(contributions[removed, 0]) * (1 + 1e-12)
+    # two units each at the bound 2^999 in one partition: saturated at 2^1000, not 2^1000 + ...
+    assert aggregators.sum_by_partition(np.zeros(3, np.int64), np.full((3, 1), 2.0 ** 999),
+                                        1)[0, 0] == limit

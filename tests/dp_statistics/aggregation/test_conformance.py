@@ -92,3 +92,39 @@ def test_a_dict_row_without_a_key_column_falls_in_the_null_key_partition_on_beam
     null_day = accumulated.keys["day"].isna().to_numpy()
     assert null_day.sum() == 1
     np.testing.assert_array_equal(accumulated.accumulators[null_day, :2], [[1, 1]])
+
+
+def test_both_engines_group_keys_whole_and_typed_as_declared():
+    """Issue 29: keys are grouped by their whole value and keep the table's types on both
+    engines: "a\\x00" (not representable) drops its row instead of merging into "a", an
+    integer key column holding a NULL stays integer, and 2^53 and 2^53 + 1 stay apart."""
+    import pyarrow as pa
+
+    big = 2 ** 53
+    table = pa.table({
+        "uid": pa.array(["u0", "u1", "u2", "u3", "u4", "u5", "u6"]),
+        "area": pa.array(["a\x00", "a", "a", "b", "b", "a", "b"]),
+        "day": pa.array([1, 1, None, big, big + 1, big + 1, 1], pa.int64()),
+        "fare": pa.array([1.0] * 7)})
+    budget = plan(QUERY, 1.0, 1e-6)
+    local_keys, local_sums = _sorted(local.accumulate(local._frame(table, QUERY), QUERY, budget,
+                                                      secret_rng(0)))
+    beam_keys, beam_sums = _sorted(accumulate_with_beam(table, QUERY, budget))
+    pd.testing.assert_frame_equal(local_keys, beam_keys)
+    np.testing.assert_allclose(local_sums, beam_sums)
+    assert [str(t) for t in local_keys.dtypes] == ["string[pyarrow]", "int64[pyarrow]"]
+    assert local_keys.astype(object).where(local_keys.notna(), None).values.tolist() == [
+        ["a", 1], ["a", big + 1], ["a", None], ["b", 1], ["b", big], ["b", big + 1]]
+    np.testing.assert_array_equal(local_sums[:, 0], [1, 1, 1, 1, 1, 1])  # u0's row dropped
+
+
+def test_both_engines_saturate_a_sum_beyond_2_to_the_1000():
+    """Issue 29: 8 units at the bound 2^998 sum to 2^1001; both engines saturate at 2^1000."""
+    query = AggregationQuery(("area",), "uid", (Aggregate(AggregateKind.SUM, "x", 0, 2.0 ** 998),),
+                             max_partitions_contributed=1)
+    frame = pd.DataFrame({"area": "a", "uid": range(8), "x": 2.0 ** 998})
+    budget = plan(query, 1.0, 1e-6)
+    local_sums = local.accumulate(frame, query, budget, secret_rng(0)).accumulators
+    beam_sums = accumulate_with_beam(frame, query, budget).accumulators
+    np.testing.assert_array_equal(local_sums, [[8, 8, 2.0 ** 1000]])
+    np.testing.assert_array_equal(beam_sums, local_sums)

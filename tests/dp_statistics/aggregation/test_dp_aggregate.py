@@ -43,7 +43,7 @@ def test_a_grant_pays_for_one_release_of_its_query(store_path):
     assert sorted(result.table["area"]) == [1, 2]
     [record] = ledger.grant_records()
     assert (record["outcome"], record["front_door"], record["request"]) == ("released", "test", SQL)
-    with pytest.raises(BadRequest, match="already used"):
+    with pytest.raises(BadRequest, match="have an outcome already .released by dp_aggregate"):
         frontend.dp_aggregate(frame(), SQL, grant, ledger)
 
 

@@ -238,3 +238,45 @@ def test_an_rdp_ledger_refuses_a_selection_that_spends_delta_outside_its_event(
                  "gaussian_threshold) key, ANON_SUM(fare, 0, 20) FROM trips GROUP BY key"]) == 2
     assert "rdp ledger cannot charge delta spent outside" in capsys.readouterr().err
     assert ledger_state(store_path) == before
+
+
+@pytest.mark.parametrize("raised, code, said, outcome", [
+    (KeyboardInterrupt, 130, "that budget is spent and nothing was released", "interrupted"),
+    (MemoryError, 7, "(that budget is spent) but nothing was released: failed while running "
+                     "the query (recorded as failed in the ledger)", "failed")])
+def test_a_query_stopped_after_its_charge_says_the_budget_is_spent_and_the_ledger_shows_it(
+        ledger_with_trips, monkeypatch, capsys, raised, code, said, outcome):
+    """Ctrl-C (or any failure) between the charge and the release: the exit code and message
+    say the grant was spent with nothing released, and the grant is not shown as complete."""
+    from sage_tfx.dp_statistics.aggregation import frontend
+
+    def stopped(*args, **kwargs):
+        raise raised()
+    monkeypatch.setattr(frontend, "run", stopped)
+    assert main(["query", "--store", ledger_with_trips, "--window", "1", "--epsilon", "1",
+                 "--delta", "1e-6", QUERY]) == code
+    assert said in capsys.readouterr().err
+    [grant] = BlockLedger(ledger_with_trips).grant_records()
+    assert (grant["outcome"], grant["front_door"], grant["request"]) == (
+        outcome, "sage-tfx query", QUERY)
+
+
+def test_the_beam_engine_takes_its_options_from_the_command_line(ledger_with_trips, tmp_path,
+                                                                   capsys):
+    """--engine beam --beam-option KEY=VALUE: the same release's shape as the local engine;
+    a malformed option is refused before anything is charged."""
+    base = ["query", "--store", ledger_with_trips, "--epsilon", "1", "--delta", "1e-6"]
+    assert main(base + ["--blocks", "trips.2013-01", "--beam-option", "runner", QUERY]) == 2
+    assert "write KEY=VALUE" in capsys.readouterr().err
+    assert main(base + ["--blocks", "trips.2013-01", "--beam-option", "runner=DirectRunner",
+                        QUERY]) == 2  # without --engine beam
+    assert BlockLedger(ledger_with_trips).grant_records() == []
+    for engine, block, options in (("local", "trips.2013-01", []),
+                                   ("beam", "trips.2013-02", ["--beam-option",
+                                                              "runner=DirectRunner"])):
+        out = tmp_path / f"{engine}.csv"
+        assert main(base + ["--blocks", block, "--engine", engine, *options, "--out", str(out),
+                            QUERY]) == 0
+        released = pd.read_csv(out)
+        assert list(released.columns) == ["key", "n", "mean_fare", "median_fare"]
+        assert list(released["key"]) == ["a", "b"]

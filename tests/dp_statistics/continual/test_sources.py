@@ -182,6 +182,22 @@ def test_removing_one_input_row_removes_at_most_that_record_and_moves_no_other(l
         assert all(everything[record] == without[record] for record in without)
 
 
+def test_integer_ids_above_2_to_the_53_stay_apart_whether_or_not_one_is_missing(ledger):
+    """An int64 key column read through pandas became float when a record's key was missing,
+    merging 2^53 and 2^53 + 1 into one key only in the input with that record."""
+    window = sources.window_of_blocks(ledger, ["t.2013-01", "t.2013-02"])
+    big = 2 ** 53
+    columns = sources.Columns("uid", "area", "ts")
+
+    def keys(area):
+        table = pa.table({"uid": pa.array([1, 2, 3], pa.int64()), "area": pa.array(
+            area, pa.int64()), "ts": pa.array([JAN + 10, JAN + 20, JAN + 30], pa.int64())})
+        return sorted(sources.records_of(table, columns, window, 5).keys)
+
+    assert keys([big, big + 1, big + 1]) == [str(big), str(big + 1), str(big + 1)]
+    assert keys([big, big + 1, None]) == [str(big), str(big + 1)]  # only the null's record goes
+
+
 def test_a_unit_or_key_with_a_nul_or_over_the_public_length_drops_its_record_alone(ledger,
                                                                                    tmp_path):
     window = sources.window_of_blocks(ledger, ["t.2013-01"])

@@ -288,6 +288,43 @@ def test_a_trigger_taken_by_one_state_copy_is_refused_from_another_whatever_its_
     assert not ledger.audit().problems  # the pins are consistent with the ledger's history
 
 
+def test_a_copy_of_a_state_that_drew_its_pin_tokens_cannot_take_a_trigger_twice(
+        ledger, tmp_path):
+    """`sage-tfx stream` draws the tokens of all its triggers before computing any: a copy of a
+    state that crashed after that carries the tokens, yet pins another value (the pin is bound
+    to the state directory), so two copies never release the same trigger from other records."""
+    import shutil
+
+    from sage_tfx.dp_statistics.continual import sources
+    from sage_tfx.dp_statistics.continual.release import run_window
+    from sage_tfx.dp_statistics.continual.spec import StreamQuery
+    from sage_tfx.dp_statistics.continual.state import pin_tokens
+    from sage_tfx.sage_access.errors import BadRequest
+
+    window = sources.window_of_blocks(ledger, BLOCKS.split(","))
+    columns = sources.Columns("uid", "key", "time")
+    query = StreamQuery(key_column="key", unit_column="uid", time_column="time",
+                        value_column=None, value_bound=1.0, contribution_limit=8,
+                        micro_batches=4, epsilon=4, delta=1e-5)
+    original = sources.read_input(write_stream(tmp_path / "a.csv"), columns, window, 4)
+    changed = sources.read_input(write_stream(tmp_path / "b.csv", users=199), columns,
+                                 window, 4)
+
+    def run(name, records, through):
+        return run_window(ledger, query, window, records, str(tmp_path / name / "state"),
+                          str(tmp_path / name / "releases"), consumer="test",
+                          through_step=through)
+
+    run("n", original, 1)
+    pin_tokens(str(tmp_path / "n" / "state"), range(2, 5))  # what a whole-window run draws
+    for name in ("copy1", "copy2"):
+        shutil.copytree(tmp_path / "n", tmp_path / name)
+    run("copy1", original, 2)
+    with pytest.raises(BadRequest, match="trigger-2 of grant .* is pinned to another value"):
+        run("copy2", changed, 2)
+    assert not (tmp_path / "copy2" / "releases" / "release-000002.csv").exists()
+
+
 def test_pins_tell_nothing_about_the_micro_batches(ledger, store_path, tmp_path, monkeypatch):
     """Every pin a reader of ML Metadata sees is data-independent: its value is not equal for
     equal (e.g. empty) micro-batches, and every trigger is pinned before the first one is
