@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo taxi-statistics taxi-stream taxi-workloads ledger-demo test test-quick browser web benchmark \
+.PHONY: demo taxi-statistics taxi-stream taxi-workloads ledger-demo test test-quick browser mariadb web benchmark \
 	mutation lock clean
 
 $(STAMP): requirements/lock.txt setup.cfg pyproject.toml
@@ -47,7 +47,7 @@ taxi-workloads: $(STAMP)
 ledger-demo: $(STAMP) $(WEB_ASSETS)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/ledger_demo.sh
 
-test: $(STAMP) $(WEB_ASSETS) browser
+test: $(STAMP) $(WEB_ASSETS) browser mariadb
 	$(BIN)/python -m pytest tests
 
 # Debian's Chromium and its driver, for the ledger page's browser tests (tests/sage_access): when
@@ -61,15 +61,28 @@ browser:
 	  else echo "make browser: not root or no apt-get: the browser tests will skip"; fi; \
 	fi
 
+# Debian's MariaDB server, for the ledger tests on a shared database (tests/support/mariadb.py starts
+# a throwaway server per session): installed when missing and we may (root, apt-get); otherwise
+# those tests skip, saying why.
+mariadb:
+	@if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends mariadb-server >/dev/null) \
+	    || echo "make mariadb: apt-get could not install mariadb-server: the MariaDB tests will skip"; \
+	  else echo "make mariadb: not root or no apt-get: the MariaDB tests will skip"; fi; \
+	fi
+
 # During development: the suite without the tests marked slow (TFX pipelines, several processes,
 # crashes, minutes of sampling). CI runs `make test`, the whole suite.
-test-quick: $(STAMP) $(WEB_ASSETS) browser
+test-quick: $(STAMP) $(WEB_ASSETS) browser mariadb
 	$(BIN)/python -m pytest tests -m "not slow"
 
 benchmark: $(STAMP) $(WEB_ASSETS)
 	# PipelineDP, the anchor of benchmarks/aggregation.py, is pinned apart from the lock.
 	$(BIN)/pip install --quiet --no-deps -r requirements/benchmark.txt
-	$(BIN)/python benchmarks/ledger.py
+	$(BIN)/python benchmarks/ledger.py --backend sqlite --json
+	$(BIN)/python benchmarks/ledger.py --backend mysql --json
 	$(BIN)/python benchmarks/ledger_web.py
 	$(BIN)/python benchmarks/oblivious_sampling.py --n 1000000 --json
 	$(BIN)/python benchmarks/dp_training.py --rows 100000 --json

@@ -7,7 +7,7 @@ Exit codes:
   2    bad input, a refused query or request, or a store that is not a ledger: nothing charged
   3    denied for lack of budget: nothing charged (the denial is recorded in the ledger)
   4    ledger busy (too many concurrent writers): nothing charged
-  5    store unreachable (server down or unknown): nothing charged
+  5    store unreachable (server down or unknown, or refusing the login): nothing charged
   6    an audit found a problem: `ledger audit` an inconsistent history, `audit` a mechanism
        whose measured epsilon lower bound exceeds its claim
   7    charged, nothing released: the grant's budget is spent (its failure is recorded on it)
@@ -30,7 +30,8 @@ EXIT_RELEASE_FAILED = 7
 EXIT_INTERRUPTED = 130
 EXIT_CODES_HELP = "exit codes: see `sage-tfx --help`"
 STORE_ENVIRONMENT_VARIABLE = "SAGE_TFX_LEDGER_STORE"
-STORE_HELP = (f"SQLite ledger file or grpc://HOST:PORT (default: ${STORE_ENVIRONMENT_VARIABLE})")
+STORE_HELP = (f"SQLite ledger file, grpc://HOST:PORT or mysql://USER@HOST:PORT/DATABASE "
+              f"(default: ${STORE_ENVIRONMENT_VARIABLE})")
 
 
 def add_store_arguments(parser: argparse.ArgumentParser, context_default: Optional[str] = "default",
@@ -62,6 +63,7 @@ def run(handler: Callable, args, on_error: Optional[Callable] = None) -> int:
 
     from sage_tfx.release import ReleaseFailed
     from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
+    from sage_tfx.sage_access.store import StoreUnreachable
 
     def fail(code: int, message: str, remaining: Optional[dict] = None) -> int:
         print(f"sage-tfx {command_name(args)}: {message}", file=sys.stderr)
@@ -71,7 +73,7 @@ def run(handler: Callable, args, on_error: Optional[Callable] = None) -> int:
 
     try:
         if not args.store:
-            raise BadRequest(f"no store: pass --store FILE|grpc://HOST:PORT or set "
+            raise BadRequest(f"no store: pass --store FILE|grpc://HOST:PORT|mysql://... or set "
                              f"{STORE_ENVIRONMENT_VARIABLE}")
         return handler(args)
     except ValueError as error:  # BadRequest, and the operators' QueryError and spec errors
@@ -84,6 +86,8 @@ def run(handler: Callable, args, on_error: Optional[Callable] = None) -> int:
         if os.environ.get("SAGE_TFX_DEBUG"):
             raise
         return fail(EXIT_RELEASE_FAILED, str(error))
+    except StoreUnreachable as error:  # a MySQL server down or refusing the login
+        return fail(EXIT_UNREACHABLE, str(error))
     except (mlmd_errors.UnavailableError,
             mlmd_errors.DeadlineExceededError) as error:
         return fail(EXIT_UNREACHABLE, f"store {args.store} is unreachable: "

@@ -164,15 +164,11 @@ def _requested_blocks(args) -> list[str]:
 def _init(args) -> int:
     from sage_tfx.sage_access.errors import BadRequest
     from sage_tfx.sage_access.ledger import BlockLedger
-    from sage_tfx.sage_access.store import inspect_sqlite, parse
+    from sage_tfx.sage_access.store import check_creatable
 
     if not (math.isfinite(args.min_request) and args.min_request > 0):
         raise BadRequest(f"--min-request must be a positive number, got {args.min_request!r}")
-    if isinstance(parse(args.store), str) and args.store != ":memory:":
-        parent = os.path.dirname(os.path.abspath(args.store))
-        if not os.path.isdir(parent):
-            raise BadRequest(f"directory {parent} does not exist; create it first")
-        inspect_sqlite(args.store)  # refuses anything but an absent file or an MLMD store
+    check_creatable(args.store)  # refuses anything but an absent store or an MLMD store
     ledger = BlockLedger.create(args.store, args.context, args.accounting, args.min_request)
     print(f"created ledger context {ledger.context!r} ({ledger.accounting.name} accounting, "
           f"minimum request epsilon {ledger.min_request_epsilon}) in {args.store}")

@@ -39,7 +39,7 @@ from sage_tfx.sage_access.records import (DENIAL_TYPE, GRANT_TYPE, WHOLE_GRANT, 
                                           LedgerRecords, check_name, get_float, get_property,
                                           input_event, new_ledger_state, output_event,
                                           register_types, set_properties)
-from sage_tfx.sage_access.store import StoreSpec, connect, connect_read_only
+from sage_tfx.sage_access.store import CommitUnknown, StoreSpec, connect, connect_read_only
 from sage_tfx.sage_access.transaction import Conflict, Transactions
 
 
@@ -96,6 +96,9 @@ class BlockLedger:
             mlmd.put_execution(execution, [(state, output_event())], [ledger_context])
         except mlmd_errors.AlreadyExistsError:
             raise BadRequest(f"ledger context {context!r} already exists in this store") from None
+        except CommitUnknown:  # the store reconnected: the context exists iff the call landed
+            if mlmd.get_context_by_type_and_name(LEDGER_CONTEXT_TYPE, context) is None:
+                return cls.create(mlmd, context, accounting, min_request_epsilon)
         return cls(mlmd, context)
 
     # ----------------------------------------------------------------- reading
@@ -191,7 +194,10 @@ class BlockLedger:
                 raise
             return block
 
-        return self._transactions.retrying(attempt)
+        def committed() -> Optional[BlockState]:
+            return self.block(block_id) if self._records.block_exists(block_id) else None
+
+        return self._transactions.retrying(attempt, committed)
 
     def register_pipeline(self, pipeline: str) -> None:
         """Mark a pipeline as waiting: blocks arriving from now on reserve a share for it."""
@@ -207,7 +213,8 @@ class BlockLedger:
                 self._transactions.ledger_version(state, "register_pipeline",
                                                   waiting=json.dumps(waiting + [pipeline])))
 
-        self._transactions.retrying(attempt)
+        self._transactions.retrying(
+            attempt, lambda: True if pipeline in self.waiting_pipelines() else None)
 
     def finish_pipeline(self, pipeline: str) -> None:
         """The pipeline was accepted or abandoned: its unused reservations return and are re-split
@@ -234,7 +241,8 @@ class BlockLedger:
             self._transactions.commit(
                 UPDATE_TYPE, {"kind": "finish_pipeline", "pipeline": pipeline}, changes)
 
-        self._transactions.retrying(attempt)
+        self._transactions.retrying(
+            attempt, lambda: None if pipeline in self.waiting_pipelines() else True)
 
     def request(self, selector: BlockIds | RecentWindow, epsilon: Optional[float] = None,
                 delta: Optional[float] = None, rdp_curve: Optional[Sequence[float]] = None,
@@ -277,12 +285,15 @@ class BlockLedger:
             check_name(pipeline, "pipeline")
         _check_selector(selector)
         run_contexts = lineage.run_contexts(self._store, run_id)
+        # One id for every attempt: after a lost connection, `committed` finds the grant by it,
+        # and two commits of it could never both succeed (the execution's name is unique).
+        grant_id = uuid.uuid4().hex
 
         def attempt() -> Grant:
             chosen = self._choose(selector, demand, pipeline)
             if require_data:
                 _check_data([block for _, block in chosen])
-            grant = Grant(grant_id=uuid.uuid4().hex, context=self.context,
+            grant = Grant(grant_id=grant_id, context=self.context,
                           blocks=tuple(block.block_id for _, block in chosen),
                           epsilon=self.accounting.granted_epsilon(budget, demand),
                           delta=budget.delta, rdp_curve=budget.rdp_curve, pipeline=pipeline,
@@ -305,7 +316,11 @@ class BlockLedger:
                 run_contexts, name=f"grant-{grant.grant_id}")
             return dataclasses.replace(grant, execution_id=execution_id)
 
-        return self._transactions.retrying(attempt)
+        def committed() -> Optional[Grant]:
+            execution = self._records.grant_execution(grant_id)
+            return None if execution is None else self._records.grant_of(execution)
+
+        return self._transactions.retrying(attempt, committed)
 
     def _demand(self, budget: BudgetRequest, split: Mapping[str, str],
                 events: Mapping[str, object], additional_delta: float = 0.0) -> np.ndarray:
@@ -360,12 +375,17 @@ class BlockLedger:
     def record_data(self, grant: Grant, uri: str, producer: str) -> None:
         """Record that `producer` wrote data derived from `grant`'s data at `uri` (e.g. the
         samples ObliviousSampleGen draws from the granted Examples). Append-only."""
-        try:
-            self._transactions.commit(
-                UPDATE_TYPE, {"kind": "grant_data", "grant_id": grant.grant_id},
-                [(self._records.data_record(grant.grant_id, uri, producer), output_event())])
-        except Conflict:
-            raise BadRequest(f"grant {grant.grant_id} already has data at {uri}") from None
+        def attempt() -> bool:
+            try:
+                self._transactions.commit(
+                    UPDATE_TYPE, {"kind": "grant_data", "grant_id": grant.grant_id},
+                    [(self._records.data_record(grant.grant_id, uri, producer), output_event())])
+            except Conflict:
+                raise BadRequest(f"grant {grant.grant_id} already has data at {uri}") from None
+            return True
+
+        self._transactions.retrying(
+            attempt, lambda: True if self._records.has_data(grant.grant_id, uri) else None)
 
     def require_data(self, grant: Grant, uri: str) -> None:
         """BadRequest unless `grant` released (or a component derived from it) the data at
@@ -381,16 +401,24 @@ class BlockLedger:
         BadRequest naming the first. Returns the share's (epsilon, delta)."""
         share = grant.share(step)
         record = self._records.share_use_record(grant.grant_id, step, consumer)
-        try:
-            self._transactions.commit(UPDATE_TYPE, {"kind": "use_share",
-                                                    "grant_id": grant.grant_id, "step": step},
-                                      [(record, output_event())])
-        except Conflict:
-            first = self._records.share_consumer(grant.grant_id, step)
-            raise BadRequest(f"the {step!r} share of grant {grant.grant_id} was already used "
-                             f"(by {first or 'another consumer'}); "
-                             "a share is spent once: request a new grant") from None
-        return share
+
+        def attempt() -> tuple[float, float]:
+            try:
+                self._transactions.commit(UPDATE_TYPE, {"kind": "use_share",
+                                                        "grant_id": grant.grant_id, "step": step},
+                                          [(record, output_event())])
+            except Conflict:
+                first = self._records.share_consumer(grant.grant_id, step)
+                raise BadRequest(f"the {step!r} share of grant {grant.grant_id} was already "
+                                 f"used (by {first or 'another consumer'}); "
+                                 "a share is spent once: request a new grant") from None
+            return share
+
+        # A lost commit that landed recorded this consumer (a consumer name is one component of
+        # one run: it does not race itself for the same share).
+        return self._transactions.retrying(
+            attempt, lambda: share if self._records.share_consumer(grant.grant_id, step)
+            == consumer else None)
 
     def pin(self, grant_id: str, name: str, digest: str) -> None:
         """Pin grant `grant_id`'s output `name` (e.g. one trigger of a continual release) to
@@ -401,14 +429,20 @@ class BlockLedger:
         recorded. Any reader of the store sees the value and the record's creation time, so
         neither may depend on the data (continual/release.py pins random tokens)."""
         record = self._records.pin_record(grant_id, name, digest)
-        try:
-            self._transactions.commit(UPDATE_TYPE, {"kind": "pin", "grant_id": grant_id,
-                                                    "name": name},
-                                      [(record, output_event())])
-        except Conflict:
-            if self._records.pinned_digest(grant_id, name) != digest:
-                raise BadRequest(f"{name} of grant {grant_id} is pinned to another value: "
-                                 "another copy of its computation took it first") from None
+
+        def attempt() -> bool:
+            try:
+                self._transactions.commit(UPDATE_TYPE, {"kind": "pin", "grant_id": grant_id,
+                                                        "name": name},
+                                          [(record, output_event())])
+            except Conflict:
+                if self._records.pinned_digest(grant_id, name) != digest:
+                    raise BadRequest(f"{name} of grant {grant_id} is pinned to another value: "
+                                     "another copy of its computation took it first") from None
+            return True
+
+        # Pinning the same digest again is a no-op, so a lost commit is simply pinned again.
+        self._transactions.retrying(attempt, lambda: None)
 
     def record_outcome(self, grant: Grant, steps: Sequence[str], outcome: str, front_door: str,
                        reason: Optional[str] = None, artifacts: Sequence[str] = (),
@@ -424,13 +458,21 @@ class BlockLedger:
         records = [(self._records.outcome_record(grant.grant_id, step, outcome, front_door,
                                                  reason, artifacts, guarantee), output_event())
                    for step in steps]
-        try:
-            self._transactions.commit(UPDATE_TYPE, {"kind": "release_outcome",
-                                                    "grant_id": grant.grant_id,
-                                                    "outcome": outcome}, records)
-        except Conflict:
-            raise BadRequest(f"an outcome of grant {grant.grant_id} ({', '.join(steps)}) is "
-                             "recorded already") from None
+
+        def attempt() -> bool:
+            try:
+                self._transactions.commit(UPDATE_TYPE, {"kind": "release_outcome",
+                                                        "grant_id": grant.grant_id,
+                                                        "outcome": outcome}, records)
+            except Conflict:
+                raise BadRequest(f"an outcome of grant {grant.grant_id} ({', '.join(steps)}) is "
+                                 "recorded already") from None
+            return True
+
+        def committed() -> Optional[bool]:  # all of the steps recorded together, or none
+            return True if set(steps) <= set(self.grant_outcomes(grant.grant_id)) else None
+
+        self._transactions.retrying(attempt, committed)
 
     def grant_outcomes(self, grant_id: str) -> dict[str, dict]:
         """{step: its outcome record} of `grant_id` (empty while none is recorded)."""
@@ -441,10 +483,21 @@ class BlockLedger:
                       free: Mapping[str, str], reason: str) -> None:
         """Record a request refused for lack of budget: who asked, for what and how much, and
         what the blocks that could not pay had free (budgets are public; no data is read)."""
-        self._transactions.commit(DENIAL_TYPE, {
-            "kind": "denial", "front_door": front_door, "request": request_text, "pipeline": pipeline,
-            "epsilon": epsilon, "delta": delta, "free": json.dumps(dict(free)),
-            "reason": reason}, [])
+        # A unique name, so that a commit whose fate a lost connection hid is found, not doubled.
+        name = f"denial-{uuid.uuid4().hex}"
+
+        def attempt() -> bool:
+            self._transactions.commit(DENIAL_TYPE, {
+                "kind": "denial", "front_door": front_door, "request": request_text,
+                "pipeline": pipeline, "epsilon": epsilon, "delta": delta,
+                "free": json.dumps(dict(free)), "reason": reason}, [], name=name)
+            return True
+
+        def committed() -> Optional[bool]:
+            found = self._store.get_execution_by_type_and_name(DENIAL_TYPE, name)
+            return None if found is None else True
+
+        self._transactions.retrying(attempt, committed)
 
     # ----------------------------------------------------------------- audit and lineage
     def grant_records(self, after: int = 0) -> list[dict]:

@@ -108,16 +108,31 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
+# ML Metadata's MySQL schema keeps int_value in a 32-bit INT column (SQLite stores 64 bits): an
+# int outside it (a time in ms, an id) is written as a double instead, the same on both backends,
+# and get_property gives it back as an int (the ledger writes its floats as strings, so a
+# double_value is always such an int). Exact below 10**15: MLMD's SQLite backend keeps 15
+# significant digits of a double (measured: 10**15 + 1 reads back as 10**15).
+_INT32 = range(-2**31, 2**31)
+_EXACT_IN_DOUBLE = 10**15
+
+
 def set_properties(node, values: dict) -> None:
-    """Write `values` as custom properties of an MLMD node (None: left out; floats: exact)."""
+    """Write `values` as custom properties of an MLMD node (None: left out; floats: exact;
+    ints: exact below 10**15 in magnitude, ValueError beyond)."""
     for key, value in values.items():
         if value is None:
             continue
         target = node.custom_properties[key]
         if isinstance(value, bool):
             target.int_value = int(value)
-        elif isinstance(value, int):
+        elif isinstance(value, int) and value in _INT32:
             target.int_value = value
+        elif isinstance(value, int):
+            if abs(value) >= _EXACT_IN_DOUBLE:
+                raise ValueError(f"property {key!r}: {value} is not below 10**15, which ML "
+                                 "Metadata cannot store exactly as a number; write it as a string")
+            target.double_value = float(value)
         elif isinstance(value, float):
             target.string_value = exact_decimal(value)
         else:
@@ -129,6 +144,8 @@ def get_property(node, key: str, default=None):
         return default
     value = node.custom_properties[key]
     kind = value.WhichOneof("value")
+    if kind == "double_value":  # an int beyond 32 bits (set_properties)
+        return int(value.double_value)
     return getattr(value, kind) if kind else default
 
 

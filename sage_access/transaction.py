@@ -8,6 +8,13 @@ state). Two writers that read the same version both try to create the same name;
 second call as a whole (AlreadyExistsError, rolled back), and the loser re-reads and re-checks.
 This is optimistic concurrency control with the name as compare-and-swap: no lost update, and a
 process killed at any point leaves each grant whole or absent.
+
+On MySQL a writer may also lose its connection mid-call (the server restarted): the store
+reconnects and raises CommitUnknown, since the call may have committed. Each writer passes
+`retrying` a `committed` check that reads the ledger for what the lost call would have written
+(a grant: its execution, uniquely named `grant-<id>`, with the id kept across attempts); only if
+it is absent does the attempt run again. So a grant is never charged twice: the second commit of
+the same `grant-<id>` would be refused by the unique name in any case.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.sage_access.errors import LedgerBusy
 from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, LEDGER_VERSION_TYPE, LedgerRecords,
                                           get_property, output_event, set_properties)
+from sage_tfx.sage_access.store import CommitUnknown, is_lock_error
 
 _MAX_ATTEMPTS = 400
 _MAX_WAIT_SECONDS = 60.0
@@ -30,12 +38,6 @@ T = TypeVar("T")
 
 class Conflict(Exception):
     """Another writer committed first (a unique name exists already); re-read and retry."""
-
-
-def _is_lock_error(error: Exception) -> bool:
-    # SQLite reports a concurrent writer as a busy/locked database.
-    text = str(error).lower()
-    return "locked" in text or "busy" in text
 
 
 class Transactions:
@@ -61,16 +63,26 @@ class Transactions:
             raise Conflict(str(error)) from None
         return execution_id
 
-    def retrying(self, attempt: Callable[[], T]) -> T:
-        """Run read-check-commit until it commits without a conflicting writer."""
+    def retrying(self, attempt: Callable[[], T], committed: Callable[[], Optional[T]]) -> T:
+        """Run read-check-commit until it commits without a conflicting writer. After a commit
+        of unknown fate (CommitUnknown), `committed()` runs before every further attempt: what
+        the lost call committed (its result), read from the ledger, or None if it did not."""
         deadline = time.monotonic() + _MAX_WAIT_SECONDS
+        fate_unknown = False
         for tries in range(_MAX_ATTEMPTS):
             try:
+                if fate_unknown:
+                    landed = committed()
+                    if landed is not None:
+                        return landed
                 return attempt()
+            except CommitUnknown:
+                fate_unknown = True
+                continue  # the store has reconnected: resolve at once
             except Conflict:
                 pass
             except mlmd_errors.StatusError as error:
-                if not _is_lock_error(error):
+                if not is_lock_error(error):
                     raise
             if time.monotonic() > deadline:
                 break

@@ -11,7 +11,28 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 @pytest.fixture
 def store_path(tmp_path):
+    """An SQLite ledger store (tests/sage_access overrides this to run on MariaDB too)."""
     return str(tmp_path / "ledger.sqlite")
+
+
+@pytest.fixture(scope="session")
+def mariadb_server(tmp_path_factory):
+    """A throwaway MariaDB server for the session (tests/support/mariadb.py); the test skips,
+    saying why, where mariadbd is not installed."""
+    from support.mariadb import MariaDB, missing_reason
+
+    reason = missing_reason()
+    if reason:
+        pytest.skip(f"no MariaDB server: {reason}")
+    server = MariaDB(tmp_path_factory.mktemp("mariadb")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mariadb_store(mariadb_server):
+    """The `mysql://` spec of a new database (not created yet) on the session's MariaDB."""
+    return mariadb_server.store()
 
 
 @pytest.fixture

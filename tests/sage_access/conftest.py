@@ -1,4 +1,6 @@
-"""A ledger store filled through the ledger API, and the web app serving it on a free port."""
+"""The ledger tests run on both backends (`store_path` is an SQLite file or a new database on a
+throwaway MariaDB); a ledger store filled through the ledger API, and the web app serving it on
+a free port."""
 import pytest
 from dp_accounting import dp_event
 
@@ -9,12 +11,22 @@ from sage_tfx.sage_access.web.app import BackgroundServer
 from support.ledger_web import (DENIED_SQL, FAILED_SQL, HOSTILE, QUERY_SQL, query_plan,
                                 tfx_run_with_model)
 
+
+@pytest.fixture(params=["sqlite", "mysql"])
+def store_path(request, tmp_path):
+    """The store spec of a ledger not created yet: an SQLite file, or a database on MariaDB
+    (the mysql tests skip, saying why, where mariadbd is not installed)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.sqlite")
+    return request.getfixturevalue("mariadb_store")
+
+
 @pytest.fixture
-def ledger_path(tmp_path):
+def ledger_path(store_path):
     """Eight monthly blocks (one retired), a waiting pipeline, three grants (one with a TFX run
     holding a Model, one whose split names a step `<script>...`), then through the release
     protocol a released grant, a failed one and a denial; a second context."""
-    path = str(tmp_path / "ledger.sqlite")
+    path = store_path
     ledger = BlockLedger.create(path, "default", min_request_epsilon=0.01)
     for month in range(1, 7):
         ledger.add_block(f"2024-0{month}", 1.0, 1e-6, start=f"2024-0{month}-01",

@@ -1,4 +1,4 @@
-"""The BlockLedger on real ML Metadata (SQLite file and in-memory)."""
+"""The BlockLedger on real ML Metadata (SQLite file, MySQL database on MariaDB, in-memory)."""
 import json
 
 import numpy as np
@@ -268,3 +268,80 @@ def test_require_data_refuses_blocks_without_examples_inside_the_grant(tmp_path)
                           require_data=True).blocks == ("old", "new")
     # Without the option the ledger grants data-less blocks (budget-only ledgers, the CLI).
     assert ledger.request(RecentWindow(2), epsilon=0.3, delta=0).blocks == ("new", "bare")
+
+
+def test_integers_beyond_32_bits_are_stored_exactly_on_both_backends(store_path):
+    # MLMD's MySQL schema refuses an int_value of 2**40 ("Out of range value"); a ledger record
+    # holding a time in ms, an id or a count beyond 32 bits must still store it, and read it back.
+    from sage_tfx.sage_access.records import get_property, set_properties
+
+    store = connect(store_path)
+    type_id = store.put_artifact_type(pb.ArtifactType(name="sage_tfx.test.Wide"))
+    values = {"small": 7, "int32_max": 2**31 - 1, "int32_min": -2**31, "over": 2**31,
+              "under": -2**31 - 1, "time_ms": 1_732_569_600_123, "largest": 10**15 - 1,
+              "flag": True}
+    record = pb.Artifact(type_id=type_id, name="wide")
+    set_properties(record, values)
+    [record_id] = store.put_artifacts([record])
+    [stored] = store.get_artifacts_by_id([record_id])
+    assert {key: get_property(stored, key) for key in values} == dict(values, flag=1)
+    assert all(isinstance(get_property(stored, key), int) for key in values)
+    with pytest.raises(ValueError, match="10\\*\\*15"):
+        set_properties(pb.Artifact(), {"id": 10**15})
+
+
+def lose_first_answer(monkeypatch, store, landed: bool) -> None:
+    """What a MySQL client sees when the server dies mid-commit: the store reconnects and raises
+    CommitUnknown, whether or not the call committed (`landed`). Later calls go through."""
+    from sage_tfx.sage_access.store import CommitUnknown
+
+    real_put = store.put_execution
+
+    def put_losing_the_first_answer(*args, **kwargs):
+        monkeypatch.setattr(store, "put_execution", real_put)
+        if landed:
+            real_put(*args, **kwargs)
+        raise CommitUnknown("connection lost")
+
+    monkeypatch.setattr(store, "put_execution", put_losing_the_first_answer)
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_a_grant_whose_commit_fate_is_unknown_is_resolved_from_the_ledger(store_path, landed,
+                                                                         monkeypatch):
+    # The grant is looked up by its unique name: charged once either way, and the caller gets
+    # the grant that is in the ledger.
+    ledger = make_ledger(store_path, blocks=2)
+    lose_first_answer(monkeypatch, ledger.store, landed)
+    grant = ledger.request(BlockIds(["b0", "b1"]), epsilon=0.25, delta=1e-8)
+    [recorded] = ledger.grant_records()
+    assert recorded["grant_id"] == grant.grant_id
+    assert ledger.find_grant(grant.grant_id).execution_id == grant.execution_id
+    for block in ledger.blocks():
+        assert tuple(block.spent) == (0.25, 1e-8) and block.charges == 1
+    assert ledger.audit().problems == []
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_release_outcomes_and_denials_are_recorded_once_on_both_backends(store_path, landed,
+                                                                        monkeypatch):
+    # The release protocol's records (sage_tfx.release) on SQLite and MySQL, also when the
+    # commit's answer is lost: an outcome that landed is not refused as "recorded already", a
+    # denial is neither lost nor doubled.
+    from sage_tfx.sage_access.lineage import denial_records
+
+    ledger = make_ledger(store_path, blocks=2)
+    grant = ledger.request(BlockIds(["b0"]), epsilon=0.1, delta=0.0,
+                           split={"count": "0.5", "sum": "0.5"})
+    lose_first_answer(monkeypatch, ledger.store, landed)
+    ledger.record_outcome(grant, ["count", "sum"], "released", "test", artifacts=["/out/a"])
+    outcomes = ledger.grant_outcomes(grant.grant_id)
+    assert {step: o["outcome"] for step, o in outcomes.items()} == {"count": "released",
+                                                                    "sum": "released"}
+    with pytest.raises(BadRequest, match="recorded already"):
+        ledger.record_outcome(grant, ["count"], "failed", "test", reason="late")
+    lose_first_answer(monkeypatch, ledger.store, landed)
+    ledger.record_denial("test", "SELECT count(*)", "p", 5.0, 0.0, {"b0": "0.9"}, "too much")
+    [denial] = denial_records(ledger._records)
+    assert (denial["front_door"], denial["epsilon"], denial["free"]) == ("test", 5.0,
+                                                                        {"b0": "0.9"})

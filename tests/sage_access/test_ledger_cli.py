@@ -14,6 +14,7 @@ import pytest
 from sage_tfx.sage_access import BlockLedger
 
 from support import REPO_ROOT
+from support.stores import execute_sql
 
 CLI = [sys.executable, "-m", "sage_tfx.cli"]
 
@@ -184,12 +185,9 @@ def test_grants_contexts_and_audit(populated):
     code, out, _ = ledger(populated, "audit")
     assert code == 0 and "agree" in out
     # Tamper with a block's materialised balance behind the ledger's back: audit must say so.
-    connection = sqlite3.connect(populated)
-    connection.execute("UPDATE ArtifactProperty SET string_value = '[0.0, 0.0]' "
-                       "WHERE name = 'spent' AND artifact_id = (SELECT id FROM Artifact "
-                       "WHERE name = 'default/2024-03')")
-    connection.commit()
-    connection.close()
+    execute_sql(populated, "UPDATE ArtifactProperty SET string_value = '[0.0, 0.0]' "
+                "WHERE name = 'spent' AND artifact_id = (SELECT id FROM Artifact "
+                "WHERE name = 'default/2024-03')")
     code, out, _ = ledger(populated, "audit")
     assert code == 6 and "2024-03" in out
 

@@ -4,6 +4,7 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.release import ReleasePlan
+from sage_tfx.sage_access.store import connect
 
 # A name that would run as script if a page put it into HTML unescaped.
 HOSTILE = "<script>alert(1)</script>"
@@ -23,9 +24,7 @@ def query_plan(front_door, request, epsilon, pipeline=None):
 
 
 def _store(path: str) -> metadata_store.MetadataStore:
-    config = pb.ConnectionConfig()
-    config.sqlite.filename_uri = path
-    return metadata_store.MetadataStore(config)
+    return connect(path)  # an SQLite file or a mysql:// database
 
 
 def tfx_run_with_model(path: str, run_id: str) -> None:
