@@ -84,8 +84,10 @@ class Charged:
     or `interrupted` record: a run that spent nothing of a step says nothing about it)."""
 
     def __init__(self, ledger, grant, front_door: str, steps: Sequence[str],
-                 spent: Sequence[str] = (), consumed: Sequence[str] = ()):
+                 spent: Sequence[str] = (), consumed: Sequence[str] = (),
+                 charged_here: bool = False):
         self.ledger, self.grant, self.front_door = ledger, grant, front_door
+        self.charged_here = charged_here
         self.steps = tuple(steps)
         self.spent = set(spent) | set(consumed)
         self.phase = "computing"
@@ -173,6 +175,10 @@ class Charged:
             pass
         if interrupted:
             raise ReleaseInterrupted(self.grant.grant_id, detail) from _chain(error)
+        if isinstance(error, LedgerError) and not self.charged_here:
+            # A component spending a grant charged elsewhere: the ledger's own (public) error
+            # goes on as it is, now recorded on the step.
+            return False
         raise ReleaseFailed(self.grant.grant_id, reason + detail) from _chain(error)
 
 
@@ -198,7 +204,8 @@ def charge(ledger, plan: ReleasePlan, selector) -> Charged:
         record_denial(ledger, plan, denied)
         raise
     # This run charged the whole grant: a failure is recorded on every step.
-    return Charged(ledger, grant, plan.front_door, plan.steps, spent=plan.steps)
+    return Charged(ledger, grant, plan.front_door, plan.steps, spent=plan.steps,
+                   charged_here=True)
 
 
 def consume(ledger, grant, steps: Sequence[str], front_door: str,

@@ -29,6 +29,7 @@ from dp_accounting import mechanism_calibration, rdp
 from sage_tfx.components.oblivious_sample_gen import accounting
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import plan
+from sage_tfx.sage_access.errors import BadRequest
 
 # Beyond this, the noise in an averaged gradient is so large (noise std / batch ~ sigma C / B)
 # that training would only add noise; the trainer refuses instead of spending the grant.
@@ -36,8 +37,9 @@ DEFAULT_MAX_NOISE_MULTIPLIER = 100.0
 _MIN_NOISE_MULTIPLIER = 1e-3
 
 
-class CalibrationError(ValueError):
-    """The (epsilon, delta) cannot pay for the run within the allowed noise."""
+class CalibrationError(BadRequest):
+    """The (epsilon, delta) cannot pay for the run within the allowed noise (public numbers
+    only: a BadRequest, whose message the release protocol may record and show)."""
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,13 @@ from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
 from sage_tfx.components.util.user_module import RecordDecoder, UserModule
+from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.exact import custom_value, set_exact_property
 
 
-class SamplesMismatch(ValueError):
-    """The samples do not have the layout their sampling descriptor states."""
+class SamplesMismatch(BadRequest):
+    """The samples do not have the layout their sampling descriptor states (a public layout:
+    a BadRequest, whose message the release protocol may record and show)."""
 
 
 def read_descriptor(samples) -> SamplingDescriptor:
