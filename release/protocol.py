@@ -139,9 +139,13 @@ class Charged:
         self._recorded = True
 
     def __enter__(self) -> "Charged":
-        recorded = self.ledger.grant_outcomes(self.grant.grant_id) if self.steps else {}
+        # Only a consumer that has spent nothing yet can meet an outcome that stands (one that
+        # charged the grant, or consumed its share, owns the step): read the ledger only then.
+        if self.spent or not self.steps:
+            return self
+        recorded = self.ledger.grant_outcomes(self.grant.grant_id)
         stands = sorted(set(self.steps) & set(recorded))
-        if stands and not self.spent:
+        if stands:
             raise BadRequest(f"step(s) {', '.join(stands)} of grant {self.grant.grant_id} have "
                              f"an outcome already ({recorded[stands[0]]['outcome']} by "
                              f"{recorded[stands[0]]['front_door']}); a grant pays for one "

@@ -242,6 +242,29 @@ def pins(store_path):
             for pin in connect(store_path).get_artifacts_by_type("sage_tfx.GrantPin")}
 
 
+def _window_runs(ledger, tmp_path):
+    """`run(name, records, through)`: the window run in state directory tmp_path/name, and two
+    inputs, the original stream and one with one unit fewer in every micro-batch."""
+    from sage_tfx.dp_statistics.continual import sources
+    from sage_tfx.dp_statistics.continual.release import run_window
+    from sage_tfx.dp_statistics.continual.spec import StreamQuery
+
+    window = sources.window_of_blocks(ledger, BLOCKS.split(","))
+    columns = sources.Columns("uid", "key", "time")
+    query = StreamQuery(key_column="key", unit_column="uid", time_column="time",
+                        value_column=None, value_bound=1.0, contribution_limit=8,
+                        micro_batches=4, epsilon=4, delta=1e-5)
+    original = sources.read_input(write_stream(tmp_path / "a.csv"), columns, window, 4)
+    changed = sources.read_input(write_stream(tmp_path / "b.csv", users=199), columns,
+                                 window, 4)
+
+    def run(name, records, through):
+        return run_window(ledger, query, window, records, str(tmp_path / name / "state"),
+                          str(tmp_path / name / "releases"), consumer="test",
+                          through_step=through)
+    return run, original, changed
+
+
 def test_a_trigger_taken_by_one_state_copy_is_refused_from_another_whatever_its_records(
         ledger, tmp_path):
     """The ContinualRelease component copies the last successful state into each run's own
@@ -252,24 +275,9 @@ def test_a_trigger_taken_by_one_state_copy_is_refused_from_another_whatever_its_
     to pass, so refusing only other records told that a late record fell in trigger 2)."""
     import shutil
 
-    from sage_tfx.dp_statistics.continual import sources
-    from sage_tfx.dp_statistics.continual.release import run_window
-    from sage_tfx.dp_statistics.continual.spec import StreamQuery
     from sage_tfx.sage_access.errors import BadRequest
 
-    window = sources.window_of_blocks(ledger, BLOCKS.split(","))
-    columns = sources.Columns("uid", "key", "time")
-    query = StreamQuery(key_column="key", unit_column="uid", time_column="time",
-                        value_column=None, value_bound=1.0, contribution_limit=8,
-                        micro_batches=4, epsilon=4, delta=1e-5)
-    original = sources.read_input(write_stream(tmp_path / "a.csv"), columns, window, 4)
-    changed_path = write_stream(tmp_path / "b.csv", users=199)  # one unit fewer in every batch
-    changed = sources.read_input(changed_path, columns, window, 4)
-
-    def run(name, records, through):
-        return run_window(ledger, query, window, records, str(tmp_path / name / "state"),
-                          str(tmp_path / name / "releases"), consumer="test",
-                          through_step=through)
+    run, original, changed = _window_runs(ledger, tmp_path)
 
     run("n", original, 1)
     for name in ("n1", "n2", "n2-same"):
@@ -295,25 +303,10 @@ def test_a_copy_of_a_state_that_drew_its_pin_tokens_cannot_take_a_trigger_twice(
     to the state directory), so two copies never release the same trigger from other records."""
     import shutil
 
-    from sage_tfx.dp_statistics.continual import sources
-    from sage_tfx.dp_statistics.continual.release import run_window
-    from sage_tfx.dp_statistics.continual.spec import StreamQuery
     from sage_tfx.dp_statistics.continual.state import pin_tokens
     from sage_tfx.sage_access.errors import BadRequest
 
-    window = sources.window_of_blocks(ledger, BLOCKS.split(","))
-    columns = sources.Columns("uid", "key", "time")
-    query = StreamQuery(key_column="key", unit_column="uid", time_column="time",
-                        value_column=None, value_bound=1.0, contribution_limit=8,
-                        micro_batches=4, epsilon=4, delta=1e-5)
-    original = sources.read_input(write_stream(tmp_path / "a.csv"), columns, window, 4)
-    changed = sources.read_input(write_stream(tmp_path / "b.csv", users=199), columns,
-                                 window, 4)
-
-    def run(name, records, through):
-        return run_window(ledger, query, window, records, str(tmp_path / name / "state"),
-                          str(tmp_path / name / "releases"), consumer="test",
-                          through_step=through)
+    run, original, changed = _window_runs(ledger, tmp_path)
 
     run("n", original, 1)
     pin_tokens(str(tmp_path / "n" / "state"), range(2, 5))  # what a whole-window run draws
