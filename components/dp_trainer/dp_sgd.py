@@ -48,20 +48,18 @@ The per-epoch training loss reported to `on_epoch` is not DP: DPTrainer writes i
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
-sys.skip_tf_privacy_import = True  # its __init__ imports estimator code gone since TF 2.16
-import tensorflow as tf  # noqa: E402
-from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads, layer_registry  # noqa: E402
+from sage_tfx.components.dp_trainer import clipping
+import tensorflow as tf  # after clipping, which imports tensorflow-privacy's submodules
 
-from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor  # noqa: E402
-from sage_tfx.components.util.legacy_keras import require_legacy_keras  # noqa: E402
-from sage_tfx.components.util.losses import with_reduction  # noqa: E402
-from sage_tfx.randomness import secret_seed  # noqa: E402
+from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
+from sage_tfx.components.util.legacy_keras import require_legacy_keras
+from sage_tfx.components.util.losses import with_reduction
+from sage_tfx.randomness import secret_seed
 
 
 @dataclass(frozen=True)
@@ -113,44 +111,32 @@ def noise_generator(seed: Optional[int] = None) -> tf.random.Generator:
 
 def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
                  labels: tf.Tensor, config: DPSGDConfig, normaliser: float,
-                 generator: tf.random.Generator) -> Callable:
-    """A compiled DP-SGD step: step(rows, weights) -> (weighted loss sum, weight sum)."""
+                 generator: tf.random.Generator, jit_compile: bool = True) -> Callable:
+    """A compiled DP-SGD step: step(rows, weights) -> (weighted loss sum, weight sum).
+    jit_compile: XLA, as for the non-private step (make_nondp_step)."""
     require_legacy_keras()
-    model.compile(loss=loss)  # fast clipping derives per-example losses from model.loss
     optimizer = tf.keras.optimizers.SGD(config.learning_rate)
-    registry = layer_registry.make_default_layer_registry()
-    clipping_loss = with_reduction(loss, tf.keras.losses.Reduction.SUM)
     per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
-    noise_std = config.noise_multiplier * config.l2_norm_clip
+    clip, noise_std = config.l2_norm_clip, config.noise_multiplier * config.l2_norm_clip
     trainable = model.trainable_variables
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int32),
-                                  tf.TensorSpec([None], tf.float32)])
+                                  tf.TensorSpec([None], tf.float32)], jit_compile=jit_compile)
     def step(rows, weights):
         batch_features, batch_labels = tf.gather(features, rows), tf.gather(labels, rows)
-        # tensorflow-privacy's compute_clipped_gradients_and_outputs, with the overflow guard
-        # between its two halves: norms first, then the clipped gradient on the kept rows.
-        norms = clip_grads.compute_gradient_norms(model, registry, batch_features, batch_labels,
-                                                  weights, trainable_vars=trainable)
-        losses = per_example(batch_labels, model(batch_features, training=True))
-        kept = kept_rows(losses, norms)
-        batch_features = tf.where(_along_rows(kept, batch_features), batch_features,
-                                  tf.zeros_like(batch_features))
-        batch_labels = tf.where(_along_rows(kept, batch_labels), batch_labels,
-                                tf.zeros_like(batch_labels))
-        weights = tf.where(kept, weights, tf.zeros_like(weights))
-        clip_weights = tf.where(kept, clip_grads.compute_clip_weights(config.l2_norm_clip, norms),
-                                tf.zeros_like(norms)) * weights
-        with tf.GradientTape() as tape:
-            predictions = model(batch_features, training=True)
-            objective = clipping_loss(batch_labels, predictions, clip_weights)
-        clipped = tape.gradient(objective, trainable,
-                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        # One forward and one backward pass give the per-example norms and, for any
+        # coefficients, the clipped sum (clipping.py); the overflow guard sits between them.
+        gradients = clipping.OnePass(model, trainable, per_example, batch_features,
+                                     batch_labels, weights)
+        kept = kept_rows(gradients.losses, gradients.norms)
+        factors = clip / tf.maximum(clip, gradients.norms)  # |factor_i * g_i| <= C
+        clipped = gradients.clipped_sum(factors, kept)
         noisy = [(gradient + generator.normal(tf.shape(gradient), stddev=noise_std)) / normaliser
                  for gradient in clipped]
         optimizer.apply_gradients(zip(noisy, trainable))
-        return (tf.reduce_sum(per_example(batch_labels, predictions) * weights),
-                tf.reduce_sum(weights))
+        losses = gradients.losses * weights
+        return (tf.reduce_sum(tf.where(kept, losses, tf.zeros_like(losses))),
+                tf.reduce_sum(tf.where(kept, weights, tf.zeros_like(weights))))
 
     return step
 
@@ -160,21 +146,16 @@ def kept_rows(losses: tf.Tensor, gradient_norms: tf.Tensor) -> tf.Tensor:
     return tf.math.is_finite(losses) & tf.math.is_finite(gradient_norms)
 
 
-def _along_rows(kept: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-    """`kept` shaped to broadcast over the rows of `values`."""
-    return tf.reshape(kept, tf.concat([tf.shape(kept), tf.ones([tf.rank(values) - 1], tf.int32)],
-                                      axis=0))
-
-
 def make_nondp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
-                    labels: tf.Tensor, learning_rate: float, normaliser: float) -> Callable:
+                    labels: tf.Tensor, learning_rate: float, normaliser: float,
+                    jit_compile: bool = True) -> Callable:
     """The non-private reference (no clipping, no noise) with the same interface, plan and
     normaliser, for benchmarks and the accuracy table; never used on granted data."""
     optimizer = tf.keras.optimizers.SGD(learning_rate)
     per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int32),
-                                  tf.TensorSpec([None], tf.float32)])
+                                  tf.TensorSpec([None], tf.float32)], jit_compile=jit_compile)
     def step(rows, weights):
         batch_features, batch_labels = tf.gather(features, rows), tf.gather(labels, rows)
         with tf.GradientTape() as tape:
