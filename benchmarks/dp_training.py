@@ -17,7 +17,9 @@ process:
 Each model's two steps get the same warm-up (one untimed epoch each, which also compiles),
 then --repeats timed epochs each, alternating which side runs first. Prints one JSON object:
 per model the median, min and max epoch seconds of each side, "ratio" (median DP / median
-non-DP) and the min and max of the per-repeat ratios; "max_ratio" over the models.
+non-DP) and the min and max of the per-repeat ratios; "max_ratio" over the models. The same
+figures in CPU seconds of the process (suffix _cpu) are less sensitive to other processes on
+a shared machine than wall-clock seconds.
 Target (issue 35) at 100,000 rows: ratio <= 1.25 for every model.
 """
 from __future__ import annotations
@@ -83,10 +85,11 @@ def conv_task(rows: int, rng: np.random.Generator):
 TASKS = {"mlp": mlp_task, "embedding": embedding_task, "conv": conv_task}
 
 
-def epoch_seconds(step, plan: dp_sgd.StepPlan) -> float:
-    start = time.perf_counter()
+def epoch_seconds(step, plan: dp_sgd.StepPlan) -> tuple[float, float]:
+    """(wall-clock seconds, CPU seconds of this process's threads) of one epoch."""
+    wall, cpu = time.perf_counter(), time.process_time()
     dp_sgd.run_steps(step, plan, on_epoch=lambda epoch, loss: None)  # waits for the last step
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def spread(values: list[float]) -> dict:
@@ -109,15 +112,21 @@ def compare(task, rows: int, repeats: int, jit_compile: bool) -> dict:
                                         jit_compile=jit_compile)}
     for step in steps.values():
         epoch_seconds(step, plan)  # warm-up: traces, compiles, touches every batch once
-    seconds = {side: [] for side in steps}
+    seconds = {(side, clock): [] for side in steps for clock in ("wall", "cpu")}
     for repeat in range(repeats):
         for side in (("dp", "nondp") if repeat % 2 == 0 else ("nondp", "dp")):
-            seconds[side].append(epoch_seconds(steps[side], plan))
-    ratios = [dp / nondp for dp, nondp in zip(seconds["dp"], seconds["nondp"])]
-    return {"dp_epoch_s": spread(seconds["dp"]), "nondp_epoch_s": spread(seconds["nondp"]),
-            "ratio": round(statistics.median(seconds["dp"])
-                           / statistics.median(seconds["nondp"]), 3),
-            "ratio_per_repeat": {"min": round(min(ratios), 3), "max": round(max(ratios), 3)}}
+            wall, cpu = epoch_seconds(steps[side], plan)
+            seconds[side, "wall"].append(wall)
+            seconds[side, "cpu"].append(cpu)
+    result = {}
+    for clock, suffix in (("wall", ""), ("cpu", "_cpu")):
+        dp, nondp = seconds["dp", clock], seconds["nondp", clock]
+        ratios = [a / b for a, b in zip(dp, nondp)]
+        result.update({f"dp_epoch_s{suffix}": spread(dp), f"nondp_epoch_s{suffix}": spread(nondp),
+                       f"ratio{suffix}": round(statistics.median(dp) / statistics.median(nondp), 3),
+                       f"ratio_per_repeat{suffix}": {"min": round(min(ratios), 3),
+                                                     "max": round(max(ratios), 3)}})
+    return result
 
 
 def main(argv=None) -> int:
