@@ -49,17 +49,20 @@ class _NotWalkable(Exception):
     """The model's layer graph does not fit the one-pass rules: use whole-model gradients."""
 
 
+def _along_rows(vector: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """A [B] vector shaped to broadcast over the rows of `values` (static rank: no shape ops
+    in the graph)."""
+    return tf.reshape(vector, [-1] + [1] * (values.shape.rank - 1))
+
+
 def _rows(kept: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     """`values` with the rows where `kept` is false set to zero."""
-    kept = tf.reshape(kept, tf.concat([tf.shape(kept), tf.ones([tf.rank(values) - 1], tf.int32)],
-                                      axis=0))
-    return tf.where(kept, values, tf.zeros_like(values))
+    return tf.where(_along_rows(kept, values), values, tf.zeros_like(values))
 
 
 def _scaled_rows(values: tf.Tensor, coefficients: tf.Tensor, kept: tf.Tensor) -> tf.Tensor:
     """Row i of `values` times coefficients[i], and zero where kept[i] is false."""
-    shape = tf.concat([tf.shape(coefficients), tf.ones([tf.rank(values) - 1], tf.int32)], axis=0)
-    return _rows(kept, values * tf.reshape(coefficients, shape))
+    return _rows(kept, values * _along_rows(coefficients, values))
 
 
 def _squares(per_example: tf.Tensor) -> tf.Tensor:
@@ -85,7 +88,10 @@ class _Linear:
     def squared_norms(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
         a, dz = self.inputs, self._output_grads(grads)
         p, o, t = a.shape[-1], dz.shape[-1], self.positions
-        if t is not None and t * t * (p + o) <= t * p * o:
+        if t == 1:  # one position: |a dz^T|^2 = |a|^2 |dz|^2
+            kernel = (tf.reduce_sum(tf.square(a), axis=[1, 2])
+                      * tf.reduce_sum(tf.square(dz), axis=[1, 2]))
+        elif t is not None and t * t * (p + o) <= t * p * o:
             # Ghost norm: |sum_t a_t dz_t^T|^2 = sum_{t,s} (a_t . a_s)(dz_t . dz_s).
             kernel = tf.reduce_sum(tf.matmul(a, a, transpose_b=True)
                                    * tf.matmul(dz, dz, transpose_b=True), axis=[1, 2])

@@ -120,6 +120,7 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
     clip, noise_std = config.l2_norm_clip, config.noise_multiplier * config.l2_norm_clip
     trainable = model.trainable_variables
+    sizes = [variable.shape.num_elements() for variable in trainable]
 
     @tf.function(jit_compile=jit_compile)
     def clipped_sum(rows, weights):
@@ -140,9 +141,11 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     def step(rows, weights):
         clipped, loss_sum, weight_sum = clipped_sum(rows, weights)
         # The noise is drawn by TensorFlow's kernel, outside XLA: XLA's Gaussian sampler took
-        # 5x as long on this CPU (160,000 draws: 17 ms against 3.3 ms).
-        noisy = [(gradient + generator.normal(tf.shape(gradient), stddev=noise_std)) / normaliser
-                 for gradient in clipped]
+        # 5x as long on this CPU (160,000 draws: 17 ms against 3.3 ms). One draw for all
+        # parameters (independent N(0, noise_std^2) each), split per variable.
+        noise = tf.split(generator.normal([sum(sizes)], stddev=noise_std), sizes)
+        noisy = [(gradient + tf.reshape(draw, variable.shape)) / normaliser
+                 for gradient, draw, variable in zip(clipped, noise, trainable)]
         optimizer.apply_gradients(zip(noisy, trainable))
         return loss_sum, weight_sum
 
