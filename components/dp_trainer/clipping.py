@@ -28,7 +28,9 @@ forward and backward pass. Here both come from one pass:
 A model that cannot be walked this way (a subclassed model, a layer called twice, a variable no
 layer call owns) takes per-example gradients of the whole model instead (vectorised over the
 batch): slower, equally correct. Layers that mix the examples of a batch (BatchNormalization)
-have no per-example gradient and are refused.
+have no per-example gradient and are refused. The one-pass rules rely on every layer acting on
+each example alone (row i of dz is example i's only); a custom layer that mixes rows would
+break that, as it breaks any per-example clipping, so build such models without one.
 
 Rows that `clipped_sum` is told to drop (kept false) contribute exactly zero: their a and dz
 are replaced by zeros with tf.where, never multiplied by 0, since a dropped row may hold inf.
