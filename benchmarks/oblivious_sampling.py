@@ -8,19 +8,20 @@ that is not N (sampling.to_size): SWO and shuffling to N - 1000 (a DP count belo
 is cut by an oblivious routing pass) and to N + 1000 (above n: padded); Poisson to
 accounting.sized_for(N, eps_count = 0.1), which is always above n (padded).
 
-Time: the median of R runs of each (scheme, size) after one warm-up run, in one process; each
-oblivious sampler's ratio is against shuffle-and-split brought to the same size (the cut pass,
-oblivious in both, is in both).
+Time: R runs of each (scheme, size) after one warm-up run, in one process, in wall-clock and in
+CPU seconds of the process (page faults included; less sensitive to other processes on a
+shared machine); each oblivious sampler's ratio is of medians, against shuffle-and-split
+brought to the same size (the cut pass, oblivious in both, is in both).
 
 Memory: each (scheme, size) runs in a fresh process that loads the dataset, resets the kernel's
 peak-RSS counter (/proc/self/clear_refs), runs one epoch, and reads the peak (VmHWM). Working
 memory = peak minus the RSS just before sampling, divided by the dataset's size: everything
 sampling allocates, its output (the samples, their ids and flags) included.
 
-Prints {"n", "dataset_mb", "seconds": {"<scheme>_<cut|pad>": s}, "ratio": {"<oblivious
-case>": x}, "max_ratio", "memory_over_dataset": {"<scheme>_<cut|pad>": x},
-"max_memory_over_dataset"}.
-Targets (issue 17) at N = 1,000,000: ratios <= 5, working memory <= 3x the dataset.
+Prints {"n", "dataset_mb", "repeats", "seconds": {"<scheme>_<cut|pad>": {"median", "min",
+"max"}}, "ratio": {"<oblivious case>": x}, "max_ratio", the same three with suffix _cpu,
+"memory_over_dataset": {"<scheme>_<cut|pad>": x}, "max_memory_over_dataset"}.
+Targets (issue 35) at N = 1,000,000: ratios <= 2, working memory <= 2.5x the dataset.
 """
 from __future__ import annotations
 
@@ -81,14 +82,22 @@ def measure_memory(case: str, n: int) -> float:
     return (peak_kb - before_kb) * 1024 / records.nbytes
 
 
-def median_seconds(run, repeats: int) -> float:
+def timings(run, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall-clock and CPU seconds (this process, page faults included) of `repeats` runs after
+    one warm-up run."""
     run()
-    timings = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         run()
-        timings.append(time.perf_counter() - started)
-    return statistics.median(timings)
+        wall.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - started_cpu)
+    return wall, cpu
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4)}
 
 
 def main() -> None:
@@ -109,13 +118,17 @@ def main() -> None:
         memory[case] = round(float(child.stdout.strip().splitlines()[-1]), 2)
 
     records = dataset(args.n)
-    seconds = {case: round(median_seconds(lambda: run_one(case.split("_")[0], records, size),
-                                          args.repeats), 4)
-               for case, size in sizes(args.n).items()}
-    ratio = {case: round(value / seconds["shuffle_" + case.split("_")[1]], 2)
-             for case, value in seconds.items() if not case.startswith("shuffle")}
-    result = {"n": args.n, "dataset_mb": round(records.nbytes / 2 ** 20, 1), "seconds": seconds,
-              "ratio": ratio, "max_ratio": max(ratio.values())}
+    measured = {case: timings(lambda: run_one(case.split("_")[0], records, size), args.repeats)
+                for case, size in sizes(args.n).items()}
+    result = {"n": args.n, "dataset_mb": round(records.nbytes / 2 ** 20, 1),
+              "repeats": args.repeats}
+    for clock, suffix in ((0, ""), (1, "_cpu")):
+        medians = {case: statistics.median(values[clock]) for case, values in measured.items()}
+        ratio = {case: round(value / medians["shuffle_" + case.split("_")[1]], 2)
+                 for case, value in medians.items() if not case.startswith("shuffle")}
+        result.update({f"seconds{suffix}": {case: spread(values[clock])
+                                            for case, values in measured.items()},
+                       f"ratio{suffix}": ratio, f"max_ratio{suffix}": max(ratio.values())})
     result["memory_over_dataset"] = memory
     result["max_memory_over_dataset"] = max(memory.values())
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))

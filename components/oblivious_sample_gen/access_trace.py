@@ -86,6 +86,11 @@ class ExternalArray:
         """An existing array (no copy) as one piece."""
         return cls(name, values.shape[0], values, data=values)
 
+    @property
+    def row_template(self) -> np.ndarray:
+        """No rows, with the array's row shape and dtype (for null rows and new arrays)."""
+        return self._like
+
     def _piece(self, index: int) -> np.ndarray:
         if index in self._released:
             raise ValueError(f"piece {index} of {self.name!r} was released")
@@ -158,3 +163,30 @@ def write(trace: Optional[AccessTrace], array: ExternalArray, positions: np.ndar
         trace.record_write(array.name, positions)
     for piece, local, where in array._split(positions):
         array._piece(piece)[local] = values[where]
+
+
+def write_gathered(trace: Optional[AccessTrace], array: ExternalArray, positions: np.ndarray,
+                   rows: np.ndarray, index: np.ndarray) -> None:
+    """array[positions] = rows[index], with a null row where index >= len(rows): a write of
+    external memory at `positions`, recorded as executed. `rows` is private memory (what a read
+    returned); each value is gathered from it straight into its place, with no copy of the
+    values first, and only the rows at `positions` change."""
+    positions = np.asarray(positions, dtype=np.int64)
+    index = np.asarray(index)
+    if trace is not None:
+        trace.record_write(array.name, positions)
+    null = index >= rows.shape[0]
+    null_value = null_rows(1, array._like)[0]
+    for piece, local, where in array._split(positions):
+        wanted, nulls = index[where], null[where]
+        if isinstance(local, slice):  # a run of rows: gather into the piece itself
+            destination = array._piece(piece)[local]
+            if rows.shape[0]:
+                np.take(rows, wanted, axis=0, out=destination, mode="clip")
+            destination[nulls] = null_value
+        else:
+            values = np.take(rows, wanted, axis=0, mode="clip") if rows.shape[0] else \
+                null_rows(wanted.size, array._like)
+            values[nulls] = null_value
+            array._piece(piece)[local] = values
+

@@ -56,7 +56,8 @@ from typing import Optional
 import numpy as np
 
 from sage_tfx.components.oblivious_sample_gen.access_trace import (AccessTrace, ExternalArray,
-                                                                   null_rows, read, write)
+                                                                   null_rows, read,
+                                                                   write_gathered)
 from sage_tfx.randomness import secret_rng
 
 OVERFLOW_PROBABILITY = 2.0 ** -40
@@ -184,50 +185,66 @@ def _route_maps(plan: RoutePlan, source_of_slot: np.ndarray) -> tuple[np.ndarray
     return block_source, collected_index.reshape(buckets, plan.out_bucket)
 
 
-def route(records: np.ndarray, source_of_slot: np.ndarray, plan: RoutePlan,
+def route(records, source_of_slot: np.ndarray, plan: RoutePlan,
           trace: Optional[AccessTrace] = None,
           names: tuple[str, str, str] = ("input", "blocks", "output"),
-          out: Optional[np.ndarray] = None) -> np.ndarray:
+          out: Optional[np.ndarray] = None, out_piece_rows: Optional[int] = None,
+          release_input: bool = False):
     """output[slot] = records[source_of_slot[slot]] (a null record where the source is EMPTY or
     past the end of `records`), through the two oblivious phases, written into `out` (n_out
-    rows) or a new array, which is returned.
+    rows) or a new array, which is returned; with `out_piece_rows`, a new ExternalArray in
+    pieces of that many rows instead, which a later pass can free as it reads them.
+
+    `records` is an array or the ExternalArray of an earlier pass (named by itself, not by
+    names[0]). release_input: free each of its pieces, one per input bucket, once distributed,
+    so the input shrinks while the blocks grow (the records are not needed afterwards).
 
     External memory (the input, the blocks, the output) is touched only through
-    access_trace.read/write, at positions computed from the plan and len(records) alone.
-    Everything indexed by the secret routing happens in private memory: the per-bucket
-    gathers of one input bucket or one output bucket's chunks. A dummy slot copies a null
-    row of private memory, never a record. `source_of_slot` must have the randomness described
-    in the module docstring; it never leaves private memory."""
-    records = np.asarray(records)
-    rows = records.shape[0]
+    access_trace.read/write/write_gathered, at positions computed from the plan and
+    len(records) alone. Everything indexed by the secret routing happens in private memory:
+    the per-bucket gathers of one input bucket or one output bucket's chunks. A dummy slot
+    copies a null row of private memory, never a record. `source_of_slot` must have the
+    randomness described in the module docstring; it never leaves private memory."""
+    source, middle, target = names
+    external_in = (records if isinstance(records, ExternalArray)
+                   else ExternalArray.of(source, np.asarray(records)))
+    rows, like = external_in.rows, external_in.row_template
     if rows > plan.n_in:
         raise ValueError(f"{rows} records do not fit a plan for {plan.n_in}")
-    source, middle, target = names
+    if release_input and external_in.piece_rows != plan.in_bucket:
+        raise ValueError("release_input needs the input in pieces of one input bucket "
+                         f"({plan.in_bucket} rows), not {external_in.piece_rows}")
     buckets, c = plan.buckets, plan.chunk
     block_source, collected_index = _route_maps(plan, source_of_slot)
-    external_in = ExternalArray.of(source, records)
-    blocks = ExternalArray(middle, plan.block_slots, records, piece_rows=buckets * c)
-    output = ExternalArray.of(target, null_rows(plan.n_out, records) if out is None else out)
+    blocks = ExternalArray(middle, plan.block_slots, like, piece_rows=buckets * c)
+    if out_piece_rows is not None:
+        output = ExternalArray(target, plan.n_out, like, piece_rows=out_piece_rows)
+    else:
+        output = ExternalArray.of(target, null_rows(plan.n_out, like) if out is None else out)
     # Distribute: read input bucket a in full (rows past the records are private nulls),
     # copy its records into the chunks of block a, write block a in full.
     for block in range(buckets):
-        private = null_rows(plan.in_bucket + 1, records)
         start, stop = block * plan.in_bucket, min((block + 1) * plan.in_bucket, rows)
-        if stop > start:
-            private[:stop - start] = read(trace, external_in, np.arange(start, stop))
-        write(trace, blocks, plan.block_positions(block), private[block_source[block]])
-    del private, block_source
+        bucket = (read(trace, external_in, np.arange(start, stop)) if stop > start
+                  else null_rows(0, like))
+        # Index in_bucket (a dummy) and rows past the bucket's records read as null rows.
+        write_gathered(trace, blocks, plan.block_positions(block), bucket, block_source[block])
+        del bucket
+        if release_input and stop > start:
+            external_in.release(block)
+    del block_source
     # Collect: for output bucket b read chunk b of every block, put slots in order, write it,
     # and free those chunks.
     for bucket in range(buckets):
-        run = np.arange(bucket * buckets * c, (bucket + 1) * buckets * c)
-        private = np.concatenate([read(trace, blocks, run), null_rows(1, records)])
-        blocks.release(bucket)
+        chunks = read(trace, blocks, np.arange(bucket * buckets * c, (bucket + 1) * buckets * c))
         start, stop = bucket * plan.out_bucket, min((bucket + 1) * plan.out_bucket, plan.n_out)
         if stop > start:
-            write(trace, output, np.arange(start, stop),
-                  private[collected_index[bucket, :stop - start]])
-    return output.values()
+            # Index B * c, past the chunks, is the null row.
+            write_gathered(trace, output, np.arange(start, stop), chunks,
+                           collected_index[bucket, :stop - start])
+        del chunks
+        blocks.release(bucket)
+    return output if out_piece_rows is not None else output.values()
 
 
 def oblivious_shuffle(records, seed: Optional[int] = None, trace: Optional[AccessTrace] = None,

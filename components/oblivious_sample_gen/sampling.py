@@ -39,7 +39,7 @@ from typing import Optional
 import numpy as np
 
 from sage_tfx.components.oblivious_sample_gen.access_trace import (AccessTrace, ExternalArray,
-                                                                   null_rows, read, write)
+                                                                   read, write_gathered)
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.melbourne import (EMPTY, RoutePlan,
                                                                  chernoff_threshold, route)
@@ -84,19 +84,21 @@ def _as_records(records) -> np.ndarray:
 
 
 def to_size(records: np.ndarray, size: int, rng: np.random.Generator,
-            trace: Optional[AccessTrace]) -> tuple[np.ndarray, int]:
+            trace: Optional[AccessTrace], piece_rows: Optional[int] = None):
     """The records brought to `size` rows, a public value (accounting.py). Returns (records,
     number of real rows); real rows come first. Fewer rows are padded with null rows at
     positions n..size-1, which are not stored: route() and shuffle_and_split read rows past
     the end of the array as nulls from private memory (no copy of the data). More rows are cut
     to a uniformly random subset of `size`, by an oblivious routing pass whose slots take the
     first `size` entries of a secret permutation (one group of distinct uniform sources, as
-    melbourne.route needs). The pass's trace depends on (n, size) only."""
+    melbourne.route needs). The pass's trace depends on (n, size) only. With `piece_rows`, the
+    cut rows are an ExternalArray in pieces of that many rows (the next pass's input buckets),
+    which the next pass can free as it reads them (route's release_input)."""
     n = int(records.shape[0])
     if n <= size:
         return records, n
     return route(records, rng.permutation(n)[:size], RoutePlan.for_sizes(n, size), trace,
-                 ("records", "subset_blocks", "sized")), size
+                 ("records", "subset_blocks", "sized"), out_piece_rows=piece_rows), size
 
 
 def _distinct_keys(rng: np.random.Generator, n: int, sizes: np.ndarray) -> np.ndarray:
@@ -134,6 +136,12 @@ def _distinct_keys(rng: np.random.Generator, n: int, sizes: np.ndarray) -> np.nd
     return keys
 
 
+def _last_use(sized, epoch: int, epochs: int) -> bool:
+    """Whether the last epoch's pass may free the cut rows as it reads them: they are the
+    sampler's own (an ExternalArray from to_size), not the caller's records."""
+    return isinstance(sized, ExternalArray) and epoch == epochs - 1
+
+
 def _layout(records: np.ndarray, descriptor: SamplingDescriptor) -> np.ndarray:
     """The output of every epoch, allocated once and filled in place epoch by epoch."""
     return np.empty((descriptor.epochs * descriptor.slots_per_epoch,) + records.shape[1:],
@@ -151,16 +159,17 @@ def samples_swo(records, m: int, seed: Optional[int] = None,
     size = int(records.shape[0]) if size is None else size
     descriptor = plan(Scheme.SWO, size, epochs, sample_size=m)  # also checks m, size and epochs
     rng = secret_rng(seed)
-    sized, real_rows = to_size(records, size, rng, trace)
     slots = descriptor.slots_per_epoch
     sizes = np.full(descriptor.samples_per_epoch, m, dtype=np.int64)
     route_plan = RoutePlan.for_sizes(size, slots)
+    sized, real_rows = to_size(records, size, rng, trace, piece_rows=route_plan.in_bucket)
     output = _layout(records, descriptor)
     real = np.empty(output.shape[0], dtype=bool)
     for epoch in range(epochs):
         keys = _distinct_keys(rng, size, sizes)
         route(sized, keys, route_plan, trace, ("sized", "blocks", "samples"),
-              out=output[epoch * slots:(epoch + 1) * slots])
+              out=output[epoch * slots:(epoch + 1) * slots],
+              release_input=_last_use(sized, epoch, epochs))
         real[epoch * slots:(epoch + 1) * slots] = keys < real_rows
     ids = np.tile(np.repeat(np.arange(1, sizes.size + 1, dtype=np.int32), m), epochs)
     return Samples(output, ids * real, real, descriptor)
@@ -196,8 +205,8 @@ def samples_poisson(records, gamma: float, seed: Optional[int] = None,
     descriptor = plan(Scheme.POISSON, size, epochs, gamma=gamma)  # also checks gamma and epochs
     k, width, slots = descriptor.samples_per_epoch, descriptor.slot_width, descriptor.slots_per_epoch
     rng = secret_rng(seed)
-    sized, real_rows = to_size(records, size, rng, trace)
     route_plan = RoutePlan.for_poisson(size, slots, width, gamma)
+    sized, real_rows = to_size(records, size, rng, trace, piece_rows=route_plan.in_bucket)
     output = _layout(records, descriptor)
     real = np.empty(output.shape[0], dtype=bool)
     filled = np.arange(width)[None, :]
@@ -211,7 +220,8 @@ def samples_poisson(records, gamma: float, seed: Optional[int] = None,
         del member
         keys = keys.ravel()
         route(sized, keys, route_plan, trace, ("sized", "blocks", "samples"),
-              out=output[epoch * slots:(epoch + 1) * slots])
+              out=output[epoch * slots:(epoch + 1) * slots],
+              release_input=_last_use(sized, epoch, epochs))
         real[epoch * slots:(epoch + 1) * slots] = (keys != EMPTY) & (keys < real_rows)
     ids = np.tile(np.repeat(np.arange(1, k + 1, dtype=np.int32), width), epochs)
     return Samples(output, ids * real, real, descriptor)
@@ -242,10 +252,12 @@ def shuffle_and_split(records, m: int, seed: Optional[int] = None,
         real[epoch * slots:(epoch + 1) * slots] = permutation < real_rows
         for start in range(0, slots, _BASELINE_CHUNK):
             wanted = permutation[start:start + _BASELINE_CHUNK]
-            rows = null_rows(wanted.size, sized)
             present = wanted < real_rows  # positions past the stored rows are null padding
-            rows[present] = read(trace, source, wanted[present])
-            write(trace, samples, epoch * slots + start + np.arange(wanted.size), rows)
+            rows = read(trace, source, wanted[present])
+            index = np.full(wanted.size, rows.shape[0])  # past the rows read: a null row
+            index[present] = np.arange(rows.shape[0])
+            write_gathered(trace, samples, epoch * slots + start + np.arange(wanted.size), rows,
+                           index)
     ids = np.tile(np.repeat(np.arange(1, descriptor.samples_per_epoch + 1, dtype=np.int32), m),
                   epochs)
     return Samples(output, ids * real, real, descriptor)

@@ -61,18 +61,20 @@ def test_trace_is_identical_across_secret_seeds_and_datasets_while_samples_diffe
 
 
 def route_reading_record_0_for_dummies(records, source_of_slot, plan, trace=None,
-                                       names=("input", "blocks", "output"), out=None):
+                                       names=("input", "blocks", "output"), out=None,
+                                       **options):
     """Leaky variant (main before the oblivious rewrite): a dummy block slot copies record 0
     of the external input, so how many such reads there are follows the secret routing."""
     block_source, _ = melbourne._route_maps(plan, source_of_slot)
     external = access_trace.ExternalArray.of(names[0], np.asarray(records))
     for dummies in (block_source == plan.in_bucket).sum(axis=1):  # as block a is built
         access_trace.read(trace, external, np.zeros(dummies, dtype=np.int64))
-    return melbourne.route(records, source_of_slot, plan, trace, names, out)
+    return melbourne.route(records, source_of_slot, plan, trace, names, out, **options)
 
 
 def route_gathering_at_secret_positions(records, source_of_slot, plan, trace=None,
-                                        names=("input", "blocks", "output"), out=None):
+                                        names=("input", "blocks", "output"), out=None,
+                                        **options):
     """Leaky variant (issue 24): route() replaced by a direct gather at the secret
     positions."""
     out[:] = np.asarray(records)[np.maximum(source_of_slot, 0) % len(records)]
@@ -80,7 +82,8 @@ def route_gathering_at_secret_positions(records, source_of_slot, plan, trace=Non
 
 
 def traced_gather_at_secret_positions(records, source_of_slot, plan, trace=None,
-                                      names=("input", "blocks", "output"), out=None):
+                                      names=("input", "blocks", "output"), out=None,
+                                      **options):
     """The same break, through the traced read and write ops."""
     records = np.asarray(records)
     wanted = np.maximum(source_of_slot, 0) % len(records)
@@ -92,11 +95,11 @@ def traced_gather_at_secret_positions(records, source_of_slot, plan, trace=None,
 
 def route_scattering_dummies_at_secret_positions(records, source_of_slot, plan, trace=None,
                                                  names=("input", "blocks", "output"),
-                                                 out=None):
+                                                 out=None, **options):
     """Leaky variant for Poisson: route only the members and write the output's dummy slots
     (whose positions are the sample sizes) in a separate traced write."""
     source_of_slot = np.asarray(source_of_slot)
-    routed = melbourne.route(records, source_of_slot, plan, None, names, out)
+    routed = melbourne.route(records, source_of_slot, plan, None, names, out, **options)
     dummies = np.flatnonzero(source_of_slot == melbourne.EMPTY)
     access_trace.write(trace, access_trace.ExternalArray.of(names[2], routed), dummies,
                        routed[dummies])

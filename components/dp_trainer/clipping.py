@@ -1,0 +1,316 @@
+"""Per-example clipping in one forward and one backward pass (ghost clipping with book-keeping,
+Bu et al. 2023, "Differentially private optimization on large model at small cost").
+
+DP-SGD needs sum_i c_i g_i, where g_i is the gradient of example i's weighted loss w_i l_i and
+c_i = C / max(C, |g_i|). The direct way takes per-example gradients (B copies of the model);
+tensorflow-privacy's fast clipping takes the norms in one pass and the clipped sum in a second
+forward and backward pass. Here both come from one pass:
+
+1. Forward through the model's layer graph (tensorflow-privacy's `model_forward_pass` walks it),
+   keeping, for each call of a layer with trainable variables, its input a and a watched
+   tensor z: the pre-activation output of Dense and Conv2D, the looked-up vectors of Embedding,
+   the output of LayerNormalization and of any other layer.
+2. One backward pass of sum_i w_i l_i to every z. The layers act on each example alone, so
+   row i of dz is example i's, and each parameter's per-example gradient is a function of
+   (a_i, dz_i):
+     Dense, Conv2D   grad_i W = sum_t a_it dz_it^T (t: positions; Conv2D's a = image patches),
+                     grad_i b = sum_t dz_it
+     Embedding       grad_i E[k] = sum of dz_it over the positions t whose id is k
+     LayerNorm       grad_i gamma = sum_t dz_it * xhat_it, grad_i beta = sum_t dz_it
+     any other       the layer's own vector-Jacobian product on example i alone (vectorised
+                     over the batch): correct for any layer that acts per example.
+3. |g_i|^2 is the sum over layers of each layer's per-example squared norm: for Dense and
+   Conv2D the ghost norm sum_{t,s} (a_it . a_is)(dz_it . dz_is) when that is cheaper than
+   forming grad_i W, else |grad_i W|^2 directly.
+4. Book-keeping: the clipped sum reuses (a, dz), with no second backward pass:
+   sum_i c_i grad_i W = A^T diag(c) dZ, and likewise for every layer.
+
+A model that cannot be walked this way (a subclassed model, a layer called twice, a variable no
+layer call owns) takes per-example gradients of the whole model instead (vectorised over the
+batch): slower, equally correct. Layers that mix the examples of a batch (BatchNormalization)
+have no per-example gradient and are refused. The one-pass rules rely on every layer acting on
+each example alone (row i of dz is example i's only); a custom layer that mixes rows would
+break that, as it breaks any per-example clipping, so build such models without one.
+
+Rows that `clipped_sum` is told to drop (kept false) contribute exactly zero: their a and dz
+are replaced by zeros with tf.where, never multiplied by 0, since a dropped row may hold inf.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from typing import Optional, Sequence
+
+sys.skip_tf_privacy_import = True  # its __init__ imports estimator code gone since TF 2.16
+import tensorflow as tf  # noqa: E402
+from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils  # noqa: E402
+
+
+class _NotWalkable(Exception):
+    """The model's layer graph does not fit the one-pass rules: use whole-model gradients."""
+
+
+def _along_rows(vector: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """A [B] vector shaped to broadcast over the rows of `values` (static rank: no shape ops
+    in the graph)."""
+    return tf.reshape(vector, [-1] + [1] * (values.shape.rank - 1))
+
+
+def _rows(kept: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """`values` with the rows where `kept` is false set to zero."""
+    return tf.where(_along_rows(kept, values), values, tf.zeros_like(values))
+
+
+def _scaled_rows(values: tf.Tensor, coefficients: tf.Tensor, kept: tf.Tensor) -> tf.Tensor:
+    """Row i of `values` times coefficients[i], and zero where kept[i] is false."""
+    return _rows(kept, values * _along_rows(coefficients, values))
+
+
+def _squares(per_example: tf.Tensor) -> tf.Tensor:
+    """Sum of squares of each row: [B, ...] -> [B]."""
+    return tf.reduce_sum(tf.reshape(tf.square(per_example), [tf.shape(per_example)[0], -1]),
+                         axis=1)
+
+
+class _Linear:
+    """A Dense or Conv2D call: z_t = a_t W + b at each position t of each example."""
+
+    def __init__(self, layer, inputs: tf.Tensor, watched: tf.Tensor):
+        self.layer, self.watched = layer, [watched]
+        self.variables = [layer.kernel] + ([layer.bias] if layer.use_bias else [])
+        batch = tf.shape(inputs)[0]
+        self.inputs = tf.reshape(inputs, [batch, -1, inputs.shape[-1]])  # [B, T, P]
+        self.positions = inputs.shape[1:-1].num_elements()  # T; None if not static
+
+    def _output_grads(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        dz = grads[0]
+        return tf.reshape(dz, [tf.shape(dz)[0], -1, dz.shape[-1]])  # [B, T, O]
+
+    def squared_norms(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        a, dz = self.inputs, self._output_grads(grads)
+        p, o, t = a.shape[-1], dz.shape[-1], self.positions
+        if t == 1:  # one position: |a dz^T|^2 = |a|^2 |dz|^2
+            kernel = (tf.reduce_sum(tf.square(a), axis=[1, 2])
+                      * tf.reduce_sum(tf.square(dz), axis=[1, 2]))
+        elif t is not None and t * t * (p + o) <= t * p * o:
+            # Ghost norm: |sum_t a_t dz_t^T|^2 = sum_{t,s} (a_t . a_s)(dz_t . dz_s).
+            kernel = tf.reduce_sum(tf.matmul(a, a, transpose_b=True)
+                                   * tf.matmul(dz, dz, transpose_b=True), axis=[1, 2])
+        else:
+            kernel = _squares(tf.einsum("btp,bto->bpo", a, dz))
+        if self.layer.use_bias:
+            kernel += _squares(tf.reduce_sum(dz, axis=1))
+        return kernel
+
+    def clipped_sum(self, grads, coefficients, kept) -> list[tf.Tensor]:
+        a = tf.reshape(_rows(kept, self.inputs), [-1, self.inputs.shape[-1]])
+        dz = _scaled_rows(self._output_grads(grads), coefficients, kept)
+        dz = tf.reshape(dz, [-1, dz.shape[-1]])
+        kernel = tf.reshape(tf.matmul(a, dz, transpose_a=True), tf.shape(self.layer.kernel))
+        return [kernel] + ([tf.reduce_sum(dz, axis=0)] if self.layer.use_bias else [])
+
+
+class _Embedding:
+    """An Embedding call: z_t = E[id_t]."""
+
+    def __init__(self, layer, ids: tf.Tensor, watched: tf.Tensor):
+        self.layer, self.watched, self.variables = layer, [watched], [layer.embeddings]
+        ids = ids if ids.dtype in (tf.int32, tf.int64) else tf.cast(ids, tf.int32)  # as Keras
+        self.ids = tf.reshape(ids, [tf.shape(ids)[0], -1])  # [B, T]
+
+    def _output_grads(self, grads):
+        dz = grads[0]
+        return tf.reshape(dz, [tf.shape(dz)[0], -1, dz.shape[-1]])  # [B, T, d]
+
+    def squared_norms(self, grads) -> tf.Tensor:
+        dz = self._output_grads(grads)
+        if self.ids.shape[1] == 1:
+            return _squares(dz)
+        # Positions with the same id add up: sum over pairs (t, s) with id_t == id_s.
+        same = tf.equal(self.ids[:, :, None], self.ids[:, None, :])
+        gram = tf.matmul(dz, dz, transpose_b=True)
+        return tf.reduce_sum(tf.where(same, gram, tf.zeros_like(gram)), axis=[1, 2])
+
+    def clipped_sum(self, grads, coefficients, kept) -> list[tf.Tensor]:
+        dz = _scaled_rows(self._output_grads(grads), coefficients, kept)
+        return [tf.math.unsorted_segment_sum(tf.reshape(dz, [-1, dz.shape[-1]]),
+                                             tf.reshape(self.ids, [-1]),
+                                             tf.shape(self.layer.embeddings)[0])]
+
+
+class _PerExample:
+    """Explicit per-example gradients [B, *variable.shape] of some variables."""
+
+    def __init__(self, variables, watched, per_example_fn):
+        self.variables, self.watched, self._per_example_fn = list(variables), watched, per_example_fn
+
+    def squared_norms(self, grads) -> tf.Tensor:
+        return tf.add_n([_squares(g) for g in self._per_example_fn(grads)])
+
+    def clipped_sum(self, grads, coefficients, kept) -> list[tf.Tensor]:
+        return [tf.reduce_sum(_scaled_rows(g, coefficients, kept), axis=0)
+                for g in self._per_example_fn(grads)]
+
+
+def _layer_normalization(layer, inputs: tf.Tensor, watched: tf.Tensor) -> _PerExample:
+    """Per-example gamma and beta gradients of a LayerNormalization call (small: [B, S])."""
+    axes = sorted(a % inputs.shape.rank for a in layer.axis)
+    summed = [a for a in range(1, inputs.shape.rank) if a not in axes]
+    mean, variance = tf.nn.moments(inputs, axes, keepdims=True)
+    normalised = (inputs - mean) * tf.math.rsqrt(variance + layer.epsilon)
+
+    def per_example(grads):
+        dz = grads[0]
+        scale = [tf.reduce_sum(dz * normalised, axis=summed)] if layer.scale else []
+        return scale + ([tf.reduce_sum(dz, axis=summed)] if layer.center else [])
+    variables = ([layer.gamma] if layer.scale else []) + ([layer.beta] if layer.center else [])
+    return _PerExample(variables, [watched], per_example)
+
+
+def _any_layer(layer, inputs: tf.Tensor, kwargs: dict, watched: tf.Tensor) -> _PerExample:
+    """Any other layer: its own vector-Jacobian product on each example alone."""
+    def one_example(example):
+        x, dz = example
+        with tf.GradientTape() as tape:
+            y = layer(x[None], **kwargs)
+        return tape.gradient(y, layer.trainable_variables, output_gradients=dz[None],
+                             unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+    def per_example(grads):
+        return tf.vectorized_map(one_example, (inputs, grads[0]))
+    return _PerExample(layer.trainable_variables, [watched], per_example)
+
+
+@contextlib.contextmanager
+def _without_activation(layer):
+    """The layer computing its pre-activation output (Dense and Conv2D read self.activation)."""
+    activation, layer.activation = layer.activation, None
+    try:
+        yield activation
+    finally:
+        layer.activation = activation
+
+
+def _watch_linear(layer, inputs, tape):
+    with _without_activation(layer) as activation:
+        z = layer(inputs)
+    tape.watch(z)
+    return (activation(z) if activation is not None else z), z
+
+
+def _conv_patches(layer, inputs: tf.Tensor) -> tf.Tensor:
+    """The receptive field of every output position: [B, H', W', kh * kw * C_in], ordered as
+    the kernel's (kh, kw, C_in) rows."""
+    kh, kw = layer.kernel_size
+    return tf.image.extract_patches(inputs, [1, kh, kw, 1], [1, *layer.strides, 1],
+                                    [1, *layer.dilation_rate, 1], layer.padding.upper())
+
+
+def _supported_conv2d(layer) -> bool:
+    return (layer.groups == 1 and layer.data_format == "channels_last"
+            and layer.padding in ("valid", "same"))
+
+
+def _forward(layer, args, kwargs, tape: tf.GradientTape):
+    """One layer call on the walk: (its output, its contribution or None)."""
+    if "training" in inspect.signature(layer.call).parameters and "training" not in kwargs:
+        kwargs = dict(kwargs, training=True)  # as model(x, training=True) would call it
+    if not layer.trainable_variables:
+        return layer(*args, **kwargs), None
+    if isinstance(layer, tf.keras.layers.BatchNormalization):
+        raise ValueError(f"layer {layer.name!r} (BatchNormalization) mixes the examples of a "
+                         "batch, so an example's gradient is not its own and DP-SGD's "
+                         "per-example clipping does not bound it; use LayerNormalization")
+    if len(args) != 1 or not isinstance(args[0], tf.Tensor):
+        raise _NotWalkable()
+    inputs, kind = args[0], type(layer)
+    if kind is tf.keras.layers.Dense:
+        outputs, z = _watch_linear(layer, inputs, tape)
+        return outputs, _Linear(layer, inputs, z)
+    if kind is tf.keras.layers.Conv2D and _supported_conv2d(layer):
+        outputs, z = _watch_linear(layer, inputs, tape)
+        return outputs, _Linear(layer, _conv_patches(layer, inputs), z)
+    outputs = layer(inputs, **kwargs)
+    if not isinstance(outputs, tf.Tensor):
+        raise _NotWalkable()
+    tape.watch(outputs)
+    if kind is tf.keras.layers.Embedding:
+        return outputs, _Embedding(layer, inputs, outputs)
+    if kind is tf.keras.layers.LayerNormalization:
+        return outputs, _layer_normalization(layer, inputs, outputs)
+    return outputs, _any_layer(layer, inputs, kwargs, outputs)
+
+
+def _whole_model(model, variables, per_example_loss, features, labels,
+                 weights) -> _PerExample:
+    """Per-example gradients of w_i l_i for the whole model, vectorised over the batch."""
+    def one_example(example):
+        x, y, w = example
+        with tf.GradientTape() as tape:
+            loss = w * per_example_loss(y[None], model(x[None], training=True))[0]
+        return tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+    gradients = tf.vectorized_map(one_example, (features, labels, weights))
+    return _PerExample(variables, [], lambda _: gradients)
+
+
+class OnePass:
+    """One forward and backward pass over a batch: per-example losses and gradient norms, and
+    the clipped gradient sum for any per-example coefficients (book-keeping)."""
+
+    def __init__(self, model: tf.keras.Model, variables: Sequence[tf.Variable],
+                 per_example_loss, features: tf.Tensor, labels: tf.Tensor, weights: tf.Tensor):
+        self.variables = list(variables)
+        tape = tf.GradientTape(persistent=False, watch_accessed_variables=False)
+        contributions = None
+        with tape:
+            try:
+                if not getattr(model, "_is_graph_network", False):
+                    raise _NotWalkable()  # a subclassed model: no layer graph to walk
+                predictions, found = gradient_clipping_utils.model_forward_pass(
+                    model, features, lambda layer, args, kwargs: _forward(layer, args, kwargs,
+                                                                         tape))
+                contributions = self._covering(found)
+            except _NotWalkable:
+                predictions = model(features, training=True)
+            self.losses = per_example_loss(labels, predictions)
+            if self.losses.shape.rank != 1:
+                raise ValueError("the loss must give one value per example (shape [batch]), "
+                                 f"got shape {self.losses.shape}")
+            objective = tf.reduce_sum(self.losses * weights)
+        self.whole_model = contributions is None  # per-example gradients of the whole model
+        if contributions is None:
+            contributions = [_whole_model(model, self.variables, per_example_loss, features,
+                                          labels, weights)]
+            grads = [[] for _ in contributions]
+        else:
+            flat = tape.gradient(objective, [z for c in contributions for z in c.watched],
+                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            grads, start = [], 0
+            for contribution in contributions:
+                grads.append(flat[start:start + len(contribution.watched)])
+                start += len(contribution.watched)
+        self._contributions, self._grads = contributions, grads
+        self.predictions = predictions
+        self.norms = tf.sqrt(tf.add_n([c.squared_norms(g) for c, g in zip(contributions, grads)]))
+
+    def _covering(self, found) -> Optional[list]:
+        """The walk's contributions if each variable is owned by exactly one of them (a
+        shared layer would need the cross terms of its calls), else _NotWalkable."""
+        contributions = [c for c in found if c is not None]
+        owned = [v.ref() for c in contributions for v in c.variables]
+        wanted = {v.ref() for v in self.variables}
+        if len(owned) != len(set(owned)) or set(owned) != wanted:
+            raise _NotWalkable()
+        return contributions
+
+    def clipped_sum(self, coefficients: tf.Tensor, kept: tf.Tensor) -> list[tf.Tensor]:
+        """sum_i coefficients[i] * grad_i over the rows where kept is true, one tensor per
+        variable (in `variables` order)."""
+        by_variable = {}
+        for contribution, grads in zip(self._contributions, self._grads):
+            for variable, gradient in zip(contribution.variables,
+                                          contribution.clipped_sum(grads, coefficients, kept)):
+                by_variable[variable.ref()] = gradient
+        return [by_variable[v.ref()] for v in self.variables]

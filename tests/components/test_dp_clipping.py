@@ -1,0 +1,141 @@
+"""One-pass per-example clipping (components/dp_trainer/clipping.py) against per-example
+gradients taken one by one (tape.jacobian of the per-example losses)."""
+import numpy as np
+import pytest
+
+import sage_tfx  # noqa: F401  (Keras 2, before TensorFlow loads)
+import tensorflow as tf
+
+from sage_tfx.components.dp_trainer import clipping
+from sage_tfx.components.util.losses import with_reduction
+
+BATCH = 6
+
+
+class Scale(tf.keras.layers.Layer):
+    """A layer no rule knows: y = x * s + x^2 * t, one weight each per feature."""
+
+    def build(self, input_shape):
+        self.s = self.add_weight("s", input_shape[-1:], initializer="ones")
+        self.t = self.add_weight("t", input_shape[-1:], initializer="random_normal")
+
+    def call(self, inputs):
+        return inputs * self.s + tf.square(inputs) * self.t
+
+
+class Subclassed(tf.keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = tf.keras.layers.Dense(5, activation="tanh"), tf.keras.layers.Dense(2)
+
+    def call(self, inputs, training=None):
+        return self.out(self.hidden(inputs))
+
+
+def functional(*layers, input_shape, dtype="float32"):
+    inputs = tf.keras.Input(input_shape, dtype=dtype)
+    outputs = inputs
+    for layer in layers:
+        outputs = layer(outputs)
+    return tf.keras.Model(inputs, outputs)
+
+
+def shared_dense_model():
+    inputs = tf.keras.Input((4,))
+    shared = tf.keras.layers.Dense(4, activation="tanh")
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(2)(shared(shared(inputs))))
+
+
+L = tf.keras.layers
+rng = np.random.default_rng(0)
+IMAGES = rng.standard_normal((BATCH, 8, 8, 2)).astype(np.float32)
+# name -> (model builder, features); labels have 2 columns, loss: mean squared error.
+CASES = {
+    "dense": (lambda: functional(L.Dense(7, activation="relu"), L.Dense(2), input_shape=(5,)),
+              rng.standard_normal((BATCH, 5)).astype(np.float32)),
+    "dense_over_positions": (lambda: functional(L.Dense(3, activation="tanh"), L.Flatten(),
+                                                L.Dense(2), input_shape=(4, 5)),
+                             rng.standard_normal((BATCH, 4, 5)).astype(np.float32)),
+    # 2 positions of 8 in, 8 out: the ghost norm (T^2 (p + o) = 64) is cheaper than T p o.
+    "dense_over_positions_ghost": (lambda: functional(L.Dense(8), L.Flatten(), L.Dense(2),
+                                                      input_shape=(2, 8)),
+                                   rng.standard_normal((BATCH, 2, 8)).astype(np.float32)),
+    "embedding_one_id": (lambda: functional(L.Embedding(50, 3), L.Flatten(), L.Dense(2),
+                                            input_shape=(1,), dtype="int32"),
+                         rng.integers(0, 50, (BATCH, 1)).astype(np.int32)),
+    # Ids repeat within an example: their gradients add up before the norm.
+    "embedding_repeated_ids": (lambda: functional(L.Embedding(4, 3), L.Flatten(), L.Dense(2),
+                                                  input_shape=(5,), dtype="int32"),
+                               rng.integers(0, 4, (BATCH, 5)).astype(np.int32)),
+    "layer_normalization": (lambda: functional(L.Dense(6), L.LayerNormalization(
+        beta_initializer="random_normal", gamma_initializer="random_normal"), L.Dense(2),
+        input_shape=(3,)), rng.standard_normal((BATCH, 3)).astype(np.float32)),
+    "layer_normalization_over_positions": (lambda: functional(L.LayerNormalization(
+        gamma_initializer="random_normal"), L.Flatten(), L.Dense(2), input_shape=(3, 4)),
+        rng.standard_normal((BATCH, 3, 4)).astype(np.float32)),
+    "conv2d_valid": (lambda: functional(L.Conv2D(4, 3, activation="relu"), L.Flatten(),
+                                        L.Dense(2), input_shape=(8, 8, 2)), IMAGES),
+    "conv2d_same_strided": (lambda: functional(L.Conv2D(3, (3, 2), strides=2, padding="same"),
+                                               L.Flatten(), L.Dense(2), input_shape=(8, 8, 2)),
+                            IMAGES),
+    "conv2d_dilated": (lambda: functional(L.Conv2D(3, 2, dilation_rate=2, padding="same",
+                                                   use_bias=False), L.Flatten(), L.Dense(2),
+                                          input_shape=(8, 8, 2)), IMAGES),
+    "fallback_layer": (lambda: functional(L.Dense(4), Scale(), L.Dense(2), input_shape=(3,)),
+                       rng.standard_normal((BATCH, 3)).astype(np.float32)),
+    "fallback_subclassed_model": (Subclassed, rng.standard_normal((BATCH, 3)).astype(np.float32)),
+    "fallback_shared_layer": (shared_dense_model,
+                              rng.standard_normal((BATCH, 4)).astype(np.float32)),
+}
+LABELS = tf.constant(rng.standard_normal((BATCH, 2)) * 3, tf.float32)
+# Example 1 is masked (weight 0), example 4 counts twice.
+WEIGHTS = tf.constant([1.0, 0.0, 1.0, 1.0, 2.0, 1.0])
+LOSS = with_reduction(tf.keras.losses.MeanSquaredError(), tf.keras.losses.Reduction.NONE)
+
+
+def reference(model, features):
+    """Per-example norms, clip factors (the clip C at the median norm) and clipped gradients [B, size] of each variable, from
+    the jacobian of w_i l_i (one gradient per example), in float64."""
+    with tf.GradientTape() as tape:
+        losses = LOSS(LABELS, model(features, training=True)) * WEIGHTS
+    jacobians = tape.jacobian(losses, model.trainable_variables)
+    per_example = [tf.reshape(j, [BATCH, -1]).numpy().astype(np.float64) for j in jacobians]
+    norms = np.sqrt(sum((g ** 2).sum(axis=1) for g in per_example))
+    clip = np.median(norms[norms > 0])  # binds for some examples and not for others
+    factors = clip / np.maximum(clip, norms)
+    return norms, factors, [factors[:, None] * g for g in per_example]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_pass_clipping_equals_per_example_gradients(case):
+    build, features = CASES[case]
+    tf.keras.utils.set_random_seed(3)
+    model = build()
+    model(features[:1])
+    features = tf.constant(features)
+    norms, factors, clipped = reference(model, features)
+    whole_model = []
+
+    @tf.function(jit_compile=True)
+    def one_pass(factors, kept):
+        gradients = clipping.OnePass(model, model.trainable_variables, LOSS, features, LABELS,
+                                     WEIGHTS)
+        whole_model.append(gradients.whole_model)
+        return gradients.norms, gradients.clipped_sum(factors, kept)
+
+    assert (factors < 1).any() and (factors == 1).any()
+    for kept in (np.ones(BATCH, bool), np.arange(BATCH) != 0):  # all rows; row 0 dropped
+        measured_norms, measured = one_pass(tf.constant(factors, tf.float32), tf.constant(kept))
+        np.testing.assert_allclose(measured_norms.numpy(), norms, rtol=1e-4, atol=1e-6)
+        for got, want in zip(measured, clipped):
+            np.testing.assert_allclose(got.numpy().ravel(), want[kept].sum(axis=0), rtol=1e-4,
+                                       atol=1e-5)
+    # Only models whose layer graph cannot be walked take whole-model per-example gradients.
+    assert whole_model == [case in ("fallback_subclassed_model", "fallback_shared_layer")]
+
+
+def test_batch_normalization_is_refused_by_name():
+    model = functional(L.Dense(3), L.BatchNormalization(), L.Dense(2), input_shape=(3,))
+    features = tf.constant(rng.standard_normal((BATCH, 3)), tf.float32)
+    with pytest.raises(ValueError, match="BatchNormalization.*mixes the examples"):
+        clipping.OnePass(model, model.trainable_variables, LOSS, features, LABELS, WEIGHTS)
