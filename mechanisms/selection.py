@@ -264,3 +264,71 @@ def truncated_geometric_selection(unit_counts, *, max_partitions_per_unit: int, 
     if partitions > 1:
         event = dp_event.SelfComposedDpEvent(event, partitions)
     return Release(Selection(keep), event, additional_delta=float(delta))
+
+
+# --- Weighted Gaussian (Gopi, Gulhane, Kulkarni, Shen, Shokouhi & Yekhanin 2020) --------------
+
+def unit_weight(partitions_of_unit) -> np.ndarray:
+    """The weight a unit gives each of its k kept partitions: 1 / sqrt(k), so that its weight
+    vector has L2 norm exactly 1 however many partitions it is in (Gopi et al.'s uniform
+    policy). A count gives each partition 1, an L2 norm of sqrt(k) <= sqrt(C): a unit in one
+    partition then carries sqrt(C) times more weight here than a count lets it."""
+    partitions = np.asarray(partitions_of_unit, dtype=np.float64)
+    if np.any(partitions < 1):
+        raise ValueError("a unit's number of kept partitions must be >= 1")
+    return 1.0 / np.sqrt(partitions)
+
+
+def weighted_gaussian_tau(*, sigma: float, lattice_exponent: int, max_partitions_per_unit: int,
+                          threshold_delta: float) -> float:
+    """The tau of :func:`weighted_gaussian_selection`:
+        tau = 2 h + max over t = 1..C of (1 / sqrt(t) + sigma Phi^-1((1 - threshold_delta)^(1/t))),
+    h = 2**lattice_exponent (Gopi et al.'s threshold, plus the lattice).
+
+    Why. A unit in k <= C partitions has t <= k partitions that exist only because of it, each
+    of weight 1 / sqrt(k) <= 1 / sqrt(t). OpenDP rounds a weight to the lattice hZ (moving it by
+    < h) and adds h Z, Z discrete Gaussian, whose tail is P(hZ >= x) <= 1 - Phi((x - h) / sigma)
+    (:func:`gaussian_threshold_tau`). So each of the t is kept (noisy weight > tau) with
+    probability at most p_t = 1 - Phi((tau - 2h - 1 / sqrt(t)) / sigma), independently, and
+    some is kept with probability 1 - (1 - p_t)^t <= threshold_delta at this tau, for every
+    t <= C."""
+    sigma = _positive("sigma", sigma)
+    threshold_delta = _delta(threshold_delta)
+    normal = statistics.NormalDist()
+    return 2.0 * 2.0 ** lattice_exponent + max(
+        1.0 / math.sqrt(t) + sigma * normal.inv_cdf((1.0 - threshold_delta) ** (1.0 / t))
+        for t in range(1, _partitions_per_unit(max_partitions_per_unit) + 1))
+
+
+def weighted_gaussian_selection(partition_weights, *, max_partitions_per_unit: int,
+                                epsilon: float, delta: float) -> Release:
+    """Keep partition i when W_i + N(0, sigma^2) > tau, where W_i = sum of
+    :func:`unit_weight` over the units in partition i, each unit in at most C =
+    ``max_partitions_per_unit`` partitions (the caller bounds contributions first; the weights
+    are a function of the unit's own kept partitions only).
+
+    Sensitivity: adding or removing one unit changes W by its own weight vector, 1 / sqrt(k) on
+    its k partitions and nothing elsewhere (no other unit's weight depends on it): L2 norm 1,
+    against sqrt(C) for the counts of :func:`gaussian_threshold`, so the same noise buys
+    sqrt(C / k) times more signal per unit. delta is split in half as there: sigma is the
+    analytic Gaussian's for (epsilon, delta / 2) at sensitivity 1, and tau
+    (:func:`weighted_gaussian_tau`) keeps a unit's own partitions with probability <= delta / 2.
+    The pair (event, additional_delta) is sound by the module docstring's argument: on the
+    partitions of D the output is a threshold of the Gaussian mechanism, on the new ones it is
+    "nothing" except with probability delta / 2. Value: Selection(keep) (the noisy weights are
+    not counts and are not published). Event: GaussianDpEvent(sigma); additional_delta:
+    delta / 2."""
+    weights = np.asarray(partition_weights, dtype=np.float64)
+    if weights.ndim != 1 or not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise ValueError("weighted_gaussian_selection: partition_weights must be a 1-D array of "
+                         "finite weights >= 0")
+    partitions = _partitions_per_unit(max_partitions_per_unit)
+    delta = _delta(delta)
+    multiplier = gaussian_sigma(l2_sensitivity=1.0, epsilon=epsilon, delta=delta / 2.0)
+    sigma, k = gaussian_lattice(l2_sensitivity=1.0, size=weights.size,
+                                noise_multiplier=multiplier)
+    tau = weighted_gaussian_tau(sigma=sigma, lattice_exponent=k,
+                                max_partitions_per_unit=partitions, threshold_delta=delta / 2.0)
+    noisy = gaussian_with_noise_multiplier(weights, l2_sensitivity=1.0,
+                                           noise_multiplier=multiplier)
+    return Release(Selection(noisy.value > tau), noisy.event, additional_delta=delta / 2.0)

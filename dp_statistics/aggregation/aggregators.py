@@ -66,12 +66,14 @@ QUANTILE_BUCKETS = 64
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Which columns of a contribution vector hold what: ``units`` (col 0), ``rows`` (col 1),
-    then one block per aggregate, in query order (``blocks[output_name]``)."""
+    the unit's selection ``weight`` (col 2, mechanisms.unit_weight: 1 / sqrt(k) for a unit
+    with k kept pairs), then one block per aggregate, in query order (``blocks[output_name]``)."""
     width: int
     blocks: Mapping[str, slice]
 
     UNITS = 0
     ROWS = 1
+    WEIGHT = 2
 
 
 def counts_column(aggregate: Aggregate) -> bool:
@@ -82,7 +84,7 @@ def counts_column(aggregate: Aggregate) -> bool:
 def layout(query: AggregationQuery) -> Layout:
     widths = {AggregateKind.SUM: 1, AggregateKind.AVG: 1, AggregateKind.VAR: 2,
               AggregateKind.STDDEV: 2, AggregateKind.QUANTILE: QUANTILE_BUCKETS}
-    blocks, start = {}, 2
+    blocks, start = {}, 3
     for aggregate in query.aggregates:
         # COUNT(*) and COUNT_DISTINCT read rows / units; COUNT(col) its own column of rows.
         width = 1 if counts_column(aggregate) else widths.get(aggregate.kind, 0)
@@ -170,17 +172,20 @@ def midpoint_and_half_width(low: float, high: float) -> tuple[float, float]:
 
 def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float, float]],
                        pair_of_row: np.ndarray, rank_in_pair: np.ndarray, n_pairs: int,
-                       columns: Mapping[str, np.ndarray]) -> np.ndarray:
+                       columns: Mapping[str, np.ndarray],
+                       partitions_of_unit: np.ndarray) -> np.ndarray:
     """The (n_pairs, width) contribution vectors of pairs whose rows are given in pair order
     (``pair_of_row`` ascending, ``rank_in_pair`` a uniformly random order within each pair),
     ``columns[c]`` the values of column c in that order. ``bounds[name]``: the aggregate's
-    [L, U]. The Beam engine calls it with one pair, the local one with all kept pairs."""
+    [L, U]; ``partitions_of_unit``: per pair, how many pairs its unit kept (<= C_u). The Beam
+    engine calls it with one pair, the local one with all kept pairs."""
     spec = layout(query)
     sampled = rank_in_pair < query.max_contributions_per_partition
     sampled_pairs = pair_of_row[sampled]
     out = np.zeros((n_pairs, spec.width))
     out[:, Layout.UNITS] = 1.0
     out[:, Layout.ROWS] = np.bincount(sampled_pairs, minlength=n_pairs)
+    out[:, Layout.WEIGHT] = mechanisms.unit_weight(partitions_of_unit)
     for aggregate in query.aggregates:
         block = spec.blocks[aggregate.output_name]
         if counts_column(aggregate):  # each sampled row adds 0 or 1: at most m per pair
@@ -402,8 +407,10 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
     events = dict(bounds_events)
     selected_counts: Optional[np.ndarray] = None
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
+        weighted = SelectionRule(query.selection) is SelectionRule.WEIGHTED_GAUSSIAN
         selection = run_selection(query, plan.step(SELECTION_STEP),
-                                  accumulators[:, Layout.UNITS].astype(np.int64))
+                                  accumulators[:, Layout.WEIGHT] if weighted
+                                  else accumulators[:, Layout.UNITS].astype(np.int64))
         events[SELECTION_STEP] = selection.event
         keep = selection.value.keep
         selected_counts = selection.value.noisy_unit_counts

@@ -61,7 +61,8 @@ class _ShufflePair(beam.DoFn):
 
 
 class _SamplePartitions(beam.DoFn):
-    """Step 2: at most C_u of a unit's pairs, uniformly."""
+    """Step 2: at most C_u of a unit's pairs, uniformly, each with the number the unit kept
+    (its selection weight's k)."""
 
     def __init__(self, max_partitions: int, seed: Optional[int]):
         self._max_partitions, self._seed = max_partitions, seed
@@ -72,8 +73,9 @@ class _SamplePartitions(beam.DoFn):
     def process(self, element):
         _, pairs = element
         pairs = list(pairs)
-        for index in self._rng.permutation(len(pairs))[:self._max_partitions]:
-            yield pairs[index]
+        kept = self._rng.permutation(len(pairs))[:self._max_partitions]
+        for index in kept:
+            yield (*pairs[index], len(kept))
 
 
 def _one_pair(size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,7 +92,7 @@ def _given_bounds(query: AggregationQuery, inferred: dict) -> dict:
 
 def _pair_histogram(pair, query: AggregationQuery, name: str) -> np.ndarray:
     aggregate = next(a for a in query.aggregates if a.output_name == name)
-    _, size, columns = pair
+    _, size, columns, _ = pair
     pair_of_row, rank = _one_pair(size)
     return aggregators.log_histogram(aggregators.bounds_input(
         aggregate, pair_of_row, rank, 1, columns[aggregate.column],
@@ -101,10 +103,10 @@ def _contribution(pair, query: AggregationQuery, inferred: dict):
     """(partition, the pair's contribution split by sign: rows [positive parts, negative
     parts]), summed apart so that the totals saturate as on the local engine
     (aggregators.saturated)."""
-    partition, size, columns = pair
+    partition, size, columns, partitions_of_unit = pair
     pair_of_row, rank = _one_pair(size)
     vector = aggregators.pair_contributions(query, _given_bounds(query, inferred), pair_of_row,
-                                            rank, 1, columns)[0]
+                                            rank, 1, columns, np.array([partitions_of_unit]))[0]
     return partition, np.stack([np.maximum(vector, 0.0), np.maximum(-vector, 0.0)])
 
 

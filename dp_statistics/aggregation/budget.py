@@ -51,6 +51,7 @@ _SELECTION_MECHANISMS = {
     SelectionRule.LAPLACE_THRESHOLD: mechanisms.laplace_threshold,
     SelectionRule.GAUSSIAN_THRESHOLD: mechanisms.gaussian_threshold,
     SelectionRule.TRUNCATED_GEOMETRIC: mechanisms.truncated_geometric_selection,
+    SelectionRule.WEIGHTED_GAUSSIAN: mechanisms.weighted_gaussian_selection,
 }
 _THRESHOLDING = (SelectionRule.LAPLACE_THRESHOLD, SelectionRule.GAUSSIAN_THRESHOLD)
 
@@ -222,10 +223,13 @@ def component_event(query: AggregationQuery, kind: AggregateKind, epsilon: float
     return one if parts == 1 else dp_event.SelfComposedDpEvent(one, parts)
 
 
-def run_selection(query: AggregationQuery, step: PlanStep, unit_counts) -> mechanisms.Release:
-    """The selection rule of ``query`` on the per-partition unit counts, at the step's share."""
-    return _SELECTION_MECHANISMS[SelectionRule(query.selection)](
-        np.asarray(unit_counts, dtype=np.int64),
+def run_selection(query: AggregationQuery, step: PlanStep, statistic) -> mechanisms.Release:
+    """The selection rule of ``query`` at the step's share, on the per-partition unit counts
+    (integers), or for the weighted Gaussian the partitions' sums of unit weights."""
+    rule = SelectionRule(query.selection)
+    return _SELECTION_MECHANISMS[rule](
+        np.asarray(statistic, dtype=np.float64 if rule is SelectionRule.WEIGHTED_GAUSSIAN
+                   else np.int64),
         max_partitions_per_unit=query.max_partitions_contributed,
         epsilon=step.epsilon, delta=step.delta)
 

@@ -55,7 +55,10 @@ class SelectionRule(str, enum.Enum):
     """Which partitions (group-by keys) may appear in the release (mechanisms/selection.py)."""
     LAPLACE_THRESHOLD = "laplace_threshold"      # the seed's tau-thresholding, noisy unit count
     GAUSSIAN_THRESHOLD = "gaussian_threshold"
-    TRUNCATED_GEOMETRIC = "truncated_geometric"  # Desfontaines et al. 2022: the most partitions
+    TRUNCATED_GEOMETRIC = "truncated_geometric"  # Desfontaines et al. 2022
+    # Gopi et al. 2020: Gaussian noise on each partition's sum of unit weights 1 / sqrt(k) (a
+    # unit in k partitions); L2 sensitivity 1 instead of sqrt(C_u): the most partitions.
+    WEIGHTED_GAUSSIAN = "weighted_gaussian"
     PUBLIC = "public"                            # listed by the caller: no selection, no budget
 
 
@@ -243,7 +246,7 @@ class AggregationQuery:
     aggregates: tuple[Aggregate, ...]
     max_partitions_contributed: int = DEFAULT_MAX_PARTITIONS_CONTRIBUTED
     max_contributions_per_partition: int = DEFAULT_MAX_CONTRIBUTIONS_PER_PARTITION
-    selection: SelectionRule = SelectionRule.TRUNCATED_GEOMETRIC
+    selection: SelectionRule = SelectionRule.WEIGHTED_GAUSSIAN
     public_partitions: Optional[tuple[tuple, ...]] = None
     noise: NoiseKind = NoiseKind.LAPLACE
     infer_bounds: bool = True  # False: an aggregate without literal bounds is refused

@@ -94,11 +94,13 @@ def test_a_units_sum_is_clamped_into_its_bounds_and_rows_are_capped_at_m():
     rank = np.array([0, 1, 2, 3, 4, 5, 0, 1, 0])
     x = np.array([100.0] * 6 + [-500.0, -500.0, np.nan])
     out = aggregators.pair_contributions(query, {"sum_x": (-5.0, 20.0), "avg_x": (0.0, 10.0)},
-                                         pair_of_row, rank, 3, {"x": x})
+                                         pair_of_row, rank, 3, {"x": x}, np.array([1, 4, 2]))
     spec = aggregators.layout(query)
     sums = out[:, spec.blocks["sum_x"].start]
     assert sums.tolist() == [20.0, -5.0, 7.5]  # NaN total counts as the midpoint
     assert out[:, aggregators.Layout.ROWS].tolist() == [3, 2, 1]
+    # each pair's selection weight: 1 / sqrt(the number of pairs its unit kept)
+    assert out[:, aggregators.Layout.WEIGHT].tolist() == [1.0, 0.5, 1 / np.sqrt(2)]
     # centred sums of at most m rows, each clamped into [0, 10] (mid 5, so in [-15, 15])
     assert out[:, spec.blocks["avg_x"].start].tolist() == [15.0, -10.0, 0.0]
 

@@ -6,7 +6,7 @@ from scipy import stats
 from support.beam_engine import accumulate_with_beam
 
 from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
-                                                SelectionRule, local, plan)
+                                                SelectionRule, aggregators, local, plan)
 from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
 from sage_tfx.randomness import secret_rng
 
@@ -46,8 +46,14 @@ def test_both_engines_accumulate_the_same_pre_noise_sums():
     truth = frame.groupby(["area", "day"]).agg(units=("uid", "nunique"), rows=("uid", "size"))
     np.testing.assert_array_equal(local_sums[:, 0], truth["units"].to_numpy())
     np.testing.assert_array_equal(local_sums[:, 1], truth["rows"].to_numpy())
+    # the weighted Gaussian's weights: each unit gives 1 / sqrt(its number of partitions)
+    per_unit = frame.groupby("uid")[["area", "day"]].apply(lambda rows: len(rows.drop_duplicates()))
+    pairs = frame[["area", "day", "uid"]].drop_duplicates()
+    weights = (1 / np.sqrt(pairs["uid"].map(per_unit))).groupby([pairs["area"], pairs["day"]]).sum()
+    np.testing.assert_allclose(local_sums[:, aggregators.Layout.WEIGHT], weights.to_numpy())
     unit_totals = frame.groupby(["area", "day", "uid"])["fare"].sum().clip(0, 50)
-    np.testing.assert_allclose(local_sums[:, 2], unit_totals.groupby(level=[0, 1]).sum())
+    np.testing.assert_allclose(local_sums[:, aggregators.layout(QUERY).blocks["sum_fare"].start],
+                               unit_totals.groupby(level=[0, 1]).sum())
 
 
 def test_both_engines_bound_a_heavy_unit_alike():
@@ -126,5 +132,5 @@ def test_both_engines_saturate_a_sum_beyond_2_to_the_1000():
     budget = plan(query, 1.0, 1e-6)
     local_sums = local.accumulate(frame, query, budget, secret_rng(0)).accumulators
     beam_sums = accumulate_with_beam(frame, query, budget).accumulators
-    np.testing.assert_array_equal(local_sums, [[8, 8, 2.0 ** 1000]])
+    np.testing.assert_array_equal(local_sums, [[8, 8, 8, 2.0 ** 1000]])
     np.testing.assert_array_equal(beam_sums, local_sums)
