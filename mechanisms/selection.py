@@ -7,6 +7,10 @@ one unit changes at most C counts, each by 1; some of those partitions may exist
 that unit (count 1). Those must not show up except with a small probability delta: that is the
 job of the selection, and the reason it costs a delta that no additive-noise event describes.
 
+The weighted Gaussian (Gopi et al. 2020) reads, instead of counts, each partition's sum of unit
+weights: a unit in k <= C kept partitions gives each 1 / sqrt(k), so its whole weight vector has
+L2 norm 1 and its own partitions weigh 1 / sqrt(k) each (:func:`weighted_gaussian_selection`).
+
 Each function returns a :class:`Release` whose value is a :class:`Selection` (a keep mask over
 the input partitions, and for the thresholding rules the noisy unit counts of the kept ones).
 The caller may publish the keys where ``keep`` is True and nothing about the others; everything
