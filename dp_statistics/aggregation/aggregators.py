@@ -314,7 +314,7 @@ def infer_bounds(query: AggregationQuery, aggregate: Aggregate, plan: BudgetPlan
     """The aggregate's DP bounds from its log histogram, at its ``bounds:`` step's epsilon."""
     bounds, noisy = bounds_from_histogram(histogram, bounds_values_per_unit(query, aggregate),
                                           plan.step(BOUNDS_STEP_PREFIX
-                                                    + aggregate.output_name).epsilon)
+                                                    + aggregate.output_name).noise_epsilon)
     return bounds, noisy.event
 
 
@@ -356,7 +356,7 @@ def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     clamped to [0, h^2]; STDDEV its square root. Returns (values, events of the noisy sums,
     the noisy moments)."""
     step = plan.step(aggregate.output_name)
-    epsilon, delta = component_budget(aggregate.kind, step.epsilon, step.delta)
+    epsilon, delta = component_budget(aggregate.kind, step.noise_epsilon, step.delta)
     m = query.max_contributions_per_partition
     mid, half = midpoint_and_half_width(low, high)
     rows = _noisy(query, accumulators[:, Layout.ROWS], m, epsilon, delta)
@@ -441,18 +441,19 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
                       if aggregate.kind is AggregateKind.COUNT else Layout.UNITS)
             sensitivity = (query.max_contributions_per_partition
                            if aggregate.kind is AggregateKind.COUNT else 1)
-            noisy = _noisy(query, accumulators[:, column], sensitivity, step.epsilon, step.delta)
+            noisy = _noisy(query, accumulators[:, column], sensitivity, step.noise_epsilon,
+                           step.delta)
             table[name], events[name] = noisy.value, noisy.event
             continue
         low, high = bounds[name]
         if aggregate.kind is AggregateKind.SUM:
             rows = query.max_contributions_per_partition if aggregate.bounds_rows else 1
             noisy = _noisy(query, accumulators[:, block.start], rows * max(abs(low), abs(high)),
-                           step.epsilon, step.delta)
+                           step.noise_epsilon, step.delta)
             table[name], events[name] = noisy.value, noisy.event
         elif aggregate.kind is AggregateKind.QUANTILE:
             noisy = _noisy(query, accumulators[:, block], query.max_contributions_per_partition,
-                           step.epsilon, step.delta)
+                           step.noise_epsilon, step.delta)
             table[name] = quantile_from_histogram(noisy.value.reshape(len(table),
                                                                       QUANTILE_BUCKETS),
                                                   aggregate.q, low, high)
