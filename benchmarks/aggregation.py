@@ -62,7 +62,7 @@ def run_sage(frame: pd.DataFrame, epsilon: float, delta: float) -> tuple[pd.Data
          Aggregate(AggregateKind.SUM, "value", LOW, HIGH, scope=BoundsScope.ROW, name="sum"),
          Aggregate(AggregateKind.AVG, "value", LOW, HIGH, name="mean")),
         max_partitions_contributed=MAX_PARTITIONS, max_contributions_per_partition=MAX_ROWS,
-        selection=SelectionRule.TRUNCATED_GEOMETRIC)
+        selection=SelectionRule.WEIGHTED_GAUSSIAN)
     budget = plan(query, epsilon, delta)
     start = time.perf_counter()
     table = aggregate(frame, query, budget).table

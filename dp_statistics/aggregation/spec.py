@@ -168,8 +168,8 @@ class Aggregate:
             return math.inf  # the midpoint or the width overflows
         if self.kind is AggregateKind.SUM:
             return max(abs(self.low), abs(self.high)) * (max_rows if self.bounds_rows else 1)
-        if self.kind is AggregateKind.QUANTILE:
-            return float(max_rows)
+        if self.kind is AggregateKind.QUANTILE:  # one bucket per level of the tree per row
+            return float(max_rows * QUANTILE_LEVELS)
         half = (self.high - self.low) / 2.0
         return max_rows * (half if self.kind is AggregateKind.AVG else max(half, half * half))
 
@@ -225,6 +225,12 @@ class Aggregate:
 # 2^1023 by a factor of 2^23, so a saturated sum plus its noise (beyond 2^23 noise scales with
 # probability e^-8388608) stays finite.
 MAX_MAGNITUDE = 2.0 ** 1000
+
+
+# The quantile tree (aggregators.py): QUANTILE_LEVELS levels, each bucket split in
+# QUANTILE_BRANCHING; a row is counted once per level.
+QUANTILE_BRANCHING = 4
+QUANTILE_LEVELS = 3
 
 
 # BigQuery's max_groups_contributed default (WITH DIFFERENTIAL_PRIVACY OPTIONS) and PipelineDP's

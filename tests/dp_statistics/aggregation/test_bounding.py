@@ -79,7 +79,7 @@ def test_a_stray_non_number_in_an_untyped_column_counts_as_missing(monkeypatch):
     assert aggregate(frame, query, plan(query, 1.0, 0.0)).table["sum_x"].tolist() == [9.0]
 
 
-def _noiseless(query, values, sensitivity, epsilon, delta):
+def _noiseless(query, values, sensitivity, epsilon, delta, l2_sensitivity=None):
     from dp_accounting import dp_event
     from sage_tfx.mechanisms import Release
     return Release(np.asarray(values, dtype=np.float64), dp_event.NoOpDpEvent())
@@ -121,27 +121,41 @@ def test_without_noise_the_moments_and_quantiles_are_the_clamped_rows_statistics
     assert row["avg_x"] == pytest.approx(clamped.mean())
     assert row["var_x"] == pytest.approx(clamped.var())
     assert row["stddev_x"] == pytest.approx(clamped.std())
-    width = 10 / aggregators.QUANTILE_BUCKETS  # quantiles are exact to a bucket
+    width = 10 / aggregators.QUANTILE_BRANCHING ** aggregators.QUANTILE_LEVELS  # to a leaf
     assert abs(row["median_x"] - np.median(clamped)) <= width
     assert row["min_x"] == pytest.approx(0.0) and row["max_x"] == pytest.approx(10.0)
 
 
-def test_quantiles_of_a_histogram_interpolate_within_the_bucket():
-    counts = np.zeros((3, aggregators.QUANTILE_BUCKETS))
-    counts[0, 0] = 10.0        # all mass in the first bucket [0, 1)
-    counts[1, [2, 5]] = 4.0    # half in [2, 3), half in [5, 6)
-    # row 2: no positive count (all noise below zero is clipped): the midpoint
-    counts[2] = -1.0
-    low, high = 0.0, float(aggregators.QUANTILE_BUCKETS)
-    # a median between the two halves: the edge where the count first passes half the total
-    np.testing.assert_allclose(aggregators.quantile_from_histogram(counts, 0.5, low, high),
-                               [0.5, 5.0, 32.0])
-    np.testing.assert_allclose(aggregators.quantile_from_histogram(counts, 0.25, low, high),
-                               [0.25, 2.5, 32.0])
-    np.testing.assert_allclose(aggregators.quantile_from_histogram(counts, 0.0, low, high),
-                               [0.0, 2.0, 32.0])
-    np.testing.assert_allclose(aggregators.quantile_from_histogram(counts, 1.0, low, high),
-                               [1.0, 6.0, 32.0])
+def _tree(*leaf_counts):
+    """Tree blocks (one row per argument) from {leaf: count}: each leaf's count added to its
+    bucket at every level."""
+    leaves = aggregators.QUANTILE_BRANCHING ** aggregators.QUANTILE_LEVELS
+    nodes = np.zeros((len(leaf_counts), aggregators.QUANTILE_TREE_NODES))
+    for row, counts in enumerate(leaf_counts):
+        for leaf, count in counts.items():
+            nodes[row, aggregators.tree_nodes(np.array([leaf + 0.5]), 0.0, leaves)[0]] += count
+    return nodes, 0.0, float(leaves)
+
+
+def test_quantiles_descend_the_tree_and_interpolate_within_the_leaf():
+    # row 0: all mass in the first leaf [0, 1); row 1: half in [2, 3), half in [37, 38);
+    # row 2: no positive count (all noise below zero is clipped): a uniform descent
+    nodes, low, high = _tree({0: 10.0}, {2: 4.0, 37: 4.0}, {})
+    nodes[2] = -1.0
+    # a median between the two halves: the lower edge of the mass past half the total
+    np.testing.assert_allclose(aggregators.quantile_from_tree(nodes, 0.5, low, high),
+                               [0.5, 37.0, 32.0])
+    np.testing.assert_allclose(aggregators.quantile_from_tree(nodes, 0.25, low, high),
+                               [0.25, 2.5, 16.0])
+    np.testing.assert_allclose(aggregators.quantile_from_tree(nodes, 0.0, low, high),
+                               [0.0, 2.0, 0.0])
+    np.testing.assert_allclose(aggregators.quantile_from_tree(nodes, 1.0, low, high),
+                               [1.0, 38.0, 64.0])
+
+
+def test_each_row_is_counted_once_per_level():
+    nodes, _, _ = _tree({0: 1.0, 63: 2.0})
+    assert nodes.sum() == 3.0 * aggregators.QUANTILE_LEVELS
 
 
 def test_dp_bounds_keep_the_buckets_whose_noisy_count_passes_b_ln_of_b_over_2_beta(
