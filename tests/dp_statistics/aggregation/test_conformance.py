@@ -69,11 +69,13 @@ def test_both_engines_bound_a_heavy_unit_alike():
 
 def test_the_beam_engine_releases_with_the_local_noise_law():
     """600 identical public partitions (5 units, 2 rows each): COUNT's errors are Laplace at
-    C_u m / epsilon on Beam as on the local engine (KS, false-failure rate 1e-4 each)."""
+    C_u m / epsilon on Beam as on the local engine, and the medians read from the quantile tree
+    have the same law on both (KS, false-failure rate 1e-4 each)."""
     frame = pd.DataFrame({"key": np.repeat(np.arange(600), 10),
                           "uid": np.repeat(np.arange(3000), 2), "fare": 1.0})
     query = AggregationQuery(("key",), "uid", (Aggregate.count(),
-                                               Aggregate(AggregateKind.SUM, "fare")),
+                                               Aggregate(AggregateKind.SUM, "fare"),
+                                               Aggregate.median("fare", 0.0, 4.0)),
                              selection=SelectionRule.PUBLIC,
                              public_partitions=tuple((k,) for k in range(600)))
     budget = plan(query, 1.0, 0.0)
@@ -84,9 +86,12 @@ def test_the_beam_engine_releases_with_the_local_noise_law():
     for release in (beam_release, local_release):
         errors = release.table["count"].to_numpy() - 10.0
         assert stats.kstest(errors, stats.laplace(scale=scale).cdf).pvalue > 1e-4
-        assert list(release.events) == ["count", "bounds:sum_fare", "sum_fare"]
+        assert list(release.events) == ["count", "bounds:sum_fare", "sum_fare", "median_fare"]
         assert release.table["key"].tolist() == list(range(600))
     assert stats.ks_2samp(beam_release.table["count"], local_release.table["count"]).pvalue > 1e-4
+    # the quantile tree's descent: the same law on both engines
+    assert stats.ks_2samp(beam_release.table["median_fare"],
+                          local_release.table["median_fare"]).pvalue > 1e-4
 
 
 def test_a_dict_row_without_a_key_column_falls_in_the_null_key_partition_on_beam():
