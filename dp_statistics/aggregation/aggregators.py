@@ -132,17 +132,19 @@ def _group_ranks(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _random_grouping(keys: np.ndarray, key_limit: int, rng: np.random.Generator) -> np.ndarray:
     """A permutation that sorts ``keys`` (integers in [0, key_limit)) and orders equal keys
-    uniformly at random. One stable argsort of key * 2^r + r random bits when r >= 24 bits
-    fit beside the key in 64 (ties among equal random bits, rare, keep the rows' input order:
-    the order of one unit's own rows, so sampling still depends only on the unit's data; an
-    unstable sort would order them by where other units' rows sit); else a stable sort of a
-    uniformly shuffled array."""
-    random_bits = 64 - max(int(key_limit - 1).bit_length(), 1)
-    if random_bits >= 24:
-        packed = (keys.astype(np.uint64) << np.uint64(random_bits)) | rng.integers(
-            0, 2 ** random_bits, size=keys.size, dtype=np.uint64)
-        return np.argsort(packed, kind="stable")
+    uniformly at random: a stable sort of a uniformly shuffled array, so equal keys keep their
+    shuffled order (no ties to break: the order depends on nothing but the shuffle). When the
+    key and a row's position in the shuffle fit in 64 bits together, the stable sort is a sort
+    of the packed values key * 2^b + position (all distinct), whose low b bits then give the
+    permutation: numpy sorts integers several times faster than it argsorts them stably (10
+    against 140 ms for 10^6)."""
     shuffled = rng.permutation(keys.size)
+    position_bits = max(int(keys.size - 1).bit_length(), 1)
+    if max(int(key_limit - 1).bit_length(), 1) + position_bits <= 64:
+        packed = (keys[shuffled].astype(np.uint64) << np.uint64(position_bits)) | np.arange(
+            keys.size, dtype=np.uint64)
+        position = np.sort(packed) & np.uint64((1 << position_bits) - 1)
+        return shuffled[position.astype(np.int64)]
     return shuffled[np.argsort(keys[shuffled], kind="stable")]
 
 

@@ -207,22 +207,23 @@ def test_inferred_bounds_cover_the_bulk_of_the_data(kind):
                        rtol=0.2 if kind is AggregateKind.AVG else 0.03)
 
 
-class _ZeroBits:
-    """An rng whose random bits are all 0: every row of a key ties."""
+class _IdentityShuffle:
+    """An rng whose shuffle is the identity: the grouping must then be the stable sort."""
 
-    def integers(self, low, high, size, dtype):
-        return np.zeros(size, dtype=dtype)
+    def permutation(self, size):
+        return np.arange(size)
 
 
-def test_rows_whose_random_bits_tie_keep_their_input_order():
-    # An unstable sort orders tied rows by where the other keys' rows sit (other units' data).
+def test_equal_keys_keep_their_shuffled_order_on_both_sorting_paths():
+    # Any other rule for equal keys (an unstable sort) would order a key's rows by where the
+    # other keys' rows sit (other units' data). Key limit 3: packed with the position and
+    # sorted; 2^60: too wide to pack, a stable argsort.
     from sage_tfx.dp_statistics.aggregation.aggregators import _random_grouping
 
     keys = np.random.default_rng(0).integers(0, 3, 200)
-    order = _random_grouping(keys, 3, _ZeroBits())
-    assert np.array_equal(keys[order], np.sort(keys))
-    for key in range(3):
-        assert np.all(np.diff(order[keys[order] == key]) > 0)
+    for key_limit in (3, 2 ** 60):
+        order = _random_grouping(keys, key_limit, _IdentityShuffle())
+        assert np.array_equal(order, np.argsort(keys, kind="stable"))
 
 
 # --- issue 29: sums cannot become infinite ---------------------------------------------------
