@@ -178,8 +178,10 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
         bounds[name], bounds_events[BOUNDS_STEP_PREFIX + name] = aggregators.infer_bounds(
             query, aggregate_spec, plan, aggregators.log_histogram(values))
 
+    kept_unit = pairs.pair_unit[pairs.pair_kept]
+    partitions_of_unit = np.bincount(kept_unit)[kept_unit]
     contributions = aggregators.pair_contributions(query, bounds, pair_of_row, rank_in_pair,
-                                                   n_pairs, ordered)
+                                                   n_pairs, ordered, partitions_of_unit)
     accumulators = aggregators.sum_by_partition(pairs.pair_partition[pairs.pair_kept],
                                                 contributions, len(keys))
     return Accumulated(keys, accumulators, bounds, bounds_events)

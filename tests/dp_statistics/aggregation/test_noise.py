@@ -124,16 +124,18 @@ def test_avg_var_and_stddev_follow_the_noisy_count_sum_and_squares_law():
                                                     rng)[0]).pvalue < P_VALUE
 
 
-def test_quantiles_follow_the_noisy_histogram_law():
+def test_quantiles_follow_the_noisy_tree_law():
+    """Every tree count gets Laplace noise at C H m / epsilon (a row is in one bucket per
+    level); a tree at a third of that noise is rejected."""
     budget, release = _run((Aggregate.median("x", LOW, HIGH),), epsilon=20.0)
-    counts = np.bincount(aggregators.histogram_buckets(ROW_VALUES, LOW, HIGH),
-                         minlength=aggregators.QUANTILE_BUCKETS).astype(float)
-    scale = C * M / budget.step("median_x").epsilon
+    counts = np.bincount(aggregators.tree_nodes(ROW_VALUES, LOW, HIGH).ravel(),
+                         minlength=aggregators.QUANTILE_TREE_NODES).astype(float)
+    scale = C * aggregators.QUANTILE_LEVELS * M / budget.step("median_x").epsilon
     rng = np.random.default_rng(1)
     noisy = counts + rng.laplace(0, scale, (20_000, counts.size))
-    oracle = aggregators.quantile_from_histogram(noisy, 0.5, LOW, HIGH)
+    oracle = aggregators.quantile_from_tree(noisy, 0.5, LOW, HIGH)
     assert stats.ks_2samp(release.table["median_x"], oracle).pvalue > P_VALUE
-    broken = aggregators.quantile_from_histogram(
+    broken = aggregators.quantile_from_tree(
         counts + rng.laplace(0, scale / 3, (20_000, counts.size)), 0.5, LOW, HIGH)
     assert stats.ks_2samp(release.table["median_x"], broken).pvalue < P_VALUE
 
