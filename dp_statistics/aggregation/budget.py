@@ -86,6 +86,18 @@ class Composition(str, enum.Enum):
     PLD = "pld"
 
 
+def composition_for(accounting) -> Composition:
+    """The composition whose plan is cheapest for the ledger that charges it (``accounting``:
+    the ledger's accounting object, sage_access.accounting, or its mode's name).
+
+    A basic ledger charges the grant's (epsilon, delta) whatever noise runs, so the PLD plan
+    (less noise for the same charge) is the better buy. An rdp ledger charges the RDP curve
+    of the events that run: PLD's factor lambda >= 1 lowers every step's noise and so raises
+    that curve, while the basic plan's events are the noisiest that meet the grant: BASIC."""
+    mode = str(getattr(accounting, "name", accounting))
+    return Composition.BASIC if mode == "rdp" else Composition.PLD
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanStep:
     """A step's share of the grant and the event of the noise it runs. ``additional_delta``:
