@@ -310,7 +310,7 @@ def test_when_no_group_passes_selection_the_release_says_why_in_public_numbers(
     assert query(store_path, text, epsilon="0.3", delta="1e-6") == 0
     printed = capsys.readouterr().out
     first = next(line for line in printed.splitlines() if line.startswith("no group"))
-    assert first.startswith("no group released: partition selection (truncated_geometric, "
+    assert first.startswith("no group released: partition selection (weighted_gaussian, "
                             "epsilon 0.15 of the query's 0.3"), printed
     threshold = int(first.split("only from about ")[1].split()[0])
     assert threshold > 2  # above the 2 units each group has: why nothing passed
