@@ -324,12 +324,36 @@ def weighted_gaussian_selection(partition_weights, *, max_partitions_per_unit: i
     delta / 2.
 
     Noise: continuous N(0, sigma^2) from sage_tfx.mechanisms.keyed (AES under a fresh key from
-    the OS CSPRNG, Marsaglia's polar method), not OpenDP's exact lattice sampler, which costs
-    ~35 us per partition (0.6 s of a 10^6-row query's 2 s, for 17,000 partitions; AES: 3 ms).
-    What leaves is only the keep bit, the event {N > tau - W}: no low-order bits of a noisy
-    value are released, which is what the floating-point attacks on textbook samplers read
-    (Mironov 2012); keyed.py's docstring makes the same argument for the streaming operator's
-    thresholds. The normals are exact up to their 52-bit uniforms."""
+    the OS CSPRNG, used for this call only and never stored; Marsaglia's polar method), not
+    OpenDP's exact lattice sampler, which costs ~35 us per partition (0.6 s of a 10^6-row
+    query's 2 s, for 17,000 partitions; AES: 3 ms). This is the one place outside
+    mechanisms/additive.py where the aggregation draws noise, and it is sound because of what
+    leaves:
+
+    * Only keep bits. The noisy weights W + sigma N are compared with tau here and dropped:
+      the Selection carries ``keep`` and no noisy value (``noisy_unit_counts`` None). Every
+      value the DP SQL operator releases for a kept partition is drawn afterwards, apart, by
+      the OpenDP-based mechanisms (aggregators._noisy -> mechanisms.laplace / gaussian on the
+      partition's accumulators); COUNT(DISTINCT unit) is post-processed from the selection
+      only under the thresholding rules, whose counts are OpenDP's (budget.derived_from:
+      under this rule it is a step of its own); the nothing-released message states the
+      plan's public tau, never a weight. So a function of these normals reaches the output
+      only as the set of partitions kept.
+    * A keep bit has no low-order bits. Mironov's attack (2012) reads the set of doubles a
+      released noisy value can take, which depends on the input; here the output is the
+      event {sigma N > tau - W}, whose probability is the exact Gaussian tail
+      1 - Phi((tau - W) / sigma) up to the sampler's error on a tail event (its 52-bit
+      uniforms on a 2^-51 grid, the rounding of the polar transform, of W's sum and of the
+      comparison): an additive eta of the order of 2^-49 per partition, and a tail beyond
+      the polar method's largest normal (~12 sigma) of 1e-32. Coupled with the exact
+      mechanism, a unit's C own partitions differ with probability <= C eta (the others have
+      the same law on both sides), so a release that is (epsilon, delta)-DP by the exact
+      analysis is (epsilon, delta + (1 + e^epsilon) C eta)-DP, epsilon the whole release's:
+      about 1.5e-13 at the defaults (C = 4) up to epsilon 3, 4e-8 at C = 2^10 and epsilon 10.
+      Not charged: an assumption stated here, not a bound the plan enforces (keyed.py makes
+      the same argument for the streaming operator's thresholds). An additive value drawn
+      from these normals would not be covered by it.
+    """
     weights = np.asarray(partition_weights, dtype=np.float64)
     if weights.ndim != 1 or not np.all(np.isfinite(weights)) or np.any(weights < 0):
         raise ValueError("weighted_gaussian_selection: partition_weights must be a 1-D array of "

@@ -186,3 +186,35 @@ def test_a_threshold_set_too_low_is_caught(monkeypatch):
     exposed = release.table["key"].floordiv(C).nunique()
     # expected ~ 170 against a bound of ~ 70; it stays under it with probability < 1e-6
     assert exposed > stats.binom.isf(1e-6, units, release.additional_delta)
+
+
+def test_the_weighted_selection_releases_keep_bits_only_and_values_are_drawn_apart(
+        monkeypatch):
+    """The weighted Gaussian's noise (mechanisms/keyed.py, not OpenDP) may only decide which
+    partitions are kept (selection.weighted_gaussian_selection says why): with every partition
+    far above the threshold, two runs whose selection noise has different keys release the same
+    values, all drawn by the (here seeded) OpenDP-based mechanisms, COUNT(DISTINCT) included
+    as a step of its own; the selection returns no noisy value."""
+    from sage_tfx.mechanisms import additive
+    from sage_tfx.mechanisms.keyed import KEY_BYTES, KeyedGaussian
+    from support.seeded_noise import seeded_measurement
+
+    frame = pd.DataFrame({"key": np.repeat(np.arange(5), 400), "uid": np.arange(2000),
+                          "x": np.linspace(0.0, 10.0, 2000)})
+    query = AggregationQuery(("key",), "uid", (
+        Aggregate(AggregateKind.COUNT_DISTINCT, name="units"),
+        Aggregate(AggregateKind.AVG, "x", LOW, HIGH, name="mean")),
+        selection=SelectionRule.WEIGHTED_GAUSSIAN)
+    budget = plan(query, 1.0, 1e-6)
+    assert "units" in [step.name for step in budget.steps]  # not read off the selection
+    released = []
+    for key_byte, measurement in ((1, seeded_measurement()), (2, seeded_measurement())):
+        monkeypatch.setattr(selection_module.KeyedGaussian, "fresh", classmethod(
+            lambda cls, key=bytes([key_byte]) * KEY_BYTES: KeyedGaussian(key)))
+        monkeypatch.setattr(additive, "_measurement", measurement)  # the same seed each run
+        released.append(aggregate(frame, query, budget, seed=1).table)
+    pd.testing.assert_frame_equal(released[0], released[1])
+    assert len(released[0]) == 5
+    kept = selection_module.weighted_gaussian_selection(
+        np.full(3, 100.0), max_partitions_per_unit=4, epsilon=1.0, delta=1e-6).value
+    assert kept.keep.all() and kept.noisy_unit_counts is None
