@@ -90,9 +90,13 @@ QUANTILE_TREE_NODES = sum(QUANTILE_BRANCHING ** j for j in range(1, QUANTILE_LEV
 class Layout:
     """Which columns of a contribution vector hold what: ``units`` (col 0), ``rows`` (col 1),
     the unit's selection ``weight`` (col 2, mechanisms.unit_weight: 1 / sqrt(k) for a unit
-    with k kept pairs), then one block per aggregate, in query order (``blocks[output_name]``)."""
+    with k kept pairs), then one block per aggregate, in query order (``blocks[output_name]``;
+    empty for an aggregate post-processed from another's step, budget.derived_from: nothing
+    reads it). ``signed``: the columns a contribution may hold negative in (sums and centred
+    moments); every other column counts, >= 0."""
     width: int
     blocks: Mapping[str, slice]
+    signed: tuple[int, ...] = ()
 
     UNITS = 0
     ROWS = 1
@@ -108,13 +112,20 @@ def layout(query: AggregationQuery) -> Layout:
     # AVG / VAR / STDDEV: their non-NULL row count, centred sum[, centred squares].
     widths = {AggregateKind.SUM: 1, AggregateKind.AVG: 2, AggregateKind.VAR: 3,
               AggregateKind.STDDEV: 3, AggregateKind.QUANTILE: QUANTILE_TREE_NODES}
-    blocks, start = {}, 3
+    derived = derived_from(query)
+    blocks, start, signed = {}, 3, []
     for aggregate in query.aggregates:
         # COUNT(*) and COUNT_DISTINCT read rows / units; COUNT(col) its own column of rows.
-        width = 1 if counts_column(aggregate) else widths.get(aggregate.kind, 0)
+        width = 0 if aggregate.output_name in derived else (
+            1 if counts_column(aggregate) else widths.get(aggregate.kind, 0))
         blocks[aggregate.output_name] = slice(start, start + width)
+        if width and aggregate.kind is AggregateKind.SUM:
+            signed.append(start)
+        elif width and aggregate.kind in (AggregateKind.AVG, AggregateKind.VAR,
+                                          AggregateKind.STDDEV):
+            signed.extend(range(start + 1, start + width))  # after the count: the moments
         start += width
-    return Layout(start, blocks)
+    return Layout(start, blocks, tuple(signed))
 
 
 # --- 1 and 2: contribution bounding ----------------------------------------------------------
@@ -230,6 +241,8 @@ def pair_contributions(query: AggregationQuery, bounds: Mapping[str, tuple[float
     out[:, Layout.WEIGHT] = mechanisms.unit_weight(partitions_of_unit)
     for aggregate in query.aggregates:
         block = spec.blocks[aggregate.output_name]
+        if block.start == block.stop:  # derived from another aggregate's noisy sums
+            continue
         if counts_column(aggregate):  # each sampled row adds 0 or 1: at most m per pair
             present = ~np.isnan(columns[aggregate.column][sampled])
             out[:, block.start] = np.bincount(sampled_pairs, weights=present, minlength=n_pairs)
@@ -302,13 +315,18 @@ def tree_nodes(values: np.ndarray, low: float, high: float) -> np.ndarray:
     return _level_offsets() + leaf[:, None] // QUANTILE_BRANCHING ** (QUANTILE_LEVELS - depth)
 
 
-def sum_by_partition(partitions: np.ndarray, contributions: np.ndarray,
-                     n_partitions: int) -> np.ndarray:
+def sum_by_partition(partitions: np.ndarray, contributions: np.ndarray, n_partitions: int,
+                     signed: tuple[int, ...]) -> np.ndarray:
     """The (n_partitions, width) accumulators: the saturated sum of each partition's pair
-    vectors (:func:`saturated`)."""
-    return np.stack([saturating_sums(partitions, contributions[:, j], n_partitions)
-                     for j in range(contributions.shape[1])], axis=1).reshape(
-                         n_partitions, contributions.shape[1])
+    vectors (:func:`saturated`). A column outside ``signed`` (Layout) has no negative part:
+    one sum, saturated alike (min(P, T) - min(0, T))."""
+    def column_sum(j: int) -> np.ndarray:
+        if j in signed:
+            return saturating_sums(partitions, contributions[:, j], n_partitions)
+        return np.minimum(np.bincount(partitions, weights=contributions[:, j],
+                                      minlength=n_partitions), MAX_MAGNITUDE)
+    return np.stack([column_sum(j) for j in range(contributions.shape[1])], axis=1).reshape(
+        n_partitions, contributions.shape[1])
 
 
 # --- DP bounds (§4.2.5) ----------------------------------------------------------------------

@@ -183,7 +183,8 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
     contributions = aggregators.pair_contributions(query, bounds, pair_of_row, rank_in_pair,
                                                    n_pairs, ordered, partitions_of_unit)
     accumulators = aggregators.sum_by_partition(pairs.pair_partition[pairs.pair_kept],
-                                                contributions, len(keys))
+                                                contributions, len(keys),
+                                                aggregators.layout(query).signed)
     return Accumulated(keys, accumulators, bounds, bounds_events)
 
 

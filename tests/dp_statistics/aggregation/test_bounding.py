@@ -278,13 +278,15 @@ def test_partition_sums_saturate_and_move_by_at_most_one_contribution():
     rng = np.random.default_rng(3)
     contributions = rng.choice([-1.0, 1.0], size=(200, 1)) * rng.uniform(0, 1.7e308, (200, 1))
     partitions = rng.integers(0, 3, 200)
-    sums = aggregators.sum_by_partition(partitions, contributions, 3)
+    sums = aggregators.sum_by_partition(partitions, contributions, 3, signed=(0,))
     assert np.isfinite(sums).all() and (np.abs(sums) <= limit).all()
     for removed in range(200):
         keep = np.arange(200) != removed
-        neighbour = aggregators.sum_by_partition(partitions[keep], contributions[keep], 3)
+        neighbour = aggregators.sum_by_partition(partitions[keep], contributions[keep], 3,
+                                                 signed=(0,))
         change = np.abs(sums - neighbour).sum()
         assert change <= abs(contributions[removed, 0]) * (1 + 1e-12)
     # two units each at the bound 2^999 in one partition: saturated at 2^1000, not 2^1000 + ...
-    assert aggregators.sum_by_partition(np.zeros(3, np.int64), np.full((3, 1), 2.0 ** 999),
-                                        1)[0, 0] == limit
+    for signed in ((0,), ()):  # a column of counts (never negative) saturates alike
+        assert aggregators.sum_by_partition(np.zeros(3, np.int64), np.full((3, 1), 2.0 ** 999),
+                                            1, signed)[0, 0] == limit
