@@ -146,7 +146,8 @@ class Accumulated:
 def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
                rng: np.random.Generator) -> Accumulated:
     """Steps 1-3 of aggregators.py (and the DP bounds) on a checked frame."""
-    frame = frame[representable_rows(frame, query)].reset_index(drop=True)
+    frame = frame[representable_rows(frame, query)]  # a copy: its index can be reset in place
+    frame.index = pd.RangeIndex(len(frame))  # (reset_index would copy every column again)
     presence = presence_columns(query)
     columns = {c: np.where(frame[c].notna().to_numpy(), 1.0, np.nan) if c in presence
                else numeric_column(frame, c) for c in value_columns(query)}
