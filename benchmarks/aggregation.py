@@ -2,27 +2,41 @@
 or (``--engine beam``) its Beam engine against its local engine (issue 32).
 
     python benchmarks/aggregation.py [--rows N] [--epsilon E] [--delta D] [--seed S]
-                                     [--repeats R] [--json]
+                                     [--repeats R] [--json] [--data longtail|taxi]
+                                     [--noise laplace|gaussian] [--selection-weight W]
+                                     [--quantiles]
     python benchmarks/aggregation.py --engine beam [--runner portable|direct] [--workers W] ...
 
 Query: per partition COUNT(*), SUM(value) and MEAN(value), each row clamped into [0, 50], at most
-C_u = 4 partitions per user and m = 2 rows per user and partition, truncated-geometric partition
-selection, Laplace noise, (epsilon, delta) = (1, 1e-6) by default. PipelineDP 0.3.1 (LocalBackend,
-NaiveBudgetAccountant) splits the budget into selection, MEAN's count and MEAN's sum, and derives
-COUNT and SUM from MEAN's; sage-tfx's plan does the same by default (selection weight 1, AVG 2,
-COUNT and the row-scoped SUM post-processed from AVG), so both spend epsilon / 3 per noisy sum.
+C_u = 4 partitions per user and m = 2 rows per user and partition, Laplace noise (``--noise``:
+both systems), (epsilon, delta) = (1, 1e-6) by default. PipelineDP 0.3.1 (LocalBackend,
+NaiveBudgetAccountant, its default truncated-geometric selection) splits the budget into
+selection, MEAN's count and MEAN's sum, and derives COUNT and SUM from MEAN's; sage-tfx's plan
+does the same by default (selection weight 1, AVG 2, COUNT and the row-scoped SUM post-processed
+from AVG), then composes the steps by PLD (budget.py) and selects partitions with its default
+rule, the weighted Gaussian (mechanisms/selection.py). ``--selection-weight W`` gives sage-tfx's
+selection step weight W instead of 1 (its other steps keep theirs).
+
+``--quantiles``: a second query, the MEDIAN of the value ([0, 50], same C_u and m) against
+PipelineDP's PERCENTILE(50) (Google's quantile tree), RMSE against the exact median.
 
 Data (seeded): users = rows / 10, partitions = rows / 50 (10^5 and 2x10^4 at 10^6 rows);
 user activity is log-normal (sigma 1.2: the heaviest users have ~100x the median's rows),
 partition popularity Zipf(1), each user spreads its rows over 3 favourite partitions, values are
-log-normal (median ~12, a tail past 50).
+log-normal (median ~12, a tail past 50). ``--data taxi``: the Chicago taxi sample shipped with
+TFX (15,002 real trips; ``--rows`` is ignored), grouped by pickup_community_area x
+trip_start_hour, the value its fare; the unit is the trip (Sage's record-level default: no id
+column), so every unit is in one partition.
 
 Printed per system: ``rows_per_second`` (wall clock of the aggregation alone, the median of R
 runs, input already in memory in each library's own form: a pandas frame, a list of tuples),
 ``rmse`` per metric over the partitions it kept (against the exact, unbounded statistic; the
 contribution bounds' bias is most of it), ``rmse_common`` over the partitions both kept,
-``partitions_kept``, each averaged over the R runs; and ``throughput_ratio`` (ours /
-PipelineDP's).
+``partitions_kept``, each averaged over the R runs, and ``process_seconds`` (this process's
+CPU seconds for the same call, median); ``throughput_ratio`` (ours / PipelineDP's, wall
+clock) and ``cpu_throughput_ratio`` (the same in CPU seconds: on a loaded machine a
+sub-second run's wall clock is mostly waiting for a core, which a minute-long run averages
+out).
 PipelineDP is a benchmark-only dependency (requirements/benchmark.txt).
 
 With ``--engine beam``: the same query and data through ``aggregate_with_beam`` (rows handed
@@ -39,6 +53,7 @@ portable runner's: it runs every shuffle and moves each element to and from the 
 """
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -48,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
-                                                BoundsScope, SelectionRule, aggregate, plan)
+                                                BoundsScope, NoiseKind, aggregate, plan)
 
 LOW, HIGH, MAX_PARTITIONS, MAX_ROWS = 0.0, 50.0, 4, 2
 METRICS = ("count", "sum", "mean")
@@ -67,28 +82,45 @@ def synthetic(rows: int, seed: int) -> pd.DataFrame:
     return pd.DataFrame({"user": user, "partition": partition, "value": value})
 
 
+def taxi() -> pd.DataFrame:
+    """The TFX taxi sample as (user = trip, partition = area * 100 + hour, value = fare); a trip
+    without a pickup area is in area -1 (both systems see the same frame)."""
+    import tfx
+
+    trips = pd.read_csv(os.path.join(os.path.dirname(tfx.__file__), "examples",
+                                     "chicago_taxi_pipeline", "data", "simple", "data.csv"))
+    area = trips["pickup_community_area"].fillna(-1).astype(int)
+    return pd.DataFrame({"user": np.arange(len(trips)),
+                         "partition": area * 100 + trips["trip_start_hour"].astype(int),
+                         "value": trips["fare"].astype(float)})
+
+
 def truth(frame: pd.DataFrame) -> pd.DataFrame:
     grouped = frame.groupby("partition")["value"]
-    return pd.DataFrame({"count": grouped.size(), "sum": grouped.sum(), "mean": grouped.mean()})
+    return pd.DataFrame({"count": grouped.size(), "sum": grouped.sum(), "mean": grouped.mean(),
+                         "median": grouped.median()})
 
 
-def sage_query() -> AggregationQuery:
+def sage_query(noise: str = "laplace", quantiles: bool = False) -> AggregationQuery:
+    aggregates = ((Aggregate.median("value", LOW, HIGH, name="median"),) if quantiles else (
+        Aggregate.count("value", name="count"),  # no NULLs here: COUNT(*); MEAN derives it
+        Aggregate(AggregateKind.SUM, "value", LOW, HIGH, scope=BoundsScope.ROW, name="sum"),
+        Aggregate(AggregateKind.AVG, "value", LOW, HIGH, name="mean")))
     return AggregationQuery(
-        ("partition",), "user",
-        (Aggregate.count("value", name="count"),  # no NULLs here: COUNT(*); MEAN derives it
-         Aggregate(AggregateKind.SUM, "value", LOW, HIGH, scope=BoundsScope.ROW, name="sum"),
-         Aggregate(AggregateKind.AVG, "value", LOW, HIGH, name="mean")),
+        ("partition",), "user", aggregates,
         max_partitions_contributed=MAX_PARTITIONS, max_contributions_per_partition=MAX_ROWS,
-        selection=SelectionRule.TRUNCATED_GEOMETRIC)
+        noise=NoiseKind(noise))
 
 
-def run_sage(frame: pd.DataFrame, epsilon: float, delta: float) -> tuple[pd.DataFrame, float]:
-    query = sage_query()
-    budget = plan(query, epsilon, delta)
-    start = time.perf_counter()
+def run_sage(frame: pd.DataFrame, epsilon: float, delta: float, noise: str = "laplace",
+             selection_weight: float = 1.0, quantiles: bool = False
+             ) -> tuple[pd.DataFrame, float]:
+    query = sage_query(noise, quantiles)
+    budget = plan(query, epsilon, delta,
+                  weights={"partition_selection": selection_weight})
+    clock = Clock()
     table = aggregate(frame, query, budget).table
-    elapsed = time.perf_counter() - start
-    return table.set_index("partition")[list(METRICS)], elapsed
+    return table.set_index("partition")[[a.output_name for a in query.aggregates]], clock.read()
 
 
 def beam_runner(arguments: list[str]):
@@ -100,11 +132,10 @@ def beam_runner(arguments: list[str]):
     def run(frame: pd.DataFrame, epsilon: float, delta: float) -> tuple[pd.DataFrame, float]:
         query = sage_query()
         budget = plan(query, epsilon, delta)
-        start = time.perf_counter()
+        clock = Clock()
         table = aggregate_with_beam(frame, query, budget,
                                     options=PipelineOptions(arguments)).table
-        elapsed = time.perf_counter() - start
-        return table.set_index("partition")[list(METRICS)], elapsed
+        return table.set_index("partition")[list(METRICS)], clock.read()
     return run
 
 
@@ -133,17 +164,18 @@ def _driver_cpu() -> dict:
     return {"driver": times.user + times.system + times.children_user + times.children_system}
 
 
-def run_pipeline_dp(frame: pd.DataFrame, epsilon: float,
-                    delta: float) -> tuple[pd.DataFrame, float]:
+def run_pipeline_dp(frame: pd.DataFrame, epsilon: float, delta: float, noise: str = "laplace",
+                    quantiles: bool = False) -> tuple[pd.DataFrame, float]:
     import pipeline_dp
 
     rows = list(frame[["user", "partition", "value"]].itertuples(index=False, name=None))
-    start = time.perf_counter()
+    clock = Clock()
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
     engine = pipeline_dp.DPEngine(accountant, pipeline_dp.LocalBackend())
     params = pipeline_dp.AggregateParams(
-        noise_kind=pipeline_dp.NoiseKind.LAPLACE,
-        metrics=[pipeline_dp.Metrics.COUNT, pipeline_dp.Metrics.SUM, pipeline_dp.Metrics.MEAN],
+        noise_kind=pipeline_dp.NoiseKind(noise),
+        metrics=([pipeline_dp.Metrics.PERCENTILE(50)] if quantiles else
+                 [pipeline_dp.Metrics.COUNT, pipeline_dp.Metrics.SUM, pipeline_dp.Metrics.MEAN]),
         max_partitions_contributed=MAX_PARTITIONS, max_contributions_per_partition=MAX_ROWS,
         min_value=LOW, max_value=HIGH)
     extractors = pipeline_dp.DataExtractors(privacy_id_extractor=lambda row: row[0],
@@ -152,28 +184,47 @@ def run_pipeline_dp(frame: pd.DataFrame, epsilon: float,
     result = engine.aggregate(rows, params, extractors)
     accountant.compute_budgets()
     released = list(result)
-    elapsed = time.perf_counter() - start
+    elapsed = clock.read()
+    if quantiles:
+        return pd.DataFrame([(key, m.percentile_50) for key, m in released],
+                            columns=["partition", "median"]).set_index("partition"), elapsed
     table = pd.DataFrame([(key, m.count, m.sum, m.mean) for key, m in released],
                          columns=["partition", *METRICS]).set_index("partition")
     return table, elapsed
 
 
 def rmse(released: pd.DataFrame, exact: pd.DataFrame, partitions) -> dict:
+    metrics = list(released.columns)
     if len(partitions) == 0:
-        return {metric: None for metric in METRICS}
-    errors = released.loc[partitions, list(METRICS)] - exact.loc[partitions, list(METRICS)]
-    return {metric: float(np.sqrt(np.mean(errors[metric] ** 2))) for metric in METRICS}
+        return {metric: None for metric in metrics}
+    errors = released.loc[partitions, metrics] - exact.loc[partitions, metrics]
+    return {metric: float(np.sqrt(np.mean(errors[metric] ** 2))) for metric in metrics}
+
+
+class Clock:
+    """Wall-clock and this process's CPU seconds since it was made. On a shared machine the
+    wall clock of a sub-second run is mostly waiting for a core; the CPU seconds are the work
+    (both systems run in this one process, single-threaded)."""
+
+    def __init__(self):
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> tuple[float, float]:
+        return time.perf_counter() - self._wall, time.process_time() - self._cpu
 
 
 def measure(run, frame, exact, epsilon, delta, repeats) -> tuple[dict, pd.Index]:
     """``repeats`` runs of one system: the median throughput, and RMSE and partitions kept
     averaged over the runs (one run's errors are dominated by its own sampling and noise)."""
     runs = [run(frame, epsilon, delta) for _ in range(repeats)]
-    seconds = float(np.median([elapsed for _, elapsed in runs]))
+    seconds = float(np.median([wall for _, (wall, _) in runs]))
+    cpu_seconds = float(np.median([cpu for _, (_, cpu) in runs]))
+    metrics = list(runs[0][0].columns)
     return {"rows_per_second": len(frame) / seconds, "seconds": seconds,
+            "process_seconds": cpu_seconds,
             "partitions_kept": float(np.mean([len(table) for table, _ in runs])),
             "rmse": {metric: float(np.mean([rmse(table, exact, table.index)[metric]
-                                            for table, _ in runs])) for metric in METRICS},
+                                            for table, _ in runs])) for metric in metrics},
             }, runs
 
 
@@ -221,17 +272,26 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--data", choices=("longtail", "taxi"), default="longtail")
+    parser.add_argument("--noise", choices=("laplace", "gaussian"), default="laplace")
+    parser.add_argument("--selection-weight", type=float, default=1.0)
+    parser.add_argument("--quantiles", action="store_true")
     args = parser.parse_args()
-    frame = synthetic(args.rows, args.seed)
+    frame = synthetic(args.rows, args.seed) if args.data == "longtail" else taxi()
     exact = truth(frame)
-    report = {"rows": args.rows, "users": int(frame["user"].nunique()),
+    report = {"rows": len(frame), "users": int(frame["user"].nunique()),
               "partitions": int(frame["partition"].nunique()), "epsilon": args.epsilon,
-              "delta": args.delta, "repeats": args.repeats}
+              "delta": args.delta, "repeats": args.repeats, "data": args.data,
+              "noise": args.noise, "selection_weight": args.selection_weight,
+              "query": "median" if args.quantiles else "count_sum_mean"}
     if args.engine == "beam":
         compare_engines(args, frame, exact, report)
         return
     runs = {}
-    for name, run in (("sage_tfx", run_sage), ("pipeline_dp", run_pipeline_dp)):
+    ours = functools.partial(run_sage, noise=args.noise, quantiles=args.quantiles,
+                             selection_weight=args.selection_weight)
+    theirs = functools.partial(run_pipeline_dp, noise=args.noise, quantiles=args.quantiles)
+    for name, run in (("sage_tfx", ours), ("pipeline_dp", theirs)):
         report[name], runs[name] = measure(run, frame, exact, args.epsilon, args.delta,
                                            args.repeats)
     # the partitions both kept, run by run
@@ -240,9 +300,13 @@ def main() -> None:
             rmse(ours if name == "sage_tfx" else theirs, exact,
                  ours.index.intersection(theirs.index))[metric]
             for (ours, _), (theirs, _) in zip(runs["sage_tfx"], runs["pipeline_dp"])]))
-            for metric in METRICS}
+            for metric in report[name]["rmse"]}
+    report["partitions_ratio"] = (report["sage_tfx"]["partitions_kept"]
+                                  / report["pipeline_dp"]["partitions_kept"])
     report["throughput_ratio"] = (report["sage_tfx"]["rows_per_second"]
                                   / report["pipeline_dp"]["rows_per_second"])
+    report["cpu_throughput_ratio"] = (report["pipeline_dp"]["process_seconds"]
+                                      / report["sage_tfx"]["process_seconds"])
     if args.json:
         print(json.dumps(report))
         return
@@ -250,10 +314,11 @@ def main() -> None:
         entry = report[name]
         print(f"{name:12s} {entry['rows_per_second']:12,.0f} rows/s  kept "
               f"{entry['partitions_kept']:8.1f}  rmse " + "  ".join(
-                  f"{m}={entry['rmse'][m]:.4g}" for m in METRICS)
+                  f"{m}={entry['rmse'][m]:.4g}" for m in entry["rmse"])
               + "  (common: " + "  ".join(f"{m}={entry['rmse_common'][m]:.4g}"
-                                          for m in METRICS) + ")")
-    print(f"throughput_ratio {report['throughput_ratio']:.1f}")
+                                          for m in entry["rmse"]) + ")")
+    print(f"throughput_ratio {report['throughput_ratio']:.1f} (CPU seconds: "
+          f"{report['cpu_throughput_ratio']:.1f})")
 
 
 if __name__ == "__main__":

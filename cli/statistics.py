@@ -96,6 +96,7 @@ def _query(args) -> int:
     from sage_tfx import release
     from sage_tfx.dp_statistics import tables
     from sage_tfx.dp_statistics.aggregation import frontend, relation, sql
+    from sage_tfx.dp_statistics.aggregation.budget import composition_for
     from sage_tfx.sage_access.errors import BadRequest
     from sage_tfx.sage_access.ledger import BlockIds
 
@@ -107,7 +108,8 @@ def _query(args) -> int:
     found = {name: tables.find_table(ledger, name) for name in sql.table_names(parsed)}
     planned = frontend.plan_query(
         parsed, {n: sql.TableSchema(t.unit_column, t.columns) for n, t in found.items()},
-        {n: t.schema for n, t in found.items()}, args.epsilon, args.delta)
+        {n: t.schema for n, t in found.items()}, args.epsilon, args.delta,
+        composition_for(ledger.accounting))
     plan = planned.release_plan("sage-tfx query", args.sql)
     block_ids = _query_blocks(args, ledger, found, plan)
     unit = release.weakest_unit([t.guarantee_unit for t in found.values()])

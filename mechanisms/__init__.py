@@ -38,7 +38,7 @@ A frozen :class:`Release` ``(value, event, additional_delta)``: ``event`` is the
 DpEvent that describes exactly the noise that ran (sensitivity incl. lattice rounding, scale);
 ``additional_delta`` is the delta a partition-selection step spends outside any DpEvent
 dp_accounting can express (0 for the additive mechanisms; see ``selection`` for partition
-selection: Laplace and Gaussian thresholding, truncated-geometric selection).
+selection: Laplace and Gaussian thresholding, truncated-geometric selection, weighted Gaussian).
 """
 from sage_tfx.mechanisms.bounding import bounded
 from sage_tfx.mechanisms.release import Release
@@ -47,9 +47,11 @@ from sage_tfx.mechanisms.additive import (discrete_gaussian, discrete_laplace, g
                                           laplace_count_and_sum)
 from sage_tfx.mechanisms.selection import (Selection, gaussian_threshold, laplace_threshold,
                                            truncated_geometric_keep_probability,
-                                           truncated_geometric_selection)
+                                           truncated_geometric_selection, unit_weight,
+                                           weighted_gaussian_selection)
 
 __all__ = ["bounded", "Release", "laplace", "discrete_laplace", "gaussian", "gaussian_sigma",
            "gaussian_with_noise_multiplier", "discrete_gaussian", "laplace_count_and_sum",
            "Selection", "laplace_threshold", "gaussian_threshold",
-           "truncated_geometric_keep_probability", "truncated_geometric_selection"]
+           "truncated_geometric_keep_probability", "truncated_geometric_selection",
+           "unit_weight", "weighted_gaussian_selection"]

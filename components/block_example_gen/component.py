@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import datetime as dt
-
-from typing import Optional
+import json
+from typing import Optional, Sequence
 
 from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
@@ -29,6 +29,9 @@ class BlockExampleGenSpec(component_spec.ComponentSpec):
         # block in a subdirectory (pipelines/kubeflow.py sets it: TFX's Kubeflow V2 entrypoint
         # passes exactly one artifact per output).
         "per_block_artifacts": component_spec.ExecutionParameter(type=int, optional=True),
+        # The CSV columns as a JSON list (the table's public schema), checked against every
+        # file's header before anything is registered (executor.check_csv_headers).
+        "columns": component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
         # Examples from another ExampleGen (e.g. TFX's CsvExampleGen), all splits, instead of files.
@@ -51,6 +54,11 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
 
     block_by: "month", "day" or "hour" for a unix-seconds timestamp key (event-level DP), or
     "users" with `users_per_block` for an integer user-id key (user-level DP, Sage §4.4).
+
+    columns: the CSV files' columns (the table's public schema, any order). A file whose
+    header misses one, adds one or repeats one is refused, naming the column, before any
+    block is registered (and so before anything can be charged); without `columns` every
+    file must have the first file's header. The block key must be a column.
     """
 
     SPEC_CLASS = BlockExampleGenSpec
@@ -61,18 +69,25 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
                  input_base: Optional[str] = None, block_by: str = "month",
                  input_format: str = "csv", users_per_block: Optional[int] = None,
                  test_fraction: float = 0.2, ledger_context: str = "default",
-                 input_examples: Optional[channel.Channel] = None):
+                 input_examples: Optional[channel.Channel] = None,
+                 columns: Optional[Sequence[str]] = None):
         if (input_base is None) == (input_examples is None):
             raise ValueError("BlockExampleGen reads either files under input_base or the "
                              "Examples of another ExampleGen: give exactly one")
         if not int(schedule_start) < int(schedule_end):
             raise ValueError(f"the schedule [{schedule_start}, {schedule_end}) is empty")
+        if columns is not None:
+            columns = [str(column) for column in columns]
+            if len(set(columns)) != len(columns) or block_key not in columns:
+                raise ValueError(f"columns {columns} must name each column once, the block "
+                                 f"key {block_key!r} among them")
         super().__init__(spec=BlockExampleGenSpec(input_examples=input_examples,
             input_base=input_base, input_format=input_format, block_key=block_key,
             block_by=block_by, schedule_start=int(schedule_start),
             schedule_end=int(schedule_end), users_per_block=users_per_block, test_fraction=test_fraction,
             block_epsilon=block_epsilon, block_delta=block_delta, ledger_store=ledger_store,
             ledger_context=ledger_context,
+            columns=None if columns is None else json.dumps(columns),
             examples=channel.Channel(type=standard_artifacts.Examples)))
 
 

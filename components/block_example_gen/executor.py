@@ -121,6 +121,36 @@ def csv_records(path: str) -> Iterable[bytes]:
             yield example.SerializeToString(deterministic=True)
 
 
+def check_csv_headers(files: list[str], columns: Optional[list[str]], block_key: str) -> None:
+    """Refuse (BadRequest) a CSV file whose header does not match the table's public schema:
+    `columns`, the declared column names (any order), or without a declaration the first
+    file's header; the block key must be one of them. Only headers are read (the schema is
+    public: file and column names, never a cell), and the executor asks before it writes or
+    registers anything, so a missing column is a schema error rather than a silently missing
+    feature in every record (which trained, and charged, on what the other columns held)."""
+    expected = list(columns) if columns is not None else None
+    for path in files:
+        with tf.io.gfile.GFile(path, "r") as handle:
+            header = [name.strip() for name in next(csv.reader(handle), [])]
+        if expected is None:
+            expected = header
+        name = os.path.basename(path)
+        duplicated = sorted({column for column in header if header.count(column) > 1})
+        missing = [column for column in expected if column not in header]
+        extra = [column for column in header if column not in expected]
+        if duplicated or missing or extra:
+            problems = [f"{label} column(s) {', '.join(repr(c) for c in found)}"
+                        for label, found in (("missing", missing), ("extra", extra),
+                                             ("repeated", duplicated)) if found]
+            source = ("declared in columns" if columns is not None
+                      else f"the header of {os.path.basename(files[0])}")
+            raise BadRequest(f"CSV file {name}: {'; '.join(problems)} against the table's "
+                             f"schema {expected} ({source}); nothing was registered")
+    if expected is not None and block_key not in expected:
+        raise BadRequest(f"the block key {block_key!r} is not a column of the CSV files "
+                         f"({expected}): every record would be dropped; nothing was registered")
+
+
 def _split_of(serialized: bytes, test_fraction: float) -> str:
     digest = hashlib.blake2b(serialized, digest_size=8, key=b"sage-tfx-split").digest()
     return TEST_SPLIT if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else TRAIN_SPLIT
@@ -175,6 +205,11 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 "set schedule_start to the end of the last registered block, with a new input "
                 "directory holding only its records, or run training without BlockExampleGen")
 
+        if input_format == "csv" and not input_dict.get("input_examples"):
+            files = sorted(tf.io.gfile.glob(os.path.join(exec_properties["input_base"], "*.csv")))
+            columns = exec_properties.get("columns")
+            check_csv_headers(files, json.loads(columns) if columns else None, key)
+
         template = artifact_utils.get_single_instance(output_dict["examples"])
         output_uri = template.uri
         with self._make_beam_pipeline() as pipeline:
@@ -184,8 +219,6 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 records = (pipeline | "Patterns" >> beam.Create(patterns)
                            | "ReadExamples" >> beam.io.ReadAllFromTFRecord())
             elif input_format == "csv":
-                files = sorted(tf.io.gfile.glob(
-                    os.path.join(exec_properties["input_base"], "*.csv")))
                 records = (pipeline | "CsvFiles" >> beam.Create(files)
                            | "ReadCsv" >> beam.FlatMap(csv_records))
             elif input_format == "tfrecord":

@@ -53,7 +53,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         columns = json.loads(exec_properties["columns"])
         unit_column = exec_properties["unit_column"]
         planned = frontend.planned_for_grant(
-            *query_inputs(exec_properties["query"], unit_column, columns), info.record)
+            *query_inputs(exec_properties["query"], unit_column, columns), info.record,
+            info.ledger.accounting)
         frontend.check_grant(planned, info.record, info.ledger.accounting)
         options = PipelineOptions(self._beam_pipeline_args or [])
 

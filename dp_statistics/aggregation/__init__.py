@@ -18,10 +18,10 @@ Beam. The derivations are in aggregators.py (sensitivities, AVG/VAR, DP bounds),
 from sage_tfx.dp_statistics.aggregation.spec import (Aggregate, AggregateKind, AggregationQuery,
                                                      BoundsScope, GuaranteeUnit, NoiseKind,
                                                      QueryError, SelectionRule)
-from sage_tfx.dp_statistics.aggregation.budget import BudgetPlan, PlanStep, plan
+from sage_tfx.dp_statistics.aggregation.budget import BudgetPlan, Composition, PlanStep, plan
 from sage_tfx.dp_statistics.aggregation.release import Release
 from sage_tfx.dp_statistics.aggregation.local import aggregate
 
 __all__ = ["Aggregate", "AggregateKind", "AggregationQuery", "BoundsScope", "GuaranteeUnit",
-           "NoiseKind", "QueryError", "SelectionRule", "BudgetPlan", "PlanStep", "plan",
+           "NoiseKind", "QueryError", "SelectionRule", "BudgetPlan", "Composition", "PlanStep", "plan",
            "Release", "aggregate"]

@@ -25,14 +25,19 @@ Method per aggregate (confidence 1 - alpha, alpha = 0.05):
   Q/n + h^2/2 - (s/n)^2 over it (the extremes lie at the corners, at s = 0, or at the
   stationary point n = 2 s^2 / Q), clamped into [0, h^2] (STDDEV: its square root).
   Conservative. Stddev: the delta method, approximate.
-* quantiles: the released quantile is where the noisy cumulative count C_j reaches q T (T the
-  noisy total); the noise of C_j - q T has standard deviation sqrt((1-q)^2 j + q^2 (B-j)) sd_b
-  <= sqrt(B) sd_b over B buckets of noise sd_b. The interval maps the fractions
-  q +- z sqrt(B) sd_b / T through the released histogram (linear within a bucket), and the
-  stddev is its half-width / z. Approximate (a normal approximation of summed noise; negative
-  bucket counts clipped to 0; the bucketing error (U - L) / B not counted): measured coverage
-  of the noiseless value 98.7% with 6 values per group, 100% with 30
-  (tests/dp_statistics/aggregation/test_sql_semantics.py).
+* quantiles (a descent of the noisy quantile tree, aggregators.quantile_from_tree): the
+  released quantile sits where the noisy rank C(x) reaches q T (T the noisy total, the sum of
+  the level-1 counts). At a leaf edge, C(x) - q T is a signed sum of at most
+  R = b + (H - 1)(b - 1) node counts with coefficients in [-1, 1] (the b level-1 counts, and
+  at most b - 1 left siblings per lower level: aggregators.QUANTILE_RANK_TERMS, 10 for the
+  4-way, 3-level tree), so its noise has standard deviation <= sqrt(R) sd_node. The interval
+  maps the fractions q +- z sqrt(R) sd_node / T through the same descent of the released tree
+  (a fraction at or beyond 0 or 1 gives the bound L or U itself), and the stddev is its
+  half-width / z. Approximate (a normal approximation of the summed
+  noise; the descent renormalises at each level by the children's own noisy total rather than
+  its parent's count, and reads negative counts as 0; the leaf bucketing error (U - L) / b^H
+  not counted): the measured coverage of the noiseless value is in
+  tests/dp_statistics/aggregation/test_sql_semantics.py.
 
 Every computation here is total: a value near spec.MAX_MAGNITUDE gives an infinite width,
 never an error after the charge (numpy's overflow warnings silenced: `_total`).
@@ -176,20 +181,21 @@ def variance(rows: np.ndarray, centred: np.ndarray, squares: np.ndarray, half: f
 
 
 @_total
-def quantile(noisy_counts: np.ndarray, q: float, low: float, high: float, law: NoiseLaw,
-             value_at) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A quantile's stddev and interval from its released (partitions, B) noisy histogram
-    (module docstring). `value_at(counts, fractions, low, high)`: the histogram's
-    post-processing, the value at each partition's fraction of its total."""
-    counts = np.maximum(noisy_counts, 0.0)
-    total = counts.sum(axis=1)
+def quantile(total: np.ndarray, rank_terms: int, q: float, law: NoiseLaw, value_at,
+             low: float, high: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A quantile's stddev and interval (module docstring): ``total`` the noisy total per
+    partition, ``rank_terms`` the R node counts a rank sums, ``law`` each node's noise,
+    ``value_at(fractions)`` the released post-processing read at one fraction per
+    partition."""
     z = NormalDist().inv_cdf(1.0 - ALPHA / 2.0)
-    rank_width = z * math.sqrt(counts.shape[1]) * law.stddev
+    rank_width = z * math.sqrt(rank_terms) * law.stddev
     safe_total = np.where(total > 0, total, 1.0)
-    ci_low = value_at(noisy_counts, np.clip(q - rank_width / safe_total, 0.0, 1.0), low, high)
-    ci_high = value_at(noisy_counts, np.clip(q + rank_width / safe_total, 0.0, 1.0), low, high)
-    ci_low, ci_high = np.where(total > 0, ci_low, low), np.where(total > 0, ci_high, high)
-    return _columns((ci_high - ci_low) / (2.0 * z), ci_low, ci_high, len(counts))
+    below, above = q - rank_width / safe_total, q + rank_width / safe_total
+    # A fraction beyond [0, 1] puts the end at the bound itself: the descent read at 0 (or 1)
+    # stops at the first (last) positive count, which noise can put anywhere.
+    ci_low = np.where((total > 0) & (below > 0), value_at(np.clip(below, 0.0, 1.0)), low)
+    ci_high = np.where((total > 0) & (above < 1), value_at(np.clip(above, 0.0, 1.0)), high)
+    return _columns((ci_high - ci_low) / (2.0 * z), ci_low, ci_high, len(total))
 
 
 def monotone(values: np.ndarray) -> np.ndarray:

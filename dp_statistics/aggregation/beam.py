@@ -99,8 +99,10 @@ class _ShufflePair(_KeyedSampling):
         return repr([row.get(c) for c in self._columns])
 
 
+
 class _SamplePartitions(_KeyedSampling):
-    """Step 2: at most C_u of a unit's pairs, uniformly."""
+    """Step 2: at most C_u of a unit's pairs, uniformly, each with the number the unit kept
+    (its selection weight's k)."""
 
     STAGE = 2
 
@@ -112,8 +114,9 @@ class _SamplePartitions(_KeyedSampling):
         unit, pairs = element
         # a unit has one pair per partition: the partition's repr orders them
         rng, pairs = self._sampling(unit, list(pairs), lambda pair: repr(pair[0]))
-        for index in rng.permutation(len(pairs))[:self._max_partitions]:
-            yield pairs[index]
+        kept = rng.permutation(len(pairs))[:self._max_partitions]
+        for index in kept:
+            yield (*pairs[index], len(kept))
 
 
 def _one_pair(size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -130,7 +133,7 @@ def _given_bounds(query: AggregationQuery, inferred: dict) -> dict:
 
 def _pair_histogram(pair, query: AggregationQuery, name: str) -> np.ndarray:
     aggregate = next(a for a in query.aggregates if a.output_name == name)
-    _, size, columns = pair
+    _, size, columns, _ = pair
     pair_of_row, rank = _one_pair(size)
     return aggregators.log_histogram(aggregators.bounds_input(
         aggregate, pair_of_row, rank, 1, columns[aggregate.column],
@@ -168,15 +171,17 @@ class _Contribute(beam.DoFn):
         pairs, self._pairs = self._pairs, []
         if not pairs:
             return []
-        sizes = np.array([size for _, size, _ in pairs])
+        sizes = np.array([size for _, size, _, _ in pairs])
         pair_of_row = np.repeat(np.arange(len(pairs)), sizes)
         rank_in_pair = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        columns = {c: np.concatenate([pair_columns[c] for _, _, pair_columns in pairs])
+        columns = {c: np.concatenate([pair_columns[c] for _, _, pair_columns, _ in pairs])
                    for c in pairs[0][2]}
+        partitions_of_unit = np.array([kept for _, _, _, kept in pairs])
         vectors = aggregators.pair_contributions(self._query, self._bounds, pair_of_row,
-                                                 rank_in_pair, len(pairs), columns)
+                                                 rank_in_pair, len(pairs), columns,
+                                                 partitions_of_unit)
         signed = np.stack([np.maximum(vectors, 0.0), np.maximum(-vectors, 0.0)], axis=1)
-        return [(partition, signed[i]) for i, (partition, _, _) in enumerate(pairs)]
+        return [(pair[0], signed[i]) for i, pair in enumerate(pairs)]
 
 
 def _sum_signed(parts) -> np.ndarray:

@@ -23,6 +23,20 @@ delta_s (Gaussian noise, and the selection's additional delta) is at most delta 
 composition, the seed's Proposition 5). ``BudgetPlan.event`` is the composed event for the
 ledger; the selection's ``additional_delta`` sits outside it (mechanisms.Release's contract).
 
+Tighter composition (``Composition.PLD``, the default). Basic composition adds epsilons as if
+every step's privacy loss could be at its worst on the same outcome; the privacy loss
+distributions of the actual noises (Laplace, Gaussian) compose far better, most of all for
+Gaussians, whose losses add as independent normals. So once the basic split is made, every
+step's noise is recalibrated at (lambda eps_s, delta_s) for one common factor lambda >= 1, the
+largest (to a relative 1e-3, rounded down) for which dp-accounting's PLD accountant (add-or-
+remove-one, pessimistic discretisation) finds the composed events
+(epsilon, delta - additional_delta)-DP: with the selection's additional delta outside the
+events (mechanisms.Release), the release is then (epsilon, delta)-DP, the grant. The split's
+fractions stay the basic shares (what the ledger records as each step's part of the grant);
+each step's ``noise_scale`` is lambda and its event is the noise that runs. lambda = 1 (the
+basic plan, sound by basic composition) when the events have no delta to trade (pure Laplace
+steps whose delta all goes to the selection's threshold) or PLD finds nothing better.
+
 Shares. By default a step weighs the number of noisy sums it releases (selection, bounds,
 COUNT, SUM, QUANTILE: 1; AVG: 2; VAR/STDDEV: 3), which is PipelineDP's split (its
 NaiveBudgetAccountant gives each mechanism weight 1, and MEAN is two); ``weights`` overrides by
@@ -34,11 +48,14 @@ the Gaussian steps share the rest in proportion to their weights.
 from __future__ import annotations
 
 import dataclasses
+import enum
+import functools
 import math
 from typing import Mapping, Optional
 
 import numpy as np
 from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
 
 from sage_tfx import mechanisms
 from sage_tfx.dp_statistics.aggregation.spec import (MAX_MAGNITUDE, AggregateKind,
@@ -52,6 +69,7 @@ _SELECTION_MECHANISMS = {
     SelectionRule.LAPLACE_THRESHOLD: mechanisms.laplace_threshold,
     SelectionRule.GAUSSIAN_THRESHOLD: mechanisms.gaussian_threshold,
     SelectionRule.TRUNCATED_GEOMETRIC: mechanisms.truncated_geometric_selection,
+    SelectionRule.WEIGHTED_GAUSSIAN: mechanisms.weighted_gaussian_selection,
 }
 _THRESHOLDING = (SelectionRule.LAPLACE_THRESHOLD, SelectionRule.GAUSSIAN_THRESHOLD)
 
@@ -61,15 +79,41 @@ NOISY_SUMS = {AggregateKind.COUNT: 1, AggregateKind.COUNT_DISTINCT: 1, Aggregate
               AggregateKind.QUANTILE: 1}
 
 
+class Composition(str, enum.Enum):
+    """How a plan composes its steps (module docstring): basic (epsilons add) or by the
+    privacy loss distributions of their noise (dp-accounting's PLD accountant)."""
+    BASIC = "basic"
+    PLD = "pld"
+
+
+def composition_for(accounting) -> Composition:
+    """The composition whose plan is cheapest for the ledger that charges it (``accounting``:
+    the ledger's accounting object, sage_access.accounting, or its mode's name).
+
+    A basic ledger charges the grant's (epsilon, delta) whatever noise runs, so the PLD plan
+    (less noise for the same charge) is the better buy. An rdp ledger charges the RDP curve
+    of the events that run: PLD's factor lambda >= 1 lowers every step's noise and so raises
+    that curve, while the basic plan's events are the noisiest that meet the grant: BASIC."""
+    mode = str(getattr(accounting, "name", accounting))
+    return Composition.BASIC if mode == "rdp" else Composition.PLD
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanStep:
     """A step's share of the grant and the event of the noise it runs. ``additional_delta``:
-    the part of ``delta`` spent outside ``event`` (partition selection only)."""
+    the part of ``delta`` spent outside ``event`` (partition selection only).
+    ``noise_scale``: the factor lambda of a PLD plan (module docstring): the noise is
+    calibrated at (``noise_epsilon`` = lambda * epsilon, delta)."""
     name: str
     epsilon: float
     delta: float
     event: dp_event.DpEvent
     additional_delta: float = 0.0
+    noise_scale: float = 1.0
+
+    @property
+    def noise_epsilon(self) -> float:
+        return self.epsilon * self.noise_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,10 +189,24 @@ def _grant(epsilon, delta) -> tuple[float, float]:
 
 
 def plan(query: AggregationQuery, epsilon: float, delta: float,
-         weights: Optional[Mapping[str, float]] = None) -> BudgetPlan:
-    """Split the grant (epsilon, delta) among ``query``'s steps (module docstring). Raises
-    QueryError for a bad query, a bad grant, a grant whose delta is 0 when a step needs some
-    (selection, Gaussian noise), or unknown/non-positive weights; nothing is charged here."""
+         weights: Optional[Mapping[str, float]] = None,
+         composition: Composition = Composition.PLD) -> BudgetPlan:
+    """Split the grant (epsilon, delta) among ``query``'s steps and calibrate their noise by
+    ``composition`` (module docstring). Raises QueryError for a bad query, a bad grant, a grant
+    whose delta is 0 when a step needs some (selection, Gaussian noise), or unknown/non-positive
+    weights; nothing is charged here."""
+    basic = _basic_plan(query, epsilon, delta, weights)
+    if Composition(composition) is Composition.BASIC:
+        return basic
+    scale = _pld_noise_scale(basic)
+    if scale == 1.0:
+        return basic
+    return dataclasses.replace(basic, steps=tuple(
+        _step_at(query, step, scale) for step in basic.steps))
+
+
+def _basic_plan(query: AggregationQuery, epsilon: float, delta: float,
+                weights: Optional[Mapping[str, float]]) -> BudgetPlan:
     query.check()
     epsilon, delta = _grant(epsilon, delta)
     default = _step_weights(query)
@@ -190,6 +248,60 @@ def plan(query: AggregationQuery, epsilon: float, delta: float,
     return BudgetPlan(query, epsilon, spent_delta, tuple(steps))
 
 
+def _step_at(query: AggregationQuery, step: PlanStep, scale: float) -> PlanStep:
+    """``step`` with its noise calibrated at (scale * its epsilon, its delta)."""
+    noise_epsilon = step.epsilon * scale
+    if step.name == SELECTION_STEP:
+        event = _selection_step(query, noise_epsilon, step.delta).event
+    elif step.name.startswith(BOUNDS_STEP_PREFIX):
+        event = dp_event.LaplaceDpEvent(noise_multiplier=1.0 / noise_epsilon)
+    else:
+        kind = next(a.kind for a in query.aggregates if a.output_name == step.name)
+        event = component_event(query, kind, noise_epsilon, step.delta)
+    return dataclasses.replace(step, event=event, noise_scale=scale)
+
+
+# The PLD accountant's loss grid: 1e-3 nats (pessimistic rounding, so the epsilon it reports is
+# an upper bound); lambda is searched to a relative 1e-3 and rounded down.
+_PLD_DISCRETISATION = 1e-3
+_PLD_SCALE_TOLERANCE = 1e-3
+
+
+def pld_epsilon(event: dp_event.DpEvent, delta: float) -> float:
+    """The epsilon at ``delta`` of ``event`` by dp-accounting's PLD accountant (add-or-remove-one,
+    the ledger's relation)."""
+    accountant = pld_privacy_accountant.PLDAccountant(
+        value_discretization_interval=_PLD_DISCRETISATION)
+    accountant.compose(event)
+    return accountant.get_epsilon(delta)
+
+
+@functools.lru_cache(maxsize=256)
+def _pld_noise_scale(basic: BudgetPlan) -> float:
+    """The factor lambda >= 1 of the module docstring for ``basic``'s steps (1.0: no gain)."""
+    event_delta = basic.delta - basic.additional_delta
+    if event_delta <= 0 or len(basic.steps) < 2:
+        return 1.0  # pure events compose additively; one step is calibrated exactly already
+    query, target = basic.query, basic.epsilon
+
+    def composed(scale: float) -> dp_event.DpEvent:
+        return dp_event.ComposedDpEvent([_step_at(query, step, scale).event
+                                         for step in basic.steps])
+
+    def fits(scale: float) -> bool:
+        return pld_epsilon(composed(scale), event_delta) <= target
+
+    if not fits(1.0):
+        return 1.0
+    low, high = 1.0, 2.0
+    while fits(high):  # epsilon grows with the scale: bracket the largest that fits
+        low, high = high, 2.0 * high
+    while high - low > _PLD_SCALE_TOLERANCE * low:
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
 def _check_noise_scale(query: AggregationQuery, aggregate, event: dp_event.DpEvent) -> None:
     """Refuse, before any charge, an aggregate whose noise scale (its multiplier times the L1
     or L2 sensitivity over C_u partitions) exceeds spec.MAX_MAGNITUDE: its noisy sums could
@@ -226,12 +338,15 @@ def component_event(query: AggregationQuery, kind: AggregateKind, epsilon: float
     return one if parts == 1 else dp_event.SelfComposedDpEvent(one, parts)
 
 
-def run_selection(query: AggregationQuery, step: PlanStep, unit_counts) -> mechanisms.Release:
-    """The selection rule of ``query`` on the per-partition unit counts, at the step's share."""
-    return _SELECTION_MECHANISMS[SelectionRule(query.selection)](
-        np.asarray(unit_counts, dtype=np.int64),
+def run_selection(query: AggregationQuery, step: PlanStep, statistic) -> mechanisms.Release:
+    """The selection rule of ``query`` at the step's share, on the per-partition unit counts
+    (integers), or for the weighted Gaussian the partitions' sums of unit weights."""
+    rule = SelectionRule(query.selection)
+    return _SELECTION_MECHANISMS[rule](
+        np.asarray(statistic, dtype=np.float64 if rule is SelectionRule.WEIGHTED_GAUSSIAN
+                   else np.int64),
         max_partitions_per_unit=query.max_partitions_contributed,
-        epsilon=step.epsilon, delta=step.delta)
+        epsilon=step.noise_epsilon, delta=step.delta)
 
 
 def _selection_step(query: AggregationQuery, epsilon: float, delta: float) -> PlanStep:

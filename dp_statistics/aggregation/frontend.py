@@ -23,7 +23,8 @@ import pandas as pd
 import pyarrow as pa
 
 from sage_tfx.dp_statistics.aggregation import accuracy, relation, sql
-from sage_tfx.dp_statistics.aggregation.budget import SELECTION_STEP, BudgetPlan, plan
+from sage_tfx.dp_statistics.aggregation.budget import (SELECTION_STEP, BudgetPlan, Composition,
+                                                       composition_for, plan)
 from sage_tfx.dp_statistics.aggregation.local import aggregate
 from sage_tfx.dp_statistics.aggregation.release import Release
 from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQuery, QueryError,
@@ -69,9 +70,10 @@ def check_query(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
 
 def plan_query(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
                arrow_schemas: Mapping[str, pa.Schema], epsilon: float,
-               delta: float) -> PlannedQuery:
+               delta: float, composition: Composition = Composition.PLD) -> PlannedQuery:
     """`check_query`, then the budget plan at (epsilon, delta), the grant's: OPTIONS epsilon
-    and delta (BigQuery's), when given, must be these."""
+    and delta (BigQuery's), when given, must be these. `composition`: the one cheapest for
+    the ledger that will charge the plan (budget.composition_for)."""
     for name, granted in (("epsilon", epsilon), ("delta", delta)):
         stated = parsed.options.get(name)
         if stated is not None and not (isinstance(stated, (int, float))
@@ -80,7 +82,8 @@ def plan_query(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
             raise QueryError(f"OPTIONS {name} = {stated!r}, but the grant's {name} is "
                              f"{granted:g}: give the same value (the grant is what is charged)")
     checked, query, columns = check_query(parsed, schemas, arrow_schemas)
-    return PlannedQuery(checked, query, columns, plan(query, epsilon, delta), epsilon, delta)
+    return PlannedQuery(checked, query, columns,
+                        plan(query, epsilon, delta, composition=composition), epsilon, delta)
 
 
 class GrantTerms(NamedTuple):
@@ -104,8 +107,8 @@ def grant_terms(budget: BudgetPlan) -> GrantTerms:
 def check_grant(planned: PlannedQuery, grant, accounting) -> None:
     """Refuse (QueryError; nothing consumed, nothing recorded) a grant charged elsewhere that
     was not made for `planned` or that the grant's ledger (`accounting`) could not charge."""
+    _check_accountable(grant, planned.budget, accounting)  # the ledger's rule first
     _check_grant_pays(grant, planned.budget)
-    _check_accountable(grant, planned.budget, accounting)
 
 
 def _check_grant_pays(grant, budget: BudgetPlan) -> None:
@@ -175,7 +178,7 @@ def run(rows: pa.Table, planned: PlannedQuery, charged: Charged, unit: Guarantee
 
 def typical_threshold(query: AggregationQuery, budget: BudgetPlan) -> Optional[int]:
     """The number of distinct units from which partition selection keeps a group with
-    probability at least 1/2 (public: the rule and its share of the budget), or None for a
+    probability at least 1/2 (public: the rule and the noise its step runs), or None for a
     rule without a closed form here."""
     from sage_tfx import mechanisms
     from sage_tfx.mechanisms import selection
@@ -187,9 +190,9 @@ def typical_threshold(query: AggregationQuery, budget: BudgetPlan) -> Optional[i
     partitions = query.max_partitions_contributed
     if rule is SelectionRule.LAPLACE_THRESHOLD:  # kept when n + Z >= tau, Z symmetric
         return selection.laplace_threshold_tau(max_partitions_per_unit=partitions,
-                                               epsilon=step.epsilon, delta=step.delta)
+                                               epsilon=step.noise_epsilon, delta=step.delta)
     if rule is SelectionRule.GAUSSIAN_THRESHOLD:  # kept when n + Z > tau
-        multiplier = mechanisms.gaussian_sigma(l2_sensitivity=1.0, epsilon=step.epsilon,
+        multiplier = mechanisms.gaussian_sigma(l2_sensitivity=1.0, epsilon=step.noise_epsilon,
                                                delta=step.delta / 2.0)
         sigma, k = mechanisms.gaussian_lattice(l2_sensitivity=math.sqrt(partitions), size=1,
                                                noise_multiplier=multiplier)
@@ -199,8 +202,15 @@ def typical_threshold(query: AggregationQuery, budget: BudgetPlan) -> Optional[i
     if rule is SelectionRule.TRUNCATED_GEOMETRIC:  # keep probability pi(n) at (eps/C, delta/C)
         counts = np.arange(1, 2 ** 22)
         kept = selection.truncated_geometric_keep_probability(
-            counts, epsilon=step.epsilon / partitions, delta=step.delta / partitions) >= 0.5
+            counts, epsilon=step.noise_epsilon / partitions, delta=step.delta / partitions) >= 0.5
         return int(counts[kept.argmax()]) if kept.any() else None
+    if rule is SelectionRule.WEIGHTED_GAUSSIAN:  # kept when W + N(0, sigma^2) > tau
+        # W is n for n units that are in this group only (a unit in k groups weighs
+        # 1 / sqrt(k) in each): the count of such units kept half the time
+        sigma = mechanisms.gaussian_sigma(l2_sensitivity=1.0, epsilon=step.noise_epsilon,
+                                          delta=step.delta / 2.0)
+        return math.ceil(selection.weighted_gaussian_tau(
+            sigma=sigma, max_partitions_per_unit=partitions, threshold_delta=step.delta / 2.0))
     return None
 
 
@@ -227,13 +237,16 @@ NON_NEGATIVE_COUNTS = "counts clamped at 0 by post-processing"
 
 
 def planned_for_grant(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
-                      arrow_schemas: Mapping[str, pa.Schema], grant) -> PlannedQuery:
+                      arrow_schemas: Mapping[str, pa.Schema], grant,
+                      accounting) -> PlannedQuery:
     """The plan of `parsed` at the (epsilon, delta) of a grant charged elsewhere (the
-    BlockLedger component's), which `run` then checks the grant was made for."""
+    BlockLedger component's) by a ledger with `accounting`, which `run` then checks the grant
+    was made for."""
     if grant.epsilon is None:
         raise QueryError(f"grant {grant.grant_id} is an RDP curve; a DP aggregation needs an "
                          "(epsilon, delta) grant")
-    return plan_query(parsed, schemas, arrow_schemas, grant.epsilon, grant.delta or 0.0)
+    return plan_query(parsed, schemas, arrow_schemas, grant.epsilon, grant.delta or 0.0,
+                      composition_for(accounting))
 
 
 def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, ledger,
@@ -261,7 +274,8 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, led
     schema = sql.TableSchema(unit_column, {field.name: sql.column_kind(field.type)
                                            for field in data.schema})
     planned = planned_for_grant(parsed, {name: schema for name in names},
-                                {name: data.schema for name in names}, grant)
+                                {name: data.schema for name in names}, grant,
+                                ledger.accounting)
     check_grant(planned, grant, ledger.accounting)
     with consume(ledger, grant, list(grant.split), "dp_aggregate()") as charged:
         release = run(relation.evaluate(planned.checked, lambda _: data), planned, charged, unit,

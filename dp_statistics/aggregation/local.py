@@ -146,7 +146,8 @@ class Accumulated:
 def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
                rng: np.random.Generator) -> Accumulated:
     """Steps 1-3 of aggregators.py (and the DP bounds) on a checked frame."""
-    frame = frame[representable_rows(frame, query)].reset_index(drop=True)
+    frame = frame[representable_rows(frame, query)]  # a copy: its index can be reset in place
+    frame.index = pd.RangeIndex(len(frame))  # (reset_index would copy every column again)
     presence = presence_columns(query)
     columns = {c: np.where(frame[c].notna().to_numpy(), 1.0, np.nan) if c in presence
                else numeric_column(frame, c) for c in value_columns(query)}
@@ -178,10 +179,13 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
         bounds[name], bounds_events[BOUNDS_STEP_PREFIX + name] = aggregators.infer_bounds(
             query, aggregate_spec, plan, aggregators.log_histogram(values))
 
+    kept_unit = pairs.pair_unit[pairs.pair_kept]
+    partitions_of_unit = np.bincount(kept_unit)[kept_unit]
     contributions = aggregators.pair_contributions(query, bounds, pair_of_row, rank_in_pair,
-                                                   n_pairs, ordered)
+                                                   n_pairs, ordered, partitions_of_unit)
     accumulators = aggregators.sum_by_partition(pairs.pair_partition[pairs.pair_kept],
-                                                contributions, len(keys))
+                                                contributions, len(keys),
+                                                aggregators.layout(query).signed)
     return Accumulated(keys, accumulators, bounds, bounds_events)
 
 

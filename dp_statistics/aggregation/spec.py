@@ -64,8 +64,22 @@ class SelectionRule(str, enum.Enum):
     """Which partitions (group-by keys) may appear in the release (mechanisms/selection.py)."""
     LAPLACE_THRESHOLD = "laplace_threshold"      # the seed's tau-thresholding, noisy unit count
     GAUSSIAN_THRESHOLD = "gaussian_threshold"
-    TRUNCATED_GEOMETRIC = "truncated_geometric"  # Desfontaines et al. 2022: the most partitions
+    TRUNCATED_GEOMETRIC = "truncated_geometric"  # Desfontaines et al. 2022
+    # Gopi et al. 2020: Gaussian noise on each partition's sum of unit weights 1 / sqrt(k) (a
+    # unit in k partitions); L2 sensitivity 1 instead of sqrt(C_u): the most partitions.
+    WEIGHTED_GAUSSIAN = "weighted_gaussian"
     PUBLIC = "public"                            # listed by the caller: no selection, no budget
+
+
+def default_selection(max_partitions_contributed: int) -> SelectionRule:
+    """The selection rule of a query that names none (AggregationQuery's, and so SQL's): the
+    weighted Gaussian where a unit may be in several partitions (its L2 sensitivity stays 1
+    where a count's is sqrt(C): it keeps a group from fewer units from C = 2 on, e.g. 44
+    units in one group against the truncated geometric's 100 at C = 4, selection epsilon 0.5,
+    delta 1e-6), the truncated geometric at C = 1 (there Gaussian tails cost more than
+    geometric ones: 26 units against 42)."""
+    return (SelectionRule.TRUNCATED_GEOMETRIC if max_partitions_contributed == 1
+            else SelectionRule.WEIGHTED_GAUSSIAN)
 
 
 class NoiseKind(str, enum.Enum):
@@ -174,8 +188,8 @@ class Aggregate:
             return math.inf  # the midpoint or the width overflows
         if self.kind is AggregateKind.SUM:
             return max(abs(self.low), abs(self.high)) * (max_rows if self.bounds_rows else 1)
-        if self.kind is AggregateKind.QUANTILE:
-            return float(max_rows)
+        if self.kind is AggregateKind.QUANTILE:  # one bucket per level of the tree per row
+            return float(max_rows * QUANTILE_LEVELS)
         half = (self.high - self.low) / 2.0
         return max_rows * (half if self.kind is AggregateKind.AVG else max(half, half * half))
 
@@ -233,6 +247,12 @@ class Aggregate:
 MAX_MAGNITUDE = 2.0 ** 1000
 
 
+# The quantile tree (aggregators.py): QUANTILE_LEVELS levels, each bucket split in
+# QUANTILE_BRANCHING; a row is counted once per level.
+QUANTILE_BRANCHING = 4
+QUANTILE_LEVELS = 3
+
+
 # BigQuery's max_groups_contributed default (WITH DIFFERENTIAL_PRIVACY OPTIONS) and PipelineDP's
 # usual setting; an analyst who knows the data sets both.
 DEFAULT_MAX_PARTITIONS_CONTRIBUTED = 4
@@ -252,12 +272,15 @@ class AggregationQuery:
     aggregates: tuple[Aggregate, ...]
     max_partitions_contributed: int = DEFAULT_MAX_PARTITIONS_CONTRIBUTED
     max_contributions_per_partition: int = DEFAULT_MAX_CONTRIBUTIONS_PER_PARTITION
-    selection: SelectionRule = SelectionRule.TRUNCATED_GEOMETRIC
+    selection: Optional[SelectionRule] = None  # None: default_selection(C)
     public_partitions: Optional[tuple[tuple, ...]] = None
     noise: NoiseKind = NoiseKind.LAPLACE
     infer_bounds: bool = True  # False: an aggregate without literal bounds is refused
 
     def __post_init__(self):
+        if self.selection is None:
+            object.__setattr__(self, "selection",
+                               default_selection(self.max_partitions_contributed))
         _as_enum(self, "selection", SelectionRule)
         _as_enum(self, "noise", NoiseKind)
         for field in ("group_by", "aggregates"):  # lists from a parser become tuples

@@ -64,7 +64,8 @@ from sqlglot.tokens import TokenType
 
 from sage_tfx.dp_statistics.aggregation.spec import (
     DEFAULT_MAX_CONTRIBUTIONS_PER_PARTITION, DEFAULT_MAX_PARTITIONS_CONTRIBUTED, Aggregate,
-    AggregateKind, AggregationQuery, BoundsScope, NoiseKind, QueryError, SelectionRule)
+    AggregateKind, AggregationQuery, BoundsScope, NoiseKind, QueryError,
+    SelectionRule)
 
 DP_KEYWORDS = ("ANONYMIZATION", "DIFFERENTIAL_PRIVACY")
 # ANON_ name -> (aggregate kind, whether a column argument is required).
@@ -820,8 +821,9 @@ def _inner_aggregate(node: exp.AggFunc, scope: _Scope,
 #       (default spec.DEFAULT_MAX_PARTITIONS_CONTRIBUTED = 4, BigQuery's name);
 #   max_rows_contributed_per_group: rows of one unit per partition read by COUNT(*), AVG, VAR,
 #       STDDEV and quantiles (default spec.DEFAULT_MAX_CONTRIBUTIONS_PER_PARTITION);
-#   selection: truncated_geometric (default), laplace_threshold (the seed's tau-thresholding),
-#       gaussian_threshold; public_groups = (k1, k2, ...) (one key column) or ((a, b), ...)
+#   selection: by default spec.default_selection (weighted_gaussian, or truncated_geometric
+#       when max_groups_contributed = 1), or truncated_geometric, weighted_gaussian,
+#       laplace_threshold (the seed's tau-thresholding), gaussian_threshold; public_groups = (k1, k2, ...) (one key column) or ((a, b), ...)
 #       releases exactly those groups, with no selection and no budget for it;
 #   noise: laplace (default) or gaussian;
 #   infer_bounds: true (default: omitted bounds are inferred with DP, §4.2.5) or false (an
@@ -877,8 +879,8 @@ def to_query(checked: CheckedQuery) -> tuple[AggregationQuery, tuple[str, ...]]:
     infer = options.get("infer_bounds", True)
     if not isinstance(infer, bool):
         raise QueryError(f"OPTIONS infer_bounds must be true or false, got {infer!r}")
-    selection = _option_enum(options, "selection", SelectionRule,
-                             SelectionRule.TRUNCATED_GEOMETRIC)
+    # None: the operator's default rule (spec.default_selection), resolved by AggregationQuery
+    selection = _option_enum(options, "selection", SelectionRule, None)
     public = options.get("public_groups")
     if checked.keys and checked.keys[0][0] == TOTAL_KEY:
         given = [name for name in ("public_groups", "selection") if name in options]

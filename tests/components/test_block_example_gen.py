@@ -1,5 +1,7 @@
 """BlockExampleGen's reading of CSV rows: the bytes it stores (and hashes for the train/test
 split) depend on the row only, not on the process that read it."""
+import json
+import re
 import subprocess
 import sys
 
@@ -21,3 +23,63 @@ def test_a_row_is_serialized_to_the_same_bytes_in_every_process(tmp_path):
                for seed in range(4)}
     assert len(outputs) == 1
     assert len(next(iter(outputs)).splitlines()) == 20
+
+
+def _ingest(tmp_path, store_path, files, columns=None):
+    """BlockExampleGen's executor on `files` ({name: CSV text}) under a fresh ledger."""
+    from tfx.types import standard_artifacts
+
+    from sage_tfx.components.block_example_gen import executor
+    from sage_tfx.sage_access import BlockLedger
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, text in files.items():
+        (data / name).write_text(text)
+    BlockLedger.create(store_path)
+    examples = standard_artifacts.Examples()
+    examples.uri = str(tmp_path / "out")
+    properties = {"input_base": str(data), "input_format": "csv", "block_key": "uid",
+                  "block_by": "users", "users_per_block": 10, "schedule_start": 0,
+                  "schedule_end": 20, "test_fraction": 0.2, "block_epsilon": 1.0,
+                  "block_delta": 1e-6, "ledger_store": store_path, "ledger_context": "default",
+                  "columns": None if columns is None else json.dumps(columns)}
+    executor.Executor().Do({}, {"examples": [examples]}, properties)
+    return BlockLedger(store_path)
+
+
+@pytest.mark.parametrize("files, columns, said", [
+    ({"a.csv": "uid,fare\n1,3.5\n"}, ["uid", "fare", "miles"], "missing column(s) 'miles'"),
+    ({"a.csv": "uid,fare,miles,tip\n1,3.5,2,0\n"}, ["uid", "fare", "miles"],
+     "extra column(s) 'tip'"),
+    # no declaration: every file must have the first one's header
+    ({"a.csv": "uid,fare,miles\n1,3.5,2\n", "b.csv": "uid,fare\n2,4.0\n"}, None,
+     "CSV file b.csv: missing column(s) 'miles'"),
+    ({"a.csv": "id,fare\n1,3.5\n"}, None, "the block key 'uid' is not a column"),
+], ids=["missing", "extra", "undeclared", "no key"])
+def test_a_csv_that_does_not_match_the_schema_is_refused_before_anything_is_registered(
+        tmp_path, store_path, files, columns, said):
+    """A pipeline CSV missing a whole column used to be ingested (the feature absent from every
+    record) and then trained and charged on without a word."""
+    from sage_tfx.sage_access import BlockLedger
+    from sage_tfx.sage_access.errors import BadRequest
+
+    with pytest.raises(BadRequest, match=re.escape(said)):
+        _ingest(tmp_path, store_path, files, columns)
+    assert BlockLedger(store_path).blocks() == []
+
+
+def test_files_that_match_the_declared_columns_in_any_order_are_ingested(tmp_path, store_path):
+    ledger = _ingest(tmp_path, store_path, {"a.csv": "fare,uid\n3.5,1\n",
+                                            "b.csv": "uid,fare\n12,4.0\n"}, ["uid", "fare"])
+    assert len(ledger.blocks()) == 2  # the schedule's two blocks of 10 user ids
+
+
+def test_the_component_refuses_columns_without_the_block_key():
+    from sage_tfx.components import BlockExampleGen
+
+    with pytest.raises(ValueError, match="the block key 'uid' among them"):
+        BlockExampleGen(input_base="/data", block_key="uid", block_by="users",
+                        users_per_block=10, schedule_start=0, schedule_end=20,
+                        ledger_store="/tmp/x.sqlite", block_epsilon=1.0, block_delta=1e-6,
+                        columns=["fare"])

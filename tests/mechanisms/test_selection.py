@@ -233,3 +233,49 @@ def test_truncated_geometric_event_and_bad_input():
     with pytest.raises(ValueError, match="too small"):
         mechanisms.truncated_geometric_selection([1], max_partitions_per_unit=1, epsilon=1.0,
                                                  delta=1e-17)
+
+
+# --- Weighted Gaussian -----------------------------------------------------------------------
+
+def test_weighted_gaussian_keep_rates_match_the_closed_form_and_its_event():
+    """Keep rate Phi((W - tau) / sigma) at weights around tau, sigma the analytic Gaussian's at
+    (eps, delta / 2) and sensitivity 1 whatever C; tau = max over t <= C of 1 / sqrt(t) +
+    sigma Phi^-1((1 - delta / 2)^(1/t)), written here from Gopi et al.'s formula."""
+    c, epsilon, delta, per_level = 4, 1.0, 1e-6, 5000
+    sigma = analytic_sigma(1.0, epsilon, delta / 2)
+    tau = max(1 / math.sqrt(t) + sigma * stats.norm.ppf((1 - delta / 2) ** (1 / t))
+              for t in range(1, c + 1))
+    levels = tau + sigma * np.array([-2.0, -0.5, 0.0, 1.0])
+    release = mechanisms.weighted_gaussian_selection(
+        np.repeat(levels, per_level), max_partitions_per_unit=c, epsilon=epsilon, delta=delta)
+    keep = release.value.keep.reshape(levels.size, per_level)
+    assert min(binomial_pvalue(kept, stats.norm.cdf((w - tau) / sigma))
+               for kept, w in zip(keep, levels)) > FALSE_FAILURE
+    assert release.event.noise_multiplier == pytest.approx(sigma, rel=1e-4)
+    assert release.additional_delta == delta / 2
+    assert release.value.noisy_unit_counts is None  # weights are not counts: nothing else out
+
+
+def test_weighted_gaussian_outkeeps_the_count_threshold_when_units_are_in_one_partition():
+    """At C = 4 and (1, 1e-6), partitions of 30 units who are each in that partition only: a
+    count has L2 sensitivity 2 (sigma about 8.8, tau about 47), the weights 1 each have 1
+    (sigma about 4.4, tau about 23): the weighted rule keeps nearly all, the count few."""
+    budget = dict(max_partitions_per_unit=4, epsilon=1.0, delta=1e-6)
+    weighted = mechanisms.weighted_gaussian_selection(
+        mechanisms.unit_weight(np.ones(1000)) * 30, **budget).value.keep.mean()
+    counted = mechanisms.gaussian_threshold(np.full(1000, 30), **budget).value.keep.mean()
+    assert weighted > 0.9 and counted < 0.1, (weighted, counted)
+
+
+def test_weighted_gaussian_own_partitions_are_released_below_delta_and_bad_input():
+    budget = dict(epsilon=1.0, delta=0.1)  # delta / 2 = 0.05 for the threshold
+    for c in (1, 4):
+        keep = mechanisms.weighted_gaussian_selection(
+            mechanisms.unit_weight(np.full(10_000 * c, c)), max_partitions_per_unit=c,
+            **budget).value.keep
+        exposed = int(keep.reshape(10_000, c).any(axis=1).sum())
+        assert clopper_pearson_lower(exposed, 10_000, FALSE_FAILURE) <= 0.05, exposed
+    with pytest.raises(ValueError, match="finite weights >= 0"):
+        mechanisms.weighted_gaussian_selection([-1.0], max_partitions_per_unit=1, **budget)
+    with pytest.raises(ValueError, match=">= 1"):
+        mechanisms.unit_weight([0])

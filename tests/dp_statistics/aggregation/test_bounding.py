@@ -79,7 +79,7 @@ def test_a_stray_non_number_in_an_untyped_column_is_null_and_skipped(monkeypatch
     assert aggregate(frame, query, plan(query, 1.0, 0.0)).table["sum_x"].tolist() == [4.0]
 
 
-def _noiseless(query, values, sensitivity, epsilon, delta):
+def _noiseless(query, values, sensitivity, epsilon, delta, l2_sensitivity=None):
     from dp_accounting import dp_event
     from sage_tfx.mechanisms import Release
     return Release(np.asarray(values, dtype=np.float64), dp_event.NoOpDpEvent())
@@ -94,11 +94,13 @@ def test_a_units_sum_is_clamped_into_its_bounds_and_rows_are_capped_at_m():
     rank = np.array([0, 1, 2, 3, 4, 5, 0, 1, 0])
     x = np.array([100.0] * 6 + [-500.0, -500.0, np.nan])
     out = aggregators.pair_contributions(query, {"sum_x": (-5.0, 20.0), "avg_x": (0.0, 10.0)},
-                                         pair_of_row, rank, 3, {"x": x})
+                                         pair_of_row, rank, 3, {"x": x}, np.array([1, 4, 2]))
     spec = aggregators.layout(query)
     sums = out[:, spec.blocks["sum_x"].start]
     assert sums.tolist() == [20.0, -5.0, 0.0]  # a pair whose values are all NULL adds nothing
     assert out[:, aggregators.Layout.ROWS].tolist() == [3, 2, 1]
+    # each pair's selection weight: 1 / sqrt(the number of pairs its unit kept)
+    assert out[:, aggregators.Layout.WEIGHT].tolist() == [1.0, 0.5, 1 / np.sqrt(2)]
     # the AVG's own count of non-NULL rows, then the centred sums of at most m rows, each
     # clamped into [0, 10] (mid 5, so in [-15, 15]); the NULL row adds to neither
     avg = spec.blocks["avg_x"].start
@@ -133,27 +135,41 @@ def test_without_noise_the_moments_and_quantiles_are_the_clamped_rows_statistics
     assert row["avg_x"] == pytest.approx(clamped.mean())
     assert row["var_x"] == pytest.approx(clamped.var())
     assert row["stddev_x"] == pytest.approx(clamped.std())
-    width = 10 / aggregators.QUANTILE_BUCKETS  # quantiles are exact to a bucket
+    width = 10 / aggregators.QUANTILE_BRANCHING ** aggregators.QUANTILE_LEVELS  # to a leaf
     assert abs(row["median_x"] - np.median(clamped)) <= width
     assert row["min_x"] == pytest.approx(0.0) and row["max_x"] == pytest.approx(10.0)
 
 
-def test_quantiles_of_a_histogram_interpolate_within_the_bucket():
-    counts = np.zeros((3, aggregators.QUANTILE_BUCKETS))
-    counts[0, 0] = 10.0        # all mass in the first bucket [0, 1)
-    counts[1, [2, 5]] = 4.0    # half in [2, 3), half in [5, 6)
-    # row 2: no positive count (all noise below zero is clipped): the midpoint
-    counts[2] = -1.0
-    low, high = 0.0, float(aggregators.QUANTILE_BUCKETS)
-    # a median between the two halves: the edge where the count first passes half the total
-    np.testing.assert_allclose(aggregators.quantile_from_histogram(counts, 0.5, low, high),
-                               [0.5, 5.0, 32.0])
-    np.testing.assert_allclose(aggregators.quantile_from_histogram(counts, 0.25, low, high),
-                               [0.25, 2.5, 32.0])
-    np.testing.assert_allclose(aggregators.quantile_from_histogram(counts, 0.0, low, high),
-                               [0.0, 2.0, 32.0])
-    np.testing.assert_allclose(aggregators.quantile_from_histogram(counts, 1.0, low, high),
-                               [1.0, 6.0, 32.0])
+def _tree(*leaf_counts):
+    """Tree blocks (one row per argument) from {leaf: count}: each leaf's count added to its
+    bucket at every level."""
+    leaves = aggregators.QUANTILE_BRANCHING ** aggregators.QUANTILE_LEVELS
+    nodes = np.zeros((len(leaf_counts), aggregators.QUANTILE_TREE_NODES))
+    for row, counts in enumerate(leaf_counts):
+        for leaf, count in counts.items():
+            nodes[row, aggregators.tree_nodes(np.array([leaf + 0.5]), 0.0, leaves)[0]] += count
+    return nodes, 0.0, float(leaves)
+
+
+def test_quantiles_descend_the_tree_and_interpolate_within_the_leaf():
+    # row 0: all mass in the first leaf [0, 1); row 1: half in [2, 3), half in [37, 38);
+    # row 2: no positive count (all noise below zero is clipped): a uniform descent
+    nodes, low, high = _tree({0: 10.0}, {2: 4.0, 37: 4.0}, {})
+    nodes[2] = -1.0
+    # a median between the two halves: the lower edge of the mass past half the total
+    np.testing.assert_allclose(aggregators.quantile_from_tree(nodes, 0.5, low, high),
+                               [0.5, 37.0, 32.0])
+    np.testing.assert_allclose(aggregators.quantile_from_tree(nodes, 0.25, low, high),
+                               [0.25, 2.5, 16.0])
+    np.testing.assert_allclose(aggregators.quantile_from_tree(nodes, 0.0, low, high),
+                               [0.0, 2.0, 0.0])
+    np.testing.assert_allclose(aggregators.quantile_from_tree(nodes, 1.0, low, high),
+                               [1.0, 38.0, 64.0])
+
+
+def test_each_row_is_counted_once_per_level():
+    nodes, _, _ = _tree({0: 1.0, 63: 2.0})
+    assert nodes.sum() == 3.0 * aggregators.QUANTILE_LEVELS
 
 
 def test_dp_bounds_keep_the_buckets_whose_noisy_count_passes_b_ln_of_b_over_2_beta(
@@ -205,22 +221,23 @@ def test_inferred_bounds_cover_the_bulk_of_the_data(kind):
                        rtol=0.2 if kind is AggregateKind.AVG else 0.03)
 
 
-class _ZeroBits:
-    """An rng whose random bits are all 0: every row of a key ties."""
+class _IdentityShuffle:
+    """An rng whose shuffle is the identity: the grouping must then be the stable sort."""
 
-    def integers(self, low, high, size, dtype):
-        return np.zeros(size, dtype=dtype)
+    def permutation(self, size):
+        return np.arange(size)
 
 
-def test_rows_whose_random_bits_tie_keep_their_input_order():
-    # An unstable sort orders tied rows by where the other keys' rows sit (other units' data).
+def test_equal_keys_keep_their_shuffled_order_on_both_sorting_paths():
+    # Any other rule for equal keys (an unstable sort) would order a key's rows by where the
+    # other keys' rows sit (other units' data). Key limit 3: packed with the position and
+    # sorted; 2^60: too wide to pack, a stable argsort.
     from sage_tfx.dp_statistics.aggregation.aggregators import _random_grouping
 
     keys = np.random.default_rng(0).integers(0, 3, 200)
-    order = _random_grouping(keys, 3, _ZeroBits())
-    assert np.array_equal(keys[order], np.sort(keys))
-    for key in range(3):
-        assert np.all(np.diff(order[keys[order] == key]) > 0)
+    for key_limit in (3, 2 ** 60):
+        order = _random_grouping(keys, key_limit, _IdentityShuffle())
+        assert np.array_equal(order, np.argsort(keys, kind="stable"))
 
 
 # --- issue 29: sums cannot become infinite ---------------------------------------------------
@@ -261,13 +278,15 @@ def test_partition_sums_saturate_and_move_by_at_most_one_contribution():
     rng = np.random.default_rng(3)
     contributions = rng.choice([-1.0, 1.0], size=(200, 1)) * rng.uniform(0, 1.7e308, (200, 1))
     partitions = rng.integers(0, 3, 200)
-    sums = aggregators.sum_by_partition(partitions, contributions, 3)
+    sums = aggregators.sum_by_partition(partitions, contributions, 3, signed=(0,))
     assert np.isfinite(sums).all() and (np.abs(sums) <= limit).all()
     for removed in range(200):
         keep = np.arange(200) != removed
-        neighbour = aggregators.sum_by_partition(partitions[keep], contributions[keep], 3)
+        neighbour = aggregators.sum_by_partition(partitions[keep], contributions[keep], 3,
+                                                 signed=(0,))
         change = np.abs(sums - neighbour).sum()
         assert change <= abs(contributions[removed, 0]) * (1 + 1e-12)
     # two units each at the bound 2^999 in one partition: saturated at 2^1000, not 2^1000 + ...
-    assert aggregators.sum_by_partition(np.zeros(3, np.int64), np.full((3, 1), 2.0 ** 999),
-                                        1)[0, 0] == limit
+    for signed in ((0,), ()):  # a column of counts (never negative) saturates alike
+        assert aggregators.sum_by_partition(np.zeros(3, np.int64), np.full((3, 1), 2.0 ** 999),
+                                            1, signed)[0, 0] == limit

@@ -7,7 +7,7 @@ from support.beam_engine import (CONFORMANCE_QUERY, accumulate_with_beam, confor
                                  sorted_by_keys)
 
 from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
-                                                SelectionRule, local, plan)
+                                                SelectionRule, aggregators, local, plan)
 from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
 from sage_tfx.randomness import secret_rng
 
@@ -23,8 +23,14 @@ def test_both_engines_accumulate_the_same_pre_noise_sums():
     truth = frame.groupby(["area", "day"]).agg(units=("uid", "nunique"), rows=("uid", "size"))
     np.testing.assert_array_equal(local_sums[:, 0], truth["units"].to_numpy())
     np.testing.assert_array_equal(local_sums[:, 1], truth["rows"].to_numpy())
+    # the weighted Gaussian's weights: each unit gives 1 / sqrt(its number of partitions)
+    per_unit = frame.groupby("uid")[["area", "day"]].apply(lambda rows: len(rows.drop_duplicates()))
+    pairs = frame[["area", "day", "uid"]].drop_duplicates()
+    weights = (1 / np.sqrt(pairs["uid"].map(per_unit))).groupby([pairs["area"], pairs["day"]]).sum()
+    np.testing.assert_allclose(local_sums[:, aggregators.Layout.WEIGHT], weights.to_numpy())
     unit_totals = frame.groupby(["area", "day", "uid"])["fare"].sum().clip(0, 50)
-    np.testing.assert_allclose(local_sums[:, 2], unit_totals.groupby(level=[0, 1]).sum())
+    np.testing.assert_allclose(local_sums[:, aggregators.layout(CONFORMANCE_QUERY).blocks["sum_fare"].start],
+                               unit_totals.groupby(level=[0, 1]).sum())
 
 
 def test_both_engines_bound_a_heavy_unit_alike():
@@ -42,11 +48,13 @@ def test_both_engines_bound_a_heavy_unit_alike():
 
 def test_the_beam_engine_releases_with_the_local_noise_law():
     """600 identical public partitions (5 units, 2 rows each): COUNT's errors are Laplace at
-    C_u m / epsilon on Beam as on the local engine (KS, false-failure rate 1e-4 each)."""
+    C_u m / epsilon on Beam as on the local engine, and the medians read from the quantile tree
+    have the same law on both (KS, false-failure rate 1e-4 each)."""
     frame = pd.DataFrame({"key": np.repeat(np.arange(600), 10),
                           "uid": np.repeat(np.arange(3000), 2), "fare": 1.0})
     query = AggregationQuery(("key",), "uid", (Aggregate.count(),
-                                               Aggregate(AggregateKind.SUM, "fare")),
+                                               Aggregate(AggregateKind.SUM, "fare"),
+                                               Aggregate.median("fare", 0.0, 4.0)),
                              selection=SelectionRule.PUBLIC,
                              public_partitions=tuple((k,) for k in range(600)))
     budget = plan(query, 1.0, 0.0)
@@ -57,9 +65,12 @@ def test_the_beam_engine_releases_with_the_local_noise_law():
     for release in (beam_release, local_release):
         errors = release.table["count"].to_numpy() - 10.0
         assert stats.kstest(errors, stats.laplace(scale=scale).cdf).pvalue > 1e-4
-        assert list(release.events) == ["count", "bounds:sum_fare", "sum_fare"]
+        assert list(release.events) == ["count", "bounds:sum_fare", "sum_fare", "median_fare"]
         assert release.table["key"].tolist() == list(range(600))
     assert stats.ks_2samp(beam_release.table["count"], local_release.table["count"]).pvalue > 1e-4
+    # the quantile tree's descent: the same law on both engines
+    assert stats.ks_2samp(beam_release.table["median_fare"],
+                          local_release.table["median_fare"]).pvalue > 1e-4
 
 
 def test_a_dict_row_without_a_key_column_falls_in_the_null_key_partition_on_beam():
@@ -106,5 +117,5 @@ def test_both_engines_saturate_a_sum_beyond_2_to_the_1000():
     budget = plan(query, 1.0, 1e-6)
     local_sums = local.accumulate(frame, query, budget, secret_rng(0)).accumulators
     beam_sums = accumulate_with_beam(frame, query, budget).accumulators
-    np.testing.assert_array_equal(local_sums, [[8, 8, 2.0 ** 1000]])
+    np.testing.assert_array_equal(local_sums, [[8, 8, 8, 2.0 ** 1000]])
     np.testing.assert_array_equal(beam_sums, local_sums)

@@ -124,16 +124,18 @@ def test_avg_var_and_stddev_follow_the_noisy_count_sum_and_squares_law():
                                                     rng)[0]).pvalue < P_VALUE
 
 
-def test_quantiles_follow_the_noisy_histogram_law():
+def test_quantiles_follow_the_noisy_tree_law():
+    """Every tree count gets Laplace noise at C H m / epsilon (a row is in one bucket per
+    level); a tree at a third of that noise is rejected."""
     budget, release = _run((Aggregate.median("x", LOW, HIGH),), epsilon=20.0)
-    counts = np.bincount(aggregators.histogram_buckets(ROW_VALUES, LOW, HIGH),
-                         minlength=aggregators.QUANTILE_BUCKETS).astype(float)
-    scale = C * M / budget.step("median_x").epsilon
+    counts = np.bincount(aggregators.tree_nodes(ROW_VALUES, LOW, HIGH).ravel(),
+                         minlength=aggregators.QUANTILE_TREE_NODES).astype(float)
+    scale = C * aggregators.QUANTILE_LEVELS * M / budget.step("median_x").epsilon
     rng = np.random.default_rng(1)
     noisy = counts + rng.laplace(0, scale, (20_000, counts.size))
-    oracle = aggregators.quantile_from_histogram(noisy, 0.5, LOW, HIGH)
+    oracle = aggregators.quantile_from_tree(noisy, 0.5, LOW, HIGH)
     assert stats.ks_2samp(release.table["median_x"], oracle).pvalue > P_VALUE
-    broken = aggregators.quantile_from_histogram(
+    broken = aggregators.quantile_from_tree(
         counts + rng.laplace(0, scale / 3, (20_000, counts.size)), 0.5, LOW, HIGH)
     assert stats.ks_2samp(release.table["median_x"], broken).pvalue < P_VALUE
 
@@ -184,3 +186,35 @@ def test_a_threshold_set_too_low_is_caught(monkeypatch):
     exposed = release.table["key"].floordiv(C).nunique()
     # expected ~ 170 against a bound of ~ 70; it stays under it with probability < 1e-6
     assert exposed > stats.binom.isf(1e-6, units, release.additional_delta)
+
+
+def test_the_weighted_selection_releases_keep_bits_only_and_values_are_drawn_apart(
+        monkeypatch):
+    """The weighted Gaussian's noise (mechanisms/keyed.py, not OpenDP) may only decide which
+    partitions are kept (selection.weighted_gaussian_selection says why): with every partition
+    far above the threshold, two runs whose selection noise has different keys release the same
+    values, all drawn by the (here seeded) OpenDP-based mechanisms, COUNT(DISTINCT) included
+    as a step of its own; the selection returns no noisy value."""
+    from sage_tfx.mechanisms import additive
+    from sage_tfx.mechanisms.keyed import KEY_BYTES, KeyedGaussian
+    from support.seeded_noise import seeded_measurement
+
+    frame = pd.DataFrame({"key": np.repeat(np.arange(5), 400), "uid": np.arange(2000),
+                          "x": np.linspace(0.0, 10.0, 2000)})
+    query = AggregationQuery(("key",), "uid", (
+        Aggregate(AggregateKind.COUNT_DISTINCT, name="units"),
+        Aggregate(AggregateKind.AVG, "x", LOW, HIGH, name="mean")),
+        selection=SelectionRule.WEIGHTED_GAUSSIAN)
+    budget = plan(query, 1.0, 1e-6)
+    assert "units" in [step.name for step in budget.steps]  # not read off the selection
+    released = []
+    for key_byte, measurement in ((1, seeded_measurement()), (2, seeded_measurement())):
+        monkeypatch.setattr(selection_module.KeyedGaussian, "fresh", classmethod(
+            lambda cls, key=bytes([key_byte]) * KEY_BYTES: KeyedGaussian(key)))
+        monkeypatch.setattr(additive, "_measurement", measurement)  # the same seed each run
+        released.append(aggregate(frame, query, budget, seed=1).table)
+    pd.testing.assert_frame_equal(released[0], released[1])
+    assert len(released[0]) == 5
+    kept = selection_module.weighted_gaussian_selection(
+        np.full(3, 100.0), max_partitions_per_unit=4, epsilon=1.0, delta=1e-6).value
+    assert kept.keep.all() and kept.noisy_unit_counts is None

@@ -224,20 +224,57 @@ def test_a_text_argument_is_refused_before_the_charge_on_neighbouring_tables_ali
     assert outcomes[0] == outcomes[1] and outcomes[0][0] == 2, outcomes
 
 
-def test_an_rdp_ledger_refuses_a_selection_that_spends_delta_outside_its_event(
-        tmp_path, store_path, capsys):
+@pytest.fixture
+def rdp_ledger_with_trips(tmp_path, store_path):
+    """An rdp ledger with one month of 30 trips, each of its own unit, all in group 'a'."""
     BlockLedger.create(store_path, accounting="rdp")
     write_trips(tmp_path / "trips.csv", [(f"u{i}", "a", 10, "2013-01-05") for i in range(30)])
     assert main(["ingest", "--store", store_path, "--csv", str(tmp_path / "trips.csv"),
                  "--unit-column", "uid", "--time-column", "ts", "--start", "2013-01",
                  "--end", "2013-02", "--types", "fare:float", "--epsilon", "2", "--delta",
                  "1e-5", "--out", str(tmp_path / "blocks")]) == 0
+    return store_path
+
+
+def test_an_rdp_ledger_refuses_a_selection_that_spends_delta_outside_its_event(
+        rdp_ledger_with_trips, capsys):
+    store_path = rdp_ledger_with_trips
     before = ledger_state(store_path)
     assert main(["query", "--store", store_path, "--window", "1", "--epsilon", "1",
                  "--delta", "1e-6", "SELECT WITH ANONYMIZATION OPTIONS(selection = "
                  "gaussian_threshold) key, ANON_SUM(fare, 0, 20) FROM trips GROUP BY key"]) == 2
     assert "rdp ledger cannot charge delta spent outside" in capsys.readouterr().err
     assert ledger_state(store_path) == before
+
+
+def test_an_rdp_ledger_is_charged_the_basic_plans_curve_the_cheaper_one_for_it(
+        rdp_ledger_with_trips, capsys):
+    """A PLD plan lowers every step's noise (budget.py), which raises the RDP curve an rdp
+    ledger charges: on such a ledger the query is planned by basic composition
+    (budget.composition_for), and the block is charged that plan's curve, below the PLD plan's
+    at every order (before: the PLD plan's curve)."""
+    from sage_tfx.dp_statistics.aggregation import Composition, frontend, sql
+    from sage_tfx.sage_access.accounting import rdp_curve_of
+
+    store_path = rdp_ledger_with_trips
+    text = ("SELECT WITH ANONYMIZATION OPTIONS(public_groups = ('a'), noise = gaussian) key, "
+            "ANON_COUNT(*) AS n, ANON_SUM(fare, 0, 20) AS total FROM trips GROUP BY key")
+    assert main(["query", "--store", store_path, "--window", "1", "--epsilon", "1",
+                 "--delta", "1e-6", text]) == 0, capsys.readouterr().err
+    ledger = BlockLedger(store_path)
+    table = tables.find_table(ledger, "trips")
+    [block] = ledger.blocks()
+
+    def charged_curve(composition):
+        planned = frontend.plan_query(
+            sql.parse(text), {"trips": sql.TableSchema(table.unit_column, table.columns)},
+            {"trips": table.schema}, 1.0, 1e-6, composition)
+        return rdp_curve_of([step.event for step in planned.budget.steps],
+                            ledger.accounting.orders)
+
+    basic, pld = charged_curve(Composition.BASIC), charged_curve(Composition.PLD)
+    assert list(block.spent) == pytest.approx(list(basic))
+    assert all(b < p for b, p in zip(basic, pld))
 
 
 @pytest.mark.parametrize("raised, code, said, outcome", [

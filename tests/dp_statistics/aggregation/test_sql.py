@@ -5,7 +5,8 @@ import math
 import pyarrow as pa
 import pytest
 
-from sage_tfx.dp_statistics.aggregation import AggregateKind, QueryError, SelectionRule
+from sage_tfx.dp_statistics.aggregation import (AggregateKind, AggregationQuery, QueryError,
+                                                SelectionRule)
 from sage_tfx.dp_statistics.aggregation import relation, sql
 from support.dp_sql import SCHEMAS, compile_sql, refusal
 
@@ -44,7 +45,14 @@ def test_bigquery_spelling_defaults_public_groups_and_a_string_that_reads_like_t
     assert query.max_partitions_contributed == 4  # the documented default
     default, _ = compile_sql("SELECT WITH ANONYMIZATION area, ANON_COUNT(*) FROM trips "
                              "GROUP BY area")
-    assert default.selection is SelectionRule.TRUNCATED_GEOMETRIC
+    # one default selection rule, the operator's (the SQL front door had its own before):
+    # weighted Gaussian, truncated geometric when a unit is in one group only
+    assert default.selection is SelectionRule.WEIGHTED_GAUSSIAN
+    assert default.selection is AggregationQuery(("area",), "uid", ()).selection
+    single, _ = compile_sql("SELECT WITH ANONYMIZATION OPTIONS(max_groups_contributed = 1) "
+                            "area, ANON_COUNT(*) FROM trips GROUP BY area")
+    assert single.selection is SelectionRule.TRUNCATED_GEOMETRIC is AggregationQuery(
+        ("area",), "uid", (), max_partitions_contributed=1).selection
 
 
 def test_join_using_the_unit_and_a_subquery_grouped_by_it_are_accepted():

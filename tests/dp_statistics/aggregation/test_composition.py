@@ -1,0 +1,50 @@
+"""A query's steps composed by their privacy loss distributions (budget.Composition.PLD): each
+aggregate gets more noise budget than the basic split, and dp-accounting's own accountant finds
+the composed events within the grant."""
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+
+from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, AggregationQuery,
+                                                NoiseKind, SelectionRule, plan)
+from sage_tfx.dp_statistics.aggregation.budget import Composition
+
+
+def _query(noise, selection=SelectionRule.WEIGHTED_GAUSSIAN):
+    return AggregationQuery(("k",), "uid", (Aggregate.count(),
+                                            Aggregate(AggregateKind.AVG, "x", 0.0, 50.0)),
+                            max_partitions_contributed=4, max_contributions_per_partition=2,
+                            noise=noise, selection=selection)
+
+
+def _epsilon_by_dp_accounting(event, delta):
+    """dp-accounting's PLD accountant at a finer grid than the plan's (1e-4 nats)."""
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(event)
+    return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("noise, least_scale", [(NoiseKind.GAUSSIAN, 1.5),
+                                                (NoiseKind.LAPLACE, 1.01)])
+def test_the_composed_events_fit_the_grant_with_more_budget_per_step(noise, least_scale):
+    epsilon, delta = 1.0, 1e-6
+    tight = plan(_query(noise), epsilon, delta)
+    basic = plan(_query(noise), epsilon, delta, composition=Composition.BASIC)
+    # the ledger's split is the same; every step's noise is calibrated at lambda times its share
+    assert [(s.name, s.epsilon, s.delta) for s in tight.steps] == [
+        (s.name, s.epsilon, s.delta) for s in basic.steps]
+    scales = {step.noise_scale for step in tight.steps}
+    assert len(scales) == 1 and scales.pop() >= least_scale
+    for step, before in zip(tight.steps, basic.steps):
+        one, other = (e.event if isinstance(e, dp_event.SelfComposedDpEvent) else e
+                      for e in (step.event, before.event))
+        assert one.noise_multiplier < other.noise_multiplier  # less noise, same grant
+    assert tight.additional_delta == basic.additional_delta
+    assert _epsilon_by_dp_accounting(tight.event, delta - tight.additional_delta) <= epsilon
+
+
+def test_a_plan_with_no_delta_to_trade_is_the_basic_split():
+    """Truncated-geometric selection and Laplace noise: every event is pure (its delta all goes
+    to the selection, outside the events), and pure losses add: nothing to gain."""
+    query = _query(NoiseKind.LAPLACE, SelectionRule.TRUNCATED_GEOMETRIC)
+    assert plan(query, 1.0, 1e-6) == plan(query, 1.0, 1e-6, composition=Composition.BASIC)
