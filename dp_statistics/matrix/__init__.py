@@ -7,19 +7,23 @@
 
 workload.py: the frozen workload spec (blocks, Kronecker terms, constructors); strategy.py:
 strategies and Eigen-Design (Programs 1 and 2, speed-ups, Kronecker products) with their
-derivations; cache.py: the durable strategy cache; error.py: expected error and the SVD
-lower bound; mechanism.py: the release.
+derivations; marginals.py: weighted-marginal strategies (HDMM's OPT_M) in closed form;
+cache.py: the durable strategy cache; error.py: expected error and the SVD lower bound;
+mechanism.py: the release.
 """
 from sage_tfx.dp_statistics.matrix import workload
 from sage_tfx.dp_statistics.matrix.error import (expected_rmse, laplace_expected_rmse,
                                                  query_rmse, svd_lower_bound_rmse)
+from sage_tfx.dp_statistics.matrix.marginals import MarginalStrategy, opt_marginals
 from sage_tfx.dp_statistics.matrix.mechanism import Noise, WorkloadRelease, answer_workload
-from sage_tfx.dp_statistics.matrix.strategy import (Strategy, UnsupportedWorkload, eigen_design,
+from sage_tfx.dp_statistics.matrix.strategy import (LinearStrategy, Strategy,
+                                                    UnsupportedWorkload, eigen_design,
                                                     hierarchical, identity, wavelet,
                                                     workload_as_strategy)
 from sage_tfx.dp_statistics.matrix.workload import Block, BlockKind, DomainError, Workload
 
 __all__ = ["workload", "expected_rmse", "laplace_expected_rmse", "query_rmse",
-           "svd_lower_bound_rmse", "Noise", "WorkloadRelease", "answer_workload", "Strategy",
+           "svd_lower_bound_rmse", "MarginalStrategy", "opt_marginals", "LinearStrategy",
+           "Noise", "WorkloadRelease", "answer_workload", "Strategy",
            "UnsupportedWorkload", "eigen_design", "hierarchical", "identity", "wavelet",
            "workload_as_strategy", "Block", "BlockKind", "DomainError", "Workload"]

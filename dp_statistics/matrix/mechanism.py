@@ -81,9 +81,9 @@ def answer_workload(workload, strategy, data_vector, *, epsilon: float,
         scale = np.sqrt(2.0) * strategy.l1_sensitivity / epsilon
         release = mechanisms.laplace(exact, l1_sensitivity=strategy.l1_sensitivity,
                                      epsilon=epsilon)
-    estimate = strategy.reconstruct(release.value)
+    answers, estimate = strategy.answer(workload, release.value)
     query_rmse = error.query_rmse(workload, strategy, scale)
     return WorkloadRelease(
-        answers=workload.answer(estimate), estimate=estimate, query_rmse=query_rmse,
+        answers=answers, estimate=estimate, query_rmse=query_rmse,
         expected_rmse=float(np.sqrt(np.mean(query_rmse ** 2))), event=release.event,
         noise=noise, epsilon=float(epsilon), delta=float(delta))

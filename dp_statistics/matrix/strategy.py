@@ -80,8 +80,22 @@ class UnsupportedWorkload(ValueError):
     """The strategy's row space misses some query of the workload (a singular strategy)."""
 
 
+class LinearStrategy:
+    """What the mechanism and the error need of a strategy A (p x n), whatever its structure:
+    ``name``, ``l2_sensitivity`` / ``l1_sensitivity`` (max column norms), ``apply`` (A x),
+    ``require_support``, ``trace`` (trace(W^T W X) for the strategy's estimator covariance X),
+    ``query_variances`` and ``answer`` (the workload's answers from noisy strategy answers)."""
+    name: str
+
+    def answer(self, workload: Workload, noisy: np.ndarray):
+        """(W x_hat, x_hat) with x_hat = A^+ y, the least-squares estimate: every answer is W
+        times one vector, so the answers are consistent."""
+        estimate = self.reconstruct(noisy)
+        return workload.answer(estimate), estimate
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class Strategy:
+class Strategy(LinearStrategy):
     """A = (x)_i factors[i]: one factor per attribute, or one factor over all cells.
 
     ``name`` says how it was chosen; ``selection_seconds`` and ``duality_gap`` (Eigen-Design's
@@ -202,9 +216,9 @@ class Strategy:
         return np.concatenate(variances)
 
 
-def as_strategy(strategy, name: str = "explicit") -> Strategy:
-    """A Strategy, or a numpy matrix (p x n) taken as one factor over all cells."""
-    if isinstance(strategy, Strategy):
+def as_strategy(strategy, name: str = "explicit") -> LinearStrategy:
+    """A strategy, or a numpy matrix (p x n) taken as one factor over all cells."""
+    if isinstance(strategy, LinearStrategy):
         return strategy
     return Strategy((np.asarray(strategy, dtype=np.float64),), name)
 
