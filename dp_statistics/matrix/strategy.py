@@ -439,11 +439,18 @@ def _cached_eigen_design(workload: Workload, separation_group, principal_fractio
                          rounds, directory: Optional[str]) -> Strategy:
     options = {"separation_group": separation_group, "principal_fraction": principal_fraction,
                "kronecker": kronecker, "rounds": rounds}
+    return disk_cached(workload, options, directory, lambda: _eigen_design(
+        workload, separation_group, principal_fraction, kronecker, rounds))
+
+
+def disk_cached(workload: Workload, options: dict, directory: Optional[str], build) -> Strategy:
+    """The strategy cached on disk for (workload, options) (cache.py), else ``build()``'s,
+    stored; no disk cache when ``directory`` is None."""
     stored = cache.load(directory, workload, options) if directory else None
     if stored is not None:
         factors, name, gap, seconds = stored
         return Strategy(tuple(factors), name, seconds, gap)
-    strategy = _eigen_design(workload, separation_group, principal_fraction, kronecker, rounds)
+    strategy = build()
     if directory:
         cache.store(directory, workload, options, strategy)
     return strategy
