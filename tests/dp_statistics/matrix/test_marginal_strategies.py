@@ -1,4 +1,6 @@
-"""Weighted-marginal strategies (OPT_M, dp_statistics/matrix/marginals.py) against brute force.
+"""Weighted-marginal strategies (OPT_M, dp_statistics/matrix/marginals.py) and unions of
+products (OPT_+, union.py) against brute force, and the picker (selection.py): the least
+expected error wins and the release says which family.
 
 The oracle is the dense strategy matrix A (its rows built here from np.kron of identities and
 rows of ones, not by the module's algebra): sensitivities are its max column norms, the error
@@ -16,8 +18,10 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from sage_tfx.dp_statistics.matrix import UnsupportedWorkload, answer_workload, error, workload
+from sage_tfx.dp_statistics.matrix import (Candidate, UnsupportedWorkload, answer_workload,
+                                           best_strategy, error, strategy, workload)
 from sage_tfx.dp_statistics.matrix.marginals import MarginalStrategy, opt_marginals
+from sage_tfx.dp_statistics.matrix.union import opt_union
 from sage_tfx.dp_statistics.matrix.workload import Block, BlockKind, Workload
 
 SIZES = (3, 4, 2)
@@ -115,3 +119,52 @@ def test_answers_are_consistent_least_squares():
     assert release.answers == pytest.approx(target.dense() @ release.estimate)
     assert release.expected_rmse == pytest.approx(
         error.expected_rmse(target, chosen, 1.0, 1e-6))
+
+
+def test_union_closed_forms_match_the_dense_parts():
+    target = mixed_workload()
+    chosen = opt_union(target)
+    parts = [functools.reduce(np.kron, p.factors) for p in chosen.parts]
+    stacked = np.vstack([np.sqrt(u) * p for u, p in zip(chosen.weights, parts)])
+    # The stated sensitivity bounds the true one (equal: Eigen-Design's columns are level).
+    true = np.max(np.linalg.norm(stacked, axis=0))
+    assert true <= chosen.l2_sensitivity * (1 + 1e-12)
+    assert chosen.l2_sensitivity == pytest.approx(true)
+    variances, trace = [], 0.0
+    for term, part, u in zip(target.terms, parts, chosen.weights):
+        rows = functools.reduce(np.kron, [b.dense() for b in term])
+        covariance = np.linalg.pinv(part.T @ part) / u
+        variances.append(np.einsum("ij,jk,ik->i", rows, covariance, rows))
+        trace += np.trace(rows @ covariance @ rows.T)
+    assert chosen.trace(target) == pytest.approx(trace)
+    assert chosen.query_variances(target) == pytest.approx(np.concatenate(variances))
+    # Gaussian budget split: sum_j E_j / u_j = (sum_j sqrt(E_j))^2 at sum_j u_j = 1.
+    errors = np.array([p.trace(workload.Workload(
+        target.attributes, target.sizes, (t,))) for p, t in zip(chosen.parts, target.terms)])
+    assert trace == pytest.approx(np.sum(np.sqrt(errors)) ** 2)
+    release = answer_workload(target, chosen, np.arange(target.cells), epsilon=1.0, delta=1e-6)
+    assert release.estimate is None and release.answers.shape == (target.query_count,)
+    with pytest.raises(ValueError, match="another workload"):
+        error.unit_rmse(workload.marginals(("a", "b", "c"), SIZES, (1,)), chosen)
+
+
+def test_the_picker_takes_the_least_error_and_the_release_says_which():
+    cdf = workload.cdf(64)
+    chosen = best_strategy(cdf)
+    assert chosen.family == "convex optimum" == chosen.strategy.name
+    assert chosen.unit_rmse["convex optimum"] == min(chosen.unit_rmse.values())
+    assert chosen.unit_rmse["eigen-design"] > 1.1 * chosen.unit_rmse["convex optimum"]
+    release = answer_workload(cdf, chosen.strategy, np.arange(64), epsilon=1.0, delta=1e-6)
+    assert release.strategy == "convex optimum"
+    marginals = workload.marginals(("a", "b", "c"), (100, 100, 100), (2,))
+    picked = best_strategy(marginals)
+    assert picked.family == "weighted marginals (OPT_M)"
+    assert error.svd_bound_unit_rmse(marginals) / picked.unit_rmse[picked.family] >= 0.9
+
+
+def test_a_registered_family_competes():
+    identity_first = Candidate("identity", lambda w: True,
+                               lambda w, cache_dir: strategy.identity(w))
+    target = workload.explicit(np.eye(6))
+    picked = best_strategy(target, candidates=[identity_first])
+    assert picked.family == "identity" and list(picked.unit_rmse) == ["identity"]
