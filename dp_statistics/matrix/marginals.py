@@ -94,19 +94,22 @@ def _subset_axes(values: np.ndarray, d: int) -> np.ndarray:
 
 def superset_sums(values: np.ndarray, d: int) -> np.ndarray:
     """s_b = sum_{a superset of b} values_a, for every subset b (flat, length 2^d)."""
-    table = _subset_axes(values, d)
-    for axis in range(d):
-        outside, inside = _halves(axis, d)
-        table[outside] += table[inside]
-    return table.reshape(-1)
+    return _zeta(values, d, into=0)
 
 
 def subset_sums(values: np.ndarray, d: int) -> np.ndarray:
     """s_a = sum_{b subset of a} values_b, for every subset a (flat, length 2^d)."""
+    return _zeta(values, d, into=1)
+
+
+def _zeta(values: np.ndarray, d: int, into: int) -> np.ndarray:
+    """The zeta transform, attribute by attribute: the half of each axis with membership
+    ``into`` gets the other half added (into=0: sums over supersets; 1: over subsets)."""
     table = _subset_axes(values, d)
     for axis in range(d):
         outside, inside = _halves(axis, d)
-        table[inside] += table[outside]
+        target, source = (outside, inside) if into == 0 else (inside, outside)
+        table[target] += table[source]
     return table.reshape(-1)
 
 
