@@ -16,7 +16,7 @@ then the blocks' records are read (BlockExampleGen's Examples, or the rows of a 
 random, since the table's promise is per unit; executor.granted_histogram), the histogram built
 (spec.py's record rule), the matrix mechanism run, and FILE.csv written (query, noisy answer,
 expected RMSE). The last stdout line is one JSON object: grant, blocks, epsilon, delta, queries,
-expected_rmse, event, unit and guarantee (what one neighbouring step adds or removes: the
+expected_rmse, strategy (the family chosen: selection.py), event, unit and guarantee (what one neighbouring step adds or removes: the
 table's unit column, or one record of Examples). Nothing data-dependent is printed except the
 mechanism's output.
 
@@ -56,7 +56,7 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
 
 def _answer(args) -> int:
     from sage_tfx import release
-    from sage_tfx.dp_statistics.matrix import UnsupportedWorkload, eigen_design, mechanism
+    from sage_tfx.dp_statistics.matrix import UnsupportedWorkload, best_strategy, mechanism
     from sage_tfx.dp_statistics.matrix.granted import (answers_table, granted_histogram,
                                                        mechanism_text, planned_event)
     from sage_tfx.dp_statistics.matrix.spec import parse_spec
@@ -73,7 +73,7 @@ def _answer(args) -> int:
         with open(args.spec) as handle:
             spec_text = handle.read()
         spec = parse_spec(spec_text)
-        strategy = eigen_design(spec.workload)
+        strategy = best_strategy(spec.workload).strategy
         strategy.require_support(spec.workload)
     except (OSError, DomainError, UnsupportedWorkload, ValueError) as error:
         raise BadRequest(f"workload spec {args.spec}: {error}") from None
@@ -92,7 +92,7 @@ def _answer(args) -> int:
         answered = mechanism.answer_workload(spec.workload, strategy, granted.vector,
                                              epsilon=args.epsilon, delta=args.delta)
         (unit, unit_column), *other_units = granted.units
-        guarantee = charged.guarantee(unit, unit_column, mechanism_text(strategy.l2_sensitivity),
+        guarantee = charged.guarantee(unit, unit_column, mechanism_text(strategy),
                                       other_units=other_units)
         charged.phase = "writing the answers"
         release.write_csv(answers_table(spec.workload.labels(), answered), args.out, guarantee)

@@ -23,7 +23,7 @@ from tfx.types import artifact_utils
 from sage_tfx import console, release
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.util.examples_io import SPLITS, read_split
-from sage_tfx.dp_statistics.matrix import eigen_design, mechanism
+from sage_tfx.dp_statistics.matrix import best_strategy, mechanism
 from sage_tfx.dp_statistics.matrix.granted import answers_table, mechanism_text, planned_event
 from sage_tfx.dp_statistics.matrix.spec import WorkloadSpec, parse_spec
 from sage_tfx.release import GuaranteeUnit
@@ -75,8 +75,8 @@ class Executor(base_executor.BaseExecutor):
            exec_properties: dict[str, Any]) -> None:
         spec = parse_spec(exec_properties["workload_spec"])
         answers = artifact_utils.get_single_instance(output_dict["answers"])
-        strategy = eigen_design(spec.workload, cache_dir=exec_properties.get("strategy_cache")
-                                or pipeline_strategy_cache(answers.uri))
+        strategy = best_strategy(spec.workload, cache_dir=exec_properties.get("strategy_cache")
+                                 or pipeline_strategy_cache(answers.uri)).strategy
         strategy.require_support(spec.workload)   # refused before anything is consumed
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         info = require_grant(input_dict["grant"], [examples])
@@ -92,7 +92,7 @@ class Executor(base_executor.BaseExecutor):
                                                  epsilon=epsilon, delta=delta)
             info.check_event(step, answered.event)
             guarantee = charged.guarantee(GuaranteeUnit.RECORD,
-                                          mechanism=mechanism_text(strategy.l2_sensitivity),
+                                          mechanism=mechanism_text(strategy),
                                           epsilon=epsilon, delta=delta)
             charged.phase = "writing the answers"
             write_answers(answers.uri, spec.workload.labels(), answered, guarantee)

@@ -29,11 +29,11 @@ import math
 import numpy as np
 
 from sage_tfx import mechanisms
-from sage_tfx.dp_statistics.matrix.strategy import Strategy, as_strategy, as_workload
+from sage_tfx.dp_statistics.matrix.strategy import LinearStrategy, as_strategy, as_workload
 from sage_tfx.dp_statistics.matrix.workload import Workload
 
 
-def _checked(workload, strategy) -> tuple[Workload, Strategy]:
+def _checked(workload, strategy) -> tuple[Workload, LinearStrategy]:
     workload, strategy = as_workload(workload), as_strategy(strategy)
     strategy.require_support(workload)
     return workload, strategy

@@ -30,10 +30,11 @@ def answers_table(labels, answered):
                          "expected_rmse": answered.query_rmse})
 
 
-def mechanism_text(l2_sensitivity: float) -> str:
-    """How the release is made, for its Guarantee."""
-    return (f"Gaussian matrix mechanism, L2 sensitivity {l2_sensitivity:.6g} = the strategy's "
-            "largest column norm")
+def mechanism_text(strategy) -> str:
+    """How the release is made, for its Guarantee: the strategy family and its sensitivity."""
+    return (f"Gaussian matrix mechanism, strategy: {strategy.name} (the family of least "
+            f"expected error for this workload), L2 sensitivity {strategy.l2_sensitivity:.6g} "
+            "(the strategy's largest column norm)")
 
 
 def block_histogram(spec: WorkloadSpec, data_uri: str) -> np.ndarray:

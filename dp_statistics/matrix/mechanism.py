@@ -34,16 +34,19 @@ class Noise(Choice):
 
 @dataclasses.dataclass(frozen=True)
 class WorkloadRelease:
-    """``answers`` = W ``estimate``; ``query_rmse`` each answer's expected error (data
-    independent); ``event`` the dp_accounting event of the noise that ran."""
+    """``answers`` = W ``estimate`` (None for a union strategy: each group of queries has its
+    own least-squares estimate, union.py); ``query_rmse`` each answer's expected error (data
+    independent); ``event`` the dp_accounting event of the noise that ran; ``strategy`` the
+    name of the strategy (its family) the noise was added to."""
     answers: np.ndarray
-    estimate: np.ndarray
+    estimate: Optional[np.ndarray]
     query_rmse: np.ndarray
     expected_rmse: float
     event: dp_event.DpEvent
     noise: Noise
     epsilon: float
     delta: float
+    strategy: str
 
 
 def histogram_vector(data_vector, cells: int) -> np.ndarray:
@@ -81,9 +84,9 @@ def answer_workload(workload, strategy, data_vector, *, epsilon: float,
         scale = np.sqrt(2.0) * strategy.l1_sensitivity / epsilon
         release = mechanisms.laplace(exact, l1_sensitivity=strategy.l1_sensitivity,
                                      epsilon=epsilon)
-    estimate = strategy.reconstruct(release.value)
+    answers, estimate = strategy.answer(workload, release.value)
     query_rmse = error.query_rmse(workload, strategy, scale)
     return WorkloadRelease(
-        answers=workload.answer(estimate), estimate=estimate, query_rmse=query_rmse,
+        answers=answers, estimate=estimate, query_rmse=query_rmse,
         expected_rmse=float(np.sqrt(np.mean(query_rmse ** 2))), event=release.event,
-        noise=noise, epsilon=float(epsilon), delta=float(delta))
+        noise=noise, epsilon=float(epsilon), delta=float(delta), strategy=strategy.name)

@@ -80,8 +80,22 @@ class UnsupportedWorkload(ValueError):
     """The strategy's row space misses some query of the workload (a singular strategy)."""
 
 
+class LinearStrategy:
+    """What the mechanism and the error need of a strategy A (p x n), whatever its structure:
+    ``name``, ``l2_sensitivity`` / ``l1_sensitivity`` (max column norms), ``apply`` (A x),
+    ``require_support``, ``trace`` (trace(W^T W X) for the strategy's estimator covariance X),
+    ``query_variances`` and ``answer`` (the workload's answers from noisy strategy answers)."""
+    name: str
+
+    def answer(self, workload: Workload, noisy: np.ndarray):
+        """(W x_hat, x_hat) with x_hat = A^+ y, the least-squares estimate: every answer is W
+        times one vector, so the answers are consistent."""
+        estimate = self.reconstruct(noisy)
+        return workload.answer(estimate), estimate
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class Strategy:
+class Strategy(LinearStrategy):
     """A = (x)_i factors[i]: one factor per attribute, or one factor over all cells.
 
     ``name`` says how it was chosen; ``selection_seconds`` and ``duality_gap`` (Eigen-Design's
@@ -202,9 +216,9 @@ class Strategy:
         return np.concatenate(variances)
 
 
-def as_strategy(strategy, name: str = "explicit") -> Strategy:
-    """A Strategy, or a numpy matrix (p x n) taken as one factor over all cells."""
-    if isinstance(strategy, Strategy):
+def as_strategy(strategy, name: str = "explicit") -> LinearStrategy:
+    """A strategy, or a numpy matrix (p x n) taken as one factor over all cells."""
+    if isinstance(strategy, LinearStrategy):
         return strategy
     return Strategy((np.asarray(strategy, dtype=np.float64),), name)
 
@@ -425,11 +439,18 @@ def _cached_eigen_design(workload: Workload, separation_group, principal_fractio
                          rounds, directory: Optional[str]) -> Strategy:
     options = {"separation_group": separation_group, "principal_fraction": principal_fraction,
                "kronecker": kronecker, "rounds": rounds}
+    return disk_cached(workload, options, directory, lambda: _eigen_design(
+        workload, separation_group, principal_fraction, kronecker, rounds))
+
+
+def disk_cached(workload: Workload, options: dict, directory: Optional[str], build) -> Strategy:
+    """The strategy cached on disk for (workload, options) (cache.py), else ``build()``'s,
+    stored; no disk cache when ``directory`` is None."""
     stored = cache.load(directory, workload, options) if directory else None
     if stored is not None:
         factors, name, gap, seconds = stored
         return Strategy(tuple(factors), name, seconds, gap)
-    strategy = _eigen_design(workload, separation_group, principal_fraction, kronecker, rounds)
+    strategy = build()
     if directory:
         cache.store(directory, workload, options, strategy)
     return strategy

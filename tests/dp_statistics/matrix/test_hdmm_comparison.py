@@ -12,7 +12,7 @@ import sys
 import pytest
 from support import REPO_ROOT
 
-from sage_tfx.dp_statistics.matrix import eigen_design, error
+from sage_tfx.dp_statistics.matrix import eigen_design, error, opt_marginals
 
 _loaded = importlib.util.spec_from_file_location(
     "matrix_benchmark", os.path.join(REPO_ROOT, "benchmarks", "matrix_mechanism.py"))
@@ -22,7 +22,7 @@ _loaded.loader.exec_module(matrix_benchmark)
 
 @pytest.mark.parametrize("name", ["all-range 128", "prefix 128", "width32 128"])
 def test_our_error_accounting_reproduces_hdmm_published_figures(name):
-    row = matrix_benchmark.hdmm_oned((128,))[name]
+    row = matrix_benchmark.hdmm_oned((128,), convex_up_to=0)[name]
     ours, hdmm = row["ours"], row["hdmm"]
     for strategy in ("identity", "hierarchical", "wavelet", "svd_bound"):
         assert ours[strategy] == pytest.approx(hdmm[strategy], rel=1e-6), strategy
@@ -35,3 +35,19 @@ def test_kronecker_eigen_design_matches_hdmm_opt_kron_on_adult_marginals():
     target = matrix_benchmark.adult_workloads()["adult 1"]
     ours = error.unit_rmse(target, eigen_design(target, kronecker=True))
     assert ours / matrix_benchmark.HDMM_ADULT["adult 1"]["kron"] == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.slow
+def test_opt_marginals_reaches_hdmm_opt_m_on_adult_marginals():
+    """HDMM's committed OPT_M figure for the Adult 0-3-way marginals, dpcomp-org/hdmm
+    experiments/journal/hderror.csv at commit 08c1ba46f071f1de2569f8388ef5d823b2fd7503, row
+    "adult, 1, True, marg, 11.2938" (True: approx, the L2 objective, RMSE per query with unit
+    noise, our unit_rmse). Our OPT_M solves the same convex program to a certified gap of 1e-6;
+    measured 10.9301, 3.2% below HDMM's (its L-BFGS-B on the weights stops early). The target:
+    within 2% above it at worst; an OPT_M far below it would mean a miscounted error."""
+    target = matrix_benchmark.adult_workloads()["adult 1"]
+    assert target.query_count == 21_043_262
+    chosen = opt_marginals(target)
+    ours = error.unit_rmse(target, chosen)
+    assert chosen.duality_gap <= 1e-6
+    assert 0.95 <= ours / matrix_benchmark.HDMM_ADULT["adult 1"]["marg"] <= 1.02
