@@ -9,14 +9,18 @@ from tfx.types import standard_artifacts
 from sage_tfx.components.block_ledger import executor
 from sage_tfx.components.privacy_grant import PrivacyGrant
 from sage_tfx.sage_access import BlockLedger
-from sage_tfx.sage_access.errors import BadRequest
+from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted
 
 from support import TRIP_MODULE
 
 
-@pytest.mark.parametrize("selector", [{"block_ids": '["with-data", "no-data"]'},
-                                      {"window": 2}], ids=["explicit blocks", "window"])
-def test_blocks_without_data_are_refused_and_nothing_is_charged(store_path, tmp_path, selector):
+@pytest.mark.parametrize("selector, refusal", [
+    ({"block_ids": '["with-data", "no-data"]'}, "no-data.*nothing was charged"),
+    # A window takes only blocks holding Examples: one is too few for it.
+    ({"window": 2}, "only 1 live block.*of examples.*the window needs 2")],
+    ids=["explicit blocks", "window"])
+def test_blocks_without_data_are_refused_and_nothing_is_charged(store_path, tmp_path, selector,
+                                                                refusal):
     """The ledger checks the blocks the grant takes, in its transaction (require_data)."""
     ledger = BlockLedger.create(store_path, min_request_epsilon=0.05)
     ledger.add_block("with-data", 1.0, 1e-6, data_uri=str(tmp_path / "with-data"))
@@ -25,7 +29,7 @@ def test_blocks_without_data_are_refused_and_nothing_is_charged(store_path, tmp_
     examples.uri, grant.uri = str(tmp_path / "out-examples"), str(tmp_path / "out-grant")
     properties = {"ledger_store": store_path, "ledger_context": "default", "epsilon": 0.3,
                   "delta": 0.0, "split": '{"all": 1.0}', **selector}
-    with pytest.raises(BadRequest, match="no-data.*nothing was charged"):
+    with pytest.raises((BadRequest, BudgetExhausted), match=refusal):
         executor.Executor().Do({}, {"examples": [examples], "grant": [grant]}, properties)
     assert [b.spent[0] for b in BlockLedger(store_path).blocks()] == [0.0, 0.0]
 
