@@ -312,8 +312,8 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
 def _preflight(spec: IterationSpec, epsilon: float) -> None:
     """Refuse, before the grant is charged, an iteration that DPTrainer would refuse after it,
     deciding only from public values (issue 16 §1: whether the driver goes on must not depend
-    on the data). A window holding a block without data is refused by the grant itself
-    (BlockLedger requests with require_data), inside the ledger's transaction."""
+    on the data). A block without Examples is never in the window: the driver plans, and the
+    BlockLedger grants, windows of blocks holding Examples only (RecentWindow's data_format)."""
     try:
         preflight(spec.trainer, spec.sampling, epsilon, spec.delta, check_split(spec.split))
     except ValueError as error:
