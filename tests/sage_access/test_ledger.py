@@ -393,3 +393,22 @@ def test_release_outcomes_and_denials_are_recorded_once_on_both_backends(store_p
     [denial] = denial_records(ledger._records)
     assert (denial["front_door"], denial["epsilon"], denial["free"]) == ("test", 5.0,
                                                                         {"b0": "0.9"})
+
+
+def test_a_charge_is_linked_to_the_kubeflow_run_in_the_same_store(store_path):
+    """On a cluster whose metadata service holds the ledger, Kubeflow's launcher has made the
+    run's `system.PipelineRun` context (named by run id): the grant joins it, with its artifacts."""
+    from sage_tfx.sage_access.store import connect
+
+    ledger = make_ledger(store_path, blocks=1)
+    mlmd = connect(store_path)
+    run_type = mlmd.put_context_type(pb.ContextType(name="system.PipelineRun"))
+    [run] = mlmd.put_contexts([pb.Context(type_id=run_type, name="run-9")])
+    model_type = mlmd.put_artifact_type(pb.ArtifactType(name="system.Model"))
+    [model] = mlmd.put_artifacts([pb.Artifact(type_id=model_type, uri="gs://b/run-9/model")])
+    mlmd.put_attributions_and_associations([pb.Attribution(context_id=run, artifact_id=model)],
+                                           [])
+    grant = ledger.request(BlockIds(["b0"]), epsilon=0.1, delta=0, run_id="run-9")
+    linked = ledger.grant_run(grant.grant_id)
+    assert linked["runs"] == [{"type": "system.PipelineRun", "name": "run-9"}]
+    assert [a["uri"] for a in linked["artifacts"]] == ["gs://b/run-9/model"]
