@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from sage_tfx.dp_statistics import tables
 from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 from sage_tfx.sage_access.errors import BadRequest
-from sage_tfx.sage_access.ledger import BlockLedger
+from sage_tfx.sage_access.ledger import TABLE, BlockLedger, NewBlock
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
 
 # The key of a --user-blocks table's hash (`user_block_of`): 32 random bytes drawn from
@@ -301,9 +301,7 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
         pq.write_table(rows.filter(pa.array(row_parts == part)),
                        os.path.join(directories[part], tables.ROWS_FILE))
     tables.register_table(ledger, table)
-    registered = []
-    for part, block_start, block_end in parts:
-        ledger.add_block(table.block_id(part), float(epsilon), float(delta), block_start,
-                         block_end, directories[part])
-        registered.append(table.block_id(part))
-    return table, registered
+    ledger.add_blocks([NewBlock(table.block_id(part), float(epsilon), float(delta), block_start,
+                                block_end, directories[part], TABLE)
+                       for part, block_start, block_end in parts])
+    return table, [table.block_id(part) for part, _, _ in parts]

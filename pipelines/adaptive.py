@@ -48,6 +48,7 @@ from sage_tfx.components.util.user_module import is_module_path
 from sage_tfx.pipelines.policy import Policy, PolicyName, after_retry
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.accounting import AccountingMode, check_split
+from sage_tfx.sage_access.ledger import EXAMPLES
 from sage_tfx.validators import constants as blessing_keys
 from sage_tfx.validators.component import SLAedValidator
 from sage_tfx.validators.slaed import Metric, Outcome
@@ -165,7 +166,7 @@ def _payable(ledger: BlockLedger, spec: IterationSpec, epsilon: float, pipeline:
             step_mechanisms(spec), check_split(spec.split), epsilon, spec.delta,
             AccountingMode.RDP)}
     return ledger.payable_window(epsilon, spec.delta, pipeline, blocks=blocks,
-                                 **planned)
+                                 data_format=EXAMPLES, **planned)
 
 
 class BlockSource(Protocol):
@@ -311,8 +312,8 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
 def _preflight(spec: IterationSpec, epsilon: float) -> None:
     """Refuse, before the grant is charged, an iteration that DPTrainer would refuse after it,
     deciding only from public values (issue 16 §1: whether the driver goes on must not depend
-    on the data). A window holding a block without data is refused by the grant itself
-    (BlockLedger requests with require_data), inside the ledger's transaction."""
+    on the data). A block without Examples is never in the window: the driver plans, and the
+    BlockLedger grants, windows of blocks holding Examples only (RecentWindow's data_format)."""
     try:
         preflight(spec.trainer, spec.sampling, epsilon, spec.delta, check_split(spec.split))
     except ValueError as error:

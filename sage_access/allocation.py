@@ -46,6 +46,7 @@ class BlockState:
     start: Optional[str] = None
     end: Optional[str] = None
     data_uri: Optional[str] = None
+    data_format: Optional[str] = None   # ledger.DATA_FORMATS
 
 
 SHARE_MARGIN = 1e-9
@@ -67,12 +68,13 @@ def recipients(waiting: Sequence[str], budget: np.ndarray, min_demand: np.ndarra
 def new_block(block_id: str, epsilon_ceiling: float, delta_ceiling: float, capacity: np.ndarray,
               zero: np.ndarray, waiting: Sequence[str], min_demand: np.ndarray, accounting,
               start: Optional[str] = None, end: Optional[str] = None,
-              data_uri: Optional[str] = None) -> BlockState:
+              data_uri: Optional[str] = None, data_format: Optional[str] = None) -> BlockState:
     sharing = recipients(waiting, capacity, min_demand, accounting)
     return BlockState(block_id=block_id, epsilon_ceiling=epsilon_ceiling,
                       delta_ceiling=delta_ceiling, capacity=capacity, spent=zero.copy(),
                       reservations={name: capacity / len(sharing) for name in sharing},
-                      start=start, end=end, data_uri=data_uri)
+                      start=start, end=end, data_uri=data_uri,
+                      data_format=data_format)
 
 
 def _reserved_for_others(block: BlockState, pipeline: Optional[str]) -> np.ndarray:

@@ -43,19 +43,50 @@ from sage_tfx.sage_access.store import CommitUnknown, StoreSpec, connect, connec
 from sage_tfx.sage_access.transaction import Conflict, Transactions
 
 
+# What a block's data_uri holds (add_block's `data_format`): TFX Examples with train/test
+# splits (BlockExampleGen), or a table's rows (dp_statistics ingest).
+EXAMPLES, TABLE = "examples", "table"
+DATA_FORMATS = (EXAMPLES, TABLE)
+
+
 @dataclass(frozen=True)
 class BlockIds:
-    """Select these blocks, by id."""
+    """Select these blocks, by id. With `data_format`, a request naming a block whose data is
+    not in that format is refused (BadRequest, nothing charged)."""
     ids: tuple[str, ...]
+    data_format: Optional[str] = None
 
-    def __init__(self, ids: Iterable[str]):
+    def __init__(self, ids: Iterable[str], data_format: Optional[str] = None):
         object.__setattr__(self, "ids", tuple(ids))
+        object.__setattr__(self, "data_format", data_format)
 
 
 @dataclass(frozen=True)
 class RecentWindow:
-    """Select the most recent `size` live blocks (by arrival) that can still pay the request."""
+    """Select the most recent `size` live blocks (by arrival) that can still pay the request;
+    with `data_format`, only blocks whose data is in that format (a window of Examples skips
+    the blocks of ingested tables in the same ledger context)."""
     size: int
+    data_format: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class NewBlock:
+    """A block to register (add_blocks): ceiling (epsilon, delta), its period [start, end) as
+    ISO strings, where its data lives and in which of DATA_FORMATS."""
+    block_id: str
+    epsilon: float
+    delta: float
+    start: Optional[str] = None
+    end: Optional[str] = None
+    data_uri: Optional[str] = None
+    data_format: Optional[str] = None
+
+
+def holds(block: BlockState, data_format: str) -> bool:
+    """Whether the block's data is in `data_format`. A block registered with data but without
+    a format (before formats were recorded, or by add_block without one) counts as Examples."""
+    return block.data_uri is not None and (block.data_format or EXAMPLES) == data_format
 
 
 class BlockLedger:
@@ -140,16 +171,19 @@ class BlockLedger:
                        size: Optional[int] = None, split: Optional[Mapping[str, str]] = None,
                        events: Optional[Mapping[str, object]] = None,
                        blocks: Optional[Sequence[BlockState]] = None,
-                       additional_delta: float = 0.0) -> list[BlockState]:
-        """The blocks a RecentWindow(size) request of (epsilon, delta) with this split and these
-        events (see `request`) would take now, most recent first (all that can pay, without
-        `size`), among `blocks` (default: the live blocks, read now). Planning only: nothing is
-        charged, and a concurrent grant may change the answer before a request is made."""
+                       additional_delta: float = 0.0,
+                       data_format: Optional[str] = None) -> list[BlockState]:
+        """The blocks a RecentWindow(size, data_format) request of (epsilon, delta) with this
+        split and these events (see `request`) would take now, most recent first (all that can
+        pay, without `size`), among `blocks` (default: the live blocks, read now). Planning
+        only: nothing is charged, and a concurrent grant may change the answer before a request
+        is made."""
         budget = BudgetRequest(epsilon=epsilon, delta=delta)
         demand = self._demand(budget, check_split(split) if split is not None else {},
                               dict(events or {}), additional_delta)
         payable = [block for block in (self.live_blocks() if blocks is None else blocks)
-                   if allocation.can_pay(block, demand, pipeline, self.accounting)]
+                   if (data_format is None or holds(block, data_format))
+                   and allocation.can_pay(block, demand, pipeline, self.accounting)]
         return payable if size is None else payable[:size]
 
     def remaining(self, block: BlockState, pipeline: Optional[str] = None) -> str:
@@ -161,41 +195,68 @@ class BlockLedger:
     # ----------------------------------------------------------------- writing
     def add_block(self, block_id: str, epsilon: float, delta: float,
                   start: Optional[str] = None, end: Optional[str] = None,
-                  data_uri: Optional[str] = None) -> BlockState:
-        """Register a new block with ceiling (epsilon, delta); its budget is split evenly among the
-        pipelines waiting now and reserved for them (Sage §3.3), the longest-waiting first when
-        there are too many for every share to pay the minimum request (allocation.py).
-        `data_uri` is where the block's Examples live (BlockExampleGen sets it; the BlockLedger
-        component reads it)."""
-        check_name(block_id, "block id")
-        capacity = self.accounting.capacity(epsilon, delta)
-        for value, what in ((start, "start"), (end, "end")):
-            if value is not None and not isinstance(value, str):
-                raise BadRequest(f"block {what} must be an ISO string, got {value!r}")
+                  data_uri: Optional[str] = None,
+                  data_format: Optional[str] = None) -> BlockState:
+        """Register one new block (add_blocks)."""
+        return self.add_blocks([NewBlock(block_id, epsilon, delta, start, end, data_uri,
+                                         data_format)])[0]
 
-        def attempt() -> BlockState:
+    def add_blocks(self, blocks: Sequence[NewBlock]) -> list[BlockState]:
+        """Register new blocks, all or none, in one ledger change (an ingestion that fails
+        leaves nothing half-registered, so it can be run again); arrival order is the order
+        given. Each block's budget is split evenly among the pipelines waiting now and reserved
+        for them (Sage §3.3), the longest-waiting first when there are too many for every share
+        to pay the minimum request (allocation.py). `data_uri` is where a block's data lives
+        and `data_format` what it is (one of DATA_FORMATS: BlockExampleGen registers Examples,
+        the BlockLedger component reads them; dp_statistics ingest registers tables)."""
+        if not blocks:
+            raise BadRequest("no blocks to register")
+        capacities = []
+        for new in blocks:
+            check_name(new.block_id, "block id")
+            capacities.append(self.accounting.capacity(new.epsilon, new.delta))
+            for value, what in ((new.start, "start"), (new.end, "end")):
+                if value is not None and not isinstance(value, str):
+                    raise BadRequest(f"block {what} must be an ISO string, got {value!r}")
+            if new.data_format is not None and (new.data_format not in DATA_FORMATS
+                                                or new.data_uri is None):
+                raise BadRequest(f"block {new.block_id!r}: data_format must be one of "
+                                 f"{DATA_FORMATS} and comes with a data_uri, got "
+                                 f"{new.data_format!r}")
+        ids = [new.block_id for new in blocks]
+        if len(set(ids)) != len(ids):
+            raise BadRequest(f"a block id is given twice: {ids}")
+
+        def attempt() -> list[BlockState]:
             state = self._records.read_state()
             waiting = json.loads(get_property(state, "waiting"))
-            block = allocation.new_block(block_id, float(epsilon), float(delta), capacity,
-                                         self.accounting.zero(), waiting, self._min_demand,
-                                         self.accounting, start, end, data_uri)
-            artifact = self._write_state(self._records.new_block(
-                block_id, epsilon, delta, start, end, data_uri), block)
-            record = self._transactions.block_version(block_id, 1)
+            added, changes = [], []
+            for new, capacity in zip(blocks, capacities):
+                block = allocation.new_block(new.block_id, float(new.epsilon), float(new.delta),
+                                             capacity, self.accounting.zero(), waiting,
+                                             self._min_demand, self.accounting, new.start,
+                                             new.end, new.data_uri, new.data_format)
+                artifact = self._write_state(self._records.new_block(
+                    new.block_id, new.epsilon, new.delta, new.start, new.end, new.data_uri,
+                    new.data_format), block)
+                changes += [(artifact, output_event()),
+                            (self._transactions.block_version(new.block_id, 1), output_event())]
+                added.append(block)
             try:
                 self._transactions.commit(
-                    UPDATE_TYPE, {"kind": "add_block", "block_id": block_id},
-                    [(artifact, output_event()), (record, output_event()),
-                     *self._transactions.ledger_version(state, "add_block")])
+                    UPDATE_TYPE, {"kind": "add_block", "block_ids": json.dumps(ids)},
+                    [*changes, *self._transactions.ledger_version(state, "add_block")])
             except Conflict:
-                if self._records.block_exists(block_id):
-                    raise BadRequest(f"block {block_id!r} already exists in ledger "
-                                     f"{self.context!r}") from None
+                existing = [block_id for block_id in ids if self._records.block_exists(block_id)]
+                if existing:
+                    raise BadRequest(f"block {', '.join(existing)} already exists in ledger "
+                                     f"{self.context!r}; nothing was registered") from None
                 raise
-            return block
+            return added
 
-        def committed() -> Optional[BlockState]:
-            return self.block(block_id) if self._records.block_exists(block_id) else None
+        def committed() -> Optional[list[BlockState]]:
+            # All or none were committed: the last one's presence says which.
+            return self.blocks(ids) if self._records.block_exists(ids[-1]) else None
 
         return self._transactions.retrying(attempt, committed)
 
@@ -335,6 +396,11 @@ class BlockLedger:
         """The selected blocks (artifact and decoded state) that can all pay, or an error."""
         if isinstance(selector, BlockIds):
             chosen = [(a, self._to_state(a)) for a in self._records.block_artifacts(selector.ids)]
+            elsewise = [block.block_id for _, block in chosen if selector.data_format
+                        and not holds(block, selector.data_format)]
+            if elsewise:
+                raise BadRequest(f"block(s) {', '.join(elsewise)} in ledger {self.context!r} "
+                                 f"do not hold {selector.data_format} data; nothing was charged")
             retired = [block.block_id for _, block in chosen if block.retired]
             if retired:
                 raise BadRequest(f"retired block(s) in ledger {self.context!r} are never offered "
@@ -350,13 +416,17 @@ class BlockLedger:
         pages = self._records.live_blocks_newest_first(page=max(2 * selector.size, 64))
         for artifact in pages:
             block = self._to_state(artifact)
+            if selector.data_format is not None and not holds(block, selector.data_format):
+                continue
             if allocation.can_pay(block, demand, pipeline, self.accounting):
                 chosen.append((artifact, block))
                 if len(chosen) == selector.size:
                     return chosen
         raise BudgetExhausted(
-            f"denied: only {len(chosen)} live block(s) in ledger {self.context!r} can pay the "
-            f"request; the window needs {selector.size}",
+            f"denied: only {len(chosen)} live block(s)"
+            + (f" of {selector.data_format}" if selector.data_format else "")
+            + f" in ledger {self.context!r} can pay the request; the window needs "
+            f"{selector.size}",
             {block.block_id: "can pay" for _, block in chosen})
 
     def find_grant(self, grant_id: str) -> Grant:
@@ -535,6 +605,9 @@ class BlockLedger:
 
 
 def _check_selector(selector) -> None:
+    if getattr(selector, "data_format", None) not in (None, *DATA_FORMATS):
+        raise BadRequest(f"the selector's data_format must be one of {DATA_FORMATS}, got "
+                         f"{selector.data_format!r}")
     if isinstance(selector, BlockIds):
         if not selector.ids:
             raise BadRequest("the block selector is empty")

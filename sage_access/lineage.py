@@ -14,7 +14,8 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.sage_access.allocation import BlockState
-from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, GRANT_TYPE, LEDGER_CONTEXT_TYPE,
+from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, GRANT_TYPE, KFP_RUN_CONTEXT_TYPE,
+                                          LEDGER_CONTEXT_TYPE,
                                           RUN_CONTEXT_TYPE, TFX_RUN_CONTEXT_TYPE, Grant,
                                           LedgerRecords, WHOLE_GRANT, check_name, get_float,
                                           get_property)
@@ -164,12 +165,18 @@ def changes(records: LedgerRecords, after: int = 0) -> list[dict]:
             kind, blocks = "grant", json.loads(get_property(execution, "blocks"))
         else:
             kind = get_property(execution, "kind")
-            blocks = {"add_block": [get_property(execution, "block_id")],
-                      "finish_pipeline": None}.get(kind, [])
+            blocks = {"add_block": _added_blocks(execution), "finish_pipeline": None}.get(kind, [])
         found.append({"execution_id": execution.id, "kind": kind, "blocks": blocks,
                       "pipeline": get_property(execution, "pipeline"),
                       "grant_id": get_property(execution, "grant_id")})
     return found
+
+
+def _added_blocks(execution: pb.Execution) -> list[str]:
+    """The blocks an add_block change registered (one `block_id` in stores written before
+    blocks were added together)."""
+    ids = get_property(execution, "block_ids")
+    return json.loads(ids) if ids is not None else [get_property(execution, "block_id")]
 
 
 def grant_run(records: LedgerRecords, grant: Grant) -> dict:
@@ -200,17 +207,19 @@ def grant_run(records: LedgerRecords, grant: Grant) -> dict:
 
 
 def run_contexts(store: metadata_store.MetadataStore, run_id: Optional[str]) -> list[pb.Context]:
-    """The context a charge for pipeline run `run_id` is attributed to: TFX's `pipeline_run`
-    context of that name when it is in the same store, else a `sage_tfx.PipelineRun` one."""
+    """The context a charge for pipeline run `run_id` is attributed to: the run's own context
+    when the store holds it (TFX's `pipeline_run`, or Kubeflow Pipelines' `system.PipelineRun`
+    on a cluster whose metadata service is the ledger's store), else a `sage_tfx.PipelineRun`."""
     if run_id is None:
         return []
     check_name(run_id, "run id")
-    try:
-        tfx_run = store.get_context_by_type_and_name(TFX_RUN_CONTEXT_TYPE, run_id)
-    except mlmd_errors.NotFoundError:
-        tfx_run = None
-    if tfx_run is not None:
-        return [tfx_run]
+    for run_type in (TFX_RUN_CONTEXT_TYPE, KFP_RUN_CONTEXT_TYPE):
+        try:
+            run = store.get_context_by_type_and_name(run_type, run_id)
+        except mlmd_errors.NotFoundError:
+            run = None
+        if run is not None:
+            return [run]
     return [pb.Context(type_id=store.get_context_type(RUN_CONTEXT_TYPE).id, name=run_id)]
 
 

@@ -44,6 +44,7 @@ from sage_tfx.sage_access.store import STATE_TYPE
 LEDGER_CONTEXT_TYPE = "sage_tfx.Ledger"
 RUN_CONTEXT_TYPE = "sage_tfx.PipelineRun"
 TFX_RUN_CONTEXT_TYPE = "pipeline_run"  # the context TFX's orchestrators create per run
+KFP_RUN_CONTEXT_TYPE = "system.PipelineRun"  # Kubeflow Pipelines 2's launcher's, named by run id
 LEDGER_VERSION_TYPE = "sage_tfx.LedgerVersion"
 BLOCK_TYPE = "sage_tfx.Block"
 BLOCK_VERSION_TYPE = "sage_tfx.BlockVersion"
@@ -278,12 +279,14 @@ class LedgerRecords:
             last_id = batch[-1].id
 
     def new_block(self, block_id: str, epsilon: float, delta: float, start: Optional[str],
-                  end: Optional[str], data_uri: Optional[str]) -> pb.Artifact:
+                  end: Optional[str], data_uri: Optional[str],
+                  data_format: Optional[str] = None) -> pb.Artifact:
         """A block's artifact before its first version (write it with `updated_block`)."""
         artifact = pb.Artifact(type_id=self.types[BLOCK_TYPE], name=f"{self.context}/{block_id}",
                                external_id=f"block:{self.context}/{block_id}")
         set_properties(artifact, {"ledger": self.context, "block_id": block_id, "start": start,
                                   "end": end, "data_uri": data_uri,
+                                  "data_format": data_format,
                                   "epsilon_ceiling": float(epsilon),
                                   "delta_ceiling": float(delta), "version": 0})
         return artifact
@@ -300,7 +303,8 @@ class LedgerRecords:
                           json.loads(get_property(artifact, "reservations")).items()},
             retired=bool(get_property(artifact, "retired")),
             charges=get_property(artifact, "charges"), start=get_property(artifact, "start"),
-            end=get_property(artifact, "end"), data_uri=get_property(artifact, "data_uri"))
+            end=get_property(artifact, "end"), data_uri=get_property(artifact, "data_uri"),
+            data_format=get_property(artifact, "data_format"))
 
     @staticmethod
     def updated_block(artifact: pb.Artifact, block: BlockState, accounting) -> pb.Artifact:

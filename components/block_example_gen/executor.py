@@ -14,8 +14,9 @@ relation covers dropping a record, and nothing says whether any was). Adding or 
 record therefore changes only the contents of one block's data files.
 
 Blocks are immutable once registered (their budget may already be spent): a schedule naming a
-block the ledger already has is refused (before any record is read). Data is written before a
-block is registered, so a registered block always has its Examples.
+block the ledger already has is refused (before any record is read). Data is written before the
+blocks are registered, so a registered block always has its Examples, and the run's blocks are
+registered together as its last step (all or none), so a run that failed can be run again.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from sage_tfx.components.block_example_gen import constants as block_keys
 from sage_tfx.components.util.examples_io import SPLITS, TEST_SPLIT, TRAIN_SPLIT
 from sage_tfx.dp_statistics.tables import record_block_key
 from sage_tfx.sage_access.errors import BadRequest
-from sage_tfx.sage_access.ledger import BlockLedger
+from sage_tfx.sage_access.ledger import EXAMPLES, BlockLedger, NewBlock
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
 from sage_tfx.sage_access.store import parse
 
@@ -237,8 +238,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                  | "GroupByBlock" >> beam.GroupByKey()
                  | "Write" >> beam.ParDo(_WriteBlockSplit(output_uri)))
 
-        # Register in key order, so "most recent" in the ledger follows the stream.
-        outputs = []
+        outputs, registered = [], []
         for block_id, span, start, end in blocks:
             for split in SPLITS:
                 directory = os.path.join(output_uri, block_id, f"Split-{split}")
@@ -254,11 +254,16 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             examples.set_string_custom_property(block_keys.BLOCK_END, end)
             if block_by == "users":  # DPAggregate states the user-level unit from this
                 record_block_key(examples.uri, key)
-            ledger.add_block(block_id, float(exec_properties["block_epsilon"]),
-                             float(exec_properties["block_delta"]), start, end, examples.uri)
+            registered.append(NewBlock(block_id, float(exec_properties["block_epsilon"]),
+                                       float(exec_properties["block_delta"]), start, end,
+                                       examples.uri, EXAMPLES))
             outputs.append(examples)
         with tf.io.gfile.GFile(os.path.join(output_uri, "blocks.json"), "w") as summary:
             json.dump([list(block) for block in blocks], summary)
+        # Registered last, all in one ledger change, in key order (so "most recent" in the
+        # ledger follows the stream): an ingestion that fails before this registered nothing,
+        # and running it again is not refused for blocks it half-registered.
+        ledger.add_blocks(registered)
         if int(exec_properties.get("per_block_artifacts", 1)) == 0:
             # One artifact for the run: the blocks are its subdirectories (and the ledger's
             # data_uri of each); the first block's span, as TFX spans name a run's first period.

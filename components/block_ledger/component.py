@@ -38,8 +38,8 @@ class BlockLedgerSpec(component_spec.ComponentSpec):
 
 
 class BlockLedger(base_component.BaseComponent):
-    """Requests (epsilon, delta) from the ledger on the most recent `window` blocks that can pay
-    (or on explicit `block_ids`), split among the iteration's DP steps by `split`
+    """Requests (epsilon, delta) from the ledger on the most recent `window` blocks that hold
+    Examples and can pay (or on explicit `block_ids`, refused if one holds other data), split among the iteration's DP steps by `split`
     ({step: fraction}, fractions summing to at most 1 exactly). `step_mechanisms`
     ({step: {"mechanism": "adassp" | "laplace" | "dp_sgd"}}) says what each step runs: the grant
     records each step's DP event (privacy_grant.planned_event), which an rdp ledger charges

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any
 
+import tensorflow as tf
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
@@ -21,7 +21,7 @@ from sage_tfx.components.privacy_grant import mark_examples, step_events, write_
 from sage_tfx.components.util.examples_io import SPLITS
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.accounting import check_split
-from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
+from sage_tfx.sage_access.ledger import EXAMPLES, BlockIds, BlockLedger, RecentWindow
 from sage_tfx.sage_access.store import parse
 
 
@@ -30,23 +30,42 @@ def _selector(exec_properties: dict[str, Any]):
     block_ids = json.loads(exec_properties.get("block_ids") or "[]")
     if bool(window) == bool(block_ids):
         raise BadRequest("give exactly one selector: window (most recent W blocks) or block_ids")
-    return RecentWindow(int(window)) if window else BlockIds(block_ids)
+    # Only blocks holding Examples: a table ingested into the same ledger context
+    # (dp_statistics) is skipped by a window and refused by name, before the charge.
+    return (RecentWindow(int(window), data_format=EXAMPLES) if window
+            else BlockIds(block_ids, data_format=EXAMPLES))
 
 
 def _link_or_copy(source: str, target: str) -> None:
+    """A hard link on a local disk; else a copy through TF's filesystems (gfile), which open
+    what a pipeline root may be (gs://, s3://, hdfs://), as every read after the charge must."""
     try:
         os.link(source, target)
     except OSError:
-        shutil.copyfile(source, target)
+        tf.io.gfile.copy(source, target, overwrite=True)
 
 
 FRONT_DOOR = "BlockLedger component"
 
 
-def _node_id(context) -> str | None:
-    """The component's id in its pipeline (None outside a TFX run)."""
-    node = getattr(context, "pipeline_node", None)
-    return node.node_info.id if node is not None else None
+def _run_and_node(context, output_uri: str, pipeline: str | None) -> tuple[str | None,
+                                                                          str | None]:
+    """The pipeline run this execution belongs to and the component's id in its pipeline
+    (None, None outside a pipeline). TFX's own runners give both in the executor's context.
+    TFX's Kubeflow V2 entrypoint (kubeflow_v2_run_executor) gives neither: its context holds
+    only a unique id, the name of the directory of the task's output metadata file, which
+    Kubeflow Pipelines 2 puts at /tmp/kfp_outputs for every task. What the task does know is
+    where Kubeflow's launcher placed its outputs: `<pipeline root>/<pipeline name>/<run id>/
+    <task>/<output key>` (the run's pipeline root is the job's root joined with the pipeline's
+    name and the run id, each output under the task's name); the run and the task are read
+    from there, when the path has that shape."""
+    if context is not None and context.pipeline_run_id:
+        node = context.pipeline_node
+        return context.pipeline_run_id, node.node_info.id if node is not None else None
+    parts = output_uri.rstrip("/").split("/")
+    if pipeline and len(parts) >= 4 and parts[-4] == pipeline:
+        return parts[-3], parts[-2]
+    return None, None
 
 
 class Executor(base_executor.BaseExecutor):
@@ -59,7 +78,6 @@ class Executor(base_executor.BaseExecutor):
         ledger = BlockLedger(parse(store), exec_properties["ledger_context"])
         pipeline = exec_properties.get("pipeline_name") or (
             self._context.pipeline_info.id if self._context and self._context.pipeline_info else None)
-        run_id = self._context.pipeline_run_id if self._context else None
 
         epsilon, delta = float(exec_properties["epsilon"]), float(exec_properties["delta"])
         events = step_events(json.loads(exec_properties.get("step_mechanisms") or "{}"),
@@ -67,11 +85,13 @@ class Executor(base_executor.BaseExecutor):
         preflight.run(preflight.parse(exec_properties.get(preflight.PROPERTY)), epsilon, delta,
                       budget_split)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
+        run_id, node_id = _run_and_node(self._context, examples.uri, pipeline)
         # What the ledger records as the request: the pipeline and this component's terms (the
         # steps' outcomes are recorded by the components that spend them).
-        request = json.dumps({"pipeline": pipeline, "run": run_id, "component": _node_id(
-            self._context), "split": budget_split, "step_mechanisms": json.loads(
-                exec_properties.get("step_mechanisms") or "{}")}, sort_keys=True)
+        request = json.dumps({"pipeline": pipeline, "run": run_id, "component": node_id,
+                              "split": budget_split, "step_mechanisms": json.loads(
+                                  exec_properties.get("step_mechanisms") or "{}")},
+                             sort_keys=True)
         plan = release.ReleasePlan(FRONT_DOOR, request, epsilon, delta, budget_split, events,
                                    pipeline=pipeline, run_id=run_id, data_uri=examples.uri,
                                    require_data=True)
@@ -92,8 +112,8 @@ class Executor(base_executor.BaseExecutor):
                 for split in SPLITS:
                     source_dir = os.path.join(data_uri, f"Split-{split}")
                     target_dir = os.path.join(examples.uri, f"Split-{split}")
-                    os.makedirs(target_dir, exist_ok=True)
-                    for name in sorted(os.listdir(source_dir)):
+                    tf.io.gfile.makedirs(target_dir)
+                    for name in sorted(tf.io.gfile.listdir(source_dir)):
                         _link_or_copy(os.path.join(source_dir, name),
                                       os.path.join(target_dir, f"{block_id}-{name}"))
             mark_examples(examples, grant, grant.blocks)

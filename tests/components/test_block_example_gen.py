@@ -83,3 +83,53 @@ def test_the_component_refuses_columns_without_the_block_key():
                         users_per_block=10, schedule_start=0, schedule_end=20,
                         ledger_store="/tmp/x.sqlite", block_epsilon=1.0, block_delta=1e-6,
                         columns=["fare"])
+
+
+def test_an_ingestion_that_failed_registers_nothing_and_can_be_run_again(tmp_path, store_path,
+                                                                         monkeypatch):
+    """The run's blocks are registered together, as its last step: a run that fails after
+    writing its data (here: its blocks.json summary cannot be written) leaves no block half
+    registered, and running it again registers them all."""
+    import tensorflow as tf
+    from tfx.types import standard_artifacts
+
+    from sage_tfx.components.block_example_gen import executor, month_schedule
+    from sage_tfx.sage_access import BlockLedger
+
+    from support.ingest import MONTHS, write_csv
+
+    write_csv(str(tmp_path / "data"))
+    BlockLedger.create(store_path, min_request_epsilon=0.05)
+    start, end = month_schedule(MONTHS[0], MONTHS[-1])
+    properties = {"block_by": "month", "test_fraction": 0.5, "input_format": "csv",
+                  "block_key": "trip_start_timestamp", "ledger_store": store_path,
+                  "ledger_context": "default", "schedule_start": start, "schedule_end": end,
+                  "input_base": str(tmp_path / "data"), "block_epsilon": 1.0,
+                  "block_delta": 1e-6}
+
+    def ingest(attempt: str) -> list:
+        examples = standard_artifacts.Examples()
+        examples.uri = str(tmp_path / attempt)
+        outputs = {"examples": [examples]}
+        executor.Executor().Do({}, outputs, properties)
+        return outputs["examples"]
+
+    real_gfile = tf.io.gfile.GFile
+
+    def failing_summary(path, *args, **kwargs):
+        if str(path).endswith("blocks.json"):
+            raise OSError("the pipeline root is full")
+        return real_gfile(path, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tf.io.gfile, "GFile", failing_summary)
+        with pytest.raises(OSError, match="pipeline root is full"):
+            ingest("first-attempt")
+    assert BlockLedger(store_path).blocks() == []
+    retried = ingest("retry")
+    blocks = BlockLedger(store_path).blocks()
+    assert [block.block_id for block in blocks] == MONTHS
+    assert [block.data_uri for block in blocks] == [str(tmp_path / "retry" / month)
+                                                   for month in MONTHS]
+    assert {block.data_format for block in blocks} == {"examples"}
+    assert [artifact.uri for artifact in retried] == [block.data_uri for block in blocks]

@@ -1,5 +1,6 @@
 """The BlockLedger component refuses, before charging: blocks that hold no data, and a grant
 whose consumers (DPTrainer, SLAedValidator) would fail after the charge."""
+import json
 import subprocess
 import sys
 
@@ -9,14 +10,18 @@ from tfx.types import standard_artifacts
 from sage_tfx.components.block_ledger import executor
 from sage_tfx.components.privacy_grant import PrivacyGrant
 from sage_tfx.sage_access import BlockLedger
-from sage_tfx.sage_access.errors import BadRequest
+from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted
 
 from support import TRIP_MODULE
 
 
-@pytest.mark.parametrize("selector", [{"block_ids": '["with-data", "no-data"]'},
-                                      {"window": 2}], ids=["explicit blocks", "window"])
-def test_blocks_without_data_are_refused_and_nothing_is_charged(store_path, tmp_path, selector):
+@pytest.mark.parametrize("selector, refusal", [
+    ({"block_ids": '["with-data", "no-data"]'}, "no-data.*nothing was charged"),
+    # A window takes only blocks holding Examples: one is too few for it.
+    ({"window": 2}, "only 1 live block.*of examples.*the window needs 2")],
+    ids=["explicit blocks", "window"])
+def test_blocks_without_data_are_refused_and_nothing_is_charged(store_path, tmp_path, selector,
+                                                                refusal):
     """The ledger checks the blocks the grant takes, in its transaction (require_data)."""
     ledger = BlockLedger.create(store_path, min_request_epsilon=0.05)
     ledger.add_block("with-data", 1.0, 1e-6, data_uri=str(tmp_path / "with-data"))
@@ -25,7 +30,7 @@ def test_blocks_without_data_are_refused_and_nothing_is_charged(store_path, tmp_
     examples.uri, grant.uri = str(tmp_path / "out-examples"), str(tmp_path / "out-grant")
     properties = {"ledger_store": store_path, "ledger_context": "default", "epsilon": 0.3,
                   "delta": 0.0, "split": '{"all": 1.0}', **selector}
-    with pytest.raises(BadRequest, match="no-data.*nothing was charged"):
+    with pytest.raises((BadRequest, BudgetExhausted), match=refusal):
         executor.Executor().Do({}, {"examples": [examples], "grant": [grant]}, properties)
     assert [b.spent[0] for b in BlockLedger(store_path).blocks()] == [0.0, 0.0]
 
@@ -149,3 +154,45 @@ def test_a_transform_that_uses_a_non_dp_analyzer_is_refused_before_the_charge(tm
     assert (check.component, check.transform_step) == ("DPTransform", "transform")
     with pytest.raises(BadRequest, match="refused before the charge.*DPTransform"):
         preflight.run([check], 1.0, 1e-7, {"transform": "0.5", "training": "0.5"})
+
+
+def _ram_examples(uri: str) -> None:
+    """A block's Examples (one file per split) on TF's in-memory filesystem."""
+    import tensorflow as tf
+
+    for split in ("train", "test"):
+        tf.io.gfile.makedirs(f"{uri}/Split-{split}")
+        with tf.io.gfile.GFile(f"{uri}/Split-{split}/data.gz", "w") as handle:
+            handle.write(f"{uri} {split}")
+
+
+def test_a_kubeflow_task_reads_a_remote_pipeline_root_and_names_its_run(store_path):
+    """As on a cluster: the blocks' Examples and the task's outputs live on a filesystem only
+    TF's gfile opens (gs:// there; ram:// here, which os.* cannot open either), and TFX's Kubeflow
+    V2 entrypoint gives the executor no run: it is read from where Kubeflow's launcher put the
+    outputs, <root>/<pipeline>/<run id>/<task>/<output>."""
+    import tensorflow as tf
+
+    ledger = BlockLedger.create(store_path, min_request_epsilon=0.05)
+    for block in ("m1", "m2"):
+        _ram_examples(f"ram://blocks/{block}")
+        ledger.add_block(block, 2.0, 1e-6, data_uri=f"ram://blocks/{block}", data_format="examples")
+    run_root = "ram://root/sage-taxi/run-7"
+    examples, grant = standard_artifacts.Examples(), PrivacyGrant()
+    examples.uri, grant.uri = f"{run_root}/BlockLedger/examples", f"{run_root}/BlockLedger/grant"
+    properties = {"ledger_store": store_path, "ledger_context": "default", "epsilon": 0.3,
+                  "delta": 0.0, "split": '{"all": 1.0}', "window": 2,
+                  "pipeline_name": "sage-taxi"}
+    executor.Executor().Do({}, {"examples": [examples], "grant": [grant]}, properties)
+    assert sorted(tf.io.gfile.listdir(f"{examples.uri}/Split-train")) == [
+        "m1-data.gz", "m2-data.gz"]
+    with tf.io.gfile.GFile(f"{examples.uri}/Split-test/m2-data.gz") as handle:
+        assert handle.read() == "ram://blocks/m2 test"
+    [record] = BlockLedger(store_path).grant_records()
+    # Handed on, not failed: the steps it pays for record their own outcomes.
+    assert record["outcome"] == "incomplete"
+    assert record["run_id"] == "run-7"
+    request = json.loads(record["request"])
+    assert (request["run"], request["component"]) == ("run-7", "BlockLedger")
+    assert BlockLedger(store_path).grant_run(record["grant_id"])["runs"] == [
+        {"type": "sage_tfx.PipelineRun", "name": "run-7"}]

@@ -31,6 +31,8 @@ def ingest(root, rows, capsys, raw_lines=b""):
                  "--end", "2013-04", "--types", "area:int,fare:float", "--epsilon", "1",
                  "--delta", "1e-6", "--out", os.path.join(root, "blocks")]) == 0
     ledger = BlockLedger(store)
+    # Recorded as tables: a window of Examples (the BlockLedger component) never takes them.
+    assert {b.data_format for b in ledger.blocks()} == {"table"}
     blocks = [(b.block_id, b.epsilon_ceiling, b.delta_ceiling, b.start, b.end,
                os.path.relpath(b.data_uri, root)) for b in ledger.blocks()]
     rows_of = {b[0]: pq.read_table(os.path.join(root, b[5], tables.ROWS_FILE))

@@ -2,23 +2,30 @@
 --kubeflow` for the iteration that ACCEPTs in `make demo` (24 months at epsilon 0.5), run by
 `sage-tfx kubeflow run-local` (each task its own process), the ledger reached only over ML
 Metadata's gRPC service (a server process in front of the ledger's file). It ACCEPTs and charges
-what the demo's iteration charges; a job whose module is missing stops before any charge.
+what the demo's iteration charges; a job whose module is missing stops before any charge; a
+second job ingests new months and trains on a window that holds them.
 
-Tasks run in their own processes, so the test seeds them there: `--seed` (sampler and trainer)
-and seeded_tasks/sitecustomize.py (the mechanisms' noise, same law and scale), so the outcome
-repeats. Several minutes: each task starts TensorFlow."""
+The tests share one ledger server, pipeline root and taxi stream (module fixtures), and the
+first job's run: each later job starts where the earlier ones left the ledger, as on a cluster.
+Compiling runs `sage-tfx compile` in this process (TFX is imported here already); the jobs' tasks
+run in their own processes, so the test seeds them there: `--seed` (sampler and trainer) and
+seeded_tasks/sitecustomize.py (the mechanisms' noise, same law and scale), so the outcomes
+repeat. Minutes: each task starts TensorFlow."""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from sage_tfx.cli import main
 from sage_tfx.examples.taxi.pipeline import (BLOCK_DELTA, BLOCK_EPSILON, DP_SGD_SPLIT,
                                              INITIAL_EPSILON, MIN_WINDOW, dp_sgd_spec)
 from sage_tfx.examples.taxi.stream import TaxiStream
 from sage_tfx.sage_access import BlockLedger
 from sage_tfx.sage_access.accounting import AccountingMode
+from sage_tfx.validators.slaed import Outcome
 
 from support import REPO_ROOT
 from support.mlmd_grpc import grpc_store
@@ -35,12 +42,25 @@ def _cli(*args, timeout=1800):
 
 def _compile(tmp, store, data, first, last, *extra):
     out = str(tmp / f"job-{first}.json")
-    compiled = _cli("compile", "--kubeflow", "--out", out, "--image", "example.com/sage:0.1.0",
-                    "--pipeline-root", str(tmp / "root"), "--data-root", str(data),
-                    "--mode", "dp_sgd", "--first-month", first, "--last-month", last,
-                    "--ledger-store", store, "--seed", "0", *extra, timeout=600)
-    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    assert main(["compile", "--kubeflow", "--out", out, "--image", "example.com/sage:0.1.0",
+                 "--pipeline-root", str(tmp / "root"), "--data-root", str(data),
+                 "--first-month", first, "--last-month", last, "--ledger-store", store,
+                 "--seed", "0", *extra]) == 0
     return out
+
+
+def _run_local(tmp, job):
+    """The run-local process and the run's id (None if it did not start)."""
+    ran = _cli("kubeflow", "run-local", job, "--pipeline-root", str(tmp / "root"))
+    started = re.search(r"^run (\S+) of sage-taxi:", ran.stdout, re.M)
+    return ran, started[1] if started else None
+
+
+def _blessing(tmp, run_id):
+    """The SLAedValidator's output metadata in run `run_id` (what the launcher would publish)."""
+    path = tmp / "root" / "sage-taxi" / run_id / ".local" / "SLAedValidator" / \
+        "output_metadata.json"
+    return json.loads(path.read_text())["artifacts"]["blessing"]["artifacts"][0]
 
 
 @pytest.fixture(scope="module")
@@ -54,19 +74,25 @@ def cluster(tmp_path_factory):
         yield tmp, store, path, TaxiStream.load()
 
 
-@pytest.mark.slow
-def test_the_compiled_taxi_job_accepts_and_charges_as_the_demo(cluster):
+@pytest.fixture(scope="module")
+def first_job(cluster):
+    """The demo's first DP-SGD iteration, compiled and run once: (its months, the run-local
+    process, the run id)."""
     tmp, store, path, stream = cluster
     months = stream.release(MIN_WINDOW["dp_sgd"], str(tmp / "first-months"))
-    job = _compile(tmp, store, tmp / "first-months", months[0], months[-1])
-    ran = _cli("kubeflow", "run-local", job, "--pipeline-root", str(tmp / "root"))
+    job = _compile(tmp, store, tmp / "first-months", months[0], months[-1], "--mode", "dp_sgd")
+    ran, run_id = _run_local(tmp, job)
+    return months, ran, run_id
+
+
+@pytest.mark.slow
+def test_the_compiled_taxi_job_accepts_and_charges_as_the_demo(cluster, first_job):
+    tmp, store, path, stream = cluster
+    months, ran, run_id = first_job
     assert ran.returncode == 0, (ran.stdout + ran.stderr)[-5000:]
     assert "all 7 tasks done" in ran.stdout
     # ACCEPT: the validator blessed the model and the Pusher pushed it.
-    [blessing] = [json.load(open(os.path.join(directory, "output_metadata.json")))
-                  for directory, _, files in os.walk(tmp / "root")
-                  if directory.endswith(os.path.join(".local", "SLAedValidator"))]
-    assert blessing["artifacts"]["blessing"]["artifacts"][0]["metadata"]["outcome"] == "ACCEPT"
+    assert _blessing(tmp, run_id)["metadata"]["outcome"] == "ACCEPT"
     assert os.listdir(tmp / "root" / "serving")
     # The demo's first DP-SGD iteration: its window of the 24 months, its epsilon, the spec's
     # delta and split, one grant, every block charged that much (basic composition).
@@ -76,7 +102,7 @@ def test_the_compiled_taxi_job_accepts_and_charges_as_the_demo(cluster):
     assert (grant["epsilon"], grant["delta"]) == (INITIAL_EPSILON["dp_sgd"], dp_sgd_spec().delta)
     assert {step: float(share) for step, share in grant["split"].items()} == DP_SGD_SPLIT
     assert grant["pipeline"] == "sage-taxi" and grant["outcome"] == "released"
-    for block in ledger.live_blocks():
+    for block in ledger.blocks(months):
         assert (block.epsilon_ceiling, block.delta_ceiling) == (BLOCK_EPSILON, BLOCK_DELTA)
         assert block.charges == 1
         # Basic accounting: spent is (epsilon, delta).
@@ -84,16 +110,48 @@ def test_the_compiled_taxi_job_accepts_and_charges_as_the_demo(cluster):
 
 
 @pytest.mark.slow
-def test_a_job_whose_module_is_missing_stops_before_the_charge(cluster):
+def test_a_job_whose_module_is_missing_stops_before_the_charge(cluster, first_job):
     tmp, store, path, stream = cluster
     before = BlockLedger(store).grant_records()
-    months = stream.release(2, str(tmp / "new-months"))
-    job = _compile(tmp, store, tmp / "new-months", months[0], months[-1],
+    months = stream.release(2, str(tmp / "unused-months"))
+    job = _compile(tmp, store, tmp / "unused-months", months[0], months[-1], "--mode", "dp_sgd",
                    "--module-file", "sage_tfx.examples.taxi.no_such_module")
-    ran = _cli("kubeflow", "run-local", job, "--pipeline-root", str(tmp / "root"))
+    ran, _ = _run_local(tmp, job)
     assert ran.returncode == 2, (ran.stdout + ran.stderr)[-5000:]
     assert "task BlockLedger failed" in ran.stderr and "nothing was charged" in ran.stderr
     # The preflight's refusal (DPTransform's module check runs first), in the task's log tail;
     # run-local stops at the first failing task (tests/pipelines/test_kubeflow_local.py).
     assert "no_such_module" in ran.stdout and "refused before the charge" in ran.stdout
     assert BlockLedger(store).grant_records() == before
+
+
+@pytest.mark.slow
+def test_a_second_job_adds_new_months_and_trains_on_them(cluster, first_job):
+    """The next iteration on a cluster: new months arrive, a new job ingests them and trains on
+    the most recent blocks, which hold them; the validator's decision is recorded. AdaSSP (the taxi example's other trainer, window 12
+    at epsilon 0.25): one task fewer than DP-SGD and a quicker trainer."""
+    tmp, store, path, stream = cluster
+    before = BlockLedger(store).grant_records()
+    months = stream.release(2, str(tmp / "new-months"))
+    job = _compile(tmp, store, tmp / "new-months", months[0], months[-1], "--mode", "adassp")
+    ran, run_id = _run_local(tmp, job)
+    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-5000:]
+    assert "all 6 tasks done" in ran.stdout
+    ledger = BlockLedger(store)
+    [grant] = ledger.grant_records()[len(before):]
+    # The window: the 12 most recent blocks, the new months among them.
+    window = [block.block_id for block in ledger.live_blocks()][:MIN_WINDOW["adassp"]]
+    assert sorted(grant["blocks"]) == sorted(window) and set(months) <= set(window)
+    assert grant["epsilon"] == INITIAL_EPSILON["adassp"]
+    for block in ledger.blocks(months):  # new blocks: this grant is their first charge
+        assert block.charges == 1 and block.data_format == "examples"
+    # What the validator decided (seeded: RETRY, the driver's cue to ask for more epsilon or
+    # more months), released under the grant and recorded in the ledger.
+    assert grant["outcome"] == "released"
+    blessing = _blessing(tmp, run_id)
+    assert blessing["metadata"]["outcome"] in {outcome.value for outcome in Outcome}
+    assert grant["steps"]["validation"]["artifacts"] == [blessing["uri"]]
+    # The run and the task that charged it, as Kubeflow's launcher laid out their outputs.
+    assert grant["run_id"] == run_id
+    request = json.loads(grant["request"])
+    assert (request["run"], request["component"]) == (run_id, "BlockLedger")

@@ -100,6 +100,54 @@ def test_duplicate_block_and_bad_ceilings_are_refused():
     assert [b.block_id for b in ledger.blocks()] == ["b0"]
 
 
+def test_blocks_added_together_are_all_registered_in_order_or_none_are():
+    from sage_tfx.sage_access.ledger import EXAMPLES, TABLE, NewBlock
+
+    ledger = make_ledger(blocks=1)
+    with pytest.raises(BadRequest, match="b0 already exists.*nothing was registered"):
+        ledger.add_blocks([NewBlock("b1", 1.0, 1e-6), NewBlock("b0", 1.0, 1e-6)])
+    with pytest.raises(BadRequest, match="data_format"):
+        ledger.add_blocks([NewBlock("b1", 1.0, 1e-6, data_format=EXAMPLES)])  # no data_uri
+    assert [b.block_id for b in ledger.blocks()] == ["b0"]
+    added = ledger.add_blocks([NewBlock("b1", 1.0, 1e-6, data_uri="/d/b1", data_format=EXAMPLES),
+                               NewBlock("t.1", 1.0, 1e-6, data_uri="/d/t1", data_format=TABLE)])
+    assert [b.block_id for b in added] == ["b1", "t.1"]
+    # Arrival order is the order given: the table block is the most recent.
+    assert [b.block_id for b in ledger.live_blocks()] == ["t.1", "b1", "b0"]
+    assert [b.data_format for b in ledger.blocks()] == [None, EXAMPLES, TABLE]
+    assert [change["blocks"] for change in ledger.changes()
+            if change["kind"] == "add_block"] == [["b0"], ["b1", "t.1"]]
+
+
+def test_a_window_of_examples_skips_table_blocks_and_named_ones_are_refused():
+    """A ledger context can hold Examples (BlockExampleGen) and ingested tables (dp_statistics):
+    a request for Examples never takes a table's block, so nothing fails after the charge."""
+    from sage_tfx.sage_access.ledger import EXAMPLES, TABLE, NewBlock
+
+    ledger = make_ledger(blocks=0)
+    ledger.add_blocks([NewBlock("m1", 1.0, 1e-6, data_uri="/d/m1", data_format=EXAMPLES),
+                       NewBlock("legacy", 1.0, 1e-6, data_uri="/d/legacy"),  # counts as Examples
+                       NewBlock("trips.2024-01", 1.0, 1e-6, data_uri="/d/t", data_format=TABLE),
+                       NewBlock("no-data", 1.0, 1e-6)])
+    assert [b.block_id for b in ledger.payable_window(0.1, 0, data_format=EXAMPLES)] == [
+        "legacy", "m1"]
+    grant = ledger.request(RecentWindow(2, data_format=EXAMPLES), epsilon=0.1, delta=0)
+    assert grant.blocks == ("legacy", "m1")
+    before = snapshot(ledger)
+    with pytest.raises(BudgetExhausted, match="only 2 live block.*of examples"):
+        ledger.request(RecentWindow(3, data_format=EXAMPLES), epsilon=0.1, delta=0)
+    with pytest.raises(BadRequest, match="trips.2024-01.*do not hold examples.*nothing was "
+                                         "charged"):
+        ledger.request(BlockIds(["m1", "trips.2024-01"], data_format=EXAMPLES), epsilon=0.1,
+                       delta=0)
+    with pytest.raises(BadRequest, match="data_format must be one of"):
+        ledger.request(RecentWindow(1, data_format="parquet"), epsilon=0.1, delta=0)
+    assert snapshot(ledger) == before
+    # Without a format, a window takes the most recent blocks whatever they hold.
+    assert ledger.request(RecentWindow(2), epsilon=0.1, delta=0).blocks == (
+        "no-data", "trips.2024-01")
+
+
 def test_contexts_are_independent_ledgers(store_path):
     first = make_ledger(store_path, blocks=1)
     second = BlockLedger.create(store_path, context="geo-eu")
@@ -345,3 +393,22 @@ def test_release_outcomes_and_denials_are_recorded_once_on_both_backends(store_p
     [denial] = denial_records(ledger._records)
     assert (denial["front_door"], denial["epsilon"], denial["free"]) == ("test", 5.0,
                                                                         {"b0": "0.9"})
+
+
+def test_a_charge_is_linked_to_the_kubeflow_run_in_the_same_store(store_path):
+    """On a cluster whose metadata service holds the ledger, Kubeflow's launcher has made the
+    run's `system.PipelineRun` context (named by run id): the grant joins it, with its artifacts."""
+    from sage_tfx.sage_access.store import connect
+
+    ledger = make_ledger(store_path, blocks=1)
+    mlmd = connect(store_path)
+    run_type = mlmd.put_context_type(pb.ContextType(name="system.PipelineRun"))
+    [run] = mlmd.put_contexts([pb.Context(type_id=run_type, name="run-9")])
+    model_type = mlmd.put_artifact_type(pb.ArtifactType(name="system.Model"))
+    [model] = mlmd.put_artifacts([pb.Artifact(type_id=model_type, uri="gs://b/run-9/model")])
+    mlmd.put_attributions_and_associations([pb.Attribution(context_id=run, artifact_id=model)],
+                                           [])
+    grant = ledger.request(BlockIds(["b0"]), epsilon=0.1, delta=0, run_id="run-9")
+    linked = ledger.grant_run(grant.grant_id)
+    assert linked["runs"] == [{"type": "system.PipelineRun", "name": "run-9"}]
+    assert [a["uri"] for a in linked["artifacts"]] == ["gs://b/run-9/model"]
