@@ -125,31 +125,53 @@ def csv_records(path: str) -> Iterable[bytes]:
 def check_csv_headers(files: list[str], columns: Optional[list[str]], block_key: str) -> None:
     """Refuse (BadRequest) a CSV file whose header does not match the table's public schema:
     `columns`, the declared column names (any order), or without a declaration the first
-    file's header; the block key must be one of them. Only headers are read (the schema is
-    public: file and column names, never a cell), and the executor asks before it writes or
+    file's header; the block key must be one of them. The executor asks before it writes or
     registers anything, so a missing column is a schema error rather than a silently missing
-    feature in every record (which trained, and charged, on what the other columns held)."""
+    feature in every record (which trained, and charged, on what the other columns held).
+
+    The message names only declared columns (public). A header's own text is named by its
+    position only: in a file without a header line, the "header" is a record, and an error
+    (kept in logs and ML Metadata) must not carry a cell."""
     expected = list(columns) if columns is not None else None
     for path in files:
         with tf.io.gfile.GFile(path, "r") as handle:
             header = [name.strip() for name in next(csv.reader(handle), [])]
+        name = os.path.basename(path)
         if expected is None:
             expected = header
-        name = os.path.basename(path)
-        duplicated = sorted({column for column in header if header.count(column) > 1})
+            if block_key not in header:
+                raise BadRequest(f"the block key {block_key!r} is not in the header of {name} "
+                                 "(declare the table's columns with columns=[...]); nothing "
+                                 "was registered")
+            continue
+        if sorted(header) == sorted(set(expected)) and len(header) == len(set(header)):
+            continue
+        if columns is None:
+            differing = [str(position + 1) for position in
+                         range(max(len(header), len(expected)))
+                         if position >= len(header) or position >= len(expected)
+                         or header[position] not in expected
+                         or expected[position] not in header]
+            raise BadRequest(f"CSV file {name}: its header does not match the header of "
+                             f"{os.path.basename(files[0])} ({len(header)} against "
+                             f"{len(expected)} columns; differing at position(s) "
+                             f"{', '.join(differing) or 'none: a column is repeated'}); declare "
+                             "the table's columns with columns=[...] to have them named; "
+                             "nothing was registered")
         missing = [column for column in expected if column not in header]
-        extra = [column for column in header if column not in expected]
-        if duplicated or missing or extra:
-            problems = [f"{label} column(s) {', '.join(repr(c) for c in found)}"
-                        for label, found in (("missing", missing), ("extra", extra),
-                                             ("repeated", duplicated)) if found]
-            source = ("declared in columns" if columns is not None
-                      else f"the header of {os.path.basename(files[0])}")
-            raise BadRequest(f"CSV file {name}: {'; '.join(problems)} against the table's "
-                             f"schema {expected} ({source}); nothing was registered")
-    if expected is not None and block_key not in expected:
-        raise BadRequest(f"the block key {block_key!r} is not a column of the CSV files "
-                         f"({expected}): every record would be dropped; nothing was registered")
+        extra = [str(position + 1) for position, column in enumerate(header)
+                 if column not in expected]
+        repeated = sorted({column for column in expected if header.count(column) > 1})
+        problems = ([f"missing column(s) {', '.join(repr(c) for c in missing)}"] if missing
+                    else []) + ([f"undeclared column(s) at position(s) {', '.join(extra)}"]
+                                if extra else []) + (
+            [f"repeated column(s) {', '.join(repr(c) for c in repeated)}"] if repeated else [])
+        raise BadRequest(f"CSV file {name}: {'; '.join(problems)} against the declared columns "
+                         f"{expected}; nothing was registered")
+    if columns is not None and block_key not in columns:
+        raise BadRequest(f"the block key {block_key!r} is not a declared column "
+                         f"({list(columns)}): every record would be dropped; nothing was "
+                         "registered")
 
 
 def _split_of(serialized: bytes, test_fraction: float) -> str:
