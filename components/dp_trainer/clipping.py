@@ -54,12 +54,13 @@ class _NotWalkable(Exception):
 def _along_rows(vector: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     """A [B] vector shaped to broadcast over the rows of `values` (static rank: no shape ops
     in the graph)."""
-    return tf.reshape(vector, [-1] + [1] * (values.shape.rank - 1))
+    rank = values.shape.rank
+    return vector if rank == 1 else tf.reshape(vector, [-1] + [1] * (rank - 1))
 
 
 def _rows(kept: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     """`values` with the rows where `kept` is false set to zero."""
-    return tf.where(_along_rows(kept, values), values, tf.zeros_like(values))
+    return tf.where(_along_rows(kept, values), values, 0.0)
 
 
 def _scaled_rows(values: tf.Tensor, coefficients: tf.Tensor, kept: tf.Tensor) -> tf.Tensor:
@@ -69,8 +70,7 @@ def _scaled_rows(values: tf.Tensor, coefficients: tf.Tensor, kept: tf.Tensor) ->
 
 def _squares(per_example: tf.Tensor) -> tf.Tensor:
     """Sum of squares of each row: [B, ...] -> [B]."""
-    return tf.reduce_sum(tf.reshape(tf.square(per_example), [tf.shape(per_example)[0], -1]),
-                         axis=1)
+    return tf.reduce_sum(tf.square(per_example), axis=list(range(1, per_example.shape.rank)))
 
 
 class _Linear:
@@ -79,36 +79,42 @@ class _Linear:
     def __init__(self, layer, inputs: tf.Tensor, watched: tf.Tensor):
         self.layer, self.watched = layer, [watched]
         self.variables = [layer.kernel] + ([layer.bias] if layer.use_bias else [])
-        batch = tf.shape(inputs)[0]
-        self.inputs = tf.reshape(inputs, [batch, -1, inputs.shape[-1]])  # [B, T, P]
         self.positions = inputs.shape[1:-1].num_elements()  # T; None if not static
+        self.inputs = self._by_position(inputs)
+        self._per_example_kernels = None  # [B, P, O] when squared_norms forms them
 
-    def _output_grads(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
-        dz = grads[0]
-        return tf.reshape(dz, [tf.shape(dz)[0], -1, dz.shape[-1]])  # [B, T, O]
+    def _by_position(self, values: tf.Tensor) -> tf.Tensor:
+        """[B, ..., X] as [B, X] (one position) or [B, T, X]."""
+        if self.positions == 1:
+            return values if values.shape.rank == 2 else tf.reshape(values, [-1, values.shape[-1]])
+        return tf.reshape(values, [tf.shape(values)[0], -1, values.shape[-1]])
 
     def squared_norms(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
-        a, dz = self.inputs, self._output_grads(grads)
+        a, dz = self.inputs, self._by_position(grads[0])
         p, o, t = a.shape[-1], dz.shape[-1], self.positions
-        if t == 1:  # one position: |a dz^T|^2 = |a|^2 |dz|^2
-            kernel = (tf.reduce_sum(tf.square(a), axis=[1, 2])
-                      * tf.reduce_sum(tf.square(dz), axis=[1, 2]))
-        elif t is not None and t * t * (p + o) <= t * p * o:
+        if t == 1:  # |a dz^T|^2 + |dz|^2 = (|a|^2 + 1) |dz|^2
+            return ((_squares(a) + (1.0 if self.layer.use_bias else 0.0)) * _squares(dz))
+        if t is not None and t * t * (p + o) <= t * p * o:
             # Ghost norm: |sum_t a_t dz_t^T|^2 = sum_{t,s} (a_t . a_s)(dz_t . dz_s).
             kernel = tf.reduce_sum(tf.matmul(a, a, transpose_b=True)
                                    * tf.matmul(dz, dz, transpose_b=True), axis=[1, 2])
-        else:
-            kernel = _squares(tf.einsum("btp,bto->bpo", a, dz))
+        else:  # formed once, and clipped_sum reuses them
+            self._per_example_kernels = tf.einsum("btp,bto->bpo", a, dz)
+            kernel = _squares(self._per_example_kernels)
         if self.layer.use_bias:
             kernel += _squares(tf.reduce_sum(dz, axis=1))
         return kernel
 
     def clipped_sum(self, grads, coefficients, kept) -> list[tf.Tensor]:
-        a = tf.reshape(_rows(kept, self.inputs), [-1, self.inputs.shape[-1]])
-        dz = _scaled_rows(self._output_grads(grads), coefficients, kept)
-        dz = tf.reshape(dz, [-1, dz.shape[-1]])
-        kernel = tf.reshape(tf.matmul(a, dz, transpose_a=True), tf.shape(self.layer.kernel))
-        return [kernel] + ([tf.reduce_sum(dz, axis=0)] if self.layer.use_bias else [])
+        dz = _scaled_rows(self._by_position(grads[0]), coefficients, kept)
+        if self._per_example_kernels is not None:  # sum_i c_i grad_i W: B P O, not B T P O
+            kernel = tf.tensordot(coefficients, _rows(kept, self._per_example_kernels), 1)
+        else:
+            a = tf.reshape(_rows(kept, self.inputs), [-1, self.inputs.shape[-1]])
+            kernel = tf.matmul(a, tf.reshape(dz, [-1, dz.shape[-1]]), transpose_a=True)
+        kernel = tf.reshape(kernel, self.layer.kernel.shape)
+        bias_axes = [0] if self.positions == 1 else [0, 1]
+        return [kernel] + ([tf.reduce_sum(dz, axis=bias_axes)] if self.layer.use_bias else [])
 
 
 class _Embedding:
@@ -146,11 +152,11 @@ class _PerExample:
         self.variables, self.watched, self._per_example_fn = list(variables), watched, per_example_fn
 
     def squared_norms(self, grads) -> tf.Tensor:
-        return tf.add_n([_squares(g) for g in self._per_example_fn(grads)])
+        self._per_example = self._per_example_fn(grads)  # formed once; clipped_sum reuses them
+        return tf.add_n([_squares(g) for g in self._per_example])
 
     def clipped_sum(self, grads, coefficients, kept) -> list[tf.Tensor]:
-        return [tf.reduce_sum(_scaled_rows(g, coefficients, kept), axis=0)
-                for g in self._per_example_fn(grads)]
+        return [tf.tensordot(coefficients, _rows(kept, g), 1) for g in self._per_example]
 
 
 def _layer_normalization(layer, inputs: tf.Tensor, watched: tf.Tensor) -> _PerExample:
@@ -308,6 +314,7 @@ class OnePass:
     def clipped_sum(self, coefficients: tf.Tensor, kept: tf.Tensor) -> list[tf.Tensor]:
         """sum_i coefficients[i] * grad_i over the rows where kept is true, one tensor per
         variable (in `variables` order)."""
+        coefficients = _rows(kept, coefficients)  # a dropped row's may be NaN (its norm is)
         by_variable = {}
         for contribution, grads in zip(self._contributions, self._grads):
             for variable, gradient in zip(contribution.variables,
