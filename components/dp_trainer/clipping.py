@@ -23,7 +23,8 @@ forward and backward pass. Here both come from one pass:
    Conv2D the ghost norm sum_{t,s} (a_it . a_is)(dz_it . dz_is) when that is cheaper than
    forming grad_i W, else |grad_i W|^2 directly.
 4. Book-keeping: the clipped sum reuses (a, dz), with no second backward pass:
-   sum_i c_i grad_i W = A^T diag(c) dZ, and likewise for every layer.
+   sum_i c_i grad_i W = A^T diag(c) dZ, and likewise for every layer; where step 3 formed
+   per-example gradients (grad_i W, LayerNorm's, any other layer's), their weighted sum.
 
 A model that cannot be walked this way (a subclassed model, a layer called twice, a variable no
 layer call owns) takes per-example gradients of the whole model instead (vectorised over the
