@@ -125,7 +125,8 @@ def gaussian_noise(generator: tf.random.Generator, size: int, stddev: float) -> 
     pairs = (size + 1) // 2
     uniform = tf.random.stateless_uniform([2, pairs], seed=generator.make_seeds(1)[:, 0],
                                           alg="philox")
-    radius = tf.sqrt(tf.math.log1p(-uniform[0]) * (-2.0 * stddev ** 2))
+    # stddev outside the square root: stddev^2 would overflow float32 beyond 1.8e19.
+    radius = tf.sqrt(-2.0 * tf.math.log1p(-uniform[0])) * stddev
     angle = uniform[1] * (2.0 * math.pi)
     draws = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=0)
     return draws if 2 * pairs == size else draws[:size]

@@ -243,6 +243,9 @@ def test_dp_sgd_noise_is_standard_normal_times_its_stddev(size):
     assert abs(np.corrcoef(draws[:half], draws[half:2 * half])[0, 1]) < 4 / math.sqrt(half)
     again = dp_sgd.gaussian_noise(generator, size, 2.5).numpy()
     assert abs(np.corrcoef(draws, again)[0, 1]) < 4 / math.sqrt(size)
+    # A huge scale (a huge clip) stays finite: stddev^2 would overflow float32.
+    huge = dp_sgd.gaussian_noise(generator, 10_000, 1e25).numpy().astype(np.float64) / 1e25
+    assert np.isfinite(huge).all() and huge.std() == pytest.approx(1.0, rel=0.1)
 
 
 def test_steps_are_counted_as_they_execute():
