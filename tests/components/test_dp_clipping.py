@@ -139,3 +139,19 @@ def test_batch_normalization_is_refused_by_name():
     features = tf.constant(rng.standard_normal((BATCH, 3)), tf.float32)
     with pytest.raises(ValueError, match="BatchNormalization.*mixes the examples"):
         clipping.OnePass(model, model.trainable_variables, LOSS, features, LABELS, WEIGHTS)
+
+
+@pytest.mark.parametrize("padding", ["valid", "same"])
+@pytest.mark.parametrize("kernel,strides,dilation", [((3, 3), (1, 1), (1, 1)),
+                                                     ((3, 2), (2, 3), (1, 1)),
+                                                     ((2, 4), (3, 1), (1, 1)),
+                                                     ((3, 2), (1, 1), (2, 2)),
+                                                     ((2, 3), (1, 1), (1, 2))])
+def test_conv_patches_are_tensorflows_image_patches(kernel, strides, dilation, padding):
+    # The slices the per-example conv rule builds its patches from, against TensorFlow's op
+    # (odd and even sizes: "same" pads unevenly).
+    images = tf.constant(rng.standard_normal((3, 9, 8, 2)), tf.float32)
+    layer = L.Conv2D(4, kernel, strides=strides, dilation_rate=dilation, padding=padding)
+    want = tf.image.extract_patches(images, [1, *kernel, 1], [1, *strides, 1],
+                                    [1, *dilation, 1], padding.upper())
+    np.testing.assert_array_equal(clipping._conv_patches(layer, images).numpy(), want.numpy())
