@@ -4,6 +4,9 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# One pytest worker per core (pytest-xdist), each running whole test files: a file's module
+# fixtures (a ledger server, a compiled job's first run) stay in one worker.
+PARALLEL := -n auto --dist loadfile
 
 .PHONY: demo taxi-statistics taxi-stream taxi-workloads ledger-demo test test-quick browser mariadb web benchmark \
 	mutation lock clean
@@ -48,7 +51,7 @@ ledger-demo: $(STAMP) $(WEB_ASSETS)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/ledger_demo.sh
 
 test: $(STAMP) $(WEB_ASSETS) browser mariadb
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests $(PARALLEL)
 
 # Debian's Chromium and its driver, for the ledger page's browser tests (tests/sage_access): when
 # they are missing and we may install them (root, apt-get); otherwise those tests skip, saying why.
@@ -76,7 +79,7 @@ mariadb:
 # During development: the suite without the tests marked slow (TFX pipelines, several processes,
 # crashes, minutes of sampling). CI runs `make test`, the whole suite.
 test-quick: $(STAMP) $(WEB_ASSETS) browser mariadb
-	$(BIN)/python -m pytest tests -m "not slow"
+	$(BIN)/python -m pytest tests -m "not slow" $(PARALLEL)
 
 benchmark: $(STAMP) $(WEB_ASSETS)
 	# PipelineDP, the anchor of benchmarks/aggregation.py, is pinned apart from the lock.
