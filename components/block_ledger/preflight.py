@@ -2,9 +2,10 @@
 
 A component that consumes a BlockLedger's grant (DPTrainer, SLAedValidator) registers, when it is
 constructed, the checks it can make without the grant (component.check_before_charge): its user
-module loads and defines what it needs, Keras 2 is in effect when DP-SGD needs it, and DP-SGD's
-calibration fits its share where public values decide it (dp_trainer.preflight, the check the
-privacy-adaptive driver makes too). The BlockLedger executor runs them all before
+module loads and defines what it needs, Keras 2 is in effect when DP-SGD needs it, DP-SGD's
+model has no layer it cannot clip (a batch normalisation), and DP-SGD's calibration fits its
+share where public values decide it (dp_trainer.preflight, the check the privacy-adaptive
+driver makes too). The BlockLedger executor runs them all before
 `ledger.request`: a pipeline that would fail after the charge for one of these reasons fails
 before it, with nothing charged. The checks read the pipeline's parameters and this process's
 environment only, never a record, so whether they pass tells nothing about the data.
@@ -48,7 +49,9 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
         split: Mapping[str, float]) -> None:
     """BadRequest naming the component and the fix for the first check that fails."""
     # Imported here: dp_trainer's package imports this one's component (a cycle at import).
+    from sage_tfx.components.dp_trainer.clipping import refuse_unclippable_layers
     from sage_tfx.components.dp_trainer.parameters import preflight as trainer_preflight
+    from sage_tfx.components.dp_trainer.parameters import trains_with_dp_sgd
     from sage_tfx.components.util.legacy_keras import require_legacy_keras
     from sage_tfx.components.util.user_module import UserModule
 
@@ -60,9 +63,11 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
             if check.transform_step is not None:
                 _transform_audit(check, epsilon, split)
                 continue
-            UserModule.load(check.module_file, check.purpose, check.module_needs)
+            module = UserModule.load(check.module_file, check.purpose, check.module_needs)
             if check.trainer is not None:
                 trainer_preflight(check.trainer, check.sampling, epsilon, delta, split)
+                if trains_with_dp_sgd(check.trainer):  # the model's layers, no data
+                    refuse_unclippable_layers(module.build_model())
         except (ValueError, RuntimeError, TypeError) as error:
             raise BadRequest(f"{refusal}: {error}") from error
         except Exception as error:  # the user's module raised while it was imported

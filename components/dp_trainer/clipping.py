@@ -248,10 +248,6 @@ def _forward(layer, args, kwargs, tape: tf.GradientTape):
         kwargs = dict(kwargs, training=True)  # as model(x, training=True) would call it
     if not layer.trainable_variables:
         return layer(*args, **kwargs), None
-    if isinstance(layer, tf.keras.layers.BatchNormalization):
-        raise ValueError(f"layer {layer.name!r} (BatchNormalization) mixes the examples of a "
-                         "batch, so an example's gradient is not its own and DP-SGD's "
-                         "per-example clipping does not bound it; use LayerNormalization")
     if len(args) != 1 or not isinstance(args[0], tf.Tensor):
         raise _NotWalkable()
     inputs, kind = args[0], type(layer)
@@ -285,12 +281,55 @@ def _whole_model(model, variables, per_example_loss, features, labels,
     return _PerExample(variables, [], lambda _: gradients)
 
 
+def _mixes_the_batch(layer) -> bool:
+    """BatchNormalization and SyncBatchNormalization (Keras' BatchNormalizationBase)."""
+    return any(cls.__name__ in ("BatchNormalization", "BatchNormalizationBase")
+               for cls in type(layer).__mro__)
+
+
+def refuse_unclippable_layers(model: tf.keras.Model) -> None:
+    """ValueError naming the first layer of `model` (at any depth) that DP-SGD cannot train
+    privately: a batch normalisation. In training it normalises each example by the batch's
+    statistics, so one example moves every other example's gradient (the clipped sum is no
+    longer bounded by C per example), and it keeps moving means and variances of the raw
+    batches, non-trainable variables saved with the model without noise. That holds with or
+    without trainable scale and offset and for functional and subclassed models alike, so the
+    check reads the model's layers, not the walk. Public: the model's structure only."""
+    for layer in [model, *model.submodules]:
+        if isinstance(layer, tf.keras.layers.Layer) and _mixes_the_batch(layer):
+            raise ValueError(f"layer {layer.name!r} ({type(layer).__name__}) normalises each "
+                             "example by its batch's statistics and keeps their moving "
+                             "averages unnoised, so DP-SGD's per-example clipping does not "
+                             "bound it; use LayerNormalization")
+
+
+def refuse_state_updates(model: tf.keras.Model, per_example_loss, features: tf.Tensor,
+                         labels: tf.Tensor) -> None:
+    """ValueError when a training-mode pass changes a non-trainable variable of `model` (a
+    custom layer keeping statistics of its batches: released with the model, unnoised). Run on
+    a public stand-in batch (zeros of the inputs' shape), never on records; the variables are
+    restored afterwards."""
+    state = model.non_trainable_variables
+    before = [variable.numpy() for variable in state]
+    OnePass(model, model.trainable_variables, per_example_loss, features, labels,
+            tf.ones([features.shape[0]]))
+    changed = [variable.name for variable, value in zip(state, before)
+               if not (variable.numpy() == value).all()]
+    for variable, value in zip(state, before):
+        variable.assign(value)
+    if changed:
+        raise ValueError(f"a training step changes the model's non-trainable variable(s) "
+                         f"{', '.join(changed)}: state computed from the batch would be "
+                         "released with the model without noise")
+
+
 class OnePass:
     """One forward and backward pass over a batch: per-example losses and gradient norms, and
     the clipped gradient sum for any per-example coefficients (book-keeping)."""
 
     def __init__(self, model: tf.keras.Model, variables: Sequence[tf.Variable],
                  per_example_loss, features: tf.Tensor, labels: tf.Tensor, weights: tf.Tensor):
+        refuse_unclippable_layers(model)
         self.variables = list(variables)
         tape = tf.GradientTape(persistent=False, watch_accessed_variables=False)
         contributions = None

@@ -49,6 +49,12 @@ def calibrate_run(samples: SamplingDescriptor, epochs: Optional[int], epsilon: f
                           float(max_noise_multiplier or DEFAULT_MAX_NOISE_MULTIPLIER))
 
 
+def trains_with_dp_sgd(trainer: Mapping) -> bool:
+    """Whether DPTrainer's parameters `trainer` choose DP-SGD (the default mode)."""
+    return TrainerMode.parse(trainer.get("mode") or DEFAULT_MODE,
+                             "trainer mode") == TrainerMode.DP_SGD
+
+
 def preflight(trainer: Mapping, sampling: Optional[Mapping], epsilon: float, delta: float,
               split: Mapping[str, float]) -> None:
     """Raise, before a grant of (epsilon, delta) with `split` is charged, the error DPTrainer
@@ -59,8 +65,7 @@ def preflight(trainer: Mapping, sampling: Optional[Mapping], epsilon: float, del
     and accounting do not depend on the number of records. For SWO and shuffling the steps
     depend on the data's size, which nobody may read before the grant: the trainer calibrates
     them on a size the grant pays for. AdaSSP's noise always fits its share."""
-    mode = TrainerMode.parse(trainer.get("mode") or DEFAULT_MODE, "trainer mode")
-    if mode != TrainerMode.DP_SGD or sampling is None:
+    if not trains_with_dp_sgd(trainer) or sampling is None:
         return
     if Scheme.parse(sampling.get("scheme"), "scheme") != Scheme.POISSON:
         return

@@ -75,7 +75,7 @@ def _bad_module(tmp_path, text):
 
 
 @pytest.mark.parametrize("case", ["missing file", "lacks loss", "raises on import",
-                                  "calibration", "keras 3"])
+                                  "calibration", "keras 3", "batch normalization"])
 def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
         store_path, tmp_path, monkeypatch, case):
     from sage_tfx.components.block_ledger import preflight
@@ -91,6 +91,19 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
     elif case == "raises on import":
         module = _bad_module(tmp_path, "import not_installed_anywhere\n")
         message = "does not import: ModuleNotFoundError"
+    elif case == "batch normalization":  # DP-SGD cannot clip it: refused from the model alone
+        module = _bad_module(tmp_path, f"import importlib.util, tensorflow as tf\n"
+                                       f"spec = importlib.util.spec_from_file_location('trip', "
+                                       f"{TRIP_MODULE!r})\n"
+                                       "trip = importlib.util.module_from_spec(spec)\n"
+                                       "spec.loader.exec_module(trip)\n"
+                                       "LABEL_KEY, feature_spec = trip.LABEL_KEY, trip.feature_spec\n"
+                                       "model_inputs, loss = trip.model_inputs, trip.loss\n"
+                                       "def build_model():\n"
+                                       "    return tf.keras.Sequential([tf.keras.Input((3,)), "
+                                       "tf.keras.layers.BatchNormalization(), "
+                                       "tf.keras.layers.Dense(1)])\n")
+        message = "DPTrainer: layer .* \\(BatchNormalization\\) normalises each example"
     elif case == "calibration":  # 20 Poisson steps at gamma 0.1 on a share of 0.8, sigma <= 2
         limit, message = 2.0, "cannot pay for 20 DP-SGD step"
     else:

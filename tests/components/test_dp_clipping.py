@@ -134,11 +134,55 @@ def test_one_pass_clipping_equals_per_example_gradients(case):
     assert whole_model == [case in ("fallback_subclassed_model", "fallback_shared_layer")]
 
 
-def test_batch_normalization_is_refused_by_name():
-    model = functional(L.Dense(3), L.BatchNormalization(), L.Dense(2), input_shape=(3,))
+class WithBatchNormalization(tf.keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.norm = tf.keras.layers.Dense(3), tf.keras.layers.BatchNormalization()
+        self.out = tf.keras.layers.Dense(2)
+
+    def call(self, inputs, training=None):
+        return self.out(self.norm(self.hidden(inputs), training=training))
+
+
+class BatchMean(tf.keras.layers.Layer):
+    """A custom layer keeping a statistic of its batches in a non-trainable variable."""
+
+    def build(self, input_shape):
+        self.seen = self.add_weight("seen", input_shape[-1:], initializer="zeros",
+                                    trainable=False)
+
+    def call(self, inputs, training=None):
+        if training:
+            self.seen.assign_add(tf.reduce_mean(inputs, axis=0) + 1.0)
+        return inputs
+
+
+@pytest.mark.parametrize("build", [
+    lambda: functional(L.Dense(3), L.BatchNormalization(), L.Dense(2), input_shape=(3,)),
+    # no trainable variables: the walk would pass it by, its moving statistics still move
+    lambda: functional(L.Dense(3), L.BatchNormalization(center=False, scale=False), L.Dense(2),
+                       input_shape=(3,)),
+    WithBatchNormalization,  # a subclassed model takes whole-model gradients: refused too
+    lambda: functional(L.Dense(3), tf.keras.layers.experimental.SyncBatchNormalization(),
+                       L.Dense(2), input_shape=(3,)),
+], ids=["functional", "no trainable variables", "subclassed", "sync"])
+def test_batch_normalization_is_refused_in_every_model(build):
+    model = build()
     features = tf.constant(rng.standard_normal((BATCH, 3)), tf.float32)
-    with pytest.raises(ValueError, match="BatchNormalization.*mixes the examples"):
+    with pytest.raises(ValueError, match="normalises each example by its batch's statistics"):
         clipping.OnePass(model, model.trainable_variables, LOSS, features, LABELS, WEIGHTS)
+
+
+def test_a_layer_keeping_batch_statistics_is_refused_on_a_stand_in_batch_and_restored():
+    model = functional(L.Dense(3), BatchMean(), L.Dense(2), input_shape=(3,))
+    stand_in = tf.zeros([2, 3])
+    with pytest.raises(ValueError, match="non-trainable variable"):
+        clipping.refuse_state_updates(model, LOSS, stand_in, LABELS[:2])
+    assert all((variable.numpy() == 0).all() for variable in model.non_trainable_variables)
+    # Dropout draws fresh randomness per call but keeps no statistics: accepted.
+    clipping.refuse_state_updates(
+        functional(L.Dense(3), L.Dropout(0.5), L.Dense(2), input_shape=(3,)), LOSS, stand_in,
+        LABELS[:2])
 
 
 @pytest.mark.parametrize("padding", ["valid", "same"])
