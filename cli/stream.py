@@ -188,6 +188,6 @@ def _stream(args) -> int:
     print(json.dumps({"grant_id": state.grant_id, "blocks": list(state.blocks),
                       "epsilon": args.epsilon, "delta": args.delta,
                       "micro_batches": args.micro_batches,
-                      "guarantee": query.guarantee(state.blocks, state.grant_id).sentence(),
+                      "guarantee": state.guarantee().sentence(),
                       "out": os.path.abspath(args.out)}))
     return 0

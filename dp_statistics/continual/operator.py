@@ -251,4 +251,4 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> Trigg
     updated[releasing] = True
     return TriggerRelease(t, state.keys.values[released],
                           state.column("released_value")[released], updated[released],
-                          query.guarantee(state.blocks, state.grant_id).sentence())
+                          state.guarantee().sentence())

@@ -280,11 +280,13 @@ class WindowState:
     @classmethod
     def fresh(cls, query: StreamQuery, budget: StreamBudget, noise_key: bytes) -> "WindowState":
         check_budget(query, budget)
-        length = query.micro_batches
         return cls(query, budget, bytes(noise_key), CodeTable(), np.zeros(0, np.int32),
-                   PairTable(), CodeTable(), _key_columns(0),
-                   TreeIndex.empty(budget.selection_sigma, length, budget.thresholds),
-                   TreeIndex.empty(budget.value_sigma, length))
+                   PairTable(), CodeTable(), _key_columns(0), budget.index(selection=True),
+                   budget.index(selection=False))
+
+    def guarantee(self):
+        """The Guarantee every release of this window states, with the mechanism that runs."""
+        return self.query.guarantee(self.blocks, self.grant_id, self.budget.statement)
 
     @property
     def n_keys(self) -> int:
@@ -381,15 +383,14 @@ class WindowState:
         for name in KEY_COLUMNS:
             columns[name][:] = arrays[f"key_{name}"]
 
-        def index(prefix: str, sigma: float, thresholds) -> TreeIndex:
+        def index(prefix: str, selection: bool) -> TreeIndex:
             part = {n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
-            return TreeIndex.from_arrays(sigma, query.micro_batches, thresholds, part)
+            return budget.index(selection, part)
 
         state = cls(query, budget, arrays["noise_key"].tobytes(),
                     units, np.array(arrays["used"], np.int32),
                     PairTable(arrays["pair_codes"], arrays["pair_rounds"]), keys, columns,
-                    index("selection_", budget.selection_sigma, budget.thresholds),
-                    index("values_", budget.value_sigma, None),
+                    index("selection_", True), index("values_", False),
                     step=meta["step"],
                     grant_id=meta["grant_id"], blocks=tuple(meta["blocks"]),
                     charge_started=meta["charge_started"])
@@ -408,6 +409,9 @@ def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
                 query.value_bound)
     got = (budget.epsilon, budget.delta, budget.micro_batches, budget.contribution_limit,
            budget.value_bound)
+    if query.mechanism not in ("auto", budget.mechanism):
+        raise StreamStateError(f"the budget was planned for the {budget.mechanism} mechanism, "
+                               f"the query says {query.mechanism}")
     if expected != got:
         raise StreamStateError(f"the budget was planned for (epsilon, delta, micro_batches, "
                                f"contribution_limit, value_bound) = {got}, the query says "
