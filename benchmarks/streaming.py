@@ -20,6 +20,9 @@ Printed per system: ``keys_kept`` (keys in the final release), ``l_inf``, ``l_1`
 (of released - true over the whole key space; a key not released estimates 0) and
 ``records_per_s`` (all generated records over the wall clock from the records in memory to the
 final histogram: bounding, every query or micro-batch step, the final sum; generation excluded).
+In the JSON, ``vs_bounded`` holds the same errors against the contribution-bounded histogram
+(each user's first C records: what every system estimates), i.e. the error of the DP mechanism
+alone, without the bounding bias every C-bounded system shares.
 
 The baselines (the paper's §5, run on issue 18's operator)
 ---------------------------------------------------------
@@ -378,8 +381,11 @@ def benchmark(args: argparse.Namespace) -> dict:
         "baseline_2": (run_baseline_2(stream, b2_budget, args.micro_batches,
                                       args.contribution_limit), b2_budget.describe()),
     }
+    bounded = np.bincount(stream.key[first_records_per_user(stream, args.contribution_limit)],
+                          minlength=stream.keys).astype(np.float64)
     for name, (run, budget) in runs.items():
         entry = utility(run.estimate, truth, run.released)
+        entry["vs_bounded"] = utility(run.estimate, bounded, run.released)
         measured = name != "baseline_1" or not args.baseline_1_final_only
         entry["records_per_s"] = len(stream) / run.seconds if measured else None
         entry["seconds"] = run.seconds

@@ -15,11 +15,12 @@ from sage_tfx.dp_statistics.matrix.error import (expected_rmse, laplace_expected
                                                  query_rmse, svd_lower_bound_rmse)
 from sage_tfx.dp_statistics.matrix.mechanism import Noise, WorkloadRelease, answer_workload
 from sage_tfx.dp_statistics.matrix.strategy import (Strategy, UnsupportedWorkload, eigen_design,
-                                                    hierarchical, identity, wavelet,
+                                                    hierarchical, identity, online_square_root,
+                                                    wavelet,
                                                     workload_as_strategy)
 from sage_tfx.dp_statistics.matrix.workload import Block, BlockKind, DomainError, Workload
 
 __all__ = ["workload", "expected_rmse", "laplace_expected_rmse", "query_rmse",
            "svd_lower_bound_rmse", "Noise", "WorkloadRelease", "answer_workload", "Strategy",
-           "UnsupportedWorkload", "eigen_design", "hierarchical", "identity", "wavelet",
-           "workload_as_strategy", "Block", "BlockKind", "DomainError", "Workload"]
+           "UnsupportedWorkload", "eigen_design", "hierarchical", "identity", "online_square_root",
+           "wavelet", "workload_as_strategy", "Block", "BlockKind", "DomainError", "Workload"]
