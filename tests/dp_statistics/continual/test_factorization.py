@@ -174,3 +174,33 @@ def test_the_first_crossing_is_the_first_step_a_scan_finds():
         crossing = (counts[row] > thresholds - full[row]) & (steps > after[row])
         assert found[row] == (steps[crossing][0] if crossing.any() else 0)
     assert math.isclose(index.sigma, SIGMA)
+
+
+def _query(**fields):
+    from sage_tfx.dp_statistics.continual.spec import StreamQuery
+    return StreamQuery(key_column="k", unit_column="u", time_column="t", micro_batches=8,
+                       contribution_limit=2, epsilon=2.0, delta=1e-6, **fields)
+
+
+def test_a_query_names_a_known_mechanism_and_its_state_refuses_another_budgets():
+    from sage_tfx.dp_statistics.aggregation.spec import QueryError
+    from sage_tfx.dp_statistics.continual.budget import plan
+    from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
+    with pytest.raises(QueryError, match="mechanism must be one of"):
+        _query(mechanism="banded").check()
+    with pytest.raises(StreamStateError, match="planned for the factorization mechanism"):
+        WindowState.fresh(_query(mechanism="tree"), plan(2.0, 1e-6, 8, 2,
+                                                         mechanism="factorization"), bytes(32))
+
+
+def test_every_release_states_the_mechanism_that_ran():
+    import pandas as pd
+    from sage_tfx.dp_statistics.continual import operator
+    from sage_tfx.dp_statistics.continual.budget import plan
+    from sage_tfx.dp_statistics.continual.state import WindowState
+    for mechanism, words in (("factorization", "BLT square-root factorization with 6 buffers"),
+                             ("tree", "binary trees with Honaker's estimator")):
+        budget = plan(2.0, 1e-6, 8, 2, mechanism=mechanism)
+        state = WindowState.fresh(_query(mechanism="auto"), budget, bytes(32))
+        release = operator.step(state, budget, pd.DataFrame({"unit": [1], "key": ["a"]}))
+        assert f"(DP-SQLP on 8 micro-batches: {words})" in release.guarantee
