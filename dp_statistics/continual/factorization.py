@@ -35,8 +35,8 @@ square root's: fitting error only costs accuracy, never privacy.
 The fit (`fit_square_root`): decays with 1 - theta_i log-spaced in [1 / (4T), 0.7], weights
 u_i >= 0 by non-negative least squares of the relative error of b_k against c_k, k = 1..T-1.
 With 6 buffers the mean prefix variance times the squared sensitivity is within 0.05% of the
-exact square root at T = 1,000 and 0.2% at T = 10,000 (tests/.../test_factorization.py checks
-both against dense matrices).
+exact square root at T = 1,000 and 0.2% at T = 10,000 (test_factorization.py, which also checks
+B, C = B^{-1} A and the variances against dense matrices).
 
 Sensitivity under k participations (`participation_sensitivity`). A unit changes x by
 u = sum_{j in P} w_j e_j (|w_j| <= 1, P its micro-batches, |P| <= k, scaled by the record bound
