@@ -217,7 +217,7 @@ def test_the_state_and_its_taken_micro_batches_are_private(tmp_path):
     local.run_local(query, budget, [(1, local.empty_batch())], str(state_dir),
                     lambda release: None, noise_key=bytes(32), snapshot_every=2,
                     complete_window=False)  # step 1 stays in the journal
-    assert (state_dir / "taken-000001.parquet").exists()
+    assert (state_dir / "taken.log").stat().st_size > 0
     assert os.stat(state_dir).st_mode & 0o777 == 0o700
     for file in os.listdir(state_dir):
         assert os.stat(state_dir / file).st_mode & 0o777 == 0o600, file
@@ -249,3 +249,36 @@ def test_a_torn_last_journal_line_is_ignored(tmp_path):
     local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
                     local.CsvDirectorySink(out), noise_key=NOISE_KEY)
     assert releases(out) == oracle
+
+
+def test_a_torn_taken_entry_is_cut_and_its_step_taken_again(tmp_path):
+    """The process died inside take(step 7): the log ends in a partial entry, and step 7 was
+    never computed nor released. The restart cuts the partial entry, takes step 7 from its input
+    and the whole window equals the uninterrupted one."""
+    oracle, oracle_state = uninterrupted(tmp_path)
+    state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
+    stream = [(step, frame) for step, frame in worker.stream() if step <= 6]
+    local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
+                    local.CsvDirectorySink(out), noise_key=NOISE_KEY, complete_window=False,
+                    snapshot_every=4)
+    log = os.path.join(state_dir, "taken.log")
+    entries = open(log, "rb").read()
+    assert len(entries) > 0  # steps 5 and 6
+    with open(log, "ab") as torn:
+        torn.write(entries[:len(entries) // 3])  # a header and part of a payload
+    resumed = local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                              local.CsvDirectorySink(out), noise_key=NOISE_KEY,
+                              snapshot_every=4)
+    assert releases(out) == oracle
+    assert_same_state(resumed, oracle_state)
+
+
+def test_a_released_step_whose_taken_micro_batch_is_gone_is_refused(tmp_path):
+    state_dir = str(tmp_path / "state")
+    stream = [(step, frame) for step, frame in worker.stream() if step <= 6]
+    local.run_local(worker.QUERY, worker.budget(), stream, state_dir, lambda release: None,
+                    noise_key=NOISE_KEY, complete_window=False, snapshot_every=4)
+    os.truncate(os.path.join(state_dir, "taken.log"), 0)
+    with pytest.raises(StreamStateError, match="step 5 was released but the micro-batch"):
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        lambda release: None, noise_key=NOISE_KEY, snapshot_every=4)
