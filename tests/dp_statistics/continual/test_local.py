@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -252,25 +253,37 @@ def test_a_torn_last_journal_line_is_ignored(tmp_path):
 
 
 def test_a_torn_taken_entry_is_cut_and_its_step_taken_again(tmp_path):
-    """The process died inside take(step 7): the log ends in a partial entry, and step 7 was
-    never computed nor released. The restart cuts the partial entry, takes step 7 from its input
-    and the whole window equals the uninterrupted one."""
-    oracle, oracle_state = uninterrupted(tmp_path)
+    """The process died inside take(step 10): the log's last entry does not check, and step 10
+    was never computed nor released. The restart cuts the entry, takes step 10 from its input
+    (here other records: the torn entry is not a taken micro-batch) and the whole window equals
+    the uninterrupted one on those records."""
+    late = [(step, pd.concat([frame, frame.assign(unit=frame["unit"] + 10 ** 6)])
+             if step == 10 else frame) for step, frame in worker.stream()]
+    oracle_out = tmp_path / "oracle-out"
+    oracle_state = local.run_local(worker.QUERY, worker.budget(), late,
+                                   str(tmp_path / "oracle-state"),
+                                   local.CsvDirectorySink(str(oracle_out)), noise_key=NOISE_KEY)
     state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
-    stream = [(step, frame) for step, frame in worker.stream() if step <= 6]
-    local.run_local(worker.QUERY, worker.budget(), stream, state_dir,
-                    local.CsvDirectorySink(out), noise_key=NOISE_KEY, complete_window=False,
-                    snapshot_every=4)
+    with pytest.raises(KeyboardInterrupt):  # step 10 taken, its release never written
+        local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                        RaisingSink(out, fail_at=10), noise_key=NOISE_KEY, snapshot_every=4)
     log = os.path.join(state_dir, "taken.log")
-    entries = open(log, "rb").read()
-    assert len(entries) > 0  # steps 5 and 6
-    with open(log, "ab") as torn:
-        torn.write(entries[:len(entries) // 3])  # a header and part of a payload
-    resumed = local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+    data = bytearray(open(log, "rb").read())
+    # The entries from offset 0 after the save at step 8: steps 9 and 10 (those of the earlier
+    # saves may follow; the log is (magic, step, length, CRC-32) headers and payloads).
+    _, step, length, _ = struct.unpack_from("<4sqqI", data, 0)
+    last = 24 + length
+    _, step, length, _ = struct.unpack_from("<4sqqI", data, last)
+    assert step == 10
+    middle = last + 24 + length // 2
+    data[middle:middle + 16] = bytes(16)  # its payload only partly written
+    open(log, "wb").write(bytes(data))
+    resumed = local.run_local(worker.QUERY, worker.budget(), late, state_dir,
                               local.CsvDirectorySink(out), noise_key=NOISE_KEY,
                               snapshot_every=4)
-    assert releases(out) == oracle
+    assert releases(out) == releases(oracle_out)
     assert_same_state(resumed, oracle_state)
+    assert releases(out) != uninterrupted(tmp_path / "unchanged")[0]  # step 10: new input
 
 
 def test_a_released_step_whose_taken_micro_batch_is_gone_is_refused(tmp_path):
