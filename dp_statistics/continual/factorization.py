@@ -59,16 +59,18 @@ Noise (`FactorizationIndex`): z_t of a stream is sigma * keyed normal (stream id
 so Z is a pure function of (secret key, stream id, t): from the buffer states S(c + 1) before
 any step c + 1, the recurrence run over z_{c+1}, z_{c+2}, ... gives Z from there on, bit for
 bit the values of one pass from step 1 (lfilter's step is y = zi + 0 * x, then the same two
-products: restarting from a state it returned changes no operation). So a stream needs no
-stored history: it keeps two cursors, each a step and its n buffer states (O(buffers), not
-O(T)): where the caller has settled (the current step; noise_at and first_crossing never ask
-about earlier steps again, and if asked they replay from step 0, whose state is 0) and the
-last block scanned. Selection streams also keep the tree's per-block minima of R (below),
-ceil(T / 32) numbers: the prediction must find, for any count the key may reach, the first
-block whose minimum it exceeds, and without them every evaluation would replay the stream's
-whole future (the earlier layout also kept the n states at every block start, 7 T / 32
-numbers per stream; dropping them costs ~8% of the run at T = 1,000: a block that becomes a
-candidate for the first time is replayed from the settled cursor, once per stream).
+products: restarting from a state it returned changes no operation).
+ - Value streams need no history: a cursor (a step and the n states before it, O(buffers),
+   not O(T)) where the engine has settled, moved forward as the stream is released; a step
+   asked again before the cursor is replayed from step 0 (state 0).
+ - Selection streams keep the n states at every block start (every BLOCK = 32 steps) and the
+   tree's per-block minima of R: n + 1 numbers per block, 7 ceil(T / 32) per stream, O(T / 32)
+   like the tree's summaries. The prediction needs them: as a key's count grows it must find
+   the first future block whose minimum the count exceeds and scan that block exactly, at any
+   distance. Minima alone would force a replay from the settled step to that block: we
+   measured it (two cursors per stream, the settled step and the last block scanned): 8%
+   more time at T = 1,000 with the load low, 26.9 s against 21.3 s profiled at load 4-5, the
+   replays doubling the noise computed (6.8 M steps against 3.2 M for block scans).
 
 Thresholds and prediction with correlated noise. The release at step l is c + Z(l), Z(l)
 Gaussian with sd lambda_l = sigma sqrt(sum_{k<l} b_k^2) (`prefix_std`). The coupling of
@@ -95,7 +97,6 @@ from sage_tfx.dp_statistics.continual.tree import BLOCK, TreeIndex
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 
 BUFFERS = 6  # see the module docstring: within 0.2% of the exact square root up to T = 10^4
-CURSORS = 2  # buffer states kept per stream (FactorizationIndex)
 _SMALLEST_GAP, _LARGEST_GAP = 0.25, 0.7  # 1 - theta in [0.25 / T, 0.7]
 
 
@@ -209,28 +210,31 @@ def _buffer_paths(factor: BufferedToeplitz, z: np.ndarray,
 @dataclass
 class FactorizationIndex(TreeIndex):
     """TreeIndex's contract (rows are streams, first_crossing, noise_at, storage) with the BLT's
-    noise, in O(buffers) noise state per stream (module docstring, "Noise"): per row, `cursors`
-    (rows, CURSORS) and `bases` (rows, CURSORS, buffers), the buffer states S before step
-    cursor + 1; minima, for selection streams, as the tree's. Cursor 0 is where the caller has
-    settled (it never asks about earlier steps again: the current step); cursor 1 is the start
-    of the last block scanned (a predicted crossing's block, asked about again while the key's
-    count grows)."""
+    noise (module docstring, "Noise"). Selection streams (with thresholds): `bases` holds the
+    buffer states S at every block start, (rows, n_blocks, buffers), and minima as the tree's.
+    Value streams: `bases` holds the buffer states before step `cursors` + 1, (rows, buffers),
+    where the caller has settled (it never asks about earlier steps again; if it does, the
+    stream is replayed from step 0, whose state is 0)."""
     factor: Optional[BufferedToeplitz] = field(default=None)
-    cursors: np.ndarray = field(default_factory=lambda: np.zeros((0, CURSORS), np.int64))
+    cursors: Optional[np.ndarray] = field(default=None)
 
     @classmethod
     def empty(cls, sigma: float, max_length: int, thresholds: Optional[np.ndarray] = None,
               factor: Optional[BufferedToeplitz] = None) -> "FactorizationIndex":
         n_blocks = -(-max_length // BLOCK)
-        return cls(sigma, None if thresholds is None else np.asarray(thresholds, float), n_blocks,
-                   np.zeros(0, np.uint64), np.zeros(0, np.int64),
-                   np.zeros((0, CURSORS, len(factor.decays))),
-                   None if thresholds is None else np.zeros((0, n_blocks)), factor=factor)
+        width = len(factor.decays)
+        if thresholds is None:
+            return cls(sigma, None, n_blocks, np.zeros(0, np.uint64), np.zeros(0, np.int64),
+                       np.zeros((0, width)), None, factor=factor,
+                       cursors=np.zeros(0, np.int64))
+        return cls(sigma, np.asarray(thresholds, float), n_blocks, np.zeros(0, np.uint64),
+                   np.zeros(0, np.int64), np.zeros((0, n_blocks, width)),
+                   np.zeros((0, n_blocks)), factor=factor)
 
     def _reserve(self, extra: int) -> None:
         super()._reserve(extra)
-        if len(self.cursors) < len(self.tree_ids):
-            cursors = np.zeros((len(self.tree_ids), CURSORS), np.int64)
+        if self.cursors is not None and len(self.cursors) < len(self.tree_ids):
+            cursors = np.zeros(len(self.tree_ids), np.int64)
             cursors[:self.size] = self.cursors[:self.size]
             self.cursors = cursors
 
@@ -246,66 +250,62 @@ class FactorizationIndex(TreeIndex):
         return z
 
     def _summarise(self, noise, rows, tree_ids, lengths, longest) -> None:
-        self.bases[rows] = 0.0  # Z is a function of z from step 1: every stream starts at 0
-        self.cursors[rows] = 0
-        if self.minima is None:
-            return  # a value stream's noise is computed when it is released
+        if self.minima is None:  # a value stream: nothing to compute before its first release
+            self.bases[rows] = 0.0
+            self.cursors[rows] = 0
+            return
         n_blocks = -(-longest // BLOCK)
         width = n_blocks * BLOCK
         z = self._noise(noise, tree_ids, np.zeros(len(rows), np.int64), width)
         total, paths = _buffer_paths(self.factor, z, None)
-        # _block_noise restarts lfilter from a cursor's state: the same recurrence from the same
-        # state gives the same bits, so the stored minima agree with a later scan.
+        bases = np.full((len(rows),) + self.bases.shape[1:], np.nan)
+        bases[:, :n_blocks] = np.stack([path[:, ::BLOCK] for path in paths], axis=2)
+        self.bases[rows] = bases
+        # _block_noise restarts lfilter from these stored states: the same recurrence from the
+        # same state gives the same bits, so the stored minima agree with a later scan.
         leaves = np.arange(1, width + 1)[None, :]
         taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
         required = np.where(leaves > lengths[:, None], np.inf, taus - total)
         self.minima[rows] = np.inf
         self.minima[rows, :n_blocks] = required.reshape(len(rows), n_blocks, BLOCK).min(axis=2)
-        # Cursor 1 at the block of the lowest minimum: the first block a growing count can
-        # cross in, so the first prediction that finds a crossing scans it without a replay.
-        lowest = self.minima[rows, :n_blocks].argmin(axis=1) * BLOCK
-        self.cursors[rows, 1] = lowest
-        self.bases[rows, 1] = np.stack([path[np.arange(len(rows)), lowest] for path in paths],
-                                       axis=1)
 
     def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
-        """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK), run
-        from the row's latest cursor at or before the block (from step 0, whose state is 0, if
-        none is); then cursor 0 moves to min(block start, settled) if that is later and cursor 1
-        to the block start. Rows are grouped by their distance to the block in powers of two
-        and each group runs as far as its farthest row: at most twice the steps needed, one
-        keyed-noise call per group."""
-        rows = np.asarray(rows, np.int64)
-        starts = np.asarray(blocks, np.int64) * BLOCK
-        every = np.arange(len(rows))
-        usable = self.cursors[rows] <= starts[:, None]
-        choice = np.where(usable, self.cursors[rows], -1).argmax(axis=1)
-        origins = np.where(usable.any(axis=1), self.cursors[rows, choice], 0)
-        states = np.where(usable.any(axis=1)[:, None], self.bases[rows, choice], 0.0)
+        """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK)."""
+        rows, blocks = np.asarray(rows, np.int64), np.asarray(blocks, np.int64)
+        if self.cursors is None:  # a selection stream: from the block's stored states
+            z = self._noise(noise, self.tree_ids[rows], blocks * BLOCK, BLOCK)
+            return _buffer_paths(self.factor, z, self.bases[rows, blocks])[0]
+        # A value stream: from its cursor (or step 0 if the cursor is past the block), in
+        # groups of distance within a power of two, each run as far as its farthest row (at
+        # most twice the steps needed, one keyed-noise call per group); the cursor then moves
+        # to min(block start, settled) if that is later.
+        starts = blocks * BLOCK
+        behind = self.cursors[rows] > starts
+        origins = np.where(behind, 0, self.cursors[rows])
+        states = np.where(behind[:, None], 0.0, self.bases[rows])
         lead = starts - origins
         keep = np.maximum(np.minimum(starts, np.asarray(settled, np.int64)), origins)
-        out = np.empty((len(rows), BLOCK))
-        at_keep, at_start = np.empty_like(states), np.empty_like(states)
+        out, kept = np.empty((len(rows), BLOCK)), np.empty_like(states)
         groups = np.ceil(np.log2(lead + 1)).astype(np.int64)
         for group in np.unique(groups):
             members = np.flatnonzero(groups == group)
             z = self._noise(noise, self.tree_ids[rows[members]], origins[members],
                             int(lead[members].max()) + BLOCK)
             total, paths = _buffer_paths(self.factor, z, states[members])
-            at = every[:len(members)]
+            at = np.arange(len(members))
             out[members] = total[at[:, None], lead[members][:, None] + np.arange(BLOCK)]
-            at_keep[members] = np.stack([path[at, keep[members] - origins[members]]
-                                         for path in paths], axis=1)
-            at_start[members] = np.stack([path[at, lead[members]] for path in paths], axis=1)
-        forward = keep > self.cursors[rows, 0]
-        self.cursors[rows[forward], 0] = keep[forward]
-        self.bases[rows[forward], 0] = at_keep[forward]
-        self.cursors[rows, 1] = starts
-        self.bases[rows, 1] = at_start
+            kept[members] = np.stack([path[at, keep[members] - origins[members]]
+                                      for path in paths], axis=1)
+        forward = keep > self.cursors[rows]
+        self.cursors[rows[forward]] = keep[forward]
+        self.bases[rows[forward]] = kept[forward]
         return out
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        return {**super().to_arrays(), "cursors": self.cursors[:self.size]}
+        arrays = super().to_arrays()
+        if self.cursors is not None:
+            arrays["cursors"] = self.cursors[:self.size]
+        return arrays
 
     @classmethod
     def from_arrays(cls, sigma: float, max_length: int, thresholds: Optional[np.ndarray],
@@ -317,8 +317,9 @@ class FactorizationIndex(TreeIndex):
         index.lengths = np.array(arrays["lengths"], dtype=np.int64)
         index.bases = np.array(arrays["bases"], dtype=np.float64).reshape(
             (size,) + index.bases.shape[1:])
-        index.cursors = np.array(arrays["cursors"], dtype=np.int64).reshape(size, CURSORS)
-        if thresholds is not None:
+        if thresholds is None:
+            index.cursors = np.array(arrays["cursors"], dtype=np.int64)
+        else:
             index.minima = np.array(arrays["minima"], dtype=np.float64).reshape(
                 size, index.n_blocks)
         index.size = size

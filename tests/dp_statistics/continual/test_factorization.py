@@ -207,19 +207,17 @@ def test_every_release_states_the_mechanism_that_ran():
 
 
 @pytest.mark.parametrize("length", [200, 2000])
-def test_a_stream_keeps_a_few_buffer_states_whatever_the_window_and_asks_in_any_order(length):
-    """Memory per stream is O(buffers), not O(T): two cursors of BUFFERS states each, for value
-    and selection streams alike (selection streams also keep ceil(T / 32) block minima). Asked
-    forward, backward or twice, any step's noise is the one-pass noise bit for bit."""
+def test_a_value_stream_keeps_its_buffer_states_only_and_is_asked_in_any_order(length):
+    """A value stream's memory is O(buffers), not O(T): one step and BUFFERS states, whatever
+    the window. Asked forward, backward or twice, any step's noise is the one-pass noise bit
+    for bit (selection streams keep per-block states for the prediction: module docstring)."""
     factor = fit_square_root(length)
-    thresholds = np.linspace(3.0, 6.0, length)
     full = factorization.prefix_noise(NOISE, np.arange(5), factor, length, SIGMA)
-    for selection in (None, thresholds):
-        index = FactorizationIndex.empty(SIGMA, length, selection, factor)
-        index.add(NOISE, np.arange(5), np.full(5, length))
-        arrays = index.to_arrays()
-        assert arrays["bases"].shape == (5, factorization.CURSORS, factorization.BUFFERS)
-        assert arrays["cursors"].shape == (5, factorization.CURSORS)
-        for step in (length // 2, 3, length, length // 2, 1, length - 40):
-            assert np.array_equal(index.noise_at(NOISE, np.arange(5), np.full(5, step)),
-                                  full[:, step - 1])
+    index = FactorizationIndex.empty(SIGMA, length, None, factor)
+    index.add(NOISE, np.arange(5), np.full(5, length))
+    arrays = index.to_arrays()
+    assert arrays["bases"].shape == (5, factorization.BUFFERS)
+    assert arrays["cursors"].shape == (5,)
+    for step in (length // 2, 3, length, length // 2, 1, length - 40):
+        assert np.array_equal(index.noise_at(NOISE, np.arange(5), np.full(5, step)),
+                              full[:, step - 1])
