@@ -295,3 +295,17 @@ def test_a_released_step_whose_taken_micro_batch_is_gone_is_refused(tmp_path):
     with pytest.raises(StreamStateError, match="step 5 was released but the micro-batch"):
         local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
                         lambda release: None, noise_key=NOISE_KEY, snapshot_every=4)
+
+
+def test_a_state_of_the_previous_format_is_refused_by_name(tmp_path, monkeypatch):
+    """Format 3 kept each taken micro-batch in its own file (taken-000001.parquet), which this
+    version does not read: resuming such a directory must say so, not claim tampering."""
+    state_dir = str(tmp_path / "state")
+    local.run_local(worker.QUERY, worker.budget(), [], state_dir, lambda release: None,
+                    complete_window=False)
+    state = WindowState.load(state_dir)
+    with monkeypatch.context() as patched:
+        patched.setattr("sage_tfx.dp_statistics.continual.state._FORMAT", 3)
+        state.save(state_dir)
+    with pytest.raises(StreamStateError, match="state format 3; this version reads format 4"):
+        WindowState.load(state_dir)
