@@ -564,6 +564,75 @@ def streaming_outputs(trials: int, seed: Optional[int] = None, *,
     return outputs[0], outputs[1]
 
 
+# The BLT factorization (continual/factorization.py) over a 4-trigger window: C = 16 makes the
+# broken variant (values calibrated for one participation) 16x too little noise.
+FACTORIZATION_STEPS = 4
+FACTORIZATION_CONTRIBUTION_LIMIT = 16
+FACTORIZATION_UNIT_RECORDS = 10 * FACTORIZATION_CONTRIBUTION_LIMIT
+# Per key: tau_1 (158 at these parameters) plus 12 selection sigmas (28.5 each).
+FACTORIZATION_BACKGROUND_UNITS = 500
+
+
+def streaming_factorization_outputs(trials: int, seed: Optional[int] = None, *,
+                                    broken: Optional[str] = None) -> Outputs:
+    """``operator.step`` over a window of 4 triggers on the BLT square-root factorization,
+    COUNT(*), C = 16: D = 500 background units with one record in the key at step 1, D' adds a
+    unit with 160 records there (bounded to C: the worst pattern, all C records at one step).
+    The key is released at step 1 and again at the final pane (step 4) with correlated noise
+    (Z(1), Z(4)); the statistic is the likelihood-ratio direction w = Sigma^{-1} 1 of that
+    pair (Sigma = sigma_v^2 B_{1,4} B_{1,4}', the decoder's rows 1 and 4), which sees the whole
+    shift of the value release. Batched over keys as ``streaming_outputs``; `seed` unused.
+
+    broken = "one_participation" is the deliberately broken variant: the value streams are
+    calibrated to one participation's sensitivity instead of C's (budget's
+    factorization_sensitivities patched), 1/16 of the noise."""
+    import pandas as pd
+    from sage_tfx.dp_statistics.continual import budget as stream_budget, factorization, operator
+    from sage_tfx.dp_statistics.continual.spec import StreamQuery
+    from sage_tfx.dp_statistics.continual.state import WindowState
+    from sage_tfx.mechanisms.keyed import KeyedGaussian
+
+    del seed
+    if broken not in (None, "one_participation"):
+        raise ValueError(f"unknown broken variant {broken!r}")
+
+    def one_participation(original):
+        def sensitivities(decays, weights, micro_batches, contribution_limit):
+            encoder = factorization.BufferedToeplitz(decays, weights).encoder(micro_batches)
+            one = factorization.participation_sensitivity(encoder, 1)
+            return one, one
+        return sensitivities
+    query = StreamQuery(key_column="key", unit_column="unit", time_column="time",
+                        contribution_limit=FACTORIZATION_CONTRIBUTION_LIMIT,
+                        micro_batches=FACTORIZATION_STEPS, epsilon=STREAM_EPSILON,
+                        delta=STREAM_DELTA, mechanism="factorization")
+    with (_patched(stream_budget, "factorization_sensitivities", one_participation)
+          if broken else contextlib.nullcontext()):
+        budget = stream_budget.plan(STREAM_EPSILON, STREAM_DELTA, FACTORIZATION_STEPS,
+                                    FACTORIZATION_CONTRIBUTION_LIMIT, mechanism="factorization")
+        keys = np.arange(trials)
+        background = pd.DataFrame({
+            "unit": np.arange(trials * FACTORIZATION_BACKGROUND_UNITS),
+            "key": np.repeat(keys, FACTORIZATION_BACKGROUND_UNITS)})
+        audited = pd.DataFrame({"unit": np.repeat(-1 - keys, FACTORIZATION_UNIT_RECORDS),
+                                "key": np.repeat(keys, FACTORIZATION_UNIT_RECORDS)})
+        decoder = budget.factor.decoder(FACTORIZATION_STEPS)
+        rows = np.array([[decoder[0], 0.0, 0.0, 0.0], decoder[::-1]])
+        direction = np.linalg.solve(rows @ rows.T, np.ones(2))
+        outputs = []
+        for first in (background, pd.concat([background, audited], ignore_index=True)):
+            state = WindowState.fresh(query, budget, KeyedGaussian.fresh().key)
+            seen = []
+            for step in range(1, FACTORIZATION_STEPS + 1):
+                release = operator.step(state, budget, first if step == 1 else first[:0])
+                if step in (1, FACTORIZATION_STEPS):
+                    seen.append(pd.Series(release.values, index=release.keys).reindex(keys))
+            pair = np.stack([value.to_numpy(np.float64) for value in seen], axis=1)
+            # A key not selected (probability < 1e-20) shows as one public sentinel value.
+            outputs.append(np.where(np.isnan(pair).any(axis=1), -1e9, pair @ direction))
+    return outputs[0], outputs[1]
+
+
 def shipped() -> dict[str, MechanismAudit]:
     """Every mechanism the platform ships, by the name `sage-tfx audit` takes."""
     audits = [
@@ -606,5 +675,11 @@ def shipped() -> dict[str, MechanismAudit]:
         MechanismAudit("dp_sqlp_stream", STREAM_EPSILON, STREAM_DELTA, streaming_outputs,
                        "DP-SQLP streaming operator: one trigger, COUNT(*), a unit with "
                        f"{STREAM_UNIT_RECORDS} records in a key (C = {STREAM_CONTRIBUTION_LIMIT}) "
-                       "vs absent, the key's released value")]
+                       "vs absent, the key's released value"),
+        MechanismAudit("dp_sqlp_stream_factorization", STREAM_EPSILON, STREAM_DELTA,
+                       streaming_factorization_outputs,
+                       "DP-SQLP on the BLT square-root factorization: 4 triggers, COUNT(*), a "
+                       f"unit with {FACTORIZATION_UNIT_RECORDS} records in a key at step 1 "
+                       f"(C = {FACTORIZATION_CONTRIBUTION_LIMIT}) vs absent, the key's releases "
+                       "at steps 1 and 4 projected on their likelihood-ratio direction")]
     return {audit.name: audit for audit in audits}

@@ -4,7 +4,8 @@
     python benchmarks/streaming.py [--users U] [--keys K] [--mean-records-per-user R]
         [--contribution-limit C] [--micro-batches B] [--epsilon E] [--delta D] [--seed S]
         [--baseline-rows-per-key M] [--baseline-accounting gaussian|paper]
-        [--baseline-2-accounting participations|joint] [--baseline-1-final-only] [--json]
+        [--baseline-2-accounting participations|joint] [--baseline-1-final-only]
+        [--mechanism tree|factorization|auto] [--noise-seed N] [--json]
     python benchmarks/streaming.py --latency [--latency-micro-batches 1000,300,100,30,10]
         [--users U ...] [--json]
 
@@ -19,6 +20,9 @@ Printed per system: ``keys_kept`` (keys in the final release), ``l_inf``, ``l_1`
 (of released - true over the whole key space; a key not released estimates 0) and
 ``records_per_s`` (all generated records over the wall clock from the records in memory to the
 final histogram: bounding, every query or micro-batch step, the final sum; generation excluded).
+In the JSON, ``vs_bounded`` holds the same errors against the contribution-bounded histogram
+(each user's first C records: what every system estimates), i.e. the error of the DP mechanism
+alone, without the bounding bias every C-bounded system shares.
 
 The baselines (the paper's §5, run on issue 18's operator)
 ---------------------------------------------------------
@@ -63,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import tempfile
 import time
@@ -233,10 +238,17 @@ def run_baseline_2(stream: Stream, budget: OneShotBudget, micro_batches: int,
 # --- DP-SQLP ------------------------------------------------------------------------------
 
 def stream_query(epsilon: float, delta: float, micro_batches: int,
-                 contribution_limit: int) -> spec.StreamQuery:
+                 contribution_limit: int, mechanism: str = "auto") -> spec.StreamQuery:
     return spec.StreamQuery(key_column="key", unit_column="user", time_column="time",
                             contribution_limit=contribution_limit, micro_batches=micro_batches,
-                            epsilon=epsilon, delta=delta)
+                            epsilon=epsilon, delta=delta, mechanism=mechanism)
+
+
+def noise_key(seed: Optional[int]) -> Optional[bytes]:
+    """The operator's noise key: fresh from the CSPRNG (None), or, to compare the tree and the
+    factorization on the same noise streams, SHA-256 of the seed (a benchmark, never a
+    release: a key anyone can recompute protects nothing)."""
+    return None if seed is None else hashlib.sha256(f"noise-seed-{seed}".encode()).digest()
 
 
 def micro_batch_ends(stream: Stream, micro_batches: int) -> np.ndarray:
@@ -245,7 +257,8 @@ def micro_batch_ends(stream: Stream, micro_batches: int) -> np.ndarray:
     return np.searchsorted(stream.micro_batch(micro_batches), np.arange(1, micro_batches + 1))
 
 
-def run_dp_sqlp(stream: Stream, query: spec.StreamQuery, budget, state_dir: str) -> Run:
+def run_dp_sqlp(stream: Stream, query: spec.StreamQuery, budget, state_dir: str,
+                key: Optional[bytes] = None) -> Run:
     """The in-process engine (``local.run_local``, durable state in ``state_dir``) over the
     stream's micro-batches; the final histogram is the last trigger's release. A trigger's
     time is the wall clock since the previous release (the first: since the start)."""
@@ -260,13 +273,14 @@ def run_dp_sqlp(stream: Stream, query: spec.StreamQuery, budget, state_dir: str)
         last[:] = [release]
         stamps.append(time.perf_counter())
 
-    local.run_local(query, budget, batches, state_dir, sink)
+    local.run_local(query, budget, batches, state_dir, sink, noise_key=key)
     release = last[0]
     estimate, released = np.zeros(stream.keys), np.zeros(stream.keys, dtype=bool)
     index = release.keys.astype(np.int64)
     estimate[index], released[index] = release.values, True
     return Run(estimate, released, time.perf_counter() - start,
-               {"guarantee": release.guarantee}, np.diff(stamps))
+               {"guarantee": release.guarantee, "mechanism": str(budget.mechanism)},
+               np.diff(stamps))
 
 
 def dropped_by_rows_per_key(stream: Stream, contribution_limit: int, rows_per_key: int) -> int:
@@ -307,6 +321,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--latency-micro-batches", type=lambda text: [
         int(part) for part in text.split(",")], default=[1000, 300, 100, 30, 10],
         help="the micro-batch counts the latency mode cuts the stream into (comma-separated)")
+    parser.add_argument("--mechanism", choices=spec.StreamMechanism.values(), default="auto",
+                        help="DP-SQLP's running sums: binary trees, the BLT square-root "
+                             "factorization, or the one of smaller expected error for B")
+    parser.add_argument("--noise-seed", type=int, default=None,
+                        help="derive DP-SQLP's noise key from this seed (the same noise streams "
+                             "for two runs; default: a fresh key)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     for name in ("users", "keys", "contribution_limit", "micro_batches",
@@ -346,11 +366,12 @@ def benchmark(args: argparse.Namespace) -> dict:
                                                            args.baseline_rows_per_key),
         "baseline_accounting": args.baseline_accounting,
         "baseline_2_accounting": args.baseline_2_accounting}}
-    query = stream_query(args.epsilon, args.delta, args.micro_batches, args.contribution_limit)
+    query = stream_query(args.epsilon, args.delta, args.micro_batches, args.contribution_limit,
+                         args.mechanism)
     dp_budget = stream_budget.plan(args.epsilon, args.delta, args.micro_batches,
-                                   args.contribution_limit)
+                                   args.contribution_limit, mechanism=args.mechanism)
     with tempfile.TemporaryDirectory(prefix="dp-sqlp-state-") as state_dir:
-        dp_sqlp = run_dp_sqlp(stream, query, dp_budget, state_dir)
+        dp_sqlp = run_dp_sqlp(stream, query, dp_budget, state_dir, noise_key(args.noise_seed))
     runs = {
         "dp_sqlp": (dp_sqlp, {"selection_sigma": dp_budget.selection_sigma,
                               "value_sigma": dp_budget.value_sigma, "beta": dp_budget.beta}),
@@ -360,8 +381,11 @@ def benchmark(args: argparse.Namespace) -> dict:
         "baseline_2": (run_baseline_2(stream, b2_budget, args.micro_batches,
                                       args.contribution_limit), b2_budget.describe()),
     }
+    bounded = np.bincount(stream.key[first_records_per_user(stream, args.contribution_limit)],
+                          minlength=stream.keys).astype(np.float64)
     for name, (run, budget) in runs.items():
         entry = utility(run.estimate, truth, run.released)
+        entry["vs_bounded"] = utility(run.estimate, bounded, run.released)
         measured = name != "baseline_1" or not args.baseline_1_final_only
         entry["records_per_s"] = len(stream) / run.seconds if measured else None
         entry["seconds"] = run.seconds
@@ -379,11 +403,12 @@ def latency(args: argparse.Namespace) -> dict:
     stream = generate(args.users, args.keys, args.mean_records_per_user, args.seed)
     rows = []
     for micro_batches in args.latency_micro_batches:
-        query = stream_query(args.epsilon, args.delta, micro_batches, args.contribution_limit)
+        query = stream_query(args.epsilon, args.delta, micro_batches, args.contribution_limit,
+                             args.mechanism)
         budget = stream_budget.plan(args.epsilon, args.delta, micro_batches,
-                                    args.contribution_limit)
+                                    args.contribution_limit, mechanism=args.mechanism)
         with tempfile.TemporaryDirectory(prefix="dp-sqlp-state-") as state_dir:
-            run = run_dp_sqlp(stream, query, budget, state_dir)
+            run = run_dp_sqlp(stream, query, budget, state_dir, noise_key(args.noise_seed))
         seconds = run.step_seconds
         rows.append({"micro_batches": micro_batches,
                      "records_per_micro_batch": len(stream) / micro_batches,

@@ -80,6 +80,10 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     parser.add_argument("--contribution-limit", type=int, default=32,
                         help="C: records a unit contributes over the whole window (default: 32, "
                              "the paper's)")
+    parser.add_argument("--mechanism", choices=("auto", "tree", "factorization"), default="auto",
+                        help="the running sums' noise: binary trees, the BLT square-root "
+                             "factorization, or the one of smaller expected error for N "
+                             "(default; every release states which ran)")
     parser.add_argument("--pipeline", default="sage-tfx-stream",
                         help="the pipeline name the grant is charged to")
     parser.set_defaults(run=lambda args: run(_stream, args), command="stream")
@@ -168,7 +172,8 @@ def _stream(args) -> int:
                         time_column=columns.time, value_column=columns.value,
                         value_bound=args.value_bound if columns.value else 1.0,
                         contribution_limit=args.contribution_limit,
-                        micro_batches=args.micro_batches, epsilon=args.epsilon, delta=args.delta)
+                        micro_batches=args.micro_batches, epsilon=args.epsilon, delta=args.delta,
+                        mechanism=args.mechanism)
     try:
         query.check()
     except QueryError as error:
@@ -188,6 +193,6 @@ def _stream(args) -> int:
     print(json.dumps({"grant_id": state.grant_id, "blocks": list(state.blocks),
                       "epsilon": args.epsilon, "delta": args.delta,
                       "micro_batches": args.micro_batches,
-                      "guarantee": query.guarantee(state.blocks, state.grant_id).sentence(),
+                      "guarantee": state.guarantee().sentence(),
                       "out": os.path.abspath(args.out)}))
     return 0

@@ -140,7 +140,7 @@ class Executor(base_executor.BaseExecutor):
         latest = os.path.join(releases, f"release-{state.step:06d}.csv")
         table = pd.read_csv(latest, dtype={"key": str}) if state.step and os.path.exists(
             latest) else pd.DataFrame({"key": [], "value": [], "updated": []})
-        guarantee = query.guarantee(state.blocks, state.grant_id)
+        guarantee = state.guarantee()
         release.write_csv(table, os.path.join(target.uri, "release.csv"), guarantee)
         release.write_parquet(table, os.path.join(target.uri, "release.parquet"), guarantee)
         trigger_time = window.trigger_times(query.micro_batches)[state.step - 1] \

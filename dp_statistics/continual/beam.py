@@ -422,12 +422,7 @@ class EvaluateKeys(beam.DoFn):
 
     def _tree(self, arrays: Optional[dict], selection: bool) -> TreeIndex:
         """A key's one-row tree index from its stored arrays (None: an empty index)."""
-        budget, length = self._budget, self._batches.count
-        sigma = budget.selection_sigma if selection else budget.value_sigma
-        thresholds = budget.thresholds if selection else None
-        if arrays is None:
-            return TreeIndex.empty(sigma, length, thresholds)
-        return TreeIndex.from_arrays(sigma, length, thresholds, arrays)
+        return self._budget.index(selection, arrays)
 
     def _new_round(self, code: int, round_: int, step: int) -> tuple[dict, int]:
         """The tree arrays of the key's selection round ``round_`` begun after ``step`` and its

@@ -29,6 +29,19 @@ rho is split `selection_share` : 1 - `selection_share` between the two, the pair
 (eps, delta_conv = 2 delta / 3) with dp-accounting, and (e^eps + 1) C beta = delta / 3 is the
 grant's `additional_delta` (outside any DpEvent, like issue 18's partition selection).
 
+The square-root factorization (factorization.py, issue 34) instead of the trees: the same two
+running sums as B (C x + z) with a BLT decoder B and encoder C = B^{-1} A, s = ||c|| its largest
+column norm. Selection: one step per (key, round) stream, k = 1 per stream over the unit's <= C
+streams: SelfComposedDpEvent(GaussianDpEvent(sigma_s / s), C). Values: a unit's <= C records
+may share a step, so its change is in the l1 ball of radius C L and the sensitivity is C L s
+(factorization.py, "Sensitivity"): GaussianDpEvent(sigma_v / (C L s)). GaussianDpEvent holds
+under every neighbouring relation the accountant knows. Thresholds keep tau_l = lambda_l
+Phi^{-1}(1 - beta / T) with the factorization's lambda_l (the union bound needs no
+independence across steps; factorization.py, "Thresholds"). `plan(mechanism="auto")` picks,
+per window length T, the one with the smaller expected squared error of a release at a uniformly
+random step at equal zCDP (`expected_errors`); the choice is public (a function of T alone) and
+stated in every release (`statement`).
+
 Deviations from the paper, on purpose: it uses a per-time Gaussian tail for tau (no union over
 the T triggers), which does not bound the probability over the whole window that Thm 3.1 needs;
 it counts lg(n) nodes per leaf where a leaf is in ceil(log2(n + 1)); its restart after each
@@ -40,6 +53,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 from dp_accounting import dp_event, mechanism_calibration
@@ -47,7 +61,10 @@ from dp_accounting.rdp import RdpAccountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 from scipy.stats import norm
 
-from sage_tfx.dp_statistics.continual.tree import levels, prefix_std, value_grid
+from sage_tfx.dp_statistics.continual import factorization
+from sage_tfx.dp_statistics.continual.factorization import BufferedToeplitz, FactorizationIndex
+from sage_tfx.dp_statistics.continual.spec import StreamMechanism
+from sage_tfx.dp_statistics.continual.tree import TreeIndex, levels, prefix_std, value_grid
 
 CONVERSION_DELTA_SHARE = 2.0 / 3.0  # of delta for the zCDP -> (eps, delta) conversion
 
@@ -72,6 +89,43 @@ class StreamBudget:
     selection_sigma: float
     value_sigma: float
     beta: float
+    mechanism: StreamMechanism = StreamMechanism.TREE  # TREE or FACTORIZATION (never AUTO)
+    decays: tuple[float, ...] = ()  # the BLT decoder (FACTORIZATION): pinned with the budget,
+    weights: tuple[float, ...] = ()  # so every engine and restart draws the very same noise
+
+    def __post_init__(self):
+        # Stored as JSON (state.py): lists come back, and must compare equal to the plan.
+        object.__setattr__(self, "mechanism", StreamMechanism.parse(self.mechanism, "mechanism"))
+        object.__setattr__(self, "decays", tuple(self.decays))
+        object.__setattr__(self, "weights", tuple(self.weights))
+        if self.mechanism is StreamMechanism.AUTO:
+            raise ValueError("a budget states the mechanism that runs: tree or factorization")
+
+    @property
+    def factor(self) -> BufferedToeplitz:
+        return BufferedToeplitz(self.decays, self.weights)
+
+    @property
+    def statement(self) -> str:
+        """Which mechanism runs, for the release's Guarantee."""
+        if self.mechanism is StreamMechanism.TREE:
+            return (f"DP-SQLP on {self.micro_batches} micro-batches: binary trees with "
+                    f"Honaker's estimator")
+        return (f"DP-SQLP on {self.micro_batches} micro-batches: BLT square-root "
+                f"factorization with {len(self.decays)} buffers")
+
+    def index(self, selection: bool, arrays: Optional[dict] = None) -> TreeIndex:
+        """An empty index of the selection or value streams (or the one `arrays` stored)."""
+        sigma = self.selection_sigma if selection else self.value_sigma
+        thresholds = self.thresholds if selection else None
+        if self.mechanism is StreamMechanism.TREE:
+            if arrays is None:
+                return TreeIndex.empty(sigma, self.micro_batches, thresholds)
+            return TreeIndex.from_arrays(sigma, self.micro_batches, thresholds, arrays)
+        if arrays is None:
+            return FactorizationIndex.empty(sigma, self.micro_batches, thresholds, self.factor)
+        return FactorizationIndex.from_arrays(sigma, self.micro_batches, thresholds, arrays,
+                                              self.factor)
 
     @property
     def conversion_delta(self) -> float:
@@ -84,8 +138,9 @@ class StreamBudget:
 
     @property
     def event(self) -> dp_event.DpEvent:
-        return _events(self.micro_batches, self.contribution_limit, self.value_bound,
-                       self.selection_sigma, self.value_sigma)
+        return _events(self.mechanism, self.micro_batches, self.contribution_limit,
+                       self.value_bound, self.selection_sigma, self.value_sigma,
+                       (self.decays, self.weights))
 
     @property
     def record_grid(self) -> tuple[float, float]:
@@ -101,8 +156,11 @@ class StreamBudget:
     def thresholds(self) -> np.ndarray:
         """tau_l for l = 1..T (index l - 1): P(Z(l) > tau_l) = beta / T (computed once; read
         only)."""
-        taus = (prefix_std(self.micro_batches, self.selection_sigma)
-                * norm.isf(self.beta / self.micro_batches))
+        if self.mechanism is StreamMechanism.TREE:
+            stds = prefix_std(self.micro_batches, self.selection_sigma)
+        else:
+            stds = factorization.prefix_std(self.factor, self.micro_batches, self.selection_sigma)
+        taus = (stds * norm.isf(self.beta / self.micro_batches))
         taus.flags.writeable = False
         return taus
 
@@ -111,8 +169,28 @@ class StreamBudget:
         return _accountant().compose(self.event).get_epsilon(self.conversion_delta)
 
 
-def _events(micro_batches: int, contribution_limit: int, value_bound: float,
-            selection_sigma: float, value_sigma: float) -> dp_event.DpEvent:
+@functools.lru_cache(maxsize=64)
+def factorization_sensitivities(decays: tuple, weights: tuple, micro_batches: int,
+                                contribution_limit: int) -> tuple[float, float]:
+    """(one selection stream's sensitivity: one step, weight 1; the value streams' for a unit
+    of C records of bound 1, which may share steps) of the BLT's encoder over the window."""
+    encoder = BufferedToeplitz(decays, weights).encoder(micro_batches)
+    return (factorization.participation_sensitivity(encoder, 1),
+            factorization.participation_sensitivity(encoder, contribution_limit,
+                                                    same_step=True))
+
+
+def _events(budget_mechanism: StreamMechanism, micro_batches: int, contribution_limit: int,
+            value_bound: float, selection_sigma: float, value_sigma: float,
+            factor: tuple = ((), ())) -> dp_event.DpEvent:
+    if budget_mechanism is StreamMechanism.FACTORIZATION:
+        selection_sensitivity, value_sensitivity = factorization_sensitivities(
+            *factor, micro_batches, contribution_limit)
+        selection = dp_event.SelfComposedDpEvent(
+            dp_event.GaussianDpEvent(selection_sigma / selection_sensitivity),
+            contribution_limit)
+        values = dp_event.GaussianDpEvent(value_sigma / (value_sensitivity * value_bound))
+        return dp_event.ComposedDpEvent([selection, values])
     selection = dp_event.SelfComposedDpEvent(
         dp_event.SingleEpochTreeAggregationDpEvent(selection_sigma, micro_batches),
         contribution_limit)
@@ -142,19 +220,56 @@ def _check(epsilon, delta, micro_batches, contribution_limit, value_bound,
         raise ValueError("; ".join(problems))
 
 
+def expected_errors(micro_batches: int) -> dict[StreamMechanism, float]:
+    """Per mechanism, the mean over steps t = 1..T of the variance of the prefix noise at t
+    at zCDP rho = 1/2 per unit of sensitivity (sigma = the sensitivity): sensitivity^2 x mean
+    Var Z(t) / sigma^2. Both sums of the operator scale alike (a factor C, or C L, on both
+    mechanisms' sensitivities), so one number decides for both."""
+    tree = levels(micro_batches) * float(np.mean(prefix_std(micro_batches, 1.0) ** 2))
+    factor = factorization.fit_square_root(micro_batches)
+    column_norm = factorization.column_norm(factor.encoder(micro_batches))
+    return {StreamMechanism.TREE: tree,
+            StreamMechanism.FACTORIZATION: column_norm ** 2 * float(
+                np.mean(factor.prefix_variances(micro_batches)))}
+
+
+def choose(mechanism: StreamMechanism, micro_batches: int) -> StreamMechanism:
+    """AUTO: the mechanism of smaller expected error for T (the tree on a tie, e.g. T = 1)."""
+    if mechanism is not StreamMechanism.AUTO:
+        return mechanism
+    errors = expected_errors(micro_batches)
+    return (StreamMechanism.FACTORIZATION
+            if errors[StreamMechanism.FACTORIZATION] < errors[StreamMechanism.TREE]
+            else StreamMechanism.TREE)
+
+
 def plan(epsilon: float, delta: float, micro_batches: int, contribution_limit: int,
-         value_bound: float = 1.0, selection_share: float = 0.5) -> StreamBudget:
-    """Calibrate both trees' noise to (epsilon, delta) for a window of `micro_batches` triggers."""
+         value_bound: float = 1.0, selection_share: float = 0.5,
+         mechanism: str = StreamMechanism.TREE) -> StreamBudget:
+    """Calibrate the selection and value noise to (epsilon, delta) for a window of
+    `micro_batches` triggers, on trees, the BLT factorization, or (AUTO) the better of the
+    two for T."""
     _check(epsilon, delta, micro_batches, contribution_limit, value_bound, selection_share)
-    depth = levels(micro_batches)
+    mechanism = choose(StreamMechanism.parse(mechanism, "mechanism"), micro_batches)
     # With scale k: rho_s = share / k^2 and rho_v = (1 - share) / k^2, so rho = 1 / k^2.
-    selection_unit = math.sqrt(contribution_limit * depth / (2.0 * selection_share))
-    value_unit = contribution_limit * value_bound * math.sqrt(
-        depth / (2.0 * (1.0 - selection_share)))
+    if mechanism is StreamMechanism.TREE:
+        factor = ((), ())
+        depth = levels(micro_batches)
+        selection_unit = math.sqrt(contribution_limit * depth / (2.0 * selection_share))
+        value_unit = contribution_limit * value_bound * math.sqrt(
+            depth / (2.0 * (1.0 - selection_share)))
+    else:
+        fitted = factorization.fit_square_root(micro_batches)
+        factor = (fitted.decays, fitted.weights)
+        selection_sensitivity, value_sensitivity = factorization_sensitivities(
+            *factor, micro_batches, contribution_limit)
+        selection_unit = selection_sensitivity * math.sqrt(contribution_limit
+                                                           / (2.0 * selection_share))
+        value_unit = value_sensitivity * value_bound / math.sqrt(2.0 * (1.0 - selection_share))
 
     def event(scale: float) -> dp_event.DpEvent:
-        return _events(micro_batches, contribution_limit, value_bound,
-                       scale * selection_unit, scale * value_unit)
+        return _events(mechanism, micro_batches, contribution_limit, value_bound,
+                       scale * selection_unit, scale * value_unit, factor)
 
     conversion_delta = delta * CONVERSION_DELTA_SHARE
     scale = mechanism_calibration.calibrate_dp_mechanism(
@@ -167,4 +282,4 @@ def plan(epsilon: float, delta: float, micro_batches: int, contribution_limit: i
         (math.exp(epsilon) + 1.0) * contribution_limit)
     return StreamBudget(float(epsilon), float(delta), micro_batches, contribution_limit,
                         float(value_bound), selection_share, scale * selection_unit,
-                        scale * value_unit, beta)
+                        scale * value_unit, beta, mechanism, *factor)

@@ -9,6 +9,10 @@ key at once.
 
 Privacy (the design's argument, with the code that provides each part):
 
+- Trees or the BLT factorization: the bullets below say "tree" for a key's noisy running sum;
+  with StreamBudget.mechanism FACTORIZATION each is a stream of factorization.py's
+  FactorizationIndex instead (the same interface: rows, noise_at, first_crossing), its
+  sensitivities and thresholds derived in budget.py and factorization.py.
 - Contribution bounding (``kept_mask``): a unit's first C records of the window are kept, in
   arrival order, and no other; a unit counts once per (key, round) (``PairTable.count_once``).
   Only kept records make a key appear: a dropped record (its unit past C) changes nothing.
@@ -251,4 +255,4 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> Trigg
     updated[releasing] = True
     return TriggerRelease(t, state.keys.values[released],
                           state.column("released_value")[released], updated[released],
-                          query.guarantee(state.blocks, state.grant_id).sentence())
+                          state.guarantee().sentence())

@@ -53,25 +53,26 @@ STATE_DIR = "state"
 def budget_of(query):
     """The window's calibration (budget.plan) for `query`."""
     return plan(query.epsilon, query.delta, query.micro_batches, query.contribution_limit,
-                query.value_bound)
+                query.value_bound, mechanism=query.mechanism)
 
 
 class ReleaseSink(local.CsvDirectorySink):
     """release-T.csv (key, value, updated: every key released so far in the window with its
     latest noisy value) and release-T.json, one line: the trigger, its public time, the
-    guarantee's (epsilon, delta) and unit, the grant. Both written atomically; a trigger
+    guarantee's (epsilon, delta), unit and mechanism (the budget's statement), the grant. Both written atomically; a trigger
     recomputed after a crash rewrites the same bits (keyed noise). `grant` holds the window's
     grant id and blocks (set when the engine charges, or from the resumed state)."""
 
-    def __init__(self, directory: str, query, window: Window, grant: dict):
+    def __init__(self, directory: str, query, window: Window, grant: dict, mechanism: str):
         super().__init__(directory)
         self.query, self.window, self.grant = query, window, grant
+        self.mechanism = mechanism
 
     def __call__(self, release) -> None:
         super().__call__(release)
         query = self.query
         trigger = self.window.trigger_times(query.micro_batches)[release.step - 1]
-        guarantee = query.guarantee(self.grant["blocks"], self.grant["id"])
+        guarantee = query.guarantee(self.grant["blocks"], self.grant["id"], self.mechanism)
         line = {"trigger": int(release.step), "micro_batches": query.micro_batches,
                 "trigger_time": dt.datetime.fromtimestamp(trigger, dt.timezone.utc).isoformat(),
                 **guarantee.to_json(), "csv": os.path.basename(self.path(release.step))}
@@ -132,7 +133,7 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
         grant.update(id=granted.grant_id, blocks=granted.blocks)
         return granted.grant_id, granted.blocks
 
-    sink = ReleaseSink(release_dir, query, window, grant)
+    sink = ReleaseSink(release_dir, query, window, grant, budget.statement)
     try:
         with console.progress("continual release", total, unit="trigger", start=done) as bar:
             state = local.run_local(
@@ -180,4 +181,4 @@ def record_released(ledger, query, state: WindowState, front_door: str,
     if state.step == query.micro_batches and state.grant_id is not None:
         window_grants.record_window_released(
             ledger, state.grant_id, front_door, os.path.abspath(release_dir),
-            query.guarantee(state.blocks, state.grant_id))
+            state.guarantee())

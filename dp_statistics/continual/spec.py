@@ -30,6 +30,15 @@ class StreamStatistic(Choice):
     SUM = "sum"      # SUM(value): each kept record adds its value clamped into [-L, L]
 
 
+class StreamMechanism(Choice):
+    """How the running sums are noised (budget.py): binary trees with Honaker's estimator, the
+    BLT square-root factorization (factorization.py), or the one of smaller expected error for
+    the window's number of micro-batches (public: the choice depends on T alone)."""
+    TREE = "tree"
+    FACTORIZATION = "factorization"
+    AUTO = "auto"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StreamQuery:
     """One continual GROUP BY over one window. ``value_column`` None is COUNT(*) (then
@@ -43,6 +52,7 @@ class StreamQuery:
     micro_batches: int = 100
     epsilon: float
     delta: float
+    mechanism: str = StreamMechanism.AUTO
 
     @property
     def statistic(self) -> StreamStatistic:
@@ -81,17 +91,23 @@ class StreamQuery:
         if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
             raise QueryError(f"delta must be in (0, 1) (key selection and the Gaussian trees "
                              f"spend some), got {delta!r}")
+        if self.mechanism not in StreamMechanism.values():
+            raise QueryError(f"mechanism must be one of {StreamMechanism.values()}, got "
+                             f"{self.mechanism!r}")
         if columns is not None:
             have = set(columns)
             missing = [column for column in named.values() if column not in have]
             if missing:
                 raise QueryError(f"unknown column(s) {missing}; the input has {sorted(have)}")
 
-    def guarantee(self, blocks: Iterable[str], grant_id: Optional[str]) -> Guarantee:
+    def guarantee(self, blocks: Iterable[str], grant_id: Optional[str],
+                  mechanism: Optional[str] = None) -> Guarantee:
         """What every release of the window states: all records of one unit within the
-        window's blocks (a unit's records in other blocks are paid for by those blocks)."""
+        window's blocks (a unit's records in other blocks are paid for by those blocks), and
+        which mechanism ran (StreamBudget.statement) when the caller knows the budget."""
         return Guarantee(self.epsilon, self.delta, GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ,
-                         self.unit_column, grant_id, tuple(str(block) for block in blocks))
+                         self.unit_column, grant_id, tuple(str(block) for block in blocks),
+                         mechanism)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -23,16 +23,16 @@ committed (local.py), and ``pin_tokens`` the random values the ledger pins per t
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 import secrets
+import struct
+import zlib
 from typing import Iterable, Optional
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pandas._libs import hashtable
 
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
@@ -42,9 +42,9 @@ from sage_tfx.dp_statistics.continual.spec import StreamQuery
 
 STATE_FILE = "state.npz"
 JOURNAL_FILE = "journal.jsonl"
-TAKEN_FILE = "taken-{step:06d}.parquet"  # the micro-batch a step was computed from
+TAKEN_LOG = "taken.log"  # the micro-batches of the steps after the saved one
 PIN_TOKENS_FILE = "pin_tokens.json"
-_FORMAT = 3  # 2: strings as UTF-8 bytes and offsets; 3: no micro-batch digests
+_FORMAT = 4  # 2: strings as UTF-8 bytes and offsets; 3: no micro-batch digests; 4: taken.log
 
 
 class StreamStateError(RuntimeError):
@@ -280,11 +280,13 @@ class WindowState:
     @classmethod
     def fresh(cls, query: StreamQuery, budget: StreamBudget, noise_key: bytes) -> "WindowState":
         check_budget(query, budget)
-        length = query.micro_batches
         return cls(query, budget, bytes(noise_key), CodeTable(), np.zeros(0, np.int32),
-                   PairTable(), CodeTable(), _key_columns(0),
-                   TreeIndex.empty(budget.selection_sigma, length, budget.thresholds),
-                   TreeIndex.empty(budget.value_sigma, length))
+                   PairTable(), CodeTable(), _key_columns(0), budget.index(selection=True),
+                   budget.index(selection=False))
+
+    def guarantee(self):
+        """The Guarantee every release of this window states, with the mechanism that runs."""
+        return self.query.guarantee(self.blocks, self.grant_id, self.budget.statement)
 
     @property
     def n_keys(self) -> int:
@@ -381,15 +383,14 @@ class WindowState:
         for name in KEY_COLUMNS:
             columns[name][:] = arrays[f"key_{name}"]
 
-        def index(prefix: str, sigma: float, thresholds) -> TreeIndex:
+        def index(prefix: str, selection: bool) -> TreeIndex:
             part = {n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
-            return TreeIndex.from_arrays(sigma, query.micro_batches, thresholds, part)
+            return budget.index(selection, part)
 
         state = cls(query, budget, arrays["noise_key"].tobytes(),
                     units, np.array(arrays["used"], np.int32),
                     PairTable(arrays["pair_codes"], arrays["pair_rounds"]), keys, columns,
-                    index("selection_", budget.selection_sigma, budget.thresholds),
-                    index("values_", budget.value_sigma, None),
+                    index("selection_", True), index("values_", False),
                     step=meta["step"],
                     grant_id=meta["grant_id"], blocks=tuple(meta["blocks"]),
                     charge_started=meta["charge_started"])
@@ -408,6 +409,9 @@ def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
                 query.value_bound)
     got = (budget.epsilon, budget.delta, budget.micro_batches, budget.contribution_limit,
            budget.value_bound)
+    if query.mechanism not in ("auto", budget.mechanism):
+        raise StreamStateError(f"the budget was planned for the {budget.mechanism} mechanism, "
+                               f"the query says {query.mechanism}")
     if expected != got:
         raise StreamStateError(f"the budget was planned for (epsilon, delta, micro_batches, "
                                f"contribution_limit, value_bound) = {got}, the query says "
@@ -415,21 +419,45 @@ def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
 
 
 class Journal:
-    """What the state took after its saved step (state.npz at step `snapshot`): the file
-    journal.jsonl, line 1 {"snapshot": s} then {"commit": t} once step t's release was written,
-    and per step t > s the micro-batch t was computed from, taken-t.parquet, written (synced)
-    before t is computed. A step is *taken* once its micro-batch is on disk: from then on it is
-    computed from that micro-batch only, whatever input a later run brings (records that arrive
-    for it later are late data, local.py), so a recomputed step has the same bits. A journal line
-    is one write() of a complete JSON object, so a crash leaves at most a torn last line, which
-    is ignored (a commit never made: the restart recomputes and rewrites that release from the
-    taken micro-batch, the same bits). `fsync`: a taken micro-batch reaches the disk before its
-    release is written, so even after a power cut no release exists whose micro-batch the state
-    does not hold (False survives a crash of the process only)."""
+    """What the state took after its saved step (state.npz at step `snapshot`), in two
+    append-only files:
+
+    - journal.jsonl: line 1 {"snapshot": s}, then {"commit": t} once step t's release was
+      written. A line is one write() of a complete JSON object, so a crash leaves at most a torn
+      last line, which is ignored (a commit never made: the restart recomputes and rewrites that
+      release from the taken micro-batch, the same bits).
+    - taken.log: per step t > s the micro-batch t was computed from, one entry each (a header
+      with the step, the length and the CRC-32 of an Arrow IPC stream of the micro-batch, then
+      the stream), written after the previous one with one write() and synced before t is
+      computed. The entries end at the first header or payload that does not check (a torn
+      entry: the process died inside take(), before t was computed), which is cut off when the
+      journal is opened.
+
+    A step is *taken* once its entry is in taken.log: from then on it is computed from that
+    micro-batch only, whatever input a later run brings (records that arrive for it later are
+    late data, local.py), so a recomputed step has the same bits. `fsync`: a taken micro-batch
+    reaches the disk before its release is written, so even after a power cut no release exists
+    whose micro-batch the state does not hold (False survives a crash of the process only).
+
+    Why one log rather than a file per step (the earlier layout): a step then costs one write
+    and one fdatasync, where a file per step cost a create, an fsync, a rename and, at the next
+    save, an unlink, the last three metadata operations each as slow as the fsync on a loaded
+    disk (a 1,000-step window spent 3 s only removing files). The log is extended with zeros
+    (synced) ahead of its entries, LOG_CHUNK bytes at a time, so an entry overwrites allocated
+    blocks and fdatasync has no metadata to commit (measured: 1.4-1.9 ms against 2.6-4 ms for
+    an append); a save starts the entries again at offset 0. Entries of earlier saves left
+    after the new ones are for steps the state holds and are dropped on open. The guarantee is
+    the same: each entry is on the disk before its step is computed.
+    """
+
+    _HEADER = struct.Struct("<4sqqI")  # magic, step, payload length, CRC-32 of the payload
+    _MAGIC = b"TKN1"
+    LOG_CHUNK = 1 << 22
 
     def __init__(self, directory: str, state: WindowState, fsync: bool = True):
         self.directory = directory
         self.path = os.path.join(directory, JOURNAL_FILE)
+        self.log_path = os.path.join(directory, TAKEN_LOG)
         self.fsync = fsync
         self.snapshot = state.step
         self.committed = state.step
@@ -442,32 +470,46 @@ class Journal:
         # and starting its journal) says nothing the state does not.
         if lines and lines[0]["snapshot"] == state.step:
             self.committed = max([state.step] + [line["commit"] for line in lines[1:]])
-        self._forget_taken(through=state.step)
+        # The saved state holds steps <= state.step: their micro-batches are not needed.
+        self._entries = {step: payload for step, payload in self._read_log()
+                         if step > state.step}
         missing = [step for step in range(state.step + 1, self.committed + 1)
-                   if not os.path.exists(self._taken_path(step))]
+                   if step not in self._entries]
         if missing:
             raise StreamStateError(f"{self.directory}: step {missing[0]} was released but the "
                                    "micro-batch it was computed from is gone: the state "
                                    "directory was tampered with")
         self._out = None
+        self._log = None
         self._rewrite()  # drops a torn last line
+        self._rewrite_log()  # drops a torn last entry and the steps the state holds
 
     def taken(self, step: int) -> Optional[pd.DataFrame]:
         """The micro-batch step `step` was computed from, if this state took it."""
-        path = self._taken_path(step)
-        return pq.read_table(path).to_pandas() if os.path.exists(path) else None
+        payload = self._entries.get(step)
+        if payload is None:
+            return None
+        return pa.ipc.open_stream(payload).read_all().to_pandas()
 
     def take(self, step: int, batch: pd.DataFrame) -> None:
-        """Keep `batch` as step `step`'s micro-batch (atomic; synced if `fsync`)."""
-        path = self._taken_path(step)
-        temporary = f"{path}.tmp-{os.getpid()}"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as out:
-            pq.write_table(pa.Table.from_pandas(batch, preserve_index=False), out)
-            out.flush()
+        """Keep `batch` as step `step`'s micro-batch (one appended entry; synced if `fsync`)."""
+        sink = pa.BufferOutputStream()
+        table = pa.Table.from_pandas(batch, preserve_index=False)
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        payload = sink.getvalue().to_pybytes()
+        entry = self._HEADER.pack(self._MAGIC, step, len(payload), zlib.crc32(payload)) + payload
+        end = self._log_end + len(entry)
+        size = os.fstat(self._log).st_size
+        if end > size:
+            os.pwrite(self._log, bytes(max(self.LOG_CHUNK, end - size)), size)
             if self.fsync:
-                os.fsync(out.fileno())
-        os.replace(temporary, path)
+                os.fsync(self._log)  # the new size and blocks, once per chunk
+        os.pwrite(self._log, entry, self._log_end)
+        if self.fsync:
+            _sync_data(self._log)
+        self._log_end = end
+        self._entries[step] = payload
 
     def commit(self, step: int) -> None:
         self._out.write(json.dumps({"commit": step}) + "\n")
@@ -478,28 +520,70 @@ class Journal:
         """The state was saved at `step` (<= committed): start the journal from there."""
         self.snapshot = step
         self._rewrite()
-        self._forget_taken(through=step)
+        # Entries <= step are in the saved state: the next ones overwrite them from offset 0,
+        # and an open drops whatever is left of them (steps <= the state's).
+        self._entries = {taken: payload for taken, payload in self._entries.items()
+                         if taken > step}
+        if self._entries:
+            self._rewrite_log()
+        else:
+            self._log_end = 0
 
-    def _taken_path(self, step: int) -> str:
-        return os.path.join(self.directory, TAKEN_FILE.format(step=step))
+    def _read_log(self) -> list[tuple[int, bytes]]:
+        """The complete entries of taken.log, in order (a torn or corrupt tail ends it)."""
+        if not os.path.exists(self.log_path):
+            return []
+        with open(self.log_path, "rb") as source:
+            data = source.read()
+        entries, offset, size = [], 0, self._HEADER.size
+        while offset + size <= len(data):
+            magic, step, length, crc = self._HEADER.unpack_from(data, offset)
+            payload = data[offset + size:offset + size + length]
+            if magic != self._MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
+                break
+            entries.append((step, payload))
+            offset += size + length
+        return entries
 
-    def _forget_taken(self, through: int) -> None:
-        """The saved state holds steps <= `through`: their micro-batches are not needed."""
-        for path in glob.glob(os.path.join(self.directory, "taken-*.parquet")):
-            if int(os.path.basename(path)[len("taken-"):-len(".parquet")]) <= through:
-                os.remove(path)
+    def _rewrite_log(self) -> None:
+        """Write taken.log afresh (atomically) with the entries kept, and open it to append."""
+        self._close_log()
+        temporary = f"{self.log_path}.tmp-{os.getpid()}"
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            for step, payload in sorted(self._entries.items()):
+                out.write(self._HEADER.pack(self._MAGIC, step, len(payload),
+                                            zlib.crc32(payload)) + payload)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, self.log_path)
+        self._log = os.open(self.log_path, os.O_WRONLY)
+        self._log_end = os.fstat(self._log).st_size
 
     def _rewrite(self) -> None:
-        self.close()
+        self._close_journal()
         lines = [{"snapshot": self.snapshot}] + [
             {"commit": step} for step in range(self.snapshot + 1, self.committed + 1)]
         write_json_lines(self.path, lines)
         self._out = open(self.path, "a")
 
-    def close(self) -> None:
+    def _close_journal(self) -> None:
         if self._out is not None:
             self._out.close()
             self._out = None
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            os.close(self._log)
+            self._log = None
+
+    def close(self) -> None:
+        self._close_journal()
+        self._close_log()
+
+
+# fdatasync where the platform has it (Linux): the data without the inode's times.
+_sync_data = getattr(os, "fdatasync", os.fsync)
 
 
 def pin_tokens(directory: str, steps: Iterable[int]) -> dict[int, str]:

@@ -191,8 +191,10 @@ class TreeIndex:
         self.minima[rows] = np.inf
         self.minima[rows, :n_blocks] = required.reshape(len(rows), n_blocks, BLOCK).min(axis=2)
 
-    def _block_noise(self, noise, rows, blocks) -> np.ndarray:
-        """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK)."""
+    def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
+        """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK).
+        `settled`: the caller will not ask these rows about leaves <= settled again (a hint for
+        indexes that keep a cursor, FactorizationIndex; the tree recomputes from its bases)."""
         first_leaf = (blocks * BLOCK).astype(np.uint64)
         nus = _level_noise(noise, self.tree_ids[rows], first_leaf, BLOCK, _BLOCK_LEVELS,
                            self.sigma)
@@ -210,15 +212,15 @@ class TreeIndex:
         if (leaves < 1).any() or (leaves > self.lengths[rows]).any():
             raise ValueError("a leaf outside its tree")
         blocks = (leaves - 1) // BLOCK
-        values = self._block_noise(noise, rows, blocks)
+        values = self._block_noise(noise, rows, blocks, leaves - 1)
         return values[np.arange(len(rows)), leaves - 1 - blocks * BLOCK]
 
-    def _required(self, noise, rows, blocks) -> np.ndarray:
+    def _required(self, noise, rows, blocks, settled) -> np.ndarray:
         """R over block b of each row, +inf past the tree's end: (len(rows), BLOCK)."""
         leaves = blocks[:, None] * BLOCK + np.arange(1, BLOCK + 1)[None, :]
         inside = leaves <= self.lengths[rows][:, None]
         taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
-        z = self._block_noise(noise, rows, blocks)
+        z = self._block_noise(noise, rows, blocks, settled)
         return np.where(inside, taus - np.nan_to_num(z), np.inf)
 
     def first_crossing(self, noise: KeyedGaussian, rows, after, counts) -> np.ndarray:
@@ -240,7 +242,7 @@ class TreeIndex:
             if len(todo) == 0:
                 break
             blocks = candidates[todo].argmax(axis=1)
-            required = self._required(noise, rows[todo], blocks)
+            required = self._required(noise, rows[todo], blocks, after[todo])
             leaves = blocks[:, None] * BLOCK + np.arange(1, BLOCK + 1)[None, :]
             crossing = (counts[todo][:, None] > required) & (leaves > after[todo][:, None])
             found = crossing.any(axis=1)

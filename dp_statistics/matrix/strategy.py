@@ -491,6 +491,13 @@ def _eigen_design(workload: Workload, separation_group, principal_fraction, kron
                                duality_gap=gap)
 
 
+def online_square_root(workload) -> Strategy:
+    """The online square-root factorization for prefix and range workloads in a stream
+    (online.py): lower-triangular, so each answer needs only the steps so far."""
+    from sage_tfx.dp_statistics.matrix.online import square_root_strategy
+    return square_root_strategy(as_workload(workload))
+
+
 def as_workload(workload) -> Workload:
     """A Workload, or a numpy query matrix (m x n) over one attribute of n cells."""
     return workload if isinstance(workload, Workload) else explicit(workload)

@@ -22,9 +22,9 @@ QUERY = StreamQuery(key_column="area", unit_column="taxi", time_column="time",
 SNAPSHOT_EVERY = 4  # a restart both loads a saved state and replays committed steps after it
 
 
-def budget():
+def budget(mechanism: str = "tree"):
     return plan(QUERY.epsilon, QUERY.delta, QUERY.micro_batches, QUERY.contribution_limit,
-                QUERY.value_bound)
+                QUERY.value_bound, mechanism=mechanism)
 
 
 def stream(sleep_s: float = 0.0):

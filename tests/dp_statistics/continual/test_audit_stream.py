@@ -27,3 +27,18 @@ def test_the_streaming_operator_is_in_the_shipped_list():
     audit = mechanisms.shipped()["dp_sqlp_stream"]
     assert (audit.claimed_epsilon, audit.claimed_delta) == (mechanisms.STREAM_EPSILON,
                                                             mechanisms.STREAM_DELTA)
+
+
+def test_the_factorization_operator_stays_within_its_epsilon():
+    first, second = mechanisms.streaming_factorization_outputs(TRIALS)
+    assert (first > -1e9).all() and (second > -1e9).all()  # every key released at 1 and 4
+    bound = epsilon_lower_bound(first, second, delta=mechanisms.STREAM_DELTA, confidence=0.9999)
+    assert bound <= mechanisms.STREAM_EPSILON
+
+
+def test_the_factorization_calibrated_for_one_participation_is_caught():
+    """Values noised for one participation's sensitivity instead of C = 16 (1/16 the noise):
+    measured 3.2 against the claim 1 at 2000 trials (the correct operator measured 0.0)."""
+    first, second = mechanisms.streaming_factorization_outputs(TRIALS, broken="one_participation")
+    bound = epsilon_lower_bound(first, second, delta=mechanisms.STREAM_DELTA, confidence=0.99)
+    assert bound > mechanisms.STREAM_EPSILON

@@ -123,11 +123,12 @@ def _local_batches(records, batches):
             for step in range(1, batches.count + 1)]
 
 
-def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mechanism", ["tree", "factorization"])
+def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch, mechanism):
     query = StreamQuery(key_column="k", unit_column="u", time_column="t", value_column="v",
                         value_bound=4.0, contribution_limit=2, micro_batches=4, epsilon=20.0,
-                        delta=1e-3)
-    budget = plan(20.0, 1e-3, 4, 2, 4.0)
+                        delta=1e-3, mechanism=mechanism)
+    budget = plan(20.0, 1e-3, 4, 2, 4.0, mechanism=mechanism)
     batches = MicroBatches(Window(("w",), ((0.0, 40.0),)), 4)
     records = _conformance_stream()
     local_releases = []

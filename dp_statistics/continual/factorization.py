@@ -1,0 +1,334 @@
+"""A streaming square-root factorization of the prefix-sum workload (BLT), vectorised over streams.
+
+The alternative to tree.py for the operator's running sums (issue 34). Both are matrix
+mechanisms for the prefix-sum workload A (T x T, lower-triangular all ones): factor A = B C,
+release B (C x + z) = A x + B z with z ~ N(0, sigma^2 I). Privacy is that of C x + z (a Gaussian
+mechanism whose sensitivity is C's, below); B z is post-processing, so the operator only ever
+computes the noise Z = B z and adds it to the exact prefix.
+
+The square-root factorization. B = C = A^{1/2}: A is the Toeplitz matrix of 1 / (1 - x), so its
+square root is the Toeplitz matrix of (1 - x)^{-1/2} = sum_k c_k x^k, c_k = binom(2k, k) / 4^k
+(c_0 = 1, c_k = c_{k-1} (2k - 1) / (2k), c_k ~ 1 / sqrt(pi k)). It is within a small constant
+of the best lower-triangular factorization for every T (Fichtenberger, Henzinger and Upadhyay
+2023; Henzinger, Kalinin and Upadhyay 2025): per unit of sensitivity its prefix noise variance
+is sum_{k<t} c_k^2 ~ ln(t) / pi, where the tree pays ~ log2(T) levels of sensitivity times
+~ log2(t) / 2 Honaker nodes.
+
+Made streaming: BLT, not binning. Z(t) = sum_{j<=t} b_{t-j} z_j with dense Toeplitz b needs
+the whole history of z (O(T) memory and work per step). A buffered linear Toeplitz decoder
+(Dvijotham, McMahan, Pillutla, Steinke and Thakurta 2024) replaces it by
+    b_0 = 1,   b_k = sum_i u_i theta_i^k  (k >= 1),  n buffers with decays 0 < theta_i < 1,
+so with S_i(t) = sum_{j<t} theta_i^{t-j} z_j:
+    Z(t) = z_t + sum_i u_i S_i(t),   S_i(t + 1) = theta_i (S_i(t) + z_t),
+O(n) state and work per step (scipy's lfilter runs the recurrence). We chose BLT over the
+binned square root (Andersson and Pagh 2024) because (1) its state is n numbers however long
+the window (binning keeps O(log T) bins of piecewise-constant coefficients); (2) its generating
+function is rational, b(x) = 1 + sum_i u_i theta_i x / (1 - theta_i x), so the encoder
+C = B^{-1} A, whose column norms ARE the privacy, has coefficients c(x) = 1 / ((1 - x) b(x))
+computed exactly (to float rounding) by an O(T n) recurrence, for any T; (3) a sum of decaying
+exponentials approximates c_k ~ k^{-1/2} well (c_k = (1/pi) int_0^1 x^(k - 1/2) (1 - x)^(-1/2) dx
+is itself a mixture of exponentials in k). We parametrise the DECODER B as the BLT (the noise
+generator must be the cheap one) and take the encoder to be whatever B^{-1} A is: B C = A holds
+exactly, so the release is unbiased, and the accounting uses C's true coefficients, not the
+square root's: fitting error only costs accuracy, never privacy.
+
+The fit (`fit_square_root`): decays with 1 - theta_i log-spaced in [1 / (4T), 0.7], weights
+u_i >= 0 by non-negative least squares of the relative error of b_k against c_k, k = 1..T-1.
+With 6 buffers the mean prefix variance times the squared sensitivity is within 0.05% of the
+exact square root at T = 1,000 and 0.2% at T = 10,000 (test_factorization.py, which also checks
+B, C = B^{-1} A and the variances against dense matrices).
+
+Sensitivity under k participations (`participation_sensitivity`). A unit changes x by
+u = sum_{j in P} w_j e_j (|w_j| <= 1, P its micro-batches, |P| <= k, scaled by the record bound
+outside). The release's sensitivity is max ||C u||. With G_{jj'} = <C e_j, C e_j'>, Toeplitz C
+over T steps gives G_{jj'} = g(max(j, j'), |j - j'|), g(m, d) = sum_{r=0}^{T-m} c_r c_{r+d}.
+ - Distinct micro-batches, c_r >= 0 and non-increasing: every g is >= 0, so all w_j = +1 is
+   worst (||C u||^2 = w' G w <= |w|' G |w|); g is non-increasing in m (fewer non-negative
+   terms) and in d (c_{r+d} >= c_{r+d+1}). For P = {p_1 < ... < p_k} map p_i -> i: then
+   max(i, i') <= max(p_i, p_i') and |i - i'| <= |p_i - p_i'|, so every term of 1' G 1 over
+   {1..k} dominates its image over P: the first k steps are the worst pattern, and
+   sensitivity^2 = ||C 1_{1..k}||^2 = sum_t (s_t - s_{t-k})^2, s the partial sums of c.
+   Without the premise the triangle inequality bounds it by k max_j ||C e_j|| = k ||c||.
+ - Repeated micro-batches (the operator's value sums: a unit's records of one key can share a
+   step, so u ranges over the l1 ball of radius k): ||C u|| is convex, its maximum is at a
+   vertex k e_j, so the sensitivity is k max_j ||C e_j|| = k ||c_{0..T-1}|| (column 1 is the
+   longest). That is what budget.py uses for the value sums; selection sums are one step per
+   (key, round) tree (k = 1 per tree, composed over the unit's <= C trees).
+
+Noise (`FactorizationIndex`): z_t of a stream is sigma * keyed normal (stream id, counter t - 1),
+so Z is a pure function of (secret key, stream id, t): from the buffer states S(c + 1) before
+any step c + 1, the recurrence run over z_{c+1}, z_{c+2}, ... gives Z from there on, bit for
+bit the values of one pass from step 1 (lfilter's step is y = zi + 0 * x, then the same two
+products: restarting from a state it returned changes no operation).
+ - Value streams need no history: a cursor (a step and the n states before it, O(buffers),
+   not O(T)) where the engine has settled, moved forward as the stream is released; a step
+   asked again before the cursor is replayed from step 0 (state 0).
+ - Selection streams keep the n states at every block start (every BLOCK = 32 steps) and the
+   tree's per-block minima of R: n + 1 numbers per block, 7 ceil(T / 32) per stream, O(T / 32)
+   like the tree's summaries. The prediction needs them: as a key's count grows it must find
+   the first future block whose minimum the count exceeds and scan that block exactly, at any
+   distance. Minima alone would force a replay from the settled step to that block: we
+   measured it (two cursors per stream, the settled step and the last block scanned): 8%
+   more time at T = 1,000 with the load low, 26.9 s against 21.3 s profiled at load 4-5, the
+   replays doubling the noise computed (6.8 M steps against 3.2 M for block scans).
+
+Thresholds and prediction with correlated noise. The release at step l is c + Z(l), Z(l)
+Gaussian with sd lambda_l = sigma sqrt(sum_{k<l} b_k^2) (`prefix_std`). The coupling of
+budget.py needs P(exists l: Z(l) > tau_l) <= beta over the window. The union bound
+(Bonferroni) P(...) <= sum_l P(Z(l) > tau_l) holds for ANY joint law, so tau_l =
+lambda_l Phi^{-1}(1 - beta / T) is sound unchanged; tests that assume independence across steps
+(e.g. 1 - prod (1 - p_l)) are not, and with strongly positively correlated Z they would not
+even be needed (the union bound is then conservative, never wrong). Prediction (Algorithm 4)
+stays exact: without new data the noisy count is c + Z(l) with Z a known function of the keyed
+noise, so the first crossing is found by scanning Z, as for the tree.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+from scipy.optimize import nnls
+from scipy.signal import lfilter
+
+from sage_tfx.dp_statistics.continual.tree import BLOCK, TreeIndex
+from sage_tfx.mechanisms.keyed import KeyedGaussian
+
+BUFFERS = 6  # see the module docstring: within 0.2% of the exact square root up to T = 10^4
+_SMALLEST_GAP, _LARGEST_GAP = 0.25, 0.7  # 1 - theta in [0.25 / T, 0.7]
+
+
+def square_root_coefficients(length: int) -> np.ndarray:
+    """c_k = binom(2k, k) / 4^k, k = 0..length-1: the Toeplitz coefficients of A^{1/2}."""
+    ratios = (2.0 * np.arange(1, length) - 1.0) / (2.0 * np.arange(1, length))
+    return np.concatenate([[1.0], np.cumprod(ratios)])[:length]
+
+
+@dataclass(frozen=True)
+class BufferedToeplitz:
+    """The BLT decoder b_0 = 1, b_k = sum_i weights[i] decays[i]^k (module docstring)."""
+    decays: tuple[float, ...]
+    weights: tuple[float, ...]
+
+    def __post_init__(self):
+        decays, weights = np.asarray(self.decays, float), np.asarray(self.weights, float)
+        if decays.shape != weights.shape or decays.ndim != 1 or not len(decays):
+            raise ValueError("a BLT needs as many weights as decays, at least one")
+        if not (np.all((decays > 0) & (decays < 1)) and np.all(np.isfinite(weights))):
+            raise ValueError(f"BLT decays must be in (0, 1) and weights finite, got "
+                             f"{self.decays}, {self.weights}")
+        object.__setattr__(self, "decays", tuple(float(d) for d in decays))
+        object.__setattr__(self, "weights", tuple(float(w) for w in weights))
+
+    def decoder(self, length: int) -> np.ndarray:
+        """b_0..b_{length-1}: the Toeplitz coefficients of B (Z = B z)."""
+        steps = np.arange(1, length)[:, None]
+        powers = np.exp(steps * np.log(np.asarray(self.decays))[None, :])
+        return np.concatenate([[1.0], powers @ np.asarray(self.weights)])[:length]
+
+    def encoder(self, length: int) -> np.ndarray:
+        """The Toeplitz coefficients of C = B^{-1} A: c = running sum of d = the coefficients
+        of 1 / b(x). b * d = 1 reads d_t = [t = 0] - sum_i u_i S_i(t) with S_i the buffers of
+        d itself (S_i(t + 1) = theta_i (S_i(t) + d_t)): the same first-order recurrences as the
+        noise, stable for 0 < theta < 1 (a high-order rational filter of the same function,
+        lfilter(D, N), loses 1e-5 relative accuracy at T = 1,000 to its poles near 1).
+        O(T n) Python-float steps: once per window plan."""
+        inverse = np.empty(length)
+        pairs = list(zip(self.decays, self.weights))
+        states = [0.0] * len(pairs)
+        for t in range(length):
+            d = (1.0 if t == 0 else 0.0) - sum(weight * state for (_, weight), state
+                                               in zip(pairs, states))
+            inverse[t] = d
+            states = [theta * (state + d) for (theta, _), state in zip(pairs, states)]
+        return np.cumsum(inverse)
+
+    def prefix_variances(self, length: int) -> np.ndarray:
+        """Var Z(t) / sigma^2 = sum_{k<t} b_k^2, t = 1..length."""
+        return np.cumsum(self.decoder(length) ** 2)
+
+
+@functools.lru_cache(maxsize=64)
+def fit_square_root(length: int, buffers: int = BUFFERS) -> BufferedToeplitz:
+    """The BLT decoder closest to the square root's c_1..c_{T-1} in relative error (module
+    docstring). Deterministic given (length, buffers); budget.py stores the result, so every
+    engine and every restart uses the very same decays and weights."""
+    if length < 2:  # one step: B = C = [1], any decoder; one buffer of weight 0
+        return BufferedToeplitz((0.5,), (0.0,))
+    decays = 1.0 - np.geomspace(_SMALLEST_GAP / length, _LARGEST_GAP, buffers)
+    target = square_root_coefficients(length)[1:]
+    powers = np.exp(np.arange(1, length)[:, None] * np.log(decays)[None, :])
+    weights, _ = nnls(powers / target[:, None], np.ones(length - 1))
+    return BufferedToeplitz(tuple(decays), tuple(weights))
+
+
+def column_norm(encoder: np.ndarray) -> float:
+    """max_j ||C e_j|| of a lower-triangular Toeplitz C: its first column's, ||c||."""
+    return float(math.sqrt(np.sum(np.square(encoder))))
+
+
+def participation_sensitivity(encoder: np.ndarray, participations: int,
+                              same_step: bool = False) -> float:
+    """max ||C u|| over a unit's contributions u (module docstring, "Sensitivity"): at most
+    `participations` steps with |weight| <= 1 each, distinct steps unless `same_step` (then a
+    step may take several, i.e. u in the l1 ball of radius `participations`)."""
+    if not (isinstance(participations, int) and participations >= 1):
+        raise ValueError(f"participations must be a positive integer, got {participations!r}")
+    encoder = np.asarray(encoder, dtype=np.float64)
+    bound = participations * column_norm(encoder)
+    monotone = encoder.min() >= 0 and np.all(np.diff(encoder) <= 0)
+    if same_step or not monotone:
+        return bound
+    partial = np.concatenate([[0.0], np.cumsum(encoder)])
+    ends = np.arange(1, len(encoder) + 1)
+    window = partial[ends] - partial[np.maximum(ends - participations, 0)]
+    return min(bound, float(math.sqrt(np.sum(np.square(window)))))
+
+
+def prefix_std(factor: BufferedToeplitz, length: int, sigma: float) -> np.ndarray:
+    """lambda_t, the standard deviation of Z(t), t = 1..length."""
+    return sigma * np.sqrt(factor.prefix_variances(length))
+
+
+def _buffer_paths(factor: BufferedToeplitz, z: np.ndarray,
+                  starts: Optional[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Z over the columns of z (rows: streams) from buffer states `starts` (rows, n) at the
+    first column (None: all zero), and each buffer's path S_i over those columns."""
+    total = z.copy()
+    paths = []
+    for i, (theta, weight) in enumerate(zip(factor.decays, factor.weights)):
+        initial = np.zeros((len(z), 1)) if starts is None else starts[:, i:i + 1]
+        # y[n] = 0 * z[n] + d[n], d[n + 1] = theta z[n] + theta y[n]: y = S_i, d its state.
+        path, _ = lfilter([0.0, theta], [1.0, -theta], z, axis=1, zi=initial)
+        total += weight * path
+        paths.append(path)
+    return total, paths
+
+
+@dataclass
+class FactorizationIndex(TreeIndex):
+    """TreeIndex's contract (rows are streams, first_crossing, noise_at, storage) with the BLT's
+    noise (module docstring, "Noise"). Selection streams (with thresholds): `bases` holds the
+    buffer states S at every block start, (rows, n_blocks, buffers), and minima as the tree's.
+    Value streams: `bases` holds the buffer states before step `cursors` + 1, (rows, buffers),
+    where the caller has settled (it never asks about earlier steps again; if it does, the
+    stream is replayed from step 0, whose state is 0)."""
+    factor: Optional[BufferedToeplitz] = field(default=None)
+    cursors: Optional[np.ndarray] = field(default=None)
+
+    @classmethod
+    def empty(cls, sigma: float, max_length: int, thresholds: Optional[np.ndarray] = None,
+              factor: Optional[BufferedToeplitz] = None) -> "FactorizationIndex":
+        n_blocks = -(-max_length // BLOCK)
+        width = len(factor.decays)
+        if thresholds is None:
+            return cls(sigma, None, n_blocks, np.zeros(0, np.uint64), np.zeros(0, np.int64),
+                       np.zeros((0, width)), None, factor=factor,
+                       cursors=np.zeros(0, np.int64))
+        return cls(sigma, np.asarray(thresholds, float), n_blocks, np.zeros(0, np.uint64),
+                   np.zeros(0, np.int64), np.zeros((0, n_blocks, width)),
+                   np.zeros((0, n_blocks)), factor=factor)
+
+    def _reserve(self, extra: int) -> None:
+        super()._reserve(extra)
+        if self.cursors is not None and len(self.cursors) < len(self.tree_ids):
+            cursors = np.zeros(len(self.tree_ids), np.int64)
+            cursors[:self.size] = self.cursors[:self.size]
+            self.cursors = cursors
+
+    def _noise(self, noise: KeyedGaussian, tree_ids, first_step: np.ndarray,
+               count: int) -> np.ndarray:
+        """sigma z_t for t = first_step + 1 .. first_step + count of each stream (any first
+        step: normal_rows starts at even counters, so an odd start drops one value)."""
+        first_step = np.asarray(first_step, np.int64)
+        odd = (first_step & 1).astype(bool)
+        z = noise.normal_rows(tree_ids, (first_step - odd).astype(np.uint64), count + 1)
+        z = np.where(odd[:, None], z[:, 1:], z[:, :count])
+        z *= self.sigma
+        return z
+
+    def _summarise(self, noise, rows, tree_ids, lengths, longest) -> None:
+        if self.minima is None:  # a value stream: nothing to compute before its first release
+            self.bases[rows] = 0.0
+            self.cursors[rows] = 0
+            return
+        n_blocks = -(-longest // BLOCK)
+        width = n_blocks * BLOCK
+        z = self._noise(noise, tree_ids, np.zeros(len(rows), np.int64), width)
+        total, paths = _buffer_paths(self.factor, z, None)
+        bases = np.full((len(rows),) + self.bases.shape[1:], np.nan)
+        bases[:, :n_blocks] = np.stack([path[:, ::BLOCK] for path in paths], axis=2)
+        self.bases[rows] = bases
+        # _block_noise restarts lfilter from these stored states: the same recurrence from the
+        # same state gives the same bits, so the stored minima agree with a later scan.
+        leaves = np.arange(1, width + 1)[None, :]
+        taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
+        required = np.where(leaves > lengths[:, None], np.inf, taus - total)
+        self.minima[rows] = np.inf
+        self.minima[rows, :n_blocks] = required.reshape(len(rows), n_blocks, BLOCK).min(axis=2)
+
+    def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
+        """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK)."""
+        rows, blocks = np.asarray(rows, np.int64), np.asarray(blocks, np.int64)
+        if self.cursors is None:  # a selection stream: from the block's stored states
+            z = self._noise(noise, self.tree_ids[rows], blocks * BLOCK, BLOCK)
+            return _buffer_paths(self.factor, z, self.bases[rows, blocks])[0]
+        # A value stream: from its cursor (or step 0 if the cursor is past the block), in
+        # groups of distance within a power of two, each run as far as its farthest row (at
+        # most twice the steps needed, one keyed-noise call per group); the cursor then moves
+        # to min(block start, settled) if that is later.
+        starts = blocks * BLOCK
+        behind = self.cursors[rows] > starts
+        origins = np.where(behind, 0, self.cursors[rows])
+        states = np.where(behind[:, None], 0.0, self.bases[rows])
+        lead = starts - origins
+        keep = np.maximum(np.minimum(starts, np.asarray(settled, np.int64)), origins)
+        out, kept = np.empty((len(rows), BLOCK)), np.empty_like(states)
+        groups = np.ceil(np.log2(lead + 1)).astype(np.int64)
+        for group in np.unique(groups):
+            members = np.flatnonzero(groups == group)
+            z = self._noise(noise, self.tree_ids[rows[members]], origins[members],
+                            int(lead[members].max()) + BLOCK)
+            total, paths = _buffer_paths(self.factor, z, states[members])
+            at = np.arange(len(members))
+            out[members] = total[at[:, None], lead[members][:, None] + np.arange(BLOCK)]
+            kept[members] = np.stack([path[at, keep[members] - origins[members]]
+                                      for path in paths], axis=1)
+        forward = keep > self.cursors[rows]
+        self.cursors[rows[forward]] = keep[forward]
+        self.bases[rows[forward]] = kept[forward]
+        return out
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        arrays = super().to_arrays()
+        if self.cursors is not None:
+            arrays["cursors"] = self.cursors[:self.size]
+        return arrays
+
+    @classmethod
+    def from_arrays(cls, sigma: float, max_length: int, thresholds: Optional[np.ndarray],
+                    arrays: dict[str, np.ndarray],
+                    factor: Optional[BufferedToeplitz] = None) -> "FactorizationIndex":
+        index = cls.empty(sigma, max_length, thresholds, factor)
+        size = len(arrays["tree_ids"])
+        index.tree_ids = np.array(arrays["tree_ids"], dtype=np.uint64)
+        index.lengths = np.array(arrays["lengths"], dtype=np.int64)
+        index.bases = np.array(arrays["bases"], dtype=np.float64).reshape(
+            (size,) + index.bases.shape[1:])
+        if thresholds is None:
+            index.cursors = np.array(arrays["cursors"], dtype=np.int64)
+        else:
+            index.minima = np.array(arrays["minima"], dtype=np.float64).reshape(
+                size, index.n_blocks)
+        index.size = size
+        return index
+
+
+def prefix_noise(noise: KeyedGaussian, tree_ids, factor: BufferedToeplitz, length: int,
+                 sigma: float) -> np.ndarray:
+    """Z(t) for t = 1..length of each stream, in one pass: (len(tree_ids), length)."""
+    tree_ids = np.asarray(tree_ids, dtype=np.uint64)
+    z = noise.normal_rows(tree_ids, np.zeros(len(tree_ids), np.uint64), length) * sigma
+    return _buffer_paths(factor, z, None)[0]
