@@ -51,6 +51,7 @@ class ContinualReleaseSpec(component_spec.ComponentSpec):
         "value_column": component_spec.ExecutionParameter(type=str, optional=True),
         "value_bound": component_spec.ExecutionParameter(type=float),
         "contribution_limit": component_spec.ExecutionParameter(type=int),
+        "mechanism": component_spec.ExecutionParameter(type=str, optional=True),
         "through": component_spec.ExecutionParameter(type=int, optional=True),
         "pipeline_name": component_spec.ExecutionParameter(type=str, optional=True),
     }
@@ -77,7 +78,9 @@ class ContinualRelease(base_component.BaseComponent):
     schedule, e.g. `sage-tfx ledger add-block ID --start --end`, before their records arrive).
     The first run charges ONE grant of (epsilon, delta) on them (its event: the operator's
     trees; see docs/streaming.md) before anything is released and emits it as `grant`; later
-    runs find the grant id in `previous_state` and charge nothing. Outputs: `statistics`
+    runs find the grant id in `previous_state` and charge nothing. `mechanism`: the running
+    sums' noise, "tree", "factorization" (the BLT square root) or "auto" (the smaller expected
+    error for the window's micro-batches), named in every release. Outputs: `statistics`
     (DPStatistics: the latest trigger's histogram, every trigger of this run under
     triggers/) and `state` for the next run.
     """
@@ -90,14 +93,15 @@ class ContinualRelease(base_component.BaseComponent):
                  columns: Mapping[str, str], unit_column: str, key_column: str,
                  time_column: str, value_column: Optional[str] = None,
                  value_bound: float = 1.0, contribution_limit: int = 32,
-                 through: Optional[int] = None,
+                 mechanism: str = "auto", through: Optional[int] = None,
                  previous_state: Optional[channel.Channel] = None,
                  ledger_context: str = "default", pipeline_name: Optional[str] = None):
         # Refuse here, when the pipeline is built or compiled, not when it runs on a cluster.
         executor.query_of(dict(columns), unit_column=unit_column, key_column=key_column,
                           time_column=time_column, value_column=value_column,
                           value_bound=value_bound, contribution_limit=contribution_limit,
-                          micro_batches=micro_batches, epsilon=epsilon, delta=delta)
+                          micro_batches=micro_batches, epsilon=epsilon, delta=delta,
+                          mechanism=mechanism)
         if not window_blocks:
             raise ValueError("window_blocks names no block")
         super().__init__(spec=ContinualReleaseSpec(
@@ -106,7 +110,7 @@ class ContinualRelease(base_component.BaseComponent):
             delta=float(delta), micro_batches=micro_batches, columns=json.dumps(dict(columns)),
             unit_column=unit_column, key_column=key_column, time_column=time_column,
             value_column=value_column, value_bound=float(value_bound),
-            contribution_limit=contribution_limit, through=through,
+            contribution_limit=contribution_limit, mechanism=mechanism, through=through,
             pipeline_name=pipeline_name, examples=examples, previous_state=previous_state,
             state=channel.Channel(type=ContinualReleaseState),
             statistics=channel.Channel(type=DPStatistics),

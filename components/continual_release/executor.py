@@ -86,7 +86,8 @@ class Executor(base_executor.BaseExecutor):
             value_bound=float(exec_properties["value_bound"]),
             contribution_limit=int(exec_properties["contribution_limit"]),
             micro_batches=int(exec_properties["micro_batches"]),
-            epsilon=float(exec_properties["epsilon"]), delta=float(exec_properties["delta"]))
+            epsilon=float(exec_properties["epsilon"]), delta=float(exec_properties["delta"]),
+            mechanism=exec_properties.get("mechanism") or "auto")
         store = exec_properties["ledger_store"]
         ledger = BlockLedger(parse(store), exec_properties["ledger_context"])
         window = sources.window_of_blocks(ledger, json.loads(exec_properties["window_blocks"]))

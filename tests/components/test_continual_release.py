@@ -24,6 +24,11 @@ def test_construction_refuses_a_bad_query():
         ContinualRelease(examples=examples, ledger_store="x.sqlite", window_blocks=BLOCKS,
                          epsilon=1.0, delta=1e-6, micro_batches=4, columns=COLUMNS,
                          unit_column="user", key_column="key", time_column="time")
+    with pytest.raises(ValueError, match="mechanism must be one of"):
+        ContinualRelease(examples=examples, ledger_store="x.sqlite", window_blocks=BLOCKS,
+                         epsilon=1.0, delta=1e-6, micro_batches=4, columns=COLUMNS,
+                         unit_column="uid", key_column="key", time_column="time",
+                         mechanism="wavelet")
 
 
 def write_month(directory, first_second, other=None, users=200):
@@ -42,7 +47,7 @@ def write_month(directory, first_second, other=None, users=200):
     return str(directory)
 
 
-def run(tmp_path, store, data, through, first):
+def run(tmp_path, store, data, through, first, mechanism="auto"):
     from tfx.components import CsvExampleGen
     from tfx.orchestration import metadata, pipeline
     from tfx.orchestration.local.local_dag_runner import LocalDagRunner
@@ -56,7 +61,7 @@ def run(tmp_path, store, data, through, first):
         previous_state=previous[0].outputs["state"] if previous else None,
         ledger_store=store, window_blocks=BLOCKS, epsilon=4.0, delta=1e-5, micro_batches=4,
         columns=COLUMNS, unit_column="uid", key_column="key", time_column="time",
-        contribution_limit=8, through=through)
+        contribution_limit=8, mechanism=mechanism, through=through)
     LocalDagRunner().run(pipeline.Pipeline(
         pipeline_name="continual", pipeline_root=str(tmp_path / "pipeline"),
         components=[records, *previous, release],
@@ -83,10 +88,10 @@ def test_two_runs_carry_the_state_and_charge_once(tmp_path):
     # not in the order keys first appeared (which a neighbouring stream can swap).
     run(tmp_path, store, write_month(tmp_path / "january", JAN,
                                      ("arrived-early", FEB + 3 * 86400)),
-        through=FEB, first=True)
+        through=FEB, first=True, mechanism="tree")
     [grant] = ledger.grant_records()
     run(tmp_path, store, write_month(tmp_path / "february", FEB, ("late", JAN + 5 * 86400)),
-        through=None, first=False)
+        through=None, first=False, mechanism="tree")
     assert [g["grant_id"] for g in ledger.grant_records()] == [grant["grant_id"]]
 
     with metadata.Metadata(metadata.sqlite_metadata_connection_config(store)) as m:
@@ -99,6 +104,7 @@ def test_two_runs_carry_the_state_and_charge_once(tmp_path):
     props = {k: v.string_value for k, v in second.custom_properties.items()}
     assert props["unit"] == "all rows of one uid within the blocks read"
     assert props["guarantee"].endswith("on blocks s.2013-01, s.2013-02")
+    assert "binary trees with Honaker's estimator" in props["guarantee"]  # as asked
     assert float(props["epsilon"]) == 4.0 and props["grant_id"] == grant["grant_id"]
     assert json.loads(props["columns"]) == ["key", "value", "updated"]
     # The second run resumed: triggers 1-2 are the first run's files, bit for bit.
