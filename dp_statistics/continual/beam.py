@@ -428,11 +428,12 @@ class EvaluateKeys(beam.DoFn):
         """The tree arrays of the key's selection round ``round_`` begun after ``step`` and its
         predicted release step with no data (round 1: origin 0, predicted by the caller)."""
         selection = self._tree(None, selection=True)
-        ids = operator.tree_ids([code], [round_], self._batches.count)
         if step == 0:
-            selection.add(self._noise, ids, [self._batches.count])
+            selection.add(self._noise, operator.tree_ids([code], [round_], self._batches.count),
+                          [self._batches.count])
             return selection.to_arrays(), NEVER
-        _, due = operator.start_rounds(selection, self._noise, ids, step, self._batches.count)
+        _, due = operator.start_rounds(selection, self._noise, [code], [round_], step,
+                                       self._batches.count)
         return selection.to_arrays(), int(due[0])
 
     @userstate.on_timer(WAKE)
@@ -469,12 +470,14 @@ class EvaluateKeys(beam.DoFn):
             values = self._tree(state.values, selection=False)
             if state.values is None:
                 values.add(noise, operator.tree_ids([state.code], [0], length), [length])
-                state.values = values.to_arrays()
             state.released_true += state.buffer
             state.buffer = 0.0
             grid, _ = budget.record_grid
             released = operator.released_values(values, noise, np.array([0]), t,
                                                 np.array([state.released_true]), grid)
+            # After the release: a factorization stream's cursor moved to t (the next release
+            # continues from it rather than replaying the noise from step 0).
+            state.values = values.to_arrays()
             yield ReleaseUpdate(t, key, float(released[0]))
         if selected[0]:
             state.count, state.origin = 0, t

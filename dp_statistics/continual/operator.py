@@ -128,13 +128,17 @@ def released_values(values: TreeIndex, noise: KeyedGaussian, rows: np.ndarray, s
     return released_true + round_to_grid(noise_at, grid)
 
 
-def start_rounds(selection: TreeIndex, noise: KeyedGaussian, tree_ids: np.ndarray, step: int,
+def start_rounds(selection: TreeIndex, noise: KeyedGaussian, key_codes: np.ndarray,
+                 rounds: np.ndarray, step: int,
                  micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
-    """New selection rounds begun after `step` (one tree each over the steps left): their rows
-    and predicted release steps with no data (count 0), NEVER if none or the window is over."""
-    if step >= micro_batches or len(tree_ids) == 0:
-        return np.full(len(tree_ids), -1, np.int64), np.full(len(tree_ids), NEVER, np.int64)
-    rows = selection.add(noise, tree_ids, np.full(len(tree_ids), micro_batches - step))
+    """New selection rounds `rounds` of keys `key_codes` begun after `step` (one tree each over
+    the steps left): their rows and predicted release steps with no data (count 0), NEVER if
+    none or the window is over (a key selected at the last step has no next round, and no
+    noise stream is named for it: round T + 1 would be key + 1's value stream)."""
+    if step >= micro_batches or len(key_codes) == 0:
+        return np.full(len(key_codes), -1, np.int64), np.full(len(key_codes), NEVER, np.int64)
+    ids = tree_ids(key_codes, rounds, micro_batches)
+    rows = selection.add(noise, ids, np.full(len(ids), micro_batches - step))
     first = selection.first_crossing(noise, rows, np.zeros(len(rows), np.int64),
                                      np.zeros(len(rows)))
     return rows, np.where(first == NEVER, NEVER, step + first).astype(np.int64)
@@ -147,11 +151,15 @@ def tree_ids(key_codes: np.ndarray, rounds: np.ndarray, micro_batches: int) -> n
     that evaluates keys apart (beam.py, one key per DoFn call) draws the same noise as `step`
     without a global tree counter. Key codes are dense, in order of first appearance."""
     key_codes = np.asarray(key_codes, dtype=np.uint64)
+    rounds = np.asarray(rounds, dtype=np.uint64)
+    if len(rounds) and int(rounds.max()) > micro_batches:
+        raise ValueError(f"selection round {int(rounds.max())} of a window of {micro_batches} "
+                         "micro-batches: a round begins at most once per step")
     span = np.uint64(micro_batches + 1)
     if len(key_codes) and int(key_codes.max()) >= MAX_TREE_STREAM // (micro_batches + 1):
         raise QueryError(f"more than {MAX_TREE_STREAM // (micro_batches + 1)} keys in one "
                          f"window of {micro_batches} micro-batches (noise streams are 56 bits)")
-    return key_codes * span + np.asarray(rounds, dtype=np.uint64)
+    return key_codes * span + rounds
 
 
 def next_evaluation(due: np.ndarray, released: np.ndarray, step: int,
@@ -234,9 +242,8 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> Trigg
     columns["round"][chosen] += 1
     columns["origin"][chosen] = t
     columns["count"][chosen] = 0
-    rows, due[selected] = start_rounds(
-        state.selection, noise, tree_ids(chosen, columns["round"][chosen], query.micro_batches),
-        t, query.micro_batches)
+    rows, due[selected] = start_rounds(state.selection, noise, chosen, columns["round"][chosen],
+                                       t, query.micro_batches)
     columns["selection_row"][chosen] = rows
     due = next_evaluation(due, columns["value_row"][evaluated] >= 0, t, query.micro_batches)
     columns["due"][evaluated] = due

@@ -269,12 +269,16 @@ def test_a_torn_taken_entry_is_cut_and_its_step_taken_again(tmp_path):
                         RaisingSink(out, fail_at=10), noise_key=NOISE_KEY, snapshot_every=4)
     log = os.path.join(state_dir, "taken.log")
     data = bytearray(open(log, "rb").read())
-    # The entries from offset 0 after the save at step 8: steps 9 and 10 (those of the earlier
-    # saves may follow; the log is (magic, step, length, CRC-32) headers and payloads).
+    # The save at step 8 wrote the log afresh: steps 9 and 10, then only the zeros it was
+    # extended with (the log is (magic, step, length, CRC-32) headers and payloads). Nothing
+    # of earlier entries is left behind them: those bytes hold records, which could read as a
+    # well-formed entry for a later step.
     _, step, length, _ = struct.unpack_from("<4sqqI", data, 0)
+    assert step == 9
     last = 24 + length
     _, step, length, _ = struct.unpack_from("<4sqqI", data, last)
     assert step == 10
+    assert not any(data[last + 24 + length:])
     middle = last + 24 + length // 2
     data[middle:middle + 16] = bytes(16)  # its payload only partly written
     open(log, "wb").write(bytes(data))

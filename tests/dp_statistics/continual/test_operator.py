@@ -202,3 +202,16 @@ def test_the_last_trigger_releases_every_released_key_with_all_its_records():
     assert state.column("released_true")[code] == 43 and state.column("buffer")[code] == 0
     noise = state.values.noise_at(KeyedGaussian(KEY), [state.column("value_row")[code]], [4])
     assert last.values[0] == 43 + tree.round_to_grid(noise, budget.record_grid[0])[0]
+
+
+def test_noise_streams_are_distinct_and_no_round_past_the_window_is_named():
+    """Stream ids key (T + 1) + round: value stream round 0, selection rounds 1..T. A round
+    T + 1 (a key selected at the last step) would be key + 1's value stream: never named."""
+    from sage_tfx.dp_statistics.continual.operator import tree_ids
+
+    micro_batches = 5
+    codes, rounds = np.meshgrid(np.arange(4), np.arange(micro_batches + 1), indexing="ij")
+    ids = tree_ids(codes.ravel(), rounds.ravel(), micro_batches)
+    assert len(np.unique(ids)) == ids.size
+    with pytest.raises(ValueError, match="round 6 of a window of 5 micro-batches"):
+        tree_ids([0], [micro_batches + 1], micro_batches)
