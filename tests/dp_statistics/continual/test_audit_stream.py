@@ -56,7 +56,7 @@ SELECTION_BROKEN_TRIALS = 2_000
 @pytest.mark.slow
 def test_the_factorization_selection_stays_within_its_epsilon():
     """The released keys' "whether and when" for a unit in 64 keys: measured 0.0 against the
-    claim 2 at 500 trials (26 s)."""
+    claim 2 at 500 trials (26-31 s)."""
     first, second = mechanisms.streaming_selection_outputs(SELECTION_TRIALS)
     bound = epsilon_lower_bound(first, second, delta=mechanisms.STREAM_DELTA, confidence=0.9999)
     assert bound <= mechanisms.SELECTION_AUDIT_EPSILON
@@ -65,7 +65,8 @@ def test_the_factorization_selection_stays_within_its_epsilon():
 @pytest.mark.slow
 def test_the_factorization_selection_without_its_composition_is_caught():
     """Selection streams calibrated without the C-fold composition (sigma_s 3.8 instead of
-    30.2): measured 2.61 and 2.73 against the claim 2 at 2000 trials (13-16 s each)."""
+    30.2): caught in 8 of 8 repeats at 2000 trials, bounds 2.35-2.82 (mean 2.65, sd 0.15)
+    against the claim 2, 13-24 s each under load."""
     first, second = mechanisms.streaming_selection_outputs(SELECTION_BROKEN_TRIALS,
                                                            broken="no_selection_composition")
     bound = epsilon_lower_bound(first, second, delta=mechanisms.STREAM_DELTA, confidence=0.99)
