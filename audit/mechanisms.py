@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -630,6 +631,72 @@ def streaming_factorization_outputs(trials: int, seed: Optional[int] = None, *,
             pair = np.stack([value.to_numpy(np.float64) for value in seen], axis=1)
             # A key not selected (probability < 1e-20) shows as one public sentinel value.
             outputs.append(np.where(np.isnan(pair).any(axis=1), -1e9, pair @ direction))
+    return outputs[0], outputs[1]
+
+
+# The SELECTION streams of the BLT factorization. Dropping the C-fold composition of a unit's C
+# selection streams (the broken variant) leaks sqrt(C) x the calibrated shift, spread over the C
+# keys the unit touches, so the audit needs a large C: at C = 64 and epsilon 2 the broken
+# selection noise is sigma_s = 3.8 against the correct 30.2. Not in `shipped()`: a run costs
+# C x tau_1 = 64 x 179 rows (11,500), so the CLI's 20,000 runs would be 230 M rows per input.
+SELECTION_AUDIT_EPSILON = 2.0
+SELECTION_AUDIT_CONTRIBUTION_LIMIT = 64
+
+
+def streaming_selection_outputs(trials: int, seed: Optional[int] = None, *,
+                                broken: Optional[str] = None) -> Outputs:
+    """``operator.step`` over a window of 4 triggers on the BLT factorization, COUNT(*),
+    C = 64, epsilon 2: the released KEYS, not the values. Run i has its own C keys, each with
+    n background units at step 1, n = round(tau_1) the public step-1 threshold (so a key's
+    release is a coin near 1/2, where one more unit moves it most); D' adds one unit with a
+    record in each of the C keys (its C participations, all kept). The statistic is "whether
+    and when" summed over the unit's C keys: sum over them of T + 1 - (first step the key is in
+    the release), 0 if it never is. Batched over runs as ``streaming_outputs``; `seed` unused.
+
+    broken = "no_selection_composition" is the deliberately broken variant: the selection
+    streams calibrated as if the unit's C streams were one (no C-fold composition), which is
+    what dividing the selection sensitivity s by sqrt(C) does: C Gaussians of noise multiplier
+    sigma_s sqrt(C) / s have exactly the RDP of one of sigma_s / s (budget's
+    factorization_sensitivities patched; the thresholds follow the smaller sigma_s)."""
+    import pandas as pd
+    from sage_tfx.dp_statistics.continual import budget as stream_budget, operator
+    from sage_tfx.dp_statistics.continual.spec import StreamQuery
+    from sage_tfx.dp_statistics.continual.state import WindowState
+    from sage_tfx.mechanisms.keyed import KeyedGaussian
+
+    del seed
+    if broken not in (None, "no_selection_composition"):
+        raise ValueError(f"unknown broken variant {broken!r}")
+
+    def one_stream(original):
+        def sensitivities(decays, weights, micro_batches, contribution_limit):
+            selection, values = original(decays, weights, micro_batches, contribution_limit)
+            return selection / math.sqrt(contribution_limit), values
+        return sensitivities
+    limit, steps = SELECTION_AUDIT_CONTRIBUTION_LIMIT, FACTORIZATION_STEPS
+    query = StreamQuery(key_column="key", unit_column="unit", time_column="time",
+                        contribution_limit=limit, micro_batches=steps,
+                        epsilon=SELECTION_AUDIT_EPSILON, delta=STREAM_DELTA,
+                        mechanism="factorization")
+    with (_patched(stream_budget, "factorization_sensitivities", one_stream)
+          if broken else contextlib.nullcontext()):
+        budget = stream_budget.plan(SELECTION_AUDIT_EPSILON, STREAM_DELTA, steps, limit,
+                                    mechanism="factorization")
+        background_units = int(round(budget.thresholds[0]))
+        keys = np.arange(trials * limit)
+        background = pd.DataFrame({"unit": np.arange(len(keys) * background_units),
+                                   "key": np.repeat(keys, background_units)})
+        audited = pd.DataFrame({"unit": -1 - keys // limit, "key": keys})
+        outputs = []
+        for first in (background, pd.concat([background, audited], ignore_index=True)):
+            state = WindowState.fresh(query, budget, KeyedGaussian.fresh().key)
+            score = np.zeros(len(keys))
+            for step in range(1, steps + 1):
+                release = operator.step(state, budget, first if step == 1 else first[:0])
+                released = np.asarray(release.keys, np.int64)
+                newly = released[score[released] == 0]
+                score[newly] = steps + 1 - step
+            outputs.append(score.reshape(trials, limit).sum(axis=1))
     return outputs[0], outputs[1]
 
 
