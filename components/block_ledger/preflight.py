@@ -49,7 +49,6 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
         split: Mapping[str, float]) -> None:
     """BadRequest naming the component and the fix for the first check that fails."""
     # Imported here: dp_trainer's package imports this one's component (a cycle at import).
-    from sage_tfx.components.dp_trainer.clipping import refuse_unclippable_layers
     from sage_tfx.components.dp_trainer.parameters import preflight as trainer_preflight
     from sage_tfx.components.dp_trainer.parameters import trains_with_dp_sgd
     from sage_tfx.components.util.legacy_keras import require_legacy_keras
@@ -66,13 +65,24 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
             module = UserModule.load(check.module_file, check.purpose, check.module_needs)
             if check.trainer is not None:
                 trainer_preflight(check.trainer, check.sampling, epsilon, delta, split)
-                if trains_with_dp_sgd(check.trainer):  # the model's layers, no data
-                    refuse_unclippable_layers(module.build_model())
+                if trains_with_dp_sgd(check.trainer):
+                    _refuse_unclippable_model(module.build_model())
         except (ValueError, RuntimeError, TypeError) as error:
             raise BadRequest(f"{refusal}: {error}") from error
         except Exception as error:  # the user's module raised while it was imported
             raise BadRequest(f"{refusal}: module file {check.module_file!r} does not import: "
                              f"{type(error).__name__}: {error}") from error
+
+
+def _refuse_unclippable_model(model) -> None:
+    """DP-SGD's model checks, on its structure and public stand-in batches only: no batch
+    normalisation, and (when its inputs are declared) no layer keeping statistics of the
+    batch (dp_trainer.clipping)."""
+    from sage_tfx.components.dp_trainer import clipping  # tensorflow-privacy: DP-SGD only
+
+    clipping.refuse_unclippable_layers(model)
+    if model.inputs:
+        clipping.refuse_state_updates(model, model.inputs[0].shape[1:], model.inputs[0].dtype)
 
 
 def _transform_audit(check: Check, epsilon: float, split: Mapping[str, float]) -> None:

@@ -303,23 +303,26 @@ def refuse_unclippable_layers(model: tf.keras.Model) -> None:
                              "bound it; use LayerNormalization")
 
 
-def refuse_state_updates(model: tf.keras.Model, per_example_loss, features: tf.Tensor,
-                         labels: tf.Tensor) -> None:
-    """ValueError when a training-mode pass changes a non-trainable variable of `model` (a
-    custom layer keeping statistics of its batches: released with the model, unnoised). Run on
-    a public stand-in batch (zeros of the inputs' shape), never on records; the variables are
-    restored afterwards."""
+def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
+                         dtype: tf.DType) -> None:
+    """ValueError when a training-mode forward pass changes a non-trainable variable of
+    `model` (a custom layer keeping statistics of its batches: released with the model,
+    unnoised). Run on public stand-in batches of examples shaped `example_shape`, never on
+    records: ones and -2 times ones (a batch of zeros would leave a running mean or sum that
+    starts at zero unchanged); the variables are restored afterwards."""
+    shape = [2, *example_shape]
     state = model.non_trainable_variables
     before = [variable.numpy() for variable in state]
-    OnePass(model, model.trainable_variables, per_example_loss, features, labels,
-            tf.ones([features.shape[0]]))
-    changed = [variable.name for variable, value in zip(state, before)
-               if not (variable.numpy() == value).all()]
-    for variable, value in zip(state, before):
-        variable.assign(value)
+    changed = set()
+    for fill in (1.0, -2.0):
+        model(tf.fill(shape, tf.cast(fill, dtype)), training=True)
+        changed.update(variable.name for variable, value in zip(state, before)
+                       if not (variable.numpy() == value).all())
+        for variable, value in zip(state, before):
+            variable.assign(value)
     if changed:
         raise ValueError(f"a training step changes the model's non-trainable variable(s) "
-                         f"{', '.join(changed)}: state computed from the batch would be "
+                         f"{', '.join(sorted(changed))}: state computed from the batch would be "
                          "released with the model without noise")
 
 
@@ -361,7 +364,6 @@ class OnePass:
                 grads.append(flat[start:start + len(contribution.watched)])
                 start += len(contribution.watched)
         self._contributions, self._grads = contributions, grads
-        self.predictions = predictions
         self.norms = tf.sqrt(tf.add_n([c.squared_norms(g) for c, g in zip(contributions, grads)]))
 
     def _covering(self, found) -> Optional[list]:

@@ -238,8 +238,8 @@ def train(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor
           on_epoch: Optional[Callable[[int, float], None]] = None,
           on_step: Optional[Callable[[int], None]] = None) -> int:
     """DP-SGD: every step of `plan`, in order (see run_steps). Returns the steps that ran."""
-    stand_in = tf.zeros([2, *features.shape[1:]], features.dtype)  # public: no record
-    clipping.refuse_state_updates(model, with_reduction(loss, tf.keras.losses.Reduction.NONE),
-                                  stand_in, tf.zeros([2, *labels.shape[1:]], labels.dtype))
+    # Again here for models the preflight could not run (no declared inputs): after the
+    # charge, but before any step, on public stand-ins.
+    clipping.refuse_state_updates(model, features.shape[1:], features.dtype)
     return run_steps(make_dp_step(model, loss, features, labels, config, plan.normaliser,
                                   noise_generator(seed)), plan, on_epoch, on_step)
