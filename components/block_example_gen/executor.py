@@ -134,8 +134,11 @@ def check_csv_headers(files: list[str], columns: Optional[list[str]], block_key:
     (kept in logs and ML Metadata) must not carry a cell."""
     expected = list(columns) if columns is not None else None
     for path in files:
-        with tf.io.gfile.GFile(path, "r") as handle:
-            header = [name.strip() for name in next(csv.reader(handle), [])]
+        with tf.io.gfile.GFile(path, "rb") as handle:
+            # As dp_statistics.ingest.csv_header (which reads local files only): bytes that are
+            # not UTF-8 become U+FFFD, never a decoding error naming a byte and its offset.
+            first_line = handle.readline().decode("utf-8", errors="replace")
+        header = [name.strip() for name in next(csv.reader([first_line]), [])]
         name = os.path.basename(path)
         if expected is None:
             expected = header

@@ -35,7 +35,7 @@ def _ingest(tmp_path, store_path, files, columns=None):
     data = tmp_path / "data"
     data.mkdir()
     for name, text in files.items():
-        (data / name).write_text(text)
+        (data / name).write_bytes(text.encode("utf-8", "surrogateescape"))  # \udcff: byte 0xff
     BlockLedger.create(store_path)
     examples = standard_artifacts.Examples()
     examples.uri = str(tmp_path / "out")
@@ -62,7 +62,11 @@ def _ingest(tmp_path, store_path, files, columns=None):
      "differing at position(s) 1, 2"),
     ({"a.csv": "77,41.25\n2,4.0\n"}, ["uid", "fare"],
      "missing column(s) 'uid', 'fare'; undeclared column(s) at position(s) 1, 2"),
-], ids=["missing", "extra", "undeclared", "no key", "headerless", "headerless declared"])
+    # a first line that is not UTF-8: no decoding error naming the byte
+    ({"a.csv": "uid,fare\n1,3.5\n", "b.csv": "77,41.25\udcff\n2,4.0\n"}, None,
+     "differing at position(s) 1, 2"),
+], ids=["missing", "extra", "undeclared", "no key", "headerless", "headerless declared",
+        "not utf-8"])
 def test_a_csv_that_does_not_match_the_schema_is_refused_before_anything_is_registered(
         tmp_path, store_path, files, columns, said):
     """A pipeline CSV missing a whole column used to be ingested (the feature absent from every
