@@ -642,7 +642,9 @@ def _quantiles_in_order(query: AggregationQuery, bounds, table: pd.DataFrame,
             continue
         names = [a.output_name for a in sorted(members, key=lambda a: a.q)]
         table[names] = accuracy.monotone(table[names].to_numpy())
-        for part in range(3):  # stddev, low and high ends, each sorted alike
+        # The interval ends are sorted alike (accuracy.monotone); each quantile keeps its own
+        # noise stddev, which is a scale, not a value ordered by q.
+        for part in (1, 2):
             sorted_part = accuracy.monotone(np.stack([stated[n][part] for n in names], axis=1))
             for index, name in enumerate(names):
                 stated[name] = tuple(sorted_part[:, index] if p == part else stated[name][p]

@@ -369,3 +369,19 @@ def test_a_later_file_missing_or_adding_a_column_is_refused_before_anything_is_r
     err = capsys.readouterr().err
     assert "missing ['key'], extra ['tip']" in err, err
     assert [b.block_id for b in BlockLedger(store_path).blocks()] == before
+
+
+def test_sorting_quantiles_sorts_their_interval_ends_and_keeps_each_ones_stddev():
+    """Monotone quantiles are post-processing: the values and the interval ends are sorted
+    by q, but a stddev is a scale, not a value ordered by q: each quantile keeps its own."""
+    query = AggregationQuery(("key",), "uid", (
+        Aggregate(AggregateKind.QUANTILE, "x", 0, 10, q=0.9, name="p90"),
+        Aggregate(AggregateKind.QUANTILE, "x", 0, 10, q=0.1, name="p10")))
+    table = pd.DataFrame({"p90": [2.0], "p10": [5.0]})  # out of order after the noise
+    stated = {"p90": (np.array([0.5]), np.array([1.0]), np.array([3.0])),
+              "p10": (np.array([1.5]), np.array([4.0]), np.array([6.0]))}
+    aggregators._quantiles_in_order(query, {"p90": (0, 10), "p10": (0, 10)}, table, stated)
+    assert table.loc[0, ["p10", "p90"]].tolist() == [2.0, 5.0]
+    assert [stated["p10"][1][0], stated["p90"][1][0]] == [1.0, 4.0]  # low ends sorted
+    assert [stated["p10"][2][0], stated["p90"][2][0]] == [3.0, 6.0]  # high ends sorted
+    assert [stated["p10"][0][0], stated["p90"][0][0]] == [1.5, 0.5]  # own stddev each
