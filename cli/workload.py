@@ -73,8 +73,7 @@ def _answer(args) -> int:
         with open(args.spec) as handle:
             spec_text = handle.read()
         spec = parse_spec(spec_text)
-        strategy = best_strategy(spec.workload).strategy
-        strategy.require_support(spec.workload)
+        strategy = best_strategy(spec.workload).strategy  # a candidate supports the workload
     except (OSError, DomainError, UnsupportedWorkload, ValueError) as error:
         raise BadRequest(f"workload spec {args.spec}: {error}") from None
     selector = (BlockIds([b for b in args.blocks.split(",") if b]) if args.blocks is not None

@@ -77,7 +77,8 @@ class Executor(base_executor.BaseExecutor):
         answers = artifact_utils.get_single_instance(output_dict["answers"])
         strategy = best_strategy(spec.workload, cache_dir=exec_properties.get("strategy_cache")
                                  or pipeline_strategy_cache(answers.uri)).strategy
-        strategy.require_support(spec.workload)   # refused before anything is consumed
+        # best_strategy keeps only candidates that support the workload (or raises): refused
+        # before anything is consumed.
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         info = require_grant(input_dict["grant"], [examples])
         step = exec_properties.get("grant_step") or "statistics"

@@ -101,7 +101,7 @@ class StreamBudget:
         if self.mechanism is StreamMechanism.AUTO:
             raise ValueError("a budget states the mechanism that runs: tree or factorization")
 
-    @property
+    @functools.cached_property
     def factor(self) -> BufferedToeplitz:
         return BufferedToeplitz(self.decays, self.weights)
 

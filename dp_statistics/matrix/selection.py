@@ -5,11 +5,12 @@ Choosing costs no privacy: every candidate and its score (error.unit_rmse, the R
 unit noise, so the ranking is the same for every (epsilon, delta)) depend on the workload only.
 
 A new family registers by appending one Candidate to CANDIDATES (a name, when it applies, how
-it is built). Ties keep the earlier candidate (relative 1e-9), so the list is in order of cost.
+it is built). Ties keep the earlier candidate (relative 1e-9).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Optional
 
 from sage_tfx.dp_statistics.matrix import convex, error
@@ -72,10 +73,18 @@ class Selection:
 
 def best_strategy(workload, *, cache_dir: Optional[str] = None,
                   candidates: Optional[list[Candidate]] = None) -> Selection:
-    """The candidate of least expected error on ``workload`` (module docstring)."""
-    workload = as_workload(workload)
+    """The candidate of least expected error on ``workload`` (module docstring). Kept in
+    memory per (workload, cache directory, candidates): OPT_M and OPT_+ have no disk cache,
+    and a process answering one workload twice builds every family once."""
+    return _best_strategy(as_workload(workload), cache_dir,
+                          tuple(CANDIDATES if candidates is None else candidates))
+
+
+@functools.lru_cache(maxsize=32)
+def _best_strategy(workload: Workload, cache_dir: Optional[str],
+                   candidates: tuple[Candidate, ...]) -> Selection:
     scores, best, best_family = {}, None, None
-    for candidate in CANDIDATES if candidates is None else candidates:
+    for candidate in candidates:
         if not candidate.applies(workload):
             continue
         try:

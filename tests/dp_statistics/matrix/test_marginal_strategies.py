@@ -162,9 +162,16 @@ def test_the_picker_takes_the_least_error_and_the_release_says_which():
     assert error.svd_bound_unit_rmse(marginals) / picked.unit_rmse[picked.family] >= 0.9
 
 
-def test_a_registered_family_competes():
-    identity_first = Candidate("identity", lambda w: True,
-                               lambda w, cache_dir: strategy.identity(w))
-    target = workload.explicit(np.eye(6))
-    picked = best_strategy(target, candidates=[identity_first])
-    assert picked.family == "identity" and list(picked.unit_rmse) == ["identity"]
+def test_a_registered_family_competes(monkeypatch):
+    """Appended to CANDIDATES, a family is scored beside the others and loses where its error
+    is not the least (all ranges: the identity is far from the optimum); given alone, it is
+    the one picked and the only one scored."""
+    from sage_tfx.dp_statistics.matrix import selection
+
+    identity = Candidate("identity", lambda w: True, lambda w, cache_dir: strategy.identity(w))
+    monkeypatch.setattr(selection, "CANDIDATES", [*selection.CANDIDATES, identity])
+    ranges = best_strategy(workload.all_ranges(16))
+    assert "identity" in ranges.unit_rmse and ranges.family != "identity"
+    assert ranges.unit_rmse["identity"] > min(ranges.unit_rmse.values())
+    only_identity = best_strategy(workload.explicit(np.eye(6)), candidates=[identity])
+    assert only_identity.family == "identity" and list(only_identity.unit_rmse) == ["identity"]
