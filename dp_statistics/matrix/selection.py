@@ -10,7 +10,6 @@ it is built). Ties keep the earlier candidate (relative 1e-9).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Callable, Optional
 
 from sage_tfx.dp_statistics.matrix import convex, error
@@ -73,18 +72,10 @@ class Selection:
 
 def best_strategy(workload, *, cache_dir: Optional[str] = None,
                   candidates: Optional[list[Candidate]] = None) -> Selection:
-    """The candidate of least expected error on ``workload`` (module docstring). Kept in
-    memory per (workload, cache directory, candidates): OPT_M and OPT_+ have no disk cache,
-    and a process answering one workload twice builds every family once."""
-    return _best_strategy(as_workload(workload), cache_dir,
-                          tuple(CANDIDATES if candidates is None else candidates))
-
-
-@functools.lru_cache(maxsize=32)
-def _best_strategy(workload: Workload, cache_dir: Optional[str],
-                   candidates: tuple[Candidate, ...]) -> Selection:
+    """The candidate of least expected error on ``workload`` (module docstring)."""
+    workload = as_workload(workload)
     scores, best, best_family = {}, None, None
-    for candidate in candidates:
+    for candidate in CANDIDATES if candidates is None else candidates:
         if not candidate.applies(workload):
             continue
         try:
