@@ -156,6 +156,28 @@ def sanitise_record(serialized: bytes, feature_spec: Mapping) -> bytes:
     return _sanitised(example, feature_spec).SerializeToString()
 
 
+def readable_numbers(serialized: Iterable[bytes], feature_spec: Mapping) -> dict[str, np.ndarray]:
+    """For each scalar int or float feature of `feature_spec`: per record, whether it holds one
+    finite number of that kind (what `sanitise_record` keeps rather than defaults). The DP
+    statistics read a record without one as NULL, skipped by an aggregate, not as its default
+    0 (a per-record map: whether one record's value is NULL depends on that record alone)."""
+    check_spec(feature_spec)
+    numeric = {name: _kind(name, spec) for name, spec in feature_spec.items()
+               if isinstance(spec, tf.io.FixedLenFeature) and _size(spec) == 1
+               and spec.dtype in (tf.int64, tf.float32)}
+    readable = {name: [] for name in numeric}
+    for record in serialized:
+        try:
+            example = tf.train.Example.FromString(record)
+        except DecodeError:
+            example = tf.train.Example()
+        for name, kind in numeric.items():
+            values = _values_as(example.features.feature.get(name), kind)
+            readable[name].append(values is not None and len(values) == 1
+                                  and math.isfinite(values[0]))
+    return {name: np.array(flags, dtype=bool) for name, flags in readable.items()}
+
+
 def sanitise_records(serialized: Iterable[bytes], feature_spec: Mapping) -> list[bytes]:
     """`sanitise_record` on each record; the spec is checked first, so a spec the rule cannot
     apply is refused whatever the data."""

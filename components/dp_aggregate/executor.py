@@ -7,7 +7,8 @@ the outcome of the query's steps is recorded on the grant), `frontend.run` consu
 share (once, in the ledger) before the operator runs; the release is written with its
 guarantee. Records are
 mapped to the declared columns by the record rule (components/record_rule.py) first, so no
-record's content can stop the run after its charge.
+record's content can stop the run after its charge; a number that is missing, unreadable or
+not finite is NULL, skipped by each aggregate as in the SQL engine (BigQuery's semantics).
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         steps = [step.name for step in planned.budget.steps]
         with release.consume(info.ledger, info.record, steps, _CONSUMER) as charged:
             charged.phase = "reading the granted Examples"
-            data = read_rows([e.uri for e in input_dict["examples"]], columns)
+            data = read_rows([e.uri for e in input_dict["examples"]], columns, numeric_nulls=True)
             rows = relation.evaluate(planned.checked, lambda _: data)
             charged.phase = "running the query"
             non_negative = bool(exec_properties.get("non_negative_counts"))
