@@ -43,12 +43,13 @@ stated range (a skipped row's term is 0, inside every range): a unit's change is
 the same Delta, whatever its values. AVG, VAR and STDDEV divide by their own noisy count of
 non-NULL rows (not the rows block), so a NULL never pulls a mean toward the midpoint or 0.
 
-Over the C_u partitions a unit touches (different coordinates), the block's vector changes by at
-most C_u * Delta in L1 and sqrt(C_u) * Delta in L2: the Laplace / Gaussian sensitivities
-(budget.py says how the steps compose). The tree block of one partition has one bucket per
-level per row: a unit's <= m rows change each level by <= m in L1 and in L2 (all in one bucket is
-the worst case for L2: |v|_2 <= |v|_1), so the whole matrix moves by C_u H m in L1 and
-sqrt(C_u H) m in L2 (QUANTILE_LEVELS's comment).
+Over the C_eff partitions a unit touches (different coordinates), the block's vector changes by
+at most C_eff * Delta in L1 and sqrt(C_eff) * Delta in L2: the Laplace / Gaussian sensitivities
+(budget.py says how the steps compose). C_eff = C_u, or min(C_u, G) over G public partitions
+(AggregationQuery.partitions_per_unit derives it). The tree block of one partition has one
+bucket per level per row: a unit's <= m rows change each level by <= m in L1 and in L2 (all in
+one bucket is the worst case for L2: |v|_2 <= |v|_1), so the whole matrix moves by C_eff H m in
+L1 and sqrt(C_eff H) m in L2 (QUANTILE_LEVELS's comment).
 
 Midpoint centring (LLSY16 Alg. 2.4, as the seed's ANON_AVG): centring on mid = (L + U) / 2 halves
 the sum's sensitivity from m max(|L|, |U|) to m (U - L) / 2, and the count's noise then moves the
@@ -357,7 +358,7 @@ def bounds_values_per_unit(query: AggregationQuery, aggregate: Aggregate) -> int
     """How many values one unit adds to the bounds histogram: a total per kept pair (unit-scoped
     SUM), or each sampled row of its kept pairs."""
     per_pair = query.max_contributions_per_partition if aggregate.bounds_rows else 1
-    return query.max_partitions_contributed * per_pair
+    return query.partitions_per_unit * per_pair
 
 
 def bounds_from_histogram(counts: np.ndarray, values_per_unit: int,
@@ -415,9 +416,10 @@ def bounds_input(aggregate: Aggregate, pair_of_row: np.ndarray, rank_in_pair: np
 def _noisy(query: AggregationQuery, values: np.ndarray, sensitivity: float, epsilon: float,
            delta: float, l2_sensitivity: Optional[float] = None) -> mechanisms.Release:
     """One block's noisy sums at (epsilon, delta), sensitivity Delta per partition (module
-    docstring: C_u Delta in L1, sqrt(C_u) Delta in L2), or ``l2_sensitivity`` per partition
-    in L2 where it is below Delta (the quantile tree's)."""
-    partitions = query.max_partitions_contributed
+    docstring: C_eff Delta in L1, sqrt(C_eff) Delta in L2, C_eff the query's
+    partitions_per_unit), or ``l2_sensitivity`` per partition in L2 where it is below Delta
+    (the quantile tree's)."""
+    partitions = query.partitions_per_unit
     if NoiseKind(query.noise) is NoiseKind.LAPLACE:
         return mechanisms.laplace(values, l1_sensitivity=partitions * sensitivity,
                                   epsilon=epsilon)
@@ -430,7 +432,7 @@ def _law(query: AggregationQuery, noisy: mechanisms.Release, sensitivity: float,
          l2_sensitivity: Optional[float] = None) -> accuracy.NoiseLaw:
     """The noise law `_noisy` ran with the same per-partition sensitivities (for stated
     accuracy)."""
-    partitions = query.max_partitions_contributed
+    partitions = query.partitions_per_unit
     if NoiseKind(query.noise) is NoiseKind.LAPLACE:
         return accuracy.NoiseLaw.of(noisy.event, partitions * sensitivity)
     per_partition = sensitivity if l2_sensitivity is None else l2_sensitivity

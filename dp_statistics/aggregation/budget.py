@@ -304,14 +304,14 @@ def _pld_noise_scale(basic: BudgetPlan) -> float:
 
 def _check_noise_scale(query: AggregationQuery, aggregate, event: dp_event.DpEvent) -> None:
     """Refuse, before any charge, an aggregate whose noise scale (its multiplier times the L1
-    or L2 sensitivity over C_u partitions) exceeds spec.MAX_MAGNITUDE: its noisy sums could
-    overflow to infinity by the noise alone."""
+    or L2 sensitivity over C_eff partitions, AggregationQuery.partitions_per_unit) exceeds
+    spec.MAX_MAGNITUDE: its noisy sums could overflow to infinity by the noise alone."""
     l1 = query.largest_change(aggregate)
     if l1 is None:
         return
     one = event.event if isinstance(event, dp_event.SelfComposedDpEvent) else event
     sensitivity = l1 if NoiseKind(query.noise) is NoiseKind.LAPLACE \
-        else l1 / math.sqrt(query.max_partitions_contributed)
+        else l1 / math.sqrt(query.partitions_per_unit)
     scale = one.noise_multiplier * sensitivity
     if not scale <= MAX_MAGNITUDE:
         raise QueryError(f"aggregate {aggregate.output_name!r}: bounds [{aggregate.low!r}, "
