@@ -530,6 +530,28 @@ def quantile_from_tree(noisy_nodes: np.ndarray, q, low: float, high: float) -> n
     return low + (node + target) * width
 
 
+def shared_bounds(query: AggregationQuery,
+                  bounds: Mapping[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """``bounds`` (an engine's: literal, or inferred by a step) with each quantile that reads
+    another one's tree (budget.derived_from) given that one's bounds: equal when literal, and
+    when inferred the source's bounds step is the only one that ran."""
+    shared = dict(bounds)
+    for name, source in derived_from(query).items():
+        if source in bounds and name not in shared:
+            shared[name] = bounds[source]
+    return shared
+
+
+def _quantile_of(tree: np.ndarray, law: accuracy.NoiseLaw, q: float, low: float,
+                 high: float) -> tuple[np.ndarray, tuple]:
+    """The quantile q read from a partition-by-node matrix of noisy tree counts, and its
+    stated accuracy (accuracy.quantile): post-processing, so any number of quantiles read
+    one noisy tree for the price of one."""
+    return quantile_from_tree(tree, q, low, high), accuracy.quantile(
+        tree_total(tree), QUANTILE_RANK_TERMS, q, law,
+        lambda fractions: quantile_from_tree(tree, fractions, low, high), low, high)
+
+
 def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
             accumulators: np.ndarray, bounds: Mapping[str, tuple[float, float]],
             bounds_events: Mapping[str, object]) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
@@ -537,8 +559,8 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
     and post-process. ``keys``: one row per accumulator row (the group-by values). Returns the
     released table (sorted by the keys), the events by step name, in plan order, and each
     aggregate's stated accuracy (accuracy.py: ``<name>_stddev``, ``_ci_low``, ``_ci_high``,
-    row by row as the table). Quantiles of one column with the same bounds are released in
-    the order of q (sorted per partition: post-processing)."""
+    row by row as the table). Quantiles of one column with the same bounds read one noisy
+    tree and are released in the order of q (sorted per partition: post-processing)."""
     events = dict(bounds_events)
     selected_counts: Optional[np.ndarray] = None
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
@@ -554,6 +576,7 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
     spec = layout(query)
     derived = derived_from(query)
     moments: dict[str, _NoisyMoments] = {}
+    trees: dict[str, tuple[np.ndarray, accuracy.NoiseLaw]] = {}  # a quantile's noisy tree
     stated: dict[str, tuple] = {}
     # Aggregates with a step first (in query order); the derived ones read their sources after.
     for aggregate in sorted(query.aggregates, key=lambda a: a.output_name in derived):
@@ -565,6 +588,9 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
                 law = accuracy.NoiseLaw.of(events[SELECTION_STEP],
                                            math.sqrt(query.max_partitions_contributed))
                 stated[name] = accuracy.additive(table[name].to_numpy(), [(1.0, law)])
+            elif aggregate.kind is AggregateKind.QUANTILE:  # the source quantile's tree
+                table[name], stated[name] = _quantile_of(*trees[source], aggregate.q,
+                                                         *bounds[name])
             elif aggregate.kind is AggregateKind.COUNT:
                 table[name] = moments[source].rows
                 stated[name] = accuracy.additive(moments[source].rows,
@@ -606,14 +632,10 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
                                  l2_sensitivity=math.sqrt(QUANTILE_LEVELS) * m)
             noisy = _noisy(query, accumulators[:, block], epsilon=step.noise_epsilon,
                            delta=step.delta, **sensitivities)
-            tree = noisy.value.reshape(len(table), QUANTILE_TREE_NODES)
-            table[name] = quantile_from_tree(tree, aggregate.q, low, high)
+            trees[name] = (noisy.value.reshape(len(table), QUANTILE_TREE_NODES),
+                           _law(query, noisy, **sensitivities))
+            table[name], stated[name] = _quantile_of(*trees[name], aggregate.q, low, high)
             events[name] = noisy.event
-            stated[name] = accuracy.quantile(
-                tree_total(tree), QUANTILE_RANK_TERMS, aggregate.q,
-                _law(query, noisy, **sensitivities),
-                lambda fractions: quantile_from_tree(tree, fractions, low, high),
-                low, high)
         else:
             value, parts, moments[name], stated[name] = _mean_and_square(
                 query, accumulators, block, plan, aggregate, low, high)
