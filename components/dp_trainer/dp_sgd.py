@@ -298,7 +298,7 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
         widths = [entry.table.shape[1] for entry in lazy]
         lazy_sizes = [tf.size(rows_read) * width for rows_read, width in zip(touched, widths)]
         noise = tf.split(gaussian_noise(generator, sum(sizes) + sum(lazy_sizes), noise_std),
-                         tf.stack(sizes + lazy_sizes), num=len(sizes) + len(lazy))
+                         sizes + lazy_sizes)
         for entry, rows_read, draws, width in zip(lazy, touched, noise[len(sizes):], widths):
             # Before the forward pass reads them (automatic control dependencies order the
             # table's scatter before clipped_sum's gather).
