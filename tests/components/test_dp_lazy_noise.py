@@ -175,3 +175,19 @@ def test_tables_read_otherwise_than_by_their_gather_keep_eager_noise():
     assert not dp_sgd.lazy_tables(tied, features)
     dense = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
     assert not dp_sgd.lazy_tables(dense, tf.zeros([1, 3]))
+
+
+def test_lazy_noise_is_keyed_by_the_seed():
+    def trained(seed):
+        model = embedding_model(50, 2)
+        model.set_weights([np.zeros((50, 2), np.float32)])
+        plan = dp_sgd.StepPlan(np.array([[0, 1], [2, 0], [1, 3]], np.int32),
+                               np.ones((3, 2), np.float32), normaliser=2.0, epochs=1)
+        dp_sgd.train(model, tf.keras.losses.MeanSquaredError(),
+                     tf.constant([[3], [7], [7], [40]]), tf.ones([4, 2]), plan,
+                     dp_sgd.DPSGDConfig(1.0, 1.0, 0.5), seed=seed)
+        return model.get_weights()[0]
+
+    first = trained(7)
+    assert np.array_equal(first, trained(7))
+    assert not np.array_equal(first, trained(8))
