@@ -381,8 +381,10 @@ def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
         labels = tf.fill((trials, 1), label)
         config = dp_sgd.DPSGDConfig(noise_multiplier, l2_norm_clip, learning_rate=1.0)
         generator = dp_sgd.noise_generator(None if seed is None else seed + side)
+        # Eager noise: the table batches 1-parameter models (lazy noise has the same law,
+        # tests/components/test_dp_lazy_noise.py, but draws other values for a seed).
         step = dp_sgd.make_dp_step(model, tf.keras.losses.MeanSquaredError(), features, labels,
-                                   config, 1.0, generator)
+                                   config, 1.0, generator, lazy_noise=False)
         step(tf.range(trials, dtype=tf.int32), tf.fill((trials,), weight))
         outputs.append(model.trainable_variables[0].numpy().reshape(-1).astype(np.float64))
     return outputs[0], outputs[1]

@@ -309,12 +309,13 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     `model` (a custom layer keeping statistics of its batches: released with the model,
     unnoised). Run on public stand-in batches of examples shaped `example_shape`, never on
     records: ones and -2 times ones (a batch of zeros would leave a running mean or sum that
-    starts at zero unchanged); the variables are restored afterwards."""
+    starts at zero unchanged), or, for integer examples (ids, which an Embedding refuses when
+    negative), ones and zeros; the variables are restored afterwards."""
     shape = [2, *example_shape]
     state = model.non_trainable_variables
     before = [variable.numpy() for variable in state]
     changed = set()
-    for fill in (1.0, -2.0):
+    for fill in ((1, 0) if dtype.is_integer else (1.0, -2.0)):
         model(tf.fill(shape, tf.cast(fill, dtype)), training=True)
         changed.update(variable.name for variable, value in zip(state, before)
                        if not (variable.numpy() == value).all())
