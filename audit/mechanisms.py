@@ -352,7 +352,8 @@ def dp_sgd_claimed_epsilon(noise_multiplier: float = DP_SGD_NOISE_MULTIPLIER,
 
 def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
                         noise_multiplier: float = DP_SGD_NOISE_MULTIPLIER,
-                        l2_norm_clip: float = 1.0, replace_one: bool = False) -> Outputs:
+                        l2_norm_clip: float = 1.0, replace_one: bool = False,
+                        lazy_noise: bool = True) -> Outputs:
     """The updated parameter after one DP-SGD step (make_dp_step) from theta = 0, learning
     rate 1, normaliser 1, on D = no record and D' = one record whose gradient exceeds the clip
     (label 100, squared loss: the clipped gradient is -C).
@@ -365,7 +366,10 @@ def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
 
     replace_one: D holds a record whose clipped gradient is +C instead of none, so D and D'
     differ by replacing one record: the sum moves by 2C, twice the add-or-remove sensitivity
-    the noise is calibrated to (a deliberately mis-accounted pair, for the auditor's tests)."""
+    the noise is calibrated to (a deliberately mis-accounted pair, for the auditor's tests).
+
+    lazy_noise: the table is noised lazily, as DPTrainer noises embedding tables (dp_sgd: the
+    step's noise is added at materialise()); False noises every parameter at the step."""
     from sage_tfx.components.dp_trainer import dp_sgd
     import tensorflow as tf
 
@@ -381,11 +385,10 @@ def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
         labels = tf.fill((trials, 1), label)
         config = dp_sgd.DPSGDConfig(noise_multiplier, l2_norm_clip, learning_rate=1.0)
         generator = dp_sgd.noise_generator(None if seed is None else seed + side)
-        # Eager noise: the table batches 1-parameter models (lazy noise has the same law,
-        # tests/components/test_dp_lazy_noise.py, but draws other values for a seed).
         step = dp_sgd.make_dp_step(model, tf.keras.losses.MeanSquaredError(), features, labels,
-                                   config, 1.0, generator, lazy_noise=False)
+                                   config, 1.0, generator, lazy_noise=lazy_noise)
         step(tf.range(trials, dtype=tf.int32), tf.fill((trials,), weight))
+        step.materialise()  # the table is lazily noised: the step's noise is added here
         outputs.append(model.trainable_variables[0].numpy().reshape(-1).astype(np.float64))
     return outputs[0], outputs[1]
 

@@ -76,7 +76,7 @@ def _bad_module(tmp_path, text):
 
 @pytest.mark.parametrize("case", ["missing file", "lacks loss", "raises on import",
                                   "calibration", "keras 3", "batch normalization",
-                                  "batch statistics"])
+                                  "batch statistics", "model fails its stand-in"])
 def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
         store_path, tmp_path, monkeypatch, case):
     from sage_tfx.components.block_ledger import preflight
@@ -125,6 +125,19 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
                                        "    return tf.keras.Sequential([tf.keras.Input((3,)), "
                                        "Mean(), tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: a training step changes the model's non-trainable variable"
+    elif case == "model fails its stand-in":  # the model's own error, not its module's import
+        module = _bad_module(tmp_path, f"import importlib.util, tensorflow as tf\n"
+                                       f"spec = importlib.util.spec_from_file_location('trip', "
+                                       f"{TRIP_MODULE!r})\n"
+                                       "trip = importlib.util.module_from_spec(spec)\n"
+                                       "spec.loader.exec_module(trip)\n"
+                                       "LABEL_KEY, feature_spec = trip.LABEL_KEY, trip.feature_spec\n"
+                                       "model_inputs, loss = trip.model_inputs, trip.loss\n"
+                                       "def build_model():\n"
+                                       "    return tf.keras.Sequential([tf.keras.Input((3,)), "
+                                       "tf.keras.layers.Embedding(1, 2), tf.keras.layers.Flatten(), "
+                                       "tf.keras.layers.Dense(1)])\n")  # id 1 of 1 row
+        message = "DPTrainer: the model fails a training-mode forward pass on a public stand-in"
     elif case == "calibration":  # 20 Poisson steps at gamma 0.1 on a share of 0.8, sigma <= 2
         limit, message = 2.0, "cannot pay for 20 DP-SGD step"
     else:

@@ -191,3 +191,20 @@ def test_lazy_noise_is_keyed_by_the_seed():
     first = trained(7)
     assert np.array_equal(first, trained(7))
     assert not np.array_equal(first, trained(8))
+
+
+def test_an_embedding_fed_float_ids_trains_lazily():
+    """DPTrainer's decoder gives every feature as float32: the stand-in check must not feed
+    the Embedding a negative id (-2 used to fail every such model, before the charge in the
+    BlockLedger's preflight and at train()), and the table is still noised lazily."""
+    model = tf.keras.Sequential([
+        tf.keras.Input((1,), dtype="float32"),
+        tf.keras.layers.Embedding(50, 2, embeddings_initializer="zeros"),
+        tf.keras.layers.Flatten()])
+    features = tf.constant([[3.0], [7.0], [7.0], [40.0]])
+    assert len(dp_sgd.lazy_tables(model, features)) == 1
+    plan = dp_sgd.StepPlan(np.array([[0, 1], [2, 0], [1, 3]], np.int32),
+                           np.ones((3, 2), np.float32), normaliser=2.0, epochs=1)
+    assert dp_sgd.train(model, tf.keras.losses.MeanSquaredError(), features, tf.ones([4, 2]),
+                        plan, dp_sgd.DPSGDConfig(1.0, 1.0, 0.5), seed=1) == 3
+    assert np.all(model.get_weights()[0] != 0)  # every row noised, read or not
