@@ -75,9 +75,9 @@ added when the row is next read instead of at every step:
   Between steps the model in memory is not the eager one (rows not read since a step lack that
   step's noise); it never leaves run_steps unmaterialised: run_steps materialises every row
   before on_step and on_epoch, on return and on an exception; a caller of make_dp_step's step
-  outside run_steps calls step.materialise() before reading the model. Each lazy draw is cut
-  at 5.65 of its own standard deviation (s sqrt(k)) where the eager sum of k draws is cut at
-  5.65 k s: neither is the accountant's idealised Gaussian (above).
+  outside run_steps calls step.materialise() before reading the model. Each lazy draw is a
+  single draw of std s sqrt(k) (cut at 12.01 of it, gaussian_noise), so the tail argument
+  there counts at most as many draws as eager noise does.
 
 The per-epoch training loss reported to `on_epoch` is not DP: DPTrainer writes it nowhere
 (benchmarks on public data read it).
@@ -151,22 +151,46 @@ def gaussian_noise(generator: tf.random.Generator, size, stddev: float) -> tf.Te
     one flat buffer.
 
     Box-Muller (1958), the transform TensorFlow's own normal kernel applies per element: for
-    independent U, V uniform on [0, 1), sqrt(-2 ln(1 - U)) (cos 2 pi V, sin 2 pi V) are two
-    independent standard normals. Here it is written as whole-tensor TensorFlow ops, which run
-    vectorised, on one Philox draw of uniforms keyed by the generator (one fresh key per call):
-    160,000 draws took 1.5 ms of CPU against 2.3 ms for tf.random.stateless_normal (and 2.3 ms
-    for generator.normal) on this 2-core machine. The uniforms have 23 random bits, so
-    1 - U >= 2^-23 and no draw exceeds sqrt(46 ln 2) = 5.65 standard deviations in magnitude,
-    as with TensorFlow's kernel (which clamps U at 1e-7: 5.68): a truncation the accountant's
-    idealised Gaussian does not have, see the module docstring."""
+    independent V uniform on (0, 1] and A uniform on [0, 1), sqrt(-2 ln V) (cos 2 pi A,
+    sin 2 pi A) are two independent standard normals. Here it is written as whole-tensor
+    TensorFlow ops, which run vectorised, on Philox draws keyed by the generator (one fresh
+    key per call).
+
+    The tail. A float32 uniform has 23 random bits, so V = 1 - U >= 2^-23 and no draw would
+    exceed sqrt(46 ln 2) = 5.65 standard deviations (TensorFlow's kernel clamps at 5.68). That
+    truncation is not a floating-point detail: the chance that one of d coordinates would have
+    landed beyond it is about d 2 Phi(-5.65) = 1.6e-8 d per step, 2.6e-3 for the 161,153
+    parameters of an embedding model, and a process whose every step differs from the
+    accountant's idealised Gaussian with that probability is only as private as that total
+    variation allows (below). So V is built from 104 random bits: two float64 uniforms (52
+    bits each), V = (1 - U1) - U2 2^-52, uniform on (0, 1] at resolution 2^-104; then no draw
+    exceeds sqrt(208 ln 2) = 12.01 standard deviations, and a draw of the ideal Gaussian lands
+    beyond that with probability 2 Phi(-12.01) = 3.5e-33.
+    Why that suffices: couple each step's draws with ideal Gaussian ones that agree except on
+    that event; over T steps of d parameters the truncated and the ideal processes differ with
+    probability at most tau = T d 3.5e-33 on either neighbour, so for any set S of outcomes
+    P(S) <= e^eps Q(S) + delta + (1 + e^eps) tau: delta grows by less than 1e-17 for any run
+    below 10^15 draws (the rest of the float32 caveat in the module docstring stays).
+    Cost: 6,000 draws 0.39 -> 0.40 ms, 161,153 draws 1.8 -> 2.3 ms of CPU (lazy noise keeps
+    an embedding table's draws to the rows a batch reads)."""
     pairs = (size + 1) // 2
-    uniform = tf.random.stateless_uniform([2, pairs], seed=generator.make_seeds(1)[:, 0],
-                                          alg="philox")
-    # stddev outside the square root: stddev^2 would overflow float32 beyond 1.8e19.
-    radius = tf.sqrt(-2.0 * tf.math.log1p(-uniform[0])) * stddev
-    angle = uniform[1] * (2.0 * math.pi)
-    draws = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=0)
+    seeds = generator.make_seeds(2)  # two fresh keys: the radius's bits and the angle's
+    # stateless_uniform in float64 fills 52 mantissa bits (two 32-bit Philox words each)
+    high, low = tf.unstack(tf.random.stateless_uniform([2, pairs], seed=seeds[:, 0],
+                                                       dtype=tf.float64, alg="philox"))
+    angle = tf.random.stateless_uniform([pairs], seed=seeds[:, 1], alg="philox")
+    draws = box_muller(high, low, angle, stddev)
     return draws if isinstance(size, int) and 2 * pairs == size else draws[:size]
+
+
+def box_muller(high: tf.Tensor, low: tf.Tensor, angle: tf.Tensor, stddev: float) -> tf.Tensor:
+    """gaussian_noise's transform of its uniforms (float64 high and low, float32 angle, all in
+    [0, 1)): the cos halves, then the sin halves."""
+    tail = (1.0 - high) - low * 2.0 ** -52  # in (0, 1]: 1 - high >= 2^-52 > low 2^-52
+    # stddev outside the square root: stddev^2 would overflow float32 beyond 1.8e19.
+    radius = tf.cast(tf.sqrt(-2.0 * tf.math.log(tail)), tf.float32) * stddev
+    angle = angle * (2.0 * math.pi)
+    return tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=0)
 
 
 @dataclass(frozen=True, eq=False)
