@@ -28,7 +28,7 @@ import os
 import secrets
 import struct
 import zlib
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -429,10 +429,12 @@ class Journal:
       release from the taken micro-batch, the same bits).
     - taken.log: per step t > s the micro-batch t was computed from, one entry each (a header
       with the step, the length and the CRC-32 of an Arrow IPC stream of the micro-batch, then
-      the stream), written after the previous one with one write() and synced before t is
-      computed. The entries end at the first header or payload that does not check (a torn
-      entry: the process died inside take(), before t was computed), which is cut off when the
-      journal is opened.
+      the stream). The micro-batches taken together (local.py takes up to `take_ahead` the
+      input already holds) are written after the previous entries with one write() and synced
+      once, before the first of them is computed. The entries end at the first header or
+      payload that does not check (a torn entry: the process died inside take(), before any
+      step of that write was computed), which is cut off when the journal is opened; the
+      complete entries before it are taken steps like any other (none was released).
 
     A step is *taken* once its entry is in taken.log: from then on it is computed from that
     micro-batch only, whatever input a later run brings (records that arrive for it later are
@@ -494,15 +496,16 @@ class Journal:
             return None
         return pa.ipc.open_stream(payload).read_all().to_pandas()
 
-    def take(self, step: int, batch: pd.DataFrame) -> None:
-        """Keep `batch` as step `step`'s micro-batch (one appended entry; synced if `fsync`)."""
-        sink = pa.BufferOutputStream()
-        table = pa.Table.from_pandas(batch, preserve_index=False)
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        payload = sink.getvalue().to_pybytes()
-        entry = self._HEADER.pack(self._MAGIC, step, len(payload), zlib.crc32(payload)) + payload
-        end = self._log_end + len(entry)
+    def take(self, batches: Sequence[tuple[int, pd.DataFrame]]) -> None:
+        """Keep each (step, micro-batch) of `batches` as that step's micro-batch: their entries
+        appended with one write and, if `fsync`, one sync, before any of them is computed."""
+        if not batches:
+            return
+        payloads = [(step, _ipc_payload(batch)) for step, batch in batches]
+        entries = b"".join(self._HEADER.pack(self._MAGIC, step, len(payload),
+                                             zlib.crc32(payload)) + payload
+                           for step, payload in payloads)
+        end = self._log_end + len(entries)
         size = os.fstat(self._log).st_size
         if end > size:
             # Grow geometrically up to LOG_CHUNK at a time: a log written afresh by a save (each
@@ -511,11 +514,11 @@ class Journal:
             os.pwrite(self._log, bytes(grow), size)
             if self.fsync:
                 os.fsync(self._log)  # the new size and blocks, once per chunk
-        os.pwrite(self._log, entry, self._log_end)
+        os.pwrite(self._log, entries, self._log_end)
         if self.fsync:
             _sync_data(self._log)
         self._log_end = end
-        self._entries[step] = payload
+        self._entries.update(payloads)
 
     def commit(self, step: int) -> None:
         self._out.write(json.dumps({"commit": step}) + "\n")
@@ -604,6 +607,15 @@ def pin_tokens(directory: str, steps: Iterable[int]) -> dict[int, str]:
         private_directory(directory)
         write_json_lines(path, [{str(step): token for step, token in sorted(tokens.items())}])
     return {step: tokens[step] for step in steps}
+
+
+def _ipc_payload(batch: pd.DataFrame) -> bytes:
+    """`batch` as an Arrow IPC stream (Journal.taken reads it back)."""
+    sink = pa.BufferOutputStream()
+    table = pa.Table.from_pandas(batch, preserve_index=False)
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
 
 
 def _complete_lines(path: str) -> list[dict]:

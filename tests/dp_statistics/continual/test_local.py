@@ -313,3 +313,31 @@ def test_a_state_of_the_previous_format_is_refused_by_name(tmp_path, monkeypatch
         state.save(state_dir)
     with pytest.raises(StreamStateError, match="state format 3; this version reads format 4"):
         WindowState.load(state_dir)
+
+
+@pytest.mark.parametrize("mechanism", ["tree", "factorization"])
+def test_a_crash_inside_a_group_taken_ahead_resumes_to_the_uninterrupted_releases(tmp_path,
+                                                                                  mechanism):
+    """With take_ahead 6 the run takes steps 7-12 with one sync, then dies releasing step 10:
+    steps 10-12 are taken, not released. The restart computes them from what was taken (the
+    input's records for them are late, dropped) and the window equals the uninterrupted one."""
+    budget = worker.budget(mechanism)
+    oracle, oracle_state = uninterrupted(tmp_path, budget)
+    state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt):
+        local.run_local(worker.QUERY, budget, worker.stream(), state_dir,
+                        RaisingSink(out, fail_at=10), noise_key=NOISE_KEY, snapshot_every=4,
+                        take_ahead=6)
+    log = open(os.path.join(state_dir, "taken.log"), "rb").read()
+    taken, offset = [], 0
+    while offset + 24 <= len(log) and log[offset:offset + 4] == b"TKN1":
+        _, step, length, _ = struct.unpack_from("<4sqqI", log, offset)
+        taken.append(step)
+        offset += 24 + length
+    assert taken == [9, 10, 11, 12]  # the save at step 8 kept the steps after it
+    late = changed(changed(worker.stream(), 11), 12)
+    resumed = local.run_local(worker.QUERY, budget, late, state_dir,
+                              local.CsvDirectorySink(out), noise_key=NOISE_KEY,
+                              snapshot_every=4, take_ahead=6)
+    assert releases(out) == oracle
+    assert_same_state(resumed, oracle_state)

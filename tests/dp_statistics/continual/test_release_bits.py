@@ -85,3 +85,12 @@ CASES = [(mechanism, statistic, strings) for mechanism in ("tree", "factorizatio
 def test_the_releases_are_the_pinned_bits(tmp_path, mechanism, statistic, strings):
     assert release_digest(tmp_path, mechanism, statistic, strings) == RELEASE_DIGESTS[
         mechanism, statistic, "strings" if strings else "integers"]
+
+
+@pytest.mark.parametrize("mechanism", ["tree", "factorization"])
+@pytest.mark.parametrize("options", [{"take_ahead": 8}, {"take_ahead": 70, "fsync": False},
+                                     {"take_ahead": 3, "snapshot_every": 1}],
+                         ids=["take-8", "take-all-no-sync", "take-3-save-every-step"])
+def test_how_the_engine_takes_and_saves_changes_no_released_bit(tmp_path, mechanism, options):
+    assert release_digest(tmp_path, mechanism, "sum", True, **options) == RELEASE_DIGESTS[
+        mechanism, "sum", "strings"]
