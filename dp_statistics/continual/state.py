@@ -15,7 +15,9 @@ TriggerRelease leaves the operator. Tables are numpy arrays indexed by dense cod
   last committed step and the grant.
 
 Storage (``save``/``load``) is one ``.npz`` written to a temporary file and renamed over the old
-one (os.replace is atomic), with the scalars as JSON inside it; no pickle. Between two saves the
+one (os.replace is atomic), with the scalars as JSON inside it; no pickle. The selection
+streams' summaries are not in it: a pure function of the noise key and each stream's id and
+length, they are recomputed on load for the live rounds. Between two saves the
 ``Journal`` keeps the micro-batches the state took after the saved step and which of them were
 committed (local.py), and ``pin_tokens`` the random values the ledger pins per trigger
 (release.py).
@@ -39,12 +41,14 @@ from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
+from sage_tfx.mechanisms.keyed import KeyedGaussian
 
 STATE_FILE = "state.npz"
 JOURNAL_FILE = "journal.jsonl"
 TAKEN_LOG = "taken.log"  # the micro-batches of the steps after the saved one
 PIN_TOKENS_FILE = "pin_tokens.json"
-_FORMAT = 4  # 2: strings as UTF-8 bytes and offsets; 3: no micro-batch digests; 4: taken.log
+_FORMAT = 5  # 2: strings as UTF-8 bytes and offsets; 3: no micro-batch digests; 4: taken.log;
+# 5: the selection streams' summaries recomputed on load, not stored
 
 
 class StreamStateError(RuntimeError):
@@ -352,7 +356,10 @@ class WindowState:
                   **self.units.to_arrays("unit"), **self.keys.to_arrays("key"),
                   "pair_codes": pair_codes, "pair_rounds": pair_rounds}
         arrays.update({f"key_{name}": self.column(name) for name in KEY_COLUMNS})
-        arrays.update({f"selection_{n}": a for n, a in self.selection.to_arrays().items()})
+        # The selection streams' summaries are recomputed on load (TreeIndex.rebuilt): most of
+        # the state's bytes (38 of 64 MB at 20,000 keys and T = 1,000), written at every save.
+        selection = self.selection.to_arrays()
+        arrays.update({f"selection_{n}": selection[n] for n in ("tree_ids", "lengths")})
         arrays.update({f"values_{n}": a for n, a in self.values.to_arrays().items()})
         path = os.path.join(directory, STATE_FILE)
         temporary = f"{path}.tmp-{os.getpid()}"
@@ -384,14 +391,18 @@ class WindowState:
         for name in KEY_COLUMNS:
             columns[name][:] = arrays[f"key_{name}"]
 
-        def index(prefix: str, selection: bool) -> TreeIndex:
-            part = {n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
-            return budget.index(selection, part)
-
-        state = cls(query, budget, arrays["noise_key"].tobytes(),
+        noise_key = arrays["noise_key"].tobytes()
+        values = budget.index(False, {n[len("values_"):]: a for n, a in arrays.items()
+                                      if n.startswith("values_")})
+        # Only the live rounds' selection streams are read again (the keys' selection_row).
+        live = columns["selection_row"][:n_keys]
+        selection = budget.index(True).rebuilt(
+            KeyedGaussian(noise_key), arrays["selection_tree_ids"],
+            arrays["selection_lengths"], live[live >= 0])
+        state = cls(query, budget, noise_key,
                     units, np.array(arrays["used"], np.int32),
                     PairTable(arrays["pair_codes"], arrays["pair_rounds"]), keys, columns,
-                    index("selection_", True), index("values_", False),
+                    selection, values,
                     step=meta["step"],
                     grant_id=meta["grant_id"], blocks=tuple(meta["blocks"]),
                     charge_started=meta["charge_started"])

@@ -158,12 +158,32 @@ class TreeIndex:
         rows = np.arange(self.size, self.size + len(tree_ids))
         self.size += len(tree_ids)
         self.tree_ids[rows], self.lengths[rows] = tree_ids, lengths
-        longest = int(lengths.max())
+        self._summarise_rows(noise, rows)
+        return rows
+
+    def rebuilt(self, noise: KeyedGaussian, tree_ids, lengths, live) -> "TreeIndex":
+        """This (empty) index holding the trees `tree_ids` of `lengths` in the same rows as the
+        index they were saved from, the summaries of the rows `live` recomputed and the others
+        left unset (never read again: a selection tree of a round that ended). A row's
+        summaries are a function of the noise key, its tree id and its length only (not of the
+        rows computed with it), so they are the bits `add` computed: the state need not store
+        them (WindowState.save)."""
+        size = len(tree_ids)
+        self._reserve(size)
+        self.tree_ids[:size] = np.asarray(tree_ids, dtype=np.uint64)
+        self.lengths[:size] = np.asarray(lengths, dtype=np.int64)
+        self.size = size
+        self._summarise_rows(noise, np.unique(np.asarray(live, np.int64)))
+        return self
+
+    def _summarise_rows(self, noise: KeyedGaussian, rows: np.ndarray) -> None:
+        if len(rows) == 0:
+            return
+        longest = int(self.lengths[rows].max())
         chunk = max(1, _MAX_CELLS // longest)
         for start in range(0, len(rows), chunk):
-            part = slice(start, start + chunk)
-            self._summarise(noise, rows[part], tree_ids[part], lengths[part], longest)
-        return rows
+            part = rows[start:start + chunk]
+            self._summarise(noise, part, self.tree_ids[part], self.lengths[part], longest)
 
     def _summarise(self, noise, rows, tree_ids, lengths, longest) -> None:
         # Z inside blocks is computed exactly as _block_noise recomputes it later (same node

@@ -302,16 +302,17 @@ def test_a_released_step_whose_taken_micro_batch_is_gone_is_refused(tmp_path):
 
 
 def test_a_state_of_the_previous_format_is_refused_by_name(tmp_path, monkeypatch):
-    """Format 3 kept each taken micro-batch in its own file (taken-000001.parquet), which this
-    version does not read: resuming such a directory must say so, not claim tampering."""
+    """Format 4 stored the selection streams' summaries, which this version recomputes on
+    load and does not find in a format-5 file (nor reads from a format-4 one): resuming such a
+    directory must say so, not fail on a missing array."""
     state_dir = str(tmp_path / "state")
     local.run_local(worker.QUERY, worker.budget(), [], state_dir, lambda release: None,
                     complete_window=False)
     state = WindowState.load(state_dir)
     with monkeypatch.context() as patched:
-        patched.setattr("sage_tfx.dp_statistics.continual.state._FORMAT", 3)
+        patched.setattr("sage_tfx.dp_statistics.continual.state._FORMAT", 4)
         state.save(state_dir)
-    with pytest.raises(StreamStateError, match="state format 3; this version reads format 4"):
+    with pytest.raises(StreamStateError, match="state format 4; this version reads format 5"):
         WindowState.load(state_dir)
 
 
@@ -341,3 +342,21 @@ def test_a_crash_inside_a_group_taken_ahead_resumes_to_the_uninterrupted_release
                               snapshot_every=4, take_ahead=6)
     assert releases(out) == oracle
     assert_same_state(resumed, oracle_state)
+
+
+@pytest.mark.parametrize("mechanism", ["tree", "factorization"])
+def test_a_loaded_state_recomputes_the_live_selection_streams_bit_for_bit(tmp_path, mechanism):
+    """The saved state leaves the selection streams' summaries out (format 5): loading
+    recomputes them for every key's live round, and they equal the ones the run computed."""
+    state_dir = str(tmp_path / "state")
+    stream = [(step, frame) for step, frame in worker.stream() if step <= 11]
+    ran = local.run_local(worker.QUERY, worker.budget(mechanism), stream, state_dir,
+                          lambda release: None, noise_key=NOISE_KEY, complete_window=False,
+                          snapshot_every=1)
+    loaded = WindowState.load(state_dir)
+    live = ran.column("selection_row")
+    live = live[live >= 0]
+    assert len(live) and ran.selection.size > len(live)  # some rounds ended
+    for name in ("tree_ids", "lengths", "bases", "minima"):
+        assert np.array_equal(getattr(loaded.selection, name)[live],
+                              getattr(ran.selection, name)[live], equal_nan=True), name
