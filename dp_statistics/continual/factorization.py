@@ -250,7 +250,8 @@ class FactorizationIndex(TreeIndex):
         first_step = np.asarray(first_step, np.int64)
         odd = (first_step & 1).astype(bool)
         z = noise.normal_rows(tree_ids, (first_step - odd).astype(np.uint64), count + 1)
-        z = np.where(odd[:, None], z[:, 1:], z[:, :count])
+        # (All even, as every new stream's: the first `count`, without a copy.)
+        z = np.where(odd[:, None], z[:, 1:], z[:, :count]) if odd.any() else z[:, :count]
         z *= self.sigma
         return z
 
