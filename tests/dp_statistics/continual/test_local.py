@@ -11,9 +11,11 @@ import time
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from sage_tfx.dp_statistics.continual import local
+from sage_tfx.dp_statistics.continual import state as state_module
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
 from sage_tfx.sage_access import BlockLedger, BudgetExhausted
@@ -360,3 +362,24 @@ def test_a_loaded_state_recomputes_the_live_selection_streams_bit_for_bit(tmp_pa
     for name in ("tree_ids", "lengths", "bases", "minima"):
         assert np.array_equal(getattr(loaded.selection, name)[live],
                               getattr(ran.selection, name)[live], equal_nan=True), name
+
+
+@pytest.mark.parametrize("frame", [
+    pd.DataFrame({"unit": np.arange(5), "key": np.arange(5, dtype=np.uint32),
+                  "value": [1.5, np.nan, -np.inf, 0.0, -0.0]}),
+    pd.DataFrame({"unit": np.array([True, False]), "key": np.array([1.0, np.nan], np.float32)},
+                 index=[7, 3]),
+    pd.DataFrame({"unit": ["a", None], "key": [1, 2], "value": [np.nan, 1.0]}),
+    pd.DataFrame({"unit": pd.array([1, None], dtype="Int64"), "key": [1, 2]}),
+    local.empty_batch()], ids=["numeric", "bool-float32", "strings", "nullable", "empty"])
+def test_a_taken_micro_batch_reads_back_as_table_from_pandas_would(frame):
+    """The journal converts numeric frames to Arrow itself (faster); a recomputed step must see
+    exactly the frame the earlier pandas conversion gave back."""
+    def read(payload):
+        return pa.ipc.open_stream(payload).read_all().to_pandas()
+    sink = pa.BufferOutputStream()
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    pd.testing.assert_frame_equal(read(state_module._ipc_payload(frame)),
+                                  read(sink.getvalue().to_pybytes()), check_exact=True)
