@@ -62,6 +62,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
 from sage_tfx import mechanisms
+from sage_tfx.mechanisms import selection
 from sage_tfx.dp_statistics.aggregation.spec import (MAX_MAGNITUDE, AggregateKind,
                                                      AggregationQuery, NoiseKind, QueryError,
                                                      SelectionRule)
@@ -374,6 +375,16 @@ def run_selection(query: AggregationQuery, step: PlanStep, statistic) -> mechani
     return _SELECTION_MECHANISMS[rule](
         np.asarray(statistic, dtype=np.float64 if rule is SelectionRule.WEIGHTED_GAUSSIAN
                    else np.int64),
+        max_partitions_per_unit=query.max_partitions_contributed,
+        epsilon=step.noise_epsilon, delta=step.delta)
+
+
+def units_kept_half_the_time(query: AggregationQuery, step: PlanStep) -> int:
+    """How many units, alone in a group, ``query``'s selection rule keeps it from with
+    probability 1/2 or more at ``step``'s share (public: the rule's own threshold,
+    mechanisms.selection.units_kept_half_the_time; the query selects its groups)."""
+    return selection.units_kept_half_the_time(
+        _SELECTION_MECHANISMS[SelectionRule(query.selection)],
         max_partitions_per_unit=query.max_partitions_contributed,
         epsilon=step.noise_epsilon, delta=step.delta)
 
