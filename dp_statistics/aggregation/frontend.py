@@ -146,27 +146,30 @@ def run(rows: pa.Table, planned: PlannedQuery, charged: Charged, unit: Guarantee
         engine: Callable = aggregate, intervals: bool = False,
         non_negative_counts: bool = False) -> Release:
     """Consume every share of the charged grant, then run the operator on `rows` with `engine`
-    (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam). The grant was charged
-    from `planned` (release.charge), or checked to pay for it (`check_grant`).
+    (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam, called with the
+    keyword `intervals`). The grant was charged from `planned` (release.charge), or checked to
+    pay for it (`check_grant`).
 
     Post-processing of what was released, at no budget: `intervals` adds after each aggregate
     its noise standard deviation and 95% interval (`<name>_stddev`, `<name>_ci_low`,
-    `<name>_ci_high`; accuracy.py); `non_negative_counts` clamps COUNT values (and their
-    intervals) at 0; a release made with it states NON_NEGATIVE_COUNTS in its guarantee."""
+    `<name>_ci_high`; accuracy.py; computed only when asked); `non_negative_counts` clamps
+    COUNT values (and their intervals) at 0; a release made with it states
+    NON_NEGATIVE_COUNTS in its guarantee."""
     budget = planned.budget
     for step in budget.steps:
         charged.share(step.name)
-    release = engine(rows, planned.query, budget, unit)
+    release = engine(rows, planned.query, budget, unit, intervals=intervals)
     table = release.table.copy()
-    stated = release.intervals.copy()
+    stated = release.intervals.copy() if intervals else None
     if non_negative_counts:
         for counted in planned.query.aggregates:
             if counted.kind in (AggregateKind.COUNT, AggregateKind.COUNT_DISTINCT):
                 name = counted.output_name
-                low, high = accuracy.interval_columns(name)[1:]
                 table[name] = table[name].clip(lower=0.0)
-                stated[low], stated[high] = stated[low].clip(lower=0.0), stated[high].clip(
-                    lower=0.0)
+                if stated is not None:
+                    low, high = accuracy.interval_columns(name)[1:]
+                    stated[low], stated[high] = stated[low].clip(lower=0.0), stated[high].clip(
+                        lower=0.0)
     columns = list(planned.columns)
     if intervals:
         table = pd.concat([table, stated], axis=1)

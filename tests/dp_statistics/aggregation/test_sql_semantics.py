@@ -206,7 +206,7 @@ def test_the_stated_intervals_cover_the_noiseless_value_95_percent_of_the_time(
                              public_partitions=tuple((k,) for k in range(PARTITIONS)),
                              noise=noise)
     budget = plan(query, 3.0, 1e-6)
-    noisy = aggregate(frame, query, budget, seed=1)
+    noisy = aggregate(frame, query, budget, seed=1, intervals=True)
     with monkeypatch.context() as patched:
         patched.setattr(aggregators, "_noisy", _noiseless)
         truth = aggregate(frame, query, budget, seed=1).table
@@ -235,7 +235,7 @@ def test_a_quantile_trees_interval_covers_the_noiseless_median_and_is_informativ
                              selection=SelectionRule.PUBLIC,
                              public_partitions=tuple((k,) for k in range(400)), noise=noise)
     budget = plan(query, 1.0, 1e-6)
-    noisy = aggregate(frame, query, budget, seed=1)
+    noisy = aggregate(frame, query, budget, seed=1, intervals=True)
     with monkeypatch.context() as patched:
         patched.setattr(aggregators, "_noisy", _noiseless)
         truth = aggregate(frame, query, budget, seed=1).table["median"]
