@@ -147,8 +147,8 @@ def _engine(args):
     from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
 
     options = PipelineOptions(pipeline_args)
-    return lambda rows, query, budget, unit: aggregate_with_beam(rows, query, budget, unit,
-                                                                 options=options)
+    return lambda rows, query, budget, unit, intervals: aggregate_with_beam(
+        rows, query, budget, unit, options=options, intervals=intervals)
 
 
 def _query_blocks(args, ledger, found: dict, plan) -> list[str]:

@@ -59,9 +59,9 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         frontend.check_grant(planned, info.record, info.ledger.accounting)
         options = PipelineOptions(self._beam_pipeline_args or [])
 
-        def beam_engine(rows_table, aggregation_query, budget, unit):
+        def beam_engine(rows_table, aggregation_query, budget, unit, intervals):
             return aggregate_with_beam(rows_table, aggregation_query, budget, unit,
-                                       options=options)
+                                       options=options, intervals=intervals)
 
         # The unit comes from how the granted blocks were cut (their records), never from a
         # parameter: user-level only when every block was cut by the unit column.

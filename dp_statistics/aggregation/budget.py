@@ -62,6 +62,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
 from sage_tfx import mechanisms
+from sage_tfx.mechanisms import selection
 from sage_tfx.dp_statistics.aggregation.spec import (MAX_MAGNITUDE, AggregateKind,
                                                      AggregationQuery, NoiseKind, QueryError,
                                                      SelectionRule)
@@ -231,7 +232,7 @@ def plan(query: AggregationQuery, epsilon: float, delta: float,
     if scale == 1.0:
         return basic
     return dataclasses.replace(basic, steps=tuple(
-        _step_at(query, step, scale) for step in basic.steps))
+        _step(query, step.name, step.epsilon, step.delta, scale) for step in basic.steps))
 
 
 def _basic_plan(query: AggregationQuery, epsilon: float, delta: float,
@@ -261,33 +262,34 @@ def _basic_plan(query: AggregationQuery, epsilon: float, delta: float,
     gaussian_weight = sum(share[n] for n in gaussian_steps)
     steps = []
     for name in names:
-        step_epsilon = epsilon * share[name] / total
         if name == SELECTION_STEP:
-            steps.append(_selection_step(query, step_epsilon, selection_delta))
-        elif name.startswith(BOUNDS_STEP_PREFIX):
-            steps.append(PlanStep(name, step_epsilon, 0.0,
-                                  dp_event.LaplaceDpEvent(noise_multiplier=1.0 / step_epsilon)))
+            step_delta = selection_delta
+        elif name in gaussian_steps:
+            step_delta = (delta - selection_delta) * share[name] / gaussian_weight
         else:
-            step_delta = ((delta - selection_delta) * share[name] / gaussian_weight
-                          if name in gaussian_steps else 0.0)
-            event = component_event(query, aggregates[name].kind, step_epsilon, step_delta)
-            _check_noise_scale(query, aggregates[name], event)
-            steps.append(PlanStep(name, step_epsilon, step_delta, event))
+            step_delta = 0.0  # bounds and Laplace noise
+        steps.append(_step(query, name, epsilon * share[name] / total, step_delta))
+        if name in aggregates:
+            _check_noise_scale(query, aggregates[name], steps[-1].event)
     spent_delta = sum(step.delta for step in steps)
     return BudgetPlan(query, epsilon, spent_delta, tuple(steps))
 
 
-def _step_at(query: AggregationQuery, step: PlanStep, scale: float) -> PlanStep:
-    """``step`` with its noise calibrated at (scale * its epsilon, its delta)."""
-    noise_epsilon = step.epsilon * scale
-    if step.name == SELECTION_STEP:
-        event = _selection_step(query, noise_epsilon, step.delta).event
-    elif step.name.startswith(BOUNDS_STEP_PREFIX):
+def _step(query: AggregationQuery, name: str, epsilon: float, delta: float,
+          scale: float = 1.0) -> PlanStep:
+    """Step ``name`` with its share (epsilon, delta) of the grant and the event of its noise,
+    calibrated at (scale * epsilon, delta): scale 1 in the basic plan, lambda in a PLD plan
+    (module docstring). The one place a step's event is made."""
+    noise_epsilon = epsilon * scale
+    additional_delta = 0.0
+    if name == SELECTION_STEP:
+        event, additional_delta = _selection_event(query, noise_epsilon, delta)
+    elif name.startswith(BOUNDS_STEP_PREFIX):
         event = dp_event.LaplaceDpEvent(noise_multiplier=1.0 / noise_epsilon)
     else:
-        kind = next(a.kind for a in query.aggregates if a.output_name == step.name)
-        event = component_event(query, kind, noise_epsilon, step.delta)
-    return dataclasses.replace(step, event=event, noise_scale=scale)
+        kind = next(a.kind for a in query.aggregates if a.output_name == name)
+        event = component_event(query, kind, noise_epsilon, delta)
+    return PlanStep(name, epsilon, delta, event, additional_delta, scale)
 
 
 # The PLD accountant's loss grid: 1e-3 nats (pessimistic rounding, so the epsilon it reports is
@@ -314,8 +316,8 @@ def _pld_noise_scale(basic: BudgetPlan) -> float:
     query, target = basic.query, basic.epsilon
 
     def composed(scale: float) -> dp_event.DpEvent:
-        return dp_event.ComposedDpEvent([_step_at(query, step, scale).event
-                                         for step in basic.steps])
+        return dp_event.ComposedDpEvent([_step(query, step.name, step.epsilon, step.delta,
+                                               scale).event for step in basic.steps])
 
     def fits(scale: float) -> bool:
         return pld_epsilon(composed(scale), event_delta) <= target
@@ -378,13 +380,25 @@ def run_selection(query: AggregationQuery, step: PlanStep, statistic) -> mechani
         epsilon=step.noise_epsilon, delta=step.delta)
 
 
-def _selection_step(query: AggregationQuery, epsilon: float, delta: float) -> PlanStep:
-    # The event is read from the selection mechanism itself, run on no partitions: the same
-    # code that will run on the data states what it spends.
+def units_kept_half_the_time(query: AggregationQuery, step: PlanStep) -> int:
+    """How many units, alone in a group, ``query``'s selection rule keeps it from with
+    probability 1/2 or more at ``step``'s share (public: the rule's own threshold,
+    mechanisms.selection.units_kept_half_the_time; the query selects its groups)."""
+    return selection.units_kept_half_the_time(
+        _SELECTION_MECHANISMS[SelectionRule(query.selection)],
+        max_partitions_per_unit=query.max_partitions_contributed,
+        epsilon=step.noise_epsilon, delta=step.delta)
+
+
+def _selection_event(query: AggregationQuery, noise_epsilon: float,
+                     delta: float) -> tuple[dp_event.DpEvent, float]:
+    """(event, additional_delta) of the selection run at (noise_epsilon, delta), read from the
+    selection mechanism itself, run on no partitions: the same code that will run on the data
+    states what it spends."""
     try:
-        dry = run_selection(query, PlanStep(SELECTION_STEP, epsilon, delta,
+        dry = run_selection(query, PlanStep(SELECTION_STEP, noise_epsilon, delta,
                                             dp_event.NoOpDpEvent()), [])
     except ValueError as error:
-        raise QueryError(f"partition selection cannot run at epsilon {epsilon:g}, delta "
+        raise QueryError(f"partition selection cannot run at epsilon {noise_epsilon:g}, delta "
                          f"{delta:g}: {error}") from None
-    return PlanStep(SELECTION_STEP, epsilon, delta, dry.event, dry.additional_delta)
+    return dry.event, dry.additional_delta

@@ -188,28 +188,31 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
 
 
 def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: Accumulated,
-                        unit: GuaranteeUnit) -> Release:
-    """Step 4 (noise, selection, post-processing) and the guarantee, for either engine."""
+                        unit: GuaranteeUnit, intervals: bool = False) -> Release:
+    """Step 4 (noise, selection, post-processing) and the guarantee, for either engine; with
+    ``intervals``, each aggregate's stated accuracy (Release.intervals)."""
     bounds = aggregators.shared_bounds(query, accumulated.bounds)
-    table, events, intervals = aggregators.release(
+    table, events, stated = aggregators.release(
         query, plan, accumulated.keys, accumulated.accumulators, bounds,
-        accumulated.bounds_events)
+        accumulated.bounds_events, intervals)
     return Release(table, plan.epsilon, plan.delta,
                    GuaranteeUnit(unit).describe(query.unit_column), events, plan.additional_delta,
                    {name: (float(low), float(high))
-                    for name, (low, high) in bounds.items()}, intervals)
+                    for name, (low, high) in bounds.items()}, stated)
 
 
 def aggregate(data, query: AggregationQuery, plan: BudgetPlan,
               unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ, *,
-              seed: Optional[int] = None) -> Release:
+              seed: Optional[int] = None, intervals: bool = False) -> Release:
     """Run ``query`` on ``data`` (pyarrow.Table or pandas.DataFrame) at ``plan``'s budget:
     contribution bounding, DP bounds where asked, DP aggregates, partition selection
     (aggregators.py). ``unit``: what the grant's blocks make the neighbouring relation.
+    ``intervals``: also state each aggregate's accuracy (Release.intervals; post-processing,
+    computed only when asked).
     Rows whose unit is null belong to nobody and are dropped. ``seed`` fixes the contribution
     sampling, for tests only (noise is never seeded). Raises QueryError (unknown or non-numeric
     columns, a plan made for another query) before drawing any noise."""
     frame = _frame(data, query)
     check_plan(query, plan)
     return release_accumulated(query, plan, accumulate(frame, query, plan, secret_rng(seed)),
-                               unit)
+                               unit, intervals)

@@ -127,7 +127,7 @@ def test_the_cut_points_intervals_cover_the_noiseless_cut_points(seeded_noise, m
     data = frame()
     query = public_query(cut_points())
     budget = plan(query, 1.0, 0.0)
-    noisy = local.aggregate(data, query, budget, seed=1)
+    noisy = local.aggregate(data, query, budget, seed=1, intervals=True)
     with monkeypatch.context() as patched:
         patched.setattr(aggregators, "_noisy", noiseless)
         truth = local.aggregate(data, query, budget, seed=1).table
