@@ -33,6 +33,13 @@ dp.enable_features("contrib")
 # The lattice sits 40 binary digits below the sensitivity: rounding costs a relative 2**-40 * n
 # of the budget (1e-6 at n = 10**6), and it is accounted rather than ignored.
 _LATTICE_DIGITS_BELOW_SENSITIVITY = 40
+# OpenDP adds the rounding of every coordinate to the lattice to the sensitivity: size 2**k in
+# L1, sqrt(size) 2**k in L2. The noise scale takes that term for this many coordinates, not for
+# the vector's own length: partition selection noises one count per partition the DATA holds,
+# and a scale (or an event) that moved with that number would depend on one unit's records.
+# Longer vectors are refused. It costs a relative 2**-16 of the Laplace scale, 2**-28 of the
+# Gaussian's.
+MAX_COORDINATES = 2 ** 24
 
 
 def _positive(name: str, value: float) -> float:
@@ -94,6 +101,17 @@ def _invoke(measurement, array: np.ndarray, dtype) -> np.ndarray:
     return noisy if array.ndim else noisy[()]
 
 
+def _too_long(size: int) -> str:
+    return (f"{size} values to noise in one release; at most {MAX_COORDINATES} "
+            "(the noise scale is calibrated for that many)")
+
+
+def _sized(array: np.ndarray) -> np.ndarray:
+    if array.size > MAX_COORDINATES:
+        raise ValueError(_too_long(array.size))
+    return array
+
+
 def _check_calibration(holds: bool, ran: float, asked: float) -> None:
     """Refuse to release when OpenDP's own privacy map says the measurement built is weaker than
     the one asked for (an explicit raise, not an assert: `python -O` must not remove it)."""
@@ -107,14 +125,15 @@ def laplace(values, *, l1_sensitivity: float, epsilon: float) -> Release:
     ``l1_sensitivity`` in L1 norm. Event: LaplaceDpEvent(scale / rounded sensitivity)."""
     l1_sensitivity = _positive("l1_sensitivity", l1_sensitivity)
     epsilon = _positive("epsilon", epsilon)
-    array = _finite_floats(values, "laplace")
+    array = _sized(_finite_floats(values, "laplace"))
     k = _lattice_exponent(l1_sensitivity)
-    scale = (l1_sensitivity + array.size * 2.0 ** k) / epsilon
+    scale = (l1_sensitivity + MAX_COORDINATES * 2.0 ** k) / epsilon
     measurement, epsilon_run = _measurement("laplace", "f64", array.size, scale, k,
                                             l1_sensitivity)
     _check_calibration(epsilon_run <= epsilon * (1 + 1e-9), epsilon_run, epsilon)
+    # the event is what was asked (epsilon_run, below it, depends on the vector's length)
     return Release(_invoke(measurement, array, np.float64),
-                   dp_event.LaplaceDpEvent(noise_multiplier=1.0 / epsilon_run))
+                   dp_event.LaplaceDpEvent(noise_multiplier=1.0 / epsilon))
 
 
 def discrete_laplace(values, *, l1_sensitivity: int, epsilon: float) -> Release:
@@ -152,11 +171,14 @@ def gaussian_sigma(*, l2_sensitivity: float, epsilon: float, delta: float) -> fl
 def gaussian_lattice(*, l2_sensitivity: float, size: int,
                      noise_multiplier: float) -> tuple[float, int]:
     """``(sigma, k)`` of the Gaussian that :func:`gaussian_with_noise_multiplier` runs on
-    ``size`` coordinates: the standard deviation noise_multiplier * (l2_sensitivity + sqrt(size)
-    * 2**k), and the lattice exponent k (every noisy value is a multiple of 2**k before the
-    final rounding to a double). Partition selection needs both to bound the noise's tail."""
+    ``size`` coordinates: the standard deviation noise_multiplier * (l2_sensitivity +
+    sqrt(MAX_COORDINATES) * 2**k), the same for every size up to MAX_COORDINATES, and the
+    lattice exponent k (every noisy value is a multiple of 2**k before the final rounding to a
+    double). Partition selection needs both to bound the noise's tail."""
+    if size > MAX_COORDINATES:
+        raise ValueError(_too_long(size))
     k = _lattice_exponent(l2_sensitivity)
-    return noise_multiplier * (l2_sensitivity + math.sqrt(size) * 2.0 ** k), k
+    return noise_multiplier * (l2_sensitivity + math.sqrt(MAX_COORDINATES) * 2.0 ** k), k
 
 
 def gaussian_with_noise_multiplier(values, *, l2_sensitivity: float,

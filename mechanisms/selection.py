@@ -402,7 +402,7 @@ def units_kept_half_the_time(mechanism, *, max_partitions_per_unit: int, epsilon
 
     * :func:`laplace_threshold`: kept when n + Z >= tau, Z symmetric: n = tau.
     * :func:`gaussian_threshold`: kept when n + Z > tau: n = ceil(tau), tau on one partition
-      (the lattice term sqrt(size) 2^k of its sigma is ~2^-40 per partition).
+      (its sigma does not depend on the number of partitions: additive.MAX_COORDINATES).
     * :func:`truncated_geometric_selection`: the first n whose keep probability pi(n), as its
       coins draw it, is >= 1/2.
     * :func:`weighted_gaussian_selection`: n units alone in the partition weigh n (1 each):

@@ -9,7 +9,7 @@ from dp_accounting import dp_event
 from scipy import stats
 
 from sage_tfx import mechanisms
-from sage_tfx.mechanisms import additive
+from sage_tfx.mechanisms import additive, selection
 
 from support.oracles import balle_wang_delta
 
@@ -152,3 +152,23 @@ def test_a_mechanism_built_with_less_noise_than_calibrated_is_refused(monkeypatc
                         functools.lru_cache(maxsize=256)(additive._measurement.__wrapped__))
     with pytest.raises(RuntimeError, match="does not give the calibrated guarantee"):
         release()
+
+
+def test_the_noise_scale_and_event_do_not_depend_on_the_vectors_length(monkeypatch):
+    """Partition selection noises one count per partition the DATA holds, so a scale, a
+    threshold or an event that moved with the vector's length would depend on one unit's
+    records (the lattice term was size 2^k in L1, sqrt(size) 2^k in L2). Deterministic."""
+    scales = []
+    build = additive._measurement
+    monkeypatch.setattr(additive, "_measurement",
+                        lambda *args: scales.append(args[3]) or build(*args))
+    for noise in (lambda v: mechanisms.laplace(v, l1_sensitivity=2.0, epsilon=1.0),
+                  lambda v: mechanisms.gaussian(v, l2_sensitivity=2.0, epsilon=1.0,
+                                                delta=1e-6)):
+        scales.clear()
+        events = [noise(np.zeros(size)).event for size in (1, 1000, 10 ** 6)]
+        assert len(set(scales)) == 1 and events[0] == events[1] == events[2]
+    assert len({selection._gaussian_threshold_calibration(4, 1.0, 1e-6, size)[1]
+                for size in (1, 1000, 10 ** 6)}) == 1
+    with pytest.raises(ValueError, match="at most 16777216"):
+        additive.gaussian_lattice(l2_sensitivity=1.0, size=2 ** 24 + 1, noise_multiplier=1.0)
