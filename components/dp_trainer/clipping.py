@@ -23,8 +23,10 @@ forward and backward pass. Here both come from one pass:
    Conv2D the ghost norm sum_{t,s} (a_it . a_is)(dz_it . dz_is) when that is cheaper than
    forming grad_i W, else |grad_i W|^2 directly.
 4. Book-keeping: the clipped sum reuses (a, dz), with no second backward pass:
-   sum_i c_i grad_i W = A^T diag(c) dZ, and likewise for every layer; where step 3 formed
-   per-example gradients (grad_i W, LayerNorm's, any other layer's), their weighted sum.
+   sum_i c_i grad_i W = A^T diag(c) dZ (for Conv2D the layer's own kernel gradient of the
+   output gradients c_i dz_i, which needs no patches), and likewise for every layer; where
+   step 3 formed per-example gradients (grad_i W, LayerNorm's, any other layer's), their
+   weighted sum.
 
 A model that cannot be walked this way (a subclassed model, a layer called twice, a variable no
 layer call owns) takes per-example gradients of the whole model instead (vectorised over the
@@ -141,10 +143,11 @@ class _Linear:
 
 class _Conv2D(_Linear):
     """A Conv2D call: a Dense over the output positions whose input a_t is the receptive field
-    (patch) of position t, kh * kw * C_in values. The patches serve the norm only; the clipped
-    sum is the layer's own kernel gradient (tf.nn.convolution's, Conv2DBackpropFilter) on the
-    kept inputs and the clip-scaled output gradients, sum_i c_i grad_i W, as the non-private
-    step takes its kernel gradient: no patches, strides, padding and dilation as the layer's."""
+    (patch) of position t, kh * kw * C_in values. The patches serve the norm. With the ghost
+    norm, the clipped sum sum_i c_i grad_i W is the layer's own kernel gradient
+    (tf.nn.convolution's, Conv2DBackpropFilter) of the kept inputs and the clip-scaled output
+    gradients, as the non-private step takes its kernel gradient: no patches, and strides,
+    padding and dilation as the layer's. With per-example kernels, their weighted sum."""
 
     def __init__(self, layer, inputs: tf.Tensor, watched: tf.Tensor):
         super().__init__(layer, _conv_patches(layer, inputs), watched)
