@@ -43,12 +43,13 @@ stated range (a skipped row's term is 0, inside every range): a unit's change is
 the same Delta, whatever its values. AVG, VAR and STDDEV divide by their own noisy count of
 non-NULL rows (not the rows block), so a NULL never pulls a mean toward the midpoint or 0.
 
-Over the C_u partitions a unit touches (different coordinates), the block's vector changes by at
-most C_u * Delta in L1 and sqrt(C_u) * Delta in L2: the Laplace / Gaussian sensitivities
-(budget.py says how the steps compose). The tree block of one partition has one bucket per
-level per row: a unit's <= m rows change each level by <= m in L1 and in L2 (all in one bucket is
-the worst case for L2: |v|_2 <= |v|_1), so the whole matrix moves by C_u H m in L1 and
-sqrt(C_u H) m in L2 (QUANTILE_LEVELS's comment).
+Over the C_eff partitions a unit touches (different coordinates), the block's vector changes by
+at most C_eff * Delta in L1 and sqrt(C_eff) * Delta in L2: the Laplace / Gaussian sensitivities
+(budget.py says how the steps compose). C_eff = C_u, or min(C_u, G) over G public partitions
+(AggregationQuery.partitions_per_unit derives it). The tree block of one partition has one
+bucket per level per row: a unit's <= m rows change each level by <= m in L1 and in L2 (all in
+one bucket is the worst case for L2: |v|_2 <= |v|_1), so the whole matrix moves by C_eff H m in
+L1 and sqrt(C_eff H) m in L2 (QUANTILE_LEVELS's comment).
 
 Midpoint centring (LLSY16 Alg. 2.4, as the seed's ANON_AVG): centring on mid = (L + U) / 2 halves
 the sum's sensitivity from m max(|L|, |U|) to m (U - L) / 2, and the count's noise then moves the
@@ -357,7 +358,7 @@ def bounds_values_per_unit(query: AggregationQuery, aggregate: Aggregate) -> int
     """How many values one unit adds to the bounds histogram: a total per kept pair (unit-scoped
     SUM), or each sampled row of its kept pairs."""
     per_pair = query.max_contributions_per_partition if aggregate.bounds_rows else 1
-    return query.max_partitions_contributed * per_pair
+    return query.partitions_per_unit * per_pair
 
 
 def bounds_from_histogram(counts: np.ndarray, values_per_unit: int,
@@ -415,9 +416,10 @@ def bounds_input(aggregate: Aggregate, pair_of_row: np.ndarray, rank_in_pair: np
 def _noisy(query: AggregationQuery, values: np.ndarray, sensitivity: float, epsilon: float,
            delta: float, l2_sensitivity: Optional[float] = None) -> mechanisms.Release:
     """One block's noisy sums at (epsilon, delta), sensitivity Delta per partition (module
-    docstring: C_u Delta in L1, sqrt(C_u) Delta in L2), or ``l2_sensitivity`` per partition
-    in L2 where it is below Delta (the quantile tree's)."""
-    partitions = query.max_partitions_contributed
+    docstring: C_eff Delta in L1, sqrt(C_eff) Delta in L2, C_eff the query's
+    partitions_per_unit), or ``l2_sensitivity`` per partition in L2 where it is below Delta
+    (the quantile tree's)."""
+    partitions = query.partitions_per_unit
     if NoiseKind(query.noise) is NoiseKind.LAPLACE:
         return mechanisms.laplace(values, l1_sensitivity=partitions * sensitivity,
                                   epsilon=epsilon)
@@ -430,7 +432,7 @@ def _law(query: AggregationQuery, noisy: mechanisms.Release, sensitivity: float,
          l2_sensitivity: Optional[float] = None) -> accuracy.NoiseLaw:
     """The noise law `_noisy` ran with the same per-partition sensitivities (for stated
     accuracy)."""
-    partitions = query.max_partitions_contributed
+    partitions = query.partitions_per_unit
     if NoiseKind(query.noise) is NoiseKind.LAPLACE:
         return accuracy.NoiseLaw.of(noisy.event, partitions * sensitivity)
     per_partition = sensitivity if l2_sensitivity is None else l2_sensitivity
@@ -528,6 +530,28 @@ def quantile_from_tree(noisy_nodes: np.ndarray, q, low: float, high: float) -> n
     return low + (node + target) * width
 
 
+def shared_bounds(query: AggregationQuery,
+                  bounds: Mapping[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """``bounds`` (an engine's: literal, or inferred by a step) with each quantile that reads
+    another one's tree (budget.derived_from) given that one's bounds: equal when literal, and
+    when inferred the source's bounds step is the only one that ran."""
+    shared = dict(bounds)
+    for name, source in derived_from(query).items():
+        if source in bounds and name not in shared:
+            shared[name] = bounds[source]
+    return shared
+
+
+def _quantile_of(tree: np.ndarray, law: accuracy.NoiseLaw, q: float, low: float,
+                 high: float) -> tuple[np.ndarray, tuple]:
+    """The quantile q read from a partition-by-node matrix of noisy tree counts, and its
+    stated accuracy (accuracy.quantile): post-processing, so any number of quantiles read
+    one noisy tree for the price of one."""
+    return quantile_from_tree(tree, q, low, high), accuracy.quantile(
+        tree_total(tree), QUANTILE_RANK_TERMS, q, law,
+        lambda fractions: quantile_from_tree(tree, fractions, low, high), low, high)
+
+
 def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
             accumulators: np.ndarray, bounds: Mapping[str, tuple[float, float]],
             bounds_events: Mapping[str, object]) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
@@ -535,8 +559,8 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
     and post-process. ``keys``: one row per accumulator row (the group-by values). Returns the
     released table (sorted by the keys), the events by step name, in plan order, and each
     aggregate's stated accuracy (accuracy.py: ``<name>_stddev``, ``_ci_low``, ``_ci_high``,
-    row by row as the table). Quantiles of one column with the same bounds are released in
-    the order of q (sorted per partition: post-processing)."""
+    row by row as the table). Quantiles of one column with the same bounds read one noisy
+    tree and are released in the order of q (sorted per partition: post-processing)."""
     events = dict(bounds_events)
     selected_counts: Optional[np.ndarray] = None
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
@@ -552,6 +576,7 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
     spec = layout(query)
     derived = derived_from(query)
     moments: dict[str, _NoisyMoments] = {}
+    trees: dict[str, tuple[np.ndarray, accuracy.NoiseLaw]] = {}  # a quantile's noisy tree
     stated: dict[str, tuple] = {}
     # Aggregates with a step first (in query order); the derived ones read their sources after.
     for aggregate in sorted(query.aggregates, key=lambda a: a.output_name in derived):
@@ -563,6 +588,9 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
                 law = accuracy.NoiseLaw.of(events[SELECTION_STEP],
                                            math.sqrt(query.max_partitions_contributed))
                 stated[name] = accuracy.additive(table[name].to_numpy(), [(1.0, law)])
+            elif aggregate.kind is AggregateKind.QUANTILE:  # the source quantile's tree
+                table[name], stated[name] = _quantile_of(*trees[source], aggregate.q,
+                                                         *bounds[name])
             elif aggregate.kind is AggregateKind.COUNT:
                 table[name] = moments[source].rows
                 stated[name] = accuracy.additive(moments[source].rows,
@@ -604,14 +632,10 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
                                  l2_sensitivity=math.sqrt(QUANTILE_LEVELS) * m)
             noisy = _noisy(query, accumulators[:, block], epsilon=step.noise_epsilon,
                            delta=step.delta, **sensitivities)
-            tree = noisy.value.reshape(len(table), QUANTILE_TREE_NODES)
-            table[name] = quantile_from_tree(tree, aggregate.q, low, high)
+            trees[name] = (noisy.value.reshape(len(table), QUANTILE_TREE_NODES),
+                           _law(query, noisy, **sensitivities))
+            table[name], stated[name] = _quantile_of(*trees[name], aggregate.q, low, high)
             events[name] = noisy.event
-            stated[name] = accuracy.quantile(
-                tree_total(tree), QUANTILE_RANK_TERMS, aggregate.q,
-                _law(query, noisy, **sensitivities),
-                lambda fractions: quantile_from_tree(tree, fractions, low, high),
-                low, high)
         else:
             value, parts, moments[name], stated[name] = _mean_and_square(
                 query, accumulators, block, plan, aggregate, low, high)

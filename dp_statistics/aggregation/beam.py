@@ -27,7 +27,8 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from sage_tfx.dp_statistics.aggregation import aggregators
-from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
+from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, BudgetPlan,
+                                                       bounds_inferred_by_step)
 from sage_tfx.dp_statistics.aggregation.local import (Accumulated, check_plan,
                                                       presence_columns, release_accumulated,
                                                       value_columns)
@@ -235,7 +236,7 @@ class AccumulateTransform(beam.PTransform):
                                                              self._seed)))
         histograms = []
         for aggregate in query.aggregates:
-            if aggregate.bounds_inferred:
+            if aggregate in bounds_inferred_by_step(query):
                 name = aggregate.output_name
                 histograms.append(
                     pairs

@@ -2,13 +2,17 @@
 
 Steps. ``partition_selection`` (absent with public partitions), one step per aggregate named by
 its output column, and ``bounds:<output column>`` for each aggregate whose bounds are inferred
-(§4.2.5). Three aggregates are post-processing of another step and have no step of their own
+(§4.2.5). Four aggregates are post-processing of another step and have no step of their own
 (:func:`derived_from`): COUNT(DISTINCT unit) under a thresholding rule is the selection's noisy
 unit count (the seed's remark after its thresholding theorem); COUNT(col) next to an AVG, VAR or
 STDDEV of the same column is that aggregate's noisy count of non-NULL rows (the same rows, the
 same sensitivity m; COUNT(*) is not: it also counts the rows whose value is NULL); a row-scoped
 SUM with the column and literal bounds of an AVG/VAR/STDDEV is mid * N + S from its noisy row
-count N and centred sum S (PipelineDP derives COUNT and SUM from MEAN the same way).
+count N and centred sum S (PipelineDP derives COUNT and SUM from MEAN the same way); and a
+quantile (an NTILE's cut point, a MEDIAN beside a MAX) of the column and bounds of an earlier
+quantile is read from that one's noisy tree: the tree holds every quantile of its column
+(aggregators.quantile_from_tree), so k quantiles build, noise and pay for ONE tree, whose step
+weighs k (the weight their k trees had) and, when the bounds are inferred, share one bounds step.
 
 Composition (DP SQL §4.2.3, "User-level differential privacy", reconstructed). A unit touches at
 most C_u partitions; on each, step s is (eps_s, delta_s)-DP in the partition's output. The seed
@@ -162,17 +166,42 @@ def derived_from(query: AggregationQuery) -> dict[str, str]:
                 aggregate.column, aggregate.low, aggregate.high) and m.low is not None), None)
             if source is not None:
                 derived[aggregate.output_name] = source.output_name
+        elif aggregate.kind is AggregateKind.QUANTILE:
+            tree = _tree_of(query, aggregate)
+            if tree != aggregate.output_name:
+                derived[aggregate.output_name] = tree
     return derived
+
+
+def bounds_inferred_by_step(query: AggregationQuery) -> tuple:
+    """The aggregates whose bounds their own ``bounds:`` step infers (a quantile reading another
+    one's tree uses that one's bounds: aggregators.shared_bounds)."""
+    derived = derived_from(query)
+    return tuple(a for a in query.aggregates
+                 if a.bounds_inferred and a.output_name not in derived)
+
+
+def _tree_of(query: AggregationQuery, quantile) -> str:
+    """The quantile whose tree ``quantile`` reads: the first of its column and bounds (equal
+    literal bounds, or both inferred: then from that first one's bounds step)."""
+    return next(a.output_name for a in query.aggregates if a.kind is AggregateKind.QUANTILE
+                and (a.column, a.low, a.high) == (quantile.column, quantile.low, quantile.high))
 
 
 def _step_weights(query: AggregationQuery) -> dict[str, float]:
     names = {} if SelectionRule(query.selection) is SelectionRule.PUBLIC else {SELECTION_STEP: 1.0}
+    inferred = {a.output_name for a in bounds_inferred_by_step(query)}
     derived = derived_from(query)
     for aggregate in query.aggregates:
-        if aggregate.bounds_inferred:
+        if aggregate.output_name in inferred:
             names[BOUNDS_STEP_PREFIX + aggregate.output_name] = 1.0
-        if aggregate.output_name not in derived:
-            names[aggregate.output_name] = float(NOISY_SUMS[aggregate.kind])
+        if aggregate.output_name in derived:
+            continue
+        names[aggregate.output_name] = float(NOISY_SUMS[aggregate.kind])
+        if aggregate.kind is AggregateKind.QUANTILE:  # one tree for all its quantiles
+            names[aggregate.output_name] *= sum(
+                1 for other in query.aggregates if other.kind is AggregateKind.QUANTILE
+                and _tree_of(query, other) == aggregate.output_name)
     return names
 
 
@@ -304,14 +333,14 @@ def _pld_noise_scale(basic: BudgetPlan) -> float:
 
 def _check_noise_scale(query: AggregationQuery, aggregate, event: dp_event.DpEvent) -> None:
     """Refuse, before any charge, an aggregate whose noise scale (its multiplier times the L1
-    or L2 sensitivity over C_u partitions) exceeds spec.MAX_MAGNITUDE: its noisy sums could
-    overflow to infinity by the noise alone."""
+    or L2 sensitivity over C_eff partitions, AggregationQuery.partitions_per_unit) exceeds
+    spec.MAX_MAGNITUDE: its noisy sums could overflow to infinity by the noise alone."""
     l1 = query.largest_change(aggregate)
     if l1 is None:
         return
     one = event.event if isinstance(event, dp_event.SelfComposedDpEvent) else event
     sensitivity = l1 if NoiseKind(query.noise) is NoiseKind.LAPLACE \
-        else l1 / math.sqrt(query.max_partitions_contributed)
+        else l1 / math.sqrt(query.partitions_per_unit)
     scale = one.noise_multiplier * sensitivity
     if not scale <= MAX_MAGNITUDE:
         raise QueryError(f"aggregate {aggregate.output_name!r}: bounds [{aggregate.low!r}, "

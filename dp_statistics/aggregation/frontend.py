@@ -236,6 +236,23 @@ def nothing_released(planned: PlannedQuery, unit_column: str) -> str:
 NON_NEGATIVE_COUNTS = "counts clamped at 0 by post-processing"
 
 
+def stated_mechanism(planned: PlannedQuery, non_negative_counts: bool = False) -> Optional[str]:
+    """What a release states with its guarantee (Guarantee.mechanism), every front door alike:
+    over public groups, the C_eff its noise is calibrated for (AggregationQuery.
+    partitions_per_unit: min(max_groups_contributed, the number of public groups)), and
+    NON_NEGATIVE_COUNTS when asked. Public numbers only: the options and the group list."""
+    query = planned.query
+    parts = []
+    if SelectionRule(query.selection) is SelectionRule.PUBLIC:
+        groups = len(query.public_partitions)
+        parts.append(f"noise calibrated for a unit in at most {query.partitions_per_unit} "
+                     f"group(s): min(max_groups_contributed {query.max_partitions_contributed}, "
+                     f"{groups} public group(s))")
+    if non_negative_counts:
+        parts.append(NON_NEGATIVE_COUNTS)
+    return "; ".join(parts) or None
+
+
 def planned_for_grant(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
                       arrow_schemas: Mapping[str, pa.Schema], grant,
                       accounting) -> PlannedQuery:
@@ -281,5 +298,5 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, led
         release = run(relation.evaluate(planned.checked, lambda _: data), planned, charged, unit,
                       intervals=intervals, non_negative_counts=non_negative_counts)
         charged.released(guarantee=charged.guarantee(
-            unit, unit_column, mechanism=NON_NEGATIVE_COUNTS if non_negative_counts else None))
+            unit, unit_column, mechanism=stated_mechanism(planned, non_negative_counts)))
     return release

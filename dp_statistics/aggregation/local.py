@@ -9,7 +9,8 @@ import pandas as pd
 import pyarrow as pa
 
 from sage_tfx.dp_statistics.aggregation import aggregators
-from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
+from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, BudgetPlan,
+                                                       bounds_inferred_by_step)
 from sage_tfx.dp_statistics.aggregation.release import Release
 from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQuery,
                                                      GuaranteeUnit, QueryError, SelectionRule)
@@ -165,14 +166,11 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
     order = np.flatnonzero(rows)[pairs.row_order[kept_row]]
     ordered = {c: values[order] for c, values in columns.items()}
 
-    bounds, bounds_events = {}, {}
-    for aggregate_spec in query.aggregates:
+    bounds = {a.output_name: (a.low, a.high) for a in query.aggregates
+              if a.bounded and not a.bounds_inferred}
+    bounds_events = {}
+    for aggregate_spec in bounds_inferred_by_step(query):
         name = aggregate_spec.output_name
-        if not aggregate_spec.bounded:
-            continue
-        if not aggregate_spec.bounds_inferred:
-            bounds[name] = (aggregate_spec.low, aggregate_spec.high)
-            continue
         values = aggregators.bounds_input(aggregate_spec, pair_of_row, rank_in_pair, n_pairs,
                                           ordered[aggregate_spec.column],
                                           query.max_contributions_per_partition)
@@ -192,13 +190,14 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
 def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: Accumulated,
                         unit: GuaranteeUnit) -> Release:
     """Step 4 (noise, selection, post-processing) and the guarantee, for either engine."""
+    bounds = aggregators.shared_bounds(query, accumulated.bounds)
     table, events, intervals = aggregators.release(
-        query, plan, accumulated.keys, accumulated.accumulators, accumulated.bounds,
+        query, plan, accumulated.keys, accumulated.accumulators, bounds,
         accumulated.bounds_events)
     return Release(table, plan.epsilon, plan.delta,
                    GuaranteeUnit(unit).describe(query.unit_column), events, plan.additional_delta,
                    {name: (float(low), float(high))
-                    for name, (low, high) in accumulated.bounds.items()}, intervals)
+                    for name, (low, high) in bounds.items()}, intervals)
 
 
 def aggregate(data, query: AggregationQuery, plan: BudgetPlan,

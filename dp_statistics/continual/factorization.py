@@ -192,19 +192,24 @@ def prefix_std(factor: BufferedToeplitz, length: int, sigma: float) -> np.ndarra
     return sigma * np.sqrt(factor.prefix_variances(length))
 
 
-def _buffer_paths(factor: BufferedToeplitz, z: np.ndarray,
-                  starts: Optional[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+def _buffer_paths(factor: BufferedToeplitz, z: np.ndarray, starts: Optional[np.ndarray],
+                  columns: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
     """Z over the columns of z (rows: streams) from buffer states `starts` (rows, n) at the
-    first column (None: all zero), and each buffer's path S_i over those columns."""
+    first column (None: all zero), and the buffer states S_i at `columns` (per row, (rows, k);
+    None: none): (rows, k, n). A buffer's path is dropped once its states are read (a path is
+    as large as z)."""
     total = z.copy()
-    paths = []
+    at = np.zeros((len(z), 0), np.int64) if columns is None else columns
+    states = np.empty(at.shape + (len(factor.decays),))
+    rows = np.arange(len(z))[:, None]
     for i, (theta, weight) in enumerate(zip(factor.decays, factor.weights)):
         initial = np.zeros((len(z), 1)) if starts is None else starts[:, i:i + 1]
         # y[n] = 0 * z[n] + d[n], d[n + 1] = theta z[n] + theta y[n]: y = S_i, d its state.
         path, _ = lfilter([0.0, theta], [1.0, -theta], z, axis=1, zi=initial)
-        total += weight * path
-        paths.append(path)
-    return total, paths
+        states[..., i] = path[rows, at]
+        path *= weight  # the product weight * path, in place
+        total += path
+    return total, states
 
 
 @dataclass
@@ -245,7 +250,8 @@ class FactorizationIndex(TreeIndex):
         first_step = np.asarray(first_step, np.int64)
         odd = (first_step & 1).astype(bool)
         z = noise.normal_rows(tree_ids, (first_step - odd).astype(np.uint64), count + 1)
-        z = np.where(odd[:, None], z[:, 1:], z[:, :count])
+        # (All even, as every new stream's: the first `count`, without a copy.)
+        z = np.where(odd[:, None], z[:, 1:], z[:, :count]) if odd.any() else z[:, :count]
         z *= self.sigma
         return z
 
@@ -257,9 +263,10 @@ class FactorizationIndex(TreeIndex):
         n_blocks = -(-longest // BLOCK)
         width = n_blocks * BLOCK
         z = self._noise(noise, tree_ids, np.zeros(len(rows), np.int64), width)
-        total, paths = _buffer_paths(self.factor, z, None)
+        block_starts = np.broadcast_to(np.arange(0, width, BLOCK), (len(rows), n_blocks))
+        total, states = _buffer_paths(self.factor, z, None, block_starts)
         bases = np.full((len(rows),) + self.bases.shape[1:], np.nan)
-        bases[:, :n_blocks] = np.stack([path[:, ::BLOCK] for path in paths], axis=2)
+        bases[:, :n_blocks] = states
         self.bases[rows] = bases
         # _block_noise restarts lfilter from these stored states: the same recurrence from the
         # same state gives the same bits, so the stored minima agree with a later scan.
@@ -291,11 +298,11 @@ class FactorizationIndex(TreeIndex):
             members = np.flatnonzero(groups == group)
             z = self._noise(noise, self.tree_ids[rows[members]], origins[members],
                             int(lead[members].max()) + BLOCK)
-            total, paths = _buffer_paths(self.factor, z, states[members])
+            total, kept_states = _buffer_paths(self.factor, z, states[members],
+                                               (keep[members] - origins[members])[:, None])
             at = np.arange(len(members))
             out[members] = total[at[:, None], lead[members][:, None] + np.arange(BLOCK)]
-            kept[members] = np.stack([path[at, keep[members] - origins[members]]
-                                      for path in paths], axis=1)
+            kept[members] = kept_states[:, 0]
         forward = keep > self.cursors[rows]
         self.cursors[rows[forward]] = keep[forward]
         self.bases[rows[forward]] = kept[forward]

@@ -200,6 +200,17 @@ def test_conv_patches_are_tensorflows_image_patches(kernel, strides, dilation, p
     np.testing.assert_array_equal(clipping._conv_patches(layer, images).numpy(), want.numpy())
 
 
+def test_stand_ins_an_embedding_refuses_are_replaced_by_zeros():
+    """An Embedding fed float ids (as DPTrainer's decoder gives them) refuses -2; zeros stand
+    in for it, and a layer keeping batch statistics after it is still refused (by the ones)."""
+    def embedded(*layers):
+        return tf.keras.Sequential([tf.keras.Input((1,), dtype="float32"),
+                                    L.Embedding(5, 3), L.Flatten(), *layers])
+    clipping.refuse_state_updates(embedded(L.Dense(2)), (1,), tf.float32)
+    with pytest.raises(ValueError, match="non-trainable variable"):
+        clipping.refuse_state_updates(embedded(BatchMean(), L.Dense(2)), (1,), tf.float32)
+
+
 # Conv2D layers of every kind the one-pass rule takes: strides, padding "valid" and "same"
 # (uneven), dilation, with and without bias, several input and output channels, kernels
 # that are not square. Each is checked with the ghost norm and with per-example kernel
