@@ -209,3 +209,54 @@ def test_stand_ins_an_embedding_refuses_are_replaced_by_zeros():
     clipping.refuse_state_updates(embedded(L.Dense(2)), (1,), tf.float32)
     with pytest.raises(ValueError, match="non-trainable variable"):
         clipping.refuse_state_updates(embedded(BatchMean(), L.Dense(2)), (1,), tf.float32)
+
+
+# Conv2D layers of every kind the one-pass rule takes: strides, padding "valid" and "same"
+# (uneven), dilation, with and without bias, several input and output channels, kernels
+# that are not square. Each is checked with the ghost norm and with per-example kernel
+# gradients (the cost rule picks one per layer; both must be exact), and with a dropped row
+# holding inf (its input overflowed): it must add exactly nothing to the clipped sum.
+CONV_LAYERS = {
+    "valid": lambda: L.Conv2D(4, 3, activation="relu"),
+    "valid_strided_no_bias": lambda: L.Conv2D(5, (3, 2), strides=(3, 2), use_bias=False),
+    "same_strided": lambda: L.Conv2D(3, (3, 2), strides=2, padding="same"),
+    "same_odd_stride": lambda: L.Conv2D(4, 4, strides=3, padding="same", activation="tanh"),
+    "same_dilated": lambda: L.Conv2D(3, 2, dilation_rate=2, padding="same"),
+    "valid_dilated_no_bias": lambda: L.Conv2D(2, (2, 3), dilation_rate=(2, 1), use_bias=False),
+}
+
+
+@pytest.mark.parametrize("ghost_norm", [True, False], ids=["ghost_norm", "per_example"])
+@pytest.mark.parametrize("conv", sorted(CONV_LAYERS))
+def test_conv_norms_and_clipped_sum_equal_per_example_gradients(monkeypatch, conv, ghost_norm):
+    monkeypatch.setattr(clipping._Conv2D, "_ghost_norm_is_cheaper",
+                        staticmethod(lambda t, p, o: ghost_norm))
+    tf.keras.utils.set_random_seed(5)
+    # Two conv layers: the first one's output gradients pass through the second.
+    model = functional(CONV_LAYERS[conv](), L.Conv2D(2, 2, activation="relu"), L.Flatten(),
+                       L.Dense(2), input_shape=(9, 8, 3))
+    images = rng.standard_normal((BATCH, 9, 8, 3)).astype(np.float32)
+    model(images[:1])
+    norms, factors, clipped = reference(model, tf.constant(images))
+    overflowed = images.copy()
+    overflowed[0, 4, 4, 1] = np.inf  # row 0's input: its norm is not finite, so it is dropped
+
+    @tf.function
+    def one_pass(features, kept):
+        gradients = clipping.OnePass(model, model.trainable_variables, LOSS, features, LABELS,
+                                     WEIGHTS)
+        assert not gradients.whole_model
+        return gradients.norms, gradients.clipped_sum(tf.constant(factors, tf.float32), kept)
+
+    everything = np.ones(BATCH, bool)
+    measured_norms, measured = one_pass(tf.constant(images), tf.constant(everything))
+    np.testing.assert_allclose(measured_norms.numpy(), norms, rtol=1e-4, atol=1e-6)
+    for got, want in zip(measured, clipped):
+        np.testing.assert_allclose(got.numpy().ravel(), want.sum(axis=0), rtol=1e-4, atol=1e-5)
+    kept = np.arange(BATCH) != 0
+    measured_norms, measured = one_pass(tf.constant(overflowed), tf.constant(kept))
+    assert not np.isfinite(measured_norms.numpy()[0])
+    np.testing.assert_allclose(measured_norms.numpy()[kept], norms[kept], rtol=1e-4, atol=1e-6)
+    for got, want in zip(measured, clipped):
+        np.testing.assert_allclose(got.numpy().ravel(), want[kept].sum(axis=0), rtol=1e-4,
+                                   atol=1e-5)
