@@ -311,5 +311,5 @@ def test_a_state_of_the_previous_format_is_refused_by_name(tmp_path, monkeypatch
     with monkeypatch.context() as patched:
         patched.setattr("sage_tfx.dp_statistics.continual.state._FORMAT", 3)
         state.save(state_dir)
-    with pytest.raises(StreamStateError, match="state format 3; this version reads format 4"):
+    with pytest.raises(StreamStateError, match="state format 3; this version reads format 5"):
         WindowState.load(state_dir)
