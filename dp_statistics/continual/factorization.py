@@ -216,6 +216,20 @@ class WindowFactor:
         return gains
 
     @functools.cached_property
+    def _padded_gains(self) -> np.ndarray:
+        """The gains, then e_T repeated over 2 T + 2 BLOCK steps past the window (which no
+        caller reads: a stream's columns run at most BLOCK - 1 past its end, or, for a value
+        stream replayed as part of a group, at most T + BLOCK)."""
+        return np.concatenate([self.gains, np.full(2 * self.length + 2 * BLOCK,
+                                                   self.gains[-1])])
+
+    def step_gains(self, first_steps: np.ndarray, width: int) -> np.ndarray:
+        """(rows, width): e_{first_steps[r] + k + 1} for k = 0..width-1 (one gather of rows of
+        a sliding window, no index matrix)."""
+        windows = np.lib.stride_tricks.sliding_window_view(self._padded_gains, width)
+        return windows[np.asarray(first_steps, np.int64)]
+
+    @functools.cached_property
     def sensitivity(self) -> float:
         """max_j ||C' e_j|| (one participation, weight 1): C' = C E^{-1}, so column j is C's
         divided by e_j; all equal s up to rounding, and the largest computed one counts."""
@@ -270,15 +284,16 @@ def _noise_paths(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarra
         path, _ = lfilter([0.0, theta], [1.0, -theta], z, axis=1, zi=starts[:, i:i + 1])
         total += weight * path
         paths.append(path)
-    # total is now the BLT noise Z; Z' adds up its increments times the gains. The cumsum is
-    # sequential from the stored Z'(first step), so a restart repeats the one-pass additions.
-    steps = np.asarray(first_steps, np.int64)[:, None] + np.arange(z.shape[1])[None, :]
-    gains = factor.gains[np.minimum(steps, factor.length - 1)]  # past the window: never read
+    # total is now the BLT noise Z; Z' adds up its increments times the gains, by a cumsum
+    # that is sequential from the stored Z'(first step) (folded into the first increment), so a
+    # restart repeats the one-pass additions in the same order.
     previous = np.concatenate([starts[:, -2:-1], total[:, :-1]], axis=1)
-    scaled = np.cumsum(np.concatenate([starts[:, -1:], gains * (total - previous)], axis=1),
-                       axis=1)
-    paths += [previous, scaled[:, :-1]]
-    return scaled[:, 1:], paths
+    scaled = total - previous
+    scaled *= factor.step_gains(first_steps, z.shape[1])
+    scaled[:, 0] += starts[:, -1]
+    np.cumsum(scaled, axis=1, out=scaled)
+    paths += [previous, np.concatenate([starts[:, -1:], scaled[:, :-1]], axis=1)]
+    return scaled, paths
 
 
 @dataclass
