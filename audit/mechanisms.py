@@ -352,7 +352,8 @@ def dp_sgd_claimed_epsilon(noise_multiplier: float = DP_SGD_NOISE_MULTIPLIER,
 
 def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
                         noise_multiplier: float = DP_SGD_NOISE_MULTIPLIER,
-                        l2_norm_clip: float = 1.0, replace_one: bool = False) -> Outputs:
+                        l2_norm_clip: float = 1.0, replace_one: bool = False,
+                        lazy_noise: bool = True) -> Outputs:
     """The updated parameter after one DP-SGD step (make_dp_step) from theta = 0, learning
     rate 1, normaliser 1, on D = no record and D' = one record whose gradient exceeds the clip
     (label 100, squared loss: the clipped gradient is -C).
@@ -365,7 +366,10 @@ def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
 
     replace_one: D holds a record whose clipped gradient is +C instead of none, so D and D'
     differ by replacing one record: the sum moves by 2C, twice the add-or-remove sensitivity
-    the noise is calibrated to (a deliberately mis-accounted pair, for the auditor's tests)."""
+    the noise is calibrated to (a deliberately mis-accounted pair, for the auditor's tests).
+
+    lazy_noise: the table is noised lazily, as DPTrainer noises embedding tables (dp_sgd: the
+    step's noise is added at materialise()); False noises every parameter at the step."""
     from sage_tfx.components.dp_trainer import dp_sgd
     import tensorflow as tf
 
@@ -382,8 +386,9 @@ def dp_sgd_step_outputs(trials: int, seed: Optional[int] = None, *,
         config = dp_sgd.DPSGDConfig(noise_multiplier, l2_norm_clip, learning_rate=1.0)
         generator = dp_sgd.noise_generator(None if seed is None else seed + side)
         step = dp_sgd.make_dp_step(model, tf.keras.losses.MeanSquaredError(), features, labels,
-                                   config, 1.0, generator)
+                                   config, 1.0, generator, lazy_noise=lazy_noise)
         step(tf.range(trials, dtype=tf.int32), tf.fill((trials,), weight))
+        step.materialise()  # the table is lazily noised: the step's noise is added here
         outputs.append(model.trainable_variables[0].numpy().reshape(-1).astype(np.float64))
     return outputs[0], outputs[1]
 
@@ -504,6 +509,73 @@ def aggregation_outputs(trials: int, seed: Optional[int] = None, *,
                                   "user": np.arange(rows) // AGGREGATION_PARTITIONS_PER_USER})
             counts = aggregation.aggregate(frame, query, budget, seed=seed).table["count"]
             outputs.append(counts.to_numpy().reshape(trials, -1).sum(axis=1))
+    return outputs[0], outputs[1]
+
+
+# --- DP SQL over public groups: noise for C_eff = min(C_u, G) groups, C_u the default 4 ---
+
+PUBLIC_GROUPS_EPSILON = 1.0
+PUBLIC_GROUPS_SQL = {
+    1: "SELECT WITH ANONYMIZATION ANON_COUNT(*) AS n FROM t",  # no GROUP BY: one public group
+    2: "SELECT WITH ANONYMIZATION OPTIONS(public_groups = (1, 2)) g, ANON_COUNT(*) AS n "
+       "FROM t GROUP BY g"}
+
+
+def public_groups_outputs(trials: int, seed: Optional[int] = None, *, groups: int = 1,
+                          epsilon: float = PUBLIC_GROUPS_EPSILON,
+                          broken: Optional[str] = None) -> Outputs:
+    """The released COUNT(*) of ``PUBLIC_GROUPS_SQL[groups]`` (max_groups_contributed left at
+    its default C_u = 4, m = 8 rows per group), summed over its G = ``groups`` public groups,
+    on D = no rows and D' = one unit with 2 m rows in every group. Bounding keeps m rows in
+    each of min(C_u, G) = G groups, so the sum moves by G m, against Laplace noise of scale
+    C_eff m / epsilon per count with C_eff = min(C_u, G) = G (spec.AggregationQuery.
+    partitions_per_unit): epsilon-DP, exactly so (a tight claim) for G = 1. The noise of the
+    former calibration (C_u = 4 whatever G) was 4 / G times larger.
+
+    The real SQL compilation (the query without GROUP BY becomes one public group), the
+    relation, bounding and accumulation run once per side; the real release (calibration,
+    noise, post-processing: local.release_accumulated) runs once on those accumulators
+    repeated ``trials`` times, run i being one row of each group. That is ``trials`` runs of
+    the whole operator: all of the unit's rows are alike, so bounding leaves the same
+    accumulators whatever its random sampling, and the noise is independent per row at a scale
+    read from the query's public group list, not from how many rows the release is handed.
+    ``seed`` fixes the bounding's sampling only (the noise is CSPRNG-seeded).
+
+    broken = "data_groups" is the deliberately broken variant of the tests: C_eff computed
+    from the groups the DATA fills (min(C_u, that count), at least 1) instead of the public
+    list, so the noise scale depends on the unit: 1 on D, G on D'. Caught at G = 2; at G = 1
+    it coincides with the right calibration."""
+    import dataclasses
+
+    import pandas as pd
+    import pyarrow as pa
+    from sage_tfx.dp_statistics.aggregation import local, plan, relation, sql
+
+    if broken not in (None, "data_groups"):
+        raise ValueError(f"unknown broken variant {broken!r}")
+    checked = sql.check(sql.parse(PUBLIC_GROUPS_SQL[groups]),
+                        {"t": sql.TableSchema("uid", {"uid": "string", "g": "int"})})
+    query, _ = sql.to_query(checked)
+    budget = plan(query, epsilon, 0.0)
+    rows_per_group = 2 * query.max_contributions_per_partition
+    outputs = []
+    for unit_rows in (0, groups * rows_per_group):
+        table = pa.table({"uid": pa.array(["u"] * unit_rows, pa.string()),
+                          "g": pa.array(np.arange(unit_rows) // rows_per_group + 1, pa.int64())})
+        frame = relation.evaluate(checked, lambda _: table).to_pandas()
+        once = local.accumulate(frame, query, budget, np.random.default_rng(seed))
+        calibrated = query
+        if broken:
+            filled = once.accumulators[:, 0] > 0  # aggregators.Layout.UNITS
+            calibrated = dataclasses.replace(query, public_partitions=tuple(
+                key for key, full in zip(query.public_partitions, filled) if full))
+        repeated = dataclasses.replace(
+            once, keys=pd.concat([once.keys] * trials, ignore_index=True),
+            accumulators=np.tile(once.accumulators, (trials, 1)))
+        released = local.release_accumulated(calibrated, budget, repeated, "unit").table
+        key = query.group_by[0]
+        outputs.append(sum(released.loc[released[key] == group, "n"].to_numpy()
+                           for group in released[key].unique()))
     return outputs[0], outputs[1]
 
 
@@ -737,6 +809,14 @@ def shipped() -> dict[str, MechanismAudit]:
                        f"{AGGREGATION_PARTITIONS_PER_USER} partitions vs absent (C_u = 1)",
                        # OpenDP's exact noise costs ~10 us per partition: fewer runs
                        vectorised=False),
+        MechanismAudit("dp_sql_total", PUBLIC_GROUPS_EPSILON, 0.0,
+                       functools.partial(public_groups_outputs, groups=1),
+                       "DP SQL without GROUP BY (one public group, max_groups_contributed 4: "
+                       "noise for 1 group): COUNT(*), a unit with 16 rows vs absent"),
+        MechanismAudit("dp_sql_public_groups_2", PUBLIC_GROUPS_EPSILON, 0.0,
+                       functools.partial(public_groups_outputs, groups=2),
+                       "DP SQL over 2 public groups (max_groups_contributed 4: noise for 2 "
+                       "groups): COUNT(*) summed, a unit with 16 rows in each vs absent"),
         MechanismAudit("dp_sqlp_stream", STREAM_EPSILON, STREAM_DELTA, streaming_outputs,
                        "DP-SQLP streaming operator: one trigger, COUNT(*), a unit with "
                        f"{STREAM_UNIT_RECORDS} records in a key (C = {STREAM_CONTRIBUTION_LIMIT}) "

@@ -258,10 +258,12 @@ def micro_batch_ends(stream: Stream, micro_batches: int) -> np.ndarray:
 
 
 def run_dp_sqlp(stream: Stream, query: spec.StreamQuery, budget, state_dir: str,
-                key: Optional[bytes] = None) -> Run:
+                key: Optional[bytes] = None, take_ahead: int = local.REPLAY_TAKE_AHEAD) -> Run:
     """The in-process engine (``local.run_local``, durable state in ``state_dir``) over the
     stream's micro-batches; the final histogram is the last trigger's release. A trigger's
-    time is the wall clock since the previous release (the first: since the start)."""
+    time is the wall clock since the previous release (the first: since the start).
+    `take_ahead`: micro-batches taken per sync, as `sage-tfx stream` replays a window by
+    default; 1 measures each trigger as a live stream runs it."""
     start = time.perf_counter()
     stamps = [start]
     ends = micro_batch_ends(stream, query.micro_batches)
@@ -273,7 +275,8 @@ def run_dp_sqlp(stream: Stream, query: spec.StreamQuery, budget, state_dir: str,
         last[:] = [release]
         stamps.append(time.perf_counter())
 
-    local.run_local(query, budget, batches, state_dir, sink, noise_key=key)
+    local.run_local(query, budget, batches, state_dir, sink, noise_key=key,
+                    take_ahead=take_ahead)
     release = last[0]
     estimate, released = np.zeros(stream.keys), np.zeros(stream.keys, dtype=bool)
     index = release.keys.astype(np.int64)
@@ -412,7 +415,8 @@ def latency(args: argparse.Namespace) -> dict:
         budget = stream_budget.plan(args.epsilon, args.delta, micro_batches,
                                     args.contribution_limit, mechanism=args.mechanism)
         with tempfile.TemporaryDirectory(prefix="dp-sqlp-state-") as state_dir:
-            run = run_dp_sqlp(stream, query, budget, state_dir, noise_key(args.noise_seed))
+            run = run_dp_sqlp(stream, query, budget, state_dir, noise_key(args.noise_seed),
+                              take_ahead=1)  # each trigger's own latency, as a live stream
         seconds = run.step_seconds
         rows.append({"micro_batches": micro_batches,
                      "records_per_micro_batch": len(stream) / micro_batches,

@@ -122,8 +122,8 @@ def _query(args) -> int:
         charged.phase = "running the query"
         result = frontend.run(rows, planned, charged, unit, engine=engine,
                               intervals=args.intervals, non_negative_counts=args.non_negative)
-        guarantee = charged.guarantee(unit, unit_column, mechanism=(
-            frontend.NON_NEGATIVE_COUNTS if args.non_negative else None))
+        guarantee = charged.guarantee(unit, unit_column, mechanism=frontend.stated_mechanism(
+            planned, args.non_negative))
         charged.phase = "writing the release"
         if args.out:
             write = release.write_parquet if args.out.endswith(".parquet") else release.write_csv
@@ -147,8 +147,8 @@ def _engine(args):
     from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
 
     options = PipelineOptions(pipeline_args)
-    return lambda rows, query, budget, unit: aggregate_with_beam(rows, query, budget, unit,
-                                                                 options=options)
+    return lambda rows, query, budget, unit, intervals: aggregate_with_beam(
+        rows, query, budget, unit, options=options, intervals=intervals)
 
 
 def _query_blocks(args, ledger, found: dict, plan) -> list[str]:

@@ -158,6 +158,17 @@ def gaussian_threshold_tau(*, sigma: float, lattice_exponent: int, max_partition
     return 1.0 + 2.0 ** lattice_exponent + _positive("sigma", sigma) * -statistics.NormalDist().inv_cdf(delta_1)
 
 
+def _gaussian_threshold_calibration(partitions: int, epsilon: float, delta: float,
+                                    size: int) -> tuple[float, float]:
+    """(noise multiplier, tau) of :func:`gaussian_threshold` on ``size`` partitions."""
+    multiplier = gaussian_sigma(l2_sensitivity=1.0, epsilon=epsilon, delta=delta / 2.0)
+    sigma, k = gaussian_lattice(l2_sensitivity=math.sqrt(partitions), size=size,
+                                noise_multiplier=multiplier)
+    return multiplier, gaussian_threshold_tau(sigma=sigma, lattice_exponent=k,
+                                              max_partitions_per_unit=partitions,
+                                              threshold_delta=delta / 2.0)
+
+
 def gaussian_threshold(unit_counts, *, max_partitions_per_unit: int, epsilon: float,
                        delta: float) -> Release:
     """Keep partition i when unit_counts[i] + N(0, sigma^2) > tau. The counts vector has L2
@@ -168,14 +179,9 @@ def gaussian_threshold(unit_counts, *, max_partitions_per_unit: int, epsilon: fl
     counts = _unit_counts(unit_counts, "gaussian_threshold")
     partitions = _partitions_per_unit(max_partitions_per_unit)
     delta = _delta(delta)
-    l2_sensitivity = math.sqrt(partitions)
-    multiplier = gaussian_sigma(l2_sensitivity=1.0, epsilon=epsilon, delta=delta / 2.0)
-    sigma, k = gaussian_lattice(l2_sensitivity=l2_sensitivity, size=counts.size,
-                                noise_multiplier=multiplier)
-    tau = gaussian_threshold_tau(sigma=sigma, lattice_exponent=k,
-                                 max_partitions_per_unit=partitions, threshold_delta=delta / 2.0)
+    multiplier, tau = _gaussian_threshold_calibration(partitions, epsilon, delta, counts.size)
     noisy = gaussian_with_noise_multiplier(counts.astype(np.float64),
-                                           l2_sensitivity=l2_sensitivity,
+                                           l2_sensitivity=math.sqrt(partitions),
                                            noise_multiplier=multiplier)
     # A double above tau came from a lattice value above tau (rounding is monotone), so the
     # bound on the lattice tail covers this comparison.
@@ -250,6 +256,16 @@ def _exact_bernoulli(probability: float, size: int) -> np.ndarray:
     return np.unpackbits(noisy)[:size].astype(bool)
 
 
+def _truncated_geometric_calibration(partitions: int, epsilon: float,
+                                     delta: float) -> tuple[float, np.ndarray]:
+    """(eps / C, the checked keep probabilities pi(1..N)) of
+    :func:`truncated_geometric_selection`: what its coins are drawn with."""
+    epsilon_1 = _positive("epsilon", epsilon) / partitions
+    delta_1 = Fraction(_delta(delta)) / partitions
+    design_delta = float(delta_1) * (1.0 - _DELTA_MARGIN)
+    return epsilon_1, _checked_keep_probabilities(epsilon_1, delta_1, design_delta)
+
+
 def truncated_geometric_selection(unit_counts, *, max_partitions_per_unit: int, epsilon: float,
                                   delta: float) -> Release:
     """Keep partition i with probability pi(unit_counts[i]) at (eps / C, delta / C) (basic
@@ -258,10 +274,7 @@ def truncated_geometric_selection(unit_counts, *, max_partitions_per_unit: int, 
     dominates each keep bit (module docstring); additional_delta: delta."""
     counts = _unit_counts(unit_counts, "truncated_geometric_selection")
     partitions = _partitions_per_unit(max_partitions_per_unit)
-    epsilon_1 = _positive("epsilon", epsilon) / partitions
-    delta_1 = Fraction(_delta(delta)) / partitions
-    design_delta = float(delta_1) * (1.0 - _DELTA_MARGIN)
-    probabilities = _checked_keep_probabilities(epsilon_1, delta_1, design_delta)
+    epsilon_1, probabilities = _truncated_geometric_calibration(partitions, epsilon, delta)
     keep = counts >= probabilities.size  # pi(n) = 1 from n = N on
     for count in np.unique(counts[(counts > 0) & (counts < probabilities.size)]):
         where = np.flatnonzero(counts == count)
@@ -304,6 +317,14 @@ def weighted_gaussian_tau(*, sigma: float, max_partitions_per_unit: int,
     return max(
         1.0 / math.sqrt(t) - sigma * normal.inv_cdf(per_partition_delta(threshold_delta, t))
         for t in range(1, _partitions_per_unit(max_partitions_per_unit) + 1))
+
+
+def _weighted_gaussian_calibration(partitions: int, epsilon: float,
+                                   delta: float) -> tuple[float, float]:
+    """(sigma, tau) of :func:`weighted_gaussian_selection`."""
+    sigma = gaussian_sigma(l2_sensitivity=1.0, epsilon=epsilon, delta=delta / 2.0)
+    return sigma, weighted_gaussian_tau(sigma=sigma, max_partitions_per_unit=partitions,
+                                        threshold_delta=delta / 2.0)
 
 
 def weighted_gaussian_selection(partition_weights, *, max_partitions_per_unit: int,
@@ -360,12 +381,42 @@ def weighted_gaussian_selection(partition_weights, *, max_partitions_per_unit: i
     if weights.ndim != 1 or not np.all(np.isfinite(weights)) or np.any(weights < 0):
         raise ValueError("weighted_gaussian_selection: partition_weights must be a 1-D array of "
                          "finite weights >= 0")
-    partitions = _partitions_per_unit(max_partitions_per_unit)
     delta = _delta(delta)
-    sigma = gaussian_sigma(l2_sensitivity=1.0, epsilon=epsilon, delta=delta / 2.0)
-    tau = weighted_gaussian_tau(sigma=sigma, max_partitions_per_unit=partitions,
-                                threshold_delta=delta / 2.0)
+    sigma, tau = _weighted_gaussian_calibration(_partitions_per_unit(max_partitions_per_unit),
+                                                epsilon, delta)
     noise = KeyedGaussian.fresh().normals(0, np.arange(weights.size, dtype=np.uint64))
     keep = weights + sigma * noise > tau
     return Release(Selection(keep), dp_event.GaussianDpEvent(noise_multiplier=sigma),
                    additional_delta=delta / 2.0)
+
+
+# --- What each rule keeps, for the front ends -------------------------------------------------
+
+def units_kept_half_the_time(mechanism, *, max_partitions_per_unit: int, epsilon: float,
+                             delta: float) -> int:
+    """The number n of units from which ``mechanism`` (one of this module's four selection
+    functions, with the arguments it would run with) keeps a partition that they alone are in
+    with probability at least 1/2: about the smallest group a release shows. Public: a
+    function of the rule's calibration only. Read from the same calibration the mechanism
+    runs (so there is one derivation of each rule's threshold):
+
+    * :func:`laplace_threshold`: kept when n + Z >= tau, Z symmetric: n = tau.
+    * :func:`gaussian_threshold`: kept when n + Z > tau: n = ceil(tau), tau on one partition
+      (the lattice term sqrt(size) 2^k of its sigma is ~2^-40 per partition).
+    * :func:`truncated_geometric_selection`: the first n whose keep probability pi(n), as its
+      coins draw it, is >= 1/2.
+    * :func:`weighted_gaussian_selection`: n units alone in the partition weigh n (1 each):
+      kept when n + N(0, sigma^2) > tau, n = ceil(tau)."""
+    partitions = _partitions_per_unit(max_partitions_per_unit)
+    if mechanism is laplace_threshold:
+        return laplace_threshold_tau(max_partitions_per_unit=partitions, epsilon=epsilon,
+                                     delta=delta)
+    if mechanism is gaussian_threshold:
+        return math.ceil(_gaussian_threshold_calibration(partitions, epsilon, _delta(delta), 1)[1])
+    if mechanism is truncated_geometric_selection:
+        probabilities = _truncated_geometric_calibration(partitions, epsilon, delta)[1]
+        return int(np.argmax(probabilities >= 0.5)) + 1  # pi(N) = 1: always found
+    if mechanism is weighted_gaussian_selection:
+        return math.ceil(_weighted_gaussian_calibration(partitions, epsilon, _delta(delta))[1])
+    raise ValueError(f"{getattr(mechanism, '__name__', mechanism)!r} is not a selection rule of "
+                     "this module")

@@ -82,7 +82,14 @@ def _refuse_unclippable_model(model) -> None:
 
     clipping.refuse_unclippable_layers(model)
     if model.inputs:
-        clipping.refuse_state_updates(model, model.inputs[0].shape[1:], model.inputs[0].dtype)
+        try:
+            clipping.refuse_state_updates(model, model.inputs[0].shape[1:],
+                                          model.inputs[0].dtype)
+        except ValueError:
+            raise
+        except Exception as error:  # the model's own failure, not its module's import
+            raise ValueError(f"the model fails a training-mode forward pass on a public "
+                             f"stand-in batch: {type(error).__name__}: {error}") from error
 
 
 def _transform_audit(check: Check, epsilon: float, split: Mapping[str, float]) -> None:

@@ -10,6 +10,7 @@ from tfx.types import artifact, channel, component_spec, standard_artifacts
 from sage_tfx.components.dp_aggregate import executor
 from sage_tfx.components.privacy_grant import PrivacyGrant
 from sage_tfx.dp_statistics.aggregation import frontend
+from sage_tfx.dp_statistics.aggregation.budget import Composition
 
 
 class DPStatistics(artifact.Artifact):
@@ -70,7 +71,9 @@ class DPAggregate(base_beam_component.BaseBeamComponent):
     @staticmethod
     def split(query: str, unit_column: str, columns: Mapping[str, str], epsilon: float,
               delta: float) -> dict[str, str]:
-        """The grant's split among the query's steps (for BlockLedger's `split`)."""
+        """The grant's split among the query's steps (for BlockLedger's `split`): the basic
+        plan's shares, which a PLD plan keeps (it only recalibrates each step's noise:
+        budget.plan), so no privacy accountant runs when the pipeline is built."""
         planned = frontend.plan_query(*executor.query_inputs(query, unit_column, dict(columns)),
-                                      epsilon, delta)
+                                      epsilon, delta, Composition.BASIC)
         return frontend.grant_terms(planned.budget).split

@@ -59,9 +59,9 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         frontend.check_grant(planned, info.record, info.ledger.accounting)
         options = PipelineOptions(self._beam_pipeline_args or [])
 
-        def beam_engine(rows_table, aggregation_query, budget, unit):
+        def beam_engine(rows_table, aggregation_query, budget, unit, intervals):
             return aggregate_with_beam(rows_table, aggregation_query, budget, unit,
-                                       options=options)
+                                       options=options, intervals=intervals)
 
         # The unit comes from how the granted blocks were cut (their records), never from a
         # parameter: user-level only when every block was cut by the unit column.
@@ -77,8 +77,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             result = frontend.run(rows, planned, charged, unit, engine=beam_engine,
                                   intervals=bool(exec_properties.get("intervals")),
                                   non_negative_counts=non_negative)
-            guarantee = charged.guarantee(unit, unit_column, mechanism=(
-                frontend.NON_NEGATIVE_COUNTS if non_negative else None))
+            guarantee = charged.guarantee(unit, unit_column, mechanism=frontend.stated_mechanism(
+                planned, non_negative))
             charged.phase = "writing the release"
             os.makedirs(target.uri, exist_ok=True)
             release.write_csv(result.table, os.path.join(target.uri, "release.csv"), guarantee)

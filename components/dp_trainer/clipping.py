@@ -309,17 +309,30 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     `model` (a custom layer keeping statistics of its batches: released with the model,
     unnoised). Run on public stand-in batches of examples shaped `example_shape`, never on
     records: ones and -2 times ones (a batch of zeros would leave a running mean or sum that
-    starts at zero unchanged); the variables are restored afterwards."""
+    starts at zero unchanged). Ids cannot be negative: for integer examples, and for a model
+    that refuses -2 (an Embedding fed ids as floats, as DPTrainer's decoder gives them), zeros
+    instead of -2. Which stand-ins ran depends on the model alone. The variables are restored
+    after each batch."""
     shape = [2, *example_shape]
     state = model.non_trainable_variables
     before = [variable.numpy() for variable in state]
     changed = set()
-    for fill in (1.0, -2.0):
-        model(tf.fill(shape, tf.cast(fill, dtype)), training=True)
-        changed.update(variable.name for variable, value in zip(state, before)
-                       if not (variable.numpy() == value).all())
-        for variable, value in zip(state, before):
-            variable.assign(value)
+    # each stand-in: the values to try in order, the first the model accepts is used
+    stand_ins = ((1,), (0,)) if dtype.is_integer else ((1.0,), (-2.0, 0.0))
+    for values in stand_ins:
+        for value in values:
+            try:
+                model(tf.fill(shape, tf.cast(value, dtype)), training=True)
+            except tf.errors.InvalidArgumentError:
+                if value == values[-1]:
+                    raise
+                continue
+            finally:
+                changed.update(variable.name for variable, saved in zip(state, before)
+                               if not (variable.numpy() == saved).all())
+                for variable, saved in zip(state, before):
+                    variable.assign(saved)
+            break
     if changed:
         raise ValueError(f"a training step changes the model's non-trainable variable(s) "
                          f"{', '.join(sorted(changed))}: state computed from the batch would be "

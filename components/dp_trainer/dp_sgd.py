@@ -43,6 +43,42 @@ floating-point Gaussian samplers are attackable too when their output is seen. S
 the idealised mechanism (real-valued Gaussians of std sigma * C); it is not a proof for this
 float32 implementation, and Philox's 63-bit seed is a PRNG key, not a CSPRNG stream.
 
+Lazy noise for embedding tables (issue 35). An embedding table of V rows gets V d Gaussians
+per step (161,153 for 10,000 ids of dimension 16: 1.5 ms, more than the whole non-private
+step, which updates at most B rows). Where it is exactly equivalent, the noise of a row is
+added when the row is next read instead of at every step:
+
+* Where. A top-level Keras `Embedding` of a functional or Sequential model, called once, whose
+  ids are a function of the batch alone (no trainable variable before it), without a
+  constraint, whose gradient is IndexedSlices with one index per id it gathers (traced once on
+  a public stand-in batch of 2: no other read of the table, dense or gathered). The optimizer
+  is plain SGD (tf.keras.optimizers.SGD, momentum 0): an update is -lr times the noisy clipped
+  sum, and nothing else. Every other variable, and every table failing a check, gets eager
+  dense noise.
+* Why it is the same mechanism. Row r's clipped-sum gradient g_r(t) at step t is exactly 0
+  when the batch does not gather r (every per-example gradient is 0 off the gathered rows), so
+  under eager noise E_r(t + 1) = E_r(t) - lr g_r(t) - lr s Z_r(t), with Z_r(t) iid N(0, I_d)
+  independent of everything before step t (s = sigma C). Between a step a that reads r and the
+  next step b that reads it (or the end T), E_r(b) = [E_r(a) - lr g_r(a)] - lr s (Z_r(a) + ...
+  + Z_r(b - 1)), and the sum of b - a independent N(0, I_d) is distributed as sqrt(b - a)
+  N(0, I_d), independent of everything else. The lazy step keeps noised_through[r] (row r
+  holds the noise of the steps before it; a step that reads r leaves its own noise pending),
+  and draws lr s sqrt(t - noised_through[r]) Z' for each row step t gathers (all ids of the
+  padded batch: real, null and dummy rows alike) before its forward pass, and for every row
+  at materialise(). By induction over the steps, each step being a function of the values it
+  reads, the batch and fresh independent noise, the joint law of every value a step reads,
+  every eager variable and the final model is the eager one: the accountant's guarantee, on
+  the final model and on anything a callback sees, is unchanged.
+* What changes. The noise drawn (its amount, and so the generator's output for a given seed)
+  and the step's work depend on how many distinct ids the batch gathers, as the gather and the
+  non-private sparse update already do: a timing difference inside the process, not an output.
+  Between steps the model in memory is not the eager one (rows not read since a step lack that
+  step's noise); it never leaves run_steps unmaterialised: run_steps materialises every row
+  before on_step and on_epoch, on return and on an exception; a caller of make_dp_step's step
+  outside run_steps calls step.materialise() before reading the model. Each lazy draw is a
+  single draw of std s sqrt(k) (cut at 12.01 of it, gaussian_noise), so the tail argument
+  there counts at most as many draws as eager noise does.
+
 The per-epoch training loss reported to `on_epoch` is not DP: DPTrainer writes it nowhere
 (benchmarks on public data read it).
 """
@@ -110,41 +146,147 @@ def noise_generator(seed: Optional[int] = None) -> tf.random.Generator:
     return tf.random.Generator.from_seed(secret_seed() if seed is None else seed)
 
 
-def gaussian_noise(generator: tf.random.Generator, size: int, stddev: float) -> tf.Tensor:
-    """`size` independent N(0, stddev^2) float32 draws in one flat buffer.
+def gaussian_noise(generator: tf.random.Generator, size, stddev: float) -> tf.Tensor:
+    """`size` (an int or a scalar integer tensor) independent N(0, stddev^2) float32 draws in
+    one flat buffer.
 
     Box-Muller (1958), the transform TensorFlow's own normal kernel applies per element: for
-    independent U, V uniform on [0, 1), sqrt(-2 ln(1 - U)) (cos 2 pi V, sin 2 pi V) are two
-    independent standard normals. Here it is written as whole-tensor TensorFlow ops, which run
-    vectorised, on one Philox draw of uniforms keyed by the generator (one fresh key per call):
-    160,000 draws took 1.5 ms of CPU against 2.3 ms for tf.random.stateless_normal (and 2.3 ms
-    for generator.normal) on this 2-core machine. The uniforms have 23 random bits, so
-    1 - U >= 2^-23 and no draw exceeds sqrt(46 ln 2) = 5.65 standard deviations in magnitude,
-    as with TensorFlow's kernel (which clamps U at 1e-7: 5.68): a truncation the accountant's
-    idealised Gaussian does not have, see the module docstring."""
+    independent V uniform on (0, 1] and A uniform on [0, 1), sqrt(-2 ln V) (cos 2 pi A,
+    sin 2 pi A) are two independent standard normals. Here it is written as whole-tensor
+    TensorFlow ops, which run vectorised, on Philox draws keyed by the generator (one fresh
+    key per call).
+
+    The tail. A float32 uniform has 23 random bits, so V = 1 - U >= 2^-23 and no draw would
+    exceed sqrt(46 ln 2) = 5.65 standard deviations (TensorFlow's kernel clamps at 5.68). That
+    truncation is not a floating-point detail: the chance that one of d coordinates would have
+    landed beyond it is about d 2 Phi(-5.65) = 1.6e-8 d per step, 2.6e-3 for the 161,153
+    parameters of an embedding model, and a process whose every step differs from the
+    accountant's idealised Gaussian with that probability is only as private as that total
+    variation allows (below). So V is built from 104 random bits: two float64 uniforms (52
+    bits each), V = (1 - U1) - U2 2^-52, uniform on (0, 1] at resolution 2^-104; then no draw
+    exceeds sqrt(208 ln 2) = 12.01 standard deviations, and a draw of the ideal Gaussian lands
+    beyond that with probability 2 Phi(-12.01) = 3.5e-33.
+    Why that suffices: couple each step's draws with ideal Gaussian ones that agree except on
+    that event; over T steps of d parameters the truncated and the ideal processes differ with
+    probability at most tau = T d 3.5e-33 on either neighbour, so for any set S of outcomes
+    P(S) <= e^eps Q(S) + delta + (1 + e^eps) tau: delta grows by less than 1e-17 for any run
+    below 10^15 draws (the rest of the float32 caveat in the module docstring stays).
+    Cost: 6,000 draws 0.39 -> 0.40 ms, 161,153 draws 1.8 -> 2.3 ms of CPU (lazy noise keeps
+    an embedding table's draws to the rows a batch reads)."""
     pairs = (size + 1) // 2
-    uniform = tf.random.stateless_uniform([2, pairs], seed=generator.make_seeds(1)[:, 0],
-                                          alg="philox")
+    seeds = generator.make_seeds(2)  # two fresh keys: the radius's bits and the angle's
+    # stateless_uniform in float64 fills 52 mantissa bits (two 32-bit Philox words each)
+    high, low = tf.unstack(tf.random.stateless_uniform([2, pairs], seed=seeds[:, 0],
+                                                       dtype=tf.float64, alg="philox"))
+    angle = tf.random.stateless_uniform([pairs], seed=seeds[:, 1], alg="philox")
+    draws = box_muller(high, low, angle, stddev)
+    return draws if isinstance(size, int) and 2 * pairs == size else draws[:size]
+
+
+def box_muller(high: tf.Tensor, low: tf.Tensor, angle: tf.Tensor, stddev: float) -> tf.Tensor:
+    """gaussian_noise's transform of its uniforms (float64 high and low, float32 angle, all in
+    [0, 1)): the cos halves, then the sin halves."""
+    tail = (1.0 - high) - low * 2.0 ** -52  # in (0, 1]: 1 - high >= 2^-52 > low 2^-52
     # stddev outside the square root: stddev^2 would overflow float32 beyond 1.8e19.
-    radius = tf.sqrt(-2.0 * tf.math.log1p(-uniform[0])) * stddev
-    angle = uniform[1] * (2.0 * math.pi)
-    draws = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=0)
-    return draws if 2 * pairs == size else draws[:size]
+    radius = tf.cast(tf.sqrt(-2.0 * tf.math.log(tail)), tf.float32) * stddev
+    angle = angle * (2.0 * math.pi)
+    return tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=0)
+
+
+@dataclass(frozen=True, eq=False)
+class LazyTable:
+    """An embedding table noised lazily (module docstring): `ids` maps a batch of features to
+    the ids the layer gathers; row r holds the noise of the steps before noised_through[r]."""
+    table: tf.Variable
+    ids: Callable[[tf.Tensor], tf.Tensor]
+    noised_through: tf.Variable
+
+    def touched(self, batch_features: tf.Tensor) -> tf.Tensor:
+        """The distinct rows the batch gathers."""
+        ids = self.ids(batch_features)
+        if ids.dtype not in (tf.int32, tf.int64):
+            ids = tf.cast(ids, tf.int32)  # as Embedding.call
+        return tf.unique(tf.reshape(ids, [-1]))[0]
+
+
+def lazy_tables(model: tf.keras.Model, features: tf.Tensor) -> list[LazyTable]:
+    """The model's embedding tables where lazy noise is exactly eager noise (module docstring,
+    "Where"); decided from the model's structure and a trace on a public stand-in batch."""
+    if not getattr(model, "_is_graph_network", False) or len(model.inputs) != 1:
+        return []
+    candidates = {}
+    for layer in model.layers:
+        if (type(layer) is tf.keras.layers.Embedding and layer.trainable
+                and layer.embeddings_constraint is None and not layer.sparse
+                and len(layer._inbound_nodes) == 1):
+            ids_model = tf.keras.Model(model.inputs, layer.input)
+            if not ids_model.trainable_weights:
+                candidates[layer.embeddings.ref()] = ids_model
+    if not candidates:
+        return []
+    tables = [ref.deref() for ref in candidates]
+
+    @tf.function
+    def table_gradients(batch):
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(tables)
+            outputs = tf.nest.flatten(model(batch, training=True))
+            total = tf.add_n([tf.reduce_sum(tf.cast(output, tf.float32)) for output in outputs])
+        return tape.gradient(total, tables), [candidates[t.ref()](batch) for t in tables]
+
+    gradients, ids = table_gradients.get_concrete_function(
+        tf.TensorSpec([2, *features.shape[1:]], features.dtype)).structured_outputs
+    return [LazyTable(table, candidates[table.ref()],
+                      tf.Variable(tf.zeros([table.shape[0]], tf.int64), trainable=False))
+            for table, gradient, gathered in zip(tables, gradients, ids)
+            if isinstance(gradient, tf.IndexedSlices)
+            and gradient.indices.shape.num_elements() == gathered.shape.num_elements()]
+
+
+def pending_noise_scale(pending_steps: tf.Tensor) -> tf.Tensor:
+    """The noise of k pending steps in units of one step's: the sum of k independent
+    N(0, s^2) draws is N(0, k s^2), so sqrt(k)."""
+    return tf.sqrt(tf.cast(pending_steps, tf.float32))
+
+
+class TrainingStep:
+    """step(rows, weights) -> (weighted loss sum, weight sum); step.materialise() adds every
+    pending (lazy) noise, so that the model in memory is the one the mechanism releases."""
+
+    def __init__(self, step: Callable, materialise: Optional[Callable] = None):
+        self._step, self._materialise = step, materialise
+
+    def __call__(self, rows: tf.Tensor, weights: tf.Tensor):
+        return self._step(rows, weights)
+
+    def materialise(self) -> None:
+        if self._materialise is not None:
+            self._materialise()
 
 
 def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
                  labels: tf.Tensor, config: DPSGDConfig, normaliser: float,
-                 generator: tf.random.Generator, jit_compile: bool = False) -> Callable:
-    """A compiled DP-SGD step: step(rows, weights) -> (weighted loss sum, weight sum).
-    jit_compile: the clipped sum compiled with XLA, as make_nondp_step's gradient is."""
+                 generator: tf.random.Generator, jit_compile: bool = False,
+                 lazy_noise: bool = True) -> TrainingStep:
+    """A compiled DP-SGD step: step(rows, weights) -> (weighted loss sum, weight sum), with
+    lazy noise on the embedding tables where it is exact (module docstring): call
+    step.materialise() before reading the model (run_steps does).
+    jit_compile: the clipped sum compiled with XLA, as make_nondp_step's gradient is.
+    lazy_noise=False: every parameter noised at every step (the same law; other draws)."""
     require_legacy_keras()
     # lr ((sum + noise) / normaliser) as (lr / normaliser) (sum + noise): one pass over the
-    # parameters fewer (the normaliser is public, see the module docstring).
-    optimizer = tf.keras.optimizers.SGD(config.learning_rate / normaliser)
+    # parameters fewer (the normaliser is public, see the module docstring). Plain SGD
+    # (momentum 0), which lazy noise needs.
+    learning_rate = config.learning_rate / normaliser
+    optimizer = tf.keras.optimizers.SGD(learning_rate)
     per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
     clip, noise_std = config.l2_norm_clip, config.noise_multiplier * config.l2_norm_clip
     trainable = model.trainable_variables
-    sizes = [variable.shape.num_elements() for variable in trainable]
+    lazy = lazy_tables(model, features) if lazy_noise else []
+    lazy_index = {entry.table.ref(): index for index, entry in enumerate(lazy)}
+    eager = [variable for variable in trainable if variable.ref() not in lazy_index]
+    sizes = [variable.shape.num_elements() for variable in eager]
+    steps_taken = tf.Variable(0, dtype=tf.int64, trainable=False)
 
     @tf.function(jit_compile=jit_compile)
     def clipped_sum(rows, weights):
@@ -160,20 +302,56 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
                 tf.reduce_sum(tf.where(kept, losses, 0.0)),
                 tf.reduce_sum(tf.where(kept, weights, 0.0)))
 
+    def add_pending_noise(entry: LazyTable, rows: tf.Tensor, draws: tf.Tensor) -> None:
+        """Rows `rows` of the table get the noise of their pending steps: lr s sqrt(k) Z' for
+        k = steps_taken - noised_through (draws: N(0, s^2) per entry, [len(rows), d])."""
+        pending = steps_taken - tf.gather(entry.noised_through, rows)
+        scale = learning_rate * pending_noise_scale(pending)
+        entry.table.scatter_sub(tf.IndexedSlices(draws * scale[:, None], rows))
+        entry.noised_through.scatter_update(
+            tf.IndexedSlices(tf.fill(tf.shape(rows), steps_taken), rows))
+
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int32),
                                   tf.TensorSpec([None], tf.float32)])
     def step(rows, weights):
-        clipped, loss_sum, weight_sum = clipped_sum(rows, weights)
         # The noise is drawn outside XLA: on this CPU XLA's Gaussian sampler took 5x as long
         # as TensorFlow's kernel, and gaussian_noise compiled by XLA 3x as long as uncompiled.
-        # One draw for all parameters (independent N(0, noise_std^2) each), split per variable.
-        noise = tf.split(gaussian_noise(generator, sum(sizes), noise_std), sizes)
-        noisy = [gradient + tf.reshape(draw, variable.shape)
-                 for gradient, draw, variable in zip(clipped, noise, trainable)]
+        # One draw for the step (independent N(0, noise_std^2) each): the eager variables'
+        # noise, then the pending noise of each lazy table's rows this batch gathers.
+        touched = [entry.touched(tf.gather(features, rows)) for entry in lazy]
+        widths = [entry.table.shape[1] for entry in lazy]
+        lazy_sizes = [tf.size(rows_read) * width for rows_read, width in zip(touched, widths)]
+        noise = tf.split(gaussian_noise(generator, sum(sizes) + sum(lazy_sizes), noise_std),
+                         sizes + lazy_sizes)
+        for entry, rows_read, draws, width in zip(lazy, touched, noise[len(sizes):], widths):
+            # Before the forward pass reads them (automatic control dependencies order the
+            # table's scatter before clipped_sum's gather).
+            add_pending_noise(entry, rows_read, tf.reshape(draws, [-1, width]))
+        clipped, loss_sum, weight_sum = clipped_sum(rows, weights)
+        eager_noise = iter(noise[:len(sizes)])
+        noisy = []
+        for gradient, variable in zip(clipped, trainable):
+            if variable.ref() not in lazy_index:
+                noisy.append(gradient + tf.reshape(next(eager_noise), variable.shape))
+            else:  # the rows read; every other row's clipped sum is exactly 0
+                rows_read = touched[lazy_index[variable.ref()]]
+                noisy.append(tf.IndexedSlices(tf.gather(gradient, rows_read), rows_read,
+                                              tf.shape(variable, out_type=rows_read.dtype)))
         optimizer.apply_gradients(zip(noisy, trainable))
+        steps_taken.assign_add(1)
         return loss_sum, weight_sum
 
-    return step
+    @tf.function
+    def materialise():
+        # Every row of every lazy table: one draw for them all.
+        widths = [entry.table.shape[1] for entry in lazy]
+        counts = [entry.table.shape.num_elements() for entry in lazy]
+        noise = tf.split(gaussian_noise(generator, sum(counts), noise_std), counts)
+        for entry, draws, width in zip(lazy, noise, widths):
+            every_row = tf.range(entry.table.shape[0], dtype=tf.int64)
+            add_pending_noise(entry, every_row, tf.reshape(draws, [-1, width]))
+
+    return TrainingStep(step, materialise if lazy else None)
 
 
 def kept_rows(losses: tf.Tensor, gradient_norms: tf.Tensor) -> tf.Tensor:
@@ -183,7 +361,7 @@ def kept_rows(losses: tf.Tensor, gradient_norms: tf.Tensor) -> tf.Tensor:
 
 def make_nondp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
                     labels: tf.Tensor, learning_rate: float, normaliser: float,
-                    jit_compile: bool = False) -> Callable:
+                    jit_compile: bool = False) -> TrainingStep:
     """The non-private reference (no clipping, no noise) with the same interface, plan,
     normaliser and compilation, for benchmarks and the accuracy table; never used on granted
     data."""
@@ -206,40 +384,53 @@ def make_nondp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features:
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss_sum, weight_sum
 
-    return step
+    return TrainingStep(step)
 
 
-def run_steps(step: Callable, plan: StepPlan,
+def run_steps(step: TrainingStep, plan: StepPlan,
               on_epoch: Optional[Callable[[int, float], None]] = None,
-              on_step: Optional[Callable[[int], None]] = None) -> int:
+              on_step: Optional[Callable[[int], None]] = None,
+              progress: Optional[Callable[[int], None]] = None) -> int:
     """Run every step of `plan` in order; after each step, on_step(steps run so far); after
     each epoch, on_epoch(epoch, mean training loss) (1-based epoch; the loss is not DP, see the
-    module docstring). Returns the number of steps that ran."""
+    module docstring). The model is materialised (no pending lazy noise) before each callback,
+    on return and on an exception. progress(steps run so far) is called after each step
+    WITHOUT materialising (materialising every row at every step would undo lazy noise): it is
+    for counting only and must not read the model. Returns the number of steps that ran."""
     steps_per_epoch = plan.steps // plan.epochs
     ran = 0
-    for epoch in range(plan.epochs):
-        # Summed as tensors: converting each step's loss would wait for every step to finish.
-        loss_sums, weight_sums = [], []
-        for index in range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch):
-            batch_loss, batch_weight = step(tf.constant(plan.rows[index]),
-                                            tf.constant(plan.weights[index]))
-            ran += 1
-            if on_step is not None:
-                on_step(ran)
-            loss_sums.append(batch_loss)
-            weight_sums.append(batch_weight)
-        if on_epoch is not None:
-            on_epoch(epoch + 1, float(tf.add_n(loss_sums)) / max(float(tf.add_n(weight_sums)), 1.0))
+    try:
+        for epoch in range(plan.epochs):
+            # Summed as tensors: converting each step's loss would wait for every step.
+            loss_sums, weight_sums = [], []
+            for index in range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch):
+                batch_loss, batch_weight = step(tf.constant(plan.rows[index]),
+                                                tf.constant(plan.weights[index]))
+                ran += 1
+                if progress is not None:
+                    progress(ran)
+                if on_step is not None:
+                    step.materialise()
+                    on_step(ran)
+                loss_sums.append(batch_loss)
+                weight_sums.append(batch_weight)
+            if on_epoch is not None:
+                step.materialise()
+                on_epoch(epoch + 1,
+                         float(tf.add_n(loss_sums)) / max(float(tf.add_n(weight_sums)), 1.0))
+    finally:
+        step.materialise()
     return ran
 
 
 def train(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
           labels: tf.Tensor, plan: StepPlan, config: DPSGDConfig, seed: Optional[int] = None,
           on_epoch: Optional[Callable[[int, float], None]] = None,
-          on_step: Optional[Callable[[int], None]] = None) -> int:
+          on_step: Optional[Callable[[int], None]] = None,
+          progress: Optional[Callable[[int], None]] = None) -> int:
     """DP-SGD: every step of `plan`, in order (see run_steps). Returns the steps that ran."""
     # Again here for models the preflight could not run (no declared inputs): after the
     # charge, but before any step, on public stand-ins.
     clipping.refuse_state_updates(model, features.shape[1:], features.dtype)
     return run_steps(make_dp_step(model, loss, features, labels, config, plan.normaliser,
-                                  noise_generator(seed)), plan, on_epoch, on_step)
+                                  noise_generator(seed)), plan, on_epoch, on_step, progress)

@@ -207,7 +207,7 @@ class Executor(base_executor.BaseExecutor):
         with console.progress(f"DPTrainer DP-SGD, {epochs} epoch(s)", calibration.steps) as bar:
             steps_run = dp_sgd.train(keras_model, module.loss(), inputs, labels, step_plan,
                                      config, seed=exec_properties.get("seed"),
-                                     on_epoch=on_epoch, on_step=bar.update)
+                                     on_epoch=on_epoch, progress=bar.update)
         if steps_run != calibration.steps:
             raise RuntimeError(f"{steps_run} DP-SGD steps ran; the calibration paid for "
                                f"{calibration.steps}")

@@ -43,12 +43,13 @@ stated range (a skipped row's term is 0, inside every range): a unit's change is
 the same Delta, whatever its values. AVG, VAR and STDDEV divide by their own noisy count of
 non-NULL rows (not the rows block), so a NULL never pulls a mean toward the midpoint or 0.
 
-Over the C_u partitions a unit touches (different coordinates), the block's vector changes by at
-most C_u * Delta in L1 and sqrt(C_u) * Delta in L2: the Laplace / Gaussian sensitivities
-(budget.py says how the steps compose). The tree block of one partition has one bucket per
-level per row: a unit's <= m rows change each level by <= m in L1 and in L2 (all in one bucket is
-the worst case for L2: |v|_2 <= |v|_1), so the whole matrix moves by C_u H m in L1 and
-sqrt(C_u H) m in L2 (QUANTILE_LEVELS's comment).
+Over the C_eff partitions a unit touches (different coordinates), the block's vector changes by
+at most C_eff * Delta in L1 and sqrt(C_eff) * Delta in L2: the Laplace / Gaussian sensitivities
+(budget.py says how the steps compose). C_eff = C_u, or min(C_u, G) over G public partitions
+(AggregationQuery.partitions_per_unit derives it). The tree block of one partition has one
+bucket per level per row: a unit's <= m rows change each level by <= m in L1 and in L2 (all in
+one bucket is the worst case for L2: |v|_2 <= |v|_1), so the whole matrix moves by C_eff H m in
+L1 and sqrt(C_eff H) m in L2 (QUANTILE_LEVELS's comment).
 
 Midpoint centring (LLSY16 Alg. 2.4, as the seed's ANON_AVG): centring on mid = (L + U) / 2 halves
 the sum's sensitivity from m max(|L|, |U|) to m (U - L) / 2, and the count's noise then moves the
@@ -57,8 +58,9 @@ mean only by (mean - mid) * noise / count.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 import pandas as pd
@@ -357,7 +359,7 @@ def bounds_values_per_unit(query: AggregationQuery, aggregate: Aggregate) -> int
     """How many values one unit adds to the bounds histogram: a total per kept pair (unit-scoped
     SUM), or each sampled row of its kept pairs."""
     per_pair = query.max_contributions_per_partition if aggregate.bounds_rows else 1
-    return query.max_partitions_contributed * per_pair
+    return query.partitions_per_unit * per_pair
 
 
 def bounds_from_histogram(counts: np.ndarray, values_per_unit: int,
@@ -415,9 +417,10 @@ def bounds_input(aggregate: Aggregate, pair_of_row: np.ndarray, rank_in_pair: np
 def _noisy(query: AggregationQuery, values: np.ndarray, sensitivity: float, epsilon: float,
            delta: float, l2_sensitivity: Optional[float] = None) -> mechanisms.Release:
     """One block's noisy sums at (epsilon, delta), sensitivity Delta per partition (module
-    docstring: C_u Delta in L1, sqrt(C_u) Delta in L2), or ``l2_sensitivity`` per partition
-    in L2 where it is below Delta (the quantile tree's)."""
-    partitions = query.max_partitions_contributed
+    docstring: C_eff Delta in L1, sqrt(C_eff) Delta in L2, C_eff the query's
+    partitions_per_unit), or ``l2_sensitivity`` per partition in L2 where it is below Delta
+    (the quantile tree's)."""
+    partitions = query.partitions_per_unit
     if NoiseKind(query.noise) is NoiseKind.LAPLACE:
         return mechanisms.laplace(values, l1_sensitivity=partitions * sensitivity,
                                   epsilon=epsilon)
@@ -430,7 +433,7 @@ def _law(query: AggregationQuery, noisy: mechanisms.Release, sensitivity: float,
          l2_sensitivity: Optional[float] = None) -> accuracy.NoiseLaw:
     """The noise law `_noisy` ran with the same per-partition sensitivities (for stated
     accuracy)."""
-    partitions = query.max_partitions_contributed
+    partitions = query.partitions_per_unit
     if NoiseKind(query.noise) is NoiseKind.LAPLACE:
         return accuracy.NoiseLaw.of(noisy.event, partitions * sensitivity)
     per_partition = sensitivity if l2_sensitivity is None else l2_sensitivity
@@ -452,7 +455,8 @@ def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     """AVG / VAR from noisy (rows, centred sum[, centred squares]) (LLSY16, module docstring):
     mean = mid + S / max(N, 1), clamped to [L, U]; var = (Q / N + h^2 / 2) - (S / N)^2,
     clamped to [0, h^2]; STDDEV its square root. Returns (values, events of the noisy sums,
-    the noisy moments, the stated accuracy)."""
+    the noisy moments, the stated accuracy as a call not yet made: `release` makes it only
+    when asked)."""
     step = plan.step(aggregate.output_name)
     epsilon, delta = component_budget(aggregate.kind, step.noise_epsilon, step.delta)
     m = query.max_contributions_per_partition
@@ -464,8 +468,9 @@ def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     count = np.maximum(rows.value, 1.0)
     mean = np.clip(mid + centred.value / count, low, high)
     if aggregate.kind is AggregateKind.AVG:
-        return mean, [rows.event, centred.event], moments, accuracy.mean(
-            rows.value, centred.value, mid, low, high, moments.rows_law, moments.sum_law)
+        return mean, [rows.event, centred.event], moments, functools.partial(
+            accuracy.mean, rows.value, centred.value, mid, low, high, moments.rows_law,
+            moments.sum_law)
     squares = _noisy(query, accumulators[:, block.start + 2], m * half ** 2 / 2.0, epsilon,
                      delta)
     centred_mean = mean - mid
@@ -473,8 +478,8 @@ def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
                        0.0, half ** 2)
     value = variance if aggregate.kind is AggregateKind.VAR else np.sqrt(variance)
     laws = (moments.rows_law, moments.sum_law, _law(query, squares, m * half ** 2 / 2.0))
-    return value, [rows.event, centred.event, squares.event], moments, accuracy.variance(
-        rows.value, centred.value, squares.value, half, laws,
+    return value, [rows.event, centred.event, squares.event], moments, functools.partial(
+        accuracy.variance, rows.value, centred.value, squares.value, half, laws,
         root=aggregate.kind is AggregateKind.STDDEV)
 
 
@@ -528,15 +533,40 @@ def quantile_from_tree(noisy_nodes: np.ndarray, q, low: float, high: float) -> n
     return low + (node + target) * width
 
 
+def shared_bounds(query: AggregationQuery,
+                  bounds: Mapping[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """``bounds`` (an engine's: literal, or inferred by a step) with each quantile that reads
+    another one's tree (budget.derived_from) given that one's bounds: equal when literal, and
+    when inferred the source's bounds step is the only one that ran."""
+    shared = dict(bounds)
+    for name, source in derived_from(query).items():
+        if source in bounds and name not in shared:
+            shared[name] = bounds[source]
+    return shared
+
+
+def _quantile_of(tree: np.ndarray, law: accuracy.NoiseLaw, q: float, low: float,
+                 high: float) -> tuple[np.ndarray, Callable[[], tuple]]:
+    """The quantile q read from a partition-by-node matrix of noisy tree counts, and its
+    stated accuracy (accuracy.quantile) as a call not yet made (two more descents: `release`
+    makes it only when asked): post-processing, so any number of quantiles read one noisy
+    tree for the price of one."""
+    return quantile_from_tree(tree, q, low, high), functools.partial(
+        accuracy.quantile, tree_total(tree), QUANTILE_RANK_TERMS, q, law,
+        lambda fractions: quantile_from_tree(tree, fractions, low, high), low, high)
+
+
 def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
             accumulators: np.ndarray, bounds: Mapping[str, tuple[float, float]],
-            bounds_events: Mapping[str, object]) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+            bounds_events: Mapping[str, object], intervals: bool = False
+            ) -> tuple[pd.DataFrame, dict, Optional[pd.DataFrame]]:
     """Step 4: select partitions (unless public), add each aggregate's noise on the kept ones
     and post-process. ``keys``: one row per accumulator row (the group-by values). Returns the
-    released table (sorted by the keys), the events by step name, in plan order, and each
-    aggregate's stated accuracy (accuracy.py: ``<name>_stddev``, ``_ci_low``, ``_ci_high``,
-    row by row as the table). Quantiles of one column with the same bounds are released in
-    the order of q (sorted per partition: post-processing)."""
+    released table (sorted by the keys), the events by step name, in plan order, and with
+    ``intervals`` each aggregate's stated accuracy (accuracy.py: ``<name>_stddev``,
+    ``_ci_low``, ``_ci_high``, row by row as the table; None without: not computed).
+    Quantiles of one column with the same bounds read one noisy tree and are released in the
+    order of q (sorted per partition: post-processing)."""
     events = dict(bounds_events)
     selected_counts: Optional[np.ndarray] = None
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
@@ -552,7 +582,14 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
     spec = layout(query)
     derived = derived_from(query)
     moments: dict[str, _NoisyMoments] = {}
-    stated: dict[str, tuple] = {}
+    trees: dict[str, tuple[np.ndarray, accuracy.NoiseLaw]] = {}  # a quantile's noisy tree
+    stated: Optional[dict[str, tuple]] = {} if intervals else None
+
+    def state(name: str, accuracy_of: Callable, *arguments) -> None:
+        """The aggregate's stated accuracy, accuracy_of(*arguments), computed only if asked."""
+        if stated is not None:
+            stated[name] = accuracy_of(*arguments)
+
     # Aggregates with a step first (in query order); the derived ones read their sources after.
     for aggregate in sorted(query.aggregates, key=lambda a: a.output_name in derived):
         name = aggregate.output_name
@@ -562,17 +599,21 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
                 table[name] = np.asarray(selected_counts, dtype=np.float64)
                 law = accuracy.NoiseLaw.of(events[SELECTION_STEP],
                                            math.sqrt(query.max_partitions_contributed))
-                stated[name] = accuracy.additive(table[name].to_numpy(), [(1.0, law)])
+                state(name, accuracy.additive, table[name].to_numpy(), [(1.0, law)])
+            elif aggregate.kind is AggregateKind.QUANTILE:  # the source quantile's tree
+                table[name], accuracy_of = _quantile_of(*trees[source], aggregate.q,
+                                                        *bounds[name])
+                state(name, accuracy_of)
             elif aggregate.kind is AggregateKind.COUNT:
                 table[name] = moments[source].rows
-                stated[name] = accuracy.additive(moments[source].rows,
-                                                 [(1.0, moments[source].rows_law)])
+                state(name, accuracy.additive, moments[source].rows,
+                      [(1.0, moments[source].rows_law)])
             else:  # saturated as the sums are (post-processing of the noisy moments)
                 with np.errstate(over="ignore"):
                     total = moments[source].mid * moments[source].rows \
                         + moments[source].centred_sum
                 table[name] = np.clip(total, -MAX_MAGNITUDE, MAX_MAGNITUDE)
-                stated[name] = accuracy.additive(table[name].to_numpy(), [
+                state(name, accuracy.additive, table[name].to_numpy(), [
                     (moments[source].mid, moments[source].rows_law),
                     (1.0, moments[source].sum_law)])
             continue
@@ -586,8 +627,8 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
             noisy = _noisy(query, accumulators[:, column], sensitivity, step.noise_epsilon,
                            step.delta)
             table[name], events[name] = noisy.value, noisy.event
-            stated[name] = accuracy.additive(noisy.value, [(1.0, _law(query, noisy,
-                                                                      sensitivity))])
+            state(name, accuracy.additive, noisy.value,
+                  [(1.0, _law(query, noisy, sensitivity))])
             continue
         low, high = bounds[name]
         if aggregate.kind is AggregateKind.SUM:
@@ -596,42 +637,43 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
             noisy = _noisy(query, accumulators[:, block.start], sensitivity,
                            step.noise_epsilon, step.delta)
             table[name], events[name] = noisy.value, noisy.event
-            stated[name] = accuracy.additive(noisy.value, [(1.0, _law(query, noisy,
-                                                                      sensitivity))])
+            state(name, accuracy.additive, noisy.value,
+                  [(1.0, _law(query, noisy, sensitivity))])
         elif aggregate.kind is AggregateKind.QUANTILE:
             m = query.max_contributions_per_partition
             sensitivities = dict(sensitivity=QUANTILE_LEVELS * m,
                                  l2_sensitivity=math.sqrt(QUANTILE_LEVELS) * m)
             noisy = _noisy(query, accumulators[:, block], epsilon=step.noise_epsilon,
                            delta=step.delta, **sensitivities)
-            tree = noisy.value.reshape(len(table), QUANTILE_TREE_NODES)
-            table[name] = quantile_from_tree(tree, aggregate.q, low, high)
+            trees[name] = (noisy.value.reshape(len(table), QUANTILE_TREE_NODES),
+                           _law(query, noisy, **sensitivities))
+            table[name], accuracy_of = _quantile_of(*trees[name], aggregate.q, low, high)
+            state(name, accuracy_of)
             events[name] = noisy.event
-            stated[name] = accuracy.quantile(
-                tree_total(tree), QUANTILE_RANK_TERMS, aggregate.q,
-                _law(query, noisy, **sensitivities),
-                lambda fractions: quantile_from_tree(tree, fractions, low, high),
-                low, high)
         else:
-            value, parts, moments[name], stated[name] = _mean_and_square(
+            value, parts, moments[name], accuracy_of = _mean_and_square(
                 query, accumulators, block, plan, aggregate, low, high)
             table[name], events[name] = value, dp_event.ComposedDpEvent(parts)
+            state(name, accuracy_of)
     _quantiles_in_order(query, bounds, table, stated)
     names = [a.output_name for a in query.aggregates]
     table = table[list(query.group_by) + names]
-    intervals = pd.DataFrame({column: values for name in names for column, values in
-                              zip(accuracy.interval_columns(name), stated[name])})
     order = np.asarray(table.sort_values(list(query.group_by)).index)
     ordered = {s.name: events[s.name] for s in plan.steps}
+    if stated is None:
+        return table.iloc[order].reset_index(drop=True), ordered, None
+    stated_table = pd.DataFrame({column: values for name in names for column, values in
+                                 zip(accuracy.interval_columns(name), stated[name])})
     return (table.iloc[order].reset_index(drop=True), ordered,
-            intervals.iloc[order].reset_index(drop=True))
+            stated_table.iloc[order].reset_index(drop=True))
 
 
 def _quantiles_in_order(query: AggregationQuery, bounds, table: pd.DataFrame,
-                        stated: dict) -> None:
+                        stated: Optional[dict]) -> None:
     """Sort, per partition, the quantiles that read one column with the same bounds by q
     (an NTILE's cut points, a MEDIAN beside a MIN): post-processing, so the released
-    quantiles are monotone in q (accuracy.monotone says why the intervals stay valid)."""
+    quantiles are monotone in q (accuracy.monotone says why the intervals stay valid; None:
+    no stated accuracy was asked for)."""
     groups: dict[tuple, list] = {}
     for aggregate in query.aggregates:
         if aggregate.kind is AggregateKind.QUANTILE:
@@ -642,6 +684,8 @@ def _quantiles_in_order(query: AggregationQuery, bounds, table: pd.DataFrame,
             continue
         names = [a.output_name for a in sorted(members, key=lambda a: a.q)]
         table[names] = accuracy.monotone(table[names].to_numpy())
+        if stated is None:
+            continue
         # The interval ends are sorted alike (accuracy.monotone); each quantile keeps its own
         # noise stddev, which is a scale, not a value ordered by q.
         for part in (1, 2):

@@ -27,7 +27,8 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from sage_tfx.dp_statistics.aggregation import aggregators
-from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
+from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, BudgetPlan,
+                                                       bounds_inferred_by_step)
 from sage_tfx.dp_statistics.aggregation.local import (Accumulated, check_plan,
                                                       presence_columns, release_accumulated,
                                                       value_columns)
@@ -235,7 +236,7 @@ class AccumulateTransform(beam.PTransform):
                                                              self._seed)))
         histograms = []
         for aggregate in query.aggregates:
-            if aggregate.bounds_inferred:
+            if aggregate in bounds_inferred_by_step(query):
                 name = aggregate.output_name
                 histograms.append(
                     pairs
@@ -277,26 +278,29 @@ class GatherAccumulated(beam.PTransform):
 
 
 class AggregateTransform(beam.PTransform):
-    """rows (dicts) -> one Release: ``query`` at ``plan``'s budget (local.aggregate's contract).
-    ``seed`` fixes the sampling for tests only."""
+    """rows (dicts) -> one Release: ``query`` at ``plan``'s budget (local.aggregate's contract,
+    ``intervals`` included). ``seed`` fixes the sampling for tests only."""
 
     def __init__(self, query: AggregationQuery, plan: BudgetPlan,
                  unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ,
-                 seed: Optional[int] = None, schema: Optional[pa.Schema] = None):
+                 seed: Optional[int] = None, schema: Optional[pa.Schema] = None,
+                 intervals: bool = False):
         super().__init__()
         self._accumulate = AccumulateTransform(query, plan, seed)
         self._query, self._plan, self._unit, self._schema = query, plan, unit, schema
+        self._intervals = intervals
 
     def expand(self, rows):
         return (rows
                 | "Accumulate" >> self._accumulate
                 | "GatherAccumulated" >> GatherAccumulated(self._query, self._schema)
-                | "Release" >> beam.Map(_release, self._query, self._plan, self._unit))
+                | "Release" >> beam.Map(_release, self._query, self._plan, self._unit,
+                                        self._intervals))
 
 
 def _release(accumulated: Accumulated, query: AggregationQuery, plan: BudgetPlan,
-             unit: GuaranteeUnit):
-    return release_accumulated(query, plan, accumulated, unit)
+             unit: GuaranteeUnit, intervals: bool):
+    return release_accumulated(query, plan, accumulated, unit, intervals)
 
 
 _CHUNK_ROWS = 10_000
@@ -395,9 +399,10 @@ def _accumulated(pairs: list, query: AggregationQuery, inferred: dict,
 def aggregate_with_beam(rows, query: AggregationQuery, plan: BudgetPlan,
                         unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ, *,
                         options: Optional[beam.options.pipeline_options.PipelineOptions] = None,
-                        seed: Optional[int] = None):
+                        seed: Optional[int] = None, intervals: bool = False):
     """Run :class:`AggregateTransform` on ``rows`` (a pyarrow.Table, a pandas frame or an
     iterable of dicts) in a pipeline of its own (DirectRunner unless ``options`` say
     otherwise); the Release."""
     records, schema = _records(rows, query)
-    return run_transform(records, AggregateTransform(query, plan, unit, seed, schema), options)
+    return run_transform(records, AggregateTransform(query, plan, unit, seed, schema, intervals),
+                         options)

@@ -2,13 +2,17 @@
 
 Steps. ``partition_selection`` (absent with public partitions), one step per aggregate named by
 its output column, and ``bounds:<output column>`` for each aggregate whose bounds are inferred
-(§4.2.5). Three aggregates are post-processing of another step and have no step of their own
+(§4.2.5). Four aggregates are post-processing of another step and have no step of their own
 (:func:`derived_from`): COUNT(DISTINCT unit) under a thresholding rule is the selection's noisy
 unit count (the seed's remark after its thresholding theorem); COUNT(col) next to an AVG, VAR or
 STDDEV of the same column is that aggregate's noisy count of non-NULL rows (the same rows, the
 same sensitivity m; COUNT(*) is not: it also counts the rows whose value is NULL); a row-scoped
 SUM with the column and literal bounds of an AVG/VAR/STDDEV is mid * N + S from its noisy row
-count N and centred sum S (PipelineDP derives COUNT and SUM from MEAN the same way).
+count N and centred sum S (PipelineDP derives COUNT and SUM from MEAN the same way); and a
+quantile (an NTILE's cut point, a MEDIAN beside a MAX) of the column and bounds of an earlier
+quantile is read from that one's noisy tree: the tree holds every quantile of its column
+(aggregators.quantile_from_tree), so k quantiles build, noise and pay for ONE tree, whose step
+weighs k (the weight their k trees had) and, when the bounds are inferred, share one bounds step.
 
 Composition (DP SQL §4.2.3, "User-level differential privacy", reconstructed). A unit touches at
 most C_u partitions; on each, step s is (eps_s, delta_s)-DP in the partition's output. The seed
@@ -58,6 +62,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
 from sage_tfx import mechanisms
+from sage_tfx.mechanisms import selection
 from sage_tfx.dp_statistics.aggregation.spec import (MAX_MAGNITUDE, AggregateKind,
                                                      AggregationQuery, NoiseKind, QueryError,
                                                      SelectionRule)
@@ -162,17 +167,42 @@ def derived_from(query: AggregationQuery) -> dict[str, str]:
                 aggregate.column, aggregate.low, aggregate.high) and m.low is not None), None)
             if source is not None:
                 derived[aggregate.output_name] = source.output_name
+        elif aggregate.kind is AggregateKind.QUANTILE:
+            tree = _tree_of(query, aggregate)
+            if tree != aggregate.output_name:
+                derived[aggregate.output_name] = tree
     return derived
+
+
+def bounds_inferred_by_step(query: AggregationQuery) -> tuple:
+    """The aggregates whose bounds their own ``bounds:`` step infers (a quantile reading another
+    one's tree uses that one's bounds: aggregators.shared_bounds)."""
+    derived = derived_from(query)
+    return tuple(a for a in query.aggregates
+                 if a.bounds_inferred and a.output_name not in derived)
+
+
+def _tree_of(query: AggregationQuery, quantile) -> str:
+    """The quantile whose tree ``quantile`` reads: the first of its column and bounds (equal
+    literal bounds, or both inferred: then from that first one's bounds step)."""
+    return next(a.output_name for a in query.aggregates if a.kind is AggregateKind.QUANTILE
+                and (a.column, a.low, a.high) == (quantile.column, quantile.low, quantile.high))
 
 
 def _step_weights(query: AggregationQuery) -> dict[str, float]:
     names = {} if SelectionRule(query.selection) is SelectionRule.PUBLIC else {SELECTION_STEP: 1.0}
+    inferred = {a.output_name for a in bounds_inferred_by_step(query)}
     derived = derived_from(query)
     for aggregate in query.aggregates:
-        if aggregate.bounds_inferred:
+        if aggregate.output_name in inferred:
             names[BOUNDS_STEP_PREFIX + aggregate.output_name] = 1.0
-        if aggregate.output_name not in derived:
-            names[aggregate.output_name] = float(NOISY_SUMS[aggregate.kind])
+        if aggregate.output_name in derived:
+            continue
+        names[aggregate.output_name] = float(NOISY_SUMS[aggregate.kind])
+        if aggregate.kind is AggregateKind.QUANTILE:  # one tree for all its quantiles
+            names[aggregate.output_name] *= sum(
+                1 for other in query.aggregates if other.kind is AggregateKind.QUANTILE
+                and _tree_of(query, other) == aggregate.output_name)
     return names
 
 
@@ -202,7 +232,7 @@ def plan(query: AggregationQuery, epsilon: float, delta: float,
     if scale == 1.0:
         return basic
     return dataclasses.replace(basic, steps=tuple(
-        _step_at(query, step, scale) for step in basic.steps))
+        _step(query, step.name, step.epsilon, step.delta, scale) for step in basic.steps))
 
 
 def _basic_plan(query: AggregationQuery, epsilon: float, delta: float,
@@ -232,33 +262,34 @@ def _basic_plan(query: AggregationQuery, epsilon: float, delta: float,
     gaussian_weight = sum(share[n] for n in gaussian_steps)
     steps = []
     for name in names:
-        step_epsilon = epsilon * share[name] / total
         if name == SELECTION_STEP:
-            steps.append(_selection_step(query, step_epsilon, selection_delta))
-        elif name.startswith(BOUNDS_STEP_PREFIX):
-            steps.append(PlanStep(name, step_epsilon, 0.0,
-                                  dp_event.LaplaceDpEvent(noise_multiplier=1.0 / step_epsilon)))
+            step_delta = selection_delta
+        elif name in gaussian_steps:
+            step_delta = (delta - selection_delta) * share[name] / gaussian_weight
         else:
-            step_delta = ((delta - selection_delta) * share[name] / gaussian_weight
-                          if name in gaussian_steps else 0.0)
-            event = component_event(query, aggregates[name].kind, step_epsilon, step_delta)
-            _check_noise_scale(query, aggregates[name], event)
-            steps.append(PlanStep(name, step_epsilon, step_delta, event))
+            step_delta = 0.0  # bounds and Laplace noise
+        steps.append(_step(query, name, epsilon * share[name] / total, step_delta))
+        if name in aggregates:
+            _check_noise_scale(query, aggregates[name], steps[-1].event)
     spent_delta = sum(step.delta for step in steps)
     return BudgetPlan(query, epsilon, spent_delta, tuple(steps))
 
 
-def _step_at(query: AggregationQuery, step: PlanStep, scale: float) -> PlanStep:
-    """``step`` with its noise calibrated at (scale * its epsilon, its delta)."""
-    noise_epsilon = step.epsilon * scale
-    if step.name == SELECTION_STEP:
-        event = _selection_step(query, noise_epsilon, step.delta).event
-    elif step.name.startswith(BOUNDS_STEP_PREFIX):
+def _step(query: AggregationQuery, name: str, epsilon: float, delta: float,
+          scale: float = 1.0) -> PlanStep:
+    """Step ``name`` with its share (epsilon, delta) of the grant and the event of its noise,
+    calibrated at (scale * epsilon, delta): scale 1 in the basic plan, lambda in a PLD plan
+    (module docstring). The one place a step's event is made."""
+    noise_epsilon = epsilon * scale
+    additional_delta = 0.0
+    if name == SELECTION_STEP:
+        event, additional_delta = _selection_event(query, noise_epsilon, delta)
+    elif name.startswith(BOUNDS_STEP_PREFIX):
         event = dp_event.LaplaceDpEvent(noise_multiplier=1.0 / noise_epsilon)
     else:
-        kind = next(a.kind for a in query.aggregates if a.output_name == step.name)
-        event = component_event(query, kind, noise_epsilon, step.delta)
-    return dataclasses.replace(step, event=event, noise_scale=scale)
+        kind = next(a.kind for a in query.aggregates if a.output_name == name)
+        event = component_event(query, kind, noise_epsilon, delta)
+    return PlanStep(name, epsilon, delta, event, additional_delta, scale)
 
 
 # The PLD accountant's loss grid: 1e-3 nats (pessimistic rounding, so the epsilon it reports is
@@ -285,8 +316,8 @@ def _pld_noise_scale(basic: BudgetPlan) -> float:
     query, target = basic.query, basic.epsilon
 
     def composed(scale: float) -> dp_event.DpEvent:
-        return dp_event.ComposedDpEvent([_step_at(query, step, scale).event
-                                         for step in basic.steps])
+        return dp_event.ComposedDpEvent([_step(query, step.name, step.epsilon, step.delta,
+                                               scale).event for step in basic.steps])
 
     def fits(scale: float) -> bool:
         return pld_epsilon(composed(scale), event_delta) <= target
@@ -304,14 +335,14 @@ def _pld_noise_scale(basic: BudgetPlan) -> float:
 
 def _check_noise_scale(query: AggregationQuery, aggregate, event: dp_event.DpEvent) -> None:
     """Refuse, before any charge, an aggregate whose noise scale (its multiplier times the L1
-    or L2 sensitivity over C_u partitions) exceeds spec.MAX_MAGNITUDE: its noisy sums could
-    overflow to infinity by the noise alone."""
+    or L2 sensitivity over C_eff partitions, AggregationQuery.partitions_per_unit) exceeds
+    spec.MAX_MAGNITUDE: its noisy sums could overflow to infinity by the noise alone."""
     l1 = query.largest_change(aggregate)
     if l1 is None:
         return
     one = event.event if isinstance(event, dp_event.SelfComposedDpEvent) else event
     sensitivity = l1 if NoiseKind(query.noise) is NoiseKind.LAPLACE \
-        else l1 / math.sqrt(query.max_partitions_contributed)
+        else l1 / math.sqrt(query.partitions_per_unit)
     scale = one.noise_multiplier * sensitivity
     if not scale <= MAX_MAGNITUDE:
         raise QueryError(f"aggregate {aggregate.output_name!r}: bounds [{aggregate.low!r}, "
@@ -349,13 +380,25 @@ def run_selection(query: AggregationQuery, step: PlanStep, statistic) -> mechani
         epsilon=step.noise_epsilon, delta=step.delta)
 
 
-def _selection_step(query: AggregationQuery, epsilon: float, delta: float) -> PlanStep:
-    # The event is read from the selection mechanism itself, run on no partitions: the same
-    # code that will run on the data states what it spends.
+def units_kept_half_the_time(query: AggregationQuery, step: PlanStep) -> int:
+    """How many units, alone in a group, ``query``'s selection rule keeps it from with
+    probability 1/2 or more at ``step``'s share (public: the rule's own threshold,
+    mechanisms.selection.units_kept_half_the_time; the query selects its groups)."""
+    return selection.units_kept_half_the_time(
+        _SELECTION_MECHANISMS[SelectionRule(query.selection)],
+        max_partitions_per_unit=query.max_partitions_contributed,
+        epsilon=step.noise_epsilon, delta=step.delta)
+
+
+def _selection_event(query: AggregationQuery, noise_epsilon: float,
+                     delta: float) -> tuple[dp_event.DpEvent, float]:
+    """(event, additional_delta) of the selection run at (noise_epsilon, delta), read from the
+    selection mechanism itself, run on no partitions: the same code that will run on the data
+    states what it spends."""
     try:
-        dry = run_selection(query, PlanStep(SELECTION_STEP, epsilon, delta,
+        dry = run_selection(query, PlanStep(SELECTION_STEP, noise_epsilon, delta,
                                             dp_event.NoOpDpEvent()), [])
     except ValueError as error:
-        raise QueryError(f"partition selection cannot run at epsilon {epsilon:g}, delta "
+        raise QueryError(f"partition selection cannot run at epsilon {noise_epsilon:g}, delta "
                          f"{delta:g}: {error}") from None
-    return PlanStep(SELECTION_STEP, epsilon, delta, dry.event, dry.additional_delta)
+    return dry.event, dry.additional_delta

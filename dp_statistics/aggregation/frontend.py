@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from decimal import ROUND_DOWN, Decimal
 from typing import Callable, Mapping, NamedTuple, Optional, Union
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from sage_tfx.dp_statistics.aggregation import accuracy, relation, sql
 from sage_tfx.dp_statistics.aggregation.budget import (SELECTION_STEP, BudgetPlan, Composition,
-                                                       composition_for, plan)
+                                                       composition_for, plan,
+                                                       units_kept_half_the_time)
 from sage_tfx.dp_statistics.aggregation.local import aggregate
 from sage_tfx.dp_statistics.aggregation.release import Release
 from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQuery, QueryError,
@@ -146,27 +146,30 @@ def run(rows: pa.Table, planned: PlannedQuery, charged: Charged, unit: Guarantee
         engine: Callable = aggregate, intervals: bool = False,
         non_negative_counts: bool = False) -> Release:
     """Consume every share of the charged grant, then run the operator on `rows` with `engine`
-    (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam). The grant was charged
-    from `planned` (release.charge), or checked to pay for it (`check_grant`).
+    (local.aggregate, or a caller's wrapper of beam.aggregate_with_beam, called with the
+    keyword `intervals`). The grant was charged from `planned` (release.charge), or checked to
+    pay for it (`check_grant`).
 
     Post-processing of what was released, at no budget: `intervals` adds after each aggregate
     its noise standard deviation and 95% interval (`<name>_stddev`, `<name>_ci_low`,
-    `<name>_ci_high`; accuracy.py); `non_negative_counts` clamps COUNT values (and their
-    intervals) at 0; a release made with it states NON_NEGATIVE_COUNTS in its guarantee."""
+    `<name>_ci_high`; accuracy.py; computed only when asked); `non_negative_counts` clamps
+    COUNT values (and their intervals) at 0; a release made with it states
+    NON_NEGATIVE_COUNTS in its guarantee."""
     budget = planned.budget
     for step in budget.steps:
         charged.share(step.name)
-    release = engine(rows, planned.query, budget, unit)
+    release = engine(rows, planned.query, budget, unit, intervals=intervals)
     table = release.table.copy()
-    stated = release.intervals.copy()
+    stated = release.intervals.copy() if intervals else None
     if non_negative_counts:
         for counted in planned.query.aggregates:
             if counted.kind in (AggregateKind.COUNT, AggregateKind.COUNT_DISTINCT):
                 name = counted.output_name
-                low, high = accuracy.interval_columns(name)[1:]
                 table[name] = table[name].clip(lower=0.0)
-                stated[low], stated[high] = stated[low].clip(lower=0.0), stated[high].clip(
-                    lower=0.0)
+                if stated is not None:
+                    low, high = accuracy.interval_columns(name)[1:]
+                    stated[low], stated[high] = stated[low].clip(lower=0.0), stated[high].clip(
+                        lower=0.0)
     columns = list(planned.columns)
     if intervals:
         table = pd.concat([table, stated], axis=1)
@@ -176,53 +179,14 @@ def run(rows: pa.Table, planned: PlannedQuery, charged: Charged, unit: Guarantee
     return dataclasses.replace(release, table=table[columns])
 
 
-def typical_threshold(query: AggregationQuery, budget: BudgetPlan) -> Optional[int]:
-    """The number of distinct units from which partition selection keeps a group with
-    probability at least 1/2 (public: the rule and the noise its step runs), or None for a
-    rule without a closed form here."""
-    from sage_tfx import mechanisms
-    from sage_tfx.mechanisms import selection
-
-    rule = SelectionRule(query.selection)
-    if rule is SelectionRule.PUBLIC:
-        return None
-    step = budget.step(SELECTION_STEP)
-    partitions = query.max_partitions_contributed
-    if rule is SelectionRule.LAPLACE_THRESHOLD:  # kept when n + Z >= tau, Z symmetric
-        return selection.laplace_threshold_tau(max_partitions_per_unit=partitions,
-                                               epsilon=step.noise_epsilon, delta=step.delta)
-    if rule is SelectionRule.GAUSSIAN_THRESHOLD:  # kept when n + Z > tau
-        multiplier = mechanisms.gaussian_sigma(l2_sensitivity=1.0, epsilon=step.noise_epsilon,
-                                               delta=step.delta / 2.0)
-        sigma, k = mechanisms.gaussian_lattice(l2_sensitivity=math.sqrt(partitions), size=1,
-                                               noise_multiplier=multiplier)
-        return math.ceil(selection.gaussian_threshold_tau(
-            sigma=sigma, lattice_exponent=k, max_partitions_per_unit=partitions,
-            threshold_delta=step.delta / 2.0))
-    if rule is SelectionRule.TRUNCATED_GEOMETRIC:  # keep probability pi(n) at (eps/C, delta/C)
-        counts = np.arange(1, 2 ** 22)
-        kept = selection.truncated_geometric_keep_probability(
-            counts, epsilon=step.noise_epsilon / partitions, delta=step.delta / partitions) >= 0.5
-        return int(counts[kept.argmax()]) if kept.any() else None
-    if rule is SelectionRule.WEIGHTED_GAUSSIAN:  # kept when W + N(0, sigma^2) > tau
-        # W is n for n units that are in this group only (a unit in k groups weighs
-        # 1 / sqrt(k) in each): the count of such units kept half the time
-        sigma = mechanisms.gaussian_sigma(l2_sensitivity=1.0, epsilon=step.noise_epsilon,
-                                          delta=step.delta / 2.0)
-        return math.ceil(selection.weighted_gaussian_tau(
-            sigma=sigma, max_partitions_per_unit=partitions, threshold_delta=step.delta / 2.0))
-    return None
-
-
 def nothing_released(planned: PlannedQuery, unit_column: str) -> str:
     """Why a release has no row, in public numbers only (the rule, its budget, the options):
     every group's noisy unit count fell short of partition selection's threshold."""
     query = planned.query
     step = planned.budget.step(SELECTION_STEP)
-    threshold = typical_threshold(query, planned.budget)
+    threshold = units_kept_half_the_time(query, step)
     size = (f"a group is kept with probability 1/2 or more only from about {threshold} "
-            f"distinct {unit_column} values" if threshold is not None
-            else "a group needs enough distinct units to pass it")
+            f"distinct {unit_column} values")
     return (f"no group released: partition selection ({SelectionRule(query.selection).value}, "
             f"epsilon {step.epsilon:g} of the query's {planned.epsilon:g}, delta {step.delta:g}, "
             f"max_groups_contributed = {query.max_partitions_contributed}) dropped every group; "
@@ -234,6 +198,23 @@ def nothing_released(planned: PlannedQuery, unit_column: str) -> str:
 
 # What a release made with non_negative_counts states with its guarantee (Guarantee.mechanism).
 NON_NEGATIVE_COUNTS = "counts clamped at 0 by post-processing"
+
+
+def stated_mechanism(planned: PlannedQuery, non_negative_counts: bool = False) -> Optional[str]:
+    """What a release states with its guarantee (Guarantee.mechanism), every front door alike:
+    over public groups, the C_eff its noise is calibrated for (AggregationQuery.
+    partitions_per_unit: min(max_groups_contributed, the number of public groups)), and
+    NON_NEGATIVE_COUNTS when asked. Public numbers only: the options and the group list."""
+    query = planned.query
+    parts = []
+    if SelectionRule(query.selection) is SelectionRule.PUBLIC:
+        groups = len(query.public_partitions)
+        parts.append(f"noise calibrated for a unit in at most {query.partitions_per_unit} "
+                     f"group(s): min(max_groups_contributed {query.max_partitions_contributed}, "
+                     f"{groups} public group(s))")
+    if non_negative_counts:
+        parts.append(NON_NEGATIVE_COUNTS)
+    return "; ".join(parts) or None
 
 
 def planned_for_grant(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
@@ -281,5 +262,5 @@ def dp_aggregate(data: Union[pa.Table, pd.DataFrame], query_sql: str, grant, led
         release = run(relation.evaluate(planned.checked, lambda _: data), planned, charged, unit,
                       intervals=intervals, non_negative_counts=non_negative_counts)
         charged.released(guarantee=charged.guarantee(
-            unit, unit_column, mechanism=NON_NEGATIVE_COUNTS if non_negative_counts else None))
+            unit, unit_column, mechanism=stated_mechanism(planned, non_negative_counts)))
     return release

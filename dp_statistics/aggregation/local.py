@@ -9,7 +9,8 @@ import pandas as pd
 import pyarrow as pa
 
 from sage_tfx.dp_statistics.aggregation import aggregators
-from sage_tfx.dp_statistics.aggregation.budget import BOUNDS_STEP_PREFIX, BudgetPlan
+from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, BudgetPlan,
+                                                       bounds_inferred_by_step)
 from sage_tfx.dp_statistics.aggregation.release import Release
 from sage_tfx.dp_statistics.aggregation.spec import (AggregateKind, AggregationQuery,
                                                      GuaranteeUnit, QueryError, SelectionRule)
@@ -165,14 +166,11 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
     order = np.flatnonzero(rows)[pairs.row_order[kept_row]]
     ordered = {c: values[order] for c, values in columns.items()}
 
-    bounds, bounds_events = {}, {}
-    for aggregate_spec in query.aggregates:
+    bounds = {a.output_name: (a.low, a.high) for a in query.aggregates
+              if a.bounded and not a.bounds_inferred}
+    bounds_events = {}
+    for aggregate_spec in bounds_inferred_by_step(query):
         name = aggregate_spec.output_name
-        if not aggregate_spec.bounded:
-            continue
-        if not aggregate_spec.bounds_inferred:
-            bounds[name] = (aggregate_spec.low, aggregate_spec.high)
-            continue
         values = aggregators.bounds_input(aggregate_spec, pair_of_row, rank_in_pair, n_pairs,
                                           ordered[aggregate_spec.column],
                                           query.max_contributions_per_partition)
@@ -190,27 +188,31 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
 
 
 def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: Accumulated,
-                        unit: GuaranteeUnit) -> Release:
-    """Step 4 (noise, selection, post-processing) and the guarantee, for either engine."""
-    table, events, intervals = aggregators.release(
-        query, plan, accumulated.keys, accumulated.accumulators, accumulated.bounds,
-        accumulated.bounds_events)
+                        unit: GuaranteeUnit, intervals: bool = False) -> Release:
+    """Step 4 (noise, selection, post-processing) and the guarantee, for either engine; with
+    ``intervals``, each aggregate's stated accuracy (Release.intervals)."""
+    bounds = aggregators.shared_bounds(query, accumulated.bounds)
+    table, events, stated = aggregators.release(
+        query, plan, accumulated.keys, accumulated.accumulators, bounds,
+        accumulated.bounds_events, intervals)
     return Release(table, plan.epsilon, plan.delta,
                    GuaranteeUnit(unit).describe(query.unit_column), events, plan.additional_delta,
                    {name: (float(low), float(high))
-                    for name, (low, high) in accumulated.bounds.items()}, intervals)
+                    for name, (low, high) in bounds.items()}, stated)
 
 
 def aggregate(data, query: AggregationQuery, plan: BudgetPlan,
               unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ, *,
-              seed: Optional[int] = None) -> Release:
+              seed: Optional[int] = None, intervals: bool = False) -> Release:
     """Run ``query`` on ``data`` (pyarrow.Table or pandas.DataFrame) at ``plan``'s budget:
     contribution bounding, DP bounds where asked, DP aggregates, partition selection
     (aggregators.py). ``unit``: what the grant's blocks make the neighbouring relation.
+    ``intervals``: also state each aggregate's accuracy (Release.intervals; post-processing,
+    computed only when asked).
     Rows whose unit is null belong to nobody and are dropped. ``seed`` fixes the contribution
     sampling, for tests only (noise is never seeded). Raises QueryError (unknown or non-numeric
     columns, a plan made for another query) before drawing any noise."""
     frame = _frame(data, query)
     check_plan(query, plan)
     return release_accumulated(query, plan, accumulate(frame, query, plan, secret_rng(seed)),
-                               unit)
+                               unit, intervals)

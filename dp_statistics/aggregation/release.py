@@ -18,7 +18,8 @@ class Release:
     partition selection. ``bounds``: the [L, U] each bounded aggregate used, by output column
     (given, or inferred with DP: a release of its ``bounds:`` step). ``intervals``: each
     aggregate's noise standard deviation and 95% interval (``<name>_stddev``, ``<name>_ci_low``,
-    ``<name>_ci_high``; accuracy.py says how), row by row as ``table``: post-processing."""
+    ``<name>_ci_high``; accuracy.py says how), row by row as ``table``: post-processing,
+    computed only when the engine is asked for it (None otherwise)."""
     table: pd.DataFrame
     epsilon: float
     delta: float

@@ -290,12 +290,28 @@ class AggregationQuery:
             object.__setattr__(self, "public_partitions", tuple(
                 tuple(key) if isinstance(key, list) else key for key in self.public_partitions))
 
+    @property
+    def partitions_per_unit(self) -> int:
+        """C_eff: the most partitions one unit touches after bounding, the factor of every
+        sensitivity (C_eff Delta in L1, sqrt(C_eff) Delta in L2: aggregators.py).
+
+        Selected partitions: C_u. Public partitions (a query without GROUP BY is one):
+        min(C_u, G), G = len(public_partitions). Why: rows outside the G listed partitions are
+        dropped before bounding, so a unit's pairs lie in at most G partitions, and bounding
+        keeps at most C_u of them: the unit's vector is nonzero in at most min(C_u, G)
+        partitions (the L0 bound), each moved by at most Delta. G is the public list's length
+        (public, checked distinct), never the count of partitions the data fills, so the noise
+        scale is the same on neighbouring tables. The plan's events are per unit of
+        sensitivity: the charge does not depend on C_eff, only the noise's scale does."""
+        if self.selection == SelectionRule.PUBLIC and isinstance(self.public_partitions, tuple):
+            return max(1, min(self.max_partitions_contributed, len(self.public_partitions)))
+        return self.max_partitions_contributed
+
     def largest_change(self, aggregate: Aggregate) -> Optional[float]:
         """The most one unit moves the L1 norm of one of the aggregate's noisy sums over the
-        C_u partitions it touches (None: bounds inferred with DP, small by construction)."""
+        C_eff partitions it touches (None: bounds inferred with DP, small by construction)."""
         per_partition = aggregate.largest_change(self.max_contributions_per_partition)
-        return None if per_partition is None else \
-            self.max_partitions_contributed * per_partition
+        return None if per_partition is None else self.partitions_per_unit * per_partition
 
     def _check_magnitudes(self) -> None:
         """Refuse bounds whose worst case is not finite (issue 29): one unit's change to a sum
@@ -311,7 +327,7 @@ class AggregationQuery:
                 raise QueryError(
                     f"aggregate {aggregate.output_name!r}: bounds [{aggregate.low!r}, "
                     f"{aggregate.high!r}] let one unit move a released sum by up to {change:g} "
-                    f"(over max_groups_contributed = {self.max_partitions_contributed} and "
+                    f"(over {self.partitions_per_unit} group(s) per unit and "
                     f"{self.max_contributions_per_partition} rows per group), beyond 2^1000 "
                     f"(about {MAX_MAGNITUDE:.3g}), where sums saturate; narrow the bounds")
 

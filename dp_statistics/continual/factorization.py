@@ -271,29 +271,37 @@ def prefix_std(factor: WindowFactor, length: int, sigma: float) -> np.ndarray:
 
 
 def _noise_paths(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarray],
-                 first_steps: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+                 first_steps: np.ndarray,
+                 columns: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
     """Z' over the columns of z (rows: streams; column k is step first_steps + k + 1) from the
-    states `starts` (rows, n + 2) before the first column (None: step 1, all zero), and each
-    state's path over those columns (its value before each column's step)."""
+    states `starts` (rows, n + 2) before the first column (None: step 1, all zero), and the
+    states before the step of `columns` (per row, (rows, k); None: none): (rows, k, n + 2). A
+    buffer's path is dropped once its states are read (a path is as large as z)."""
     if starts is None:
         starts = np.zeros((len(z), factor.width))
+    at = np.zeros((len(z), 0), np.int64) if columns is None else columns
+    states = np.empty(at.shape + (factor.width,))
+    rows = np.arange(len(z))[:, None]
+    buffers = len(factor.blt.decays)
     total = z.copy()
-    paths = []
     for i, (theta, weight) in enumerate(zip(factor.blt.decays, factor.blt.weights)):
         # y[n] = 0 * z[n] + d[n], d[n + 1] = theta z[n] + theta y[n]: y = S_i, d its state.
         path, _ = lfilter([0.0, theta], [1.0, -theta], z, axis=1, zi=starts[:, i:i + 1])
-        total += weight * path
-        paths.append(path)
+        states[..., i] = path[rows, at]
+        path *= weight  # the product weight * path, in place
+        total += path
     # total is now the BLT noise Z; Z' adds up its increments times the gains, by a cumsum
     # that is sequential from the stored Z'(first step) (folded into the first increment), so a
     # restart repeats the one-pass additions in the same order.
-    previous = np.concatenate([starts[:, -2:-1], total[:, :-1]], axis=1)
-    scaled = total - previous
+    first = at == 0
+    before = np.maximum(at - 1, 0)
+    states[..., buffers] = np.where(first, starts[:, -2:-1], total[rows, before])
+    scaled = np.diff(total, axis=1, prepend=starts[:, -2:-1])
     scaled *= factor.step_gains(first_steps, z.shape[1])
     scaled[:, 0] += starts[:, -1]
     np.cumsum(scaled, axis=1, out=scaled)
-    paths += [previous, np.concatenate([starts[:, -1:], scaled[:, :-1]], axis=1)]
-    return scaled, paths
+    states[..., buffers + 1] = np.where(first, starts[:, -1:], scaled[rows, before])
+    return scaled, states
 
 
 @dataclass
@@ -334,7 +342,8 @@ class FactorizationIndex(TreeIndex):
         first_step = np.asarray(first_step, np.int64)
         odd = (first_step & 1).astype(bool)
         z = noise.normal_rows(tree_ids, (first_step - odd).astype(np.uint64), count + 1)
-        z = np.where(odd[:, None], z[:, 1:], z[:, :count])
+        # (All even, as every new stream's: the first `count`, without a copy.)
+        z = np.where(odd[:, None], z[:, 1:], z[:, :count]) if odd.any() else z[:, :count]
         z *= self.sigma
         return z
 
@@ -346,9 +355,11 @@ class FactorizationIndex(TreeIndex):
         n_blocks = -(-longest // BLOCK)
         width = n_blocks * BLOCK
         z = self._noise(noise, tree_ids, np.zeros(len(rows), np.int64), width)
-        total, paths = _noise_paths(self.factor, z, None, np.zeros(len(rows), np.int64))
+        block_starts = np.broadcast_to(np.arange(0, width, BLOCK), (len(rows), n_blocks))
+        total, states = _noise_paths(self.factor, z, None, np.zeros(len(rows), np.int64),
+                                     block_starts)
         bases = np.full((len(rows),) + self.bases.shape[1:], np.nan)
-        bases[:, :n_blocks] = np.stack([path[:, ::BLOCK] for path in paths], axis=2)
+        bases[:, :n_blocks] = states
         self.bases[rows] = bases
         # _block_noise restarts lfilter from these stored states: the same recurrence from the
         # same state gives the same bits, so the stored minima agree with a later scan.
@@ -380,11 +391,11 @@ class FactorizationIndex(TreeIndex):
             members = np.flatnonzero(groups == group)
             z = self._noise(noise, self.tree_ids[rows[members]], origins[members],
                             int(lead[members].max()) + BLOCK)
-            total, paths = _noise_paths(self.factor, z, states[members], origins[members])
+            total, kept_states = _noise_paths(self.factor, z, states[members], origins[members],
+                                              (keep[members] - origins[members])[:, None])
             at = np.arange(len(members))
             out[members] = total[at[:, None], lead[members][:, None] + np.arange(BLOCK)]
-            kept[members] = np.stack([path[at, keep[members] - origins[members]]
-                                      for path in paths], axis=1)
+            kept[members] = kept_states[:, 0]
         forward = keep > self.cursors[rows]
         self.cursors[rows[forward]] = keep[forward]
         self.bases[rows[forward]] = kept[forward]

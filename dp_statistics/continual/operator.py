@@ -81,13 +81,22 @@ def clean_batch(batch: pd.DataFrame, statistic: StreamStatistic, grid: float,
         ("value",) if statistic is StreamStatistic.SUM else ()) if column not in batch]
     if missing:
         raise QueryError(f"a micro-batch needs columns {list(BATCH_COLUMNS)}, missing {missing}")
-    valid = (batch["unit"].notna() & batch["key"].notna()).to_numpy()
-    units, keys = batch["unit"].to_numpy()[valid], batch["key"].to_numpy()[valid]
+    units, keys = batch["unit"].to_numpy(), batch["key"].to_numpy()
+    valid = _present(units) & _present(keys)
+    if not valid.all():
+        units, keys = units[valid], keys[valid]
     if statistic is StreamStatistic.COUNT:
         return units, keys, np.ones(len(units))
     values = bounded(pd.to_numeric(batch["value"], errors="coerce").to_numpy(np.float64)[valid],
                      -bound, bound)
     return units, keys, np.clip(round_to_grid(values, grid), -bound, bound)
+
+
+def _present(column: np.ndarray) -> np.ndarray:
+    """Which entries are not missing (pandas' notna); an integer or boolean column has none."""
+    if column.dtype.kind in "iub":
+        return np.ones(len(column), dtype=bool)
+    return ~pd.isna(column)
 
 
 def kept_mask(units: np.ndarray, used: np.ndarray, limit: int) -> np.ndarray:

@@ -140,8 +140,10 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
                 query, budget, batches, state_dir, sink, charge=charge, progress=bar.update,
                 noise_key=noise_key, complete_window=last == total, granted=pin_triggers,
                 # A live stream stops between triggers: every step is saved, so the next run
-                # needs none of this run's records.
-                snapshot_every=None if through_step is None else 1)
+                # needs none of this run's records. A whole window is a replay of records in
+                # hand: its micro-batches are taken REPLAY_TAKE_AHEAD at a time (one sync).
+                snapshot_every=None if through_step is None else 1,
+                take_ahead=local.REPLAY_TAKE_AHEAD if through_step is None else 1)
     except StreamStateError as error:
         raise BadRequest(str(error)) from None
     except KeyboardInterrupt:

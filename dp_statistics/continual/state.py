@@ -15,7 +15,9 @@ TriggerRelease leaves the operator. Tables are numpy arrays indexed by dense cod
   last committed step and the grant.
 
 Storage (``save``/``load``) is one ``.npz`` written to a temporary file and renamed over the old
-one (os.replace is atomic), with the scalars as JSON inside it; no pickle. Between two saves the
+one (os.replace is atomic), with the scalars as JSON inside it; no pickle. The selection
+streams' summaries are not in it: a pure function of the noise key and each stream's id and
+length, they are recomputed on load for the live rounds. Between two saves the
 ``Journal`` keeps the micro-batches the state took after the saved step and which of them were
 committed (local.py), and ``pin_tokens`` the random values the ledger pins per trigger
 (release.py).
@@ -28,7 +30,7 @@ import os
 import secrets
 import struct
 import zlib
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -39,13 +41,15 @@ from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
+from sage_tfx.mechanisms.keyed import KeyedGaussian
 
 STATE_FILE = "state.npz"
 JOURNAL_FILE = "journal.jsonl"
 TAKEN_LOG = "taken.log"  # the micro-batches of the steps after the saved one
 PIN_TOKENS_FILE = "pin_tokens.json"
-_FORMAT = 5  # 2: strings as UTF-8 bytes and offsets; 3: no micro-batch digests; 4: taken.log;
-# 5: the factorization's column-normalised noise (n + 2 states per stream)
+_FORMAT = 6  # 2: strings as UTF-8 bytes and offsets; 3: no micro-batch digests; 4: taken.log;
+# 5: the selection streams' summaries recomputed on load, not stored; 6: the factorization's
+# column-normalised noise (n + 2 states per stream)
 
 
 class StreamStateError(RuntimeError):
@@ -353,7 +357,10 @@ class WindowState:
                   **self.units.to_arrays("unit"), **self.keys.to_arrays("key"),
                   "pair_codes": pair_codes, "pair_rounds": pair_rounds}
         arrays.update({f"key_{name}": self.column(name) for name in KEY_COLUMNS})
-        arrays.update({f"selection_{n}": a for n, a in self.selection.to_arrays().items()})
+        # The selection streams' summaries are recomputed on load (TreeIndex.rebuilt): most of
+        # the state's bytes (38 of 64 MB at 20,000 keys and T = 1,000), written at every save.
+        selection = self.selection.to_arrays()
+        arrays.update({f"selection_{n}": selection[n] for n in ("tree_ids", "lengths")})
         arrays.update({f"values_{n}": a for n, a in self.values.to_arrays().items()})
         path = os.path.join(directory, STATE_FILE)
         temporary = f"{path}.tmp-{os.getpid()}"
@@ -385,14 +392,18 @@ class WindowState:
         for name in KEY_COLUMNS:
             columns[name][:] = arrays[f"key_{name}"]
 
-        def index(prefix: str, selection: bool) -> TreeIndex:
-            part = {n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
-            return budget.index(selection, part)
-
-        state = cls(query, budget, arrays["noise_key"].tobytes(),
+        noise_key = arrays["noise_key"].tobytes()
+        values = budget.index(False, {n[len("values_"):]: a for n, a in arrays.items()
+                                      if n.startswith("values_")})
+        # Only the live rounds' selection streams are read again (the keys' selection_row).
+        live = columns["selection_row"][:n_keys]
+        selection = budget.index(True).rebuilt(
+            KeyedGaussian(noise_key), arrays["selection_tree_ids"],
+            arrays["selection_lengths"], live[live >= 0])
+        state = cls(query, budget, noise_key,
                     units, np.array(arrays["used"], np.int32),
                     PairTable(arrays["pair_codes"], arrays["pair_rounds"]), keys, columns,
-                    index("selection_", True), index("values_", False),
+                    selection, values,
                     step=meta["step"],
                     grant_id=meta["grant_id"], blocks=tuple(meta["blocks"]),
                     charge_started=meta["charge_started"])
@@ -430,10 +441,12 @@ class Journal:
       release from the taken micro-batch, the same bits).
     - taken.log: per step t > s the micro-batch t was computed from, one entry each (a header
       with the step, the length and the CRC-32 of an Arrow IPC stream of the micro-batch, then
-      the stream), written after the previous one with one write() and synced before t is
-      computed. The entries end at the first header or payload that does not check (a torn
-      entry: the process died inside take(), before t was computed), which is cut off when the
-      journal is opened.
+      the stream). The micro-batches taken together (local.py takes up to `take_ahead` the
+      input already holds) are written after the previous entries with one write() and synced
+      once, before the first of them is computed. The entries end at the first header or
+      payload that does not check (a torn entry: the process died inside take(), before any
+      step of that write was computed), which is cut off when the journal is opened; the
+      complete entries before it are taken steps like any other (none was released).
 
     A step is *taken* once its entry is in taken.log: from then on it is computed from that
     micro-batch only, whatever input a later run brings (records that arrive for it later are
@@ -495,15 +508,16 @@ class Journal:
             return None
         return pa.ipc.open_stream(payload).read_all().to_pandas()
 
-    def take(self, step: int, batch: pd.DataFrame) -> None:
-        """Keep `batch` as step `step`'s micro-batch (one appended entry; synced if `fsync`)."""
-        sink = pa.BufferOutputStream()
-        table = pa.Table.from_pandas(batch, preserve_index=False)
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        payload = sink.getvalue().to_pybytes()
-        entry = self._HEADER.pack(self._MAGIC, step, len(payload), zlib.crc32(payload)) + payload
-        end = self._log_end + len(entry)
+    def take(self, batches: Sequence[tuple[int, pd.DataFrame]]) -> None:
+        """Keep each (step, micro-batch) of `batches` as that step's micro-batch: their entries
+        appended with one write and, if `fsync`, one sync, before any of them is computed."""
+        if not batches:
+            return
+        payloads = [(step, _ipc_payload(batch)) for step, batch in batches]
+        entries = b"".join(self._HEADER.pack(self._MAGIC, step, len(payload),
+                                             zlib.crc32(payload)) + payload
+                           for step, payload in payloads)
+        end = self._log_end + len(entries)
         size = os.fstat(self._log).st_size
         if end > size:
             # Grow geometrically up to LOG_CHUNK at a time: a log written afresh by a save (each
@@ -512,11 +526,11 @@ class Journal:
             os.pwrite(self._log, bytes(grow), size)
             if self.fsync:
                 os.fsync(self._log)  # the new size and blocks, once per chunk
-        os.pwrite(self._log, entry, self._log_end)
+        os.pwrite(self._log, entries, self._log_end)
         if self.fsync:
             _sync_data(self._log)
         self._log_end = end
-        self._entries[step] = payload
+        self._entries.update(payloads)
 
     def commit(self, step: int) -> None:
         self._out.write(json.dumps({"commit": step}) + "\n")
@@ -605,6 +619,23 @@ def pin_tokens(directory: str, steps: Iterable[int]) -> dict[int, str]:
         private_directory(directory)
         write_json_lines(path, [{str(step): token for step, token in sorted(tokens.items())}])
     return {step: tokens[step] for step in steps}
+
+
+def _ipc_payload(batch: pd.DataFrame) -> bytes:
+    """`batch` as an Arrow IPC stream (Journal.taken reads it back). A frame of numpy integer,
+    float and boolean columns goes to Arrow column by column, as Table.from_pandas converts
+    them (NaN as null) and reads back the same frame, without its per-call overhead (a
+    benchmark's micro-batches); any other frame through Table.from_pandas."""
+    sink = pa.BufferOutputStream()
+    if batch.columns.is_unique and all(isinstance(name, str) for name in batch.columns) and all(
+            isinstance(dtype, np.dtype) and dtype.kind in "iufb" for dtype in batch.dtypes):
+        table = pa.table({name: pa.array(batch[name].to_numpy(), from_pandas=True)
+                          for name in batch.columns})
+    else:
+        table = pa.Table.from_pandas(batch, preserve_index=False)
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
 
 
 def _complete_lines(path: str) -> list[dict]:

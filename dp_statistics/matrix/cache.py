@@ -1,11 +1,13 @@
-"""The durable strategy cache: Eigen-Design results on disk, one .npz per (workload, options).
+"""The durable strategy cache: selected strategies on disk (Eigen-Design, the convex optimum,
+OPT_M, OPT_+), one .npz per (workload, options): the arrays a family needs to rebuild its strategy.
 
 Strategy selection reads only the workload (its queries and declared domain, both public) and
 the selection options, never a record, so a cached strategy and its file name reveal nothing
 about any dataset: caching costs no privacy. A file is trusted only as far as it can be checked
-(``load``): the stored fingerprint and options must equal the request's, the factors' cell
-counts must match the workload's domain, and every entry must be finite; anything else (a
-truncated, corrupt or foreign file) is recomputed and overwritten, never used. Even a strategy
+(``load``): the stored fingerprint and options must equal the request's and every entry must be
+finite, and the family's own rebuild checks the arrays' shapes against the workload
+(strategy.disk_cached); anything else (a truncated, corrupt or foreign file) is recomputed and
+overwritten, never used. Even a strategy
 that passes these checks but was tampered with cannot weaken the guarantee: the mechanism
 calibrates its noise to the loaded strategy's own column norms and refuses a strategy that does
 not support the workload (mechanism.answer_workload). Writes are atomic (a temporary file in
@@ -17,6 +19,7 @@ Directory: the ``directory`` argument, else $SAGE_TFX_CACHE/strategies, else
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,7 +33,7 @@ from sage_tfx.dp_statistics.matrix.workload import Workload
 
 CACHE_ENVIRONMENT_VARIABLE = "SAGE_TFX_CACHE"
 # Bump when a change of the selection would make old files wrong for the same key.
-_FORMAT = 1
+_FORMAT = 2
 
 
 def cache_directory(directory: Optional[str] = None) -> Optional[str]:
@@ -51,31 +54,38 @@ def _key(workload: Workload, options: dict) -> tuple[str, str]:
     return hashlib.sha256(described.encode()).hexdigest(), described
 
 
-def load(directory: str, workload: Workload, options: dict):
-    """The cached (factors, name, duality_gap, selection_seconds), or None when there is no
-    file or it fails a check."""
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """What a cache file holds: the family's arrays and the strategy's description."""
+    arrays: dict
+    name: str
+    duality_gap: Optional[float]
+    selection_seconds: float
+
+
+def load(directory: str, workload: Workload, options: dict) -> Optional[Stored]:
+    """The cached entry, or None when there is no file or it fails a check."""
     key, described = _key(workload, options)
     path = os.path.join(directory, f"{key}.npz")
     try:
         with np.load(path, allow_pickle=False) as stored:
             if str(stored["described"]) != described:
                 return None
-            count = int(stored["factor_count"])
-            factors = [np.array(stored[f"factor_{i}"], dtype=np.float64) for i in range(count)]
-            name = str(stored["name"])
-            gap = float(stored["duality_gap"])
-            seconds = float(stored["selection_seconds"])
+            arrays = {str(name): np.array(stored[str(name)], dtype=np.float64)
+                      for name in stored["array_names"]}
+            entry = Stored(arrays, str(stored["name"]), float(stored["duality_gap"]),
+                           float(stored["selection_seconds"]))
     except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile):
         return None
-    cells = tuple(f.shape[1] if f.ndim == 2 else -1 for f in factors)
-    if cells not in (workload.sizes, (workload.cells,)) or not all(
-            f.ndim == 2 and f.shape[0] > 0 and np.all(np.isfinite(f)) for f in factors):
+    if not arrays or not all(np.all(np.isfinite(a)) for a in arrays.values()):
         return None
-    return factors, name, (None if np.isnan(gap) else gap), seconds
+    gap = entry.duality_gap
+    return dataclasses.replace(entry, duality_gap=None if np.isnan(gap) else gap)
 
 
-def store(directory: str, workload: Workload, options: dict, strategy) -> None:
-    """Write the strategy atomically; a directory that cannot be written only costs the cache."""
+def store(directory: str, workload: Workload, options: dict, arrays: dict, strategy) -> None:
+    """Write ``arrays`` (and ``strategy``'s name and certificate) atomically; a directory that
+    cannot be written only costs the cache."""
     key, described = _key(workload, options)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -85,11 +95,10 @@ def store(directory: str, workload: Workload, options: dict, strategy) -> None:
     try:
         with os.fdopen(handle, "wb") as file:
             np.savez(file, described=np.array(described), name=np.array(strategy.name),
-                     factor_count=np.array(len(strategy.factors)),
+                     array_names=np.array(sorted(arrays)),
                      duality_gap=np.array(np.nan if strategy.duality_gap is None
                                           else strategy.duality_gap),
-                     selection_seconds=np.array(strategy.selection_seconds),
-                     **{f"factor_{i}": f for i, f in enumerate(strategy.factors)})
+                     selection_seconds=np.array(strategy.selection_seconds), **arrays)
         os.replace(temporary, os.path.join(directory, f"{key}.npz"))
     except OSError:
         try:

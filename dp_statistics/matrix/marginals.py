@@ -76,7 +76,9 @@ from typing import Optional
 
 import numpy as np
 
-from sage_tfx.dp_statistics.matrix.strategy import LinearStrategy, UnsupportedWorkload
+from sage_tfx.dp_statistics.matrix import cache
+from sage_tfx.dp_statistics.matrix.strategy import (LinearStrategy, UnsupportedWorkload,
+                                                    disk_cached)
 from sage_tfx.dp_statistics.matrix.workload import DomainError, Workload
 
 # omega_b below this fraction of the largest is rounding (a Gram's P0 trace of a total block).
@@ -312,10 +314,31 @@ def error_and_gradient(weights: np.ndarray, omega: np.ndarray, cells_of: np.ndar
 
 
 def opt_marginals(workload: Workload, *, tolerance: float = 1e-6,
-                  max_iterations: int = 20_000) -> MarginalStrategy:
+                  max_iterations: int = 20_000,
+                  cache_dir: Optional[str] = None) -> MarginalStrategy:
     """OPT_M: the weighted-marginal strategy of least Gaussian error on ``workload`` (module
     docstring), with its certificate as ``duality_gap`` (at most ``tolerance`` unless the
-    iterations ran out)."""
+    iterations ran out). Data independent, so cached per workload in memory and on disk
+    (cache.py) as its weights: Adult's 0-3-way marginals take thousands of iterations (7 s)."""
+    return _cached_opt_marginals(workload, tolerance, max_iterations,
+                                 cache.cache_directory(cache_dir))
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_opt_marginals(workload: Workload, tolerance: float, max_iterations: int,
+                          directory: Optional[str]) -> MarginalStrategy:
+    def rebuild(workload: Workload, stored: cache.Stored) -> MarginalStrategy:
+        # MarginalStrategy refuses weights of the wrong length, negative or all zero
+        return MarginalStrategy(tuple(workload.sizes), stored.arrays["weights"], stored.name,
+                                stored.selection_seconds, stored.duality_gap)
+    options = {"family": "OPT_M", "tolerance": tolerance, "max_iterations": max_iterations}
+    return disk_cached(workload, options, directory,
+                       lambda: _optimal_marginals(workload, tolerance, max_iterations),
+                       encode=lambda strategy: {"weights": strategy.weights}, decode=rebuild)
+
+
+def _optimal_marginals(workload: Workload, tolerance: float,
+                       max_iterations: int) -> MarginalStrategy:
     start = time.perf_counter()
     d = len(workload.sizes)
     omega = workload_spectrum(workload)

@@ -49,10 +49,10 @@ CANDIDATES: list[Candidate] = [
               lambda w: w.is_product() and w.cells <= 4096,  # larger: the default above is it
               lambda w, cache_dir: eigen_design(w, kronecker=True, cache_dir=cache_dir)),
     Candidate("weighted marginals (OPT_M)", _all_product_terms,
-              lambda w, cache_dir: opt_marginals(w)),
+              lambda w, cache_dir: opt_marginals(w, cache_dir=cache_dir)),
     Candidate("union of products (OPT_+)",
               lambda w: _all_product_terms(w) and 2 <= len(w.terms) <= _UNION_MAX_TERMS,
-              lambda w, cache_dir: opt_union(w)),
+              lambda w, cache_dir: opt_union(w, cache_dir=cache_dir)),
     Candidate("convex optimum", lambda w: w.cells <= convex.MAX_CELLS,
               lambda w, cache_dir: convex.convex_optimum(w, cache_dir=cache_dir)),
     # Lower-triangular, so it also answers in a stream; offline it wins on large CDFs, where

@@ -171,8 +171,9 @@ class Strategy(LinearStrategy):
         G (I - X A^T A) = 0 for each term's Gram G (each is PSD, so the union is supported iff
         every term is; for factored terms, iff every factor is)."""
         self._check_cells(workload)
-        for index, (grams, projectors) in enumerate(self._aligned(workload)):
-            for gram, projector in zip(grams, projectors):
+        for index, term in enumerate(workload.terms):
+            grams = self._term_factors(workload, term, [b.gram() for b in term])
+            for gram, projector in zip(grams, self._row_space_projectors):
                 residual = np.linalg.norm(gram - gram @ projector)
                 if residual > _SUPPORT_TOLERANCE * max(1.0, np.linalg.norm(gram)):
                     raise UnsupportedWorkload(
@@ -180,11 +181,10 @@ class Strategy(LinearStrategy):
                         f"queries are not in its row space (residual {residual:.3g}); its "
                         f"answers cannot be derived from the strategy's")
 
-    def _aligned(self, workload: Workload):
-        """Per term: (Grams, projectors onto A's row space) on matching factors."""
-        projectors = [x @ (f.T @ f) for x, f in zip(self.covariances, self.factors)]
-        for term in workload.terms:
-            yield self._term_factors(workload, term, [b.gram() for b in term]), projectors
+    @functools.cached_property
+    def _row_space_projectors(self) -> tuple[np.ndarray, ...]:
+        """X_i A_i^T A_i per factor: the projector onto A_i's row space."""
+        return tuple(x @ (f.T @ f) for x, f in zip(self.covariances, self.factors))
 
     def _term_factors(self, workload: Workload, term: tuple[Block, ...], per_block: list):
         """A term's per-block matrices, combined to match the strategy's factors."""
@@ -198,7 +198,8 @@ class Strategy(LinearStrategy):
     def trace(self, workload: Workload) -> float:
         """trace(W^T W (A^T A)^+) = sum_t prod_i trace(G_ti X_i)."""
         total = 0.0
-        for grams, _ in self._aligned(workload):
+        for term in workload.terms:
+            grams = self._term_factors(workload, term, [b.gram() for b in term])
             total += float(np.prod([np.sum(g * x) for g, x in zip(grams, self.covariances)]))
         return total
 
@@ -443,17 +444,36 @@ def _cached_eigen_design(workload: Workload, separation_group, principal_fractio
         workload, separation_group, principal_fraction, kronecker, rounds))
 
 
-def disk_cached(workload: Workload, options: dict, directory: Optional[str], build) -> Strategy:
+def disk_cached(workload: Workload, options: dict, directory: Optional[str], build, *,
+                encode=None, decode=None):
     """The strategy cached on disk for (workload, options) (cache.py), else ``build()``'s,
-    stored; no disk cache when ``directory`` is None."""
+    stored; no disk cache when ``directory`` is None. ``encode`` gives the arrays a strategy is
+    kept as and ``decode(workload, stored)`` rebuilds it, raising ValueError (or KeyError) when
+    the arrays do not fit the workload (then it is recomputed); the default keeps a product's factors."""
+    encode, decode = encode or _factor_arrays, decode or _factor_strategy
     stored = cache.load(directory, workload, options) if directory else None
     if stored is not None:
-        factors, name, gap, seconds = stored
-        return Strategy(tuple(factors), name, seconds, gap)
+        try:
+            return decode(workload, stored)
+        except (KeyError, ValueError):  # arrays that are not this family's or do not fit
+            pass
     strategy = build()
     if directory:
-        cache.store(directory, workload, options, strategy)
+        cache.store(directory, workload, options, encode(strategy), strategy)
     return strategy
+
+
+def _factor_arrays(strategy: Strategy) -> dict:
+    return {f"factor_{i}": factor for i, factor in enumerate(strategy.factors)}
+
+
+def _factor_strategy(workload: Workload, stored: cache.Stored) -> Strategy:
+    factors = [stored.arrays[f"factor_{i}"] for i in range(len(stored.arrays))]
+    cells = tuple(f.shape[1] if f.ndim == 2 else -1 for f in factors)
+    if cells not in (workload.sizes, (workload.cells,)) or any(
+            f.ndim != 2 or f.shape[0] == 0 for f in factors):
+        raise ValueError(f"cached factors over {cells} cells do not fit {workload.sizes}")
+    return Strategy(tuple(factors), stored.name, stored.selection_seconds, stored.duality_gap)
 
 
 def _eigen_design(workload: Workload, separation_group, principal_fraction, kronecker,

@@ -34,8 +34,10 @@ from typing import Optional
 
 import numpy as np
 
+from sage_tfx.dp_statistics.matrix import cache
 from sage_tfx.dp_statistics.matrix.strategy import (LinearStrategy, Strategy,
-                                                    UnsupportedWorkload, eigen_design_matrix)
+                                                    UnsupportedWorkload, disk_cached,
+                                                    eigen_design_matrix)
 from sage_tfx.dp_statistics.matrix.workload import Block, Workload
 
 
@@ -112,29 +114,57 @@ class UnionStrategy(LinearStrategy):
 
 
 @functools.lru_cache(maxsize=256)
-def _unit_block_strategy(block: Block) -> tuple[np.ndarray, np.ndarray]:
-    """(Eigen-Design for one block scaled to column norms at most 1, its (A^T A)^+): blocks
-    repeat across terms (Adult's 470 terms have 33 distinct blocks)."""
+def _unit_block_strategy(block: Block) -> Strategy:
+    """Eigen-Design for one block scaled to column norms at most 1; kept, so its cached
+    (A^T A)^+ and row-space projector are computed once: blocks repeat across terms (Adult's
+    470 terms have 33 distinct blocks)."""
     factor = eigen_design_matrix(block.gram())[0]
-    factor = factor / np.sqrt(np.max(np.sum(factor ** 2, axis=0)))
-    return factor, Strategy((factor,)).covariances[0]
+    return Strategy((factor / np.sqrt(np.max(np.sum(factor ** 2, axis=0))),))
 
 
 def _product_part(term: tuple[Block, ...]) -> Strategy:
     """One term's product strategy at unit sensitivity: Eigen-Design per block."""
-    factors, covariances = zip(*(_unit_block_strategy(block) for block in term))
-    part = Strategy(tuple(factors), "eigen-design (per term)")
-    part.__dict__["covariances"] = covariances  # the cached_property, filled from the cache
+    blocks = [_unit_block_strategy(block) for block in term]
+    part = Strategy(tuple(b.factors[0] for b in blocks), "eigen-design (per term)")
+    # its cached properties, from the blocks' (computed once per distinct block)
+    part.__dict__["covariances"] = tuple(b.covariances[0] for b in blocks)
+    part.__dict__["_row_space_projectors"] = tuple(b._row_space_projectors[0] for b in blocks)
     return part
 
 
-def opt_union(workload: Workload) -> UnionStrategy:
-    """OPT_+ with one group per term (HDMM's DefaultUnionKron), weights u_j ~ sqrt(E_j)."""
-    start = time.perf_counter()
-    groups = tuple((t,) for t in range(len(workload.terms)))
-    parts = tuple(_product_part(term) for term in workload.terms)
-    errors = np.array([part.trace(Workload(workload.attributes, workload.sizes, (term,)))
-                       for part, term in zip(parts, workload.terms)])
-    weights = np.sqrt(errors) / np.sum(np.sqrt(errors))
-    return UnionStrategy(parts, groups, weights, workload.fingerprint,
-                         selection_seconds=time.perf_counter() - start)
+def opt_union(workload: Workload, *, cache_dir: Optional[str] = None) -> UnionStrategy:
+    """OPT_+ with one group per term (HDMM's DefaultUnionKron), weights u_j ~ sqrt(E_j).
+    Data independent, so cached per workload in memory and on disk (cache.py) as its weights
+    (the parts are rebuilt from the terms; the errors E_j are what costs)."""
+    return _cached_opt_union(workload, cache.cache_directory(cache_dir))
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_opt_union(workload: Workload, directory: Optional[str]) -> UnionStrategy:
+    def build() -> UnionStrategy:
+        start = time.perf_counter()
+        parts = tuple(_product_part(term) for term in workload.terms)
+        errors = term_errors(workload, parts)
+        weights = np.sqrt(errors) / np.sum(np.sqrt(errors))
+        return _union(workload, parts, weights, time.perf_counter() - start)
+
+    def rebuild(workload: Workload, stored: cache.Stored) -> UnionStrategy:
+        weights = stored.arrays["weights"]
+        if weights.shape != (len(workload.terms),) or not np.all(weights > 0):
+            raise ValueError(f"cached OPT_+ weights {weights.shape} do not fit "
+                             f"{len(workload.terms)} terms")
+        parts = tuple(_product_part(term) for term in workload.terms)
+        return _union(workload, parts, weights, stored.selection_seconds)
+    return disk_cached(workload, {"family": "OPT_+"}, directory, build,
+                       encode=lambda strategy: {"weights": strategy.weights}, decode=rebuild)
+
+
+def term_errors(workload: Workload, parts) -> np.ndarray:
+    """E_j: each term's error under its own part at unit sensitivity."""
+    return np.array([part.trace(Workload(workload.attributes, workload.sizes, (term,)))
+                     for part, term in zip(parts, workload.terms)])
+
+
+def _union(workload: Workload, parts, weights: np.ndarray, seconds: float) -> UnionStrategy:
+    groups = tuple((t,) for t in range(len(workload.terms)))  # one group per term
+    return UnionStrategy(parts, groups, weights, workload.fingerprint, selection_seconds=seconds)

@@ -74,9 +74,20 @@ def _bad_module(tmp_path, text):
     return str(path)
 
 
+def _trip_module_with(tmp_path, source: str) -> str:
+    """The trip module's features and loss, with ``source`` (a build_model) of its own."""
+    return _bad_module(tmp_path, "import importlib.util, tensorflow as tf\n"
+                                 f"spec = importlib.util.spec_from_file_location('trip', "
+                                 f"{TRIP_MODULE!r})\n"
+                                 "trip = importlib.util.module_from_spec(spec)\n"
+                                 "spec.loader.exec_module(trip)\n"
+                                 "LABEL_KEY, feature_spec = trip.LABEL_KEY, trip.feature_spec\n"
+                                 "model_inputs, loss = trip.model_inputs, trip.loss\n" + source)
+
+
 @pytest.mark.parametrize("case", ["missing file", "lacks loss", "raises on import",
                                   "calibration", "keras 3", "batch normalization",
-                                  "batch statistics"])
+                                  "batch statistics", "model fails its stand-in"])
 def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
         store_path, tmp_path, monkeypatch, case):
     from sage_tfx.components.block_ledger import preflight
@@ -93,38 +104,35 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
         module = _bad_module(tmp_path, "import not_installed_anywhere\n")
         message = "does not import: ModuleNotFoundError"
     elif case == "batch normalization":  # DP-SGD cannot clip it: refused from the model alone
-        module = _bad_module(tmp_path, f"import importlib.util, tensorflow as tf\n"
-                                       f"spec = importlib.util.spec_from_file_location('trip', "
-                                       f"{TRIP_MODULE!r})\n"
-                                       "trip = importlib.util.module_from_spec(spec)\n"
-                                       "spec.loader.exec_module(trip)\n"
-                                       "LABEL_KEY, feature_spec = trip.LABEL_KEY, trip.feature_spec\n"
-                                       "model_inputs, loss = trip.model_inputs, trip.loss\n"
-                                       "def build_model():\n"
-                                       "    return tf.keras.Sequential([tf.keras.Input((3,)), "
-                                       "tf.keras.layers.BatchNormalization(), "
-                                       "tf.keras.layers.Dense(1)])\n")
+        module = _trip_module_with(tmp_path, "def build_model():\n"
+                                             "    return tf.keras.Sequential(["
+                                             "tf.keras.Input((3,)), "
+                                             "tf.keras.layers.BatchNormalization(), "
+                                             "tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: layer .* \\(BatchNormalization\\) normalises each example"
     elif case == "batch statistics":  # a custom layer keeping a running mean of its batches
-        module = _bad_module(tmp_path, f"import importlib.util, tensorflow as tf\n"
-                                       f"spec = importlib.util.spec_from_file_location('trip', "
-                                       f"{TRIP_MODULE!r})\n"
-                                       "trip = importlib.util.module_from_spec(spec)\n"
-                                       "spec.loader.exec_module(trip)\n"
-                                       "LABEL_KEY, feature_spec = trip.LABEL_KEY, trip.feature_spec\n"
-                                       "model_inputs, loss = trip.model_inputs, trip.loss\n"
-                                       "class Mean(tf.keras.layers.Layer):\n"
-                                       "    def build(self, shape):\n"
-                                       "        self.mean = self.add_weight('mean', shape[-1:], "
-                                       "initializer='zeros', trainable=False)\n"
-                                       "    def call(self, x, training=None):\n"
-                                       "        if training:\n"
-                                       "            self.mean.assign(tf.reduce_mean(x, 0))\n"
-                                       "        return x\n"
-                                       "def build_model():\n"
-                                       "    return tf.keras.Sequential([tf.keras.Input((3,)), "
-                                       "Mean(), tf.keras.layers.Dense(1)])\n")
+        module = _trip_module_with(tmp_path, "class Mean(tf.keras.layers.Layer):\n"
+                                             "    def build(self, shape):\n"
+                                             "        self.mean = self.add_weight("
+                                             "'mean', shape[-1:], initializer='zeros', "
+                                             "trainable=False)\n"
+                                             "    def call(self, x, training=None):\n"
+                                             "        if training:\n"
+                                             "            self.mean.assign(tf.reduce_mean(x, 0))\n"
+                                             "        return x\n"
+                                             "def build_model():\n"
+                                             "    return tf.keras.Sequential(["
+                                             "tf.keras.Input((3,)), "
+                                             "Mean(), tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: a training step changes the model's non-trainable variable"
+    elif case == "model fails its stand-in":  # the model's own error, not its module's import
+        module = _trip_module_with(tmp_path, "def build_model():\n"
+                                             "    return tf.keras.Sequential(["
+                                             "tf.keras.Input((3,)), "
+                                             "tf.keras.layers.Embedding(1, 2), "  # id 1 of 1 row
+                                             "tf.keras.layers.Flatten(), "
+                                             "tf.keras.layers.Dense(1)])\n")
+        message = "DPTrainer: the model fails a training-mode forward pass on a public stand-in"
     elif case == "calibration":  # 20 Poisson steps at gamma 0.1 on a share of 0.8, sigma <= 2
         limit, message = 2.0, "cannot pay for 20 DP-SGD step"
     else:

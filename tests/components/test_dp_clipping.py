@@ -198,3 +198,14 @@ def test_conv_patches_are_tensorflows_image_patches(kernel, strides, dilation, p
     want = tf.image.extract_patches(images, [1, *kernel, 1], [1, *strides, 1],
                                     [1, *dilation, 1], padding.upper())
     np.testing.assert_array_equal(clipping._conv_patches(layer, images).numpy(), want.numpy())
+
+
+def test_stand_ins_an_embedding_refuses_are_replaced_by_zeros():
+    """An Embedding fed float ids (as DPTrainer's decoder gives them) refuses -2; zeros stand
+    in for it, and a layer keeping batch statistics after it is still refused (by the ones)."""
+    def embedded(*layers):
+        return tf.keras.Sequential([tf.keras.Input((1,), dtype="float32"),
+                                    L.Embedding(5, 3), L.Flatten(), *layers])
+    clipping.refuse_state_updates(embedded(L.Dense(2)), (1,), tf.float32)
+    with pytest.raises(ValueError, match="non-trainable variable"):
+        clipping.refuse_state_updates(embedded(BatchMean(), L.Dense(2)), (1,), tf.float32)

@@ -248,6 +248,20 @@ def test_dp_sgd_noise_is_standard_normal_times_its_stddev(size):
     assert np.isfinite(huge).all() and huge.std() == pytest.approx(1.0, rel=0.1)
 
 
+def test_dp_sgd_noise_tails_reach_twelve_standard_deviations():
+    """The radius is built from 104 random bits (gaussian_noise's docstring): the largest draw
+    is sqrt(208 ln 2) = 12.01 standard deviations, not the 5.65 of a float32 uniform, and
+    the transform is exact at the extremes of its uniforms."""
+    largest = 1.0 - 2.0 ** -52  # the largest float64 stateless_uniform returns
+    extremes = dp_sgd.box_muller(tf.constant([largest, largest, 0.0], tf.float64),
+                                 tf.constant([largest, 0.0, 0.0], tf.float64),
+                                 tf.constant([0.0, 0.0, 0.0]), 1.0).numpy()[:3]
+    assert extremes[0] == pytest.approx(math.sqrt(208 * math.log(2)), rel=1e-6)
+    assert extremes[1] == pytest.approx(math.sqrt(104 * math.log(2)), rel=1e-6)  # 8.49
+    assert extremes[2] == 0.0
+    assert extremes[0] > 12.0
+
+
 def test_steps_are_counted_as_they_execute():
     samples = samples_swo(tf.range(200), 16, seed=1, epochs=3)
     features = tf.random.stateless_normal((int(samples.records.shape[0]), 2), seed=[1, 2])

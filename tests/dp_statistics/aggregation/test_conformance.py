@@ -49,7 +49,8 @@ def test_both_engines_bound_a_heavy_unit_alike():
 def test_the_beam_engine_releases_with_the_local_noise_law():
     """600 identical public partitions (5 units, 2 rows each): COUNT's errors are Laplace at
     C_u m / epsilon on Beam as on the local engine, and the medians read from the quantile tree
-    have the same law on both (KS, false-failure rate 1e-4 each)."""
+    have the same law on both (KS, false-failure rate 1e-4 each), and both state the same
+    accuracy when asked."""
     frame = pd.DataFrame({"key": np.repeat(np.arange(600), 10),
                           "uid": np.repeat(np.arange(3000), 2), "fare": 1.0})
     query = AggregationQuery(("key",), "uid", (Aggregate.count(),
@@ -60,8 +61,11 @@ def test_the_beam_engine_releases_with_the_local_noise_law():
     budget = plan(query, 1.0, 0.0)
     scale = query.max_partitions_contributed * query.max_contributions_per_partition / (
         budget.step("count").epsilon)
-    beam_release = aggregate_with_beam(frame, query, budget)
-    local_release = local.aggregate(frame, query, budget)
+    beam_release = aggregate_with_beam(frame, query, budget, intervals=True)
+    local_release = local.aggregate(frame, query, budget, intervals=True)
+    # the stated accuracy, asked of both engines: COUNT's stddev is its noise law's on both
+    np.testing.assert_array_equal(beam_release.intervals["count_stddev"],
+                                  local_release.intervals["count_stddev"])
     for release in (beam_release, local_release):
         errors = release.table["count"].to_numpy() - 10.0
         assert stats.kstest(errors, stats.laplace(scale=scale).cdf).pvalue > 1e-4

@@ -90,3 +90,30 @@ def test_a_frames_column_kinds_are_the_tables_kinds():
         kind: kind for kind in sql.ARROW_TYPES}
     assert [sql.column_kind(t) for t in (pa.int32(), pa.float32(), pa.bool_())] == [
         "int", "float", "string"]
+
+
+def test_the_stated_accuracy_is_computed_only_when_asked(store_path, monkeypatch):
+    """Without `intervals` no stddev or interval is computed (a quantile's costs two more
+    descents of its tree); with it every aggregate states one. The released values are the
+    same either way (test_fixed_seed_release.py, bit for bit)."""
+    from sage_tfx.dp_statistics.aggregation import accuracy
+
+    text = SQL.replace("AS fares", "AS fares, ANON_AVG(fare, 0, 20) AS mean, "
+                       "ANON_STDDEV(fare, 0, 20) AS sd, ANON_MEDIAN(fare, 0, 20) AS median")
+    stated = []
+    for name in ("additive", "mean", "variance", "quantile"):
+        monkeypatch.setattr(accuracy, name, lambda *args, real=getattr(accuracy, name),
+                            name=name, **options: (stated.append(name),
+                                                   real(*args, **options))[1])
+    ledger, grant = granted(store_path, text=text)
+    plain = frontend.dp_aggregate(frame(), text, grant, ledger)
+    assert stated == []
+    assert list(plain.table.columns) == ["area", "trips", "fares", "mean", "sd", "median"]
+
+    ledger.add_block("b2", 5.0, 1e-5)
+    plan = planned(text).release_plan("test", text)
+    grant = release.charge(ledger, plan, BlockIds(["b2"])).grant
+    with_intervals = frontend.dp_aggregate(frame(), text, grant, ledger, intervals=True)
+    assert sorted(set(stated)) == ["additive", "mean", "quantile", "variance"]
+    assert [c for c in with_intervals.table.columns if c.endswith("_stddev")] == [
+        "trips_stddev", "fares_stddev", "mean_stddev", "sd_stddev", "median_stddev"]

@@ -11,9 +11,11 @@ import time
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from sage_tfx.dp_statistics.continual import local
+from sage_tfx.dp_statistics.continual import state as state_module
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.state import StreamStateError, WindowState
 from sage_tfx.sage_access import BlockLedger, BudgetExhausted
@@ -302,14 +304,82 @@ def test_a_released_step_whose_taken_micro_batch_is_gone_is_refused(tmp_path):
 
 
 def test_a_state_of_the_previous_format_is_refused_by_name(tmp_path, monkeypatch):
-    """Format 3 kept each taken micro-batch in its own file (taken-000001.parquet), which this
-    version does not read: resuming such a directory must say so, not claim tampering."""
+    """Format 4 stored the selection streams' summaries, which this version recomputes on
+    load and does not find in a format-5 file (nor reads from a format-4 one): resuming such a
+    directory must say so, not fail on a missing array."""
     state_dir = str(tmp_path / "state")
     local.run_local(worker.QUERY, worker.budget(), [], state_dir, lambda release: None,
                     complete_window=False)
     state = WindowState.load(state_dir)
     with monkeypatch.context() as patched:
-        patched.setattr("sage_tfx.dp_statistics.continual.state._FORMAT", 3)
+        patched.setattr("sage_tfx.dp_statistics.continual.state._FORMAT", 5)
         state.save(state_dir)
-    with pytest.raises(StreamStateError, match="state format 3; this version reads format 5"):
+    with pytest.raises(StreamStateError, match="state format 5; this version reads format 6"):
         WindowState.load(state_dir)
+
+
+@pytest.mark.parametrize("mechanism", ["tree", "factorization"])
+def test_a_crash_inside_a_group_taken_ahead_resumes_to_the_uninterrupted_releases(tmp_path,
+                                                                                  mechanism):
+    """With take_ahead 6 the run takes steps 7-12 with one sync, then dies releasing step 10:
+    steps 10-12 are taken, not released. The restart computes them from what was taken (the
+    input's records for them are late, dropped) and the window equals the uninterrupted one."""
+    budget = worker.budget(mechanism)
+    oracle, oracle_state = uninterrupted(tmp_path, budget)
+    state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt):
+        local.run_local(worker.QUERY, budget, worker.stream(), state_dir,
+                        RaisingSink(out, fail_at=10), noise_key=NOISE_KEY, snapshot_every=4,
+                        take_ahead=6)
+    log = open(os.path.join(state_dir, "taken.log"), "rb").read()
+    taken, offset = [], 0
+    while offset + 24 <= len(log) and log[offset:offset + 4] == b"TKN1":
+        _, step, length, _ = struct.unpack_from("<4sqqI", log, offset)
+        taken.append(step)
+        offset += 24 + length
+    assert taken == [9, 10, 11, 12]  # the save at step 8 kept the steps after it
+    late = changed(changed(worker.stream(), 11), 12)
+    resumed = local.run_local(worker.QUERY, budget, late, state_dir,
+                              local.CsvDirectorySink(out), noise_key=NOISE_KEY,
+                              snapshot_every=4, take_ahead=6)
+    assert releases(out) == oracle
+    assert_same_state(resumed, oracle_state)
+
+
+@pytest.mark.parametrize("mechanism", ["tree", "factorization"])
+def test_a_loaded_state_recomputes_the_live_selection_streams_bit_for_bit(tmp_path, mechanism):
+    """The saved state leaves the selection streams' summaries out (format 5): loading
+    recomputes them for every key's live round, and they equal the ones the run computed."""
+    state_dir = str(tmp_path / "state")
+    stream = [(step, frame) for step, frame in worker.stream() if step <= 11]
+    ran = local.run_local(worker.QUERY, worker.budget(mechanism), stream, state_dir,
+                          lambda release: None, noise_key=NOISE_KEY, complete_window=False,
+                          snapshot_every=1)
+    loaded = WindowState.load(state_dir)
+    live = ran.column("selection_row")
+    live = live[live >= 0]
+    assert len(live) and ran.selection.size > len(live)  # some rounds ended
+    for name in ("tree_ids", "lengths", "bases", "minima"):
+        assert np.array_equal(getattr(loaded.selection, name)[live],
+                              getattr(ran.selection, name)[live], equal_nan=True), name
+
+
+@pytest.mark.parametrize("frame", [
+    pd.DataFrame({"unit": np.arange(5), "key": np.arange(5, dtype=np.uint32),
+                  "value": [1.5, np.nan, -np.inf, 0.0, -0.0]}),
+    pd.DataFrame({"unit": np.array([True, False]), "key": np.array([1.0, np.nan], np.float32)},
+                 index=[7, 3]),
+    pd.DataFrame({"unit": ["a", None], "key": [1, 2], "value": [np.nan, 1.0]}),
+    pd.DataFrame({"unit": pd.array([1, None], dtype="Int64"), "key": [1, 2]}),
+    local.empty_batch()], ids=["numeric", "bool-float32", "strings", "nullable", "empty"])
+def test_a_taken_micro_batch_reads_back_as_table_from_pandas_would(frame):
+    """The journal converts numeric frames to Arrow itself (faster); a recomputed step must see
+    exactly the frame the earlier pandas conversion gave back."""
+    def read(payload):
+        return pa.ipc.open_stream(payload).read_all().to_pandas()
+    sink = pa.BufferOutputStream()
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    pd.testing.assert_frame_equal(read(state_module._ipc_payload(frame)),
+                                  read(sink.getvalue().to_pybytes()), check_exact=True)

@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from sage_tfx.dp_statistics.matrix import eigen_design, strategy, workload
+from sage_tfx.dp_statistics.matrix import (eigen_design, error, marginals, strategy, union,
+                                         workload)
 
 
 @pytest.fixture
@@ -96,3 +97,66 @@ def test_the_environment_variable_chooses_the_directory_or_turns_it_off(solves, 
     solved = len(solves)
     eigen_design(workload.all_ranges(12))
     assert len(solves) > solved
+
+
+@pytest.fixture
+def weight_solves(monkeypatch):
+    """Counts OPT_M and OPT_+ weight solves; clears their in-memory caches (a new process)."""
+    calls = []
+    for module, name in ((marginals, "_optimal_marginals"), (union, "term_errors")):
+        solve = getattr(module, name)
+
+        def counted(*args, _solve=solve, _name=name, **kwargs):
+            calls.append(_name)
+            return _solve(*args, **kwargs)
+        monkeypatch.setattr(module, name, counted)
+    _fresh_weight_caches()
+    yield calls
+    _fresh_weight_caches()
+
+
+def _fresh_weight_caches():
+    marginals._cached_opt_marginals.cache_clear()
+    union._cached_opt_union.cache_clear()
+
+
+@pytest.mark.parametrize("family", ["OPT_M", "OPT_+"])
+def test_weighted_strategies_load_without_solving(weight_solves, tmp_path, family):
+    build = {"OPT_M": marginals.opt_marginals, "OPT_+": union.opt_union}[family]
+    target = workload.marginals(("a", "b", "c", "d"), (3, 4, 5, 2), (0, 1, 2))
+    first = build(target, cache_dir=str(tmp_path))
+    assert len(weight_solves) == 1 and len(list(tmp_path.iterdir())) == 1
+    _fresh_weight_caches()
+    again = build(target, cache_dir=str(tmp_path))
+    assert len(weight_solves) == 1  # loaded, not solved
+    assert np.array_equal(again.weights, first.weights) and again.name == first.name
+    assert again.duality_gap == first.duality_gap
+    assert error.unit_rmse(target, again) == error.unit_rmse(target, first)
+    # the same domain with other terms is another key
+    build(workload.marginals(("a", "b", "c", "d"), (3, 4, 5, 2), (1,)), cache_dir=str(tmp_path))
+    assert len(weight_solves) == 2
+
+
+@pytest.mark.parametrize("family", ["OPT_M", "OPT_+"])
+@pytest.mark.parametrize("damage", ["wrong_length", "negative", "non_finite"])
+def test_damaged_weights_are_recomputed(weight_solves, tmp_path, family, damage):
+    build = {"OPT_M": marginals.opt_marginals, "OPT_+": union.opt_union}[family]
+    target = workload.marginals(("a", "b", "c"), (3, 4, 5), (0, 1, 2))
+    first = build(target, cache_dir=str(tmp_path))
+    (path,) = tmp_path.iterdir()
+    with np.load(path) as stored:
+        fields = dict(stored)
+    weights = fields["weights"].copy()
+    if damage == "wrong_length":
+        weights = weights[:-1]
+    elif damage == "negative":
+        weights[0] = -1.0
+    else:
+        weights[0] = np.inf
+    fields["weights"] = weights
+    with open(path, "wb") as handle:
+        np.savez(handle, **fields)
+    _fresh_weight_caches()
+    again = build(target, cache_dir=str(tmp_path))
+    assert len(weight_solves) == 2  # recomputed, not trusted
+    assert np.allclose(again.weights, first.weights)
