@@ -653,14 +653,14 @@ def streaming_factorization_outputs(trials: int, seed: Optional[int] = None, *,
     unit with 160 records there (bounded to C: the worst pattern, all C records at one step).
     The key is released at step 1 and again at the final pane (step 4) with correlated noise
     (Z(1), Z(4)); the statistic is the likelihood-ratio direction w = Sigma^{-1} 1 of that
-    pair (Sigma = sigma_v^2 B_{1,4} B_{1,4}', the decoder's rows 1 and 4), which sees the whole
+    pair (Sigma = sigma_v^2 B'_{1,4} B'_{1,4}^T, the decoder's rows 1 and 4), which sees the whole
     shift of the value release. Batched over keys as ``streaming_outputs``; `seed` unused.
 
     broken = "one_participation" is the deliberately broken variant: the value streams are
     calibrated to one participation's sensitivity instead of C's (budget's
     factorization_sensitivities patched), 1/16 of the noise."""
     import pandas as pd
-    from sage_tfx.dp_statistics.continual import budget as stream_budget, factorization, operator
+    from sage_tfx.dp_statistics.continual import budget as stream_budget, operator
     from sage_tfx.dp_statistics.continual.spec import StreamQuery
     from sage_tfx.dp_statistics.continual.state import WindowState
     from sage_tfx.mechanisms.keyed import KeyedGaussian
@@ -671,8 +671,7 @@ def streaming_factorization_outputs(trials: int, seed: Optional[int] = None, *,
 
     def one_participation(original):
         def sensitivities(decays, weights, micro_batches, contribution_limit):
-            encoder = factorization.BufferedToeplitz(decays, weights).encoder(micro_batches)
-            one = factorization.participation_sensitivity(encoder, 1)
+            one, _ = original(decays, weights, micro_batches, contribution_limit)
             return one, one
         return sensitivities
     query = StreamQuery(key_column="key", unit_column="unit", time_column="time",
@@ -689,8 +688,7 @@ def streaming_factorization_outputs(trials: int, seed: Optional[int] = None, *,
             "key": np.repeat(keys, FACTORIZATION_BACKGROUND_UNITS)})
         audited = pd.DataFrame({"unit": np.repeat(-1 - keys, FACTORIZATION_UNIT_RECORDS),
                                 "key": np.repeat(keys, FACTORIZATION_UNIT_RECORDS)})
-        decoder = budget.factor.decoder(FACTORIZATION_STEPS)
-        rows = np.array([[decoder[0], 0.0, 0.0, 0.0], decoder[::-1]])
+        rows = budget.factor.decoder_matrix(FACTORIZATION_STEPS)[[0, FACTORIZATION_STEPS - 1]]
         direction = np.linalg.solve(rows @ rows.T, np.ones(2))
         outputs = []
         for first in (background, pd.concat([background, audited], ignore_index=True)):

@@ -5,7 +5,7 @@
         [--contribution-limit C] [--micro-batches B] [--epsilon E] [--delta D] [--seed S]
         [--baseline-rows-per-key M] [--baseline-accounting gaussian|paper]
         [--baseline-2-accounting participations|joint] [--baseline-1-final-only]
-        [--mechanism tree|factorization|auto] [--noise-seed N] [--json]
+        [--mechanism tree|factorization|auto] [--noise-seed N] [--no-baseline-2] [--json]
     python benchmarks/streaming.py --latency [--latency-micro-batches 1000,300,100,30,10]
         [--users U ...] [--json]
 
@@ -319,6 +319,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline-1-final-only", action="store_true",
                         help="run only baseline 1's last query (its utility is the same; its "
                              "records_per_s is then not measured)")
+    parser.add_argument("--no-baseline-2", action="store_true",
+                        help="skip baseline 2 (B one-shot queries, the slowest system at the "
+                             "paper's scale)")
     parser.add_argument("--latency", action="store_true",
                         help="instead: DP-SQLP's per-micro-batch latency vs micro-batch size")
     parser.add_argument("--latency-micro-batches", type=lambda text: [
@@ -381,9 +384,10 @@ def benchmark(args: argparse.Namespace) -> dict:
         "baseline_1": (run_baseline_1(stream, b1_budget, args.micro_batches,
                                       args.contribution_limit, args.baseline_1_final_only),
                        b1_budget.describe()),
-        "baseline_2": (run_baseline_2(stream, b2_budget, args.micro_batches,
-                                      args.contribution_limit), b2_budget.describe()),
     }
+    if not args.no_baseline_2:
+        runs["baseline_2"] = (run_baseline_2(stream, b2_budget, args.micro_batches,
+                                             args.contribution_limit), b2_budget.describe())
     bounded = np.bincount(stream.key[first_records_per_user(stream, args.contribution_limit)],
                           minlength=stream.keys).astype(np.float64)
     for name, (run, budget) in runs.items():

@@ -30,17 +30,18 @@ rho is split `selection_share` : 1 - `selection_share` between the two, the pair
 grant's `additional_delta` (outside any DpEvent, like issue 18's partition selection).
 
 The square-root factorization (factorization.py, issue 34) instead of the trees: the same two
-running sums as B (C x + z) with a BLT decoder B and encoder C = B^{-1} A, s = ||c|| its largest
-column norm. Selection: one step per (key, round) stream, k = 1 per stream over the unit's <= C
-streams: SelfComposedDpEvent(GaussianDpEvent(sigma_s / s), C). Values: a unit's <= C records
+running sums as B' (C' x + z) with B' the BLT decoder column-normalised over the window and
+C' = B'^{-1} A, every column of norm s (factorization.py, "Column normalisation").
+Selection: one step per (key, round) stream, k = 1 per stream over the unit's <= C streams:
+SelfComposedDpEvent(GaussianDpEvent(sigma_s / s), C). Values: a unit's <= C records
 may share a step, so its change is in the l1 ball of radius C L and the sensitivity is C L s
 (factorization.py, "Sensitivity"): GaussianDpEvent(sigma_v / (C L s)). GaussianDpEvent holds
 under every neighbouring relation the accountant knows. Thresholds keep tau_l = lambda_l
 Phi^{-1}(1 - beta / T) with the factorization's lambda_l (the union bound needs no
 independence across steps; factorization.py, "Thresholds"). `plan(mechanism="auto")` picks,
-per window length T, the one with the smaller expected squared error of a release at a uniformly
-random step at equal zCDP (`expected_errors`); the choice is public (a function of T alone) and
-stated in every release (`statement`).
+per window length T, the one with the smaller worst-step variance at equal zCDP
+(`worst_step_errors`: the thresholds and the release's largest error are set by it); the choice
+is public (a function of T alone) and stated in every release (`statement`).
 
 Deviations from the paper, on purpose: it uses a per-time Gaussian tail for tau (no union over
 the T triggers), which does not bound the probability over the whole window that Thm 3.1 needs;
@@ -62,7 +63,8 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from scipy.stats import norm
 
 from sage_tfx.dp_statistics.continual import factorization
-from sage_tfx.dp_statistics.continual.factorization import BufferedToeplitz, FactorizationIndex
+from sage_tfx.dp_statistics.continual.factorization import (BufferedToeplitz, FactorizationIndex,
+                                                            WindowFactor)
 from sage_tfx.dp_statistics.continual.spec import StreamMechanism
 from sage_tfx.dp_statistics.continual.tree import TreeIndex, levels, prefix_std, value_grid
 
@@ -102,8 +104,8 @@ class StreamBudget:
             raise ValueError("a budget states the mechanism that runs: tree or factorization")
 
     @functools.cached_property
-    def factor(self) -> BufferedToeplitz:
-        return BufferedToeplitz(self.decays, self.weights)
+    def factor(self) -> WindowFactor:
+        return WindowFactor(BufferedToeplitz(self.decays, self.weights), self.micro_batches)
 
     @property
     def statement(self) -> str:
@@ -111,8 +113,8 @@ class StreamBudget:
         if self.mechanism is StreamMechanism.TREE:
             return (f"DP-SQLP on {self.micro_batches} micro-batches: binary trees with "
                     f"Honaker's estimator")
-        return (f"DP-SQLP on {self.micro_batches} micro-batches: BLT square-root "
-                f"factorization with {len(self.decays)} buffers")
+        return (f"DP-SQLP on {self.micro_batches} micro-batches: column-normalised BLT "
+                f"square-root factorization with {len(self.decays)} buffers")
 
     def index(self, selection: bool, arrays: Optional[dict] = None) -> TreeIndex:
         """An empty index of the selection or value streams (or the one `arrays` stored)."""
@@ -172,12 +174,12 @@ class StreamBudget:
 @functools.lru_cache(maxsize=64)
 def factorization_sensitivities(decays: tuple, weights: tuple, micro_batches: int,
                                 contribution_limit: int) -> tuple[float, float]:
-    """(one selection stream's sensitivity: one step, weight 1; the value streams' for a unit
-    of C records of bound 1, which may share steps) of the BLT's encoder over the window."""
-    encoder = BufferedToeplitz(decays, weights).encoder(micro_batches)
-    return (factorization.participation_sensitivity(encoder, 1),
-            factorization.participation_sensitivity(encoder, contribution_limit,
-                                                    same_step=True))
+    """(one selection stream's sensitivity: one step, weight 1, the largest column norm s of
+    the encoder C' that runs; the value streams' for a unit of C records of bound 1, which may
+    share steps: the l1 ball of radius C, whose worst point is a vertex, C s)
+    (factorization.py, "Sensitivity")."""
+    one = WindowFactor(BufferedToeplitz(decays, weights), micro_batches).sensitivity
+    return one, contribution_limit * one
 
 
 def _events(budget_mechanism: StreamMechanism, micro_batches: int, contribution_limit: int,
@@ -220,24 +222,26 @@ def _check(epsilon, delta, micro_batches, contribution_limit, value_bound,
         raise ValueError("; ".join(problems))
 
 
-def expected_errors(micro_batches: int) -> dict[StreamMechanism, float]:
-    """Per mechanism, the mean over steps t = 1..T of the variance of the prefix noise at t
-    at zCDP rho = 1/2 per unit of sensitivity (sigma = the sensitivity): sensitivity^2 x mean
-    Var Z(t) / sigma^2. Both sums of the operator scale alike (a factor C, or C L, on both
-    mechanisms' sensitivities), so one number decides for both."""
-    tree = levels(micro_batches) * float(np.mean(prefix_std(micro_batches, 1.0) ** 2))
-    factor = factorization.fit_square_root(micro_batches)
-    column_norm = factorization.column_norm(factor.encoder(micro_batches))
+def worst_step_errors(micro_batches: int) -> dict[StreamMechanism, float]:
+    """Per mechanism, the largest over steps t = 1..T of the variance of the prefix noise at t
+    at zCDP rho = 1/2 per unit of sensitivity (sigma = the sensitivity): sensitivity^2 x
+    max_t Var Z(t) / sigma^2. The worst step is what the release pays: the selection
+    threshold is tau_l = lambda_l Phi^{-1}(1 - beta / T) at every step (a key crosses late,
+    when its count is largest), and a continual release's error is its largest over the
+    window. Both sums of the operator scale alike (a factor C, or C L, on both mechanisms'
+    sensitivities), so one number decides for both."""
+    tree = levels(micro_batches) * float(np.max(prefix_std(micro_batches, 1.0) ** 2))
+    factor = WindowFactor(factorization.fit_square_root(micro_batches), micro_batches)
     return {StreamMechanism.TREE: tree,
-            StreamMechanism.FACTORIZATION: column_norm ** 2 * float(
-                np.mean(factor.prefix_variances(micro_batches)))}
+            StreamMechanism.FACTORIZATION: factor.sensitivity ** 2 * float(
+                np.max(factor.prefix_variances(micro_batches)))}
 
 
 def choose(mechanism: StreamMechanism, micro_batches: int) -> StreamMechanism:
-    """AUTO: the mechanism of smaller expected error for T (the tree on a tie, e.g. T = 1)."""
+    """AUTO: the mechanism of the smaller worst-step error for T (the tree on a tie, T = 1)."""
     if mechanism is not StreamMechanism.AUTO:
         return mechanism
-    errors = expected_errors(micro_batches)
+    errors = worst_step_errors(micro_batches)
     return (StreamMechanism.FACTORIZATION
             if errors[StreamMechanism.FACTORIZATION] < errors[StreamMechanism.TREE]
             else StreamMechanism.TREE)

@@ -38,33 +38,45 @@ With 6 buffers the mean prefix variance times the squared sensitivity is within 
 exact square root at T = 1,000 and 0.2% at T = 10,000 (test_factorization.py, which also checks
 B, C = B^{-1} A and the variances against dense matrices).
 
-Sensitivity under k participations (`participation_sensitivity`). A unit changes x by
-u = sum_{j in P} w_j e_j (|w_j| <= 1, P its micro-batches, |P| <= k, scaled by the record bound
-outside). The release's sensitivity is max ||C u||. With G_{jj'} = <C e_j, C e_j'>, Toeplitz C
-over T steps gives G_{jj'} = g(max(j, j'), |j - j'|), g(m, d) = sum_{r=0}^{T-m} c_r c_{r+d}.
- - Distinct micro-batches, c_r >= 0 and non-increasing: every g is >= 0, so all w_j = +1 is
-   worst (||C u||^2 = w' G w <= |w|' G |w|); g is non-increasing in m (fewer non-negative
-   terms) and in d (c_{r+d} >= c_{r+d+1}). For P = {p_1 < ... < p_k} map p_i -> i: then
-   max(i, i') <= max(p_i, p_i') and |i - i'| <= |p_i - p_i'|, so every term of 1' G 1 over
-   {1..k} dominates its image over P: the first k steps are the worst pattern, and
-   sensitivity^2 = ||C 1_{1..k}||^2 = sum_t (s_t - s_{t-k})^2, s the partial sums of c.
-   Without the premise the triangle inequality bounds it by k max_j ||C e_j|| = k ||c||.
- - Repeated micro-batches (the operator's value sums: a unit's records of one key can share a
-   step, so u ranges over the l1 ball of radius k): ||C u|| is convex, its maximum is at a
-   vertex k e_j, so the sensitivity is k max_j ||C e_j|| = k ||c_{0..T-1}|| (column 1 is the
-   longest). That is what budget.py uses for the value sums; selection sums are one step per
-   (key, round) tree (k = 1 per tree, composed over the unit's <= C trees).
+Column normalisation (`WindowFactor`, what the operator runs). C's column j (a contribution at
+step j) has norm ||c_{0..T-j}||, decreasing in j: only column 1 reaches the sensitivity
+s = ||c_{0..T-1}||, the later ones leave slack. Scale them up: C' = C D, D = diag(d_j),
+d_j = s / ||c_{0..T-j}|| >= 1, and B' = A C'^{-1} = A D^{-1} C^{-1} = A E A^{-1} B with
+E = D^{-1} = diag(e_j), e_j = ||c_{0..T-j}|| / s in (0, 1] (C^{-1} = A^{-1} B: Toeplitz
+matrices commute). B' C' = A still holds exactly, B' is lower-triangular (so the release at t
+depends on steps <= t), every column of C' has norm s, so the sensitivity is unchanged, and the
+noise is
+    Z'(t) = sum_{j<=t} e_j (Z(j) - Z(j-1))   (Z = B z the BLT noise, Z(0) = 0),
+a weighted running sum of the BLT noise's increments: two more numbers of state, Z(t - 1) and
+Z'(t - 1), beside the n buffers. It lowers the variance where the releases matter most, late in
+the window (Var Z'(t) / Var Z(t) at T = 100: 1 at t = 1, 0.94 at t = 50, 0.69 at t = T; at
+T = 1,000: 0.95 at t = 500, 0.64 at t = T; the largest over the window, s^2 max_t Var Z'(t),
+falls 14% and 11%), where selection keys cross (counts grow over the window) and where the
+final pane releases every value. This is the standard first step of the max-error optimal
+factorizations (their solutions have equal column norms); D is fixed by T alone (public).
+Not a Toeplitz matrix any more, so the matrix library's online strategy keeps the Toeplitz
+square root (its workloads are not all prefixes of one window).
+
+Sensitivity. A unit changes x by u = sum_j w_j e_j, |w_j| <= 1, over its steps (scaled by the
+record bound outside); the release's sensitivity is max ||C' u||. A selection stream takes one
+step of weight 1 from a unit (it counts once per (key, round)): max_j ||C' e_j|| = s. The
+value sums allow several records of a unit at one step, so u ranges over the l1 ball of radius
+k = C: ||C' u|| is convex, its maximum is at a vertex k e_j, so the sensitivity is k s.
+`WindowFactor.sensitivity` is the largest column norm of the C' that runs, computed from its
+columns (in floating point, s up to rounding), not assumed.
 
 Noise (`FactorizationIndex`): z_t of a stream is sigma * keyed normal (stream id, counter t - 1),
-so Z is a pure function of (secret key, stream id, t): from the buffer states S(c + 1) before
-any step c + 1, the recurrence run over z_{c+1}, z_{c+2}, ... gives Z from there on, bit for
-bit the values of one pass from step 1 (lfilter's step is y = zi + 0 * x, then the same two
-products: restarting from a state it returned changes no operation).
- - Value streams need no history: a cursor (a step and the n states before it, O(buffers),
+so Z' is a pure function of (secret key, stream id, t): from the n + 2 states before any step
+c + 1 (the buffers S(c + 1), Z(c) and Z'(c)), the recurrences run over z_{c+1}, z_{c+2}, ...
+give Z' from there on, bit for bit the values of one pass from step 1 (lfilter's step is
+y = zi + 0 * x, then the same two products: restarting from a state it returned changes no
+operation; Z' is a sequential cumsum started from the stored Z'(c), the same additions in the
+same order).
+ - Value streams need no history: a cursor (a step and the n + 2 states before it, O(buffers),
    not O(T)) where the engine has settled, moved forward as the stream is released; a step
    asked again before the cursor is replayed from step 0 (state 0).
- - Selection streams keep the n states at every block start (every BLOCK = 32 steps) and the
-   tree's per-block minima of R: n + 1 numbers per block, 7 ceil(T / 32) per stream, O(T / 32)
+ - Selection streams keep the n + 2 states at every block start (every BLOCK = 32 steps) and the
+   tree's per-block minima of R: n + 3 numbers per block, 9 ceil(T / 32) per stream, O(T / 32)
    like the tree's summaries. The prediction needs them: as a key's count grows it must find
    the first future block whose minimum the count exceeds and scan that block exactly, at any
    distance. Minima alone would force a replay from the settled step to that block: we
@@ -72,15 +84,28 @@ products: restarting from a state it returned changes no operation).
    more time at T = 1,000 with the load low, 26.9 s against 21.3 s profiled at load 4-5, the
    replays doubling the noise computed (6.8 M steps against 3.2 M for block scans).
 
-Thresholds and prediction with correlated noise. The release at step l is c + Z(l), Z(l)
-Gaussian with sd lambda_l = sigma sqrt(sum_{k<l} b_k^2) (`prefix_std`). The coupling of
-budget.py needs P(exists l: Z(l) > tau_l) <= beta over the window. The union bound
-(Bonferroni) P(...) <= sum_l P(Z(l) > tau_l) holds for ANY joint law, so tau_l =
+Thresholds and prediction with correlated noise. The release at step l is c + Z'(l), Z'(l)
+Gaussian with sd lambda_l = sigma sqrt(Var Z'(l)) (`prefix_std`; `WindowFactor.prefix_variances`
+propagates the covariance of the n + 2 states; tested against B' B'^T from dense matrices). The
+coupling of budget.py needs P(exists l: Z'(l) > tau_l) <= beta over the window. The union
+bound (Bonferroni) P(...) <= sum_l P(Z'(l) > tau_l) holds for ANY joint law, so tau_l =
 lambda_l Phi^{-1}(1 - beta / T) is sound unchanged; tests that assume independence across steps
 (e.g. 1 - prod (1 - p_l)) are not, and with strongly positively correlated Z they would not
 even be needed (the union bound is then conservative, never wrong). Prediction (Algorithm 4)
-stays exact: without new data the noisy count is c + Z(l) with Z a known function of the keyed
-noise, so the first crossing is found by scanning Z, as for the tree.
+stays exact: without new data the noisy count is c + Z'(l), a known function of the keyed
+noise, so the first crossing is found by scanning Z', as for the tree.
+
+Is the union bound loose? Could a sound bound over fewer events (only the steps where a key
+can first cross, i.e. the upcrossings P(A_1) + sum_l P(A_l, not A_{l-1})) lower tau? Not by
+more than a rounding. By Bonferroni's lower bound P(union) >= sum_l P(A_l) - sum_{l<m}
+P(A_l, A_m), and at these tails the pairs are negligible: Z'(l) is z_l (fresh) plus a function
+of the past, and at tau / lambda ~ 8 sd two Gaussians of correlation <= 0.91 exceed it together
+orders of magnitude less often than either alone. Computed exactly for the window's covariance
+(test_factorization.py, by quadrature of the bivariate normal tail), sum_{l<m} P(A_l, A_m) is
+0.26% of sum_l P(A_l) at T = 100 and 0.67% at T = 1,000 with the operator's thresholds. So the
+union bound is within 1% of the true probability, and any sound threshold of this shape is at
+most Phi^{-1}(1 - beta / T) - Phi^{-1}(1 - 1.01 beta / T) ~ 0.001 sd (0.01% of tau) below ours.
+Only lambda_l (the factorization) and beta (the budget) move tau.
 """
 from __future__ import annotations
 
@@ -90,6 +115,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+from scipy.linalg import toeplitz
 from scipy.optimize import nnls
 from scipy.signal import lfilter
 
@@ -164,70 +190,136 @@ def fit_square_root(length: int, buffers: int = BUFFERS) -> BufferedToeplitz:
     return BufferedToeplitz(tuple(decays), tuple(weights))
 
 
-def column_norm(encoder: np.ndarray) -> float:
-    """max_j ||C e_j|| of a lower-triangular Toeplitz C: its first column's, ||c||."""
-    return float(math.sqrt(np.sum(np.square(encoder))))
+@dataclass(frozen=True)
+class WindowFactor:
+    """What runs over a window of `length` steps: the BLT decoder B with its encoder's columns
+    normalised (module docstring, "Column normalisation"), B' = A E A^{-1} B and C' = C E^{-1},
+    E = diag(gains). A pure function of the BLT and T, both pinned in the budget."""
+    blt: BufferedToeplitz
+    length: int
+
+    @property
+    def width(self) -> int:
+        """States per stream between steps: the n buffers, Z(t - 1) and Z'(t - 1)."""
+        return len(self.blt.decays) + 2
+
+    @functools.cached_property
+    def _toeplitz_column_norms(self) -> np.ndarray:
+        """||C e_j|| = ||c_{0..T-j}||, j = 1..T (decreasing)."""
+        return np.sqrt(np.cumsum(np.square(self.blt.encoder(self.length))))[::-1]
+
+    @functools.cached_property
+    def gains(self) -> np.ndarray:
+        """e_j = ||c_{0..T-j}|| / ||c_{0..T-1}|| in (0, 1], j = 1..T (read only)."""
+        gains = self._toeplitz_column_norms / self._toeplitz_column_norms[0]
+        gains.flags.writeable = False
+        return gains
+
+    @functools.cached_property
+    def _padded_gains(self) -> np.ndarray:
+        """The gains, then e_T repeated over 2 T + 2 BLOCK steps past the window (which no
+        caller reads: a stream's columns run at most BLOCK - 1 past its end, or, for a value
+        stream replayed as part of a group, at most T + BLOCK)."""
+        return np.concatenate([self.gains, np.full(2 * self.length + 2 * BLOCK,
+                                                   self.gains[-1])])
+
+    def step_gains(self, first_steps: np.ndarray, width: int) -> np.ndarray:
+        """(rows, width): e_{first_steps[r] + k + 1} for k = 0..width-1 (one gather of rows of
+        a sliding window, no index matrix)."""
+        windows = np.lib.stride_tricks.sliding_window_view(self._padded_gains, width)
+        return windows[np.asarray(first_steps, np.int64)]
+
+    @functools.cached_property
+    def sensitivity(self) -> float:
+        """max_j ||C' e_j|| (one participation, weight 1): C' = C E^{-1}, so column j is C's
+        divided by e_j; all equal s up to rounding, and the largest computed one counts."""
+        return float(np.max(self._toeplitz_column_norms / self.gains))
+
+    def prefix_variances(self, length: int) -> np.ndarray:
+        """Var Z'(t) / sigma^2, t = 1..length: the covariance P of the states
+        x = (S_1..S_n, Z(t - 1), Z'(t - 1)) propagated through one step, x <- M_t x + g_t z_t
+        (S <- theta (S + z), Z <- z + u.S, Z' <- Z' + e_t (z + u.S - Z(t - 1))), P <- M P M' +
+        g g'; O(length n^2) whatever T."""
+        theta, u = np.asarray(self.blt.decays), np.asarray(self.blt.weights)
+        n = len(theta)
+        step = np.zeros((n + 2, n + 2))
+        step[:n, :n] = np.diag(theta)
+        step[n, :n] = u
+        step[n + 1, n + 1] = 1.0
+        fresh = np.concatenate([theta, [1.0, 0.0]])
+        covariance = np.zeros((n + 2, n + 2))
+        variances = np.empty(length)
+        for t in range(length):
+            gain = self.gains[t]
+            step[n + 1, :n], step[n + 1, n] = gain * u, -gain
+            fresh[n + 1] = gain
+            covariance = step @ covariance @ step.T + np.outer(fresh, fresh)
+            variances[t] = covariance[n + 1, n + 1]
+        return variances
+
+    def decoder_matrix(self, length: int) -> np.ndarray:
+        """B' over the first `length` steps, dense (length x length): A E (A^{-1} B), row t the
+        running sum of e_j times B's row differences. For tests and the audit."""
+        decoder = self.blt.decoder(length)
+        differences = toeplitz(np.diff(decoder, prepend=0.0), np.zeros(length))
+        return np.cumsum(self.gains[:length, None] * differences, axis=0)
 
 
-def participation_sensitivity(encoder: np.ndarray, participations: int,
-                              same_step: bool = False) -> float:
-    """max ||C u|| over a unit's contributions u (module docstring, "Sensitivity"): at most
-    `participations` steps with |weight| <= 1 each, distinct steps unless `same_step` (then a
-    step may take several, i.e. u in the l1 ball of radius `participations`)."""
-    if not (isinstance(participations, int) and participations >= 1):
-        raise ValueError(f"participations must be a positive integer, got {participations!r}")
-    encoder = np.asarray(encoder, dtype=np.float64)
-    bound = participations * column_norm(encoder)
-    monotone = encoder.min() >= 0 and np.all(np.diff(encoder) <= 0)
-    if same_step or not monotone:
-        return bound
-    partial = np.concatenate([[0.0], np.cumsum(encoder)])
-    ends = np.arange(1, len(encoder) + 1)
-    window = partial[ends] - partial[np.maximum(ends - participations, 0)]
-    return min(bound, float(math.sqrt(np.sum(np.square(window)))))
-
-
-def prefix_std(factor: BufferedToeplitz, length: int, sigma: float) -> np.ndarray:
-    """lambda_t, the standard deviation of Z(t), t = 1..length."""
+def prefix_std(factor: WindowFactor, length: int, sigma: float) -> np.ndarray:
+    """lambda_t, the standard deviation of Z'(t), t = 1..length."""
     return sigma * np.sqrt(factor.prefix_variances(length))
 
 
-def _buffer_paths(factor: BufferedToeplitz, z: np.ndarray, starts: Optional[np.ndarray],
-                  columns: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
-    """Z over the columns of z (rows: streams) from buffer states `starts` (rows, n) at the
-    first column (None: all zero), and the buffer states S_i at `columns` (per row, (rows, k);
-    None: none): (rows, k, n). A buffer's path is dropped once its states are read (a path is
-    as large as z)."""
-    total = z.copy()
+def _noise_paths(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarray],
+                 first_steps: np.ndarray,
+                 columns: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Z' over the columns of z (rows: streams; column k is step first_steps + k + 1) from the
+    states `starts` (rows, n + 2) before the first column (None: step 1, all zero), and the
+    states before the step of `columns` (per row, (rows, k); None: none): (rows, k, n + 2). A
+    buffer's path is dropped once its states are read (a path is as large as z)."""
+    if starts is None:
+        starts = np.zeros((len(z), factor.width))
     at = np.zeros((len(z), 0), np.int64) if columns is None else columns
-    states = np.empty(at.shape + (len(factor.decays),))
+    states = np.empty(at.shape + (factor.width,))
     rows = np.arange(len(z))[:, None]
-    for i, (theta, weight) in enumerate(zip(factor.decays, factor.weights)):
-        initial = np.zeros((len(z), 1)) if starts is None else starts[:, i:i + 1]
+    buffers = len(factor.blt.decays)
+    total = z.copy()
+    for i, (theta, weight) in enumerate(zip(factor.blt.decays, factor.blt.weights)):
         # y[n] = 0 * z[n] + d[n], d[n + 1] = theta z[n] + theta y[n]: y = S_i, d its state.
-        path, _ = lfilter([0.0, theta], [1.0, -theta], z, axis=1, zi=initial)
+        path, _ = lfilter([0.0, theta], [1.0, -theta], z, axis=1, zi=starts[:, i:i + 1])
         states[..., i] = path[rows, at]
         path *= weight  # the product weight * path, in place
         total += path
-    return total, states
+    # total is now the BLT noise Z; Z' adds up its increments times the gains, by a cumsum
+    # that is sequential from the stored Z'(first step) (folded into the first increment), so a
+    # restart repeats the one-pass additions in the same order.
+    first = at == 0
+    before = np.maximum(at - 1, 0)
+    states[..., buffers] = np.where(first, starts[:, -2:-1], total[rows, before])
+    scaled = np.diff(total, axis=1, prepend=starts[:, -2:-1])
+    scaled *= factor.step_gains(first_steps, z.shape[1])
+    scaled[:, 0] += starts[:, -1]
+    np.cumsum(scaled, axis=1, out=scaled)
+    states[..., buffers + 1] = np.where(first, starts[:, -1:], scaled[rows, before])
+    return scaled, states
 
 
 @dataclass
 class FactorizationIndex(TreeIndex):
-    """TreeIndex's contract (rows are streams, first_crossing, noise_at, storage) with the BLT's
-    noise (module docstring, "Noise"). Selection streams (with thresholds): `bases` holds the
-    buffer states S at every block start, (rows, n_blocks, buffers), and minima as the tree's.
-    Value streams: `bases` holds the buffer states before step `cursors` + 1, (rows, buffers),
+    """TreeIndex's contract (rows are streams, first_crossing, noise_at, storage) with the
+    factorization's noise Z' (module docstring, "Noise"). Selection streams (with thresholds):
+    `bases` holds the n + 2 states at every block start, (rows, n_blocks, n + 2), and minima as
+    the tree's. Value streams: `bases` holds the states before step `cursors` + 1, (rows, n + 2),
     where the caller has settled (it never asks about earlier steps again; if it does, the
     stream is replayed from step 0, whose state is 0)."""
-    factor: Optional[BufferedToeplitz] = field(default=None)
+    factor: Optional[WindowFactor] = field(default=None)
     cursors: Optional[np.ndarray] = field(default=None)
 
     @classmethod
     def empty(cls, sigma: float, max_length: int, thresholds: Optional[np.ndarray] = None,
-              factor: Optional[BufferedToeplitz] = None) -> "FactorizationIndex":
+              factor: Optional[WindowFactor] = None) -> "FactorizationIndex":
         n_blocks = -(-max_length // BLOCK)
-        width = len(factor.decays)
+        width = factor.width
         if thresholds is None:
             return cls(sigma, None, n_blocks, np.zeros(0, np.uint64), np.zeros(0, np.int64),
                        np.zeros((0, width)), None, factor=factor,
@@ -264,7 +356,8 @@ class FactorizationIndex(TreeIndex):
         width = n_blocks * BLOCK
         z = self._noise(noise, tree_ids, np.zeros(len(rows), np.int64), width)
         block_starts = np.broadcast_to(np.arange(0, width, BLOCK), (len(rows), n_blocks))
-        total, states = _buffer_paths(self.factor, z, None, block_starts)
+        total, states = _noise_paths(self.factor, z, None, np.zeros(len(rows), np.int64),
+                                     block_starts)
         bases = np.full((len(rows),) + self.bases.shape[1:], np.nan)
         bases[:, :n_blocks] = states
         self.bases[rows] = bases
@@ -281,7 +374,7 @@ class FactorizationIndex(TreeIndex):
         rows, blocks = np.asarray(rows, np.int64), np.asarray(blocks, np.int64)
         if self.cursors is None:  # a selection stream: from the block's stored states
             z = self._noise(noise, self.tree_ids[rows], blocks * BLOCK, BLOCK)
-            return _buffer_paths(self.factor, z, self.bases[rows, blocks])[0]
+            return _noise_paths(self.factor, z, self.bases[rows, blocks], blocks * BLOCK)[0]
         # A value stream: from its cursor (or step 0 if the cursor is past the block), in
         # groups of distance within a power of two, each run as far as its farthest row (at
         # most twice the steps needed, one keyed-noise call per group); the cursor then moves
@@ -298,8 +391,8 @@ class FactorizationIndex(TreeIndex):
             members = np.flatnonzero(groups == group)
             z = self._noise(noise, self.tree_ids[rows[members]], origins[members],
                             int(lead[members].max()) + BLOCK)
-            total, kept_states = _buffer_paths(self.factor, z, states[members],
-                                               (keep[members] - origins[members])[:, None])
+            total, kept_states = _noise_paths(self.factor, z, states[members], origins[members],
+                                              (keep[members] - origins[members])[:, None])
             at = np.arange(len(members))
             out[members] = total[at[:, None], lead[members][:, None] + np.arange(BLOCK)]
             kept[members] = kept_states[:, 0]
@@ -317,7 +410,7 @@ class FactorizationIndex(TreeIndex):
     @classmethod
     def from_arrays(cls, sigma: float, max_length: int, thresholds: Optional[np.ndarray],
                     arrays: dict[str, np.ndarray],
-                    factor: Optional[BufferedToeplitz] = None) -> "FactorizationIndex":
+                    factor: Optional[WindowFactor] = None) -> "FactorizationIndex":
         index = cls.empty(sigma, max_length, thresholds, factor)
         size = len(arrays["tree_ids"])
         index.tree_ids = np.array(arrays["tree_ids"], dtype=np.uint64)
@@ -333,9 +426,9 @@ class FactorizationIndex(TreeIndex):
         return index
 
 
-def prefix_noise(noise: KeyedGaussian, tree_ids, factor: BufferedToeplitz, length: int,
+def prefix_noise(noise: KeyedGaussian, tree_ids, factor: WindowFactor, length: int,
                  sigma: float) -> np.ndarray:
-    """Z(t) for t = 1..length of each stream, in one pass: (len(tree_ids), length)."""
+    """Z'(t) for t = 1..length of each stream, in one pass: (len(tree_ids), length)."""
     tree_ids = np.asarray(tree_ids, dtype=np.uint64)
     z = noise.normal_rows(tree_ids, np.zeros(len(tree_ids), np.uint64), length) * sigma
-    return _buffer_paths(factor, z, None)[0]
+    return _noise_paths(factor, z, None, np.zeros(len(tree_ids), np.int64))[0]

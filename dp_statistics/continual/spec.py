@@ -32,8 +32,9 @@ class StreamStatistic(Choice):
 
 class StreamMechanism(Choice):
     """How the running sums are noised (budget.py): binary trees with Honaker's estimator, the
-    BLT square-root factorization (factorization.py), or the one of smaller expected error for
-    the window's number of micro-batches (public: the choice depends on T alone)."""
+    column-normalised BLT square-root factorization (factorization.py), or the one of smaller
+    worst-step error for the window's number of micro-batches (public: the choice depends on T
+    alone)."""
     TREE = "tree"
     FACTORIZATION = "factorization"
     AUTO = "auto"

@@ -47,8 +47,9 @@ STATE_FILE = "state.npz"
 JOURNAL_FILE = "journal.jsonl"
 TAKEN_LOG = "taken.log"  # the micro-batches of the steps after the saved one
 PIN_TOKENS_FILE = "pin_tokens.json"
-_FORMAT = 5  # 2: strings as UTF-8 bytes and offsets; 3: no micro-batch digests; 4: taken.log;
-# 5: the selection streams' summaries recomputed on load, not stored
+_FORMAT = 6  # 2: strings as UTF-8 bytes and offsets; 3: no micro-batch digests; 4: taken.log;
+# 5: the selection streams' summaries recomputed on load, not stored; 6: the factorization's
+# column-normalised noise (n + 2 states per stream)
 
 
 class StreamStateError(RuntimeError):

@@ -312,9 +312,9 @@ def test_a_state_of_the_previous_format_is_refused_by_name(tmp_path, monkeypatch
                     complete_window=False)
     state = WindowState.load(state_dir)
     with monkeypatch.context() as patched:
-        patched.setattr("sage_tfx.dp_statistics.continual.state._FORMAT", 4)
+        patched.setattr("sage_tfx.dp_statistics.continual.state._FORMAT", 5)
         state.save(state_dir)
-    with pytest.raises(StreamStateError, match="state format 4; this version reads format 5"):
+    with pytest.raises(StreamStateError, match="state format 5; this version reads format 6"):
         WindowState.load(state_dir)
 
 

@@ -59,7 +59,8 @@ def test_one_grant_one_release_per_trigger_each_naming_its_guarantee(ledger, sto
     assert sorted(grant["blocks"]) == ["s.2013-01", "s.2013-02"]
     assert summary["guarantee"] == (
         "(4, 1e-05)-DP for adding or removing all rows of one uid within the blocks read "
-        "(DP-SQLP on 4 micro-batches: BLT square-root factorization with 6 buffers); "
+        "(DP-SQLP on 4 micro-batches: column-normalised BLT square-root factorization with 6 "
+        "buffers); "
         f"grant {grant['grant_id']} on blocks s.2013-01, s.2013-02")
     assert grant["outcome"] == "released" and grant["front_door"].startswith("sage-tfx stream")
     for trigger in range(1, 5):
