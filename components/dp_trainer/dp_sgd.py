@@ -49,7 +49,8 @@ step, which updates at most B rows). Where it is exactly equivalent, the noise o
 added when the row is next read instead of at every step:
 
 * Where. A top-level Keras `Embedding` of a functional or Sequential model, called once, whose
-  ids are a function of the batch alone (no trainable variable before it), without a
+  ids are selected from the batch alone (no trainable variable before it; only layers that
+  slice, cast or reshape, the same in training, see _ID_LAYERS), without a
   constraint, whose gradient is IndexedSlices with one index per id it gathers (traced once on
   a public stand-in batch of 2: no other read of the table, dense or gathered). The optimizer
   is plain SGD (tf.keras.optimizers.SGD, momentum 0): an update is -lr times the noisy clipped
@@ -76,8 +77,9 @@ added when the row is next read instead of at every step:
   step's noise); it never leaves run_steps unmaterialised: run_steps materialises every row
   before on_step and on_epoch, on return and on an exception; a caller of make_dp_step's step
   outside run_steps calls step.materialise() before reading the model. Each lazy draw is a
-  single draw of std s sqrt(k) (cut at 12.01 of it, gaussian_noise), so the tail argument
-  there counts at most as many draws as eager noise does.
+  single pair-drawn Gaussian of std s sqrt(k) (gaussian_noise's tail argument holds per pair);
+  materialising every row draws V d more (every step when on_step is set), which that
+  argument counts as draws too.
 
 The per-epoch training loss reported to `on_epoch` is not DP: DPTrainer writes it nowhere
 (benchmarks on public data read it).
@@ -156,21 +158,23 @@ def gaussian_noise(generator: tf.random.Generator, size, stddev: float) -> tf.Te
     TensorFlow ops, which run vectorised, on Philox draws keyed by the generator (one fresh
     key per call).
 
-    The tail. A float32 uniform has 23 random bits, so V = 1 - U >= 2^-23 and no draw would
-    exceed sqrt(46 ln 2) = 5.65 standard deviations (TensorFlow's kernel clamps at 5.68). That
-    truncation is not a floating-point detail: the chance that one of d coordinates would have
-    landed beyond it is about d 2 Phi(-5.65) = 1.6e-8 d per step, 2.6e-3 for the 161,153
-    parameters of an embedding model, and a process whose every step differs from the
+    The tail. A float32 uniform has 23 random bits, so V = 1 - U >= 2^-23 and no pair's
+    radius sqrt(-2 ln V) would exceed sqrt(46 ln 2) = 5.65 standard deviations (TensorFlow's
+    kernel clamps at 5.68). That truncation is not a floating-point detail: the ideal radius
+    exceeds it exactly when the ideal V < 2^-23, probability 1.2e-7 per pair, 9.6e-3 per step
+    for the 80,577 pairs of a 161,153-parameter model, and a process that differs from the
     accountant's idealised Gaussian with that probability is only as private as that total
     variation allows (below). So V is built from 104 random bits: two float64 uniforms (52
-    bits each), V = (1 - U1) - U2 2^-52, uniform on (0, 1] at resolution 2^-104; then no draw
-    exceeds sqrt(208 ln 2) = 12.01 standard deviations, and a draw of the ideal Gaussian lands
-    beyond that with probability 2 Phi(-12.01) = 3.5e-33.
-    Why that suffices: couple each step's draws with ideal Gaussian ones that agree except on
-    that event; over T steps of d parameters the truncated and the ideal processes differ with
-    probability at most tau = T d 3.5e-33 on either neighbour, so for any set S of outcomes
-    P(S) <= e^eps Q(S) + delta + (1 + e^eps) tau: delta grows by less than 1e-17 for any run
-    below 10^15 draws (the rest of the float32 caveat in the module docstring stays).
+    bits each), V = (1 - U1) - U2 2^-52, uniform on (0, 1] at resolution 2^-104; the radius
+    then reaches sqrt(208 ln 2) = 12.01 standard deviations, and the ideal one exceeds that
+    with probability 2^-104 = 4.9e-32 per pair.
+    What that gives: couple each pair with the ideal one so that they differ (beyond the
+    float caveat of the module docstring) only on that event; over T steps of ceil(d / 2)
+    pairs the two processes differ with probability at most tau = T ceil(d / 2) 2^-104 on
+    either neighbour, so for any set S of outcomes P(S) <= e^eps Q(S) + delta + (1 + e^eps)
+    tau. The accountant does not add that term: it is below 1e-15 whenever
+    (1 + e^eps) T d < 4e16 (a million parameters, a million steps and eps up to 10 give
+    5.4e-16).
     Cost: 6,000 draws 0.39 -> 0.40 ms, 161,153 draws 1.8 -> 2.3 ms of CPU (lazy noise keeps
     an embedding table's draws to the rows a batch reads)."""
     pairs = (size + 1) // 2
@@ -203,10 +207,24 @@ class LazyTable:
 
     def touched(self, batch_features: tf.Tensor) -> tf.Tensor:
         """The distinct rows the batch gathers."""
-        ids = self.ids(batch_features)
+        ids = self.ids(batch_features, training=True)  # as the forward pass computes them
         if ids.dtype not in (tf.int32, tf.int64):
             ids = tf.cast(ids, tf.int32)  # as Embedding.call
         return tf.unique(tf.reshape(ids, [-1]))[0]
+
+
+# What may stand between the input and a lazily noised table: layers that only select and
+# reshape the input, the same in training as in inference and with no randomness, so the ids
+# `touched` computes are the ids the forward pass gathers (a Dropout or GaussianNoise there
+# would gather rows whose pending noise was never added).
+_ID_LAYERS = ("InputLayer", "Reshape", "Flatten", "Permute")
+_ID_OPS = ("__operators__.getitem", "cast", "reshape", "squeeze", "expand_dims")
+
+
+def _selects_ids(layer: tf.keras.layers.Layer) -> bool:
+    name = type(layer).__name__
+    return name in _ID_LAYERS or (name in ("TFOpLambda", "SlicingOpLambda")
+                                  and getattr(layer, "symbol", None) in _ID_OPS)
 
 
 def lazy_tables(model: tf.keras.Model, features: tf.Tensor) -> list[LazyTable]:
@@ -220,7 +238,7 @@ def lazy_tables(model: tf.keras.Model, features: tf.Tensor) -> list[LazyTable]:
                 and layer.embeddings_constraint is None and not layer.sparse
                 and len(layer._inbound_nodes) == 1):
             ids_model = tf.keras.Model(model.inputs, layer.input)
-            if not ids_model.trainable_weights:
+            if not ids_model.trainable_weights and all(map(_selects_ids, ids_model.layers)):
                 candidates[layer.embeddings.ref()] = ids_model
     if not candidates:
         return []
@@ -232,7 +250,8 @@ def lazy_tables(model: tf.keras.Model, features: tf.Tensor) -> list[LazyTable]:
             tape.watch(tables)
             outputs = tf.nest.flatten(model(batch, training=True))
             total = tf.add_n([tf.reduce_sum(tf.cast(output, tf.float32)) for output in outputs])
-        return tape.gradient(total, tables), [candidates[t.ref()](batch) for t in tables]
+        return tape.gradient(total, tables), [candidates[t.ref()](batch, training=True)
+                                              for t in tables]
 
     gradients, ids = table_gradients.get_concrete_function(
         tf.TensorSpec([2, *features.shape[1:]], features.dtype)).structured_outputs

@@ -177,6 +177,23 @@ def test_tables_read_otherwise_than_by_their_gather_keep_eager_noise():
     assert not dp_sgd.lazy_tables(dense, tf.zeros([1, 3]))
 
 
+def test_ids_that_training_changes_keep_eager_noise():
+    """A Dropout before the table gathers, in training, other rows than an inference-mode
+    trace lists (a reviewer's case: rows read without their pending noise). Ids sliced and
+    cast from a wider input stay lazy."""
+    def table_after(*layers, width=1):
+        return tf.keras.Sequential([tf.keras.Input((width,)), *layers,
+                                    tf.keras.layers.Embedding(20, 2), tf.keras.layers.Flatten()])
+    features = tf.constant([[3.0, 1.0], [4.0, 2.0]])
+    assert not dp_sgd.lazy_tables(table_after(tf.keras.layers.Dropout(0.5)), features[:, :1])
+    assert not dp_sgd.lazy_tables(table_after(tf.keras.layers.GaussianNoise(1.0)),
+                                  features[:, :1])
+    inputs = tf.keras.Input((2,))
+    ids = tf.cast(inputs[:, 0], tf.int32)
+    sliced = tf.keras.Model(inputs, tf.keras.layers.Embedding(20, 2)(ids))
+    assert len(dp_sgd.lazy_tables(sliced, features)) == 1
+
+
 def test_lazy_noise_is_keyed_by_the_seed():
     def trained(seed):
         model = embedding_model(50, 2)
