@@ -15,6 +15,7 @@ one generator per key, :class:`_KeyedSampling`).
 from __future__ import annotations
 
 import hashlib
+import numbers
 import pickle
 from typing import Optional
 
@@ -45,6 +46,44 @@ def _number_or_nan(value) -> float:
         return float(value) if value is not None else float("nan")
     except (TypeError, ValueError):
         return float("nan")
+
+
+def _equality_class(value):
+    """A hashable encoding of ``value`` that two values share exactly when they are equal as
+    the local engine groups them (pd.factorize: by ==): 0.0 and -0.0, 1, 1.0 and True, and all
+    nulls (None, NaN, pd.NA) are one class each. Beam groups by a key's *encoding*, where these
+    differ, so every key is mapped to its class before any grouping."""
+    if isinstance(value, (str, bytes)):
+        return value
+    null = pd.isna(value)
+    if isinstance(null, (bool, np.bool_)) and null:
+        return None
+    if isinstance(value, (bool, np.bool_, numbers.Integral)):
+        return ("number", int(value))
+    if isinstance(value, (float, np.floating)):
+        number = float(value)  # exact: a double holds any float32/float64
+        return ("number", int(number) if number.is_integer() else number)
+    return ("value", value)
+
+
+def _representative(value):
+    """The value a partition's key shows for ``value``'s class, before `_widest`: no -0.0, one
+    null."""
+    if _equality_class(value) is None:
+        return None
+    return value + 0.0 if isinstance(value, (float, np.floating)) else value
+
+
+def _type_rank(value) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        return 0
+    return 1 if isinstance(value, numbers.Integral) else 2
+
+
+def _widest(keys) -> tuple:
+    """One representative per class, the same whatever the rows' order: in each column the
+    widest type seen (bool < int < float), so a column of one type keeps that type."""
+    return tuple(max(values, key=_type_rank) for values in zip(*keys))
 
 
 class _KeyedSampling(beam.DoFn):
@@ -205,8 +244,11 @@ class AccumulateTransform(beam.PTransform):
     def expand(self, rows):
         query = self._query
         group_by, unit_column = list(query.group_by), query.unit_column
-        public = (set(query.public_partitions)
-                  if SelectionRule(query.selection) is SelectionRule.PUBLIC else None)
+        selection_public = SelectionRule(query.selection) is SelectionRule.PUBLIC
+        # Public: each class -> the listed key itself (spec refuses a key listed twice, so no
+        # two listed keys are ==; with nulls as one class, NULL matches None as on local).
+        public = ({tuple(map(_equality_class, key)): key for key in query.public_partitions}
+                  if selection_public else None)
 
         def partition(row):
             # A row without a key column has a null key there (the local engine's frame has
@@ -214,7 +256,15 @@ class AccumulateTransform(beam.PTransform):
             return tuple(row.get(c) for c in group_by)
 
         def pair_key(row):
-            return partition(row), row[unit_column]
+            # Why classes, not raw keys: C_eff = min(C_u, G) and m bound a unit's effect only
+            # if it holds ONE pair per (partition, unit). Grouping raw keys made u@0.0 and
+            # u@-0.0 (or u@1 and u@1.0/True) two pairs of one public partition, each with its
+            # own m rows and its own count: one unit moved COUNT by 2m under noise for m.
+            # Keyed by the classes of both (the unit's too: 1 and 1.0 are one unit, as
+            # pd.factorize has it), every pair is one (partition, unit) as the local engine
+            # forms them, so step 2's C_u and step 3's m bound each unit as derived there.
+            return (tuple(map(_equality_class, partition(row))),
+                    _equality_class(row[unit_column]))
 
         def wanted(row):
             if pd.isna(row.get(unit_column)):
@@ -223,10 +273,18 @@ class AccumulateTransform(beam.PTransform):
             texts = [v for v in (*partition(row), row[unit_column]) if isinstance(v, str)]
             if texts and not representable_ids(texts).all():
                 return False
-            return public is None or partition(row) in public
+            return public is None or tuple(map(_equality_class, partition(row))) in public
 
-        pairs = (rows
-                 | "Owned" >> beam.Filter(wanted)
+        owned = rows | "Owned" >> beam.Filter(wanted)
+        if public is None:  # the key each selected class shows: the same on any runner
+            representatives = (owned
+                               | "ClassKeys" >> beam.Map(lambda row: (
+                                   pair_key(row)[0],
+                                   tuple(map(_representative, partition(row)))))
+                               | "Representatives" >> beam.CombinePerKey(_widest))
+        else:
+            representatives = rows.pipeline | "PublicKeys" >> beam.Create(list(public.items()))
+        pairs = (owned
                  | "ByPair" >> beam.Map(lambda row: (pair_key(row), row))
                  | "GroupPairs" >> beam.GroupByKey()
                  | "ShufflePair" >> beam.ParDo(_ShufflePair(value_columns(query), presence_columns(query),
@@ -253,10 +311,15 @@ class AccumulateTransform(beam.PTransform):
                                                      beam.pvalue.AsDict(inferred))
         if public is not None:  # listed partitions without rows are released too
             width = aggregators.layout(query).width
-            zeros = (rows.pipeline | "PublicKeys" >> beam.Create(
-                [(key, np.zeros((2, width))) for key in query.public_partitions]))
+            zeros = (rows.pipeline | "PublicZeros" >> beam.Create(
+                [(key, np.zeros((2, width))) for key in public]))
             vectors = (vectors, zeros) | "WithPublic" >> beam.Flatten()
-        return (vectors | "SumPartitions" >> beam.CombinePerKey(_sum_signed), inferred)
+        sums = vectors | "SumPartitions" >> beam.CombinePerKey(_sum_signed)
+        # a class all of whose pairs step 2 dropped has a key but no sums: not a partition here
+        shown = ((sums, representatives) | "WithKeys" >> beam.CoGroupByKey()
+                 | "ShownKeys" >> beam.FlatMapTuple(
+                     lambda _, joined: [(joined[1][0], joined[0][0])] if joined[0] else []))
+        return (shown, inferred)
 
 
 class GatherAccumulated(beam.PTransform):

@@ -123,3 +123,59 @@ def test_both_engines_saturate_a_sum_beyond_2_to_the_1000():
     beam_sums = accumulate_with_beam(frame, query, budget).accumulators
     np.testing.assert_array_equal(local_sums, [[8, 8, 8, 2.0 ** 1000]])
     np.testing.assert_array_equal(beam_sums, local_sums)
+
+
+def _by_key(accumulated):
+    """{key tuple: its distinct units and rows}; keys that are == (0.0/-0.0, 1/1.0/True) would collide,
+    so the caller also checks the number of partitions."""
+    keys = accumulated.keys.astype(object).where(accumulated.keys.notna(), None)
+    return {key: tuple(row[:2]) for key, row in zip(keys.itertuples(index=False, name=None),
+                                                accumulated.accumulators)}
+
+
+def test_a_unit_at_zero_and_minus_zero_is_one_pair_of_the_public_partition_on_beam():
+    """Review finding: Beam paired rows by the key's encoding, so u1@0.0 and u1@-0.0 were two
+    pairs of the public partition (0.0,): 3 distinct units for 2, and a unit with m rows at each
+    moved COUNT by 2m under noise calibrated for C_eff * m = m. Both engines: one pair."""
+    query = AggregationQuery(("k",), "uid", (Aggregate.count(), Aggregate.count_distinct()),
+                             selection=SelectionRule.PUBLIC, public_partitions=((0.0,),),
+                             max_partitions_contributed=2, max_contributions_per_partition=8)
+    assert query.partitions_per_unit == 1  # C_eff = min(C_u, G)
+    budget = plan(query, 1.0, 1e-6)
+    three_rows = pd.DataFrame({"k": [0.0, -0.0, 0.0], "uid": ["u1", "u1", "u2"]})
+    heavy = pd.DataFrame({"k": [0.0] * 8 + [-0.0] * 8, "uid": "u1"})
+    for frame, units, count in ((three_rows, 2, 3), (heavy, 1, 8)):
+        for accumulated in (local.accumulate(frame, query, budget, secret_rng(0)),
+                            accumulate_with_beam(frame, query, budget, seed=0)):
+            assert len(accumulated.keys) == 1
+            assert str(accumulated.keys["k"].iloc[0]) == "0.0"
+            np.testing.assert_array_equal(accumulated.accumulators[0, :2], [units, count])
+
+
+def test_both_engines_group_equal_keys_and_units_of_mixed_types_alike():
+    """Keys and units equal under == but of different types or signs (0.0/-0.0 in a float
+    column; 1, 1.0, True and 0, -0.0, False in object columns; unit 7 and 7.0) are one
+    partition and one unit on both engines, public or selected; a selected zero shows as 0.0 on Beam."""
+    floats = pd.DataFrame({"k": [0.0, -0.0, -0.0, 2.5, 2.5], "uid": [1, 1, 2, 2, 3]})
+    mixed = pd.DataFrame({"k": pd.Series([1, 1.0, True, 0, -0.0, False, "1"], dtype=object),
+                          "uid": pd.Series([7, 7.0, 8, 7, 7.0, 8, 7], dtype=object)})
+    aggregates = (Aggregate.count(), Aggregate.count_distinct())
+    selected = AggregationQuery(("k",), "uid", aggregates, max_partitions_contributed=3,
+                                max_contributions_per_partition=4)
+    for frame, public in ((floats, ((-0.0,), (2.5,))), (mixed, ((True,), (0.0,), ("1",)))):
+        listed = AggregationQuery(("k",), "uid", aggregates, selection=SelectionRule.PUBLIC,
+                                  public_partitions=public, max_partitions_contributed=3,
+                                  max_contributions_per_partition=4)
+        for query in (selected, listed):
+            budget = plan(query, 1.0, 1e-6)
+            local_sums = local.accumulate(frame, query, budget, secret_rng(0))
+            beam_sums = accumulate_with_beam(frame, query, budget, seed=0)
+            assert len(beam_sums.keys) == len(local_sums.keys) == len(public)
+            assert _by_key(beam_sums) == _by_key(local_sums)
+            if query is selected:  # public: the listed key itself is shown
+                assert "-0.0" not in repr(beam_sums.keys["k"].tolist())
+    # distinct units: 1 and 2 at 0.0 (unit 1 once), 2 and 3 at 2.5; in `mixed`, unit 7
+    # (7 and 7.0) and 8 at 1 and at 0, unit 7 alone at "1"
+    assert _by_key(local.accumulate(mixed, selected, plan(selected, 1.0, 1e-6),
+                                    secret_rng(0))) == {(1,): (2.0, 3.0), (0,): (2.0, 3.0),
+                                                        ("1",): (1.0, 1.0)}
