@@ -72,8 +72,8 @@ def noise_outputs(mechanism: str, trials: int, seed: Optional[int] = None, *,
                   noise_factor: float = 1.0) -> Outputs:
     """sage_tfx.mechanisms.<mechanism> at sensitivity 1 on D = 0 and D' = `record` (the unit's
     largest change, 1), `trials` coordinates per call. The vector's noise is per coordinate
-    at the scalar mechanism's scale (the lattice rounding adds trials * 2^-40 to the
-    sensitivity, so a little more noise), so coordinate i is run i of the scalar mechanism.
+    at the scalar mechanism's scale (the same for every length: additive.MAX_COORDINATES), so
+    coordinate i is run i of the scalar mechanism.
     OpenDP takes no seed (CSPRNG only), so `seed` is unused.
 
     record = 2 and noise_factor = 0.5 are the deliberately broken variants of the tests: a
@@ -166,8 +166,8 @@ def analyzer_group_by_mean_outputs(trials: int, seed: Optional[int] = None, *,
 
     Batched over keys: the release is per key, each key's (count, sum) noised independently,
     so key i's pair is run i of the one-key analyzer on a neighbouring pair (the pair differs
-    by one record per key). The lattice rounding grows with the number of keys (trials *
-    2^-40 of the sensitivity: more noise). CSPRNG-seeded: `seed` is unused. epsilon = 2 with
+    by one record per key; the noise scale does not depend on the number of keys).
+    CSPRNG-seeded: `seed` is unused. epsilon = 2 with
     the claim kept at 1 is the tests' half-noise variant."""
     from sage_tfx.components.dp_transform import analyzers
 
@@ -417,8 +417,7 @@ def matrix_mechanism_outputs(trials: int, seed: Optional[int] = None, *,
 
     Batched: each call's workload is Identity(250 runs) (x) AllRanges(4), the strategy I (x) A,
     so run i's 4 cells are read by its own block of A and noised independently: run i is one
-    release of the one-run mechanism on a neighbouring pair (D' adds one record per run). The
-    lattice rounding grows with the runs (250 * 10 * 2^-40 of the sensitivity: more noise).
+    release of the one-run mechanism on a neighbouring pair (D' adds one record per run).
     CSPRNG-seeded: `seed` is unused.
 
     broken = "unit_sensitivity" is the tests' deliberately broken variant: the strategy's L2

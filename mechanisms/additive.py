@@ -30,16 +30,15 @@ from sage_tfx.mechanisms.release import Release
 
 dp.enable_features("contrib")
 
-# The lattice sits 40 binary digits below the sensitivity: rounding costs a relative 2**-40 * n
-# of the budget (1e-6 at n = 10**6), and it is accounted rather than ignored.
-_LATTICE_DIGITS_BELOW_SENSITIVITY = 40
-# OpenDP adds the rounding of every coordinate to the lattice to the sensitivity: size 2**k in
-# L1, sqrt(size) 2**k in L2. The noise scale takes that term for this many coordinates, not for
-# the vector's own length: partition selection noises one count per partition the DATA holds,
-# and a scale (or an event) that moved with that number would depend on one unit's records.
-# Longer vectors are refused. It costs a relative 2**-16 of the Laplace scale, 2**-28 of the
-# Gaussian's.
-MAX_COORDINATES = 2 ** 24
+# The lattice sits 50 binary digits below the sensitivity, and OpenDP adds the rounding of every
+# coordinate to it to the sensitivity: size 2**k in L1, sqrt(size) 2**k in L2. The noise scale
+# takes that term for MAX_COORDINATES coordinates, not for the vector's own length: partition
+# selection noises one count per partition the DATA holds, and a scale (or an event) that moved
+# with that number would depend on one unit's records. It costs a relative 2**-14 of a Laplace
+# scale, 2**-32 of a Gaussian's. Longer vectors are refused, but none can reach here: 2**36
+# doubles are 512 GiB (a bound the data could cross would make the refusal itself a release).
+_LATTICE_DIGITS_BELOW_SENSITIVITY = 50
+MAX_COORDINATES = 2 ** 36
 
 
 def _positive(name: str, value: float) -> float:

@@ -170,5 +170,5 @@ def test_the_noise_scale_and_event_do_not_depend_on_the_vectors_length(monkeypat
         assert len(set(scales)) == 1 and events[0] == events[1] == events[2]
     assert len({selection._gaussian_threshold_calibration(4, 1.0, 1e-6, size)[1]
                 for size in (1, 1000, 10 ** 6)}) == 1
-    with pytest.raises(ValueError, match="at most 16777216"):
-        additive.gaussian_lattice(l2_sensitivity=1.0, size=2 ** 24 + 1, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="at most 68719476736"):
+        additive.gaussian_lattice(l2_sensitivity=1.0, size=2 ** 36 + 1, noise_multiplier=1.0)
