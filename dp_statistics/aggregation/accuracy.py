@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from statistics import NormalDist
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 from dp_accounting import dp_event
@@ -209,11 +209,3 @@ def monotone(values: np.ndarray) -> np.ndarray:
 def interval_columns(name: str) -> list[str]:
     return [name + suffix for suffix in SUFFIXES]
 
-
-def non_negative(values: np.ndarray, accuracy: Optional[tuple]) -> tuple:
-    """A count and its interval clamped at 0 (post-processing: a count is never negative)."""
-    clamped = np.maximum(values, 0.0)
-    if accuracy is None:
-        return clamped, None
-    stddev, ci_low, ci_high = accuracy
-    return clamped, (stddev, np.maximum(ci_low, 0.0), np.maximum(ci_high, 0.0))
