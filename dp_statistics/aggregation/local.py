@@ -119,6 +119,10 @@ def partition_codes(frame: pd.DataFrame,
     first[codes[::-1]] = np.arange(codes.size)[::-1]  # the last write, the first occurrence, wins
     keys = keys_frame.iloc[first].reset_index(drop=True)
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
+        for column in query.group_by:
+            if pd.api.types.is_float_dtype(keys[column].dtype):
+                # -0.0 + 0.0 = 0.0: a released key does not show which zero its first row held
+                keys[column] = keys[column] + 0.0
         return codes, keys
     public = {key: i for i, key in enumerate(query.public_partitions)}
     as_python = keys.astype(object).where(keys.notna(), None)  # a null key matches NULL
