@@ -318,15 +318,11 @@ def opt_marginals(workload: Workload, *, tolerance: float = 1e-6,
                   cache_dir: Optional[str] = None) -> MarginalStrategy:
     """OPT_M: the weighted-marginal strategy of least Gaussian error on ``workload`` (module
     docstring), with its certificate as ``duality_gap`` (at most ``tolerance`` unless the
-    iterations ran out). Data independent, so cached per workload in memory and on disk
-    (cache.py) as its weights: Adult's 0-3-way marginals take thousands of iterations (7 s)."""
-    return _cached_opt_marginals(workload, tolerance, max_iterations,
-                                 cache.cache_directory(cache_dir))
+    iterations ran out). Data independent, so cached per workload on disk (cache.py) as its
+    weights: Adult's 0-3-way marginals take thousands of iterations (7 s), a load milliseconds
+    (not in memory: a cache directory removed within the process is then written again)."""
+    directory = cache.cache_directory(cache_dir)
 
-
-@functools.lru_cache(maxsize=32)
-def _cached_opt_marginals(workload: Workload, tolerance: float, max_iterations: int,
-                          directory: Optional[str]) -> MarginalStrategy:
     def rebuild(workload: Workload, stored: cache.Stored) -> MarginalStrategy:
         # MarginalStrategy refuses weights of the wrong length, negative or all zero
         return MarginalStrategy(tuple(workload.sizes), stored.arrays["weights"], stored.name,

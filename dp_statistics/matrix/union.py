@@ -134,13 +134,10 @@ def _product_part(term: tuple[Block, ...]) -> Strategy:
 
 def opt_union(workload: Workload, *, cache_dir: Optional[str] = None) -> UnionStrategy:
     """OPT_+ with one group per term (HDMM's DefaultUnionKron), weights u_j ~ sqrt(E_j).
-    Data independent, so cached per workload in memory and on disk (cache.py) as its weights
-    (the parts are rebuilt from the terms; the errors E_j are what costs)."""
-    return _cached_opt_union(workload, cache.cache_directory(cache_dir))
+    Data independent, so cached per workload on disk (cache.py) as its weights (the parts are
+    rebuilt from the terms; the errors E_j are what costs), not in memory (as opt_marginals)."""
+    directory = cache.cache_directory(cache_dir)
 
-
-@functools.lru_cache(maxsize=32)
-def _cached_opt_union(workload: Workload, directory: Optional[str]) -> UnionStrategy:
     def build() -> UnionStrategy:
         start = time.perf_counter()
         parts = tuple(_product_part(term) for term in workload.terms)

@@ -2,6 +2,7 @@
 in-memory cache) loads the strategy another one selected, without solving; a corrupt, truncated
 or foreign file is recomputed, never trusted. Deterministic: no randomness."""
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -101,7 +102,7 @@ def test_the_environment_variable_chooses_the_directory_or_turns_it_off(solves, 
 
 @pytest.fixture
 def weight_solves(monkeypatch):
-    """Counts OPT_M and OPT_+ weight solves; clears their in-memory caches (a new process)."""
+    """Counts OPT_M and OPT_+ weight solves (kept on disk only, never in memory)."""
     calls = []
     for module, name in ((marginals, "_optimal_marginals"), (union, "term_errors")):
         solve = getattr(module, name)
@@ -110,14 +111,7 @@ def weight_solves(monkeypatch):
             calls.append(_name)
             return _solve(*args, **kwargs)
         monkeypatch.setattr(module, name, counted)
-    _fresh_weight_caches()
-    yield calls
-    _fresh_weight_caches()
-
-
-def _fresh_weight_caches():
-    marginals._cached_opt_marginals.cache_clear()
-    union._cached_opt_union.cache_clear()
+    return calls
 
 
 @pytest.mark.parametrize("family", ["OPT_M", "OPT_+"])
@@ -126,7 +120,6 @@ def test_weighted_strategies_load_without_solving(weight_solves, tmp_path, famil
     target = workload.marginals(("a", "b", "c", "d"), (3, 4, 5, 2), (0, 1, 2))
     first = build(target, cache_dir=str(tmp_path))
     assert len(weight_solves) == 1 and len(list(tmp_path.iterdir())) == 1
-    _fresh_weight_caches()
     again = build(target, cache_dir=str(tmp_path))
     assert len(weight_solves) == 1  # loaded, not solved
     assert np.array_equal(again.weights, first.weights) and again.name == first.name
@@ -135,6 +128,18 @@ def test_weighted_strategies_load_without_solving(weight_solves, tmp_path, famil
     # the same domain with other terms is another key
     build(workload.marginals(("a", "b", "c", "d"), (3, 4, 5, 2), (1,)), cache_dir=str(tmp_path))
     assert len(weight_solves) == 2
+
+
+@pytest.mark.parametrize("family", ["OPT_M", "OPT_+"])
+def test_a_removed_cache_directory_is_written_again(weight_solves, tmp_path, family):
+    """Not remembered in memory: a pipeline root removed and run again within one process
+    gets its strategy file again (the neighbouring-components test runs two pipelines so)."""
+    build = {"OPT_M": marginals.opt_marginals, "OPT_+": union.opt_union}[family]
+    target = workload.marginals(("a", "b", "c"), (3, 4, 5), (0, 1))
+    build(target, cache_dir=str(tmp_path / "root"))
+    shutil.rmtree(tmp_path / "root")
+    build(target, cache_dir=str(tmp_path / "root"))
+    assert len(list((tmp_path / "root").iterdir())) == 1
 
 
 @pytest.mark.parametrize("family", ["OPT_M", "OPT_+"])
@@ -156,7 +161,6 @@ def test_damaged_weights_are_recomputed(weight_solves, tmp_path, family, damage)
     fields["weights"] = weights
     with open(path, "wb") as handle:
         np.savez(handle, **fields)
-    _fresh_weight_caches()
     again = build(target, cache_dir=str(tmp_path))
     assert len(weight_solves) == 2  # recomputed, not trusted
     assert np.allclose(again.weights, first.weights)
