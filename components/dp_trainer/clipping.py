@@ -370,23 +370,25 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     shape = [2, *example_shape]
     state = model.non_trainable_variables
     before = [variable.numpy() for variable in state]
-    changed = set()
-    # each stand-in: the values to try in order, the first the model accepts is used
-    stand_ins = ((1,), (0,)) if dtype.is_integer else ((1.0,), (-2.0, 0.0))
-    for values in stand_ins:
-        for value in values:
-            try:
-                model(tf.fill(shape, tf.cast(value, dtype)), training=True)
-            except tf.errors.InvalidArgumentError:
-                if value == values[-1]:
-                    raise
-                continue
-            finally:
-                changed.update(variable.name for variable, saved in zip(state, before)
-                               if not (variable.numpy() == saved).all())
-                for variable, saved in zip(state, before):
-                    variable.assign(saved)
-            break
+
+    def changed_by(value) -> set:
+        """The non-trainable variables one training-mode pass on a batch of `value` changes."""
+        try:
+            model(tf.fill(shape, tf.cast(value, dtype)), training=True)
+            return {variable.name for variable, saved in zip(state, before)
+                    if not (variable.numpy() == saved).all()}
+        finally:
+            for variable, saved in zip(state, before):
+                variable.assign(saved)
+
+    changed = changed_by(1)
+    if dtype.is_integer:
+        changed |= changed_by(0)
+    else:
+        try:
+            changed |= changed_by(-2.0)
+        except tf.errors.InvalidArgumentError:  # e.g. an Embedding fed float ids
+            changed |= changed_by(0.0)
     if changed:
         raise ValueError(f"a training step changes the model's non-trainable variable(s) "
                          f"{', '.join(sorted(changed))}: state computed from the batch would be "

@@ -444,25 +444,6 @@ def _cached_eigen_design(workload: Workload, separation_group, principal_fractio
         workload, separation_group, principal_fraction, kronecker, rounds))
 
 
-def disk_cached(workload: Workload, options: dict, directory: Optional[str], build, *,
-                encode=None, decode=None):
-    """The strategy cached on disk for (workload, options) (cache.py), else ``build()``'s,
-    stored; no disk cache when ``directory`` is None. ``encode`` gives the arrays a strategy is
-    kept as and ``decode(workload, stored)`` rebuilds it, raising ValueError (or KeyError) when
-    the arrays do not fit the workload (then it is recomputed); the default keeps a product's factors."""
-    encode, decode = encode or _factor_arrays, decode or _factor_strategy
-    stored = cache.load(directory, workload, options) if directory else None
-    if stored is not None:
-        try:
-            return decode(workload, stored)
-        except (KeyError, ValueError):  # arrays that are not this family's or do not fit
-            pass
-    strategy = build()
-    if directory:
-        cache.store(directory, workload, options, encode(strategy), strategy)
-    return strategy
-
-
 def _factor_arrays(strategy: Strategy) -> dict:
     return {f"factor_{i}": factor for i, factor in enumerate(strategy.factors)}
 
@@ -474,6 +455,25 @@ def _factor_strategy(workload: Workload, stored: cache.Stored) -> Strategy:
             f.ndim != 2 or f.shape[0] == 0 for f in factors):
         raise ValueError(f"cached factors over {cells} cells do not fit {workload.sizes}")
     return Strategy(tuple(factors), stored.name, stored.selection_seconds, stored.duality_gap)
+
+
+def disk_cached(workload: Workload, options: dict, directory: Optional[str], build, *,
+                encode=_factor_arrays, decode=_factor_strategy):
+    """The strategy cached on disk for (workload, options) (cache.py), else ``build()``'s,
+    stored; no disk cache when ``directory`` is None. ``encode`` gives the arrays a strategy is
+    kept as and ``decode(workload, stored)`` rebuilds it, raising ValueError (or KeyError) when
+    the arrays do not fit the workload (then it is recomputed); the defaults keep a product's
+    factors."""
+    stored = cache.load(directory, workload, options) if directory else None
+    if stored is not None:
+        try:
+            return decode(workload, stored)
+        except (KeyError, ValueError):  # arrays that are not this family's or do not fit
+            pass
+    strategy = build()
+    if directory:
+        cache.store(directory, workload, options, encode(strategy), strategy)
+    return strategy
 
 
 def _eigen_design(workload: Workload, separation_group, principal_fraction, kronecker,
