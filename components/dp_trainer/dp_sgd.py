@@ -412,7 +412,10 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
         noisy = []
         for gradient, variable in zip(clipped, trainable):
             if variable.ref() not in lazy_index:
-                noisy.append(gradient + tf.reshape(next(eager_noise), variable.shape))
+                noisy.append(tf.convert_to_tensor(gradient)
+                             + tf.reshape(next(eager_noise), variable.shape))
+            elif isinstance(gradient, tf.IndexedSlices):  # the rows the batch gathers
+                noisy.append(gradient)
             else:  # the rows read; every other row's clipped sum is exactly 0
                 rows_read = touched[lazy_index[variable.ref()]]
                 noisy.append(tf.IndexedSlices(tf.gather(gradient, rows_read), rows_read,

@@ -106,6 +106,11 @@ def reference(model, features):
     return norms, factors, [factors[:, None] * g for g in per_example]
 
 
+def flat(gradient) -> np.ndarray:
+    """A clipped sum's values, flat (an Embedding's table comes as tf.IndexedSlices)."""
+    return tf.convert_to_tensor(gradient).numpy().ravel()
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_one_pass_clipping_equals_per_example_gradients(case):
     build, features = CASES[case]
@@ -128,10 +133,23 @@ def test_one_pass_clipping_equals_per_example_gradients(case):
         measured_norms, measured = one_pass(tf.constant(factors, tf.float32), tf.constant(kept))
         np.testing.assert_allclose(measured_norms.numpy(), norms, rtol=1e-4, atol=1e-6)
         for got, want in zip(measured, clipped):
-            np.testing.assert_allclose(got.numpy().ravel(), want[kept].sum(axis=0), rtol=1e-4,
+            np.testing.assert_allclose(flat(got), want[kept].sum(axis=0), rtol=1e-4,
                                        atol=1e-5)
     # Only models whose layer graph cannot be walked take whole-model per-example gradients.
     assert whole_model == [case in ("fallback_subclassed_model", "fallback_shared_layer")]
+
+
+def test_an_embeddings_clipped_sum_holds_only_the_rows_the_batch_gathers():
+    """A table of 10^6 rows: the clipped sum is tf.IndexedSlices of the batch's B T ids, so a
+    step's work does not grow with the table (a dense sum fills all V d entries)."""
+    model = functional(L.Embedding(1_000_000, 3), L.Flatten(), L.Dense(2), input_shape=(5,),
+                       dtype="int32")
+    ids = tf.constant(rng.integers(0, 1_000_000, (BATCH, 5)).astype(np.int32))
+    gradients = clipping.OnePass(model, model.trainable_variables, LOSS, ids, LABELS, WEIGHTS)
+    table = gradients.clipped_sum(tf.ones(BATCH), tf.ones(BATCH, tf.bool))[0]
+    assert isinstance(table, tf.IndexedSlices)
+    assert table.values.shape == (BATCH * 5, 3)
+    np.testing.assert_array_equal(table.indices.numpy(), ids.numpy().ravel())
 
 
 class WithBatchNormalization(tf.keras.Model):
@@ -252,11 +270,11 @@ def test_conv_norms_and_clipped_sum_equal_per_example_gradients(monkeypatch, con
     measured_norms, measured = one_pass(tf.constant(images), tf.constant(everything))
     np.testing.assert_allclose(measured_norms.numpy(), norms, rtol=1e-4, atol=1e-6)
     for got, want in zip(measured, clipped):
-        np.testing.assert_allclose(got.numpy().ravel(), want.sum(axis=0), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(flat(got), want.sum(axis=0), rtol=1e-4, atol=1e-5)
     kept = np.arange(BATCH) != 0
     measured_norms, measured = one_pass(tf.constant(overflowed), tf.constant(kept))
     assert not np.isfinite(measured_norms.numpy()[0])
     np.testing.assert_allclose(measured_norms.numpy()[kept], norms[kept], rtol=1e-4, atol=1e-6)
     for got, want in zip(measured, clipped):
-        np.testing.assert_allclose(got.numpy().ravel(), want[kept].sum(axis=0), rtol=1e-4,
+        np.testing.assert_allclose(flat(got), want[kept].sum(axis=0), rtol=1e-4,
                                    atol=1e-5)
