@@ -322,6 +322,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-baseline-2", action="store_true",
                         help="skip baseline 2 (B one-shot queries, the slowest system at the "
                              "paper's scale)")
+    parser.add_argument("--dp-sqlp-only", action="store_true",
+                        help="skip both baselines (baseline 1's aggregation peaks at 14 GB at "
+                             "the paper's scale: DP-SQLP alone needs 2.5 GB there)")
     parser.add_argument("--latency", action="store_true",
                         help="instead: DP-SQLP's per-micro-batch latency vs micro-batch size")
     parser.add_argument("--latency-micro-batches", type=lambda text: [
@@ -380,12 +383,12 @@ def benchmark(args: argparse.Namespace) -> dict:
         dp_sqlp = run_dp_sqlp(stream, query, dp_budget, state_dir, noise_key(args.noise_seed))
     runs = {
         "dp_sqlp": (dp_sqlp, {"selection_sigma": dp_budget.selection_sigma,
-                              "value_sigma": dp_budget.value_sigma, "beta": dp_budget.beta}),
-        "baseline_1": (run_baseline_1(stream, b1_budget, args.micro_batches,
-                                      args.contribution_limit, args.baseline_1_final_only),
-                       b1_budget.describe()),
-    }
-    if not args.no_baseline_2:
+                              "value_sigma": dp_budget.value_sigma, "beta": dp_budget.beta})}
+    if not args.dp_sqlp_only:
+        runs["baseline_1"] = (run_baseline_1(stream, b1_budget, args.micro_batches,
+                                             args.contribution_limit, args.baseline_1_final_only),
+                              b1_budget.describe())
+    if not (args.no_baseline_2 or args.dp_sqlp_only):
         runs["baseline_2"] = (run_baseline_2(stream, b2_budget, args.micro_batches,
                                              args.contribution_limit), b2_budget.describe())
     bounded = np.bincount(stream.key[first_records_per_user(stream, args.contribution_limit)],

@@ -115,6 +115,14 @@ def test_script_prints_one_consistent_json_object_at_tiny_scale():
     assert report["dp_sqlp"]["guarantee"].startswith("(6, 1e-09)-DP for adding or removing all rows of one user")
 
 
+def test_dp_sqlp_only_runs_no_baseline():
+    args = streaming.parse_args(["--users", "2000", "--keys", "300", "--micro-batches", "4",
+                                 "--dp-sqlp-only"])
+    report = streaming.benchmark(args)
+    assert "dp_sqlp" in report and not {"baseline_1", "baseline_2"} & set(report)
+    assert report["dp_sqlp"]["keys_kept"] <= 300
+
+
 def test_latency_mode_times_every_micro_batch():
     args = streaming.parse_args(["--users", "2000", "--keys", "300", "--latency",
                                  "--latency-micro-batches", "12,3"])
