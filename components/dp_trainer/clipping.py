@@ -357,18 +357,21 @@ def refuse_unclippable_layers(model: tf.keras.Model) -> None:
                              "bound it; use LayerNormalization")
 
 
-# Ops that read a variable through its handle and never change it (TensorFlow's own list of
-# read-only resource ops, auto_control_deps_utils.RESOURCE_READ_OPS, plus VarIsInitializedOp;
-# DisableCopyOnRead switches how later reads copy, not the value).
-_READS_VARIABLE = frozenset({"ReadVariableOp", "_ReadVariablesOp", "ResourceGather",
+# Ops that read a resource through its handle and never change it: TensorFlow's own list of
+# read-only variable ops (auto_control_deps_utils.RESOURCE_READ_OPS), VarIsInitializedOp,
+# DisableCopyOnRead (it switches how later reads copy, not the value), and a lookup table's
+# reads (Keras' StringLookup and IntegerLookup).
+_READS_RESOURCE = frozenset({"ReadVariableOp", "_ReadVariablesOp", "ResourceGather",
                              "ResourceGatherNd", "VariableShape", "VarIsInitializedOp",
-                             "DisableCopyOnRead"})
+                             "DisableCopyOnRead", "LookupTableFindV2", "LookupTableSizeV2"})
 # Random-number ops that advance a tf.random.Generator's state (Keras' Dropout keeps one when
 # TensorFlow's generator is enabled) by the size of the draw.
 _ADVANCES_GENERATOR = frozenset({"RngReadAndSkip", "RngSkip", "StatefulUniform",
                                  "StatefulUniformFullInt", "StatefulUniformInt",
                                  "StatefulStandardNormalV2", "StatefulTruncatedNormal",
                                  "StatefulRandomBinomial"})
+# Python run from the graph (tf.py_function, tf.numpy_function): what it writes, no graph shows.
+_RUNS_PYTHON = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
 _CALLS = {"PartitionedCall": "f", "StatefulPartitionedCall": "f"}
 _BRANCHES = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
              "Case": ("branches",), "StatelessCase": ("branches",)}
@@ -383,6 +386,10 @@ class _Library:
     def __init__(self, graph):
         self._definitions = {fd.signature.name: fd for fd in graph.as_graph_def().library.function}
         self._graphs, self._flows = {}, {}
+
+    def op_types(self) -> set:
+        return {node.op for definition in self._definitions.values()
+                for node in definition.node_def}
 
     def graph(self, name: str):
         from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
@@ -421,7 +428,7 @@ def _handle_flow(graph, handles, outputs, library: _Library) -> tuple[bool, froz
         handle = carried.pop()
         for op in handle.consumers():
             positions = [i for i, t in enumerate(op.inputs) if t is handle]
-            if op.type in _READS_VARIABLE or op.type in _ADVANCES_GENERATOR:
+            if op.type in _READS_RESOURCE or op.type in _ADVANCES_GENERATOR:
                 continue  # generator advances: see refuse_state_updates
             if op.type == "Identity":
                 carry(op.outputs[0])
@@ -474,24 +481,26 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     """ValueError naming every variable a training-mode forward pass of `model` may change (a
     custom layer keeping statistics of its batches: released with the model, unnoised).
 
-    Decided from the graph, not from values: `model(x, training=True)` is traced once on a
-    public stand-in spec (a batch of 2 examples shaped `example_shape`, of `dtype`; nothing
-    runs), and every op that consumes a captured variable's handle counts as a write unless it
-    only reads (_READS_VARIABLE). Handles are followed through Identity and IdentityN and into
-    the functions of calls, tf.cond branches and tf.while_loop bodies (a nested tf.function),
-    so an update under a data-dependent condition, or one that leaves the value unchanged on
-    some batch (a running minimum starting at 0 fed non-negative inputs), is refused all the
-    same; which ops the graph holds depends on the model's code and the spec alone.
+    Decided from the graph, not from values: `model(x, training=True)` is traced once, as
+    DP-SGD's compiled step traces it, on a public stand-in spec (a batch of 2 examples shaped
+    `example_shape`, of `dtype`; nothing runs, so nothing needs restoring), and every op that
+    consumes the handle of a resource the pass captures counts as a write unless it only reads
+    (_READS_RESOURCE). Handles are followed through Identity and IdentityN and into the
+    functions of calls (a nested tf.function), tf.cond branches and tf.while_loop bodies, so
+    an update under a data-dependent condition, or one that leaves the value unchanged on some
+    batch (a running minimum starting at 0 fed non-negative inputs), is refused all the same.
+    Which ops the graph holds depends on the model's code and the spec alone. Python run from
+    the graph (tf.py_function) is refused outright: its writes are not in the graph.
 
     Refused: writes to the model's non-trainable variables; to its trainable ones (a forward
     pass assigning a weight puts batch data into it outside the clipped, noised gradient step,
-    which the optimizer then adds to); and to any other variable the pass captures (not saved
-    with the model, but a statistic carried from one batch into later steps' forward passes
-    reaches their gradients unbounded by the per-example clipping of the batch it came from).
-    Allowed: a tf.random.Generator's state advanced by its random-number ops (Keras' Dropout
-    holds one, outside the model's variables, when TensorFlow's generator is enabled): they
-    move its counter by the size of each draw, set by the batch's shape, which DP-SGD fixes
-    from the public step plan, never by the examples' values."""
+    which the optimizer then adds to); and to any other variable or resource the pass captures
+    (not saved with the model, but a statistic carried from one batch into later steps'
+    forward passes reaches their gradients unbounded by the per-example clipping of the batch
+    it came from). Allowed: a tf.random.Generator's state advanced by its random-number ops
+    (Keras' Dropout holds one, outside the model's variables, when TensorFlow's generator is
+    enabled): they move its counter by the size of each draw, set by the batch's shape, which
+    DP-SGD fixes from the public step plan, not by the examples' values."""
     @tf.function
     def training_pass(batch):
         return model(batch, training=True)
@@ -499,16 +508,25 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     traced = training_pass.get_concrete_function(tf.TensorSpec([2, *example_shape], dtype))
     non_trainable = {id(v.handle) for v in model.non_trainable_variables}
     trainable = {id(v.handle) for v in model.trainable_variables}
-    captured = {id(v.handle): v for v in traced.graph.variable_captures}
+    # A handle used raw (variable.handle) is captured without being listed as a variable.
+    variables = {id(v.handle): v for v in [*model.variables,
+                                           *traced.graph.variable_captures]}
     library = _Library(traced.graph)
+    runs_python = _RUNS_PYTHON & ({op.type for op in traced.graph.get_operations()}
+                                  | library.op_types())
+    if runs_python:
+        raise ValueError(f"a training step runs Python ({', '.join(sorted(runs_python))}: "
+                         "tf.py_function or tf.numpy_function), whose changes to variables "
+                         "the graph does not show; build the model without it")
     changed = {"non-trainable": [], "trainable": [], "outside": []}
     for handle, placeholder in traced.graph.captures:
-        if id(handle) not in captured:
-            continue  # not a variable (a lookup table): not followed
-        if _handle_flow(traced.graph, [placeholder], [], library)[0]:
-            kind = ("non-trainable" if id(handle) in non_trainable else
-                    "trainable" if id(handle) in trainable else "outside")
-            changed[kind].append(captured[id(handle)].name)
+        if placeholder.dtype != tf.resource or not _handle_flow(
+                traced.graph, [placeholder], [], library)[0]:
+            continue
+        kind = ("non-trainable" if id(handle) in non_trainable else
+                "trainable" if id(handle) in trainable else "outside")
+        changed[kind].append(variables[id(handle)].name if id(handle) in variables else
+                             f"{placeholder.op.name} (a resource)")
     parts = [f"{what}variable(s) {', '.join(sorted(changed[kind]))}{where}"
              for kind, what, where in [("non-trainable", "the model's non-trainable ", ""),
                                        ("trainable", "the model's trainable ",
