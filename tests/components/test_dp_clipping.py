@@ -288,7 +288,7 @@ class RunsPython(tf.keras.layers.Layer):
 
 
 @pytest.mark.parametrize("build,dtype,message", [
-    # The stand-ins 1 and 0 of the value check left these at 0.
+    # Missed by the value check this replaced (its stand-ins 1 and 0 or -2 left them at 0).
     (lambda: tf.keras.Sequential([tf.keras.Input((3,), dtype="int32"), RunningMinimum(),
                                   L.Dense(2)]), tf.int32, "non-trainable.*smallest"),
     (lambda: functional(RunningMinimum(tf.abs), L.Dense(2), input_shape=(3,)), tf.float32,
@@ -334,6 +334,17 @@ class ReadsThroughIdentity(tf.keras.layers.Layer):
                        lambda: tf.identity(inputs))
 
 
+class ReadsInALoop(tf.keras.layers.Layer):
+    """Multiplies by its weight twice in a tf.while_loop: a read in a loop body."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight("scale", input_shape[-1:], initializer="ones")
+
+    def call(self, inputs, training=None):
+        return tf.while_loop(lambda i, outputs: i < 2,
+                             lambda i, outputs: (i + 1, outputs * self.scale), (0, inputs))[1]
+
+
 def _trip_model():
     import importlib.util
 
@@ -364,9 +375,10 @@ def _trip_model():
     (Subclassed, (3,), tf.float32),  # built by the trace itself
     (lambda: functional(ReadsThroughIdentity(), L.Dense(2), input_shape=(3,)), (3,),
      tf.float32),
+    (lambda: functional(ReadsInALoop(), L.Dense(2), input_shape=(3,)), (3,), tf.float32),
     (_trip_model, (1,), tf.float32),
 ], ids=["dense", "conv2d", "embedding", "embedding of float ids", "layer normalization",
-        "dropout", "integer lookup", "subclassed", "reads through identity", "trip module"])
+        "dropout", "integer lookup", "subclassed", "reads through identity", "reads in a loop", "trip module"])
 def test_models_without_state_updates_are_accepted(build, shape, dtype):
     clipping.refuse_state_updates(build(), shape, dtype)
 
