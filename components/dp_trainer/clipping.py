@@ -365,11 +365,29 @@ _READS_RESOURCE = frozenset({"ReadVariableOp", "_ReadVariablesOp", "ResourceGath
                              "ResourceGatherNd", "VariableShape", "VarIsInitializedOp",
                              "DisableCopyOnRead", "LookupTableFindV2", "LookupTableSizeV2"})
 # Random-number ops that advance a tf.random.Generator's state (Keras' Dropout keeps one when
-# TensorFlow's generator is enabled) by the size of the draw.
+# TensorFlow's generator is enabled) by an amount set by their other inputs (algorithm, and
+# delta or shape; StatefulRandomBinomial, whose advance may depend on its counts and
+# probabilities, is not among them).
 _ADVANCES_GENERATOR = frozenset({"RngReadAndSkip", "RngSkip", "StatefulUniform",
                                  "StatefulUniformFullInt", "StatefulUniformInt",
-                                 "StatefulStandardNormalV2", "StatefulTruncatedNormal",
-                                 "StatefulRandomBinomial"})
+                                 "StatefulStandardNormalV2", "StatefulTruncatedNormal"})
+# Ops whose output is a function of their input's shape only.
+_READS_SHAPE = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+def _value_free(tensor) -> bool:
+    """Whether `tensor` is computed from constants and tensors' shapes alone: no input, no
+    argument, no variable's value, no random op between it and them."""
+    pending, seen = [tensor.op], set()
+    while pending:
+        op = pending.pop()
+        if op.type in _READS_SHAPE or id(op) in seen:
+            continue
+        seen.add(id(op))
+        if op.type == "Placeholder" or op.type in _READS_RESOURCE or op.op_def.is_stateful:
+            return False
+        pending.extend(t.op for t in op.inputs)
+    return True
 # Python run from the graph (tf.py_function, tf.numpy_function): what it writes, no graph shows.
 _RUNS_PYTHON = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
 _CALLS = {"PartitionedCall": "f", "StatefulPartitionedCall": "f"}
@@ -428,8 +446,10 @@ def _handle_flow(graph, handles, outputs, library: _Library) -> tuple[bool, froz
         handle = carried.pop()
         for op in handle.consumers():
             positions = [i for i, t in enumerate(op.inputs) if t is handle]
-            if op.type in _READS_RESOURCE or op.type in _ADVANCES_GENERATOR:
-                continue  # generator advances: see refuse_state_updates
+            if op.type in _READS_RESOURCE or (
+                    op.type in _ADVANCES_GENERATOR and positions == [0]
+                    and all(_value_free(t) for t in op.inputs[1:])):
+                continue  # a generator's advance by a public amount: see refuse_state_updates
             if op.type == "Identity":
                 carry(op.outputs[0])
             elif op.type == "IdentityN":
@@ -498,9 +518,10 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     (not saved with the model, but a statistic carried from one batch into later steps'
     forward passes reaches their gradients unbounded by the per-example clipping of the batch
     it came from). Allowed: a tf.random.Generator's state advanced by its random-number ops
-    (Keras' Dropout holds one, outside the model's variables, when TensorFlow's generator is
-    enabled): they move its counter by the size of each draw, set by the batch's shape, which
-    DP-SGD fixes from the public step plan, not by the examples' values."""
+    (Keras' Dropout and GaussianNoise hold one, outside the model's variables, when
+    TensorFlow's generator is enabled) by an amount computed from constants and shapes alone
+    (_value_free): the size of each draw, set by the batch's shape, which DP-SGD fixes from
+    the public step plan, not by the examples' values."""
     @tf.function
     def training_pass(batch):
         return model(batch, training=True)

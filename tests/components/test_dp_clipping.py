@@ -266,6 +266,25 @@ class KeepsMeanOutside(tf.keras.layers.Layer):
         return outputs
 
 
+GENERATOR = tf.random.Generator.from_seed(1)
+
+
+class Draws(tf.keras.layers.Layer):
+    """Adds noise from a tf.random.Generator: as many draws as the batch has entries (an
+    advance of its state set by the shape: accepted), or as the sum of the inputs' magnitudes
+    (set by the values: refused)."""
+
+    def __init__(self, sized_by_values: bool):
+        super().__init__()
+        self.sized_by_values = sized_by_values
+
+    def call(self, inputs, training=None):
+        if self.sized_by_values:
+            draws = GENERATOR.normal([tf.cast(tf.reduce_sum(tf.abs(inputs)), tf.int32)])
+            return inputs + tf.reduce_sum(draws)
+        return inputs + GENERATOR.normal(tf.shape(inputs))
+
+
 class WritesThroughACopiedHandle(tf.keras.layers.Layer):
     """Assigns its weight by a raw op on a copy of its handle (tf.identity)."""
 
@@ -307,10 +326,12 @@ class RunsPython(tf.keras.layers.Layer):
      tf.float32, r"trainable variable\(s\) writes_through_a_copied_handle.*/scale"),
     (lambda: functional(RunsPython(), L.Dense(2), input_shape=(3,)), tf.float32,
      "runs Python"),
+    (lambda: functional(Draws(sized_by_values=True), L.Dense(2), input_shape=(3,)),
+     tf.float32, r"variable\(s\) StateVar:0 outside the model"),
 ], ids=["running minimum of ids", "running minimum of |x|", "under a data-dependent cond",
         "nested tf.function argument, in a loop", "nested tf.function capture",
         "trainable variable", "variable outside the model", "raw write on a copied handle",
-        "python in the graph"])
+        "python in the graph", "a draw sized by the values"])
 def test_a_state_update_is_refused_whatever_the_values(build, dtype, message):
     """Decided from the traced graph: an update refused even where no stand-in batch would
     change the value (a running minimum at 0 fed non-negative values, a branch no stand-in
@@ -376,9 +397,11 @@ def _trip_model():
     (lambda: functional(ReadsThroughIdentity(), L.Dense(2), input_shape=(3,)), (3,),
      tf.float32),
     (lambda: functional(ReadsInALoop(), L.Dense(2), input_shape=(3,)), (3,), tf.float32),
+    (lambda: functional(Draws(sized_by_values=False), L.Dense(2), input_shape=(3,)), (3,),
+     tf.float32),
     (_trip_model, (1,), tf.float32),
 ], ids=["dense", "conv2d", "embedding", "embedding of float ids", "layer normalization",
-        "dropout", "integer lookup", "subclassed", "reads through identity", "reads in a loop", "trip module"])
+        "dropout", "integer lookup", "subclassed", "reads through identity", "reads in a loop", "a draw sized by the shape", "trip module"])
 def test_models_without_state_updates_are_accepted(build, shape, dtype):
     clipping.refuse_state_updates(build(), shape, dtype)
 
