@@ -401,7 +401,8 @@ def _trip_model():
      tf.float32),
     (_trip_model, (1,), tf.float32),
 ], ids=["dense", "conv2d", "embedding", "embedding of float ids", "layer normalization",
-        "dropout", "integer lookup", "subclassed", "reads through identity", "reads in a loop", "a draw sized by the shape", "trip module"])
+        "dropout", "integer lookup", "subclassed", "reads through identity", "reads in a loop",
+        "a draw sized by the shape", "trip module"])
 def test_models_without_state_updates_are_accepted(build, shape, dtype):
     clipping.refuse_state_updates(build(), shape, dtype)
 
