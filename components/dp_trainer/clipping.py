@@ -373,6 +373,12 @@ _ADVANCES_GENERATOR = frozenset({"RngReadAndSkip", "RngSkip", "StatefulUniform",
                                  "StatefulStandardNormalV2", "StatefulTruncatedNormal"})
 # Ops whose output is a function of their input's shape only.
 _READS_SHAPE = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+# Python run from the graph (tf.py_function, tf.numpy_function): what it writes, no graph shows.
+_RUNS_PYTHON = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
+_CALLS = {"PartitionedCall": "f", "StatefulPartitionedCall": "f"}
+_BRANCHES = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
+             "Case": ("branches",), "StatelessCase": ("branches",)}
+_LOOPS = ("While", "StatelessWhile")
 
 
 def _value_free(tensor) -> bool:
@@ -388,12 +394,6 @@ def _value_free(tensor) -> bool:
             return False
         pending.extend(t.op for t in op.inputs)
     return True
-# Python run from the graph (tf.py_function, tf.numpy_function): what it writes, no graph shows.
-_RUNS_PYTHON = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
-_CALLS = {"PartitionedCall": "f", "StatefulPartitionedCall": "f"}
-_BRANCHES = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
-             "Case": ("branches",), "StatelessCase": ("branches",)}
-_LOOPS = ("While", "StatelessWhile")
 
 
 class _Library:
@@ -402,7 +402,8 @@ class _Library:
     a function may write through and which of its outputs hand an argument's handle on."""
 
     def __init__(self, graph):
-        self._definitions = {fd.signature.name: fd for fd in graph.as_graph_def().library.function}
+        self._definitions = {definition.signature.name: definition
+                             for definition in graph.as_graph_def().library.function}
         self._graphs, self._flows = {}, {}
 
     def op_types(self) -> set:
@@ -501,11 +502,11 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     """ValueError naming every variable a training-mode forward pass of `model` may change (a
     custom layer keeping statistics of its batches: released with the model, unnoised).
 
-    Decided from the graph, not from values: `model(x, training=True)` is traced once, as
-    DP-SGD's compiled step traces it, on a public stand-in spec (a batch of 2 examples shaped
-    `example_shape`, of `dtype`; nothing runs, so nothing needs restoring), and every op that
-    consumes the handle of a resource the pass captures counts as a write unless it only reads
-    (_READS_RESOURCE). Handles are followed through Identity and IdentityN and into the
+    Decided from the graph, not from values: `model(x, training=True)` (DP-SGD's step calls
+    the layers in training mode too) is traced once on a public stand-in spec (a batch of 2
+    examples shaped `example_shape`, of `dtype`; nothing runs, so nothing needs restoring),
+    and every op that consumes the handle of a resource the pass captures counts as a write
+    unless it only reads (_READS_RESOURCE). Handles are followed through Identity and IdentityN and into the
     functions of calls (a nested tf.function), tf.cond branches and tf.while_loop bodies, so
     an update under a data-dependent condition, or one that leaves the value unchanged on some
     batch (a running minimum starting at 0 fed non-negative inputs), is refused all the same.
