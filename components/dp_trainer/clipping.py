@@ -502,13 +502,13 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     """ValueError naming every variable a training-mode forward pass of `model` may change (a
     custom layer keeping statistics of its batches: released with the model, unnoised).
 
-    Decided from the graph, not from values: `model(x, training=True)` (DP-SGD's step calls
-    the layers in training mode too) is traced once on a public stand-in spec (a batch of 2
-    examples shaped `example_shape`, of `dtype`; nothing runs, so nothing needs restoring),
-    and every op that consumes the handle of a resource the pass captures counts as a write
-    unless it only reads (_READS_RESOURCE). Handles are followed through Identity and IdentityN and into the
-    functions of calls (a nested tf.function), tf.cond branches and tf.while_loop bodies, so
-    an update under a data-dependent condition, or one that leaves the value unchanged on some
+    Decided from the graph, not from values: `model(x, training=True)` (DP-SGD's step calls the
+    layers in training mode too) is traced once on a public stand-in spec (a batch of 2 examples
+    shaped `example_shape`, of `dtype`; nothing runs, so nothing needs restoring), and every op
+    that consumes the handle of a resource the pass captures counts as a write unless it only
+    reads (_READS_RESOURCE). Handles are followed through Identity and IdentityN and into the
+    functions of calls (a nested tf.function), tf.cond branches and tf.while_loop bodies, so an
+    update under a data-dependent condition, or one that leaves the value unchanged on some
     batch (a running minimum starting at 0 fed non-negative inputs), is refused all the same.
     Which ops the graph holds depends on the model's code and the spec alone. Python run from
     the graph (tf.py_function) is refused outright: its writes are not in the graph.
