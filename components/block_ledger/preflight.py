@@ -75,16 +75,20 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
 
 
 def _refuse_unclippable_model(model) -> None:
-    """DP-SGD's model checks, on its structure and public stand-in batches only: no batch
-    normalisation, and (when its inputs are declared) no layer keeping statistics of the
-    batch (dp_trainer.clipping)."""
+    """DP-SGD's model checks, on its structure and a public stand-in batch only: no batch
+    normalisation, and (when its inputs are declared) no variable written by a training-mode
+    forward pass (dp_trainer.clipping), and that pass runs on a batch of ones (this model is
+    the preflight's own copy: what the run changes is discarded with it)."""
+    import tensorflow as tf
+
     from sage_tfx.components.dp_trainer import clipping  # tensorflow-privacy: DP-SGD only
 
     clipping.refuse_unclippable_layers(model)
     if model.inputs:
+        example_shape, dtype = model.inputs[0].shape[1:], model.inputs[0].dtype
         try:
-            clipping.refuse_state_updates(model, model.inputs[0].shape[1:],
-                                          model.inputs[0].dtype)
+            clipping.refuse_state_updates(model, example_shape, dtype)
+            model(tf.ones([2, *example_shape], dtype), training=True)
         except ValueError:
             raise
         except Exception as error:  # the model's own failure, not its module's import

@@ -359,42 +359,208 @@ def refuse_unclippable_layers(model: tf.keras.Model) -> None:
                              "bound it; use LayerNormalization")
 
 
+# Ops that read a resource through its handle and never change it: TensorFlow's own list of
+# read-only variable ops (auto_control_deps_utils.RESOURCE_READ_OPS), VarIsInitializedOp,
+# DisableCopyOnRead (it switches how later reads copy, not the value), and a lookup table's
+# reads (Keras' StringLookup and IntegerLookup).
+_READS_RESOURCE = frozenset({"ReadVariableOp", "_ReadVariablesOp", "ResourceGather",
+                             "ResourceGatherNd", "VariableShape", "VarIsInitializedOp",
+                             "DisableCopyOnRead", "LookupTableFindV2", "LookupTableSizeV2"})
+# Random-number ops that advance a tf.random.Generator's state (Keras' Dropout keeps one when
+# TensorFlow's generator is enabled) by an amount set by their other inputs (algorithm, and
+# delta or shape; StatefulRandomBinomial, whose advance may depend on its counts and
+# probabilities, is not among them).
+_ADVANCES_GENERATOR = frozenset({"RngReadAndSkip", "RngSkip", "StatefulUniform",
+                                 "StatefulUniformFullInt", "StatefulUniformInt",
+                                 "StatefulStandardNormalV2", "StatefulTruncatedNormal"})
+# Ops whose output is a function of their input's shape only.
+_READS_SHAPE = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+# Python run from the graph (tf.py_function, tf.numpy_function): what it writes, no graph shows.
+_RUNS_PYTHON = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
+_CALLS = {"PartitionedCall": "f", "StatefulPartitionedCall": "f"}
+_BRANCHES = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
+             "Case": ("branches",), "StatelessCase": ("branches",)}
+_LOOPS = ("While", "StatelessWhile")
+
+
+def _value_free(tensor) -> bool:
+    """Whether `tensor` is computed from constants and tensors' shapes alone: no input, no
+    argument, no variable's value, no random op between it and them."""
+    pending, seen = [tensor.op], set()
+    while pending:
+        op = pending.pop()
+        if op.type in _READS_SHAPE or id(op) in seen:
+            continue
+        seen.add(id(op))
+        if op.type == "Placeholder" or op.type in _READS_RESOURCE or op.op_def.is_stateful:
+            return False
+        pending.extend(t.op for t in op.inputs)
+    return True
+
+
+class _Library:
+    """The functions a traced graph calls (its FunctionDefLibrary, nested calls included), each
+    as a graph whose inputs are the function's arguments in order, and which of its arguments
+    a function may write through and which of its outputs hand an argument's handle on."""
+
+    def __init__(self, graph):
+        self._definitions = {definition.signature.name: definition
+                             for definition in graph.as_graph_def().library.function}
+        self._graphs, self._flows = {}, {}
+
+    def op_types(self) -> set:
+        return {node.op for definition in self._definitions.values()
+                for node in definition.node_def}
+
+    def graph(self, name: str):
+        from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
+        if name not in self._graphs:
+            self._graphs[name] = function_def_to_graph(self._definitions[name])
+        return self._graphs[name]
+
+    def flow(self, name: str, argument: int) -> tuple[bool, frozenset]:
+        """(whether the function may write through argument `argument`, the indices of its
+        outputs that may be that argument's handle)."""
+        key = (name, argument)
+        if key not in self._flows:
+            self._flows[key] = (True, frozenset())  # a recursive call: assume the worst
+            graph = self.graph(name)
+            self._flows[key] = _handle_flow(graph, [graph.inputs[argument]], graph.outputs,
+                                            self)
+        return self._flows[key]
+
+
+def _handle_flow(graph, handles, outputs, library: _Library) -> tuple[bool, frozenset]:
+    """Follow the tensors `handles` (one variable's handle, in `graph`) through every op that
+    consumes them: (whether any op may write the variable, the indices of `outputs` that may be
+    the handle). Sound by construction: a consumer is a known read, an op handing the handle on
+    unchanged (Identity, IdentityN), a call, branch or loop (followed into its functions), or
+    else counted as a write."""
+    carried = list(handles)
+    seen = {id(t) for t in carried}
+    writes = False
+
+    def carry(tensor):
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            carried.append(tensor)
+
+    while carried:
+        handle = carried.pop()
+        for op in handle.consumers():
+            positions = [i for i, t in enumerate(op.inputs) if t is handle]
+            if op.type in _READS_RESOURCE or (
+                    op.type in _ADVANCES_GENERATOR and positions == [0]
+                    and all(_value_free(t) for t in op.inputs[1:])):
+                continue  # a generator's advance by a public amount: see refuse_state_updates
+            if op.type == "Identity":
+                carry(op.outputs[0])
+            elif op.type == "IdentityN":
+                for i in positions:
+                    carry(op.outputs[i])
+            elif op.type in _CALLS or op.type in _BRANCHES:
+                if op.type in _CALLS:
+                    names, offset = [op.get_attr(_CALLS[op.type]).name], 0
+                else:  # input 0 is the predicate or branch index, the rest the arguments
+                    names = [f.name for attr in _BRANCHES[op.type]
+                             for f in tf.nest.flatten(op.get_attr(attr))]
+                    offset = 1
+                for name in names:
+                    for i in positions:
+                        if i < offset:
+                            writes = True  # a handle as a predicate: not an op we know
+                            continue
+                        written, returned = library.flow(name, i - offset)
+                        writes |= written
+                        for j in returned:
+                            carry(op.outputs[j])
+            elif op.type in _LOOPS:
+                # Loop variable i enters cond and body as argument i; body output i becomes
+                # argument i of the next iteration and output i of the loop. Grow the set of
+                # loop variables that may hold the handle to a fixed point.
+                held, grown = set(positions), True
+                while grown:
+                    grown = False
+                    for attr in ("cond", "body"):
+                        name = op.get_attr(attr).name
+                        for i in sorted(held):
+                            written, returned = library.flow(name, i)
+                            writes |= written
+                            if attr == "body" and not returned <= held:
+                                held |= returned
+                                grown = True
+                for i in held:
+                    carry(op.outputs[i])
+            else:
+                writes = True
+        if writes:
+            break
+    returned = frozenset(j for j, t in enumerate(outputs) if id(t) in seen)
+    return writes, returned
+
+
 def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
                          dtype: tf.DType) -> None:
-    """ValueError when a training-mode forward pass changes a non-trainable variable of
-    `model` (a custom layer keeping statistics of its batches: released with the model,
-    unnoised). Run on public stand-in batches of examples shaped `example_shape`, never on
-    records: ones and -2 times ones (a batch of zeros would leave a running mean or sum that
-    starts at zero unchanged). Ids cannot be negative: for integer examples, and for a model
-    that refuses -2 (an Embedding fed ids as floats, as DPTrainer's decoder gives them), zeros
-    instead of -2. Which stand-ins ran depends on the model alone. The variables are restored
-    after each batch."""
-    shape = [2, *example_shape]
-    state = model.non_trainable_variables
-    before = [variable.numpy() for variable in state]
+    """ValueError naming every variable a training-mode forward pass of `model` may change (a
+    custom layer keeping statistics of its batches: released with the model, unnoised).
 
-    def changed_by(value) -> set:
-        """The non-trainable variables one training-mode pass on a batch of `value` changes."""
-        try:
-            model(tf.fill(shape, tf.cast(value, dtype)), training=True)
-            return {variable.name for variable, saved in zip(state, before)
-                    if not (variable.numpy() == saved).all()}
-        finally:
-            for variable, saved in zip(state, before):
-                variable.assign(saved)
+    Decided from the graph, not from values: `model(x, training=True)` (DP-SGD's step calls the
+    layers in training mode too) is traced once on a public stand-in spec (a batch of 2 examples
+    shaped `example_shape`, of `dtype`; nothing runs, so nothing needs restoring), and every op
+    that consumes the handle of a resource the pass captures counts as a write unless it only
+    reads (_READS_RESOURCE). Handles are followed through Identity and IdentityN and into the
+    functions of calls (a nested tf.function), tf.cond branches and tf.while_loop bodies, so an
+    update under a data-dependent condition, or one that leaves the value unchanged on some
+    batch (a running minimum starting at 0 fed non-negative inputs), is refused all the same.
+    Which ops the graph holds depends on the model's code and the spec alone. Python run from
+    the graph (tf.py_function) is refused outright: its writes are not in the graph.
 
-    changed = changed_by(1)
-    if dtype.is_integer:
-        changed |= changed_by(0)
-    else:
-        try:
-            changed |= changed_by(-2.0)
-        except tf.errors.InvalidArgumentError:  # e.g. an Embedding fed float ids
-            changed |= changed_by(0.0)
-    if changed:
-        raise ValueError(f"a training step changes the model's non-trainable variable(s) "
-                         f"{', '.join(sorted(changed))}: state computed from the batch would be "
-                         "released with the model without noise")
+    Refused: writes to the model's non-trainable variables; to its trainable ones (a forward
+    pass assigning a weight puts batch data into it outside the clipped, noised gradient step,
+    which the optimizer then adds to); and to any other variable or resource the pass captures
+    (not saved with the model, but a statistic carried from one batch into later steps'
+    forward passes reaches their gradients unbounded by the per-example clipping of the batch
+    it came from). Allowed: a tf.random.Generator's state advanced by its random-number ops
+    (Keras' Dropout and GaussianNoise hold one, outside the model's variables, when
+    TensorFlow's generator is enabled) by an amount computed from constants and shapes alone
+    (_value_free): the size of each draw, set by the batch's shape, which DP-SGD fixes from
+    the public step plan, not by the examples' values."""
+    @tf.function
+    def training_pass(batch):
+        return model(batch, training=True)
+
+    traced = training_pass.get_concrete_function(tf.TensorSpec([2, *example_shape], dtype))
+    non_trainable = {id(v.handle) for v in model.non_trainable_variables}
+    trainable = {id(v.handle) for v in model.trainable_variables}
+    # A handle used raw (variable.handle) is captured without being listed as a variable.
+    variables = {id(v.handle): v for v in [*model.variables,
+                                           *traced.graph.variable_captures]}
+    library = _Library(traced.graph)
+    runs_python = _RUNS_PYTHON & ({op.type for op in traced.graph.get_operations()}
+                                  | library.op_types())
+    if runs_python:
+        raise ValueError(f"a training step runs Python ({', '.join(sorted(runs_python))}: "
+                         "tf.py_function or tf.numpy_function), whose changes to variables "
+                         "the graph does not show; build the model without it")
+    changed = {"non-trainable": [], "trainable": [], "outside": []}
+    for handle, placeholder in traced.graph.captures:
+        if placeholder.dtype != tf.resource or not _handle_flow(
+                traced.graph, [placeholder], [], library)[0]:
+            continue
+        kind = ("non-trainable" if id(handle) in non_trainable else
+                "trainable" if id(handle) in trainable else "outside")
+        changed[kind].append(variables[id(handle)].name if id(handle) in variables else
+                             f"{placeholder.op.name} (a resource)")
+    parts = [f"{what}variable(s) {', '.join(sorted(changed[kind]))}{where}"
+             for kind, what, where in [("non-trainable", "the model's non-trainable ", ""),
+                                       ("trainable", "the model's trainable ",
+                                        " (outside the noised gradient step)"),
+                                       ("outside", "", " outside the model")]
+             if changed[kind]]
+    if parts:
+        raise ValueError(f"a training step changes {' and '.join(parts)}: state computed from "
+                         "the batch would be released with the model, or carried into later "
+                         "steps, without noise")
 
 
 class OnePass:

@@ -87,7 +87,8 @@ def _trip_module_with(tmp_path, source: str) -> str:
 
 @pytest.mark.parametrize("case", ["missing file", "lacks loss", "raises on import",
                                   "calibration", "keras 3", "batch normalization",
-                                  "batch statistics", "model fails its stand-in"])
+                                  "batch statistics", "statistics no stand-in changes",
+                                  "model fails its stand-in"])
 def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
         store_path, tmp_path, monkeypatch, case):
     from sage_tfx.components.block_ledger import preflight
@@ -124,6 +125,21 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
                                              "    return tf.keras.Sequential(["
                                              "tf.keras.Input((3,)), "
                                              "Mean(), tf.keras.layers.Dense(1)])\n")
+        message = "DPTrainer: a training step changes the model's non-trainable variable"
+    elif case == "statistics no stand-in changes":  # read from the graph, not from values
+        module = _trip_module_with(tmp_path, "class Largest(tf.keras.layers.Layer):\n"
+                                             "    def build(self, shape):\n"
+                                             "        self.largest = self.add_weight("
+                                             "'largest', (), initializer='zeros', "
+                                             "trainable=False)\n"
+                                             "    def call(self, x, training=None):\n"
+                                             "        return tf.cond(tf.reduce_max(x) > 1e6, "
+                                             "lambda: x + 0 * self.largest.assign("
+                                             "tf.reduce_max(x)), lambda: x)\n"
+                                             "def build_model():\n"
+                                             "    return tf.keras.Sequential(["
+                                             "tf.keras.Input((3,)), "
+                                             "Largest(), tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: a training step changes the model's non-trainable variable"
     elif case == "model fails its stand-in":  # the model's own error, not its module's import
         module = _trip_module_with(tmp_path, "def build_model():\n"
