@@ -70,33 +70,40 @@ def _level_noise(noise: KeyedGaussian, tree_ids: np.ndarray, first_leaf: np.ndar
                  width: int, n_levels: int, sigma: float) -> list[np.ndarray]:
     """nu of the nodes inside leaves [first_leaf, first_leaf + width) (0-based, aligned to
     2^n_levels, so every level starts at an even node) of each tree: level h as an array
-    (trees, width >> h)."""
+    (trees, width >> h). Every level's keyed normals come from one call (one pass of AES)."""
     variances = honaker_variances(sigma, n_levels)
+    owns = noise.normal_segments(tree_ids, [
+        ((np.uint64(h) << _LEVEL_SHIFT) | (first_leaf >> np.uint64(h)), width >> h)
+        for h in range(n_levels)])
     nus: list[np.ndarray] = []
-    for h in range(n_levels):
-        count = width >> h
-        first = (np.uint64(h) << _LEVEL_SHIFT) | (first_leaf >> np.uint64(h))
-        own = noise.normal_rows(tree_ids, first, count)
+    for h, own in enumerate(owns):
         own *= sigma
-        if h == 0:
-            nus.append(own)
-            continue
-        below = nus[h - 1]
-        weight = variances[h] / sigma ** 2
-        nus.append(weight * own + (1.0 - weight) * (below[:, 0:2 * count:2]
-                                                    + below[:, 1:2 * count:2]))
+        if h:
+            # w_h (sigma n) + (1 - w_h) (nu(left) + nu(right)), in place (the same products
+            # and sums as written out).
+            below = nus[h - 1]
+            weight = variances[h] / sigma ** 2
+            children = below[:, 0:2 * own.shape[1]:2] + below[:, 1:2 * own.shape[1]:2]
+            children *= 1.0 - weight
+            own *= weight
+            own += children
+        nus.append(own)
     return nus
 
 
-def _decomposition_sum(nus: list[np.ndarray], ells: np.ndarray) -> np.ndarray:
-    """Sum of nu over the dyadic decomposition of [1, l] for each l in `ells` (relative to the
-    first leaf the levels were computed from): (trees, len(ells))."""
-    total = np.zeros((nus[0].shape[0], len(ells)))
+def _decomposition_sum(nus: list[np.ndarray], length: int) -> np.ndarray:
+    """Z(l) for l = 0..length-1 (relative to the first leaf the levels were computed from,
+    Z(0) = 0): the sum of nu over the dyadic decomposition of [1, l], (trees, length); every
+    such l must have its bits and nodes in `nus`. Added level by level from 0 upward, as the
+    release's prefix always was (the same bits), each level in one strided add: the leaves l
+    with bit h set are the upper halves of the runs of 2^(h + 1) leaves, and all of a half
+    takes node (l >> h) - 1, its run's even node."""
+    total = np.zeros((len(nus[0]), -(-length >> len(nus)) << len(nus)))
     for h, nu in enumerate(nus):
-        has = ((ells >> h) & 1).astype(bool)
-        if has.any():
-            total[:, has] += nu[:, (ells[has] >> h) - 1]
-    return total
+        halves = total.reshape(len(total), -1, 2, 1 << h)
+        evens = nu[:, 0::2]
+        halves[:, :evens.shape[1], 1, :] += evens[:, :halves.shape[1], None]
+    return total[:, :length]
 
 
 def prefix_noise(noise: KeyedGaussian, tree_ids, length: int, sigma: float) -> np.ndarray:
@@ -104,7 +111,7 @@ def prefix_noise(noise: KeyedGaussian, tree_ids, length: int, sigma: float) -> n
     tree_ids = np.asarray(tree_ids, dtype=np.uint64)
     nus = _level_noise(noise, tree_ids, np.zeros(len(tree_ids), dtype=np.uint64), length,
                        levels(length), sigma)
-    return _decomposition_sum(nus, np.arange(1, length + 1))
+    return _decomposition_sum(nus, length + 1)[:, 1:]
 
 
 @dataclass
@@ -201,21 +208,27 @@ class TreeIndex:
         bases = np.full((len(rows), self.n_blocks + 1), np.nan)
         bases[:, 0] = 0.0
         boundaries = np.arange(BLOCK, width + 1, BLOCK)
+        # Block boundaries are multiples of BLOCK: only the levels above the block's enter,
+        # as a decomposition over block numbers.
         bases[:, 1:1 + n_blocks] = np.where(boundaries[None, :] > lengths[:, None], np.nan,
-                                            _decomposition_sum(nus, boundaries))
+                                            _decomposition_sum(nus[_BLOCK_LEVELS:],
+                                                               n_blocks + 1)[:, 1:])
         self.bases[rows] = bases
         if self.minima is None:
             return
         per_block = [nu.reshape(len(rows) * n_blocks, -1) for nu in nus[:_BLOCK_LEVELS]]
-        inside = _decomposition_sum(per_block, np.arange(1, BLOCK)).reshape(
-            len(rows), n_blocks, BLOCK - 1)
-        z = np.concatenate([bases[:, :n_blocks, None] + inside,
-                            bases[:, 1:n_blocks + 1, None]], axis=2).reshape(len(rows), width)
-        leaves = np.arange(1, width + 1)[None, :]
+        inside = _decomposition_sum(per_block, BLOCK).reshape(len(rows), n_blocks, BLOCK)
+        required = np.empty((len(rows), n_blocks, BLOCK))  # Z first, then R = tau - Z in place
+        np.add(bases[:, :n_blocks, None], inside[:, :, 1:], out=required[:, :, :BLOCK - 1])
+        required[:, :, BLOCK - 1] = bases[:, 1:n_blocks + 1]
+        leaves = np.arange(1, width + 1)
         taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
-        required = np.where(leaves > lengths[:, None], np.inf, taus - np.nan_to_num(z))
+        np.subtract(taus.reshape(n_blocks, BLOCK), required, out=required)
+        # Past a tree's end (where Z is NaN or not the tree's): never crossed.
+        np.copyto(required, np.inf, where=(leaves[None, :] > lengths[:, None]).reshape(
+            required.shape))
         self.minima[rows] = np.inf
-        self.minima[rows, :n_blocks] = required.reshape(len(rows), n_blocks, BLOCK).min(axis=2)
+        self.minima[rows, :n_blocks] = required.min(axis=2)
 
     def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
         """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK).
@@ -224,9 +237,9 @@ class TreeIndex:
         first_leaf = (blocks * BLOCK).astype(np.uint64)
         nus = _level_noise(noise, self.tree_ids[rows], first_leaf, BLOCK, _BLOCK_LEVELS,
                            self.sigma)
-        inside = _decomposition_sum(nus, np.arange(1, BLOCK))
+        inside = _decomposition_sum(nus, BLOCK)
         out = np.empty((len(rows), BLOCK))
-        out[:, :BLOCK - 1] = self.bases[rows, blocks][:, None] + inside
+        np.add(self.bases[rows, blocks][:, None], inside[:, 1:], out=out[:, :BLOCK - 1])
         out[:, BLOCK - 1] = self.bases[rows, blocks + 1]
         return out
 
