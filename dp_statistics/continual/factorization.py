@@ -216,6 +216,12 @@ class WindowFactor:
         return gains
 
     @functools.cached_property
+    def buffer_filters(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """lfilter's (b, a) of each buffer's recurrence S(t + 1) = theta (S(t) + z_t)."""
+        return tuple((np.array([0.0, theta]), np.array([1.0, -theta]))
+                     for theta in self.blt.decays)
+
+    @functools.cached_property
     def _padded_gains(self) -> np.ndarray:
         """The gains, then e_T repeated over 2 T + 2 BLOCK steps past the window (which no
         caller reads: a stream's columns run at most BLOCK - 1 past its end, or, for a value
@@ -283,24 +289,35 @@ def _noise_paths(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarra
     states = np.empty(at.shape + (factor.width,))
     rows = np.arange(len(z))[:, None]
     buffers = len(factor.blt.decays)
-    total = z.copy()
-    for i, (theta, weight) in enumerate(zip(factor.blt.decays, factor.blt.weights)):
+    total = None
+    for i, (decay_filter, weight) in enumerate(zip(factor.buffer_filters, factor.blt.weights)):
         # y[n] = 0 * z[n] + d[n], d[n + 1] = theta z[n] + theta y[n]: y = S_i, d its state.
-        path, _ = lfilter([0.0, theta], [1.0, -theta], z, axis=1, zi=starts[:, i:i + 1])
-        states[..., i] = path[rows, at]
+        path, _ = lfilter(*decay_filter, z, axis=1, zi=starts[:, i:i + 1])
+        if at.size:
+            states[..., i] = path[rows, at]
         path *= weight  # the product weight * path, in place
-        total += path
+        if total is None:
+            total = np.add(z, path, out=path)  # z + u_1 S_1, then the other buffers in order
+        else:
+            total += path
     # total is now the BLT noise Z; Z' adds up its increments times the gains, by a cumsum
     # that is sequential from the stored Z'(first step) (folded into the first increment), so a
     # restart repeats the one-pass additions in the same order.
     first = at == 0
     before = np.maximum(at - 1, 0)
-    states[..., buffers] = np.where(first, starts[:, -2:-1], total[rows, before])
-    scaled = np.diff(total, axis=1, prepend=starts[:, -2:-1])
-    scaled *= factor.step_gains(first_steps, z.shape[1])
+    if at.size:
+        states[..., buffers] = np.where(first, starts[:, -2:-1], total[rows, before])
+    scaled = np.empty_like(total)  # np.diff(total, prepend=Z(first step)), without the copy
+    np.subtract(total[:, 1:], total[:, :-1], out=scaled[:, 1:])
+    np.subtract(total[:, :1], starts[:, -2:-1], out=scaled[:, :1])
+    if len(first_steps) and (first_steps == first_steps[0]).all():  # one row of gains
+        scaled *= factor.step_gains(first_steps[:1], z.shape[1])
+    else:
+        scaled *= factor.step_gains(first_steps, z.shape[1])
     scaled[:, 0] += starts[:, -1]
     np.cumsum(scaled, axis=1, out=scaled)
-    states[..., buffers + 1] = np.where(first, starts[:, -1:], scaled[rows, before])
+    if at.size:
+        states[..., buffers + 1] = np.where(first, starts[:, -1:], scaled[rows, before])
     return scaled, states
 
 
