@@ -48,7 +48,7 @@ import pandas as pd
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamStatistic
-from sage_tfx.dp_statistics.continual.state import PairTable, WindowState
+from sage_tfx.dp_statistics.continual.state import PairTable, WindowState, sorted_unique
 from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex, round_to_grid
 from sage_tfx.mechanisms.bounding import bounded
 from sage_tfx.mechanisms.keyed import KeyedGaussian
@@ -219,14 +219,14 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> Trigg
             np.full(len(new_keys), query.micro_batches))
     touched, sums = _sum_by_code(key_codes, values)
     state.columns["buffer"][touched] += sums
-    pairs = np.unique(PairTable.pair_codes(unit_codes, key_codes))
+    pairs = sorted_unique(PairTable.pair_codes(unit_codes, key_codes))
     pair_keys = pairs & 0xFFFFFFFF
     fresh = state.pairs.count_once(pairs, state.columns["round"][pair_keys])
     counted, new_users = _sum_by_code(pair_keys[fresh])
     state.columns["count"][counted] += new_users
 
     # 3-6. Evaluate the keys with kept records and the keys predicted to cross at t.
-    evaluated = np.union1d(touched, state.take_due(t))
+    evaluated = sorted_unique(np.concatenate([touched, state.take_due(t)]))
     columns = state.columns
     selected, due = select_and_predict(state.selection, noise,
                                        columns["selection_row"][evaluated],
@@ -242,7 +242,7 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> Trigg
     # (next_evaluation woke them all).
     flushed = (evaluated[~selected & (columns["value_row"][evaluated] >= 0)]
                if t == query.micro_batches else evaluated[:0])
-    releasing = np.union1d(chosen, flushed)
+    releasing = sorted_unique(np.concatenate([chosen, flushed]))
     columns["released_true"][releasing] += columns["buffer"][releasing]
     columns["released_value"][releasing] = released_values(
         state.values, noise, columns["value_row"][releasing], t,

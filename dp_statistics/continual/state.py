@@ -241,6 +241,19 @@ def _as_int64(values: np.ndarray) -> Optional[np.ndarray]:
     return np.zeros(0, np.int64) if len(values) == 0 else None
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique(values) for a 1-d integer array, by a sort and a mask: numpy 2.4's np.unique
+    (and union1d) of a few thousand int64 takes a hash-table path 7x slower (170 against 23 us
+    at 2,000 values), called several times per step."""
+    values = np.sort(values)
+    if len(values) < 2:
+        return values
+    keep = np.empty(len(values), dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
 def _grown(array: np.ndarray, size: int, appended: np.ndarray) -> np.ndarray:
     """`array` (its first `size` entries live) with `appended` after them, capacity doubled as
     needed (amortised O(1) per entry)."""
@@ -338,7 +351,7 @@ class WindowState:
         entries = self.due_index.pop(step, [])
         if not entries:
             return np.zeros(0, np.int64)
-        codes = np.unique(np.concatenate(entries))
+        codes = sorted_unique(np.concatenate(entries))
         return codes[self.column("due")[codes] == step]
 
     # ------------------------------------------------------------------ storage
