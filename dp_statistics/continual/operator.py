@@ -264,8 +264,7 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> Trigg
     released = np.flatnonzero(~np.isnan(state.column("released_value")))
     if state.release_order is None or len(state.release_order) != len(released):
         # A released key stays released: the sorted order changes only when keys are added.
-        keys = state.keys.values[released]
-        state.release_order = released[np.asarray(pd.Index(keys).argsort(), dtype=np.int64)]
+        state.release_order = released[state.keys.sort_order(released)]
     released = state.release_order
     updated = np.zeros(state.n_keys, dtype=bool)
     updated[releasing] = True

