@@ -383,8 +383,7 @@ class FactorizationIndex(TreeIndex):
         leaves = np.arange(1, width + 1)[None, :]
         taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
         required = np.where(leaves > lengths[:, None], np.inf, taus - total)
-        self.minima[rows] = np.inf
-        self.minima[rows, :n_blocks] = required.reshape(len(rows), n_blocks, BLOCK).min(axis=2)
+        self._set_minima(rows, required.reshape(len(rows), n_blocks, BLOCK).min(axis=2))
 
     def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
         """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK)."""

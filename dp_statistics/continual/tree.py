@@ -134,6 +134,9 @@ class TreeIndex:
     # and R, a function of the noise key and the row alone, has not changed.
     scanned_blocks: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
     scanned_required: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
+    # A cache too: the minimum of `minima` over blocks b.. of each row, so first_crossing finds
+    # the rows that can cross at all from one number each (most evaluated keys cannot).
+    later_minima: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
 
     @classmethod
     def empty(cls, sigma: float, max_length: int,
@@ -231,8 +234,14 @@ class TreeIndex:
         # Past a tree's end (where Z is NaN or not the tree's): never crossed.
         np.copyto(required, np.inf, where=(leaves[None, :] > lengths[:, None]).reshape(
             required.shape))
+        self._set_minima(rows, required.min(axis=2))
+
+    def _set_minima(self, rows: np.ndarray, minima: np.ndarray) -> None:
+        """The minima of R over the first minima.shape[1] blocks of `rows` (+inf after)."""
         self.minima[rows] = np.inf
-        self.minima[rows, :n_blocks] = required.min(axis=2)
+        self.minima[rows, :minima.shape[1]] = minima
+        if self.later_minima is not None and len(self.later_minima) >= self.size:
+            self.later_minima[rows] = _later_minima(self.minima[rows])
 
     def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
         """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK).
@@ -294,6 +303,19 @@ class TreeIndex:
         counts = np.asarray(counts, np.float64)
         result = np.full(len(rows), NEVER, dtype=np.int64)
         first_open = after // BLOCK  # the block holding leaf after + 1
+        # Only rows whose count passes some block's minimum from first_open on can cross.
+        if self.later_minima is None or len(self.later_minima) < self.size:
+            self.later_minima = _later_minima(self.minima)
+        can = np.flatnonzero((first_open < self.n_blocks) & (counts > self.later_minima[
+            rows, np.minimum(first_open, self.n_blocks - 1)]))
+        found_leaves = self._first_crossing_in_blocks(noise, rows[can], after[can], counts[can],
+                                                      first_open[can])
+        result[can] = found_leaves
+        return result
+
+    def _first_crossing_in_blocks(self, noise, rows, after, counts, first_open) -> np.ndarray:
+        """first_crossing for rows that cross in some block from first_open on."""
+        result = np.full(len(rows), NEVER, dtype=np.int64)
         block_numbers = np.arange(self.n_blocks)[None, :]
         candidates = ((self.minima[rows] < counts[:, None])
                       & (block_numbers >= first_open[:, None]))
@@ -332,6 +354,11 @@ class TreeIndex:
                 size, index.n_blocks)
         index.size = size
         return index
+
+
+def _later_minima(minima: np.ndarray) -> np.ndarray:
+    """min(minima[:, b:]) for every block b: (rows, n_blocks)."""
+    return np.minimum.accumulate(minima[:, ::-1], axis=1)[:, ::-1]
 
 
 def value_grid(value_sigma: float) -> float:
