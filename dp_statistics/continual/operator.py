@@ -48,7 +48,7 @@ import pandas as pd
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamStatistic
-from sage_tfx.dp_statistics.continual.state import PairTable, WindowState
+from sage_tfx.dp_statistics.continual.state import PairTable, WindowState, sorted_unique
 from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex, round_to_grid
 from sage_tfx.mechanisms.bounding import bounded
 from sage_tfx.mechanisms.keyed import KeyedGaussian
@@ -105,13 +105,25 @@ def kept_mask(units: np.ndarray, used: np.ndarray, limit: int) -> np.ndarray:
     `limit - used` records of this batch."""
     if len(units) == 0:
         return np.zeros(0, dtype=bool)
-    order = np.argsort(units, kind="stable")
+    order = stable_order(units)
     sorted_units = units[order]
     starts = np.r_[0, np.flatnonzero(sorted_units[1:] != sorted_units[:-1]) + 1]
     first_of_group = np.repeat(starts, np.diff(np.r_[starts, len(units)]))
     rank = np.empty(len(units), dtype=np.int64)
     rank[order] = np.arange(len(units)) - first_of_group
     return rank < limit - used[units]
+
+
+def stable_order(values: np.ndarray) -> np.ndarray:
+    """np.argsort(values, kind="stable") for integers: the same permutation, as the sort of
+    the unique keys value * n + position, 2.5x faster at a few thousand values (numpy's stable
+    sort of int64 is a radix sort: 65 against 27 us at 2,000); the stable sort itself where a
+    key could overflow int64."""
+    count = len(values)
+    if count == 0 or not -(1 << 62) // count < int(values.min()) <= int(values.max()) < (
+            1 << 62) // count:
+        return np.argsort(values, kind="stable")
+    return np.argsort(values.astype(np.int64) * count + np.arange(count))
 
 
 def select_and_predict(selection: TreeIndex, noise: KeyedGaussian, rows: np.ndarray,
@@ -185,6 +197,8 @@ def next_evaluation(due: np.ndarray, released: np.ndarray, step: int,
 
 def _sum_by_code(codes: np.ndarray, weights: Optional[np.ndarray] = None):
     """(distinct codes, per-code sum of weights or count), codes sorted."""
+    if weights is None:
+        return sorted_unique(codes, return_counts=True)
     distinct, inverse = np.unique(codes, return_inverse=True)
     return distinct, np.bincount(inverse, weights=weights, minlength=len(distinct))
 
@@ -219,14 +233,14 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> Trigg
             np.full(len(new_keys), query.micro_batches))
     touched, sums = _sum_by_code(key_codes, values)
     state.columns["buffer"][touched] += sums
-    pairs = np.unique(PairTable.pair_codes(unit_codes, key_codes))
+    pairs = sorted_unique(PairTable.pair_codes(unit_codes, key_codes))
     pair_keys = pairs & 0xFFFFFFFF
     fresh = state.pairs.count_once(pairs, state.columns["round"][pair_keys])
     counted, new_users = _sum_by_code(pair_keys[fresh])
     state.columns["count"][counted] += new_users
 
     # 3-6. Evaluate the keys with kept records and the keys predicted to cross at t.
-    evaluated = np.union1d(touched, state.take_due(t))
+    evaluated = sorted_unique(np.concatenate([touched, state.take_due(t)]))
     columns = state.columns
     selected, due = select_and_predict(state.selection, noise,
                                        columns["selection_row"][evaluated],
@@ -242,7 +256,7 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> Trigg
     # (next_evaluation woke them all).
     flushed = (evaluated[~selected & (columns["value_row"][evaluated] >= 0)]
                if t == query.micro_batches else evaluated[:0])
-    releasing = np.union1d(chosen, flushed)
+    releasing = sorted_unique(np.concatenate([chosen, flushed]))
     columns["released_true"][releasing] += columns["buffer"][releasing]
     columns["released_value"][releasing] = released_values(
         state.values, noise, columns["value_row"][releasing], t,
@@ -264,8 +278,7 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> Trigg
     released = np.flatnonzero(~np.isnan(state.column("released_value")))
     if state.release_order is None or len(state.release_order) != len(released):
         # A released key stays released: the sorted order changes only when keys are added.
-        keys = state.keys.values[released]
-        state.release_order = released[np.asarray(pd.Index(keys).argsort(), dtype=np.int64)]
+        state.release_order = released[state.keys.sort_order(released)]
     released = state.release_order
     updated = np.zeros(state.n_keys, dtype=bool)
     updated[releasing] = True

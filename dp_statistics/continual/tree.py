@@ -38,7 +38,7 @@ NEVER = 0  # "no release predicted" as a leaf/step number (leaves and steps star
 BLOCK = 32  # leaves per stored block
 _BLOCK_LEVELS = BLOCK.bit_length() - 1  # node levels strictly inside a block
 _LEVEL_SHIFT = np.uint64(48)  # node counter = level << 48 | index at that level
-_MAX_CELLS = 1 << 22  # cells of Z computed at once when building an index
+_MAX_CELLS = 1 << 16  # cells of Z computed at once when building an index
 
 
 def levels(length: int) -> int:
@@ -70,33 +70,40 @@ def _level_noise(noise: KeyedGaussian, tree_ids: np.ndarray, first_leaf: np.ndar
                  width: int, n_levels: int, sigma: float) -> list[np.ndarray]:
     """nu of the nodes inside leaves [first_leaf, first_leaf + width) (0-based, aligned to
     2^n_levels, so every level starts at an even node) of each tree: level h as an array
-    (trees, width >> h)."""
+    (trees, width >> h). Every level's keyed normals come from one call (one pass of AES)."""
     variances = honaker_variances(sigma, n_levels)
+    owns = noise.normal_segments(tree_ids, [
+        ((np.uint64(h) << _LEVEL_SHIFT) | (first_leaf >> np.uint64(h)), width >> h)
+        for h in range(n_levels)])
     nus: list[np.ndarray] = []
-    for h in range(n_levels):
-        count = width >> h
-        first = (np.uint64(h) << _LEVEL_SHIFT) | (first_leaf >> np.uint64(h))
-        own = noise.normal_rows(tree_ids, first, count)
+    for h, own in enumerate(owns):
         own *= sigma
-        if h == 0:
-            nus.append(own)
-            continue
-        below = nus[h - 1]
-        weight = variances[h] / sigma ** 2
-        nus.append(weight * own + (1.0 - weight) * (below[:, 0:2 * count:2]
-                                                    + below[:, 1:2 * count:2]))
+        if h:
+            # w_h (sigma n) + (1 - w_h) (nu(left) + nu(right)), in place (the same products
+            # and sums as written out).
+            below = nus[h - 1]
+            weight = variances[h] / sigma ** 2
+            children = below[:, 0:2 * own.shape[1]:2] + below[:, 1:2 * own.shape[1]:2]
+            children *= 1.0 - weight
+            own *= weight
+            own += children
+        nus.append(own)
     return nus
 
 
-def _decomposition_sum(nus: list[np.ndarray], ells: np.ndarray) -> np.ndarray:
-    """Sum of nu over the dyadic decomposition of [1, l] for each l in `ells` (relative to the
-    first leaf the levels were computed from): (trees, len(ells))."""
-    total = np.zeros((nus[0].shape[0], len(ells)))
+def _decomposition_sum(nus: list[np.ndarray], length: int) -> np.ndarray:
+    """Z(l) for l = 0..length-1 (relative to the first leaf the levels were computed from,
+    Z(0) = 0): the sum of nu over the dyadic decomposition of [1, l], (trees, length); every
+    such l must have its bits and nodes in `nus`. Added level by level from 0 upward, as the
+    release's prefix always was (the same bits), each level in one strided add: the leaves l
+    with bit h set are the upper halves of the runs of 2^(h + 1) leaves, and all of a half
+    takes node (l >> h) - 1, its run's even node."""
+    total = np.zeros((len(nus[0]), -(-length >> len(nus)) << len(nus)))
     for h, nu in enumerate(nus):
-        has = ((ells >> h) & 1).astype(bool)
-        if has.any():
-            total[:, has] += nu[:, (ells[has] >> h) - 1]
-    return total
+        halves = total.reshape(len(total), -1, 2, 1 << h)
+        evens = nu[:, 0::2]
+        halves[:, :evens.shape[1], 1, :] += evens[:, :halves.shape[1], None]
+    return total[:, :length]
 
 
 def prefix_noise(noise: KeyedGaussian, tree_ids, length: int, sigma: float) -> np.ndarray:
@@ -104,7 +111,7 @@ def prefix_noise(noise: KeyedGaussian, tree_ids, length: int, sigma: float) -> n
     tree_ids = np.asarray(tree_ids, dtype=np.uint64)
     nus = _level_noise(noise, tree_ids, np.zeros(len(tree_ids), dtype=np.uint64), length,
                        levels(length), sigma)
-    return _decomposition_sum(nus, np.arange(1, length + 1))
+    return _decomposition_sum(nus, length + 1)[:, 1:]
 
 
 @dataclass
@@ -127,6 +134,9 @@ class TreeIndex:
     # and R, a function of the noise key and the row alone, has not changed.
     scanned_blocks: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
     scanned_required: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
+    # A cache too: the minimum of `minima` over blocks b.. of each row, so first_crossing finds
+    # the rows that can cross at all from one number each (most evaluated keys cannot).
+    later_minima: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
 
     @classmethod
     def empty(cls, sigma: float, max_length: int,
@@ -186,6 +196,10 @@ class TreeIndex:
         if len(rows) == 0:
             return
         longest = int(self.lengths[rows].max())
+        # In chunks whose arrays stay in the CPU's cache (64 streams of 1,024 steps: 512 KB per
+        # array): the keyed noise and the paths make a dozen passes over each chunk, which
+        # took 1.3-1.5x as long from memory at 2^22 cells. Rows are independent, so the
+        # chunking changes no bit.
         chunk = max(1, _MAX_CELLS // longest)
         for start in range(0, len(rows), chunk):
             part = rows[start:start + chunk]
@@ -201,21 +215,33 @@ class TreeIndex:
         bases = np.full((len(rows), self.n_blocks + 1), np.nan)
         bases[:, 0] = 0.0
         boundaries = np.arange(BLOCK, width + 1, BLOCK)
+        # Block boundaries are multiples of BLOCK: only the levels above the block's enter,
+        # as a decomposition over block numbers.
         bases[:, 1:1 + n_blocks] = np.where(boundaries[None, :] > lengths[:, None], np.nan,
-                                            _decomposition_sum(nus, boundaries))
+                                            _decomposition_sum(nus[_BLOCK_LEVELS:],
+                                                               n_blocks + 1)[:, 1:])
         self.bases[rows] = bases
         if self.minima is None:
             return
         per_block = [nu.reshape(len(rows) * n_blocks, -1) for nu in nus[:_BLOCK_LEVELS]]
-        inside = _decomposition_sum(per_block, np.arange(1, BLOCK)).reshape(
-            len(rows), n_blocks, BLOCK - 1)
-        z = np.concatenate([bases[:, :n_blocks, None] + inside,
-                            bases[:, 1:n_blocks + 1, None]], axis=2).reshape(len(rows), width)
-        leaves = np.arange(1, width + 1)[None, :]
+        inside = _decomposition_sum(per_block, BLOCK).reshape(len(rows), n_blocks, BLOCK)
+        required = np.empty((len(rows), n_blocks, BLOCK))  # Z first, then R = tau - Z in place
+        np.add(bases[:, :n_blocks, None], inside[:, :, 1:], out=required[:, :, :BLOCK - 1])
+        required[:, :, BLOCK - 1] = bases[:, 1:n_blocks + 1]
+        leaves = np.arange(1, width + 1)
         taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
-        required = np.where(leaves > lengths[:, None], np.inf, taus - np.nan_to_num(z))
+        np.subtract(taus.reshape(n_blocks, BLOCK), required, out=required)
+        # Past a tree's end (where Z is NaN or not the tree's): never crossed.
+        np.copyto(required, np.inf, where=(leaves[None, :] > lengths[:, None]).reshape(
+            required.shape))
+        self._set_minima(rows, required.min(axis=2))
+
+    def _set_minima(self, rows: np.ndarray, minima: np.ndarray) -> None:
+        """The minima of R over the first minima.shape[1] blocks of `rows` (+inf after)."""
         self.minima[rows] = np.inf
-        self.minima[rows, :n_blocks] = required.reshape(len(rows), n_blocks, BLOCK).min(axis=2)
+        self.minima[rows, :minima.shape[1]] = minima
+        if self.later_minima is not None and len(self.later_minima) >= self.size:
+            self.later_minima[rows] = _later_minima(self.minima[rows])
 
     def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
         """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK).
@@ -224,9 +250,9 @@ class TreeIndex:
         first_leaf = (blocks * BLOCK).astype(np.uint64)
         nus = _level_noise(noise, self.tree_ids[rows], first_leaf, BLOCK, _BLOCK_LEVELS,
                            self.sigma)
-        inside = _decomposition_sum(nus, np.arange(1, BLOCK))
+        inside = _decomposition_sum(nus, BLOCK)
         out = np.empty((len(rows), BLOCK))
-        out[:, :BLOCK - 1] = self.bases[rows, blocks][:, None] + inside
+        np.add(self.bases[rows, blocks][:, None], inside[:, 1:], out=out[:, :BLOCK - 1])
         out[:, BLOCK - 1] = self.bases[rows, blocks + 1]
         return out
 
@@ -277,6 +303,19 @@ class TreeIndex:
         counts = np.asarray(counts, np.float64)
         result = np.full(len(rows), NEVER, dtype=np.int64)
         first_open = after // BLOCK  # the block holding leaf after + 1
+        # Only rows whose count passes some block's minimum from first_open on can cross.
+        if self.later_minima is None or len(self.later_minima) < self.size:
+            self.later_minima = _later_minima(self.minima)
+        can = np.flatnonzero((first_open < self.n_blocks) & (counts > self.later_minima[
+            rows, np.minimum(first_open, self.n_blocks - 1)]))
+        found_leaves = self._first_crossing_in_blocks(noise, rows[can], after[can], counts[can],
+                                                      first_open[can])
+        result[can] = found_leaves
+        return result
+
+    def _first_crossing_in_blocks(self, noise, rows, after, counts, first_open) -> np.ndarray:
+        """first_crossing for rows that cross in some block from first_open on."""
+        result = np.full(len(rows), NEVER, dtype=np.int64)
         block_numbers = np.arange(self.n_blocks)[None, :]
         candidates = ((self.minima[rows] < counts[:, None])
                       & (block_numbers >= first_open[:, None]))
@@ -315,6 +354,11 @@ class TreeIndex:
                 size, index.n_blocks)
         index.size = size
         return index
+
+
+def _later_minima(minima: np.ndarray) -> np.ndarray:
+    """min(minima[:, b:]) for every block b: (rows, n_blocks)."""
+    return np.minimum.accumulate(minima[:, ::-1], axis=1)[:, ::-1]
 
 
 def value_grid(value_sigma: float) -> float:

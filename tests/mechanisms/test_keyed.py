@@ -1,4 +1,6 @@
 """Keyed Gaussian noise: reproducible under its key, independent across keys, N(0, 1)."""
+import hashlib
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -52,3 +54,29 @@ def test_the_two_halves_of_a_pair_are_independent():
     assert abs(np.corrcoef(z[0::2], z[1::2])[0, 1]) < 0.02
     assert abs(np.corrcoef(z[0::2] ** 2, z[1::2] ** 2)[0, 1]) < 0.02
     assert np.corrcoef(z[0::2], z[0::2])[0, 1] > 0.99
+
+
+def test_the_values_are_pinned_bits():
+    """The PRF's outputs are part of every keyed release (a crashed micro-batch recomputes its
+    noise; test_release_bits.py pins the releases): a faster implementation must give the same
+    bits. 64,000 values with every polar retry path up to attempt 7, and rows at counters
+    near the 2^48 level shift and at stream ids near 2^56; digests of the code before the
+    throughput work on keyed noise (main at 022462d)."""
+    noise = KeyedGaussian(bytes(range(32)))
+    grid = noise.normals(np.arange(1000, dtype=np.uint64)[:, None],
+                         np.arange(64, dtype=np.uint64)[None, :])
+    assert hashlib.sha256(grid.tobytes()).hexdigest() == (
+        "540e0840f3956cd05d3d8fac192092fa1f1327e07666e4d20867911c7269c257")
+    rows = noise.normal_rows(np.array([5, 2 ** 55, 77]), np.array([0, 10, 2 ** 48]), 1001)
+    assert hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest() == (
+        "e6116c6a74b975994694b1eadec22f9077a322ed55f9721c8a4cbb0afffeba5d")
+
+
+def test_segments_are_the_rows_of_each_segment():
+    noise = KeyedGaussian(bytes(range(32)))
+    streams = np.array([3, 8, 1 << 40], np.uint64)
+    segments = [(np.array([0, 4, 100], np.uint64), 7), (np.array([1 << 48, 2, 0], np.uint64), 1),
+                (np.zeros(3, np.uint64), 0)]
+    for (first, count), values in zip(segments, noise.normal_segments(streams, segments)):
+        np.testing.assert_array_equal(values, noise.normal_rows(streams, first, count))
+        assert values.shape == (3, count)

@@ -286,3 +286,29 @@ def test_a_value_stream_keeps_its_buffer_states_only_and_is_asked_in_any_order(l
     for step in (length // 2, 3, length, length // 2, 1, length - 40):
         assert np.array_equal(index.noise_at(NOISE, np.arange(5), np.full(5, step)),
                               full[:, step - 1])
+
+
+def test_value_streams_at_different_distances_give_the_one_pass_noise():
+    """One call asks 12 value streams for steps at distances from their cursors in several
+    power-of-two groups (some run together, _merged_groups); each is the one-pass noise."""
+    length = 300
+    factor = _window(length)
+    full = factorization.prefix_noise(NOISE, np.arange(12), factor, length, SIGMA)
+    index = FactorizationIndex.empty(SIGMA, length, None, factor)
+    index.add(NOISE, np.arange(12), np.full(12, length))
+    first = np.array([1, 2, 33, 40, 70, 100, 130, 160, 200, 250, 290, 300])
+    assert np.array_equal(index.noise_at(NOISE, np.arange(12), first), full[np.arange(12),
+                                                                                first - 1])
+    then = np.minimum(first + np.array([0, 1, 5, 40, 64, 90, 120, 140, 0, 45, 10, 0]), length)
+    assert np.array_equal(index.noise_at(NOISE, np.arange(12), then), full[np.arange(12),
+                                                                              then - 1])
+
+
+def test_groups_merge_only_when_that_costs_less_than_a_call():
+    lead = np.array([0, 1, 1, 20, 25, 6000])
+    groups = np.ceil(np.log2(lead + 1)).astype(np.int64)  # 0, 1, 1, 5, 5, 13
+    # 3 rows running 24 steps further cost less than a call; 5 rows 5,975 further, more.
+    assert factorization._merged_groups(groups, lead).tolist() == [5, 5, 5, 5, 5, 13]
+    many = np.r_[np.zeros(100, np.int64), np.full(10, 9)]
+    assert factorization._merged_groups(many, np.r_[np.zeros(100), np.full(10, 300)]
+                                        .astype(np.int64)).tolist() == many.tolist()

@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import time
+import zipfile
 
 import numpy as np
 import pandas as pd
@@ -383,3 +384,33 @@ def test_a_taken_micro_batch_reads_back_as_table_from_pandas_would(frame):
         writer.write_table(table)
     pd.testing.assert_frame_equal(read(state_module._ipc_payload(frame)),
                                   read(sink.getvalue().to_pybytes()), check_exact=True)
+
+
+def test_the_state_file_is_what_np_savez_writes(tmp_path):
+    """state._write_npz writes np.savez's bytes without its copies: the same members, headers
+    and data, for every kind of array a state holds (empty 2-d ones included, as a window's
+    value index before its first release)."""
+    arrays = {"meta": np.frombuffer(b'{"format": 6}', np.uint8), "flags": np.array([True, False]),
+              "empty": np.zeros((0, 8)), "rows": np.arange(12.0).reshape(3, 4)[:, ::2],
+              "codes": np.arange(5, dtype=np.int64) << 40, "rounds": np.ones(3, np.int32)}
+    with open(tmp_path / "ours.npz", "wb") as out:
+        state_module._write_npz(out, arrays)
+    np.savez(tmp_path / "numpy.npz", **arrays)
+    with zipfile.ZipFile(tmp_path / "ours.npz") as ours, \
+            zipfile.ZipFile(tmp_path / "numpy.npz") as theirs:
+        assert ours.namelist() == theirs.namelist()
+        for name in ours.namelist():
+            assert ours.read(name) == theirs.read(name), name
+
+
+@pytest.mark.parametrize("values", [
+    [5, -3, 2 ** 62, 0, -(2 ** 62), 17, 4.0, 9],  # integers (an integral float among them)
+    ["b", "a", "é", "B", "", "ab"]])
+def test_a_code_table_sorts_its_values_as_pandas_does(values):
+    """The release's key order (operator.step) comes from CodeTable.sort_order: for an integer
+    table by int64, for any other by pandas, the order pd.Index(values).argsort() gives."""
+    table = state_module.CodeTable()
+    codes = table.encode(np.array(values, dtype=object))
+    chosen = codes[[6, 1, 3, 0, 4]] if len(values) > 6 else codes[[5, 1, 3, 0, 4]]
+    expected = np.asarray(pd.Index(table.values[chosen]).argsort(), dtype=np.int64)
+    assert table.sort_order(chosen).tolist() == expected.tolist()

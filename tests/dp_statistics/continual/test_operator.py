@@ -10,7 +10,7 @@ from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.tree import NEVER
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
-from sage_tfx.dp_statistics.continual.state import WindowState
+from sage_tfx.dp_statistics.continual.state import WindowState, sorted_unique
 
 KEY = bytes(range(32))  # fixed noise in tests only
 
@@ -215,3 +215,23 @@ def test_noise_streams_are_distinct_and_no_round_past_the_window_is_named():
     assert len(np.unique(ids)) == ids.size
     with pytest.raises(ValueError, match="round 6 of a window of 5 micro-batches"):
         tree_ids([0], [micro_batches + 1], micro_batches)
+
+
+def test_stable_order_is_numpys_stable_argsort():
+    """kept_mask ranks a unit's records in arrival order through stable_order: the stable
+    argsort's permutation, repeated values included, and where value * n could overflow."""
+    rng = np.random.default_rng(3)
+    for values in (rng.integers(0, 40, 3000), rng.integers(-6, 6, 50), np.zeros(0, np.int64),
+                   np.array([2 ** 62, 1, 2 ** 62, 0]), rng.integers(0, 3, 9).astype(np.int32)):
+        assert np.array_equal(operator.stable_order(values), np.argsort(values, kind="stable"))
+
+
+def test_sorted_unique_is_numpys_unique():
+    rng = np.random.default_rng(4)
+    for values in (rng.integers(0, 40, 3000), rng.integers(-2 ** 40, 2 ** 40, 500),
+                   np.zeros(0, np.int64), np.array([7])):
+        np.testing.assert_array_equal(sorted_unique(values), np.unique(values))
+        for ours, numpys in zip(sorted_unique(values, return_counts=True),
+                                np.unique(values, return_counts=True)):
+            np.testing.assert_array_equal(ours, numpys)
+            assert ours.dtype == numpys.dtype

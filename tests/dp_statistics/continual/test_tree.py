@@ -122,3 +122,27 @@ def test_grid_rounding_is_exact_on_the_grid():
     grid = tree.value_grid(150.0)
     assert grid == 0.125
     assert tree.round_to_grid([1.06, -2.3], grid).tolist() == [1.0, -2.25]
+
+
+def test_first_crossing_between_additions_past_the_indexs_capacity():
+    """first_crossing keeps the later blocks' minima as a cache: trees added after it was
+    built, within the capacity and past it (1,024 rows, then grown), are answered as an
+    index holding all of them from the start answers."""
+    sigma, max_length = 1.0, 100
+    thresholds = np.full(max_length, 2.0)
+    rng = np.random.default_rng(5)
+    ids = np.arange(1500, dtype=np.uint64)
+    lengths = rng.integers(1, max_length + 1, size=len(ids))
+    after = (rng.random(len(ids)) * lengths).astype(np.int64)
+    counts = rng.integers(0, 3, size=len(ids)).astype(float)
+    whole = tree.TreeIndex.empty(sigma, max_length, thresholds)
+    expected = whole.first_crossing(NOISE, whole.add(NOISE, ids, lengths), after, counts)
+    grown = tree.TreeIndex.empty(sigma, max_length, thresholds)
+    for start, end in ((0, 300), (300, 900), (900, 1500)):
+        rows = grown.add(NOISE, ids[start:end], lengths[start:end])
+        assert np.array_equal(grown.first_crossing(NOISE, rows, after[start:end],
+                                                   counts[start:end]), expected[start:end])
+        everything = np.arange(end)
+        assert np.array_equal(grown.first_crossing(NOISE, everything, after[:end], counts[:end]),
+                              expected[:end])
+    assert 100 < (expected != tree.NEVER).sum() < 1400
