@@ -366,36 +366,16 @@ def refuse_unclippable_layers(model: tf.keras.Model) -> None:
 _READS_RESOURCE = frozenset({"ReadVariableOp", "_ReadVariablesOp", "ResourceGather",
                              "ResourceGatherNd", "VariableShape", "VarIsInitializedOp",
                              "DisableCopyOnRead", "LookupTableFindV2", "LookupTableSizeV2"})
-# Random-number ops that advance a tf.random.Generator's state (Keras' Dropout keeps one when
-# TensorFlow's generator is enabled) by an amount set by their other inputs (algorithm, and
-# delta or shape; StatefulRandomBinomial, whose advance may depend on its counts and
-# probabilities, is not among them).
-_ADVANCES_GENERATOR = frozenset({"RngReadAndSkip", "RngSkip", "StatefulUniform",
-                                 "StatefulUniformFullInt", "StatefulUniformInt",
-                                 "StatefulStandardNormalV2", "StatefulTruncatedNormal"})
-# Ops whose output is a function of their input's shape only.
-_READS_SHAPE = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 # Python run from the graph (tf.py_function, tf.numpy_function): what it writes, no graph shows.
 _RUNS_PYTHON = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
+# Ops that put tensors' values outside the process's variables: a log line, a file, a summary.
+_EMITS_VALUES = frozenset({"PrintV2", "Print", "WriteFile", "WriteSummary", "WriteScalarSummary",
+                           "WriteHistogramSummary", "WriteImageSummary", "WriteAudioSummary",
+                           "WriteRawProtoSummary", "WriteGraphSummary"})
 _CALLS = {"PartitionedCall": "f", "StatefulPartitionedCall": "f"}
 _BRANCHES = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
              "Case": ("branches",), "StatelessCase": ("branches",)}
 _LOOPS = ("While", "StatelessWhile")
-
-
-def _value_free(tensor) -> bool:
-    """Whether `tensor` is computed from constants and tensors' shapes alone: no input, no
-    argument, no variable's value, no random op between it and them."""
-    pending, seen = [tensor.op], set()
-    while pending:
-        op = pending.pop()
-        if op.type in _READS_SHAPE or id(op) in seen:
-            continue
-        seen.add(id(op))
-        if op.type == "Placeholder" or op.type in _READS_RESOURCE or op.op_def.is_stateful:
-            return False
-        pending.extend(t.op for t in op.inputs)
-    return True
 
 
 class _Library:
@@ -449,10 +429,8 @@ def _handle_flow(graph, handles, outputs, library: _Library) -> tuple[bool, froz
         handle = carried.pop()
         for op in handle.consumers():
             positions = [i for i, t in enumerate(op.inputs) if t is handle]
-            if op.type in _READS_RESOURCE or (
-                    op.type in _ADVANCES_GENERATOR and positions == [0]
-                    and all(_value_free(t) for t in op.inputs[1:])):
-                continue  # a generator's advance by a public amount: see refuse_state_updates
+            if op.type in _READS_RESOURCE:
+                continue
             if op.type == "Identity":
                 carry(op.outputs[0])
             elif op.type == "IdentityN":
@@ -501,56 +479,75 @@ def _handle_flow(graph, handles, outputs, library: _Library) -> tuple[bool, froz
 
 def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
                          dtype: tf.DType) -> None:
-    """ValueError naming every variable a training-mode forward pass of `model` may change (a
-    custom layer keeping statistics of its batches: released with the model, unnoised).
+    """ValueError naming every variable a training pass of `model` may change (a custom layer
+    keeping statistics of its batches: released with the model, unnoised).
 
-    Decided from the graph, not from values: `model(x, training=True)` (DP-SGD's step calls the
-    layers in training mode too) is traced once on a public stand-in spec (a batch of 2 examples
-    shaped `example_shape`, of `dtype`; nothing runs, so nothing needs restoring), and every op
-    that consumes the handle of a resource the pass captures counts as a write unless it only
-    reads (_READS_RESOURCE). Handles are followed through Identity and IdentityN and into the
+    Decided from the graph, not from values: `model(x, training=True)` and its gradients
+    (DP-SGD's step runs the layers in training mode, forward and backward, and a custom
+    gradient may write too) are traced on public stand-in specs of examples shaped
+    `example_shape`, of `dtype`: a batch of unknown size, as the step's own trace has, and
+    batches of 1 (the per-example fallback) and 2, so a Python branch on the batch size
+    cannot hide a write. Nothing runs, so nothing needs restoring. Every op that consumes the
+    handle of a resource a trace captures counts as a write unless it only reads
+    (_READS_RESOURCE). Handles are followed through Identity and IdentityN and into the
     functions of calls (a nested tf.function), tf.cond branches and tf.while_loop bodies, so an
     update under a data-dependent condition, or one that leaves the value unchanged on some
     batch (a running minimum starting at 0 fed non-negative inputs), is refused all the same.
-    Which ops the graph holds depends on the model's code and the spec alone. Python run from
-    the graph (tf.py_function) is refused outright: its writes are not in the graph.
+    Which ops the graphs hold depends on the model's code and the specs alone. Refused
+    outright: Python run from the graph (tf.py_function: its writes are not in the graph) and
+    ops that put values out of it (tf.print, files, summaries).
 
     Refused: writes to the model's non-trainable variables; to its trainable ones (a forward
     pass assigning a weight puts batch data into it outside the clipped, noised gradient step,
-    which the optimizer then adds to); and to any other variable or resource the pass captures
+    which the optimizer then adds to); and to any other variable or resource a trace captures
     (not saved with the model, but a statistic carried from one batch into later steps'
     forward passes reaches their gradients unbounded by the per-example clipping of the batch
-    it came from). Allowed: a tf.random.Generator's state advanced by its random-number ops
-    (Keras' Dropout and GaussianNoise hold one, outside the model's variables, when
-    TensorFlow's generator is enabled) by an amount computed from constants and shapes alone
-    (_value_free): the size of each draw, set by the batch's shape, which DP-SGD fixes from
-    the public step plan, not by the examples' values."""
+    it came from). That includes a tf.random.Generator's state (Keras' Dropout and
+    GaussianNoise keep one when TensorFlow's generator is enabled; by default they keep none
+    and are accepted): how far a draw moves it is its size, which a layer may take from the
+    data's shapes (a boolean mask's length), and the trace cannot tell such a shape from the
+    batch's public one. Not covered: the loss (the caller's), and a write that happens only
+    at batch sizes other than these three."""
     @tf.function
     def training_pass(batch):
-        return model(batch, training=True)
+        # Forward and backward, as the step runs them: a custom gradient may write too.
+        with tf.GradientTape() as tape:
+            outputs = tf.nest.flatten(model(batch, training=True))
+            total = tf.add_n([tf.reduce_sum(tf.cast(output, tf.float32)) for output in outputs])
+        return tape.gradient(total, model.trainable_variables,
+                             unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
-    traced = training_pass.get_concrete_function(tf.TensorSpec([2, *example_shape], dtype))
     non_trainable = {id(v.handle) for v in model.non_trainable_variables}
     trainable = {id(v.handle) for v in model.trainable_variables}
-    # A handle used raw (variable.handle) is captured without being listed as a variable.
-    variables = {id(v.handle): v for v in [*model.variables,
-                                           *traced.graph.variable_captures]}
-    library = _Library(traced.graph)
-    runs_python = _RUNS_PYTHON & ({op.type for op in traced.graph.get_operations()}
-                                  | library.op_types())
-    if runs_python:
-        raise ValueError(f"a training step runs Python ({', '.join(sorted(runs_python))}: "
-                         "tf.py_function or tf.numpy_function), whose changes to variables "
-                         "the graph does not show; build the model without it")
-    changed = {"non-trainable": [], "trainable": [], "outside": []}
-    for handle, placeholder in traced.graph.captures:
-        if placeholder.dtype != tf.resource or not _handle_flow(
-                traced.graph, [placeholder], [], library)[0]:
-            continue
-        kind = ("non-trainable" if id(handle) in non_trainable else
-                "trainable" if id(handle) in trainable else "outside")
-        changed[kind].append(variables[id(handle)].name if id(handle) in variables else
-                             f"{placeholder.op.name} (a resource)")
+    changed = {"non-trainable": set(), "trainable": set(), "outside": set()}
+    # The step's batch size is unknown to its trace; the per-example fallback calls layers on
+    # one example; 2 is a batch size no Python branch on "one example" takes.
+    for batch_size in (None, 1, 2):
+        traced = training_pass.get_concrete_function(
+            tf.TensorSpec([batch_size, *example_shape], dtype))
+        library = _Library(traced.graph)
+        op_types = {op.type for op in traced.graph.get_operations()} | library.op_types()
+        if op_types & _RUNS_PYTHON:
+            raise ValueError(f"a training step runs Python "
+                             f"({', '.join(sorted(op_types & _RUNS_PYTHON))}: tf.py_function "
+                             "or tf.numpy_function), whose changes to variables the graph "
+                             "does not show; build the model without it")
+        if op_types & _EMITS_VALUES:
+            raise ValueError(f"a training step writes values out of the graph "
+                             f"({', '.join(sorted(op_types & _EMITS_VALUES))}: tf.print, a "
+                             "file or a summary): values computed from the batch would leave "
+                             "the step without noise; build the model without it")
+        # A handle used raw (variable.handle) is captured without being listed as a variable.
+        variables = {id(v.handle): v for v in [*model.variables,
+                                               *traced.graph.variable_captures]}
+        for handle, placeholder in traced.graph.captures:
+            if placeholder.dtype != tf.resource or not _handle_flow(
+                    traced.graph, [placeholder], [], library)[0]:
+                continue
+            kind = ("non-trainable" if id(handle) in non_trainable else
+                    "trainable" if id(handle) in trainable else "outside")
+            changed[kind].add(variables[id(handle)].name if id(handle) in variables else
+                              f"{placeholder.op.name} (a resource)")
     parts = [f"{what}variable(s) {', '.join(sorted(changed[kind]))}{where}"
              for kind, what, where in [("non-trainable", "the model's non-trainable ", ""),
                                        ("trainable", "the model's trainable ",

@@ -169,12 +169,13 @@ def gaussian_noise(generator: tf.random.Generator, size, stddev: float) -> tf.Te
     then reaches sqrt(208 ln 2) = 12.01 standard deviations, and the ideal one exceeds that
     with probability 2^-104 = 4.9e-32 per pair.
     What that gives: couple each pair with the ideal one so that they differ (beyond the
-    float caveat of the module docstring) only on that event; over T steps of ceil(d / 2)
-    pairs the two processes differ with probability at most tau = T ceil(d / 2) 2^-104 on
-    either neighbour, so for any set S of outcomes P(S) <= e^eps Q(S) + delta + (1 + e^eps)
-    tau. The accountant does not add that term: it is below 1e-15 whenever
-    (1 + e^eps) T d < 4e16 (a million parameters, a million steps and eps up to 10 give
-    5.4e-16).
+    float caveat of the module docstring) only on that event; a run that is served N draws
+    (T steps of d each, plus each materialisation's lazy rows) uses at most N pairs
+    (NoiseBuffer may serve a pair's two halves to two steps), so the two processes differ
+    with probability at most tau = N 2^-104 on either neighbour, and for any set S of
+    outcomes P(S) <= e^eps Q(S) + delta + (1 + e^eps) tau. The accountant does not add that
+    term: it is below 1e-15 whenever (1 + e^eps) N < 2e16 (10^12 draws, a million parameters
+    over a million steps, with eps up to 9 give 4.0e-16).
     Cost: 6,000 draws 0.39 -> 0.40 ms, 161,153 draws 1.8 -> 2.3 ms of CPU (lazy noise keeps
     an embedding table's draws to the rows a batch reads)."""
     pairs = (size + 1) // 2
@@ -258,6 +259,7 @@ class LazyTable:
     table: tf.Variable
     ids: Callable[[tf.Tensor], tf.Tensor]
     noised_through: tf.Variable
+    ids_per_row: Optional[int]  # ids gathered per example at most; None if the trace left it open
 
     def touched(self, batch_features: tf.Tensor) -> tf.Tensor:
         """The distinct rows the batch gathers."""
@@ -268,9 +270,8 @@ class LazyTable:
 
     def most_touched(self, batch_rows: int) -> int:
         """An upper bound on len(touched(batch)) for a batch of `batch_rows` examples."""
-        ids_per_row = tf.TensorShape(self.ids.output_shape[1:]).num_elements()
         rows = self.table.shape[0]
-        return rows if ids_per_row is None else min(rows, batch_rows * ids_per_row)
+        return rows if self.ids_per_row is None else min(rows, batch_rows * self.ids_per_row)
 
 
 # What may stand between the input and a lazily noised table: layers that only select and
@@ -315,8 +316,13 @@ def lazy_tables(model: tf.keras.Model, features: tf.Tensor) -> list[LazyTable]:
 
     gradients, ids = table_gradients.get_concrete_function(
         tf.TensorSpec([2, *features.shape[1:]], features.dtype)).structured_outputs
+    # Ids per example from the ids the trace of 2 examples gathers (not from the ids layer's
+    # output shape: a reshape may move ids onto the batch axis). The layers allowed before a
+    # lazy table only slice, cast and reshape, so a batch of B gathers at most B times half.
     return [LazyTable(table, candidates[table.ref()],
-                      tf.Variable(tf.zeros([table.shape[0]], tf.int64), trainable=False))
+                      tf.Variable(tf.zeros([table.shape[0]], tf.int64), trainable=False),
+                      None if gathered.shape.num_elements() is None
+                      else -(-gathered.shape.num_elements() // 2))
             for table, gradient, gathered in zip(tables, gradients, ids)
             if isinstance(gradient, tf.IndexedSlices)
             and gradient.indices.shape.num_elements() == gathered.shape.num_elements()]

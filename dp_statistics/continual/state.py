@@ -439,12 +439,16 @@ class WindowState:
 
 
 def _write_npz(out, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez(out, **arrays), the same bytes, without its copy of every array: savez writes
-    a zip member by tobytes() chunks (a copy of the state's tens of MB at each save), this
-    writes each array's memory as it is."""
+    """np.savez(out, **arrays) without its copy of every array: savez writes a zip member by
+    tobytes() chunks (a copy of the state's tens of MB at each save), this writes each array's
+    memory as it is. The same bytes for the C-ordered arrays of plain dtypes the state holds
+    (a Fortran-ordered one is written C-ordered: other bytes, the same array on load); an
+    array of Python objects, which savez would pickle, is refused."""
     with zipfile.ZipFile(out, mode="w", compression=zipfile.ZIP_STORED,
                          allowZip64=True) as archive:
         for name, array in arrays.items():
+            if array.dtype.hasobject:
+                raise ValueError(f"state array {name!r} holds Python objects: not saved")
             array = np.ascontiguousarray(array)
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array_header_1_0(

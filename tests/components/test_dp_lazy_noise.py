@@ -225,3 +225,17 @@ def test_an_embedding_fed_float_ids_trains_lazily():
     assert dp_sgd.train(model, tf.keras.losses.MeanSquaredError(), features, tf.ones([4, 2]),
                         plan, dp_sgd.DPSGDConfig(1.0, 1.0, 0.5), seed=1) == 3
     assert np.all(model.get_weights()[0] != 0)  # every row noised, read or not
+
+
+def test_ids_reshaped_onto_the_batch_axis_are_counted_per_example():
+    """Three ids per example reshaped to one per row (tf.reshape(x, [-1, 1]), an allowed id
+    op): the ids layer's output shape says one id per example, but a batch of 4 gathers 12,
+    so the noise a step reserves (most_touched) counts 12 rows, not 4 (a step whose take
+    outran its reservation would fail, after the charge)."""
+    inputs = tf.keras.Input((3,), dtype="int32")
+    rows = tf.keras.layers.Embedding(100, 2)(tf.reshape(inputs, [-1, 1]))
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.reshape(rows, [-1, 6])))
+    features = tf.constant(np.arange(12, dtype=np.int32).reshape(4, 3))
+    (table,) = dp_sgd.lazy_tables(model, features)
+    assert table.ids_per_row == 3 and table.most_touched(4) == 12
+    assert table.most_touched(1_000) == 100  # never more than the table's rows

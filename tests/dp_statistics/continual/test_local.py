@@ -414,3 +414,11 @@ def test_a_code_table_sorts_its_values_as_pandas_does(values):
     chosen = codes[[6, 1, 3, 0, 4]] if len(values) > 6 else codes[[5, 1, 3, 0, 4]]
     expected = np.asarray(pd.Index(table.values[chosen]).argsort(), dtype=np.int64)
     assert table.sort_order(chosen).tolist() == expected.tolist()
+
+
+def test_the_state_writer_refuses_python_objects(tmp_path):
+    """np.savez would pickle an object array; the writer would write its pointers: refused,
+    naming the array."""
+    with open(tmp_path / "state.npz", "wb") as out, \
+            pytest.raises(ValueError, match="'keys' holds Python objects"):
+        state_module._write_npz(out, {"keys": np.array(["a", 1], dtype=object)})
