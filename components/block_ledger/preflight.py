@@ -76,9 +76,10 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
 
 def _refuse_unclippable_model(model) -> None:
     """DP-SGD's model checks, on its structure and a public stand-in batch only: no batch
-    normalisation, and (when its inputs are declared) no variable written by a training-mode
-    forward pass (dp_trainer.clipping), and that pass runs on a batch of ones (this model is
-    the preflight's own copy: what the run changes is discarded with it)."""
+    normalisation, and (when its inputs are declared) no variable written by a training pass
+    (dp_trainer.clipping, from its traced graph), and a training-mode forward pass runs on a
+    batch of ones (this model is the preflight's own copy: what the run changes is discarded
+    with it), so that the model's own failure is named before the charge."""
     import tensorflow as tf
 
     from sage_tfx.components.dp_trainer import clipping  # tensorflow-privacy: DP-SGD only

@@ -517,8 +517,6 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
         return tape.gradient(total, model.trainable_variables,
                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
-    non_trainable = {id(v.handle) for v in model.non_trainable_variables}
-    trainable = {id(v.handle) for v in model.trainable_variables}
     changed = {"non-trainable": set(), "trainable": set(), "outside": set()}
     # The step's batch size is unknown to its trace; the per-example fallback calls layers on
     # one example; 2 is a batch size no Python branch on "one example" takes.
@@ -526,6 +524,9 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
         traced = training_pass.get_concrete_function(
             tf.TensorSpec([batch_size, *example_shape], dtype))
         library = _Library(traced.graph)
+        # After the trace: an unbuilt model gets its variables there.
+        non_trainable = {id(v.handle) for v in model.non_trainable_variables}
+        trainable = {id(v.handle) for v in model.trainable_variables}
         op_types = {op.type for op in traced.graph.get_operations()} | library.op_types()
         if op_types & _RUNS_PYTHON:
             raise ValueError(f"a training step runs Python "

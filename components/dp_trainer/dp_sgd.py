@@ -70,16 +70,15 @@ added when the row is next read instead of at every step:
   reads, the batch and fresh independent noise, the joint law of every value a step reads,
   every eager variable and the final model is the eager one: the accountant's guarantee, on
   the final model and on anything a callback sees, is unchanged.
-* What changes. The noise drawn (its amount, and so the generator's output for a given seed)
-  and the step's work depend on how many distinct ids the batch gathers, as the gather and the
+* What changes. Which draws of the NoiseBuffer a step is served, and the step's work, depend
+  on how many distinct ids the batch gathers, as the gather and the
   non-private sparse update already do: a timing difference inside the process, not an output.
   Between steps the model in memory is not the eager one (rows not read since a step lack that
   step's noise); it never leaves run_steps unmaterialised: run_steps materialises every row
   before on_step and on_epoch, on return and on an exception; a caller of make_dp_step's step
-  outside run_steps calls step.materialise() before reading the model. Each lazy draw is a
-  single pair-drawn Gaussian of std s sqrt(k) (gaussian_noise's tail argument holds per pair);
-  materialising every row draws V d more (every step when on_step is set), which that
-  argument counts as draws too.
+  outside run_steps calls step.materialise() before reading the model. Each lazy draw is one
+  served draw scaled to std s sqrt(k); materialising every row takes V d more (every step
+  when on_step is set): gaussian_noise's tail argument counts every draw served.
 
 The per-epoch training loss reported to `on_epoch` is not DP: DPTrainer writes it nowhere
 (benchmarks on public data read it).
