@@ -128,7 +128,7 @@ class KeyedGaussian:
         streams = np.asarray(streams, dtype=np.uint64).ravel()
         firsts = [np.asarray(first, dtype=np.uint64).ravel() for first, _ in segments]
         if any((first & np.uint64(1)).any() for first in firsts):
-            raise ValueError("normal_rows needs even first counters")
+            raise ValueError("normal_rows and normal_segments need even first counters")
         widths = [(count + 1) // 2 for _, count in segments]  # pairs per row
         ends = np.cumsum([0] + [len(streams) * width for width in widths])
         # Segment by segment, row by row, pair by pair: each segment's values are then rows of

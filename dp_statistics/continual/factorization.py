@@ -386,7 +386,7 @@ class FactorizationIndex(TreeIndex):
         self._set_minima(rows, required.reshape(len(rows), n_blocks, BLOCK).min(axis=2))
 
     def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
-        """Z(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK)."""
+        """Z'(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK)."""
         rows, blocks = np.asarray(rows, np.int64), np.asarray(blocks, np.int64)
         if self.cursors is None:  # a selection stream: from the block's stored states
             z = self._noise(noise, self.tree_ids[rows], blocks * BLOCK, BLOCK)

@@ -198,7 +198,7 @@ def next_evaluation(due: np.ndarray, released: np.ndarray, step: int,
 def _sum_by_code(codes: np.ndarray, weights: Optional[np.ndarray] = None):
     """(distinct codes, per-code sum of weights or count), codes sorted."""
     if weights is None:
-        return sorted_unique(codes, return_counts=True)
+        return np.unique(codes, return_counts=True)
     distinct, inverse = np.unique(codes, return_inverse=True)
     return distinct, np.bincount(inverse, weights=weights, minlength=len(distinct))
 

@@ -253,19 +253,16 @@ def _as_int64(values: np.ndarray) -> Optional[np.ndarray]:
     return np.zeros(0, np.int64) if len(values) == 0 else None
 
 
-def sorted_unique(values: np.ndarray, return_counts: bool = False):
-    """np.unique(values) (with return_counts, also each value's count) for a 1-d integer
-    array, by a sort and a mask: numpy 2.4's np.unique (and union1d) of a few thousand int64
-    takes a hash-table path 7x slower (170 against 23 us at 2,000 values), called several
-    times per step."""
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique(values) for a 1-d integer array, by a sort and a mask: numpy 2.4's bare
+    np.unique (and union1d) of a few thousand int64 takes a hash-table path 7x slower (170
+    against 23 us at 2,000 values), called several times per step. (With return_counts it
+    sorts, as fast as this.)"""
     values = np.sort(values)
     first = np.empty(len(values), dtype=bool)
     first[:1] = True
     np.not_equal(values[1:], values[:-1], out=first[1:])
-    if not return_counts:
-        return values[first]
-    starts = np.flatnonzero(first)
-    return values[starts], np.diff(starts, append=len(values))
+    return values[first]
 
 
 def _grown(array: np.ndarray, size: int, appended: np.ndarray) -> np.ndarray:
@@ -449,7 +446,8 @@ def _write_npz(out, arrays: dict[str, np.ndarray]) -> None:
         for name, array in arrays.items():
             if array.dtype.hasobject:
                 raise ValueError(f"state array {name!r} holds Python objects: not saved")
-            array = np.ascontiguousarray(array)
+            # (np.ascontiguousarray would make a 0-d array 1-d: other bytes than savez's)
+            array = array if array.flags.c_contiguous else array.copy(order="C")
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array_header_1_0(
                     member, np.lib.format.header_data_from_array_1_0(array))

@@ -392,7 +392,8 @@ def test_the_state_file_is_what_np_savez_writes(tmp_path):
     value index before its first release)."""
     arrays = {"meta": np.frombuffer(b'{"format": 6}', np.uint8), "flags": np.array([True, False]),
               "empty": np.zeros((0, 8)), "rows": np.arange(12.0).reshape(3, 4)[:, ::2],
-              "codes": np.arange(5, dtype=np.int64) << 40, "rounds": np.ones(3, np.int32)}
+              "codes": np.arange(5, dtype=np.int64) << 40, "rounds": np.ones(3, np.int32),
+              "scalar": np.array(3.5)}
     with open(tmp_path / "ours.npz", "wb") as out:
         state_module._write_npz(out, arrays)
     np.savez(tmp_path / "numpy.npz", **arrays)
