@@ -161,6 +161,8 @@ class TreeIndex:
         self.bases = grown(self.bases, np.nan)
         if self.minima is not None:
             self.minima = grown(self.minima, np.inf)
+        if self.later_minima is not None:
+            self.later_minima = grown(self.later_minima, np.inf)
 
     def add(self, noise: KeyedGaussian, tree_ids, lengths) -> np.ndarray:
         """Index new trees (computing their Z once); returns their rows."""
@@ -240,7 +242,7 @@ class TreeIndex:
         """The minima of R over the first minima.shape[1] blocks of `rows` (+inf after)."""
         self.minima[rows] = np.inf
         self.minima[rows, :minima.shape[1]] = minima
-        if self.later_minima is not None and len(self.later_minima) >= self.size:
+        if self.later_minima is not None:
             self.later_minima[rows] = _later_minima(self.minima[rows])
 
     def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
@@ -304,7 +306,7 @@ class TreeIndex:
         result = np.full(len(rows), NEVER, dtype=np.int64)
         first_open = after // BLOCK  # the block holding leaf after + 1
         # Only rows whose count passes some block's minimum from first_open on can cross.
-        if self.later_minima is None or len(self.later_minima) < self.size:
+        if self.later_minima is None:
             self.later_minima = _later_minima(self.minima)
         can = np.flatnonzero((first_open < self.n_blocks) & (counts > self.later_minima[
             rows, np.minimum(first_open, self.n_blocks - 1)]))
