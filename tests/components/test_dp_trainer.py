@@ -293,6 +293,30 @@ def test_the_noise_buffer_serves_every_draw_once_and_with_the_law_of_fresh_draws
         tf.split(unreserved, [200])
 
 
+def test_draws_made_ahead_are_the_draws_each_refill_would_make(monkeypatch):
+    """The buffer draws its next fill on a worker thread, keyed in reserve() in refill order:
+    a seed serves exactly keyed_gaussian_noise of the generator's successive keys, as drawing
+    at each refill does. A refill larger than a buffer skips the key drawn ahead (those draws
+    are discarded unread) and draws with the next one."""
+    monkeypatch.setattr(dp_sgd.NoiseBuffer, "REFILL_DRAWS", 1_000)
+    buffer = dp_sgd.NoiseBuffer(dp_sgd.noise_generator(5), 2.0)
+    served = []
+    for size in (300, 300, 300, 300, 1_500, 200):
+        buffer.reserve(size)
+        served.append(buffer.take(size).numpy())
+    oracle = dp_sgd.noise_generator(5)
+    keys = [oracle.make_seeds(2) for _ in range(5)]  # fill 1, ahead 2, ahead 3, 4, ahead 5
+    fills = {k: dp_sgd.keyed_gaussian_noise(keys[k - 1], size, 2.0).numpy()
+             for k, size in ((1, 1_000), (2, 1_000), (4, 1_500), (5, 1_000))}
+    expected = [fills[1][:300], fills[1][300:600], fills[1][600:900], fills[2][:300],
+                fills[4], fills[5][:200]]
+    for got, want in zip(served, expected):
+        np.testing.assert_array_equal(got, want)
+    # The key drawn ahead and skipped gives other draws: the oversize fill did not reuse it.
+    assert not np.array_equal(dp_sgd.keyed_gaussian_noise(keys[2], 1_500, 2.0).numpy(),
+                              fills[4])
+
+
 def test_a_dp_step_draws_its_noise_from_the_buffer_not_from_the_generator():
     """Steps take their noise from the NoiseBuffer: the generator moves once per refill
     (2^20 draws cover ~1,000 steps of this 1,003-parameter model), not once per step."""
