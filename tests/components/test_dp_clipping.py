@@ -505,10 +505,13 @@ def test_dropout_with_tensorflows_generator_is_refused():
                                                      ((2, 4), (3, 1), (1, 1)),
                                                      ((3, 2), (1, 1), (2, 2)),
                                                      ((2, 3), (1, 1), (1, 2))])
-def test_conv_patches_are_tensorflows_image_patches(kernel, strides, dilation, padding):
-    # The slices the per-example conv rule builds its patches from, against TensorFlow's op
-    # (odd and even sizes: "same" pads unevenly).
-    images = tf.constant(rng.standard_normal((3, 9, 8, 2)), tf.float32)
+@pytest.mark.parametrize("image", [(9, 8, 2), (9, 8, 1), (13, 12, 1)])
+def test_conv_patches_are_tensorflows_image_patches(kernel, strides, dilation, padding, image):
+    # The patches the per-example conv rule builds, against TensorFlow's op (odd and even
+    # sizes: "same" pads unevenly): gathered, or (one channel, at most 144 padded pixels) a
+    # product with a selection matrix, exact also for values near float32's largest.
+    images = rng.standard_normal((3, *image)) * np.where(rng.random((3, *image)) < 0.1, 1e37, 1)
+    images = tf.constant(images, tf.float32)
     layer = L.Conv2D(4, kernel, strides=strides, dilation_rate=dilation, padding=padding)
     want = tf.image.extract_patches(images, [1, *kernel, 1], [1, *strides, 1],
                                     [1, *dilation, 1], padding.upper())
