@@ -220,10 +220,10 @@ class NoiseBuffer:
     benchmark's models) overlaps the steps instead of stalling one. The next fill's key is
     taken from the generator in reserve(), on the caller's thread, in the order the refills
     happen; the worker only computes keyed_gaussian_noise from that key. So a seed gives the
-    same draws as drawing at each refill did, and no two threads use the generator. A refill
-    larger than REFILL_DRAWS (a call that reads more than a buffer) discards the draws made
-    ahead unread and draws its own with the next key: a choice made from sizes alone, as the
-    discarded tail's."""
+    same draws as drawing at each refill did, and no two threads use the generator. The draws
+    made ahead are as many as the last refill's (at least REFILL_DRAWS, more for a model whose
+    step reads more): a refill they do not cover discards them unread and draws its own with
+    the next key, a choice made from sizes alone, as the discarded tail's."""
 
     REFILL_DRAWS = 1 << 20  # 4 MiB of float32
 
@@ -246,21 +246,23 @@ class NoiseBuffer:
         self._draw, self._install = draw, install
         self._worker = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dp-sgd-noise")
-        self._ahead: Optional[concurrent.futures.Future] = None  # the next REFILL_DRAWS
+        # The next fill, drawn ahead: (its size, its draws when done)
+        self._ahead: Optional[tuple[int, concurrent.futures.Future]] = None
 
     def reserve(self, most: int) -> None:
         """Before a compiled call that takes at most `most` draws: refill if the unread draws
         might not cover them."""
         if self._promised + most > self._size:
-            self._size = max(most, self.REFILL_DRAWS)
+            needed = max(most, self.REFILL_DRAWS)
             ahead, self._ahead = self._ahead, None
-            if ahead is not None and self._size == self.REFILL_DRAWS:
-                draws = ahead.result()
-            else:  # the first refill, or one larger than the draws made ahead (discarded)
-                draws = self._draw(self._generator.make_seeds(2), self._size)
+            if ahead is not None and ahead[0] >= needed:
+                self._size, draws = ahead[0], ahead[1].result()
+            else:  # the first refill, or one the draws made ahead do not cover (discarded)
+                self._size = needed
+                draws = self._draw(self._generator.make_seeds(2), needed)
             self._install(draws)
-            self._ahead = self._worker.submit(self._draw, self._generator.make_seeds(2),
-                                              self.REFILL_DRAWS)
+            self._ahead = (self._size, self._worker.submit(
+                self._draw, self._generator.make_seeds(2), self._size))
             self._promised = 0
         self._promised += most
 

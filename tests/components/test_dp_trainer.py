@@ -296,20 +296,25 @@ def test_the_noise_buffer_serves_every_draw_once_and_with_the_law_of_fresh_draws
 def test_draws_made_ahead_are_the_draws_each_refill_would_make(monkeypatch):
     """The buffer draws its next fill on a worker thread, keyed in reserve() in refill order:
     a seed serves exactly keyed_gaussian_noise of the generator's successive keys, as drawing
-    at each refill does. A refill larger than a buffer skips the key drawn ahead (those draws
-    are discarded unread) and draws with the next one."""
+    at each refill does. A refill the draws made ahead do not cover skips their key (they are
+    discarded unread) and draws with the next one; the next fill is then drawn ahead at that
+    larger size, so a model whose every step reads more than a buffer draws once per step."""
     monkeypatch.setattr(dp_sgd.NoiseBuffer, "REFILL_DRAWS", 1_000)
     buffer = dp_sgd.NoiseBuffer(dp_sgd.noise_generator(5), 2.0)
     served = []
-    for size in (300, 300, 300, 300, 1_500, 200):
+    for size in (300, 300, 300, 300, 1_500, 200, 1_400, 1_400):
         buffer.reserve(size)
         served.append(buffer.take(size).numpy())
     oracle = dp_sgd.noise_generator(5)
-    keys = [oracle.make_seeds(2) for _ in range(5)]  # fill 1, ahead 2, ahead 3, 4, ahead 5
+    # Keys: fill 1, ahead 2, ahead 3 (discarded at the 1,500), 4 (drawn then), ahead 5, 6, 7
+    # (each 1,500: as many as the last refill).
+    keys = [oracle.make_seeds(2) for _ in range(7)]
     fills = {k: dp_sgd.keyed_gaussian_noise(keys[k - 1], size, 2.0).numpy()
-             for k, size in ((1, 1_000), (2, 1_000), (4, 1_500), (5, 1_000))}
+             for k, size in ((1, 1_000), (2, 1_000), (4, 1_500), (5, 1_500), (6, 1_500),
+                             (7, 1_500))}
     expected = [fills[1][:300], fills[1][300:600], fills[1][600:900], fills[2][:300],
-                fills[4], fills[5][:200]]
+                fills[4], fills[5][:200], fills[6][:1_400], fills[7][:1_400]]
+    assert len(served) == len(expected)
     for got, want in zip(served, expected):
         np.testing.assert_array_equal(got, want)
     # The key drawn ahead and skipped gives other draws: the oversize fill did not reuse it.
