@@ -20,7 +20,7 @@ the whole history of z (O(T) memory and work per step). A buffered linear Toepli
     b_0 = 1,   b_k = sum_i u_i theta_i^k  (k >= 1),  n buffers with decays 0 < theta_i < 1,
 so with S_i(t) = sum_{j<t} theta_i^{t-j} z_j:
     Z(t) = z_t + sum_i u_i S_i(t),   S_i(t + 1) = theta_i (S_i(t) + z_t),
-O(n) state and work per step (scipy's lfilter runs the recurrence). We chose BLT over the
+O(n) state and work per step (blt_kernel.py runs the recurrence, compiled). We chose BLT over the
 binned square root (Andersson and Pagh 2024) because (1) its state is n numbers however long
 the window (binning keeps O(log T) bins of piecewise-constant coefficients); (2) its generating
 function is rational, b(x) = 1 + sum_i u_i theta_i x / (1 - theta_i x), so the encoder
@@ -68,9 +68,9 @@ columns (in floating point, s up to rounding), not assumed.
 Noise (`FactorizationIndex`): z_t of a stream is sigma * keyed normal (stream id, counter t - 1),
 so Z' is a pure function of (secret key, stream id, t): from the n + 2 states before any step
 c + 1 (the buffers S(c + 1), Z(c) and Z'(c)), the recurrences run over z_{c+1}, z_{c+2}, ...
-give Z' from there on, bit for bit the values of one pass from step 1 (lfilter's step is
-y = zi + 0 * x, then the same two products: restarting from a state it returned changes no
-operation; Z' is a sequential cumsum started from the stored Z'(c), the same additions in the
+give Z' from there on, bit for bit the values of one pass from step 1 (a step is
+y = S + 0 * x, then the same two products, blt_kernel.py: restarting from a state it returned
+changes no operation; Z' is a sequential cumsum started from the stored Z'(c), the same additions in the
 same order).
  - Value streams need no history: a cursor (a step and the n + 2 states before it, O(buffers),
    not O(T)) where the engine has settled, moved forward as the stream is released; a step
@@ -117,7 +117,6 @@ from typing import Optional
 import numpy as np
 from scipy.linalg import toeplitz
 from scipy.optimize import nnls
-from scipy.signal import lfilter
 
 from sage_tfx.dp_statistics.continual.tree import BLOCK, TreeIndex
 from sage_tfx.mechanisms.keyed import KeyedGaussian
@@ -216,24 +215,22 @@ class WindowFactor:
         return gains
 
     @functools.cached_property
-    def buffer_filters(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-        """lfilter's (b, a) of each buffer's recurrence S(t + 1) = theta (S(t) + z_t)."""
-        return tuple((np.array([0.0, theta]), np.array([1.0, -theta]))
-                     for theta in self.blt.decays)
+    def decays(self) -> np.ndarray:
+        """The buffers' decays theta_i, as the compiled recurrence takes them."""
+        return np.array(self.blt.decays)
 
     @functools.cached_property
-    def _padded_gains(self) -> np.ndarray:
+    def weights(self) -> np.ndarray:
+        """The buffers' weights u_i, as the compiled recurrence takes them."""
+        return np.array(self.blt.weights)
+
+    @functools.cached_property
+    def padded_gains(self) -> np.ndarray:
         """The gains, then e_T repeated over 2 T + 2 BLOCK steps past the window (which no
         caller reads: a stream's columns run at most BLOCK - 1 past its end, or, for a value
         stream replayed as part of a group, at most T + BLOCK)."""
         return np.concatenate([self.gains, np.full(2 * self.length + 2 * BLOCK,
                                                    self.gains[-1])])
-
-    def step_gains(self, first_steps: np.ndarray, width: int) -> np.ndarray:
-        """(rows, width): e_{first_steps[r] + k + 1} for k = 0..width-1 (one gather of rows of
-        a sliding window, no index matrix)."""
-        windows = np.lib.stride_tricks.sliding_window_view(self._padded_gains, width)
-        return windows[np.asarray(first_steps, np.int64)]
 
     @functools.cached_property
     def sensitivity(self) -> float:
@@ -281,44 +278,33 @@ def _noise_paths(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarra
                  columns: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
     """Z' over the columns of z (rows: streams; column k is step first_steps + k + 1) from the
     states `starts` (rows, n + 2) before the first column (None: step 1, all zero), and the
-    states before the step of `columns` (per row, (rows, k); None: none): (rows, k, n + 2). A
-    buffer's path is dropped once its states are read (a path is as large as z)."""
-    if starts is None:
-        starts = np.zeros((len(z), factor.width))
-    at = np.zeros((len(z), 0), np.int64) if columns is None else columns
+    states before the step of `columns` (per row, (rows, k), nondecreasing; None: none):
+    (rows, k, n + 2). One compiled pass per stream (blt_kernel.py, which says why its bits are
+    those of the recurrences written out in numpy)."""
+    from sage_tfx.dp_statistics.continual import blt_kernel  # numba: imported on first use
+
+    z = np.ascontiguousarray(z, dtype=np.float64)
+    rows, steps = z.shape
+    starts = (np.zeros((rows, factor.width)) if starts is None
+              else np.ascontiguousarray(starts, dtype=np.float64))
+    at = (np.zeros((rows, 0), np.int64) if columns is None
+          else np.ascontiguousarray(np.broadcast_to(columns, (rows, np.shape(columns)[-1])),
+                                    dtype=np.int64))
+    first_steps = np.ascontiguousarray(first_steps, dtype=np.int64)
+    gains = factor.padded_gains
+    # The compiled loop does not check its indices: refuse here what would read out of bounds.
+    if starts.shape != (rows, factor.width) or first_steps.shape != (rows,):
+        raise ValueError(f"noise paths of {rows} streams need their {factor.width} states "
+                         f"and first steps, got {starts.shape} and {first_steps.shape}")
+    if rows and steps and (first_steps.min() < 0 or first_steps.max() + steps > len(gains)):
+        raise ValueError(f"noise paths past the gains of a window of {factor.length} steps")
+    if at.size and (at.min() < 0 or at.max() >= steps or (np.diff(at, axis=1) < 0).any()):
+        raise ValueError(f"state columns must be nondecreasing in 0..{steps - 1}")
+    noise = np.empty((rows, steps))
     states = np.empty(at.shape + (factor.width,))
-    rows = np.arange(len(z))[:, None]
-    buffers = len(factor.blt.decays)
-    total = None
-    for i, (decay_filter, weight) in enumerate(zip(factor.buffer_filters, factor.blt.weights)):
-        # y[n] = 0 * z[n] + d[n], d[n + 1] = theta z[n] + theta y[n]: y = S_i, d its state.
-        path, _ = lfilter(*decay_filter, z, axis=1, zi=starts[:, i:i + 1])
-        if at.size:
-            states[..., i] = path[rows, at]
-        path *= weight  # the product weight * path, in place
-        if total is None:
-            total = np.add(z, path, out=path)  # z + u_1 S_1, then the other buffers in order
-        else:
-            total += path
-    # total is now the BLT noise Z; Z' adds up its increments times the gains, by a cumsum
-    # that is sequential from the stored Z'(first step) (folded into the first increment), so a
-    # restart repeats the one-pass additions in the same order.
-    first = at == 0
-    before = np.maximum(at - 1, 0)
-    if at.size:
-        states[..., buffers] = np.where(first, starts[:, -2:-1], total[rows, before])
-    scaled = np.empty_like(total)  # np.diff(total, prepend=Z(first step)), without the copy
-    np.subtract(total[:, 1:], total[:, :-1], out=scaled[:, 1:])
-    np.subtract(total[:, :1], starts[:, -2:-1], out=scaled[:, :1])
-    if len(first_steps) and (first_steps == first_steps[0]).all():  # one row of gains
-        scaled *= factor.step_gains(first_steps[:1], z.shape[1])
-    else:
-        scaled *= factor.step_gains(first_steps, z.shape[1])
-    scaled[:, 0] += starts[:, -1]
-    np.cumsum(scaled, axis=1, out=scaled)
-    if at.size:
-        states[..., buffers + 1] = np.where(first, starts[:, -1:], scaled[rows, before])
-    return scaled, states
+    blt_kernel.noise_paths(z, starts, factor.decays, factor.weights, gains, first_steps, at,
+                           noise, states)
+    return noise, states
 
 
 @dataclass
@@ -378,7 +364,7 @@ class FactorizationIndex(TreeIndex):
         bases = np.full((len(rows),) + self.bases.shape[1:], np.nan)
         bases[:, :n_blocks] = states
         self.bases[rows] = bases
-        # _block_noise restarts lfilter from these stored states: the same recurrence from the
+        # _block_noise restarts the recurrences from these stored states: the same recurrence from the
         # same state gives the same bits, so the stored minima agree with a later scan.
         leaves = np.arange(1, width + 1)[None, :]
         taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
