@@ -32,15 +32,39 @@ import numba
 import numpy as np
 
 
-@numba.njit(cache=True, nogil=True)
-def noise_paths(z, starts, decays, weights, gains, first_gains, columns, noise, states):
-    """Fill `noise` (rows, k) with Z' at the k steps of z's columns and `states` (rows, m,
-    n + 2) with the states (S_1..S_n, Z, Z') before the step of column columns[r, j].
-    starts (rows, n + 2): the states before the first column; gains[first_gains[r] + c]: the
-    gain of column c of row r; columns[r] nondecreasing, each < k (checked by the caller)."""
+def _array(dtype, dimensions: int, readonly: bool = True):
+    """A C-ordered array type; inputs read-only (writable arrays convert to it, not back)."""
+    return numba.types.Array(dtype, dimensions, "C", readonly=readonly)
+
+
+_FLOATS, _INTS = _array(numba.float64, 1), _array(numba.int64, 1)
+
+
+# An explicit signature: compiled, or loaded from the cache, when this module is imported,
+# never in the middle of a window, and never again for another layout.
+@numba.njit(numba.void(_array(numba.float64, 2), _array(numba.float64, 2), _FLOATS, _FLOATS,
+                       _FLOATS, _INTS, _array(numba.int64, 2),
+                       _array(numba.float64, 2, readonly=False),
+                       _array(numba.float64, 3, readonly=False), _FLOATS, _INTS, numba.int64,
+                       _array(numba.float64, 2, readonly=False)), cache=True, nogil=True)
+def noise_paths(z, starts, decays, weights, gains, first_steps, columns, noise, states,
+                thresholds, lengths, block, minima):
+    """Fill `noise` (rows, k; or (0, 0): not wanted) with Z' at the k steps of z's columns and
+    `states` (rows, m, n + 2) with the states (S_1..S_n, Z, Z') before the step of column
+    columns[r, j]. starts (rows, n + 2): the states before the first column; column c of row
+    r is step first_steps[r] + c + 1, its gain gains[first_steps[r] + c]; columns[r]
+    nondecreasing, each < k (checked by the caller).
+    With thresholds (tau_l at l - 1; empty: none), `minima` (rows, k / block) gets the minimum
+    over each block of columns of R = tau_l - Z'(l) at step l (tau's last entry past its end),
+    +inf past the row's length `lengths[r]`: the values factorization's summaries computed with
+    numpy (the same subtraction; a NaN, which finite noise never gives, propagates as np.min's
+    does)."""
     rows, steps = z.shape
     buffers = decays.shape[0]
     wanted = columns.shape[1]
+    keep_noise = noise.shape[0] > 0
+    summarise = thresholds.shape[0] > 0
+    last_threshold = thresholds.shape[0] - 1
     negated = -decays
     buffered = np.empty(buffers)
     outputs = np.empty(buffers)
@@ -50,7 +74,10 @@ def noise_paths(z, starts, decays, weights, gains, first_gains, columns, noise, 
         previous = starts[row, buffers]
         normalised = starts[row, buffers + 1]
         j = 0
-        gain_at = first_gains[row]
+        first = first_steps[row]
+        if summarise:
+            for b in range(minima.shape[1]):
+                minima[row, b] = np.inf
         for column in range(steps):
             x = z[row, column]
             for i in range(buffers):
@@ -66,6 +93,14 @@ def noise_paths(z, starts, decays, weights, gains, first_gains, columns, noise, 
                 total = total + outputs[i] * weights[i]
             for i in range(buffers):
                 buffered[i] = x * decays[i] - outputs[i] * negated[i]
-            normalised = normalised + (total - previous) * gains[gain_at + column]
+            normalised = normalised + (total - previous) * gains[first + column]
             previous = total
-            noise[row, column] = normalised
+            if keep_noise:
+                noise[row, column] = normalised
+            if summarise:
+                step = first + column + 1
+                if step <= lengths[row]:
+                    required = thresholds[min(step - 1, last_threshold)] - normalised
+                    lowest = minima[row, column // block]
+                    if lowest == lowest and (required < lowest or required != required):
+                        minima[row, column // block] = required

@@ -118,6 +118,7 @@ import numpy as np
 from scipy.linalg import toeplitz
 from scipy.optimize import nnls
 
+from sage_tfx.dp_statistics.continual import blt_kernel
 from sage_tfx.dp_statistics.continual.tree import BLOCK, TreeIndex
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 
@@ -281,8 +282,17 @@ def _noise_paths(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarra
     states before the step of `columns` (per row, (rows, k), nondecreasing; None: none):
     (rows, k, n + 2). One compiled pass per stream (blt_kernel.py, which says why its bits are
     those of the recurrences written out in numpy)."""
-    from sage_tfx.dp_statistics.continual import blt_kernel  # numba: imported on first use
+    noise, states, _ = _recurrences(factor, z, starts, first_steps, columns)
+    return noise, states
 
+
+def _recurrences(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarray],
+                 first_steps: np.ndarray, columns: Optional[np.ndarray],
+                 thresholds: Optional[np.ndarray] = None,
+                 lengths: Optional[np.ndarray] = None) -> tuple:
+    """_noise_paths, or with `thresholds` and the rows' `lengths` the minima of R over each
+    block of BLOCK columns instead of Z' (None, states, minima): the summaries of new selection
+    streams, without writing their whole Z'."""
     z = np.ascontiguousarray(z, dtype=np.float64)
     rows, steps = z.shape
     starts = (np.zeros((rows, factor.width)) if starts is None
@@ -300,11 +310,20 @@ def _noise_paths(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarra
         raise ValueError(f"noise paths past the gains of a window of {factor.length} steps")
     if at.size and (at.min() < 0 or at.max() >= steps or (np.diff(at, axis=1) < 0).any()):
         raise ValueError(f"state columns must be nondecreasing in 0..{steps - 1}")
-    noise = np.empty((rows, steps))
     states = np.empty(at.shape + (factor.width,))
+    if thresholds is None:
+        noise, minima = np.empty((rows, steps)), np.empty((0, 0))
+        thresholds, lengths = np.empty(0), np.empty(0, np.int64)
+    else:
+        if steps % BLOCK or len(thresholds) == 0 or np.shape(lengths) != (rows,):
+            raise ValueError("summaries need whole blocks, thresholds and each row's length")
+        noise, minima = None, np.empty((rows, steps // BLOCK))
+        thresholds = np.ascontiguousarray(thresholds, dtype=np.float64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     blt_kernel.noise_paths(z, starts, factor.decays, factor.weights, gains, first_steps, at,
-                           noise, states)
-    return noise, states
+                           np.empty((0, 0)) if noise is None else noise, states, thresholds,
+                           lengths, BLOCK, minima)
+    return noise, states, minima
 
 
 @dataclass
@@ -358,18 +377,14 @@ class FactorizationIndex(TreeIndex):
         n_blocks = -(-longest // BLOCK)
         width = n_blocks * BLOCK
         z = self._noise(noise, tree_ids, np.zeros(len(rows), np.int64), width)
-        block_starts = np.broadcast_to(np.arange(0, width, BLOCK), (len(rows), n_blocks))
-        total, states = _noise_paths(self.factor, z, None, np.zeros(len(rows), np.int64),
-                                     block_starts)
+        _, states, minima = _recurrences(self.factor, z, None, np.zeros(len(rows), np.int64),
+                                         np.arange(0, width, BLOCK), self.thresholds, lengths)
         bases = np.full((len(rows),) + self.bases.shape[1:], np.nan)
         bases[:, :n_blocks] = states
         self.bases[rows] = bases
-        # _block_noise restarts the recurrences from these stored states: the same recurrence from the
-        # same state gives the same bits, so the stored minima agree with a later scan.
-        leaves = np.arange(1, width + 1)[None, :]
-        taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
-        required = np.where(leaves > lengths[:, None], np.inf, taus - total)
-        self._set_minima(rows, required.reshape(len(rows), n_blocks, BLOCK).min(axis=2))
+        # _block_noise restarts the recurrences from these stored states: the same recurrence
+        # from the same state gives the same bits, so the stored minima agree with a later scan.
+        self._set_minima(rows, minima)
 
     def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
         """Z'(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK)."""

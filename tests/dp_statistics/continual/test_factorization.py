@@ -377,6 +377,30 @@ def test_the_compiled_recurrence_has_the_bits_of_the_lfilter_code_it_replaced(le
         assert states.tobytes() == expected_states.tobytes()
 
 
+@pytest.mark.parametrize("length", [70, 1000])
+def test_new_selection_streams_summaries_are_the_numpy_summaries(length):
+    """A new selection stream's block states and minima of R = tau - Z' (computed in the
+    compiled pass, without Z') against the lfilter code's Z' and the numpy minima computed from
+    it before (factorization.py at a6505e1): the same bits, rows of several lengths (+inf past
+    a row's end), thresholds shorter than the stream (the last one repeats)."""
+    factor = _window(length)
+    rows, width = 9, 32 * -(-length // 32)
+    z = NOISE.normal_rows(np.arange(rows), np.zeros(rows, np.uint64), width) * SIGMA
+    lengths = np.array([length, 1, 31, 32, 33, length - 1, length // 2, 40, length])
+    thresholds = np.random.default_rng(3).normal(40.0, 5.0, length - 7)
+    columns = np.arange(0, width, 32)
+    _, states, minima = factorization._recurrences(factor, z, None, np.zeros(rows, np.int64),
+                                                   columns, thresholds, lengths)
+    total, expected_states = _lfilter_noise_paths(
+        factor, z, np.zeros((rows, factor.width)), np.zeros(rows, np.int64),
+        np.broadcast_to(columns, (rows, len(columns))))
+    leaves = np.arange(1, width + 1)[None, :]
+    taus = thresholds[np.minimum(leaves, len(thresholds)) - 1]
+    required = np.where(leaves > lengths[:, None], np.inf, taus - total)
+    assert states.tobytes() == expected_states.tobytes()
+    assert minima.tobytes() == required.reshape(rows, -1, 32).min(axis=2).tobytes()
+
+
 def test_the_compiled_recurrence_refuses_what_it_would_read_out_of_bounds():
     factor = _window(100)
     z, starts = np.ones((2, 8)), np.zeros((2, factor.width))
