@@ -102,7 +102,10 @@ class KeyedGaussian:
         factor *= -2.0
         factor /= radius
         np.sqrt(factor, out=factor)
-        pair *= factor[:, None]
+        # A column at a time: numpy broadcasts factor[:, None] over rows of two slowly (the
+        # same products, 2.5x faster).
+        pair[:, 0] *= factor
+        pair[:, 1] *= factor
         return pair
 
     def normals(self, streams, counters) -> np.ndarray:
