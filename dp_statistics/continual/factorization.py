@@ -320,9 +320,13 @@ def _recurrences(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarra
         noise, minima = None, np.empty((rows, steps // BLOCK))
         thresholds = np.ascontiguousarray(thresholds, dtype=np.float64)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    blt_kernel.noise_paths(z, starts, factor.decays, factor.weights, gains, first_steps, at,
-                           np.empty((0, 0)) if noise is None else noise, states, thresholds,
-                           lengths, BLOCK, minima)
+    # Streams innermost (the kernel advances them together): z's transpose, and Z''s back.
+    noise_by_step = np.empty((0, 0)) if noise is None else np.empty((steps, rows))
+    blt_kernel.noise_paths(np.ascontiguousarray(z.T), starts, factor.decays, factor.weights,
+                           gains, first_steps, at, noise_by_step, states, thresholds, lengths,
+                           BLOCK, minima)
+    if noise is not None:
+        noise[...] = noise_by_step.T
     return noise, states, minima
 
 
