@@ -229,7 +229,7 @@ class WindowFactor:
     def padded_gains(self) -> np.ndarray:
         """The gains, then e_T repeated over 2 T + 2 BLOCK steps past the window (which no
         caller reads: a stream's columns run at most BLOCK - 1 past its end, or, for a value
-        stream replayed as part of a group, at most T + BLOCK)."""
+        stream replayed beside a farther one, on zeros, at most T + BLOCK)."""
         return np.concatenate([self.gains, np.full(2 * self.length + 2 * BLOCK,
                                                    self.gains[-1])])
 
@@ -280,21 +280,23 @@ def _noise_paths(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarra
     """Z' over the columns of z (rows: streams; column k is step first_steps + k + 1) from the
     states `starts` (rows, n + 2) before the first column (None: step 1, all zero), and the
     states before the step of `columns` (per row, (rows, k), nondecreasing; None: none):
-    (rows, k, n + 2). One compiled pass per stream (blt_kernel.py, which says why its bits are
-    those of the recurrences written out in numpy)."""
-    noise, states, _ = _recurrences(factor, z, starts, first_steps, columns)
-    return noise, states
+    (rows, k, n + 2). One compiled pass (blt_kernel.py, which says why its bits are those of
+    the recurrences written out in numpy)."""
+    noise_by_step, states, _ = _recurrences(factor, np.asarray(z).T, starts, first_steps,
+                                            columns)
+    return np.ascontiguousarray(noise_by_step.T), states
 
 
-def _recurrences(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarray],
+def _recurrences(factor: WindowFactor, z_by_step: np.ndarray, starts: Optional[np.ndarray],
                  first_steps: np.ndarray, columns: Optional[np.ndarray],
                  thresholds: Optional[np.ndarray] = None,
                  lengths: Optional[np.ndarray] = None) -> tuple:
-    """_noise_paths, or with `thresholds` and the rows' `lengths` the minima of R over each
-    block of BLOCK columns instead of Z' (None, states, minima): the summaries of new selection
-    streams, without writing their whole Z'."""
-    z = np.ascontiguousarray(z, dtype=np.float64)
-    rows, steps = z.shape
+    """_noise_paths with z and Z' transposed, (steps, rows): the kernel advances the streams
+    together, streams innermost. With `thresholds` and the rows' `lengths`, the minima of R
+    over each block of BLOCK steps instead of Z' (None, states, minima): the summaries of new
+    selection streams, without writing their whole Z'."""
+    z_by_step = np.ascontiguousarray(z_by_step, dtype=np.float64)
+    steps, rows = z_by_step.shape
     starts = (np.zeros((rows, factor.width)) if starts is None
               else np.ascontiguousarray(starts, dtype=np.float64))
     at = (np.zeros((rows, 0), np.int64) if columns is None
@@ -312,22 +314,19 @@ def _recurrences(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarra
         raise ValueError(f"state columns must be nondecreasing in 0..{steps - 1}")
     states = np.empty(at.shape + (factor.width,))
     if thresholds is None:
-        noise, minima = np.empty((rows, steps)), np.empty((0, 0))
+        noise_by_step, minima = np.empty((steps, rows)), np.empty((0, 0))
         thresholds, lengths = np.empty(0), np.empty(0, np.int64)
     else:
         if steps % BLOCK or len(thresholds) == 0 or np.shape(lengths) != (rows,):
             raise ValueError("summaries need whole blocks, thresholds and each row's length")
-        noise, minima = None, np.empty((rows, steps // BLOCK))
+        noise_by_step, minima = None, np.empty((rows, steps // BLOCK))
         thresholds = np.ascontiguousarray(thresholds, dtype=np.float64)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    # Streams innermost (the kernel advances them together): z's transpose, and Z''s back.
-    noise_by_step = np.empty((0, 0)) if noise is None else np.empty((steps, rows))
-    blt_kernel.noise_paths(np.ascontiguousarray(z.T), starts, factor.decays, factor.weights,
-                           gains, first_steps, at, noise_by_step, states, thresholds, lengths,
-                           BLOCK, minima)
-    if noise is not None:
-        noise[...] = noise_by_step.T
-    return noise, states, minima
+    blt_kernel.noise_paths(z_by_step, starts, factor.decays, factor.weights, gains,
+                           first_steps, at,
+                           np.empty((0, 0)) if noise_by_step is None else noise_by_step,
+                           states, thresholds, lengths, BLOCK, minima)
+    return noise_by_step, states, minima
 
 
 @dataclass
@@ -381,7 +380,7 @@ class FactorizationIndex(TreeIndex):
         n_blocks = -(-longest // BLOCK)
         width = n_blocks * BLOCK
         z = self._noise(noise, tree_ids, np.zeros(len(rows), np.int64), width)
-        _, states, minima = _recurrences(self.factor, z, None, np.zeros(len(rows), np.int64),
+        _, states, minima = _recurrences(self.factor, z.T, None, np.zeros(len(rows), np.int64),
                                          np.arange(0, width, BLOCK), self.thresholds, lengths)
         bases = np.full((len(rows),) + self.bases.shape[1:], np.nan)
         bases[:, :n_blocks] = states
@@ -396,32 +395,39 @@ class FactorizationIndex(TreeIndex):
         if self.cursors is None:  # a selection stream: from the block's stored states
             z = self._noise(noise, self.tree_ids[rows], blocks * BLOCK, BLOCK)
             return _noise_paths(self.factor, z, self.bases[rows, blocks], blocks * BLOCK)[0]
-        # A value stream: from its cursor (or step 0 if the cursor is past the block), in
-        # groups of distance within a power of two, each run as far as its farthest row (at
-        # most twice the steps needed, one keyed-noise call per group), a group merged into
-        # the next one up when that costs fewer extra steps than a call does (_merged_groups);
-        # the cursor then moves to min(block start, settled) if that is later.
+        # A value stream: from its cursor (or step 0 if the cursor is past the block), every
+        # row as far as its block's end: one keyed-noise call for all of them, each its own
+        # count (normal_ragged), run together (a row past its end runs on zeros, unread); the
+        # cursor then moves to min(block start, settled) if that is later.
         starts = blocks * BLOCK
         behind = self.cursors[rows] > starts
         origins = np.where(behind, 0, self.cursors[rows])
         states = np.where(behind[:, None], 0.0, self.bases[rows])
         lead = starts - origins
         keep = np.maximum(np.minimum(starts, np.asarray(settled, np.int64)), origins)
-        out, kept = np.empty((len(rows), BLOCK)), np.empty_like(states)
-        groups = _merged_groups(np.ceil(np.log2(lead + 1)).astype(np.int64), lead)
-        for group in np.unique(groups):
-            members = np.flatnonzero(groups == group)
-            z = self._noise(noise, self.tree_ids[rows[members]], origins[members],
-                            int(lead[members].max()) + BLOCK)
-            total, kept_states = _noise_paths(self.factor, z, states[members], origins[members],
-                                              (keep[members] - origins[members])[:, None])
-            at = np.arange(len(members))
-            out[members] = total[at[:, None], lead[members][:, None] + np.arange(BLOCK)]
-            kept[members] = kept_states[:, 0]
+        z_by_step = self._ragged_noise(noise, self.tree_ids[rows], origins, lead + BLOCK)
+        noise_by_step, kept = _recurrences(self.factor, z_by_step, states, origins,
+                                           (keep - origins)[:, None])[:2]
+        out = noise_by_step[lead[:, None] + np.arange(BLOCK), np.arange(len(rows))[:, None]]
         forward = keep > self.cursors[rows]
         self.cursors[rows[forward]] = keep[forward]
-        self.bases[rows[forward]] = kept[forward]
+        self.bases[rows[forward]] = kept[forward, 0]
         return out
+
+    def _ragged_noise(self, noise: KeyedGaussian, tree_ids, first_step: np.ndarray,
+                      counts: np.ndarray) -> np.ndarray:
+        """_noise with a count per stream, transposed: (max count, rows), sigma z_t at
+        [t - first_step - 1, row], zero past a row's count."""
+        odd = first_step & 1  # normal_ragged starts at even counters: an odd start drops one
+        values = noise.normal_ragged(tree_ids, (first_step - odd).astype(np.uint64),
+                                     counts + odd)
+        z_by_step = np.zeros((int(counts.max()) if len(counts) else 0, len(counts)))
+        taken = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        value_starts = np.cumsum(counts + odd) - (counts + odd) + odd
+        z_by_step[taken, np.repeat(np.arange(len(counts)), counts)] = values[
+            np.repeat(value_starts, counts) + taken]
+        z_by_step *= self.sigma
+        return z_by_step
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         arrays = super().to_arrays()
@@ -446,33 +452,6 @@ class FactorizationIndex(TreeIndex):
                 size, index.n_blocks)
         index.size = size
         return index
-
-
-# What one group's keyed-noise and _noise_paths calls cost beyond their cells, in cells (about
-# 0.35 ms against ~45 ns a cell, measured at T = 1,000).
-_GROUP_CALL_CELLS = 8192
-
-
-def _merged_groups(groups: np.ndarray, lead: np.ndarray) -> np.ndarray:
-    """`groups` with each group relabelled as the next one up (in increasing distance) while
-    running its rows as far as that group's farthest costs fewer extra cells than a call:
-    most steps release a few value streams at distances in two or three groups. Which rows
-    run together changes no value (each row's recurrence is its own)."""
-    labels = np.unique(groups)
-    if len(labels) < 2:
-        return groups
-    sizes = np.bincount(np.searchsorted(labels, groups), minlength=len(labels))
-    farthest = np.zeros(len(labels), np.int64)
-    np.maximum.at(farthest, np.searchsorted(labels, groups), lead)
-    merged = groups.copy()
-    rows_so_far = 0
-    for below, above in zip(range(len(labels) - 1), range(1, len(labels))):
-        rows_so_far += sizes[below]
-        if rows_so_far * (farthest[above] - farthest[below]) <= _GROUP_CALL_CELLS:
-            merged[merged == labels[below]] = labels[above]
-        else:
-            rows_so_far = 0
-    return merged
 
 
 def prefix_noise(noise: KeyedGaussian, tree_ids, factor: WindowFactor, length: int,

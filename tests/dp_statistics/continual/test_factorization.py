@@ -290,8 +290,9 @@ def test_a_value_stream_keeps_its_buffer_states_only_and_is_asked_in_any_order(l
 
 
 def test_value_streams_at_different_distances_give_the_one_pass_noise():
-    """One call asks 12 value streams for steps at distances from their cursors in several
-    power-of-two groups (some run together, _merged_groups); each is the one-pass noise."""
+    """One call asks 12 value streams for steps at distances from their cursors from 0 to 300
+    steps, from odd and even cursors (one ragged keyed-noise call, run together); each is the
+    one-pass noise."""
     length = 300
     factor = _window(length)
     full = factorization.prefix_noise(NOISE, np.arange(12), factor, length, SIGMA)
@@ -303,16 +304,6 @@ def test_value_streams_at_different_distances_give_the_one_pass_noise():
     then = np.minimum(first + np.array([0, 1, 5, 40, 64, 90, 120, 140, 0, 45, 10, 0]), length)
     assert np.array_equal(index.noise_at(NOISE, np.arange(12), then), full[np.arange(12),
                                                                               then - 1])
-
-
-def test_groups_merge_only_when_that_costs_less_than_a_call():
-    lead = np.array([0, 1, 1, 20, 25, 6000])
-    groups = np.ceil(np.log2(lead + 1)).astype(np.int64)  # 0, 1, 1, 5, 5, 13
-    # 3 rows running 24 steps further cost less than a call; 5 rows 5,975 further, more.
-    assert factorization._merged_groups(groups, lead).tolist() == [5, 5, 5, 5, 5, 13]
-    many = np.r_[np.zeros(100, np.int64), np.full(10, 9)]
-    assert factorization._merged_groups(many, np.r_[np.zeros(100), np.full(10, 300)]
-                                        .astype(np.int64)).tolist() == many.tolist()
 
 
 def _lfilter_noise_paths(factor, z, starts, first_steps, columns):
@@ -389,7 +380,7 @@ def test_new_selection_streams_summaries_are_the_numpy_summaries(length):
     lengths = np.array([length, 1, 31, 32, 33, length - 1, length // 2, 40, length])
     thresholds = np.random.default_rng(3).normal(40.0, 5.0, length - 7)
     columns = np.arange(0, width, 32)
-    _, states, minima = factorization._recurrences(factor, z, None, np.zeros(rows, np.int64),
+    _, states, minima = factorization._recurrences(factor, z.T, None, np.zeros(rows, np.int64),
                                                    columns, thresholds, lengths)
     total, expected_states = _lfilter_noise_paths(
         factor, z, np.zeros((rows, factor.width)), np.zeros(rows, np.int64),
