@@ -19,14 +19,15 @@ The recurrences are sequential in t: scipy ran each buffer's over each stream ap
 dependent additions and products per step (about 3.6 ns a step and buffer here), and numpy
 then made a dozen more passes over the block. Here the streams advance together, step by step
 (z transposed, streams innermost): each operation above runs over every stream at once, a
-loop the compiler vectorises, since streams are independent. About 3.5 ns a step of a stream
-for all six buffers, Z' and the summaries' minima, against about 40. numba compiles without
-fast-math (no reassociation, no fused multiply-add contraction): each operation written is one
-IEEE operation per stream, rounded as numpy rounds it, whichever vector lane runs it.
+loop the compiler vectorises, since streams are independent. About 4.5 ns a step of a stream
+for all six buffers, Z' and the summaries' minima (64 streams together; more for a handful),
+against about 40. numba compiles without fast-math (no reassociation, no fused multiply-add
+contraction): each operation written is one IEEE operation per stream, rounded as numpy rounds
+it, whichever vector lane runs it.
 
-Compiled when first imported on a machine (about a second) and cached beside this file (numba's
-cache=True, __pycache__): later processes load the machine code at import (about 0.1 s after
-numba's own 0.2 s), never in the middle of a window.
+Compiled when first imported on a machine (2-4 s) and cached beside this file (numba's
+cache=True, __pycache__): later processes load the machine code at import (about 0.2 s, and
+numba's own import 0.2 s), never in the middle of a window.
 """
 from __future__ import annotations
 

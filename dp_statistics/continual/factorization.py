@@ -70,8 +70,8 @@ so Z' is a pure function of (secret key, stream id, t): from the n + 2 states be
 c + 1 (the buffers S(c + 1), Z(c) and Z'(c)), the recurrences run over z_{c+1}, z_{c+2}, ...
 give Z' from there on, bit for bit the values of one pass from step 1 (a step is
 y = S + 0 * x, then the same two products, blt_kernel.py: restarting from a state it returned
-changes no operation; Z' is a sequential cumsum started from the stored Z'(c), the same additions in the
-same order).
+changes no operation; Z' is a running sum started from the stored Z'(c), the same additions in
+the same order).
  - Value streams need no history: a cursor (a step and the n + 2 states before it, O(buffers),
    not O(T)) where the engine has settled, moved forward as the stream is released; a step
    asked again before the cursor is replayed from step 0 (state 0).
