@@ -128,26 +128,20 @@ class KeyedGaussian:
         return [pairs[start:end].reshape(len(streams), 2 * width)[:, :count]
                 for (_, count), width, start, end in zip(segments, widths, ends[:-1], ends[1:])]
 
-    def normal_ragged(self, streams, first, counts) -> np.ndarray:
-        """normal_rows(streams[i], first[i], counts[i]) of each stream, its own count each, one
-        after another in one flat array (one pass of AES and polar draws over all of them):
-        the values of stream i are those from sum(counts[:i]) on. `first` must be even."""
-        streams = np.asarray(streams, dtype=np.uint64).ravel()
-        first = np.asarray(first, dtype=np.uint64).ravel()
-        counts = np.asarray(counts, dtype=np.int64).ravel()
+    def normal_ragged(self, streams, first, counts) -> tuple[np.ndarray, np.ndarray]:
+        """normal_rows(streams[i], first[i], counts[i]) of each stream, its own count each, from
+        one pass of AES and polar draws over all of them: (values, starts), the values of
+        stream i at values[starts[i]:starts[i] + counts[i]]. `first` must be even."""
+        from sage_tfx.mechanisms import polar_kernel
+
+        streams = np.ascontiguousarray(streams, dtype=np.uint64).ravel()
+        first = np.ascontiguousarray(first, dtype=np.uint64).ravel()
+        counts = np.ascontiguousarray(counts, dtype=np.int64).ravel()
         if (first & np.uint64(1)).any():
             raise ValueError("normal_ragged needs even first counters")
-        if len(counts) and counts.min() < 0:
-            raise ValueError("normal_ragged needs counts >= 0")
+        if not streams.shape == first.shape == counts.shape or (len(counts) and
+                                                                counts.min() < 0):
+            raise ValueError("normal_ragged needs a first counter and a count >= 0 per stream")
         widths = (counts + 1) // 2  # pairs per stream
-        pair_starts = np.cumsum(widths) - widths
-        in_stream = np.arange(int(widths.sum())) - np.repeat(pair_starts, widths)
-        blocks = np.empty((len(in_stream), 2), dtype=_WORD)
-        blocks[:, 0] = np.repeat(streams, widths)
-        blocks[:, 1] = np.repeat(first >> np.uint64(1), widths) + in_stream.astype(np.uint64)
-        values = self._pairs(blocks).reshape(-1)
-        # Each stream's first `count` of its 2 * width values (an odd count drops one).
-        value_starts = np.cumsum(counts) - counts
-        taken = np.arange(int(counts.sum())) - np.repeat(value_starts, counts)
-        return values[np.repeat(2 * pair_starts, counts) + taken]
-
+        blocks = polar_kernel.ragged_blocks(streams, first >> np.uint64(1), widths)
+        return self._pairs(blocks).reshape(-1), 2 * (np.cumsum(widths) - widths)

@@ -92,3 +92,17 @@ def polar_scale(pairs, radius, log_radius):
         factor = np.sqrt(log_radius[i] * -2.0 / radius[i])
         pairs[i, 0] *= factor
         pairs[i, 1] *= factor
+
+
+@numba.njit(_WORDS(numba.uint64[::1], numba.uint64[::1], _INDICES), cache=True, nogil=True)
+def ragged_blocks(streams, first_pairs, widths):
+    """The (stream, pair) blocks of widths[i] consecutive pairs of each stream from its pair
+    first_pairs[i], stream after stream (KeyedGaussian.normal_ragged)."""
+    blocks = np.empty((widths.sum(), 2), np.uint64)
+    at = 0
+    for i in range(streams.shape[0]):
+        for j in range(widths[i]):
+            blocks[at, 0] = streams[i]
+            blocks[at, 1] = first_pairs[i] + np.uint64(j)
+            at += 1
+    return blocks

@@ -150,3 +150,13 @@ def noise_paths(steps_by_stream, starts, decays, weights, gains, first_steps, co
             for r in range(rows):
                 minima[r, step // block] = lowest[r]
                 lowest[r] = np.inf
+
+
+@numba.njit(numba.void(_FLOATS, _INTS, _INTS, numba.float64,
+                       _array(numba.float64, 2, readonly=False)), cache=True, nogil=True)
+def scaled_by_step(values, starts, counts, sigma, by_step):
+    """by_step[j, r] = values[starts[r] + j] * sigma for j < counts[r] (the caller sizes
+    by_step and checks the indices): ragged keyed normals as z transposed, times sigma."""
+    for r in range(counts.shape[0]):
+        for j in range(counts[r]):
+            by_step[j, r] = values[starts[r] + j] * sigma

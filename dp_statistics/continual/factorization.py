@@ -419,14 +419,10 @@ class FactorizationIndex(TreeIndex):
         """_noise with a count per stream, transposed: (max count, rows), sigma z_t at
         [t - first_step - 1, row], zero past a row's count."""
         odd = first_step & 1  # normal_ragged starts at even counters: an odd start drops one
-        values = noise.normal_ragged(tree_ids, (first_step - odd).astype(np.uint64),
-                                     counts + odd)
+        values, starts = noise.normal_ragged(tree_ids, (first_step - odd).astype(np.uint64),
+                                             counts + odd)
         z_by_step = np.zeros((int(counts.max()) if len(counts) else 0, len(counts)))
-        taken = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        value_starts = np.cumsum(counts + odd) - (counts + odd) + odd
-        z_by_step[taken, np.repeat(np.arange(len(counts)), counts)] = values[
-            np.repeat(value_starts, counts) + taken]
-        z_by_step *= self.sigma
+        blt_kernel.scaled_by_step(values, starts + odd, counts, self.sigma, z_by_step)
         return z_by_step
 
     def to_arrays(self) -> dict[str, np.ndarray]:
