@@ -105,7 +105,11 @@ class KeyedGaussian:
     def normal_rows(self, streams, first, count: int) -> np.ndarray:
         """The same values as `normals` for counters first[i] .. first[i] + count - 1 of stream
         i, as (len(streams), count); `first` must be even (one pair per two values)."""
-        return self.normal_segments(streams, [(first, count)])[0]
+        streams = np.asarray(streams, dtype=np.uint64).ravel()
+        first = np.broadcast_to(np.asarray(first, dtype=np.uint64).ravel(), streams.shape)
+        values, _ = self.normal_ragged(streams, first, np.full(len(streams), count))
+        # Each stream's (count + 1) // 2 pairs, stream after stream: rows of the output.
+        return values.reshape(len(streams), -1)[:, :count]
 
     def normal_segments(self, streams, segments) -> list[np.ndarray]:
         """`normal_rows(streams, first, count)` for each (first, count) of `segments`, from one
