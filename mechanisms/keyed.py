@@ -30,7 +30,6 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 KEY_BYTES = 32
 _WORD = np.dtype("<u8")
-_EXPONENT_TWO = np.uint64(0x4000000000000000)  # the bits of 2.0: OR a 52-bit mantissa in
 _ATTEMPT_SHIFT = 56  # a polar draw's attempt number, in the top byte of the stream word
 
 
@@ -62,20 +61,6 @@ class KeyedGaussian:
         self._encryptor.update_into(blocks.view(np.uint8), out.view(np.uint8))
         return out[:2 * len(blocks)].reshape(-1, 2)
 
-    @staticmethod
-    def _uniform_square(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(u, v) in [-1, 1)^2 from each AES block, in place: (n, 2) float64 over the words'
-        memory, and u^2 + v^2 of each row."""
-        # 52 random bits as the mantissa of a double x in [1, 2), mapped to 2 x - 3 in [-1, 1)
-        # exactly: the mantissa under the exponent of 2.0 is 2 x (one pass fewer than x * 2).
-        words >>= np.uint64(12)
-        words |= _EXPONENT_TWO
-        square = words.view(np.float64)
-        square -= 3.0
-        radius = square[:, 0] * square[:, 0]
-        radius += square[:, 1] * square[:, 1]
-        return square, radius
-
     def _pairs(self, blocks: np.ndarray) -> np.ndarray:
         """Two independent N(0, 1) per (stream, pair) row of `blocks` ((n, 2) words), as an
         (n, 2) array, by Marsaglia's polar method: (u, v) uniform in the square from one AES
@@ -83,27 +68,27 @@ class KeyedGaussian:
         the next attempt (attempt number in the stream word's top byte); (u, v) * sqrt(-2 ln s
         / s) is then a normal pair, exact up to the 52-bit grid and float rounding. 256
         attempts all rejected (probability 0.215^256, about 1e-171) is an error, not a silent
-        fallback. No trigonometry: about twice as fast as Box-Muller in numpy."""
+        fallback. No trigonometry. The arithmetic is polar_kernel.py's (compiled: one loop per
+        pass, the bits of the numpy passes it replaced)."""
+        from sage_tfx.mechanisms import polar_kernel  # numba: loaded at the first draw
+
         if len(blocks) and int(blocks[:, 0].max()) >= 1 << _ATTEMPT_SHIFT:
             raise ValueError("noise stream ids must be below 2^56")
-        pair, radius = self._uniform_square(self._encrypt(blocks))
-        todo = np.flatnonzero((radius <= 0.0) | (radius >= 1.0))
+        words = self._encrypt(blocks)
+        radius = np.empty(len(words))
+        rejected = polar_kernel.uniform_square(words, radius)
+        pairs = words.view(np.float64)
         attempt = 1
-        while len(todo):
+        while len(rejected):
             if attempt == 1 << (64 - _ATTEMPT_SHIFT):
                 raise RuntimeError("keyed noise: 256 polar draws rejected in a row")
-            again = _as_rows(blocks)[todo].view(_WORD).reshape(-1, 2)
-            again[:, 0] |= np.uint64(attempt << _ATTEMPT_SHIFT)
-            pair_again, radius_again = self._uniform_square(self._encrypt(again))
-            _as_rows(pair)[todo], radius[todo] = _as_rows(pair_again), radius_again
-            todo = todo[(radius_again <= 0.0) | (radius_again >= 1.0)]
+            again = polar_kernel.retry_blocks(blocks, rejected,
+                                              np.uint64(attempt << _ATTEMPT_SHIFT))
+            rejected = polar_kernel.accept_retries(self._encrypt(again), rejected, pairs,
+                                                   radius)
             attempt += 1
-        factor = np.log(radius)
-        factor *= -2.0
-        factor /= radius
-        np.sqrt(factor, out=factor)
-        pair *= factor[:, None]
-        return pair
+        polar_kernel.polar_scale(pairs, radius, np.log(radius))  # numpy's log: its bits
+        return pairs
 
     def normals(self, streams, counters) -> np.ndarray:
         """N(0, 1) for each (stream, counter) pair (broadcast); the same pair, the same value.
@@ -120,7 +105,11 @@ class KeyedGaussian:
     def normal_rows(self, streams, first, count: int) -> np.ndarray:
         """The same values as `normals` for counters first[i] .. first[i] + count - 1 of stream
         i, as (len(streams), count); `first` must be even (one pair per two values)."""
-        return self.normal_segments(streams, [(first, count)])[0]
+        streams = np.asarray(streams, dtype=np.uint64).ravel()
+        first = np.broadcast_to(np.asarray(first, dtype=np.uint64).ravel(), streams.shape)
+        values, _ = self.normal_ragged(streams, first, np.full(len(streams), count))
+        # Each stream's (count + 1) // 2 pairs, stream after stream: rows of the output.
+        return values.reshape(len(streams), -1)[:, :count]
 
     def normal_segments(self, streams, segments) -> list[np.ndarray]:
         """`normal_rows(streams, first, count)` for each (first, count) of `segments`, from one
@@ -143,8 +132,20 @@ class KeyedGaussian:
         return [pairs[start:end].reshape(len(streams), 2 * width)[:, :count]
                 for (_, count), width, start, end in zip(segments, widths, ends[:-1], ends[1:])]
 
+    def normal_ragged(self, streams, first, counts) -> tuple[np.ndarray, np.ndarray]:
+        """normal_rows(streams[i], first[i], counts[i]) of each stream, its own count each, from
+        one pass of AES and polar draws over all of them: (values, starts), the values of
+        stream i at values[starts[i]:starts[i] + counts[i]]. `first` must be even."""
+        from sage_tfx.mechanisms import polar_kernel
 
-def _as_rows(array: np.ndarray) -> np.ndarray:
-    """An (n, 2) array of 8-byte words as n opaque 16-byte items: numpy gathers and scatters
-    those 3x faster than rows of a 2-d array (the retries of `_pairs`)."""
-    return array.view(np.dtype("V16")).reshape(-1)
+        streams = np.ascontiguousarray(streams, dtype=np.uint64).ravel()
+        first = np.ascontiguousarray(first, dtype=np.uint64).ravel()
+        counts = np.ascontiguousarray(counts, dtype=np.int64).ravel()
+        if (first & np.uint64(1)).any():
+            raise ValueError("normal_ragged needs even first counters")
+        if not streams.shape == first.shape == counts.shape or (len(counts) and
+                                                                counts.min() < 0):
+            raise ValueError("normal_ragged needs a first counter and a count >= 0 per stream")
+        widths = (counts + 1) // 2  # pairs per stream
+        blocks = polar_kernel.ragged_blocks(streams, first >> np.uint64(1), widths)
+        return self._pairs(blocks).reshape(-1), 2 * (np.cumsum(widths) - widths)

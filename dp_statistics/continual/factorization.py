@@ -20,7 +20,7 @@ the whole history of z (O(T) memory and work per step). A buffered linear Toepli
     b_0 = 1,   b_k = sum_i u_i theta_i^k  (k >= 1),  n buffers with decays 0 < theta_i < 1,
 so with S_i(t) = sum_{j<t} theta_i^{t-j} z_j:
     Z(t) = z_t + sum_i u_i S_i(t),   S_i(t + 1) = theta_i (S_i(t) + z_t),
-O(n) state and work per step (scipy's lfilter runs the recurrence). We chose BLT over the
+O(n) state and work per step (blt_kernel.py runs the recurrence, compiled). We chose BLT over the
 binned square root (Andersson and Pagh 2024) because (1) its state is n numbers however long
 the window (binning keeps O(log T) bins of piecewise-constant coefficients); (2) its generating
 function is rational, b(x) = 1 + sum_i u_i theta_i x / (1 - theta_i x), so the encoder
@@ -68,10 +68,10 @@ columns (in floating point, s up to rounding), not assumed.
 Noise (`FactorizationIndex`): z_t of a stream is sigma * keyed normal (stream id, counter t - 1),
 so Z' is a pure function of (secret key, stream id, t): from the n + 2 states before any step
 c + 1 (the buffers S(c + 1), Z(c) and Z'(c)), the recurrences run over z_{c+1}, z_{c+2}, ...
-give Z' from there on, bit for bit the values of one pass from step 1 (lfilter's step is
-y = zi + 0 * x, then the same two products: restarting from a state it returned changes no
-operation; Z' is a sequential cumsum started from the stored Z'(c), the same additions in the
-same order).
+give Z' from there on, bit for bit the values of one pass from step 1 (a step is
+y = S + 0 * x, then the same two products, blt_kernel.py: restarting from a state it returned
+changes no operation; Z' is a running sum started from the stored Z'(c), the same additions in
+the same order).
  - Value streams need no history: a cursor (a step and the n + 2 states before it, O(buffers),
    not O(T)) where the engine has settled, moved forward as the stream is released; a step
    asked again before the cursor is replayed from step 0 (state 0).
@@ -117,8 +117,8 @@ from typing import Optional
 import numpy as np
 from scipy.linalg import toeplitz
 from scipy.optimize import nnls
-from scipy.signal import lfilter
 
+from sage_tfx.dp_statistics.continual import blt_kernel
 from sage_tfx.dp_statistics.continual.tree import BLOCK, TreeIndex
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 
@@ -216,24 +216,22 @@ class WindowFactor:
         return gains
 
     @functools.cached_property
-    def buffer_filters(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-        """lfilter's (b, a) of each buffer's recurrence S(t + 1) = theta (S(t) + z_t)."""
-        return tuple((np.array([0.0, theta]), np.array([1.0, -theta]))
-                     for theta in self.blt.decays)
+    def decays(self) -> np.ndarray:
+        """The buffers' decays theta_i, as the compiled recurrence takes them."""
+        return np.array(self.blt.decays)
 
     @functools.cached_property
-    def _padded_gains(self) -> np.ndarray:
+    def weights(self) -> np.ndarray:
+        """The buffers' weights u_i, as the compiled recurrence takes them."""
+        return np.array(self.blt.weights)
+
+    @functools.cached_property
+    def padded_gains(self) -> np.ndarray:
         """The gains, then e_T repeated over 2 T + 2 BLOCK steps past the window (which no
         caller reads: a stream's columns run at most BLOCK - 1 past its end, or, for a value
-        stream replayed as part of a group, at most T + BLOCK)."""
+        stream replayed beside a farther one, on zeros, at most T + BLOCK)."""
         return np.concatenate([self.gains, np.full(2 * self.length + 2 * BLOCK,
                                                    self.gains[-1])])
-
-    def step_gains(self, first_steps: np.ndarray, width: int) -> np.ndarray:
-        """(rows, width): e_{first_steps[r] + k + 1} for k = 0..width-1 (one gather of rows of
-        a sliding window, no index matrix)."""
-        windows = np.lib.stride_tricks.sliding_window_view(self._padded_gains, width)
-        return windows[np.asarray(first_steps, np.int64)]
 
     @functools.cached_property
     def sensitivity(self) -> float:
@@ -281,44 +279,54 @@ def _noise_paths(factor: WindowFactor, z: np.ndarray, starts: Optional[np.ndarra
                  columns: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
     """Z' over the columns of z (rows: streams; column k is step first_steps + k + 1) from the
     states `starts` (rows, n + 2) before the first column (None: step 1, all zero), and the
-    states before the step of `columns` (per row, (rows, k); None: none): (rows, k, n + 2). A
-    buffer's path is dropped once its states are read (a path is as large as z)."""
-    if starts is None:
-        starts = np.zeros((len(z), factor.width))
-    at = np.zeros((len(z), 0), np.int64) if columns is None else columns
+    states before the step of `columns` (per row, (rows, k), nondecreasing; None: none):
+    (rows, k, n + 2). One compiled pass (blt_kernel.py, which says why its bits are those of
+    the recurrences written out in numpy)."""
+    noise_by_step, states, _ = _recurrences(factor, np.asarray(z).T, starts, first_steps,
+                                            columns)
+    return np.ascontiguousarray(noise_by_step.T), states
+
+
+def _recurrences(factor: WindowFactor, z_by_step: np.ndarray, starts: Optional[np.ndarray],
+                 first_steps: np.ndarray, columns: Optional[np.ndarray],
+                 thresholds: Optional[np.ndarray] = None,
+                 lengths: Optional[np.ndarray] = None) -> tuple:
+    """_noise_paths with z and Z' transposed, (steps, rows): the kernel advances the streams
+    together, streams innermost. With `thresholds` and the rows' `lengths`, the minima of R
+    over each block of BLOCK steps instead of Z' (None, states, minima): the summaries of new
+    selection streams, without writing their whole Z'."""
+    z_by_step = np.ascontiguousarray(z_by_step, dtype=np.float64)
+    steps, rows = z_by_step.shape
+    starts = (np.zeros((rows, factor.width)) if starts is None
+              else np.ascontiguousarray(starts, dtype=np.float64))
+    at = (np.zeros((rows, 0), np.int64) if columns is None
+          else np.ascontiguousarray(np.broadcast_to(columns, (rows, np.shape(columns)[-1])),
+                                    dtype=np.int64))
+    first_steps = np.ascontiguousarray(first_steps, dtype=np.int64)
+    gains = factor.padded_gains
+    # The compiled loop does not check its indices: refuse here what would read out of bounds.
+    if starts.shape != (rows, factor.width) or first_steps.shape != (rows,):
+        raise ValueError(f"noise paths of {rows} streams need their {factor.width} states "
+                         f"and first steps, got {starts.shape} and {first_steps.shape}")
+    if rows and steps and (first_steps.min() < 0 or first_steps.max() + steps > len(gains)):
+        raise ValueError(f"noise paths past the gains of a window of {factor.length} steps")
+    if at.size and (at.min() < 0 or at.max() >= steps or (np.diff(at, axis=1) < 0).any()):
+        raise ValueError(f"state columns must be nondecreasing in 0..{steps - 1}")
     states = np.empty(at.shape + (factor.width,))
-    rows = np.arange(len(z))[:, None]
-    buffers = len(factor.blt.decays)
-    total = None
-    for i, (decay_filter, weight) in enumerate(zip(factor.buffer_filters, factor.blt.weights)):
-        # y[n] = 0 * z[n] + d[n], d[n + 1] = theta z[n] + theta y[n]: y = S_i, d its state.
-        path, _ = lfilter(*decay_filter, z, axis=1, zi=starts[:, i:i + 1])
-        if at.size:
-            states[..., i] = path[rows, at]
-        path *= weight  # the product weight * path, in place
-        if total is None:
-            total = np.add(z, path, out=path)  # z + u_1 S_1, then the other buffers in order
-        else:
-            total += path
-    # total is now the BLT noise Z; Z' adds up its increments times the gains, by a cumsum
-    # that is sequential from the stored Z'(first step) (folded into the first increment), so a
-    # restart repeats the one-pass additions in the same order.
-    first = at == 0
-    before = np.maximum(at - 1, 0)
-    if at.size:
-        states[..., buffers] = np.where(first, starts[:, -2:-1], total[rows, before])
-    scaled = np.empty_like(total)  # np.diff(total, prepend=Z(first step)), without the copy
-    np.subtract(total[:, 1:], total[:, :-1], out=scaled[:, 1:])
-    np.subtract(total[:, :1], starts[:, -2:-1], out=scaled[:, :1])
-    if len(first_steps) and (first_steps == first_steps[0]).all():  # one row of gains
-        scaled *= factor.step_gains(first_steps[:1], z.shape[1])
+    if thresholds is None:
+        noise_by_step, minima = np.empty((steps, rows)), np.empty((0, 0))
+        thresholds, lengths = np.empty(0), np.empty(0, np.int64)
     else:
-        scaled *= factor.step_gains(first_steps, z.shape[1])
-    scaled[:, 0] += starts[:, -1]
-    np.cumsum(scaled, axis=1, out=scaled)
-    if at.size:
-        states[..., buffers + 1] = np.where(first, starts[:, -1:], scaled[rows, before])
-    return scaled, states
+        if steps % BLOCK or len(thresholds) == 0 or np.shape(lengths) != (rows,):
+            raise ValueError("summaries need whole blocks, thresholds and each row's length")
+        noise_by_step, minima = None, np.empty((rows, steps // BLOCK))
+        thresholds = np.ascontiguousarray(thresholds, dtype=np.float64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    blt_kernel.noise_paths(z_by_step, starts, factor.decays, factor.weights, gains,
+                           first_steps, at,
+                           np.empty((0, 0)) if noise_by_step is None else noise_by_step,
+                           states, thresholds, lengths, BLOCK, minima)
+    return noise_by_step, states, minima
 
 
 @dataclass
@@ -372,18 +380,14 @@ class FactorizationIndex(TreeIndex):
         n_blocks = -(-longest // BLOCK)
         width = n_blocks * BLOCK
         z = self._noise(noise, tree_ids, np.zeros(len(rows), np.int64), width)
-        block_starts = np.broadcast_to(np.arange(0, width, BLOCK), (len(rows), n_blocks))
-        total, states = _noise_paths(self.factor, z, None, np.zeros(len(rows), np.int64),
-                                     block_starts)
+        _, states, minima = _recurrences(self.factor, z.T, None, np.zeros(len(rows), np.int64),
+                                         np.arange(0, width, BLOCK), self.thresholds, lengths)
         bases = np.full((len(rows),) + self.bases.shape[1:], np.nan)
         bases[:, :n_blocks] = states
         self.bases[rows] = bases
-        # _block_noise restarts lfilter from these stored states: the same recurrence from the
-        # same state gives the same bits, so the stored minima agree with a later scan.
-        leaves = np.arange(1, width + 1)[None, :]
-        taus = self.thresholds[np.minimum(leaves, len(self.thresholds)) - 1]
-        required = np.where(leaves > lengths[:, None], np.inf, taus - total)
-        self._set_minima(rows, required.reshape(len(rows), n_blocks, BLOCK).min(axis=2))
+        # _block_noise restarts the recurrences from these stored states: the same recurrence
+        # from the same state gives the same bits, so the stored minima agree with a later scan.
+        self._set_minima(rows, minima)
 
     def _block_noise(self, noise, rows, blocks, settled) -> np.ndarray:
         """Z'(b * BLOCK + r) for r = 1..BLOCK of block b of each row: (len(rows), BLOCK)."""
@@ -391,32 +395,35 @@ class FactorizationIndex(TreeIndex):
         if self.cursors is None:  # a selection stream: from the block's stored states
             z = self._noise(noise, self.tree_ids[rows], blocks * BLOCK, BLOCK)
             return _noise_paths(self.factor, z, self.bases[rows, blocks], blocks * BLOCK)[0]
-        # A value stream: from its cursor (or step 0 if the cursor is past the block), in
-        # groups of distance within a power of two, each run as far as its farthest row (at
-        # most twice the steps needed, one keyed-noise call per group), a group merged into
-        # the next one up when that costs fewer extra steps than a call does (_merged_groups);
-        # the cursor then moves to min(block start, settled) if that is later.
+        # A value stream: from its cursor (or step 0 if the cursor is past the block), every
+        # row as far as its block's end: one keyed-noise call for all of them, each its own
+        # count (normal_ragged), run together (a row past its end runs on zeros, unread); the
+        # cursor then moves to min(block start, settled) if that is later.
         starts = blocks * BLOCK
         behind = self.cursors[rows] > starts
         origins = np.where(behind, 0, self.cursors[rows])
         states = np.where(behind[:, None], 0.0, self.bases[rows])
         lead = starts - origins
         keep = np.maximum(np.minimum(starts, np.asarray(settled, np.int64)), origins)
-        out, kept = np.empty((len(rows), BLOCK)), np.empty_like(states)
-        groups = _merged_groups(np.ceil(np.log2(lead + 1)).astype(np.int64), lead)
-        for group in np.unique(groups):
-            members = np.flatnonzero(groups == group)
-            z = self._noise(noise, self.tree_ids[rows[members]], origins[members],
-                            int(lead[members].max()) + BLOCK)
-            total, kept_states = _noise_paths(self.factor, z, states[members], origins[members],
-                                              (keep[members] - origins[members])[:, None])
-            at = np.arange(len(members))
-            out[members] = total[at[:, None], lead[members][:, None] + np.arange(BLOCK)]
-            kept[members] = kept_states[:, 0]
+        z_by_step = self._ragged_noise(noise, self.tree_ids[rows], origins, lead + BLOCK)
+        noise_by_step, kept = _recurrences(self.factor, z_by_step, states, origins,
+                                           (keep - origins)[:, None])[:2]
+        out = noise_by_step[lead[:, None] + np.arange(BLOCK), np.arange(len(rows))[:, None]]
         forward = keep > self.cursors[rows]
         self.cursors[rows[forward]] = keep[forward]
-        self.bases[rows[forward]] = kept[forward]
+        self.bases[rows[forward]] = kept[forward, 0]
         return out
+
+    def _ragged_noise(self, noise: KeyedGaussian, tree_ids, first_step: np.ndarray,
+                      counts: np.ndarray) -> np.ndarray:
+        """_noise with a count per stream, transposed: (max count, rows), sigma z_t at
+        [t - first_step - 1, row], zero past a row's count."""
+        odd = first_step & 1  # normal_ragged starts at even counters: an odd start drops one
+        values, starts = noise.normal_ragged(tree_ids, (first_step - odd).astype(np.uint64),
+                                             counts + odd)
+        z_by_step = np.zeros((int(counts.max()) if len(counts) else 0, len(counts)))
+        blt_kernel.scaled_by_step(values, starts + odd, counts, self.sigma, z_by_step)
+        return z_by_step
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         arrays = super().to_arrays()
@@ -441,33 +448,6 @@ class FactorizationIndex(TreeIndex):
                 size, index.n_blocks)
         index.size = size
         return index
-
-
-# What one group's keyed-noise and _noise_paths calls cost beyond their cells, in cells (about
-# 0.35 ms against ~45 ns a cell, measured at T = 1,000).
-_GROUP_CALL_CELLS = 8192
-
-
-def _merged_groups(groups: np.ndarray, lead: np.ndarray) -> np.ndarray:
-    """`groups` with each group relabelled as the next one up (in increasing distance) while
-    running its rows as far as that group's farthest costs fewer extra cells than a call:
-    most steps release a few value streams at distances in two or three groups. Which rows
-    run together changes no value (each row's recurrence is its own)."""
-    labels = np.unique(groups)
-    if len(labels) < 2:
-        return groups
-    sizes = np.bincount(np.searchsorted(labels, groups), minlength=len(labels))
-    farthest = np.zeros(len(labels), np.int64)
-    np.maximum.at(farthest, np.searchsorted(labels, groups), lead)
-    merged = groups.copy()
-    rows_so_far = 0
-    for below, above in zip(range(len(labels) - 1), range(1, len(labels))):
-        rows_so_far += sizes[below]
-        if rows_so_far * (farthest[above] - farthest[below]) <= _GROUP_CALL_CELLS:
-            merged[merged == labels[below]] = labels[above]
-        else:
-            rows_so_far = 0
-    return merged
 
 
 def prefix_noise(noise: KeyedGaussian, tree_ids, factor: WindowFactor, length: int,

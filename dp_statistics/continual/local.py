@@ -19,7 +19,9 @@ second charge (the design's "Durability" section):
   numbers alone (the groups of k from the first step a run computes), never of the data;
 - the whole state is saved (``state.npz``, atomic rename; the journal and the taken
   micro-batches then start afresh) on a public schedule, every ceil(T / 16) steps and at the
-  last (``save_steps``): at most 17 saves, and a restart recomputes at most T / 16 steps. The
+  last (``save_steps``): at most 17 saves, and a restart recomputes at most T / 16 steps and
+  those run while a save was being written (a thread writes it: ``_OverlappedSaves`` says why
+  a crash at any point still resumes exactly). The
   schedule must not depend on the data: the saved step is where a resumed run's progress bar
   starts (an earlier rule, "records since the save >= rows of state", showed a data-dependent
   number).
@@ -40,6 +42,7 @@ so keys predicted to cross there are released.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import os
 from typing import Callable, Iterable, Iterator, Optional, Sequence
@@ -52,7 +55,7 @@ from sage_tfx.dp_statistics.continual import operator
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.dp_statistics.continual.state import (Journal, StreamStateError, WindowState,
-                                                    check_budget)
+                                                    check_budget, write_state)
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 from sage_tfx.sage_access.errors import LedgerError
 
@@ -112,6 +115,58 @@ def save_steps(micro_batches: int) -> int:
     return -(-micro_batches // SAVES_PER_WINDOW)
 
 
+class _OverlappedSaves:
+    """The scheduled saves, written by a thread while the next steps run.
+
+    A save at step s copies the state (WindowState.snapshot: 22 MB, a few ms, at 20,000 keys
+    and T = 1,000) and a thread writes it atomically (state.write_state: write, fsync, rename,
+    directory fsync: 20-40 ms, mostly waiting for the disk, as long as several steps). The
+    journal is started from s (Journal.saved: it drops the taken micro-batches <= s) on this
+    thread once the write is done: seen before a later step, at the next save, or when the run
+    stops, whichever comes first. What a crash leaves is one of the states the synchronous
+    save left, or one more:
+    - before the rename: the previous state.npz and a journal from it with every entry since:
+      the restart resumes from the previous save (as if the crash came before step s);
+    - after the rename, before `saved`: state.npz at s and the journal of the previous save,
+      whose commit lines (steps released, possibly after s) and taken entries (every step after
+      the previous save) Journal reads: the restart recomputes the steps after s from what
+      they took and releases none of the committed ones again.
+    Which steps are saved is the public schedule, as before; only when the journal catches up
+    depends on the disk's speed, like every other duration of a run. The last step's save is
+    waited for: the run returns its state on the disk."""
+
+    def __init__(self, state_dir: str, journal: Journal):
+        self.state_dir, self.journal = state_dir, journal
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="state-save")
+        self._pending: Optional[tuple[int, concurrent.futures.Future]] = None
+
+    def start(self, state: WindowState) -> None:
+        """Save `state` (at its step) in the background, after the pending save."""
+        self.finish()
+        self._pending = (state.step, self._pool.submit(write_state, self.state_dir,
+                                                       state.snapshot()))
+
+    def catch_up(self) -> None:
+        """Start the journal from the pending save if it is written (never waits)."""
+        if self._pending is not None and self._pending[1].done():
+            self.finish()
+
+    def finish(self) -> None:
+        """Wait for the pending save (its error, if any, is raised here) and start the journal
+        from it."""
+        if self._pending is not None:
+            step, written = self._pending
+            self._pending = None
+            written.result()
+            self.journal.saved(step)
+
+    def close(self) -> None:
+        try:
+            self.finish()
+        finally:
+            self._pool.shutdown()
+
+
 def run_local(query: StreamQuery, budget: StreamBudget,
               batches: Iterable[tuple[int, pd.DataFrame]], state_dir: str, sink: Sink, *,
               charge: Optional[Charge] = None, progress: Optional[Callable[[int], None]] = None,
@@ -144,6 +199,7 @@ def run_local(query: StreamQuery, budget: StreamBudget,
     if granted is not None and state.grant_id is not None:
         granted(state.grant_id)
     journal = Journal(state_dir, state, fsync)
+    saves = _OverlappedSaves(state_dir, journal)
     every = snapshot_every or save_steps(query.micro_batches)
 
     def every_step() -> Iterator[tuple[int, pd.DataFrame]]:
@@ -168,14 +224,16 @@ def run_local(query: StreamQuery, budget: StreamBudget,
     def run(step: int, batch: pd.DataFrame) -> None:
         if state.step != step - 1:  # an invariant: the operator computes state.step + 1
             raise StreamStateError(f"step {step} after a state at step {state.step}")
+        saves.catch_up()
         release = operator.step(state, budget, batch)
         if step <= journal.committed:
             return  # released before, and recomputed here bit for bit: not written again
         sink(release)
         journal.commit(step)
         if step == query.micro_batches or step % every == 0:
-            state.save(state_dir)
-            journal.saved(step)
+            saves.start(state)
+            if step == query.micro_batches:
+                saves.finish()
         if progress is not None:
             progress(step)
 
@@ -204,7 +262,10 @@ def run_local(query: StreamQuery, budget: StreamBudget,
             if read < take_ahead:
                 break
     finally:
-        journal.close()
+        try:
+            saves.close()
+        finally:
+            journal.close()
     return state
 
 

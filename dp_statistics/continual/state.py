@@ -369,7 +369,11 @@ class WindowState:
     def save(self, directory: str) -> None:
         """Write the whole state atomically to `directory`/state.npz (readable by the owner
         only: it holds the noise key and raw counts)."""
-        private_directory(directory)
+        write_state(directory, self.snapshot())
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """What `save` writes: the state's arrays, copied (no array shares memory with the
+        state, so a save may be written while later steps change it: local.py)."""
         pair_codes, pair_rounds = self.pairs.to_arrays()
         meta = {"format": _FORMAT, "query": self.query.to_json(),
                 "budget": dataclasses.asdict(self.budget),
@@ -386,15 +390,8 @@ class WindowState:
         selection = self.selection.to_arrays()
         arrays.update({f"selection_{n}": selection[n] for n in ("tree_ids", "lengths")})
         arrays.update({f"values_{n}": a for n, a in self.values.to_arrays().items()})
-        path = os.path.join(directory, STATE_FILE)
-        temporary = f"{path}.tmp-{os.getpid()}"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as out:
-            _write_npz(out, arrays)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-        sync_directory(directory)
+        # (A C-ordered copy of each: the same bytes written, _write_npz.)
+        return {name: np.array(array, order="C") for name, array in arrays.items()}
 
     @classmethod
     def load(cls, directory: str) -> Optional["WindowState"]:
@@ -433,6 +430,21 @@ class WindowState:
                     charge_started=meta["charge_started"])
         state.schedule(np.arange(n_keys), state.column("due").astype(np.int64))
         return state
+
+
+def write_state(directory: str, arrays: dict[str, np.ndarray]) -> None:
+    """Write a WindowState.snapshot atomically to `directory`/state.npz: a temporary file,
+    synced, renamed over the old one, the directory synced."""
+    private_directory(directory)
+    path = os.path.join(directory, STATE_FILE)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        _write_npz(out, arrays)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
+    sync_directory(directory)
 
 
 def _write_npz(out, arrays: dict[str, np.ndarray]) -> None:
@@ -526,9 +538,13 @@ class Journal:
             raise StreamStateError(f"{self.path} continues a state saved at step "
                                    f"{lines[0]['snapshot']}, but {STATE_FILE} is at step "
                                    f"{state.step}: the state directory was tampered with")
-        # A journal older than the saved state (the process died between writing the state
-        # and starting its journal) says nothing the state does not.
-        if lines and lines[0]["snapshot"] == state.step:
+        # A journal older than the saved state (the process died after a save was written and
+        # before `saved` started the journal from it: local.py writes saves while later steps
+        # run) still tells which later steps were committed: a commit line is written only
+        # after its release, and taken.log keeps every entry after the journal's snapshot
+        # until `saved` rewrites both (the journal first), so those steps' micro-batches are
+        # there.
+        if lines:
             self.committed = max([state.step] + [line["commit"] for line in lines[1:]])
         # The saved state holds steps <= state.step: their micro-batches are not needed.
         self._entries = {step: payload for step, payload in self._read_log()

@@ -80,3 +80,21 @@ def test_segments_are_the_rows_of_each_segment():
     for (first, count), values in zip(segments, noise.normal_segments(streams, segments)):
         np.testing.assert_array_equal(values, noise.normal_rows(streams, first, count))
         assert values.shape == (3, count)
+
+
+def test_ragged_rows_are_each_streams_rows():
+    noise = KeyedGaussian(bytes(range(32)))
+    streams = np.array([3, 8, 1 << 40, 9, 12], np.uint64)
+    first = np.array([0, 4, 1 << 48, 2, 10], np.uint64)
+    counts = np.array([7, 0, 1, 64, 2])
+    values, starts = noise.normal_ragged(streams, first, counts)
+    for stream, start, count, offset in zip(streams, first, counts, starts):
+        np.testing.assert_array_equal(values[offset:offset + count],
+                                      noise.normal_rows([stream], [start], count)[0])
+    with pytest.raises(ValueError, match="even"):
+        noise.normal_ragged(streams, first + np.uint64(1), counts)
+    with pytest.raises(ValueError, match="count >= 0 per stream"):
+        noise.normal_ragged(streams, first, counts[:4])
+    with pytest.raises(ValueError, match="count >= 0 per stream"):
+        noise.normal_ragged(streams, first, counts - 1)
+    assert noise.normal_ragged([], [], [])[0].shape == (0,)

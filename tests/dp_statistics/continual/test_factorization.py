@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from scipy.linalg import toeplitz
+from scipy.signal import lfilter
 from scipy.special import log_ndtr
 from scipy.stats import chi2, multivariate_normal, norm
 
@@ -289,8 +290,9 @@ def test_a_value_stream_keeps_its_buffer_states_only_and_is_asked_in_any_order(l
 
 
 def test_value_streams_at_different_distances_give_the_one_pass_noise():
-    """One call asks 12 value streams for steps at distances from their cursors in several
-    power-of-two groups (some run together, _merged_groups); each is the one-pass noise."""
+    """One call asks 12 value streams for steps at distances from their cursors from 0 to 300
+    steps, from odd and even cursors (one ragged keyed-noise call, run together); each is the
+    one-pass noise."""
     length = 300
     factor = _window(length)
     full = factorization.prefix_noise(NOISE, np.arange(12), factor, length, SIGMA)
@@ -304,11 +306,102 @@ def test_value_streams_at_different_distances_give_the_one_pass_noise():
                                                                               then - 1])
 
 
-def test_groups_merge_only_when_that_costs_less_than_a_call():
-    lead = np.array([0, 1, 1, 20, 25, 6000])
-    groups = np.ceil(np.log2(lead + 1)).astype(np.int64)  # 0, 1, 1, 5, 5, 13
-    # 3 rows running 24 steps further cost less than a call; 5 rows 5,975 further, more.
-    assert factorization._merged_groups(groups, lead).tolist() == [5, 5, 5, 5, 5, 13]
-    many = np.r_[np.zeros(100, np.int64), np.full(10, 9)]
-    assert factorization._merged_groups(many, np.r_[np.zeros(100), np.full(10, 300)]
-                                        .astype(np.int64)).tolist() == many.tolist()
+def _lfilter_noise_paths(factor, z, starts, first_steps, columns):
+    """The numpy/scipy code the compiled recurrence replaced (factorization.py at a6505e1),
+    kept as the oracle of its bits: scipy's lfilter per buffer, then numpy's products, sums,
+    differences, gains and cumsum."""
+    buffers = len(factor.blt.decays)
+    rows = np.arange(len(z))[:, None]
+    states = np.empty(columns.shape + (factor.width,))
+    total = None
+    for i, (theta, weight) in enumerate(zip(factor.blt.decays, factor.blt.weights)):
+        path, _ = lfilter(np.array([0.0, theta]), np.array([1.0, -theta]), z, axis=1,
+                          zi=starts[:, i:i + 1])
+        states[..., i] = path[rows, columns]
+        path *= weight
+        total = np.add(z, path, out=path) if total is None else total.__iadd__(path)
+    first, before = columns == 0, np.maximum(columns - 1, 0)
+    states[..., buffers] = np.where(first, starts[:, -2:-1], total[rows, before])
+    scaled = np.empty_like(total)
+    np.subtract(total[:, 1:], total[:, :-1], out=scaled[:, 1:])
+    np.subtract(total[:, :1], starts[:, -2:-1], out=scaled[:, :1])
+    gains = np.lib.stride_tricks.sliding_window_view(factor.padded_gains, z.shape[1])
+    scaled *= gains[first_steps]
+    scaled[:, 0] += starts[:, -1]
+    np.cumsum(scaled, axis=1, out=scaled)
+    states[..., buffers + 1] = np.where(first, starts[:, -1:], scaled[rows, before])
+    return scaled, states
+
+
+@pytest.mark.parametrize("length", [70, 1000])
+def test_the_compiled_recurrence_has_the_bits_of_the_lfilter_code_it_replaced(length):
+    """blt_kernel.py against the numpy/scipy path it replaced, bit for bit (every float of Z'
+    and of the states): streams from step 1 (zero states, as new selection streams) and from
+    arbitrary states and steps (as scans and value-stream replays), states read at block starts,
+    at column 0, twice at one column and at the last column; keyed normals times sigma, as the
+    index draws them, and wider-ranged ones (values of 1e-300 to 1e300, exact zeros, states of
+    -0.0)."""
+    factor = _window(length)
+    rng = np.random.default_rng(length)
+    cases = []
+    for rows, steps in ((64, 32 * -(-length // 32)), (1, 32), (7, 5), (3, 1)):
+        z = NOISE.normal_rows(np.arange(rows), np.zeros(rows, np.uint64), steps) * SIGMA
+        cases.append((z, np.zeros((rows, factor.width)), np.zeros(rows, np.int64),
+                      np.broadcast_to(np.arange(0, steps, 32), (rows, -(-steps // 32)))))
+        starts = rng.normal(0.0, 50.0, (rows, factor.width))
+        first = rng.integers(0, length, rows)
+        columns = np.sort(rng.integers(0, steps, (rows, 4)), axis=1)
+        columns[:, 0], columns[:, -1] = 0, steps - 1
+        cases.append((z, starts, first, columns))
+    wide = rng.normal(size=(5, 40)) * 10.0 ** rng.integers(-300, 300, (5, 40))
+    wide[:, 3] = 0.0
+    cases.append((wide, np.zeros((5, factor.width)), np.arange(5),
+                  np.tile([0, 3, 4, 4, 39], (5, 1))))
+    # States of -0.0: lfilter's output is -0.0 + 0 * x, +0.0 where x > 0 (the sign of a zero).
+    cases.append((wide, np.full((5, factor.width), -0.0), np.arange(5),
+                  np.tile([0, 0, 1, 2, 3], (5, 1))))
+    for z, starts, first, columns in cases:
+        noise, states = factorization._noise_paths(factor, z, starts, first, columns)
+        expected_noise, expected_states = _lfilter_noise_paths(factor, z, starts, first,
+                                                               columns)
+        assert noise.tobytes() == expected_noise.tobytes()
+        assert states.tobytes() == expected_states.tobytes()
+
+
+@pytest.mark.parametrize("length", [70, 1000])
+def test_new_selection_streams_summaries_are_the_numpy_summaries(length):
+    """A new selection stream's block states and minima of R = tau - Z' (computed in the
+    compiled pass, without Z') against the lfilter code's Z' and the numpy minima computed from
+    it before (factorization.py at a6505e1): the same bits, rows of several lengths (+inf past
+    a row's end), thresholds shorter than the stream (the last one repeats)."""
+    factor = _window(length)
+    rows, width = 9, 32 * -(-length // 32)
+    z = NOISE.normal_rows(np.arange(rows), np.zeros(rows, np.uint64), width) * SIGMA
+    lengths = np.array([length, 1, 31, 32, 33, length - 1, length // 2, 40, length])
+    thresholds = np.random.default_rng(3).normal(40.0, 5.0, length - 7)
+    columns = np.arange(0, width, 32)
+    _, states, minima = factorization._recurrences(factor, z.T, None, np.zeros(rows, np.int64),
+                                                   columns, thresholds, lengths)
+    total, expected_states = _lfilter_noise_paths(
+        factor, z, np.zeros((rows, factor.width)), np.zeros(rows, np.int64),
+        np.broadcast_to(columns, (rows, len(columns))))
+    leaves = np.arange(1, width + 1)[None, :]
+    taus = thresholds[np.minimum(leaves, len(thresholds)) - 1]
+    required = np.where(leaves > lengths[:, None], np.inf, taus - total)
+    assert states.tobytes() == expected_states.tobytes()
+    assert minima.tobytes() == required.reshape(rows, -1, 32).min(axis=2).tobytes()
+
+
+def test_the_compiled_recurrence_refuses_what_it_would_read_out_of_bounds():
+    factor = _window(100)
+    z, starts = np.ones((2, 8)), np.zeros((2, factor.width))
+    with pytest.raises(ValueError, match="past the gains"):
+        factorization._noise_paths(factor, z, starts, np.array([0, 1000]))
+    with pytest.raises(ValueError, match="past the gains"):
+        factorization._noise_paths(factor, z, starts, np.array([-1, 0]))
+    for columns in ([[0, 8], [0, 1]], [[-1, 0], [0, 0]], [[3, 2], [0, 0]]):
+        with pytest.raises(ValueError, match="state columns"):
+            factorization._noise_paths(factor, z, starts, np.zeros(2, np.int64),
+                                       np.array(columns))
+    with pytest.raises(ValueError, match="states"):
+        factorization._noise_paths(factor, z, starts[:1], np.zeros(2, np.int64))

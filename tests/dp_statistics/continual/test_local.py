@@ -347,6 +347,39 @@ def test_a_crash_inside_a_group_taken_ahead_resumes_to_the_uninterrupted_release
     assert_same_state(resumed, oracle_state)
 
 
+def test_a_crash_after_a_save_was_written_and_before_the_journal_caught_up(tmp_path,
+                                                                          monkeypatch):
+    """Saves are written by a thread while later steps run (local._OverlappedSaves): the state
+    at step 4 is on the disk, the journal still starts at step 0 and has committed steps 5-8
+    when the process dies. The restart loads step 4, recomputes 5-8 from what they took
+    without releasing them again, and releases 9-16: the window equals the uninterrupted one.
+    (Without the journal's commits after its snapshot, steps 5-8 were released twice.)"""
+    oracle, oracle_state = uninterrupted(tmp_path)
+    state_dir, out = str(tmp_path / "state"), str(tmp_path / "out")
+
+    def died(journal, step):
+        raise KeyboardInterrupt("killed before the journal caught up with the save")
+    with monkeypatch.context() as patched:
+        patched.setattr(local._OverlappedSaves, "catch_up", lambda saves: None)
+        patched.setattr(state_module.Journal, "saved", died)
+        with pytest.raises(KeyboardInterrupt):  # at the save of step 8, waiting for step 4's
+            local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir,
+                            local.CsvDirectorySink(out), noise_key=NOISE_KEY, snapshot_every=4)
+    journal = [json.loads(line) for line in open(os.path.join(state_dir, "journal.jsonl"))]
+    assert WindowState.load(state_dir).step == 4 and journal[0] == {"snapshot": 0}
+    assert journal[-1] == {"commit": 8}
+    written = []
+
+    def sink(release):
+        written.append(release.step)
+        local.CsvDirectorySink(out)(release)
+    resumed = local.run_local(worker.QUERY, worker.budget(), worker.stream(), state_dir, sink,
+                              noise_key=NOISE_KEY, snapshot_every=4)
+    assert written == list(range(9, 17))
+    assert releases(out) == oracle
+    assert_same_state(resumed, oracle_state)
+
+
 @pytest.mark.parametrize("mechanism", ["tree", "factorization"])
 def test_a_loaded_state_recomputes_the_live_selection_streams_bit_for_bit(tmp_path, mechanism):
     """The saved state leaves the selection streams' summaries out (format 5): loading
