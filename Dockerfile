@@ -25,8 +25,10 @@ RUN pip install --quiet pip==24.3.1 setuptools==75.8.0 wheel==0.45.1 \
     && pip install --quiet --no-deps -r requirements/lock.txt
 COPY . .
 COPY --from=web /web/node_modules sage_access/web/node_modules
-# Installed as a wheel (not editable), as tests/test_wheel.py installs it.
+# Installed as a wheel (not editable), as tests/test_wheel.py installs it. Importing the numba
+# kernels compiles them into the image (sage_tfx.compiled: a pod then loads them at import).
 RUN pip install --quiet --no-deps --no-build-isolation . \
     && cd / && python -c "import sage_tfx.components as c; [getattr(c, n) for n in c.__all__]; \
-from sage_tfx.sage_access.web.app import chart_library; chart_library()" \
+from sage_tfx.sage_access.web.app import chart_library; chart_library(); \
+import sage_tfx.mechanisms.keyed, sage_tfx.dp_statistics.continual.blt_kernel" \
     && sage-tfx --help > /dev/null

@@ -28,6 +28,10 @@ import secrets
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+# Compiled (numba) when this module is imported, so that no draw compiles, or fails, after a
+# charge.
+from sage_tfx.mechanisms import polar_kernel
+
 KEY_BYTES = 32
 _WORD = np.dtype("<u8")
 _ATTEMPT_SHIFT = 56  # a polar draw's attempt number, in the top byte of the stream word
@@ -70,7 +74,6 @@ class KeyedGaussian:
         attempts all rejected (probability 0.215^256, about 1e-171) is an error, not a silent
         fallback. No trigonometry. The arithmetic is polar_kernel.py's (compiled: one loop per
         pass, the bits of the numpy passes it replaced)."""
-        from sage_tfx.mechanisms import polar_kernel  # numba: loaded at the first draw
 
         if len(blocks) and int(blocks[:, 0].max()) >= 1 << _ATTEMPT_SHIFT:
             raise ValueError("noise stream ids must be below 2^56")
@@ -136,8 +139,6 @@ class KeyedGaussian:
         """normal_rows(streams[i], first[i], counts[i]) of each stream, its own count each, from
         one pass of AES and polar draws over all of them: (values, starts), the values of
         stream i at values[starts[i]:starts[i] + counts[i]]. `first` must be even."""
-        from sage_tfx.mechanisms import polar_kernel
-
         streams = np.ascontiguousarray(streams, dtype=np.uint64).ravel()
         first = np.ascontiguousarray(first, dtype=np.uint64).ravel()
         counts = np.ascontiguousarray(counts, dtype=np.int64).ravel()

@@ -12,14 +12,16 @@ every other operation is an IEEE shift, or, subtraction, product, quotient or sq
 rounded as numpy rounds it (numba compiles without fast-math: no reassociation, no fused
 multiply-add).
 
-Compiled when first imported on a machine and cached beside this file (numba's cache=True);
-keyed.py imports it at its first draw, the streaming engine (dp_statistics/continual) when it
-is imported.
+Compiled when first imported on a machine and cached (sage_tfx.compiled.kernel: beside this
+file, or compiled in each process where no cache can be written); keyed.py imports it, so a
+draw never compiles, and never fails, after a charge.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
+
+from sage_tfx.compiled import kernel
 
 _EXPONENT_TWO = np.uint64(0x4000000000000000)  # the bits of 2.0: OR a 52-bit mantissa in
 _MANTISSA_SHIFT = np.uint64(12)
@@ -28,7 +30,7 @@ _FLOATS = numba.float64[::1]
 _INDICES = numba.int64[::1]
 
 
-@numba.njit(numba.void(_WORDS, _FLOATS), cache=True, nogil=True)
+@kernel(numba.void(_WORDS, _FLOATS))
 def _square(words, radius):
     """(u, v) = 2 x - 3 in [-1, 1) from each row's two words, in place (52 random bits as the
     mantissa under 2.0's exponent: 2 x in [2, 4)), and radius = u^2 + v^2."""
@@ -42,7 +44,7 @@ def _square(words, radius):
         radius[i] = square[i, 0] * square[i, 0] + square[i, 1] * square[i, 1]
 
 
-@numba.njit(_INDICES(_WORDS, _FLOATS), cache=True, nogil=True)
+@kernel(_INDICES(_WORDS, _FLOATS))
 def uniform_square(words, radius):
     """_square over a batch; returns the rows rejected (radius <= 0 or >= 1)."""
     _square(words, radius)
@@ -55,7 +57,7 @@ def uniform_square(words, radius):
     return rejected[:count].copy()
 
 
-@numba.njit(_WORDS(_WORDS, _INDICES, numba.uint64), cache=True, nogil=True)
+@kernel(_WORDS(_WORDS, _INDICES, numba.uint64))
 def retry_blocks(blocks, rejected, attempt_bits):
     """The blocks of the rows `rejected` with the attempt's bits in the stream word."""
     again = np.empty((rejected.shape[0], 2), np.uint64)
@@ -65,8 +67,7 @@ def retry_blocks(blocks, rejected, attempt_bits):
     return again
 
 
-@numba.njit(_INDICES(_WORDS, _INDICES, numba.float64[:, ::1], _FLOATS), cache=True,
-            nogil=True)
+@kernel(_INDICES(_WORDS, _INDICES, numba.float64[:, ::1], _FLOATS))
 def accept_retries(words, rejected, pairs, radius):
     """A round of redraws: (u, v) and radius of row rejected[k] from the k-th row of `words`
     (AES of its next attempt's block), kept where accepted; returns the rows still rejected."""
@@ -84,7 +85,7 @@ def accept_retries(words, rejected, pairs, radius):
     return still[:count].copy()
 
 
-@numba.njit(numba.void(numba.float64[:, ::1], _FLOATS, _FLOATS), cache=True, nogil=True)
+@kernel(numba.void(numba.float64[:, ::1], _FLOATS, _FLOATS))
 def polar_scale(pairs, radius, log_radius):
     """pairs *= sqrt(-2 ln s / s) per row, in place: (ln s * -2.0) / s, its square root, then
     each of u and v times it, as numpy computed it."""
@@ -94,7 +95,7 @@ def polar_scale(pairs, radius, log_radius):
         pairs[i, 1] *= factor
 
 
-@numba.njit(_WORDS(numba.uint64[::1], numba.uint64[::1], _INDICES), cache=True, nogil=True)
+@kernel(_WORDS(numba.uint64[::1], numba.uint64[::1], _INDICES))
 def ragged_blocks(streams, first_pairs, widths):
     """The (stream, pair) blocks of widths[i] consecutive pairs of each stream from its pair
     first_pairs[i], stream after stream (KeyedGaussian.normal_ragged)."""

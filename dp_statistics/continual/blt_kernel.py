@@ -25,14 +25,17 @@ against about 40. numba compiles without fast-math (no reassociation, no fused m
 contraction): each operation written is one IEEE operation per stream, rounded as numpy rounds
 it, whichever vector lane runs it.
 
-Compiled when first imported on a machine (2-4 s) and cached beside this file (numba's
-cache=True, __pycache__): later processes load the machine code at import (about 0.2 s, and
-numba's own import 0.2 s), never in the middle of a window.
+Compiled when first imported on a machine (2-4 s) and cached (sage_tfx.compiled.kernel: in
+__pycache__ beside this file, or compiled in each process where no cache can be written):
+later processes load the machine code at import (about 0.2 s, and numba's own import 0.2 s),
+never in the middle of a window.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
+
+from sage_tfx.compiled import kernel
 
 
 def _array(dtype, dimensions: int, readonly: bool = True):
@@ -45,11 +48,11 @@ _FLOATS, _INTS = _array(numba.float64, 1), _array(numba.int64, 1)
 
 # An explicit signature: compiled, or loaded from the cache, when this module is imported,
 # never in the middle of a window, and never again for another layout.
-@numba.njit(numba.void(_array(numba.float64, 2), _array(numba.float64, 2), _FLOATS, _FLOATS,
+@kernel(numba.void(_array(numba.float64, 2), _array(numba.float64, 2), _FLOATS, _FLOATS,
                        _FLOATS, _INTS, _array(numba.int64, 2),
                        _array(numba.float64, 2, readonly=False),
                        _array(numba.float64, 3, readonly=False), _FLOATS, _INTS, numba.int64,
-                       _array(numba.float64, 2, readonly=False)), cache=True, nogil=True)
+                       _array(numba.float64, 2, readonly=False)))
 def noise_paths(steps_by_stream, starts, decays, weights, gains, first_steps, columns,
                 noise_by_step, states, thresholds, lengths, block, minima):
     """For z given as steps_by_stream (k, rows): z transposed, column r one stream's steps.
@@ -152,8 +155,8 @@ def noise_paths(steps_by_stream, starts, decays, weights, gains, first_steps, co
                 lowest[r] = np.inf
 
 
-@numba.njit(numba.void(_FLOATS, _INTS, _INTS, numba.float64,
-                       _array(numba.float64, 2, readonly=False)), cache=True, nogil=True)
+@kernel(numba.void(_FLOATS, _INTS, _INTS, numba.float64,
+                       _array(numba.float64, 2, readonly=False)))
 def scaled_by_step(values, starts, counts, sigma, by_step):
     """by_step[j, r] = values[starts[r] + j] * sigma for j < counts[r] (the caller sizes
     by_step and checks the indices): ragged keyed normals as z transposed, times sigma."""

@@ -306,8 +306,8 @@ def _recurrences(factor: WindowFactor, z_by_step: np.ndarray, starts: Optional[n
     gains = factor.padded_gains
     # The compiled loop does not check its indices: refuse here what would read out of bounds.
     if starts.shape != (rows, factor.width) or first_steps.shape != (rows,):
-        raise ValueError(f"noise paths of {rows} streams need their {factor.width} states "
-                         f"and first steps, got {starts.shape} and {first_steps.shape}")
+        raise ValueError("noise paths need one row of states and one first step per stream "
+                         "(an engine bug: the shapes do not match)")
     if rows and steps and (first_steps.min() < 0 or first_steps.max() + steps > len(gains)):
         raise ValueError(f"noise paths past the gains of a window of {factor.length} steps")
     if at.size and (at.min() < 0 or at.max() >= steps or (np.diff(at, axis=1) < 0).any()):

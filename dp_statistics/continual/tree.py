@@ -32,8 +32,6 @@ from typing import Optional
 
 import numpy as np
 
-from sage_tfx.mechanisms import polar_kernel  # noqa: F401 - keyed's compiled draws, loaded
-# when the engine is imported rather than at its first draw in the middle of a window
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 
 NEVER = 0  # "no release predicted" as a leaf/step number (leaves and steps start at 1)
