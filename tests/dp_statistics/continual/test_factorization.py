@@ -291,7 +291,8 @@ def test_a_value_stream_keeps_its_buffer_states_only_and_is_asked_in_any_order(l
 
 def test_value_streams_at_different_distances_give_the_one_pass_noise():
     """One call asks 12 value streams for steps at distances from their cursors from 0 to 300
-    steps, from odd and even cursors (one ragged keyed-noise call, run together); each is the
+    steps, from odd and even cursors (ragged keyed-noise calls, one per power of two of the
+    counts, each group run together); each is the
     one-pass noise."""
     length = 300
     factor = _window(length)
