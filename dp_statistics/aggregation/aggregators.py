@@ -570,6 +570,13 @@ def release(query: AggregationQuery, plan: BudgetPlan, keys: pd.DataFrame,
     events = dict(bounds_events)
     selected_counts: Optional[np.ndarray] = None
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
+        # The candidates are the partitions some unit's kept pair is in. A key whose pairs
+        # step 2 all dropped is not one: kept as a candidate with count 0, it would be released
+        # with the threshold's tail probability, so a unit in k > C partitions would make k of
+        # them candidates where the selection's delta is calibrated for C (each engine built
+        # its keys from every row; Beam has no accumulator for such a key anyway).
+        contributed = accumulators[:, Layout.UNITS] > 0
+        keys, accumulators = keys[contributed], accumulators[contributed]
         weighted = SelectionRule(query.selection) is SelectionRule.WEIGHTED_GAUSSIAN
         selection = run_selection(query, plan.step(SELECTION_STEP),
                                   accumulators[:, Layout.WEIGHT] if weighted

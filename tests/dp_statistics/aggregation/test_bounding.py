@@ -54,6 +54,31 @@ def test_the_operator_counts_the_heavy_unit_in_at_most_c_u_public_partitions(mon
     assert (release.table["count_distinct"] <= 2).all()
 
 
+@pytest.mark.parametrize("rule", [SelectionRule.LAPLACE_THRESHOLD,
+                                  SelectionRule.GAUSSIAN_THRESHOLD,
+                                  SelectionRule.TRUNCATED_GEOMETRIC,
+                                  SelectionRule.WEIGHTED_GAUSSIAN])
+def test_a_partition_whose_pairs_were_all_dropped_is_not_a_selection_candidate(monkeypatch,
+                                                                              rule):
+    """One unit with rows in 100 partitions, C_u = 4: the selection sees the 4 partitions of
+    its kept pairs only. The 96 whose pairs step 2 dropped were candidates of count 0 in the
+    local engine: each released with the threshold's tail probability, so one unit made 100
+    candidates where the selection's delta is calibrated for 4."""
+    frame = pd.DataFrame({"uid": np.zeros(300, dtype=np.int64),
+                          "key": np.repeat(np.arange(100), 3)})
+    query = AggregationQuery(("key",), "uid", (Aggregate.count(),), selection=rule,
+                             max_partitions_contributed=4)
+    seen = []
+
+    def recording(query, step, statistic):
+        seen.append(np.asarray(statistic))
+        return run_selection(query, step, statistic)
+    run_selection = aggregators.run_selection
+    monkeypatch.setattr(aggregators, "run_selection", recording)
+    aggregate(frame, query, plan(query, 1.0, 1e-6), seed=3)
+    assert len(seen) == 1 and len(seen[0]) == 4 and (seen[0] > 0).all()
+
+
 def test_count_and_row_sum_derived_from_avg_are_its_row_count_and_clamped_sum(monkeypatch):
     frame = pd.DataFrame({"uid": [1, 1, 1, 2, 3], "key": [0, 0, 0, 0, 1],
                           "x": [4.0, 30.0, -3.0, 5.0, 2.0]})
