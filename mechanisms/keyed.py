@@ -118,22 +118,18 @@ class KeyedGaussian:
         """`normal_rows(streams, first, count)` for each (first, count) of `segments`, from one
         pass of AES and polar draws over all of them (the per-call cost is paid once)."""
         streams = np.asarray(streams, dtype=np.uint64).ravel()
-        firsts = [np.asarray(first, dtype=np.uint64).ravel() for first, _ in segments]
+        firsts = [np.broadcast_to(np.asarray(first, dtype=np.uint64).ravel(), streams.shape)
+                  for first, _ in segments]
         if any((first & np.uint64(1)).any() for first in firsts):
             raise ValueError("normal_rows and normal_segments need even first counters")
-        widths = [(count + 1) // 2 for _, count in segments]  # pairs per row
-        ends = np.cumsum([0] + [len(streams) * width for width in widths])
-        # Segment by segment, row by row, pair by pair: each segment's values are then rows of
-        # consecutive pairs, a view of the output with no copy.
-        blocks = np.empty((int(ends[-1]), 2), dtype=_WORD)
-        for first, width, start, end in zip(firsts, widths, ends[:-1], ends[1:]):
-            block = blocks[start:end].reshape(len(streams), width, 2)
-            block[:, :, 0] = streams[:, None]
-            np.add((first >> np.uint64(1))[:, None], np.arange(width, dtype=np.uint64)[None, :],
-                   out=block[:, :, 1])
-        pairs = self._pairs(blocks)
-        return [pairs[start:end].reshape(len(streams), 2 * width)[:, :count]
-                for (_, count), width, start, end in zip(segments, widths, ends[:-1], ends[1:])]
+        counts = [count for _, count in segments]
+        values, _ = self.normal_ragged(np.tile(streams, len(segments)),
+                                       np.concatenate(firsts or [np.empty(0, np.uint64)]),
+                                       np.repeat(counts, len(streams)))
+        # Segment after segment, stream after stream, each stream's (count + 1) // 2 pairs.
+        ends = np.cumsum([0] + [len(streams) * 2 * ((count + 1) // 2) for count in counts])
+        return [values[start:end].reshape(len(streams), 2 * ((count + 1) // 2))[:, :count]
+                for count, start, end in zip(counts, ends[:-1], ends[1:])]
 
     def normal_ragged(self, streams, first, counts) -> tuple[np.ndarray, np.ndarray]:
         """normal_rows(streams[i], first[i], counts[i]) of each stream, its own count each, from
