@@ -157,22 +157,30 @@ def _group_ranks(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return group, np.arange(sorted_keys.size) - starts[group]
 
 
-def _random_grouping(keys: np.ndarray, key_limit: int, rng: np.random.Generator) -> np.ndarray:
-    """A permutation that sorts ``keys`` (integers in [0, key_limit)) and orders equal keys
-    uniformly at random: a stable sort of a uniformly shuffled array, so equal keys keep their
-    shuffled order (no ties to break: the order depends on nothing but the shuffle). When the
-    key and a row's position in the shuffle fit in 64 bits together, the stable sort is a sort
-    of the packed values key * 2^b + position (all distinct), whose low b bits then give the
-    permutation: numpy sorts integers several times faster than it argsorts them stably (10
-    against 140 ms for 10^6)."""
+def stable_argsort(values: np.ndarray) -> np.ndarray:
+    """np.argsort(values, kind="stable") for integers, the same permutation, faster: the sort
+    of the distinct packed values (value - min) * 2^b + position, whose low b bits are then the
+    permutation. numpy sorts integers several times faster than it argsorts them stably (10
+    against 140 ms at 10^6, 27 against 65 us at 2,000). The stable argsort itself where a packed
+    value would not fit in 64 bits."""
+    count = len(values)
+    if count == 0:
+        return np.argsort(values, kind="stable")
+    low = int(values.min())
+    position_bits = max((count - 1).bit_length(), 1)
+    if (int(values.max()) - low).bit_length() + position_bits > 64:
+        return np.argsort(values, kind="stable")
+    packed = ((values.astype(np.int64) - low).astype(np.uint64) << np.uint64(position_bits)) | (
+        np.arange(count, dtype=np.uint64))
+    return (np.sort(packed) & np.uint64((1 << position_bits) - 1)).astype(np.int64)
+
+
+def _random_grouping(keys: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A permutation that sorts integer ``keys`` and orders equal keys uniformly at random: a
+    stable sort of a uniformly shuffled array, so equal keys keep their shuffled order (no ties
+    to break: the order depends on nothing but the shuffle)."""
     shuffled = rng.permutation(keys.size)
-    position_bits = max(int(keys.size - 1).bit_length(), 1)
-    if max(int(key_limit - 1).bit_length(), 1) + position_bits <= 64:
-        packed = (keys[shuffled].astype(np.uint64) << np.uint64(position_bits)) | np.arange(
-            keys.size, dtype=np.uint64)
-        position = np.sort(packed) & np.uint64((1 << position_bits) - 1)
-        return shuffled[position.astype(np.int64)]
-    return shuffled[np.argsort(keys[shuffled], kind="stable")]
+    return shuffled[stable_argsort(keys[shuffled])]
 
 
 def bound_contributions(unit_codes: np.ndarray, partition_codes: np.ndarray, n_partitions: int,
@@ -180,13 +188,12 @@ def bound_contributions(unit_codes: np.ndarray, partition_codes: np.ndarray, n_p
                         rng: np.random.Generator) -> BoundedPairs:
     """Steps 1 and 2 of the module docstring, vectorised over all rows."""
     pair_key = unit_codes.astype(np.int64) * n_partitions + partition_codes.astype(np.int64)
-    n_units = int(unit_codes.max()) + 1 if unit_codes.size else 1
-    row_order = _random_grouping(pair_key, n_units * n_partitions, rng)
+    row_order = _random_grouping(pair_key, rng)
     sorted_key = pair_key[row_order]
     pair_of_row, rank_in_pair = _group_ranks(sorted_key)
     pair_key = sorted_key[rank_in_pair == 0]
     pair_unit, pair_partition = pair_key // n_partitions, pair_key % n_partitions
-    by_unit = _random_grouping(pair_unit, n_units, rng)
+    by_unit = _random_grouping(pair_unit, rng)
     _, rank_in_unit = _group_ranks(pair_unit[by_unit])
     pair_kept = np.empty(pair_key.size, dtype=bool)
     pair_kept[by_unit] = rank_in_unit < max_partitions_contributed
@@ -197,8 +204,7 @@ def bound_contributions(unit_codes: np.ndarray, partition_codes: np.ndarray, n_p
 def rows_per_unit(unit_codes: np.ndarray, max_rows: int, rng: np.random.Generator) -> np.ndarray:
     """The input indices (ascending) of at most `max_rows` rows of each unit, chosen uniformly
     among that unit's rows (the bound the matrix mechanism's data vector needs, max_rows 1)."""
-    n_units = int(unit_codes.max()) + 1 if unit_codes.size else 1
-    order = _random_grouping(unit_codes.astype(np.int64), n_units, rng)
+    order = _random_grouping(unit_codes.astype(np.int64), rng)
     _, rank_in_unit = _group_ranks(unit_codes[order])
     return np.sort(order[rank_in_unit < max_rows])
 

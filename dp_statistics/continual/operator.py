@@ -45,6 +45,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from sage_tfx.dp_statistics.aggregation.aggregators import stable_argsort
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamStatistic
@@ -105,25 +106,13 @@ def kept_mask(units: np.ndarray, used: np.ndarray, limit: int) -> np.ndarray:
     `limit - used` records of this batch."""
     if len(units) == 0:
         return np.zeros(0, dtype=bool)
-    order = stable_order(units)
+    order = stable_argsort(units)
     sorted_units = units[order]
     starts = np.r_[0, np.flatnonzero(sorted_units[1:] != sorted_units[:-1]) + 1]
     first_of_group = np.repeat(starts, np.diff(np.r_[starts, len(units)]))
     rank = np.empty(len(units), dtype=np.int64)
     rank[order] = np.arange(len(units)) - first_of_group
     return rank < limit - used[units]
-
-
-def stable_order(values: np.ndarray) -> np.ndarray:
-    """np.argsort(values, kind="stable") for integers: the same permutation, as the sort of
-    the unique keys value * n + position, 2.5x faster at a few thousand values (numpy's stable
-    sort of int64 is a radix sort: 65 against 27 us at 2,000); the stable sort itself where a
-    key could overflow int64."""
-    count = len(values)
-    if count == 0 or not -(1 << 62) // count < int(values.min()) <= int(values.max()) < (
-            1 << 62) // count:
-        return np.argsort(values, kind="stable")
-    return np.argsort(values.astype(np.int64) * count + np.arange(count))
 
 
 def select_and_predict(selection: TreeIndex, noise: KeyedGaussian, rows: np.ndarray,

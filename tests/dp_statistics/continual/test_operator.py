@@ -217,15 +217,6 @@ def test_noise_streams_are_distinct_and_no_round_past_the_window_is_named():
         tree_ids([0], [micro_batches + 1], micro_batches)
 
 
-def test_stable_order_is_numpys_stable_argsort():
-    """kept_mask ranks a unit's records in arrival order through stable_order: the stable
-    argsort's permutation, repeated values included, and where value * n could overflow."""
-    rng = np.random.default_rng(3)
-    for values in (rng.integers(0, 40, 3000), rng.integers(-6, 6, 50), np.zeros(0, np.int64),
-                   np.array([2 ** 62, 1, 2 ** 62, 0]), rng.integers(0, 3, 9).astype(np.int32)):
-        assert np.array_equal(operator.stable_order(values), np.argsort(values, kind="stable"))
-
-
 def test_sorted_unique_is_numpys_unique():
     rng = np.random.default_rng(4)
     for values in (rng.integers(0, 40, 3000), rng.integers(-2 ** 40, 2 ** 40, 500),
