@@ -30,5 +30,6 @@ COPY --from=web /web/node_modules sage_access/web/node_modules
 RUN pip install --quiet --no-deps --no-build-isolation . \
     && cd / && python -c "import sage_tfx.components as c; [getattr(c, n) for n in c.__all__]; \
 from sage_tfx.sage_access.web.app import chart_library; chart_library(); \
-import sage_tfx.mechanisms.keyed, sage_tfx.dp_statistics.continual.blt_kernel" \
+import sage_tfx.mechanisms.keyed, sage_tfx.dp_statistics.continual.blt_kernel, \
+    sage_tfx.components.dp_trainer.noise_kernel" \
     && sage-tfx --help > /dev/null

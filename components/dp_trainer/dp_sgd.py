@@ -32,16 +32,19 @@ One step on sample S (Abadi et al. 2016; oblivious-sampling paper §3 "NoisySGD"
   same noise, and returns only its update. (A model whose own parameters overflow on the
   null row would still diverge, but that depends on the model alone, not on any record.)
 
-Noise comes from a tf.random.Generator (Philox) seeded by sage_tfx.randomness.secret_seed (the
-OS CSPRNG) unless a test passes a seed. What that does and does not give, honestly: the noise is
-drawn inside TensorFlow's graph, once per step, so it cannot come from sage_tfx.mechanisms
-(OpenDP, one Python call per release). These are float32 Gaussians computed from Philox
-output (by Box-Muller, gaussian_noise), not exact lattice samples. Mironov's (2012) attack is
-on Laplace, and needs the exact noisy value of one release; here no noisy gradient leaves the
-step, only the model after every step's float32 update, but Jin et al. (IEEE S&P 2022) show
-floating-point Gaussian samplers are attackable too when their output is seen. So the epsilon the accountant reports is a proof for
-the idealised mechanism (real-valued Gaussians of std sigma * C); it is not a proof for this
-float32 implementation, and Philox's 63-bit seed is a PRNG key, not a CSPRNG stream.
+Noise comes from AES-256 in counter mode under keys that a tf.random.Generator (Philox) seeded
+by sage_tfx.randomness.secret_seed (the OS CSPRNG) hands out, one key per buffer of draws, unless
+a test passes a seed (gaussian_noise). What that does and does not give, honestly: the draws are
+made outside the step's graph, 2^20 at a time on a worker thread, and served to the steps from a
+buffer (NoiseBuffer), so they cannot come from sage_tfx.mechanisms (OpenDP, one Python call per
+release). These are float32 Gaussians computed from the keystream (by Box-Muller), not exact
+lattice samples. Mironov's (2012) attack is on Laplace, and needs the exact noisy value of one
+release; here no noisy gradient leaves the step, only the model after every step's float32
+update, but Jin et al. (IEEE S&P 2022) show floating-point Gaussian samplers are attackable too
+when their output is seen. So the epsilon the accountant reports is a proof for the idealised
+mechanism (real-valued Gaussians of std sigma * C); it is not a proof for this float32
+implementation. The keystream is a cryptographic expansion of its key, but the keys come from
+Philox under a 63-bit seed: that seed, not AES, bounds how hard the noise is to predict.
 
 Lazy noise for embedding tables (issue 35). An embedding table of V rows gets V d Gaussians
 per step (161,153 for 10,000 ids of dimension 16: 1.5 ms, more than the whole non-private
@@ -91,8 +94,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from sage_tfx.components.dp_trainer import clipping
+from sage_tfx.components.dp_trainer import clipping, noise_kernel
 import tensorflow as tf  # after clipping, which imports tensorflow-privacy's submodules
 
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
@@ -148,21 +152,43 @@ def noise_generator(seed: Optional[int] = None) -> tf.random.Generator:
     return tf.random.Generator.from_seed(secret_seed() if seed is None else seed)
 
 
-def gaussian_noise(generator: tf.random.Generator, size, stddev: float) -> tf.Tensor:
-    """`size` (an int or a scalar integer tensor) independent N(0, stddev^2) float32 draws in
-    one flat buffer.
+def noise_key(generator: tf.random.Generator) -> bytes:
+    """A fresh 256-bit AES key from the generator (its next two seeds, 4 x 64 bits)."""
+    return generator.make_seeds(2).numpy().astype("<i8").tobytes()
 
-    Box-Muller (1958), the transform TensorFlow's own normal kernel applies per element: for
-    independent V uniform on (0, 1] and A uniform on [0, 1), sqrt(-2 ln V) (cos 2 pi A,
-    sin 2 pi A) are two independent standard normals. Here it is written as whole-tensor
-    TensorFlow ops, which run vectorised, on Philox draws keyed by the generator (one fresh
-    key per call).
+
+def gaussian_noise(generator: tf.random.Generator, size: int, stddev: float) -> np.ndarray:
+    """`size` independent N(0, stddev^2) float32 draws under a fresh key from the generator:
+    keyed_gaussian_noise(noise_key(generator), size, stddev)."""
+    return keyed_gaussian_noise(noise_key(generator), size, stddev)
+
+
+# The draws are made in chunks of this many pairs: each chunk's keystream (20 bytes a pair, 1.3
+# MB) is encrypted while the GIL is held, the rest of the arithmetic without it.
+_PAIRS_PER_CHUNK = 1 << 16
+
+
+def keyed_gaussian_noise(key: bytes, size: int, stddev: float) -> np.ndarray:
+    """`size` independent N(0, stddev^2) float32 draws, a function of (key, size, stddev) alone
+    (so it may run on any thread), in a flat array aligned to 64 bytes (TensorFlow may then
+    read it in place).
+
+    The bits. The keystream of AES-256 in counter mode under `key` (the counter from 0): a
+    pseudorandom function of the counter, so its blocks are as good as independent uniform
+    bits to anyone without the key. Chunk c takes the next 20 P bytes of it (P =
+    _PAIRS_PER_CHUNK pairs): 16 P bytes give each pair two 64-bit words (the radius), then 4 P
+    bytes one 32-bit word each (the angle). Its draws are the pairs' cos halves then their sin
+    halves, and the draws are the chunks' in order, cut to `size`: a function of the key and
+    the position, whatever `size` is.
+
+    Box-Muller (1958): for independent V uniform on (0, 1] and A uniform on [0, 1), sqrt(-2 ln
+    V) (cos 2 pi A, sin 2 pi A) are two independent standard normals (box_muller).
 
     The tail. A float32 uniform has 23 random bits, so V = 1 - U >= 2^-23 and no pair's
     radius sqrt(-2 ln V) would exceed sqrt(46 ln 2) = 5.65 standard deviations (TensorFlow's
-    kernel clamps at 5.68). That truncation is not a floating-point detail: the ideal radius
-    exceeds it exactly when the ideal V < 2^-23, probability 1.2e-7 per pair, 9.6e-3 per step
-    for the 80,577 pairs of a 161,153-parameter model, and a process that differs from the
+    normal kernel clamps at 5.68). That truncation is not a floating-point detail: the ideal
+    radius exceeds it exactly when the ideal V < 2^-23, probability 1.2e-7 per pair, 9.6e-3 per
+    step for the 80,577 pairs of a 161,153-parameter model, and a process that differs from the
     accountant's idealised Gaussian with that probability is only as private as that total
     variation allows (below). So V is built from 104 random bits: two float64 uniforms (52
     bits each), V = (1 - U1) - U2 2^-52, uniform on (0, 1] at resolution 2^-104; the radius
@@ -176,22 +202,44 @@ def gaussian_noise(generator: tf.random.Generator, size, stddev: float) -> tf.Te
     outcomes P(S) <= e^eps Q(S) + delta + (1 + e^eps) tau. The accountant does not add that
     term: it is below 1e-15 whenever (1 + e^eps) N < 2e16 (10^12 draws, a million parameters
     over a million steps, with eps up to 9 give 4.0e-16).
-    Cost: 6,000 draws 0.39 -> 0.40 ms, 161,153 draws 1.8 -> 2.3 ms of CPU (lazy noise keeps
-    an embedding table's draws to the rows a batch reads)."""
-    return keyed_gaussian_noise(generator.make_seeds(2), size, stddev)
-
-
-def keyed_gaussian_noise(seeds: tf.Tensor, size, stddev: float) -> tf.Tensor:
-    """gaussian_noise's draws for two keys already taken from the generator (seeds: [2, 2]
-    int64, generator.make_seeds(2)): the radius's bits from the first, the angle's from the
-    second. A function of its arguments alone, so it may run on any thread."""
+    Cost: 2^20 draws in about 3.5 ms of one core (TensorFlow's stateless uniforms and the same
+    transform as graph ops took 16 ms of CPU, 9 ms on two cores)."""
     pairs = (size + 1) // 2
-    # stateless_uniform in float64 fills 52 mantissa bits (two 32-bit Philox words each)
-    high, low = tf.unstack(tf.random.stateless_uniform([2, pairs], seed=seeds[:, 0],
-                                                       dtype=tf.float64, alg="philox"))
-    angle = tf.random.stateless_uniform([pairs], seed=seeds[:, 1], alg="philox")
-    draws = box_muller(high, low, angle, stddev)
-    return draws if isinstance(size, int) and 2 * pairs == size else draws[:size]
+    chunks = -(-pairs // _PAIRS_PER_CHUNK)
+    keystream = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+    plaintext = np.zeros(20 * _PAIRS_PER_CHUNK, np.uint8)  # encrypting zeros: the keystream
+    words = np.empty(20 * _PAIRS_PER_CHUNK + 16, np.uint8)  # update_into wants a block spare
+    draws = _aligned_float32(2 * _PAIRS_PER_CHUNK * chunks)
+    for chunk in range(chunks):
+        keystream.update_into(plaintext, words)
+        box_muller(words[:16 * _PAIRS_PER_CHUNK].view(np.uint64),
+                   words[16 * _PAIRS_PER_CHUNK:20 * _PAIRS_PER_CHUNK].view(np.uint32), stddev,
+                   draws[2 * _PAIRS_PER_CHUNK * chunk:2 * _PAIRS_PER_CHUNK * (chunk + 1)])
+    return draws[:size]
+
+
+def box_muller(radius_words: np.ndarray, angle_words: np.ndarray, stddev: float,
+               out: np.ndarray) -> None:
+    """keyed_gaussian_noise's transform of n pairs' words (2n 64-bit radius words: U1 and U2
+    from the top 52 bits of each pair's two; n 32-bit angle words: A from the top 23 bits) into
+    `out` (2n float32): stddev sqrt(-2 ln V) cos 2 pi A for every pair, then the sin halves."""
+    pairs = angle_words.shape[0]
+    tail = np.empty(pairs)
+    noise_kernel.tails(radius_words, tail)  # V = (1 - U1) - U2 2^-52, in (0, 1]
+    np.log(tail, out=tail)
+    radius, angle = np.empty(pairs, np.float32), np.empty(pairs, np.float32)
+    noise_kernel.radii(tail, np.float32(stddev), radius)
+    noise_kernel.angles(angle_words, angle)
+    np.multiply(np.cos(angle, out=out[:pairs]), radius, out=out[:pairs])
+    np.multiply(np.sin(angle, out=out[pairs:]), radius, out=out[pairs:])
+
+
+def _aligned_float32(count: int) -> np.ndarray:
+    """An uninitialised float32 array whose data starts on a 64-byte boundary (TensorFlow reads
+    an array in place through DLPack only when it is aligned, and aborts otherwise)."""
+    buffer = np.empty(count + 16, np.float32)
+    start = (-buffer.ctypes.data % 64) // 4  # numpy aligns to at least 16 bytes
+    return buffer[start:start + count]
 
 
 class NoiseBuffer:
@@ -200,8 +248,8 @@ class NoiseBuffer:
     Python), take(size) inside it. The next REFILL_DRAWS are drawn ahead, on a worker thread,
     while the steps run.
 
-    Why. One gaussian_noise call is about 20 graph ops whose fixed cost (0.17 ms per step
-    here, for the benchmark's 5,569-parameter MLP on a 0.8 ms non-private step) outweighs
+    Why. A draw per step has a fixed cost (as graph ops in the step, about 20 ops and 0.17 ms
+    for the benchmark's 5,569-parameter MLP on a 0.8 ms non-private step) that outweighs
     drawing its few thousand values. Drawn 2^20 at a time, that cost is paid once per ~190
     MLP steps; a take is one slice of the buffer (0.05 ms). The refill decision is made in
     Python from an upper bound on what the next call reads, because a tf.cond in the step
@@ -215,9 +263,11 @@ class NoiseBuffer:
     accounting are unchanged; only which generator output a seed gives each step changes.
     The buffered draws are as secret as the generator's state: they stay in the process
     beside the model and are never written or returned.
-    Drawn ahead. A refill installs the draws made ahead and starts the next ones on a worker
-    thread, so drawing them (about 10 ms per 2^20 on this CPU, 2-3 refills per epoch of the
-    benchmark's models) overlaps the steps instead of stalling one. The next fill's key is
+    Drawn ahead. A refill installs the draws made ahead (read in place, not copied, on their
+    way into the buffer's variable) and starts the next ones on a worker thread, so drawing
+    them (about 3.5 ms per 2^20 on this CPU, 2-3 refills per epoch of the benchmark's models,
+    one per step for a model of a million parameters) overlaps the steps instead of stalling
+    one. The next fill's key is
     taken from the generator in reserve(), on the caller's thread, in the order the refills
     happen; the worker only computes keyed_gaussian_noise from that key. So a seed gives the
     same draws as drawing at each refill did, and no two threads use the generator. The draws
@@ -233,10 +283,8 @@ class NoiseBuffer:
         self._next = tf.Variable(0, dtype=tf.int64, trainable=False)  # first unread position
         self._size = self._promised = 0  # the buffer's size; draws reserved since its refill
 
-        @tf.function(input_signature=[tf.TensorSpec([2, 2], tf.int64),
-                                      tf.TensorSpec([], tf.int64)])
-        def draw(seeds, size):
-            return keyed_gaussian_noise(seeds, size, stddev)
+        def draw(key: bytes, size: int) -> np.ndarray:
+            return keyed_gaussian_noise(key, size, stddev)
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
         def install(draws):
@@ -259,10 +307,11 @@ class NoiseBuffer:
                 self._size, draws = ahead[0], ahead[1].result()
             else:  # the first refill, or one the draws made ahead do not cover (discarded)
                 self._size = needed
-                draws = self._draw(self._generator.make_seeds(2), needed)
-            self._install(draws)
+                draws = self._draw(noise_key(self._generator), needed)
+            # In place (keyed_gaussian_noise aligns its draws as DLPack needs): no copy.
+            self._install(tf.experimental.dlpack.from_dlpack(draws.__dlpack__()))
             self._ahead = (self._size, self._worker.submit(
-                self._draw, self._generator.make_seeds(2), self._size))
+                self._draw, noise_key(self._generator), self._size))
             self._promised = 0
         self._promised += most
 
@@ -274,16 +323,6 @@ class NoiseBuffer:
         draws = self._draws[start:start + tf.cast(size, tf.int64)]
         self._next.assign_add(tf.cast(size, tf.int64))
         return draws
-
-
-def box_muller(high: tf.Tensor, low: tf.Tensor, angle: tf.Tensor, stddev: float) -> tf.Tensor:
-    """gaussian_noise's transform of its uniforms (float64 high and low, float32 angle, all in
-    [0, 1)): the cos halves, then the sin halves."""
-    tail = (1.0 - high) - low * 2.0 ** -52  # in (0, 1]: 1 - high >= 2^-52 > low 2^-52
-    # stddev outside the square root: stddev^2 would overflow float32 beyond 1.8e19.
-    radius = tf.cast(tf.sqrt(-2.0 * tf.math.log(tail)), tf.float32) * stddev
-    angle = angle * (2.0 * math.pi)
-    return tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -436,8 +475,6 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int32),
                                   tf.TensorSpec([None], tf.float32)])
     def step(rows, weights):
-        # The noise is drawn outside XLA: on this CPU XLA's Gaussian sampler took 5x as long
-        # as TensorFlow's kernel, and gaussian_noise compiled by XLA 3x as long as uncompiled.
         # One take for the step (independent N(0, noise_std^2) each): the eager variables'
         # noise, then the pending noise of each lazy table's rows this batch gathers.
         touched = [entry.touched(tf.gather(features, rows)) for entry in lazy]

@@ -226,7 +226,7 @@ def test_dp_sgd_noise_variance_measured_from_two_runs_on_the_same_batch():
 
 @pytest.mark.parametrize("size", [1_000_001, 1_000_000])
 def test_dp_sgd_noise_is_standard_normal_times_its_stddev(size):
-    # The step's sampler (Box-Muller on one Philox draw) against N(0, 2.5^2) over 10^6 draws.
+    # The step's sampler (Box-Muller on an AES keystream) against N(0, 2.5^2) over 10^6 draws.
     # Kolmogorov-Smirnov refused at p < 1e-4 (the false-failure rate for a correct sampler;
     # the seed is fixed): on these draws a sampler 1% off in scale gives p < 1e-5. The sample
     # variance within 1% (7 standard errors). The draws are independent: the cos and sin
@@ -234,32 +234,45 @@ def test_dp_sgd_noise_is_standard_normal_times_its_stddev(size):
     # standard errors each).
     from scipy import stats
     generator = dp_sgd.noise_generator(5)
-    draws = dp_sgd.gaussian_noise(generator, size, 2.5).numpy()
+    draws = dp_sgd.gaussian_noise(generator, size, 2.5)
     assert draws.shape == (size,) and draws.dtype == np.float32
+    assert draws.ctypes.data % 64 == 0  # NoiseBuffer hands them to TensorFlow in place
     draws = draws.astype(np.float64)
     assert stats.kstest(draws / 2.5, "norm").pvalue > 1e-4
     assert draws.var() == pytest.approx(2.5 ** 2, rel=0.01)
     half = size // 2
     assert abs(np.corrcoef(draws[:half], draws[half:2 * half])[0, 1]) < 4 / math.sqrt(half)
-    again = dp_sgd.gaussian_noise(generator, size, 2.5).numpy()
+    again = dp_sgd.gaussian_noise(generator, size, 2.5)
     assert abs(np.corrcoef(draws, again)[0, 1]) < 4 / math.sqrt(size)
     # A huge scale (a huge clip) stays finite: stddev^2 would overflow float32.
-    huge = dp_sgd.gaussian_noise(generator, 10_000, 1e25).numpy().astype(np.float64) / 1e25
+    huge = dp_sgd.gaussian_noise(generator, 10_000, 1e25).astype(np.float64) / 1e25
     assert np.isfinite(huge).all() and huge.std() == pytest.approx(1.0, rel=0.1)
 
 
 def test_dp_sgd_noise_tails_reach_twelve_standard_deviations():
-    """The radius is built from 104 random bits (gaussian_noise's docstring): the largest draw
-    is sqrt(208 ln 2) = 12.01 standard deviations, not the 5.65 of a float32 uniform, and
-    the transform is exact at the extremes of its uniforms."""
-    largest = 1.0 - 2.0 ** -52  # the largest float64 stateless_uniform returns
-    extremes = dp_sgd.box_muller(tf.constant([largest, largest, 0.0], tf.float64),
-                                 tf.constant([largest, 0.0, 0.0], tf.float64),
-                                 tf.constant([0.0, 0.0, 0.0]), 1.0).numpy()[:3]
+    """The radius is built from 104 random bits (keyed_gaussian_noise's docstring): the
+    largest draw is sqrt(208 ln 2) = 12.01 standard deviations, not the 5.65 of a float32
+    uniform, and the transform is exact at the extremes of its words."""
+    ones, zero = np.uint64(2 ** 64 - 1), np.uint64(0)  # U = 1 - 2^-52 and U = 0
+    extremes = np.empty(6, np.float32)
+    dp_sgd.box_muller(np.array([ones, ones, ones, zero, zero, zero]), np.zeros(3, np.uint32),
+                      1.0, extremes)
     assert extremes[0] == pytest.approx(math.sqrt(208 * math.log(2)), rel=1e-6)
     assert extremes[1] == pytest.approx(math.sqrt(104 * math.log(2)), rel=1e-6)  # 8.49
     assert extremes[2] == 0.0
     assert extremes[0] > 12.0
+    assert (extremes[3:] == 0.0).all()  # the sin halves at angle 0
+
+
+def test_keyed_noise_is_a_function_of_the_key_and_the_position():
+    """A draw depends on its key and its position only: a shorter call gives a prefix of a
+    longer one (across the chunk boundary at 2^17 draws), another key other draws."""
+    key = bytes(range(32))
+    long = dp_sgd.keyed_gaussian_noise(key, 300_001, 1.0)
+    np.testing.assert_array_equal(dp_sgd.keyed_gaussian_noise(key, 140_000, 1.0),
+                                  long[:140_000])
+    other = dp_sgd.keyed_gaussian_noise(bytes(32), 300_001, 1.0)
+    assert abs(np.corrcoef(long, other)[0, 1]) < 4 / math.sqrt(long.size)
 
 
 def test_the_noise_buffer_serves_every_draw_once_and_with_the_law_of_fresh_draws(monkeypatch):
@@ -308,8 +321,8 @@ def test_draws_made_ahead_are_the_draws_each_refill_would_make(monkeypatch):
     oracle = dp_sgd.noise_generator(5)
     # Keys: fill 1, ahead 2, ahead 3 (discarded at the 1,500), 4 (drawn then), ahead 5, 6, 7
     # (each 1,500: as many as the last refill).
-    keys = [oracle.make_seeds(2) for _ in range(7)]
-    fills = {k: dp_sgd.keyed_gaussian_noise(keys[k - 1], size, 2.0).numpy()
+    keys = [dp_sgd.noise_key(oracle) for _ in range(7)]
+    fills = {k: dp_sgd.keyed_gaussian_noise(keys[k - 1], size, 2.0)
              for k, size in ((1, 1_000), (2, 1_000), (4, 1_500), (5, 1_500), (6, 1_500),
                              (7, 1_500))}
     expected = [fills[1][:300], fills[1][300:600], fills[1][600:900], fills[2][:300],
@@ -318,8 +331,7 @@ def test_draws_made_ahead_are_the_draws_each_refill_would_make(monkeypatch):
     for got, want in zip(served, expected):
         np.testing.assert_array_equal(got, want)
     # The key drawn ahead and skipped gives other draws: the oversize fill did not reuse it.
-    assert not np.array_equal(dp_sgd.keyed_gaussian_noise(keys[2], 1_500, 2.0).numpy(),
-                              fills[4])
+    assert not np.array_equal(dp_sgd.keyed_gaussian_noise(keys[2], 1_500, 2.0), fills[4])
 
 
 def test_a_dp_step_draws_its_noise_from_the_buffer_not_from_the_generator():
