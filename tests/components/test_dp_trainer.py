@@ -266,13 +266,22 @@ def test_dp_sgd_noise_tails_reach_twelve_standard_deviations():
 
 def test_keyed_noise_is_a_function_of_the_key_and_the_position():
     """A draw depends on its key and its position only: a shorter call gives a prefix of a
-    longer one (across the chunk boundary at 2^17 draws), another key other draws."""
+    longer one (across chunk boundaries, every 2^15 draws), another key other draws."""
     key = bytes(range(32))
     long = dp_sgd.keyed_gaussian_noise(key, 300_001, 1.0)
     np.testing.assert_array_equal(dp_sgd.keyed_gaussian_noise(key, 140_000, 1.0),
                                   long[:140_000])
     other = dp_sgd.keyed_gaussian_noise(bytes(32), 300_001, 1.0)
     assert abs(np.corrcoef(long, other)[0, 1]) < 4 / math.sqrt(long.size)
+
+
+def test_draws_that_tensorflow_cannot_read_in_place_are_refused_not_a_crash():
+    # TensorFlow aborts the process on a misaligned tensor; the buffer refuses such draws first.
+    misaligned = dp_sgd._aligned_float32(17)[1:]  # 4 bytes past a 64-byte boundary
+    with pytest.raises(ValueError, match="64-byte boundary"):
+        dp_sgd._in_place(misaligned)
+    aligned = dp_sgd.keyed_gaussian_noise(bytes(32), 10, 1.0)
+    np.testing.assert_array_equal(dp_sgd._in_place(aligned).numpy(), aligned)
 
 
 def test_the_noise_buffer_serves_every_draw_once_and_with_the_law_of_fresh_draws(monkeypatch):
