@@ -14,6 +14,6 @@ def secret_rng(seed: Optional[int] = None) -> np.random.Generator:
                                                    else seed))
 
 
-def secret_seed() -> int:
-    """A 63-bit integer seed from the OS CSPRNG, for generators that take one (TF's Philox)."""
-    return secrets.randbits(63)
+def secret_key(length: int = 32) -> bytes:
+    """`length` bytes from the OS CSPRNG: a key for a keyed pseudorandom function (AES)."""
+    return secrets.token_bytes(length)

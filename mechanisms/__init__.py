@@ -1,8 +1,8 @@
 """The only code in sage-tfx that draws privacy noise (docs/architecture.md), with one
-exception: DP-SGD's per-step Gaussian is drawn inside TensorFlow's graph (one OpenDP call per
-step and per tensor is not workable), in float32 from a generator seeded by
-sage_tfx.randomness.secret_seed; components/dp_trainer/dp_sgd.py says what its epsilon does and
-does not prove.
+exception: DP-SGD's Gaussians, a million or more per second of training, are drawn in float32
+from an AES keystream under keys from sage_tfx.randomness.secret_key (OpenDP's sampler takes
+about a minute per million draws); components/dp_trainer/dp_sgd.py says what its epsilon does
+and does not prove.
 
 Why a vetted sampler, and why OpenDP
 ------------------------------------

@@ -23,14 +23,13 @@ thresholding decisions (booleans) and values rounded to a grid far coarser than 
 """
 from __future__ import annotations
 
-import secrets
-
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 # Compiled (numba) when this module is imported, so that no draw compiles, or fails, after a
 # charge.
 from sage_tfx.mechanisms import polar_kernel
+from sage_tfx.randomness import secret_key
 
 KEY_BYTES = 32
 _WORD = np.dtype("<u8")
@@ -50,7 +49,7 @@ class KeyedGaussian:
     @classmethod
     def fresh(cls) -> "KeyedGaussian":
         """A new secret key from the OS CSPRNG (the only mode outside tests)."""
-        return cls(secrets.token_bytes(KEY_BYTES))
+        return cls(secret_key(KEY_BYTES))
 
     @property
     def key(self) -> bytes:

@@ -32,19 +32,20 @@ One step on sample S (Abadi et al. 2016; oblivious-sampling paper §3 "NoisySGD"
   same noise, and returns only its update. (A model whose own parameters overflow on the
   null row would still diverge, but that depends on the model alone, not on any record.)
 
-Noise comes from AES-256 in counter mode under keys that a tf.random.Generator (Philox) seeded
-by sage_tfx.randomness.secret_seed (the OS CSPRNG) hands out, one key per buffer of draws, unless
-a test passes a seed (gaussian_noise). What that does and does not give, honestly: the draws are
-made outside the step's graph, 2^20 at a time on a worker thread, and served to the steps from a
-buffer (NoiseBuffer), so they cannot come from sage_tfx.mechanisms (OpenDP, one Python call per
-release). These are float32 Gaussians computed from the keystream (by Box-Muller), not exact
-lattice samples. Mironov's (2012) attack is on Laplace, and needs the exact noisy value of one
+Noise comes from AES-256 in counter mode, one key per buffer of draws: 256 bits from the OS
+CSPRNG (sage_tfx.randomness.secret_key), or, where a test, a benchmark or the audit passes a
+seed, from a Philox generator so that the run repeats (noise_generator, noise_key). What that
+does and does not give, honestly: the draws are made in Python, outside the step's graph (a
+buffer at a time, ahead of the steps, on a worker thread: NoiseBuffer), but not by
+sage_tfx.mechanisms: OpenDP's sampler takes about 0.6 s per 17,000 draws
+(docs/dp-aggregation.md), a minute per 2^20, against 3.4 ms here. These are float32 Gaussians
+computed from the keystream by Box-Muller (keyed_gaussian_noise), not exact lattice samples. Mironov's (2012) attack is on Laplace, and needs the exact noisy value of one
 release; here no noisy gradient leaves the step, only the model after every step's float32
 update, but Jin et al. (IEEE S&P 2022) show floating-point Gaussian samplers are attackable too
 when their output is seen. So the epsilon the accountant reports is a proof for the idealised
 mechanism (real-valued Gaussians of std sigma * C); it is not a proof for this float32
-implementation. The keystream is a cryptographic expansion of its key, but the keys come from
-Philox under a 63-bit seed: that seed, not AES, bounds how hard the noise is to predict.
+implementation. The keystream is pseudorandom to anyone without its key (AES as a
+pseudorandom function); a seeded run is only as unpredictable as its seed.
 
 Lazy noise for embedding tables (issue 35). An embedding table of V rows gets V d Gaussians
 per step (161,153 for 10,000 ids of dimension 16: 1.5 ms, more than the whole non-private
@@ -81,7 +82,7 @@ added when the row is next read instead of at every step:
   before on_step and on_epoch, on return and on an exception; a caller of make_dp_step's step
   outside run_steps calls step.materialise() before reading the model. Each lazy draw is one
   served draw scaled to std s sqrt(k); materialising every row takes V d more (every step
-  when on_step is set): gaussian_noise's tail argument counts every draw served.
+  when on_step is set): keyed_gaussian_noise's tail argument counts every draw served.
 
 The per-epoch training loss reported to `on_epoch` is not DP: DPTrainer writes it nowhere
 (benchmarks on public data read it).
@@ -102,7 +103,7 @@ import tensorflow as tf  # after clipping, which imports tensorflow-privacy's su
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
 from sage_tfx.components.util.legacy_keras import require_legacy_keras
 from sage_tfx.components.util.losses import with_reduction
-from sage_tfx.randomness import secret_seed
+from sage_tfx.randomness import secret_key
 
 
 @dataclass(frozen=True)
@@ -148,17 +149,23 @@ class StepPlan:
         return cls(rows, weights, descriptor.expected_batch_size, epochs)
 
 
-def noise_generator(seed: Optional[int] = None) -> tf.random.Generator:
-    return tf.random.Generator.from_seed(secret_seed() if seed is None else seed)
+def noise_generator(seed: Optional[int] = None) -> Optional[tf.random.Generator]:
+    """Where DP-SGD's noise keys come from: None (the product) for the OS CSPRNG; for a seed, a
+    Philox generator, so that the run repeats."""
+    return None if seed is None else tf.random.Generator.from_seed(seed)
 
 
-def noise_key(generator: tf.random.Generator) -> bytes:
-    """A fresh 256-bit AES key from the generator (its next two seeds, 4 x 64 bits)."""
+def noise_key(generator: Optional[tf.random.Generator]) -> bytes:
+    """A fresh 256-bit AES key: from the OS CSPRNG, or a seeded generator's next two seeds
+    (4 x 64 bits)."""
+    if generator is None:
+        return secret_key(32)
     return generator.make_seeds(2).numpy().astype("<i8").tobytes()
 
 
-def gaussian_noise(generator: tf.random.Generator, size: int, stddev: float) -> np.ndarray:
-    """`size` independent N(0, stddev^2) float32 draws under a fresh key from the generator:
+def gaussian_noise(generator: Optional[tf.random.Generator], size: int,
+                   stddev: float) -> np.ndarray:
+    """`size` independent N(0, stddev^2) float32 draws under a fresh key:
     keyed_gaussian_noise(noise_key(generator), size, stddev)."""
     return keyed_gaussian_noise(noise_key(generator), size, stddev)
 
@@ -178,7 +185,8 @@ def keyed_gaussian_noise(key: bytes, size: int, stddev: float) -> np.ndarray:
     pseudorandom function of the counter, so its blocks are as good as independent uniform
     bits to anyone without the key. Chunk c takes the next 20 P bytes of it (P =
     _PAIRS_PER_CHUNK pairs): 16 P bytes give each pair two 64-bit words (the radius), then 4 P
-    bytes one 32-bit word each (the angle). Its draws are the pairs' cos halves then their sin
+    bytes one 32-bit word each (the angle), little-endian words on the machines TensorFlow
+    runs on (x86-64, ARM64). Its draws are the pairs' cos halves then their sin
     halves, and the draws are the chunks' in order, cut to `size`: a function of the key and
     the position, whatever `size` is.
 
@@ -225,6 +233,10 @@ def box_muller(radius_words: np.ndarray, angle_words: np.ndarray, stddev: float,
     from the top 52 bits of each pair's two; n 32-bit angle words: A from the top 23 bits) into
     `out` (2n float32): stddev sqrt(-2 ln V) cos 2 pi A for every pair, then the sin halves."""
     pairs = angle_words.shape[0]
+    if radius_words.shape != (2 * pairs,) or out.shape != (2 * pairs,):
+        # The kernels do not check bounds: a short array would be read or written past its end.
+        raise ValueError(f"box_muller needs 2n radius words and 2n outputs for n = {pairs} "
+                         f"angle words, got {radius_words.shape[0]} and {out.shape[0]}")
     tail = np.empty(pairs)
     noise_kernel.tails(radius_words, tail)  # V = (1 - U1) - U2 2^-52, in (0, 1]
     np.log(tail, out=tail)
@@ -238,7 +250,10 @@ def box_muller(radius_words: np.ndarray, angle_words: np.ndarray, stddev: float,
 def _in_place(draws: np.ndarray) -> tf.Tensor:
     """`draws` as a tensor that reads their memory (DLPack: no copy, 0.3 against 1.3 ms per 2^20
     for a copy into the buffer). TensorFlow aborts the process on a tensor whose data is not
-    64-byte aligned, so such draws are refused here first (keyed_gaussian_noise aligns its)."""
+    64-byte aligned, so such draws are refused here first (keyed_gaussian_noise aligns its).
+    Ownership passes to TensorFlow: assigning such a tensor, which nothing else holds, to a
+    variable makes the variable keep that memory (kept alive by the DLPack capsule), not a copy,
+    so the caller must not keep or write `draws` afterwards."""
     if draws.ctypes.data % 64:
         raise ValueError("noise draws handed to TensorFlow in place must start on a 64-byte "
                          "boundary")
@@ -254,8 +269,8 @@ def _aligned_float32(count: int) -> np.ndarray:
 
 
 class NoiseBuffer:
-    """Independent N(0, stddev^2) draws served in order from a buffer that gaussian_noise
-    refills at least REFILL_DRAWS at a time: reserve(most) before each compiled call (in
+    """Independent N(0, stddev^2) draws served in order from a buffer that keyed_gaussian_noise
+    refills at least REFILL_DRAWS at a time, under a fresh key each time (noise_key): reserve(most) before each compiled call (in
     Python), take(size) inside it. The next REFILL_DRAWS are drawn ahead, on a worker thread,
     while the steps run.
 
@@ -274,8 +289,8 @@ class NoiseBuffer:
     accounting are unchanged; only which generator output a seed gives each step changes.
     The buffered draws are as secret as the generator's state: they stay in the process
     beside the model and are never written or returned.
-    Drawn ahead. A refill installs the draws made ahead (read in place on their way into the
-    buffer's variable: _in_place) and starts the next ones on a worker thread, so drawing
+    Drawn ahead. A refill installs the draws made ahead (the variable takes their memory over:
+    _in_place; nothing else keeps a fill) and starts the next ones on a worker thread, so drawing
     them (about 3.4 ms per 2^20 on this CPU, 2-3 refills per epoch of the benchmark's models,
     one per step for a model of a million parameters) overlaps the steps instead of stalling
     one. The next fill's key is
@@ -288,7 +303,7 @@ class NoiseBuffer:
 
     REFILL_DRAWS = 1 << 20  # 4 MiB of float32
 
-    def __init__(self, generator: tf.random.Generator, stddev: float):
+    def __init__(self, generator: Optional[tf.random.Generator], stddev: float):
         self._generator = generator
         self._draws = tf.Variable(tf.zeros([0]), shape=tf.TensorShape([None]), trainable=False)
         self._next = tf.Variable(0, dtype=tf.int64, trainable=False)  # first unread position
@@ -434,7 +449,7 @@ class TrainingStep:
 
 def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
                  labels: tf.Tensor, config: DPSGDConfig, normaliser: float,
-                 generator: tf.random.Generator, jit_compile: bool = False,
+                 generator: Optional[tf.random.Generator], jit_compile: bool = False,
                  lazy_noise: bool = True) -> TrainingStep:
     """A compiled DP-SGD step: step(rows, weights) -> (weighted loss sum, weight sum), with
     lazy noise on the embedding tables where it is exact (module docstring): call

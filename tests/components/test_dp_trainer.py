@@ -4,6 +4,7 @@ import base64
 import csv
 import dataclasses
 import json
+import gc
 import math
 import os
 import subprocess
@@ -280,8 +281,53 @@ def test_draws_that_tensorflow_cannot_read_in_place_are_refused_not_a_crash():
     misaligned = dp_sgd._aligned_float32(17)[1:]  # 4 bytes past a 64-byte boundary
     with pytest.raises(ValueError, match="64-byte boundary"):
         dp_sgd._in_place(misaligned)
-    aligned = dp_sgd.keyed_gaussian_noise(bytes(32), 10, 1.0)
-    np.testing.assert_array_equal(dp_sgd._in_place(aligned).numpy(), aligned)
+
+
+def test_keyed_noise_is_box_muller_of_the_aes_keystream():
+    """A known answer from an independent reading of keyed_gaussian_noise's layout: one
+    AES-256-CTR keystream (counter from 0) for the whole call; in chunk c of P pairs, pair j's
+    radius words are bytes 16j to 16j + 16 and its angle word bytes 16P + 4j, little-endian;
+    U1, U2 and A their top 52, 52 and 23 bits. V = 1 - U1 - U2 2^-52 is computed exactly (as a
+    fraction) and must equal the kernel's float64 tail; the draws must be stddev sqrt(-2 ln V)
+    (cos, sin)(2 pi A) to float32 rounding. Two chunks and an odd size: any other choice of
+    bytes (an angle read from U2's, low bits for top bits) fails."""
+    from fractions import Fraction
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from sage_tfx.components.dp_trainer import noise_kernel
+    key, pairs_per_chunk = bytes(range(32)), dp_sgd._PAIRS_PER_CHUNK
+    size = 2 * pairs_per_chunk + 7  # a second chunk, and half a pair
+    draws = dp_sgd.keyed_gaussian_noise(key, size, 3.0)
+    keystream = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update(
+        bytes(2 * 20 * pairs_per_chunk))
+    expected = []
+    for chunk in range(2):
+        block = keystream[20 * pairs_per_chunk * chunk:20 * pairs_per_chunk * (chunk + 1)]
+        words = np.frombuffer(block[:16 * pairs_per_chunk], "<u8")
+        angle_words = np.frombuffer(block[16 * pairs_per_chunk:], "<u4")
+        tail = np.empty(pairs_per_chunk)
+        noise_kernel.tails(words.astype(np.uint64), tail)  # a writable native copy
+        some = range(0, pairs_per_chunk, 97)  # exact arithmetic on a sample of the pairs
+        exact = [float(Fraction(2 ** 104 - (int(words[2 * j] >> 12) << 52)
+                                - int(words[2 * j + 1] >> 12), 2 ** 104)) for j in some]
+        assert tail[list(some)].tolist() == exact
+        radius = 3.0 * np.sqrt(-2.0 * np.log(tail))
+        angle = 2.0 * np.pi * (angle_words >> 9).astype(np.float64) * 2.0 ** -23
+        expected += [radius * np.cos(angle), radius * np.sin(angle)]
+    np.testing.assert_allclose(draws, np.concatenate(expected)[:size], rtol=1e-5, atol=3e-5)
+
+
+def test_unseeded_noise_keys_come_from_the_os_csprng():
+    """The product passes no seed: every fill's key is 256 fresh bits from the OS CSPRNG
+    (sage_tfx.randomness.secret_key), not Philox's 63-bit seed, and the buffer serves from it."""
+    assert dp_sgd.noise_generator() is None
+    keys = {dp_sgd.noise_key(None) for _ in range(100)}
+    assert len(keys) == 100 and all(len(key) == 32 for key in keys)
+    buffer = dp_sgd.NoiseBuffer(dp_sgd.noise_generator(), 2.0)
+    buffer.reserve(1_000)
+    served = buffer.take(1_000).numpy()
+    assert np.isfinite(served).all() and 1.5 < served.std() < 2.5
 
 
 def test_the_noise_buffer_serves_every_draw_once_and_with_the_law_of_fresh_draws(monkeypatch):
@@ -326,6 +372,11 @@ def test_draws_made_ahead_are_the_draws_each_refill_would_make(monkeypatch):
     served = []
     for size in (300, 300, 300, 300, 1_500, 200, 1_400, 1_400):
         buffer.reserve(size)
+        # The variable holds the fill's memory (_in_place): freeing and reusing the heap must
+        # not change what it serves.
+        gc.collect()
+        churn = [np.full(1_000 + 13 * k, -7.0, np.float32) for k in range(50)]
+        del churn
         served.append(buffer.take(size).numpy())
     oracle = dp_sgd.noise_generator(5)
     # Keys: fill 1, ahead 2, ahead 3 (discarded at the 1,500), 4 (drawn then), ahead 5, 6, 7
