@@ -340,6 +340,11 @@ class NoiseBuffer:
             self._promised = 0
         self._promised += most
 
+    def settle(self) -> None:
+        """Wait for the fill being drawn ahead, if any (it stays ahead: the next refill uses it)."""
+        if self._ahead is not None:
+            self._ahead[1].result()
+
     def take(self, size) -> tf.Tensor:
         """Inside a compiled call: the next `size` (an int or a scalar integer tensor) unread
         draws, flat. Past the buffer's end (a take no reserve covered) the slice comes back
@@ -434,10 +439,12 @@ def pending_noise_scale(pending_steps: tf.Tensor) -> tf.Tensor:
 
 class TrainingStep:
     """step(rows, weights) -> (weighted loss sum, weight sum); step.materialise() adds every
-    pending (lazy) noise, so that the model in memory is the one the mechanism releases."""
+    pending (lazy) noise, so that the model in memory is the one the mechanism releases;
+    step.settle() waits for work the steps started in the background (the next noise fill)."""
 
-    def __init__(self, step: Callable, materialise: Optional[Callable] = None):
-        self._step, self._materialise = step, materialise
+    def __init__(self, step: Callable, materialise: Optional[Callable] = None,
+                 settle: Optional[Callable] = None):
+        self._step, self._materialise, self._settle = step, materialise, settle
 
     def __call__(self, rows: tf.Tensor, weights: tf.Tensor):
         return self._step(rows, weights)
@@ -445,6 +452,13 @@ class TrainingStep:
     def materialise(self) -> None:
         if self._materialise is not None:
             self._materialise()
+
+    def settle(self) -> None:
+        """Wait until nothing the steps started still runs, so that a clock around a run of
+        steps counts all of their work (benchmarks: a fill drawn ahead would otherwise be drawn
+        during whatever runs next)."""
+        if self._settle is not None:
+            self._settle()
 
 
 def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
@@ -544,7 +558,8 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
         noise_draws.reserve(sum(counts))
         materialise()
 
-    return TrainingStep(reserved_step, reserved_materialise if lazy else None)
+    return TrainingStep(reserved_step, reserved_materialise if lazy else None,
+                        noise_draws.settle)
 
 
 def kept_rows(losses: tf.Tensor, gradient_norms: tf.Tensor) -> tf.Tensor:

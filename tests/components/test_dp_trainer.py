@@ -394,6 +394,22 @@ def test_draws_made_ahead_are_the_draws_each_refill_would_make(monkeypatch):
     assert not np.array_equal(dp_sgd.keyed_gaussian_noise(keys[2], 1_500, 2.0), fills[4])
 
 
+def test_settle_waits_for_the_fill_drawn_ahead_and_keeps_it(monkeypatch):
+    """step.settle() (benchmarks time a run of steps with it) returns once the fill drawn
+    ahead is done, and that fill is still the one the next refill serves."""
+    monkeypatch.setattr(dp_sgd.NoiseBuffer, "REFILL_DRAWS", 1_000)
+    buffer = dp_sgd.NoiseBuffer(dp_sgd.noise_generator(5), 2.0)
+    buffer.reserve(1_000)
+    buffer.take(1_000)
+    buffer.settle()
+    assert buffer._ahead[1].done()
+    buffer.reserve(1_000)
+    oracle = dp_sgd.noise_generator(5)
+    keys = [dp_sgd.noise_key(oracle) for _ in range(2)]
+    np.testing.assert_array_equal(buffer.take(1_000).numpy(),
+                                  dp_sgd.keyed_gaussian_noise(keys[1], 1_000, 2.0))
+
+
 def test_a_dp_step_draws_its_noise_from_the_buffer_not_from_the_generator():
     """Steps take their noise from the NoiseBuffer: the generator moves once per refill
     (2^20 draws cover ~1,000 steps of this 1,003-parameter model), not once per step."""
