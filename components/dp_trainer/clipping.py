@@ -498,9 +498,13 @@ def _handle_flow(graph, handles, outputs, library: _Library) -> tuple[bool, froz
 
 
 def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
-                         dtype: tf.DType) -> None:
+                         dtype: tf.DType, loss=None, labels: Optional[tf.TensorSpec] = None
+                         ) -> None:
     """ValueError naming every variable a training pass of `model` may change (a custom layer
-    keeping statistics of its batches: released with the model, unnoised).
+    keeping statistics of its batches: released with the model, unnoised), and of `loss` (the
+    per-example loss the step calls, on labels of one example's spec `labels`), when given: a
+    loss that carries a statistic of one batch into later steps makes other examples'
+    gradients depend on that batch, beyond what per-example clipping bounds.
 
     Decided from the graph, not from values: `model(x, training=True)` and its gradients
     (DP-SGD's step runs the layers in training mode, forward and backward, and a custom
@@ -526,23 +530,30 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     GaussianNoise keep one when TensorFlow's generator is enabled; by default they keep none
     and are accepted): how far a draw moves it is its size, which a layer may take from the
     data's shapes (a boolean mask's length), and the trace cannot tell such a shape from the
-    batch's public one. Not covered: the loss (the caller's), and a write that happens only
-    at batch sizes other than these three."""
+    batch's public one. Not covered: a loss not passed here (the preflight has no labels'
+    spec; dp_sgd.train passes it, after the charge and before any step), and a write that
+    happens only at batch sizes other than these three."""
     @tf.function
-    def training_pass(batch):
+    def training_pass(batch, batch_labels):
         # Forward and backward, as the step runs them: a custom gradient may write too.
         with tf.GradientTape() as tape:
-            outputs = tf.nest.flatten(model(batch, training=True))
+            predictions = model(batch, training=True)
+            outputs = tf.nest.flatten(predictions)
             total = tf.add_n([tf.reduce_sum(tf.cast(output, tf.float32)) for output in outputs])
+            if loss is not None:
+                total += tf.reduce_sum(tf.cast(loss(batch_labels, predictions), tf.float32))
         return tape.gradient(total, model.trainable_variables,
                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
     changed = {"non-trainable": set(), "trainable": set(), "outside": set()}
     # The step's batch size is unknown to its trace; the per-example fallback calls layers on
     # one example; 2 is a batch size no Python branch on "one example" takes.
+    label_shape, label_dtype = ((labels.shape, labels.dtype) if labels is not None
+                                else ((), tf.float32))  # unread without a loss
     for batch_size in (None, 1, 2):
         traced = training_pass.get_concrete_function(
-            tf.TensorSpec([batch_size, *example_shape], dtype))
+            tf.TensorSpec([batch_size, *example_shape], dtype),
+            tf.TensorSpec([batch_size, *label_shape], label_dtype))
         library = _Library(traced.graph)
         # After the trace: an unbuilt model gets its variables there.
         non_trainable = {id(v.handle) for v in model.non_trainable_variables}

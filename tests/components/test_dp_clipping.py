@@ -6,7 +6,7 @@ import pytest
 import sage_tfx  # noqa: F401  (Keras 2, before TensorFlow loads)
 import tensorflow as tf
 
-from sage_tfx.components.dp_trainer import clipping
+from sage_tfx.components.dp_trainer import clipping, dp_sgd
 from sage_tfx.components.util.losses import with_reduction
 
 BATCH = 6
@@ -484,6 +484,39 @@ def test_the_benchmark_models_are_accepted(task):
     spec.loader.exec_module(benchmark)
     build, features, _, _ = benchmark.TASKS[task](4, np.random.default_rng(0))
     clipping.refuse_state_updates(build(), features.shape[1:], tf.as_dtype(features.dtype))
+
+
+class _LabelMeanLoss(tf.keras.losses.Loss):
+    """A loss that carries a running mean of the labels it has seen into later batches."""
+
+    def __init__(self, reduction=tf.keras.losses.Reduction.NONE, name=None):
+        super().__init__(reduction=reduction, name=name)
+        self.seen = tf.Variable(0.0, trainable=False, name="label_mean")
+
+    def call(self, y_true, y_pred):
+        self.seen.assign(0.9 * self.seen + 0.1 * tf.reduce_mean(y_true))
+        return tf.reduce_sum(tf.square(y_pred - y_true + self.seen), axis=-1)
+
+
+def test_a_loss_that_keeps_state_across_batches_is_refused_before_any_step():
+    """The loss's running mean puts one batch's labels into every later step's gradients,
+    beyond what per-example clipping bounds: refused, naming the variable, when the loss is
+    traced with the model (dp_sgd.train does so before the first step); a plain loss passes."""
+    model = functional(L.Dense(1), input_shape=(3,))
+    labels = tf.TensorSpec([1], tf.float32)
+    with pytest.raises(ValueError, match=r"label_mean:0 outside the model"):
+        clipping.refuse_state_updates(model, (3,), tf.float32, _LabelMeanLoss(), labels)
+    clipping.refuse_state_updates(model, (3,), tf.float32, with_reduction(
+        tf.keras.losses.MeanSquaredError(), tf.keras.losses.Reduction.NONE), labels)
+    features, targets = tf.ones((16, 3)), tf.zeros((16, 1))
+    plan = dp_sgd.StepPlan(np.arange(16, dtype=np.int32).reshape(2, 8),
+                           np.ones((2, 8), np.float32), 8.0, 1)
+    before = [w.numpy() for w in model.trainable_variables]
+    with pytest.raises(ValueError, match=r"label_mean:0 outside the model"):
+        dp_sgd.train(model, _LabelMeanLoss(), features, targets, plan,
+                     dp_sgd.DPSGDConfig(1.0, 1.0, 0.1), seed=1)
+    for weight, old in zip(model.trainable_variables, before):  # no step ran
+        np.testing.assert_array_equal(weight.numpy(), old)
 
 
 def test_dropout_with_tensorflows_generator_is_refused():
