@@ -39,10 +39,11 @@ does and does not give, honestly: the draws are made in Python, outside the step
 buffer at a time, ahead of the steps, on a worker thread: NoiseBuffer), but not by
 sage_tfx.mechanisms: OpenDP's sampler takes about 0.6 s per 17,000 draws
 (docs/dp-aggregation.md), a minute per 2^20, against 3.4 ms here. These are float32 Gaussians
-computed from the keystream by Box-Muller (keyed_gaussian_noise), not exact lattice samples. Mironov's (2012) attack is on Laplace, and needs the exact noisy value of one
-release; here no noisy gradient leaves the step, only the model after every step's float32
-update, but Jin et al. (IEEE S&P 2022) show floating-point Gaussian samplers are attackable too
-when their output is seen. So the epsilon the accountant reports is a proof for the idealised
+computed from the keystream by Box-Muller (keyed_gaussian_noise), not exact lattice samples.
+Mironov's (2012) attack is on Laplace, and needs the exact noisy value of one release; here no
+noisy gradient leaves the step, only the model after every step's float32 update, but Jin et
+al. (IEEE S&P 2022) show floating-point Gaussian samplers are attackable too when their output
+is seen. So the epsilon the accountant reports is a proof for the idealised
 mechanism (real-valued Gaussians of std sigma * C); it is not a proof for this float32
 implementation. The keystream is pseudorandom to anyone without its key (AES as a
 pseudorandom function); a seeded run is only as unpredictable as its seed.
@@ -163,13 +164,6 @@ def noise_key(generator: Optional[tf.random.Generator]) -> bytes:
     return generator.make_seeds(2).numpy().astype("<i8").tobytes()
 
 
-def gaussian_noise(generator: Optional[tf.random.Generator], size: int,
-                   stddev: float) -> np.ndarray:
-    """`size` independent N(0, stddev^2) float32 draws under a fresh key:
-    keyed_gaussian_noise(noise_key(generator), size, stddev)."""
-    return keyed_gaussian_noise(noise_key(generator), size, stddev)
-
-
 # The draws are made in chunks of this many pairs: each chunk's keystream (20 bytes a pair, 320
 # KB, in cache) is encrypted while the GIL is held (about 50 us), the rest of the arithmetic
 # without it. 2^20 draws: 3.4 ms in chunks of 2^14 pairs, 3.6 in 2^16, 4.0 in 2^12.
@@ -192,6 +186,11 @@ def keyed_gaussian_noise(key: bytes, size: int, stddev: float) -> np.ndarray:
 
     Box-Muller (1958): for independent V uniform on (0, 1] and A uniform on [0, 1), sqrt(-2 ln
     V) (cos 2 pi A, sin 2 pi A) are two independent standard normals (box_muller).
+
+    Why not mechanisms.keyed.KeyedGaussian, the AES Gaussian DP-SQLP uses: it evaluates noise
+    at arbitrary (stream, counter) points, with the bits its release tests pin, by the polar
+    method with rejection rounds; a flat fill of 2^20 took it 11.7 ms against 3.4 here. This
+    one only fills buffers in order, so it runs the keystream straight through.
 
     The tail. A float32 uniform has 23 random bits, so V = 1 - U >= 2^-23 and no pair's
     radius sqrt(-2 ln V) would exceed sqrt(46 ln 2) = 5.65 standard deviations (TensorFlow's
@@ -270,9 +269,9 @@ def _aligned_float32(count: int) -> np.ndarray:
 
 class NoiseBuffer:
     """Independent N(0, stddev^2) draws served in order from a buffer that keyed_gaussian_noise
-    refills at least REFILL_DRAWS at a time, under a fresh key each time (noise_key): reserve(most) before each compiled call (in
-    Python), take(size) inside it. The next REFILL_DRAWS are drawn ahead, on a worker thread,
-    while the steps run.
+    refills at least REFILL_DRAWS at a time, under a fresh key each time (noise_key):
+    reserve(most) before each compiled call (in Python), take(size) inside it. The next
+    REFILL_DRAWS are drawn ahead, on a worker thread, while the steps run.
 
     Why. A draw per step has a fixed cost (as graph ops in the step, about 20 ops and 0.17 ms
     for the benchmark's 5,569-parameter MLP on a 0.8 ms non-private step) that outweighs
@@ -287,7 +286,7 @@ class NoiseBuffer:
     alone, so the values served stay iid). So the values served are iid N(0, stddev^2),
     independent of everything else, as fresh draws per call would be: the mechanism and its
     accounting are unchanged; only which generator output a seed gives each step changes.
-    The buffered draws are as secret as the generator's state: they stay in the process
+    The buffered draws are as secret as their keys: they stay in the process
     beside the model and are never written or returned.
     Drawn ahead. A refill installs the draws made ahead (the variable takes their memory over:
     _in_place; nothing else keeps a fill) and starts the next ones on a worker thread, so drawing

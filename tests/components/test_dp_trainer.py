@@ -235,7 +235,7 @@ def test_dp_sgd_noise_is_standard_normal_times_its_stddev(size):
     # standard errors each).
     from scipy import stats
     generator = dp_sgd.noise_generator(5)
-    draws = dp_sgd.gaussian_noise(generator, size, 2.5)
+    draws = dp_sgd.keyed_gaussian_noise(dp_sgd.noise_key(generator), size, 2.5)
     assert draws.shape == (size,) and draws.dtype == np.float32
     assert draws.ctypes.data % 64 == 0  # NoiseBuffer hands them to TensorFlow in place
     draws = draws.astype(np.float64)
@@ -243,10 +243,11 @@ def test_dp_sgd_noise_is_standard_normal_times_its_stddev(size):
     assert draws.var() == pytest.approx(2.5 ** 2, rel=0.01)
     half = size // 2
     assert abs(np.corrcoef(draws[:half], draws[half:2 * half])[0, 1]) < 4 / math.sqrt(half)
-    again = dp_sgd.gaussian_noise(generator, size, 2.5)
+    again = dp_sgd.keyed_gaussian_noise(dp_sgd.noise_key(generator), size, 2.5)
     assert abs(np.corrcoef(draws, again)[0, 1]) < 4 / math.sqrt(size)
     # A huge scale (a huge clip) stays finite: stddev^2 would overflow float32.
-    huge = dp_sgd.gaussian_noise(generator, 10_000, 1e25).astype(np.float64) / 1e25
+    huge = dp_sgd.keyed_gaussian_noise(dp_sgd.noise_key(generator), 10_000, 1e25).astype(
+        np.float64) / 1e25
     assert np.isfinite(huge).all() and huge.std() == pytest.approx(1.0, rel=0.1)
 
 
