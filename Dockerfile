@@ -26,10 +26,17 @@ RUN pip install --quiet pip==24.3.1 setuptools==75.8.0 wheel==0.45.1 \
 COPY . .
 COPY --from=web /web/node_modules sage_access/web/node_modules
 # Installed as a wheel (not editable), as tests/test_wheel.py installs it. Importing the numba
-# kernels compiles them into the image (sage_tfx.compiled: a pod then loads them at import).
+# kernels compiles them into the image (sage_tfx.compiled: a pod then loads them at import), and
+# DP-SGD's step kernels are compiled there too, for CPUs with and without AVX2 (step_ops, with
+# g++, removed after it).
 RUN pip install --quiet --no-deps --no-build-isolation . \
+    && apt-get update -qq && apt-get install -y -qq --no-install-recommends g++ > /dev/null \
     && cd / && python -c "import sage_tfx.components as c; [getattr(c, n) for n in c.__all__]; \
 from sage_tfx.sage_access.web.app import chart_library; chart_library(); \
 import sage_tfx.mechanisms.keyed, sage_tfx.dp_statistics.continual.blt_kernel, \
-    sage_tfx.components.dp_trainer.noise_kernel" \
+    sage_tfx.components.dp_trainer.noise_kernel; \
+from sage_tfx.components.dp_trainer import step_ops; \
+step_ops.compiled_library(); step_ops.compiled_library(vector_flags=[])" \
+    && apt-get purge -y -qq g++ > /dev/null && apt-get autoremove -y -qq > /dev/null \
+    && rm -rf /var/lib/apt/lists/* \
     && sage-tfx --help > /dev/null

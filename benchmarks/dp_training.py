@@ -1,12 +1,11 @@
 """DP-SGD epoch time against non-private SGD on the same model, data and batches.
 
-    python benchmarks/dp_training.py --rows 100000 --repeats 5 [--json] [--xla]
+    python benchmarks/dp_training.py --rows 100000 --repeats 5 [--json]
 
 Three models, each trained for one epoch of SWO samples (batch 256) with DPTrainer's DP-SGD
 step (one-pass per-example clipping + Gaussian noise, dp_sgd.make_dp_step) and with the
 non-private reference step (dp_sgd.make_nondp_step), both compiled the same way (TensorFlow
-graphs as DPTrainer runs them; --xla compiles both gradient computations with XLA), in one
-process:
+graphs as DPTrainer runs them), in one process:
 
 * mlp: 20 standard normal inputs, two hidden Dense layers of 64 (relu), one logit;
 * embedding: one categorical feature of 10,000 ids, an Embedding of dimension 16, a hidden
@@ -100,7 +99,7 @@ def spread(values: list[float]) -> dict:
             "max": round(max(values), 4)}
 
 
-def compare(task, rows: int, repeats: int, jit_compile: bool) -> dict:
+def compare(task, rows: int, repeats: int) -> dict:
     build, features, labels, loss = task(rows, np.random.default_rng(0))
     samples = samples_swo(tf.range(rows), BATCH, seed=1)
     plan = dp_sgd.StepPlan.for_layout(samples.real, samples.descriptor)
@@ -110,9 +109,8 @@ def compare(task, rows: int, repeats: int, jit_compile: bool) -> dict:
     steps = {
         "dp": dp_sgd.make_dp_step(build(), loss, features, labels,
                                   dp_sgd.DPSGDConfig(1.0, 1.0, 0.1), plan.normaliser,
-                                  dp_sgd.noise_generator(), jit_compile=jit_compile),
-        "nondp": dp_sgd.make_nondp_step(build(), loss, features, labels, 0.1, plan.normaliser,
-                                        jit_compile=jit_compile)}
+                                  dp_sgd.noise_generator()),
+        "nondp": dp_sgd.make_nondp_step(build(), loss, features, labels, 0.1, plan.normaliser)}
     for step in steps.values():
         epoch_seconds(step, plan)  # warm-up: traces, compiles, touches every batch once
     seconds = {(side, clock): [] for side in steps for clock in ("wall", "cpu")}
@@ -138,14 +136,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--models", default=",".join(TASKS),
                         help=f"comma-separated subset of {','.join(TASKS)}")
-    parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=False,
-                        help="compile both sides' gradient computations with XLA")
     parser.add_argument("--json", action="store_true", help="JSON only (the default output too)")
     args = parser.parse_args(argv)
-    models = {name: compare(TASKS[name], args.rows, args.repeats, args.xla)
+    models = {name: compare(TASKS[name], args.rows, args.repeats)
               for name in args.models.split(",")}
     print(json.dumps({"rows": args.rows, "batch": BATCH, "repeats": args.repeats,
-                      "xla": args.xla, "models": models,
+                      "models": models,
                       "max_ratio": max(result["ratio"] for result in models.values())}))
     return 0
 

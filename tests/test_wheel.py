@@ -110,7 +110,8 @@ def test_the_wheel_holds_every_package_and_the_assets(installed):
     for asset in (PLOTLY, "sage_tfx/sage_access/web/static/index.html",
                   "sage_tfx/examples/taxi/taxi_module.py",
                   "sage_tfx/examples/taxi/workloads/hour_area_payment.json",
-                  "sage_tfx/examples/taxi/workloads/trip_durations.json"):
+                  "sage_tfx/examples/taxi/workloads/trip_durations.json",
+                  "sage_tfx/components/dp_trainer/step_kernels.cc"):
         assert asset in names, asset
     assert not any(name.startswith("sage_tfx/tests/") for name in names)
 
@@ -137,10 +138,11 @@ assert here.startswith(os.path.realpath(sys.prefix)), here
 for name in c.__all__:
     getattr(c, name)
 from sage_tfx.examples.taxi import taxi_module, stream
-print(len(c.__all__), os.path.isfile(stream.__file__))
+from sage_tfx.components.dp_trainer import step_ops  # DP-SGD's kernels compile from the wheel
+print(len(c.__all__), os.path.isfile(stream.__file__), hasattr(step_ops.library(), "add_noise"))
 """, cwd=scratch)
     assert imported.returncode == 0, imported.stderr[-3000:]
-    assert imported.stdout.split() == ["12", "True"]
+    assert imported.stdout.split() == ["12", "True", "True"]
     helped = _run(env, str(env / "bin" / "sage-tfx"), "--help", cwd=scratch)
     assert helped.returncode == 0 and "sage-tfx ledger" in helped.stdout, helped.stderr
     store = str(scratch / "ledger.sqlite")

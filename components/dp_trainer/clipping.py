@@ -13,20 +13,22 @@ forward and backward pass. Here both come from one pass:
 2. One backward pass of sum_i w_i l_i to every z. The layers act on each example alone, so
    row i of dz is example i's, and each parameter's per-example gradient is a function of
    (a_i, dz_i):
-     Dense, Conv2D   grad_i W = sum_t a_it dz_it^T (t: positions; Conv2D's a = image patches),
-                     grad_i b = sum_t dz_it
+     Dense, Conv2D   grad_i W = sum_t a_it dz_it^T (t: positions; Conv2D's a_t = the image
+                     patch that position t reads), grad_i b = sum_t dz_it
      Embedding       grad_i E[k] = sum of dz_it over the positions t whose id is k
      LayerNorm       grad_i gamma = sum_t dz_it * xhat_it, grad_i beta = sum_t dz_it
      any other       the layer's own vector-Jacobian product on example i alone (vectorised
                      over the batch): correct for any layer that acts per example.
-3. |g_i|^2 is the sum over layers of each layer's per-example squared norm: for Dense and
-   Conv2D the ghost norm sum_{t,s} (a_it . a_is)(dz_it . dz_is) when that is cheaper than
-   forming grad_i W, else |grad_i W|^2 directly.
+3. |g_i|^2 is the sum over layers of each layer's per-example squared norm: for a Dense
+   call with one position (|a_i|^2 + 1) |dz_i|^2; with T positions the ghost norm
+   sum_{t,s} (a_it . a_is)(dz_it . dz_is) when that is cheaper than forming grad_i W, else
+   |grad_i W|^2 directly; for Conv2D |grad_i W|^2 from grad_i W, which one op
+   (step_kernels.cc) forms from the image and dz without the patches, at the work of the
+   batch's kernel gradient.
 4. Book-keeping: the clipped sum reuses (a, dz), with no second backward pass:
-   sum_i c_i grad_i W = A^T diag(c) dZ (for Conv2D the layer's own kernel gradient of the
-   output gradients c_i dz_i, which needs no patches), and likewise for every layer; where
-   step 3 formed per-example gradients (grad_i W, LayerNorm's, any other layer's), their
-   weighted sum.
+   sum_i c_i grad_i W = A^T diag(c) dZ, and likewise for every layer; where step 3 formed
+   per-example gradients (Conv2D's, LayerNorm's, any other layer's), their weighted sum,
+   which then replaces the private step's kernel gradient.
 
 A model that cannot be walked this way (a subclassed model, a layer called twice, a variable no
 layer call owns) takes per-example gradients of the whole model instead (vectorised over the
@@ -35,9 +37,13 @@ have no per-example gradient and are refused. The one-pass rules rely on every l
 each example alone (row i of dz is example i's only); a custom layer that mixes rows would
 break that, as it breaks any per-example clipping, so build such models without one.
 
-Rows that `clipped_sum` is told to drop (kept false) contribute exactly zero: their a and dz
-are zeroed with tf.math.multiply_no_nan (0 even where the row holds inf or NaN; inf * 0 is
-NaN), since a dropped row may hold inf.
+Rows that `clipped_sum` is told to drop (kept false) contribute exactly zero: the ops of
+step_ops zero their a, dz and per-example gradients through a bit mask (0 even where the
+row holds inf or NaN; inf * 0 is NaN), since a dropped row may hold inf.
+
+The small ops (norms, clip scaling, masks, weighted sums) are compiled kernels because each
+graph op costs a few microseconds of TensorFlow's executor, and a step of a small model is a
+fraction of a millisecond: they were most of DP-SGD's overhead (docs/measurements.md).
 """
 from __future__ import annotations
 
@@ -46,37 +52,15 @@ import inspect
 import sys
 from typing import Optional, Sequence
 
-import numpy as np
-
 sys.skip_tf_privacy_import = True  # its __init__ imports estimator code gone since TF 2.16
 import tensorflow as tf  # noqa: E402
 from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils  # noqa: E402
 
+from sage_tfx.components.dp_trainer import step_ops  # noqa: E402
+
 
 class _NotWalkable(Exception):
     """The model's layer graph does not fit the one-pass rules: use whole-model gradients."""
-
-
-def _along_rows(vector: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-    """A [B] vector shaped to broadcast over the rows of `values` (static rank: no shape ops
-    in the graph)."""
-    rank = values.shape.rank
-    return vector if rank == 1 else tf.reshape(vector, [-1] + [1] * (rank - 1))
-
-
-def _rows(kept: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-    """`values` with the rows where `kept` is false set to zero (exactly, even where they hold
-    inf or NaN: multiply_no_nan gives 0 wherever its second factor is 0). One pass: 0.13 ms
-    of CPU for the conv benchmark's [256, 6, 6, 16], against 0.21 for a tf.where."""
-    return tf.math.multiply_no_nan(values, _along_rows(tf.cast(kept, values.dtype), values))
-
-
-def _scaled_rows(values: tf.Tensor, coefficients: tf.Tensor, kept: tf.Tensor) -> tf.Tensor:
-    """Row i of `values` times coefficients[i], and zero where kept[i] is false. A kept row
-    keeps IEEE products (inf * 0 is NaN): one multiply_no_nan by where(kept, c, 0) would be
-    one pass fewer but would also zero a kept row whose coefficient is 0 and values inf,
-    hiding an overflow that only the guard (dp_sgd.kept_rows) may drop."""
-    return _rows(kept, values * _along_rows(coefficients, values))
 
 
 def _squares(per_example: tf.Tensor) -> tf.Tensor:
@@ -84,14 +68,14 @@ def _squares(per_example: tf.Tensor) -> tf.Tensor:
     return tf.reduce_sum(tf.square(per_example), axis=list(range(1, per_example.shape.rank)))
 
 
-def _clipped_from_per_example(per_example: Sequence[tf.Tensor], coefficients: tf.Tensor,
-                               kept: tf.Tensor) -> list[tf.Tensor]:
+def _kept_weighted_sums(per_example: Sequence[tf.Tensor], coefficients: tf.Tensor,
+                        kept: tf.Tensor) -> list[tf.Tensor]:
     """sum_i coefficients[i] g_i over the kept rows, for per-example gradients g [B, ...]."""
-    return [tf.tensordot(coefficients, _rows(kept, g), 1) for g in per_example]
+    return [step_ops.kept_weighted_sum(g, coefficients, kept) for g in per_example]
 
 
 class _Linear:
-    """A Dense or Conv2D call: z_t = a_t W + b at each position t of each example."""
+    """A Dense call: z_t = a_t W + b at each position t of each example."""
 
     def __init__(self, layer, inputs: tf.Tensor, watched: tf.Tensor):
         self.layer, self.watched = layer, [watched]
@@ -110,10 +94,11 @@ class _Linear:
         a, dz = self.inputs, self._by_position(grads[0])
         p, o, t = a.shape[-1], dz.shape[-1], self.positions
         if t == 1:  # |a dz^T|^2 + |dz|^2 = (|a|^2 + 1) |dz|^2
-            return ((_squares(a) + (1.0 if self.layer.use_bias else 0.0)) * _squares(dz))
+            return step_ops.dense_squared_norms([a], [dz], [self.layer.use_bias])
         bias = [tf.reduce_sum(dz, axis=1)] if self.layer.use_bias else []
-        if t is not None and self._ghost_norm_is_cheaper(t, p, o):
-            # Ghost norm: |sum_t a_t dz_t^T|^2 = sum_{t,s} (a_t . a_s)(dz_t . dz_s).
+        if t is not None and t * t * (p + o) <= t * p * o:
+            # Ghost norm, when two T x T Gram products per example cost less than one P x O
+            # kernel product: |sum_t a_t dz_t^T|^2 = sum_{t,s} (a_t . a_s)(dz_t . dz_s).
             kernel = tf.reduce_sum(tf.matmul(a, a, transpose_b=True)
                                    * tf.matmul(dz, dz, transpose_b=True), axis=[1, 2])
             return tf.add_n([kernel] + [_squares(g) for g in bias])
@@ -121,55 +106,56 @@ class _Linear:
         self._per_example = [tf.matmul(a, dz, transpose_a=True)] + bias
         return tf.add_n([_squares(g) for g in self._per_example])
 
-    @staticmethod
-    def _ghost_norm_is_cheaper(t: int, p: int, o: int) -> bool:
-        """Two T x T Gram products per example against one P x O kernel product."""
-        return t * t * (p + o) <= t * p * o
-
     def clipped_sum(self, grads, coefficients, kept) -> list[tf.Tensor]:
         if self._per_example is not None:
             return [tf.reshape(g, v.shape) for g, v in zip(
-                _clipped_from_per_example(self._per_example, coefficients, kept), self.variables)]
-        dz = _scaled_rows(grads[0], coefficients, kept)
-        kernel = tf.reshape(self._summed_kernel(dz, kept), self.layer.kernel.shape)
+                _kept_weighted_sums(self._per_example, coefficients, kept), self.variables)]
+        # A dropped row's a is zeroed too: it may hold inf, and inf * 0 is NaN.
+        a, dz = step_ops.clipped_rows([self.inputs, grads[0]], coefficients, kept,
+                                          scale=[False, True])
+        kernel = tf.matmul(tf.reshape(a, [-1, a.shape[-1]]), tf.reshape(dz, [-1, dz.shape[-1]]),
+                           transpose_a=True)
         bias = tf.reduce_sum(dz, axis=list(range(dz.shape.rank - 1)))
         return [kernel] + ([bias] if self.layer.use_bias else [])
 
-    def _summed_kernel(self, dz: tf.Tensor, kept: tf.Tensor) -> tf.Tensor:
-        """sum_i a_i^T dz_i over the kept rows, for output gradients dz already zero on the
-        dropped rows (a dropped row's a may hold inf, and inf * 0 is NaN, so a is zeroed too)."""
-        a = tf.reshape(_rows(kept, self.inputs), [-1, self.inputs.shape[-1]])
-        return tf.matmul(a, tf.reshape(dz, [-1, dz.shape[-1]]), transpose_a=True)
+
+# A Conv2D layer with at most this many kernel entries keeps its per-example kernel gradients
+# (B of them: 64 MiB of float32 at batch 256) for the clipped sum; a larger one keeps only their
+# norms and takes the clipped sum as its own kernel gradient of the clipped rows.
+_PER_EXAMPLE_KERNEL_ENTRIES = 1 << 16
 
 
-class _Conv2D(_Linear):
-    """A Conv2D call: a Dense over the output positions whose input a_t is the receptive field
-    (patch) of position t, kh * kw * C_in values. The patches serve the norm. With the ghost
-    norm, the clipped sum sum_i c_i grad_i W is the layer's own kernel gradient
-    (tf.nn.convolution's, Conv2DBackpropFilter) of the kept inputs and the clip-scaled output
-    gradients, as the non-private step takes its kernel gradient: no patches, and strides,
-    padding and dilation as the layer's. With per-example kernels, their weighted sum."""
+class _Conv2D:
+    """A Conv2D call: its per-example kernel and bias gradients, with their norms, from one op
+    over the layer's inputs and output gradients (step_kernels.cc; no patches). The clipped
+    sum is their weighted sum (no second kernel gradient), or, for a layer too large to keep B
+    copies of its kernel, the layer's own kernel gradient (Conv2DBackpropFilter, as the
+    non-private step takes it) of the kept inputs and the clip-scaled output gradients."""
 
     def __init__(self, layer, inputs: tf.Tensor, watched: tf.Tensor):
-        super().__init__(layer, _conv_patches(layer, inputs), watched)
-        self.layer_inputs = inputs
+        self.layer, self.inputs, self.watched = layer, inputs, [watched]
+        self.variables = [layer.kernel] + ([layer.bias] if layer.use_bias else [])
+        self.keeps_per_example = layer.kernel.shape.num_elements() <= _PER_EXAMPLE_KERNEL_ENTRIES
 
-    @staticmethod
-    def _ghost_norm_is_cheaper(t: int, p: int, o: int) -> bool:
-        """The per-example path writes B P O kernel entries and passes over them three more
-        times (squares, mask, weighted sum); the ghost path B T^2 Gram entries, and its
-        clipped sum is one kernel gradient (T P O multiply-adds per example, as the
-        non-private step's), not B P O. On the conv benchmark's layers: T = 36, P = 9, O = 16
-        per example; T = 16, P = 144, O = 16 ghost (0.2-0.3 ms of CPU less per step)."""
-        return t * t <= p * o
+    def squared_norms(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        norms, kernel, bias = step_ops.conv_per_example_gradients(
+            self.layer, self.inputs, grads[0], per_example=self.keeps_per_example)
+        self._per_example = [kernel] + ([bias] if self.layer.use_bias else [])
+        return norms
 
-    def _summed_kernel(self, dz: tf.Tensor, kept: tf.Tensor) -> tf.Tensor:
-        inputs, kernel = _rows(kept, self.layer_inputs), tf.convert_to_tensor(self.layer.kernel)
+    def clipped_sum(self, grads, coefficients, kept) -> list[tf.Tensor]:
+        if self.keeps_per_example:
+            return _kept_weighted_sums(self._per_example, coefficients, kept)
+        # A dropped row's input is zeroed too: it may hold inf, and inf * 0 is NaN.
+        inputs, dz = step_ops.clipped_rows([self.inputs, grads[0]], coefficients, kept,
+                                           scale=[False, True])
+        kernel = tf.convert_to_tensor(self.layer.kernel)
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(kernel)
             outputs = self.layer.convolution_op(inputs, kernel)
         # Only the kernel gradient op is kept in the graph: the convolution above is unused.
-        return tape.gradient(outputs, kernel, output_gradients=dz)
+        summed = [tape.gradient(outputs, kernel, output_gradients=dz)]
+        return summed + _kept_weighted_sums(self._per_example[1:], coefficients, kept)
 
 
 class _Embedding:
@@ -178,15 +164,22 @@ class _Embedding:
     def __init__(self, layer, ids: tf.Tensor, watched: tf.Tensor):
         self.layer, self.watched, self.variables = layer, [watched], [layer.embeddings]
         ids = ids if ids.dtype in (tf.int32, tf.int64) else tf.cast(ids, tf.int32)  # as Keras
-        self.ids = tf.reshape(ids, [tf.shape(ids)[0], -1])  # [B, T]
+        # T static where the ids' shape is (a reshape to [B, -1] would lose it, and with it
+        # the one-position norm below: a batch of 1 x 1 Gram products cost 0.17 ms a step).
+        self.positions = ids.shape[1:].num_elements()
+        self.ids = self._by_example(ids)  # [B, T]
+
+    def _by_example(self, values: tf.Tensor, *last) -> tf.Tensor:
+        if self.positions:  # static and not 0 (a reshape to [-1, 0] cannot find the batch)
+            return tf.reshape(values, [-1, self.positions, *last])
+        return tf.reshape(values, [tf.shape(values)[0], -1, *last])
 
     def _output_grads(self, grads):
-        dz = grads[0]
-        return tf.reshape(dz, [tf.shape(dz)[0], -1, dz.shape[-1]])  # [B, T, d]
+        return self._by_example(grads[0], grads[0].shape[-1])  # [B, T, d]
 
     def squared_norms(self, grads) -> tf.Tensor:
         dz = self._output_grads(grads)
-        if self.ids.shape[1] == 1:
+        if self.positions == 1:
             return _squares(dz)
         # Positions with the same id add up: sum over pairs (t, s) with id_t == id_s.
         same = tf.equal(self.ids[:, :, None], self.ids[:, None, :])
@@ -196,7 +189,8 @@ class _Embedding:
     def clipped_sum(self, grads, coefficients, kept) -> list[tf.IndexedSlices]:
         """The rows the batch gathers, as TensorFlow's own gradient of a gather: O(B T d)
         whatever the table's size (a dense sum would fill all V d entries every step)."""
-        dz = _scaled_rows(self._output_grads(grads), coefficients, kept)
+        [dz] = step_ops.clipped_rows([self._output_grads(grads)], coefficients, kept,
+                                         scale=[True])
         table = self.layer.embeddings
         return [tf.IndexedSlices(tf.reshape(dz, [-1, dz.shape[-1]]), tf.reshape(self.ids, [-1]),
                                  tf.shape(table, out_type=self.ids.dtype))]
@@ -213,7 +207,7 @@ class _PerExample:
         return tf.add_n([_squares(g) for g in self._per_example])
 
     def clipped_sum(self, grads, coefficients, kept) -> list[tf.Tensor]:
-        return _clipped_from_per_example(self._per_example, coefficients, kept)
+        return _kept_weighted_sums(self._per_example, coefficients, kept)
 
 
 def _layer_normalization(layer, inputs: tf.Tensor, watched: tf.Tensor) -> _PerExample:
@@ -262,57 +256,6 @@ def _watch_linear(layer, inputs, tape):
     return (activation(z) if activation is not None else z), z
 
 
-# A single-channel input of at most this many (padded) pixels takes its patches as a product
-# with a 0/1 selection matrix (_conv_patches).
-_SELECTION_PIXELS = 144
-
-
-def _conv_patches(layer, inputs: tf.Tensor) -> tf.Tensor:
-    """The receptive field of every output position: [B, H', W', kh * kw * C_in], ordered as
-    the kernel's (kh, kw, C_in) rows.
-
-    One gather of the (padded) input's pixels at indices fixed at trace time: 0.34-0.38 ms of
-    CPU per layer of the conv benchmark, against 0.55-0.60 ms for kh * kw strided slices
-    joined along the channels and 1.0-1.3 ms for tf.image.extract_patches. Padding "same" is
-    TensorFlow's: the total padding max((H' - 1) s + (k - 1) d + 1 - H, 0), the smaller half
-    before.
-    A single channel gathers one float per index, TensorFlow's slowest case; for a small image
-    the patches are then the pixels times a 0/1 matrix with one 1 per column: the same values
-    (x * 1 plus zeros; an input is finite, as the record rule makes features, or its row's
-    norm is not), except that -0.0 becomes 0.0 and a subnormal input is flushed to 0, as
-    TensorFlow's CPU kernels, the layer's own convolution included, flush it. (On a GPU with
-    TensorFloat-32 the product rounds, as every matmul of the norms there does.) Measured for 3x3 patches of a batch of 256: 8x8 0.29 against 0.53 ms,
-    12x12 0.65 against 1.17, 16x16 1.96 against 2.11, 28x28 17 against 6.0 (the product's
-    work grows with the pixels it sums over), hence _SELECTION_PIXELS."""
-    (kh, kw), strides, dilations = layer.kernel_size, layer.strides, layer.dilation_rate
-    if inputs.shape[1] is None or inputs.shape[2] is None:  # not static: TensorFlow's op
-        return tf.image.extract_patches(inputs, [1, kh, kw, 1], [1, *strides, 1],
-                                        [1, *dilations, 1], layer.padding.upper())
-    outputs, padded_sizes, paddings = [], [], [[0, 0]]
-    for size, k, s, d in zip(inputs.shape[1:3], (kh, kw), strides, dilations):
-        span = (k - 1) * d + 1
-        out = -(-size // s) if layer.padding == "same" else (size - span) // s + 1
-        total = max((out - 1) * s + span - size, 0) if layer.padding == "same" else 0
-        outputs.append(out)
-        padded_sizes.append(size + total)
-        paddings.append([total // 2, total - total // 2])
-    padded = tf.pad(inputs, paddings + [[0, 0]]) if any(sum(p) for p in paddings) else inputs
-    (out_h, out_w), (s_h, s_w), (d_h, d_w) = outputs, strides, dilations
-    # Pixel (y s_h + i d_h, x s_w + j d_w) of the padded input, in (y, x, i, j) order.
-    row = np.arange(out_h)[:, None, None, None] * s_h + np.arange(kh)[None, None, :, None] * d_h
-    column = np.arange(out_w)[None, :, None, None] * s_w + np.arange(kw)[None, None, None, :] * d_w
-    pixel_count = padded_sizes[0] * padded_sizes[1]
-    indices = (row * padded_sizes[1] + column).reshape(-1)
-    if inputs.shape[-1] == 1 and pixel_count <= _SELECTION_PIXELS:
-        selection = np.zeros([pixel_count, indices.size], inputs.dtype.as_numpy_dtype)
-        selection[indices, np.arange(indices.size)] = 1
-        patches = tf.matmul(tf.reshape(padded, [-1, pixel_count]), selection)
-    else:
-        pixels = tf.reshape(padded, [-1, pixel_count, inputs.shape[-1]])
-        patches = tf.gather(pixels, indices, axis=1)
-    return tf.reshape(patches, [-1, out_h, out_w, kh * kw * inputs.shape[-1]])
-
-
 def _supported_conv2d(layer) -> bool:
     return (layer.groups == 1 and layer.data_format == "channels_last"
             and layer.padding in ("valid", "same"))
@@ -330,7 +273,8 @@ def _forward(layer, args, kwargs, tape: tf.GradientTape):
     if kind is tf.keras.layers.Dense:
         outputs, z = _watch_linear(layer, inputs, tape)
         return outputs, _Linear(layer, inputs, z)
-    if kind is tf.keras.layers.Conv2D and _supported_conv2d(layer):
+    if (kind is tf.keras.layers.Conv2D and _supported_conv2d(layer)
+            and inputs.shape[1:3].is_fully_defined()):  # else: as any other layer
         outputs, z = _watch_linear(layer, inputs, tape)
         return outputs, _Conv2D(layer, inputs, z)
     outputs = layer(inputs, **kwargs)
@@ -646,7 +590,6 @@ class OnePass:
         """sum_i coefficients[i] * grad_i over the rows where kept is true, one tensor per
         variable (in `variables` order): an Embedding's table gets tf.IndexedSlices (rows
         listed more than once add up), as TensorFlow's own gradient of a gather does."""
-        coefficients = _rows(kept, coefficients)  # a dropped row's may be NaN (its norm is)
         by_variable = {}
         for contribution, grads in zip(self._contributions, self._grads):
             for variable, gradient in zip(contribution.variables,

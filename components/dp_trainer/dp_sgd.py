@@ -8,8 +8,9 @@ One step on sample S (Abadi et al. 2016; oblivious-sampling paper §3 "NoisySGD"
   clipping.OnePass takes the per-example norms and the clipped sum from one forward and one
   backward pass (ghost norms and book-keeping, Bu et al. 2023), with the overflow guard below
   between the norms and the sum; it is checked against per-example gradients taken one by
-  one (tests/components/test_dp_clipping.py). The step is compiled as the
-  non-private reference step the benchmark compares it with is (XLA optional, off by default).
+  one (tests/components/test_dp_clipping.py). Its small ops are compiled kernels
+  (step_ops); TensorFlow cannot compile those with XLA, so the step is a TensorFlow graph,
+  as the non-private reference step the benchmark compares it with is.
 * The sum therefore moves by at most C when one record is added or removed (2C when replaced;
   oblivious_sample_gen/accounting.py accounts for that). Gaussian noise of std sigma * C makes
   each step the subsampled Gaussian mechanism the accountant composes.
@@ -98,7 +99,7 @@ from typing import Callable, Optional
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from sage_tfx.components.dp_trainer import clipping, noise_kernel
+from sage_tfx.components.dp_trainer import clipping, step_ops, noise_kernel
 import tensorflow as tf  # after clipping, which imports tensorflow-privacy's submodules
 
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
@@ -304,8 +305,11 @@ class NoiseBuffer:
 
     def __init__(self, generator: Optional[tf.random.Generator], stddev: float):
         self._generator = generator
-        self._draws = tf.Variable(tf.zeros([0]), shape=tf.TensorShape([None]), trainable=False)
-        self._next = tf.Variable(0, dtype=tf.int64, trainable=False)  # first unread position
+        # In host memory, where the draws are made and the noise op (CPU only) reads them.
+        with tf.device("/CPU:0"):
+            self._draws = tf.Variable(tf.zeros([0]), shape=tf.TensorShape([None]),
+                                      trainable=False)
+            self._next = tf.Variable(0, dtype=tf.int64, trainable=False)  # first unread
         self._size = self._promised = 0  # the buffer's size; draws reserved since its refill
 
         def draw(key: bytes, size: int) -> np.ndarray:
@@ -343,6 +347,16 @@ class NoiseBuffer:
         """Wait for the fill being drawn ahead, if any (it stays ahead: the next refill uses it)."""
         if self._ahead is not None:
             self._ahead[1].result()
+
+    def add_to(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+        """Inside a compiled call: each tensor plus the next unread draws in its shape, in one
+        op (a take, split, reshapes and adds were a dozen ops per step). OutOfRangeError if the
+        unread draws are too few (a take no reserve covered): never served twice or short."""
+        if not tensors:
+            return []
+        noisy, unread = step_ops.add_noise(tensors, self._draws, self._next.read_value())
+        self._next.assign(unread)
+        return noisy
 
     def take(self, size) -> tf.Tensor:
         """Inside a compiled call: the next `size` (an int or a scalar integer tensor) unread
@@ -462,12 +476,11 @@ class TrainingStep:
 
 def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
                  labels: tf.Tensor, config: DPSGDConfig, normaliser: float,
-                 generator: Optional[tf.random.Generator], jit_compile: bool = False,
+                 generator: Optional[tf.random.Generator],
                  lazy_noise: bool = True) -> TrainingStep:
     """A compiled DP-SGD step: step(rows, weights) -> (weighted loss sum, weight sum), with
     lazy noise on the embedding tables where it is exact (module docstring): call
     step.materialise() before reading the model (run_steps does).
-    jit_compile: the clipped sum compiled with XLA, as make_nondp_step's gradient is.
     lazy_noise=False: every parameter noised at every step (the same law; other draws)."""
     require_legacy_keras()
     # lr ((sum + noise) / normaliser) as (lr / normaliser) (sum + noise): one pass over the
@@ -487,7 +500,6 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     steps_taken = tf.Variable(0, dtype=tf.int64, trainable=False)
     noise_draws = NoiseBuffer(generator, noise_std)
 
-    @tf.function(jit_compile=jit_compile)
     def clipped_sum(rows, weights):
         batch_features, batch_labels = tf.gather(features, rows), tf.gather(labels, rows)
         # One forward and one backward pass give the per-example norms and, for any
@@ -513,22 +525,25 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int32),
                                   tf.TensorSpec([None], tf.float32)])
     def step(rows, weights):
-        # One take for the step (independent N(0, noise_std^2) each): the eager variables'
-        # noise, then the pending noise of each lazy table's rows this batch gathers.
-        touched = [entry.touched(tf.gather(features, rows)) for entry in lazy]
-        lazy_sizes = [tf.size(rows_read) * width for rows_read, width in zip(touched, widths)]
-        noise = tf.split(noise_draws.take(sum(sizes) + sum(lazy_sizes)), sizes + lazy_sizes)
-        for entry, rows_read, draws, width in zip(lazy, touched, noise[len(sizes):], widths):
-            # Before the forward pass reads them (automatic control dependencies order the
-            # table's scatter before clipped_sum's gather).
-            add_pending_noise(entry, rows_read, tf.reshape(draws, [-1, width]))
+        # The pending noise of each lazy table's rows this batch gathers, taken and added
+        # before the forward pass reads them (automatic control dependencies order the table's
+        # scatter before clipped_sum's gather); then the eager variables' noise, added to their
+        # clipped sums in one op. Every draw is a fresh N(0, noise_std^2), read once.
+        if lazy:
+            touched = [entry.touched(tf.gather(features, rows)) for entry in lazy]
+            lazy_sizes = [tf.size(rows_read) * width for rows_read, width in zip(touched, widths)]
+            for entry, rows_read, draws, width in zip(
+                    lazy, touched, tf.split(noise_draws.take(sum(lazy_sizes)), lazy_sizes),
+                    widths):
+                add_pending_noise(entry, rows_read, tf.reshape(draws, [-1, width]))
         clipped, loss_sum, weight_sum = clipped_sum(rows, weights)
-        eager_noise = iter(noise[:len(sizes)])
+        eager_noisy = iter(noise_draws.add_to(
+            [tf.convert_to_tensor(gradient) for gradient, variable in zip(clipped, trainable)
+             if variable.ref() not in lazy_index]))
         noisy = []
         for gradient, variable in zip(clipped, trainable):
             if variable.ref() not in lazy_index:
-                noisy.append(tf.convert_to_tensor(gradient)
-                             + tf.reshape(next(eager_noise), variable.shape))
+                noisy.append(next(eager_noisy))
             elif isinstance(gradient, tf.IndexedSlices):  # the rows the batch gathers
                 noisy.append(gradient)
             else:  # the rows read; every other row's clipped sum is exactly 0
@@ -536,7 +551,8 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
                 noisy.append(tf.IndexedSlices(tf.gather(gradient, rows_read), rows_read,
                                               tf.shape(variable, out_type=rows_read.dtype)))
         optimizer.apply_gradients(zip(noisy, trainable))
-        steps_taken.assign_add(1)
+        if lazy:  # the lazy tables' clock (add_pending_noise); nothing else reads it
+            steps_taken.assign_add(1)
         return loss_sum, weight_sum
 
     def reserved_step(rows: tf.Tensor, weights: tf.Tensor):
@@ -567,15 +583,13 @@ def kept_rows(losses: tf.Tensor, gradient_norms: tf.Tensor) -> tf.Tensor:
 
 
 def make_nondp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
-                    labels: tf.Tensor, learning_rate: float, normaliser: float,
-                    jit_compile: bool = False) -> TrainingStep:
+                    labels: tf.Tensor, learning_rate: float, normaliser: float) -> TrainingStep:
     """The non-private reference (no clipping, no noise) with the same interface, plan,
     normaliser and compilation, for benchmarks and the accuracy table; never used on granted
     data."""
     optimizer = tf.keras.optimizers.SGD(learning_rate)
     per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
 
-    @tf.function(jit_compile=jit_compile)
     def gradient(rows, weights):
         batch_features, batch_labels = tf.gather(features, rows), tf.gather(labels, rows)
         with tf.GradientTape() as tape:

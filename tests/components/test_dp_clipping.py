@@ -6,7 +6,7 @@ import pytest
 import sage_tfx  # noqa: F401  (Keras 2, before TensorFlow loads)
 import tensorflow as tf
 
-from sage_tfx.components.dp_trainer import clipping, dp_sgd
+from sage_tfx.components.dp_trainer import clipping, step_ops, dp_sgd
 from sage_tfx.components.util.losses import with_reduction
 
 BATCH = 6
@@ -121,7 +121,7 @@ def test_one_pass_clipping_equals_per_example_gradients(case):
     norms, factors, clipped = reference(model, features)
     whole_model = []
 
-    @tf.function(jit_compile=True)
+    @tf.function
     def one_pass(factors, kept):
         gradients = clipping.OnePass(model, model.trainable_variables, LOSS, features, LABELS,
                                      WEIGHTS)
@@ -532,26 +532,96 @@ def test_dropout_with_tensorflows_generator_is_refused():
         tf.keras.backend.experimental.disable_tf_random_generator()
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
 @pytest.mark.parametrize("padding", ["valid", "same"])
 @pytest.mark.parametrize("kernel,strides,dilation", [((3, 3), (1, 1), (1, 1)),
                                                      ((3, 2), (2, 3), (1, 1)),
                                                      ((2, 4), (3, 1), (1, 1)),
                                                      ((3, 2), (1, 1), (2, 2)),
                                                      ((2, 3), (1, 1), (1, 2))])
-@pytest.mark.parametrize("image", [(9, 8, 2), (9, 8, 1), (13, 12, 1)])
-def test_conv_patches_are_tensorflows_image_patches(kernel, strides, dilation, padding, image):
-    # The patches the per-example conv rule builds, against TensorFlow's op (odd and even
-    # sizes: "same" pads unevenly): gathered, or (one channel, at most 144 padded pixels) a
-    # product with a selection matrix, exact also for values near float32's largest.
-    images = rng.standard_normal((3, *image)) * np.where(rng.random((3, *image)) < 0.1, 1e37, 1)
-    images = tf.constant(images, tf.float32)
-    layer = L.Conv2D(4, kernel, strides=strides, dilation_rate=dilation, padding=padding)
-    want = tf.image.extract_patches(images, [1, *kernel, 1], [1, *strides, 1],
-                                    [1, *dilation, 1], padding.upper())
-    patches = tf.function(lambda x: clipping._conv_patches(layer, x))
-    np.testing.assert_array_equal(patches(images).numpy(), want.numpy())
-    ops = {op.type for op in patches.get_concrete_function(images).graph.get_operations()}
-    assert ("MatMul" in ops) == (image == (9, 8, 1)) != ("GatherV2" in ops)
+@pytest.mark.parametrize("image,filters", [((9, 8, 2), 4), ((9, 8, 1), 17), ((13, 12, 3), 33)])
+def test_conv_per_example_gradients_are_tensorflows_kernel_gradients(kernel, strides, dilation,
+                                                                     padding, image, filters,
+                                                                     dtype):
+    # The op's per-example kernel gradients against TensorFlow's own kernel gradient of each
+    # example's convolution (odd and even sizes: "same" pads unevenly; output channels below,
+    # at and above the op's block of 16 floats / 8 doubles), with the squared norms and the
+    # bias gradients.
+    images = tf.constant(rng.standard_normal((3, *image)), dtype)
+    layer = L.Conv2D(filters, kernel, strides=strides, dilation_rate=dilation, padding=padding,
+                     dtype=dtype)
+    outputs = layer(images)
+    grads = tf.constant(rng.standard_normal(outputs.shape), dtype)
+    norms, kernels, biases = step_ops.conv_per_example_gradients(layer, images, grads)
+    for i in range(3):
+        with tf.GradientTape() as tape:
+            output = layer(images[i:i + 1])
+        want_kernel, want_bias = tape.gradient(output, [layer.kernel, layer.bias],
+                                               output_gradients=grads[i:i + 1])
+        np.testing.assert_allclose(kernels[i].numpy(), want_kernel.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(biases[i].numpy(), want_bias.numpy(), rtol=1e-5, atol=1e-5)
+        want_norm = np.sum(want_kernel.numpy() ** 2) + np.sum(want_bias.numpy() ** 2)
+        np.testing.assert_allclose(norms[i].numpy(), want_norm, rtol=1e-5)
+    assert norms.dtype == kernels.dtype == dtype
+    only_norms, no_kernels, same_biases = step_ops.conv_per_example_gradients(
+        layer, images, grads, per_example=False)
+    np.testing.assert_array_equal(only_norms.numpy(), norms.numpy())
+    np.testing.assert_array_equal(same_biases.numpy(), biases.numpy())
+    assert no_kernels.shape == (0,)
+
+
+def test_a_conv_of_images_of_any_size_is_clipped_as_any_other_layer():
+    """Height and width unknown until the step runs (Input((None, None, C))): the layer's own
+    per-example gradients, exact for any padding."""
+    tf.keras.utils.set_random_seed(4)
+    model = functional(L.Conv2D(3, 3, padding="same"), L.GlobalAveragePooling2D(), L.Dense(2),
+                       input_shape=(None, None, 2))
+    images = tf.constant(rng.standard_normal((BATCH, 7, 6, 2)), tf.float32)
+    model(images[:1])
+    norms, factors, clipped = reference(model, images)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, None, 2], tf.float32)])
+    def one_pass(features):
+        gradients = clipping.OnePass(model, model.trainable_variables, LOSS, features, LABELS,
+                                     WEIGHTS)
+        return gradients.norms, gradients.clipped_sum(tf.constant(factors, tf.float32),
+                                                      tf.ones(BATCH, tf.bool))
+
+    measured_norms, measured = one_pass(images)
+    np.testing.assert_allclose(measured_norms.numpy(), norms, rtol=1e-4, atol=1e-6)
+    for got, want in zip(measured, clipped):
+        np.testing.assert_allclose(flat(got), want.sum(axis=0), rtol=1e-4, atol=1e-5)
+
+
+def test_clipped_rows_and_kept_weighted_sums_drop_rows_exactly_and_keep_ieee_products():
+    """A dropped row adds exactly 0 even where it holds inf or NaN; a kept row keeps IEEE
+    arithmetic (inf * 0 is NaN), so an overflow the guard has not dropped stays visible."""
+    values = rng.standard_normal((6, 2, 3)).astype(np.float32)
+    values[1, 0, 0], values[2, 1, 2], values[4, 0, 1] = np.inf, np.nan, -np.inf
+    coefficients = np.array([0.5, 2.0, np.nan, 1.0, 0.0, 3.0], np.float32)
+    kept = np.array([True, False, False, True, True, True])
+    scaled, unscaled = step_ops.clipped_rows([values, values], coefficients, kept,
+                                                 scale=[True, False])
+    with np.errstate(invalid="ignore"):  # inf * 0 in row 4, as the op must give it
+        want = np.where(kept[:, None, None], values * coefficients[:, None, None], 0)
+    np.testing.assert_array_equal(scaled.numpy(), want)  # row 4: inf * 0 is NaN, kept
+    assert np.isnan(scaled.numpy()[4, 0, 1])
+    np.testing.assert_array_equal(unscaled.numpy(), np.where(kept[:, None, None], values, 0))
+    assert not np.signbit(scaled.numpy()[~kept]).any()  # +0, not -0
+    total = step_ops.kept_weighted_sum(values, coefficients, kept).numpy()
+    assert np.isnan(total[0, 1]) and np.isfinite(np.delete(total.ravel(), 1)).all()
+    finite = kept & np.arange(6) != 4
+    np.testing.assert_allclose(
+        step_ops.kept_weighted_sum(values, coefficients, finite).numpy(),
+        np.tensordot(coefficients[finite], values[finite], 1), rtol=1e-6)
+
+
+def test_the_kernels_say_what_is_missing_without_a_compiler(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setattr(step_ops, "_cache_directories", lambda: [tmp_path])
+    with pytest.raises(RuntimeError, match="'no-such-compiler' was not found: install g"):
+        step_ops.compiled_library()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_batch_statistic_after_an_embedding_of_float_ids_is_refused():
@@ -567,9 +637,8 @@ def test_a_batch_statistic_after_an_embedding_of_float_ids_is_refused():
 
 # Conv2D layers of every kind the one-pass rule takes: strides, padding "valid" and "same"
 # (uneven), dilation, with and without bias, several input and output channels, kernels
-# that are not square. Each is checked with the ghost norm and with per-example kernel
-# gradients (the cost rule picks one per layer; both must be exact), and with a dropped row
-# holding inf (its input overflowed): it must add exactly nothing to the clipped sum.
+# that are not square. Each is checked with a dropped row holding inf (its input
+# overflowed): it must add exactly nothing to the clipped sum.
 CONV_LAYERS = {
     "valid": lambda: L.Conv2D(4, 3, activation="relu"),
     "valid_strided_no_bias": lambda: L.Conv2D(5, (3, 2), strides=(3, 2), use_bias=False),
@@ -580,11 +649,15 @@ CONV_LAYERS = {
 }
 
 
-@pytest.mark.parametrize("ghost_norm", [True, False], ids=["ghost_norm", "per_example"])
+@pytest.mark.parametrize("keeps_per_example", [True, False],
+                         ids=["per_example_sum", "kernel_gradient_sum"])
 @pytest.mark.parametrize("conv", sorted(CONV_LAYERS))
-def test_conv_norms_and_clipped_sum_equal_per_example_gradients(monkeypatch, conv, ghost_norm):
-    monkeypatch.setattr(clipping._Conv2D, "_ghost_norm_is_cheaper",
-                        staticmethod(lambda t, p, o: ghost_norm))
+def test_conv_norms_and_clipped_sum_equal_per_example_gradients(monkeypatch, conv,
+                                                                keeps_per_example):
+    # Both clipped sums: the per-example kernels' weighted sum, and (a layer too large to keep
+    # B kernels) the layer's own kernel gradient of the clipped rows.
+    if not keeps_per_example:
+        monkeypatch.setattr(clipping, "_PER_EXAMPLE_KERNEL_ENTRIES", 0)
     tf.keras.utils.set_random_seed(5)
     # Two conv layers: the first one's output gradients pass through the second.
     model = functional(CONV_LAYERS[conv](), L.Conv2D(2, 2, activation="relu"), L.Flatten(),

@@ -360,6 +360,20 @@ def test_the_noise_buffer_serves_every_draw_once_and_with_the_law_of_fresh_draws
     assert unreserved.shape[0] == 100
     with pytest.raises(tf.errors.InvalidArgumentError):  # as a step's split refuses it
         tf.split(unreserved, [200])
+    # The eager variables' noise, added in one op: exactly the next draws, in each tensor's
+    # shape; past the buffer's end it fails, and nothing is marked read.
+    added = dp_sgd.NoiseBuffer(dp_sgd.noise_generator(5), 2.0)
+    added.reserve(900)
+    gradients = [tf.ones([3, 4]), tf.zeros([5])]
+    expected = tf.identity(added._draws[:17]).numpy()
+    first, second = added.add_to(gradients)
+    np.testing.assert_array_equal(first.numpy(), 1 + expected[:12].reshape(3, 4))
+    np.testing.assert_array_equal(second.numpy(), expected[12:])
+    assert int(added._next) == 17
+    with pytest.raises(tf.errors.OutOfRangeError, match="holds 983 unread draws and the step "
+                                                         "needs 1000"):
+        added.add_to([tf.zeros([1000])])
+    assert int(added._next) == 17
 
 
 def test_draws_made_ahead_are_the_draws_each_refill_would_make(monkeypatch):
