@@ -94,7 +94,7 @@ class _Linear:
         a, dz = self.inputs, self._by_position(grads[0])
         p, o, t = a.shape[-1], dz.shape[-1], self.positions
         if t == 1:  # |a dz^T|^2 + |dz|^2 = (|a|^2 + 1) |dz|^2
-            return step_ops.dense_squared_norms([a], [dz], [self.layer.use_bias])
+            return step_ops.dense_squared_norms(a, dz, self.layer.use_bias)
         bias = [tf.reduce_sum(dz, axis=1)] if self.layer.use_bias else []
         if t is not None and t * t * (p + o) <= t * p * o:
             # Ghost norm, when two T x T Gram products per example cost less than one P x O

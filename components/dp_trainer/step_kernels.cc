@@ -9,7 +9,7 @@
 //
 //   ConvPerExampleGradients  a Conv2D call's per-example kernel and bias gradients and their
 //                            squared norms, without forming the patches
-//   DenseSquaredNorms        |grad_i W|^2 + |grad_i b|^2 of Dense calls with one position
+//   DenseSquaredNorms        |grad_i W|^2 + |grad_i b|^2 of a Dense call with one position
 //   ClippedRows              rows scaled by the clip coefficients, dropped rows exactly zero
 //   KeptWeightedSum          sum_i c_i g_i over the kept rows of per-example gradients g
 //   AddNoise                 clipped sums plus the next draws of the noise buffer, reshaped
@@ -297,22 +297,22 @@ class ConvPerExampleGradientsOp : public OpKernel {
 };
 
 // ---------------------------------------------------------------------------------------------
-// DenseSquaredNorms: for Dense calls with one position per example (inputs [B, P], output
+// DenseSquaredNorms: for a Dense call with one position per example (inputs [B, P], output
 // gradients [B, O]), grad_i W = a_i dz_i^T and grad_i b = dz_i, so
 //   |grad_i W|^2 + |grad_i b|^2 = (|a_i|^2 + 1) |dz_i|^2
-// (without the 1 for a layer without bias); summed over the calls, in double.
+// (without the 1 for a layer without bias), in double.
 
 REGISTER_OP("DenseSquaredNorms")
-    .Input("inputs: N * T")
-    .Input("output_gradients: N * T")
+    .Input("inputs: T")
+    .Input("output_gradients: T")
     .Output("squared_norms: T")
-    .Attr("N: int >= 1")
     .Attr("T: {float, double}")
-    .Attr("use_bias: list(bool)")
+    .Attr("use_bias: bool")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle first;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &first));
-      c->set_output(0, c->Vector(c->Dim(first, 0)));
+      ShapeHandle inputs, grads;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &inputs));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &grads));
+      c->set_output(0, c->Vector(c->Dim(inputs, 0)));
       return tensorflow::OkStatus();
     });
 
@@ -324,47 +324,31 @@ class DenseSquaredNormsOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* context) override {
-    tensorflow::OpInputList inputs, grads;
-    OP_REQUIRES_OK(context, context->input_list("inputs", &inputs));
-    OP_REQUIRES_OK(context, context->input_list("output_gradients", &grads));
-    OP_REQUIRES(context, static_cast<int>(use_bias_.size()) == inputs.size(),
-                tensorflow::errors::InvalidArgument("use_bias needs one flag per layer"));
-    for (int layer = 0; layer < inputs.size(); ++layer) {
-      OP_REQUIRES_OK(context, RequireRank(inputs[layer], 2, "inputs"));
-      OP_REQUIRES_OK(context, RequireRank(grads[layer], 2, "output_gradients"));
-    }
-    const int64_t batch = inputs[0].dim_size(0);
-    for (int layer = 0; layer < inputs.size(); ++layer) {
-      OP_REQUIRES(context, inputs[layer].dim_size(0) == batch && grads[layer].dim_size(0) == batch,
-                  tensorflow::errors::InvalidArgument("every tensor needs ", batch, " rows"));
-    }
+    const Tensor& inputs = context->input(0);
+    const Tensor& grads = context->input(1);
+    OP_REQUIRES_OK(context, RequireRank(inputs, 2, "inputs"));
+    OP_REQUIRES_OK(context, RequireRank(grads, 2, "output_gradients"));
+    const int64_t batch = inputs.dim_size(0), width = inputs.dim_size(1),
+                  outputs = grads.dim_size(1);
+    OP_REQUIRES(context, grads.dim_size(0) == batch,
+                tensorflow::errors::InvalidArgument("inputs and output_gradients differ in "
+                                                    "batch size"));
     Tensor* norms;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({batch}), &norms));
+    const T* input_data = inputs.flat<T>().data();
+    const T* grad_data = grads.flat<T>().data();
     T* norm_data = norms->flat<T>().data();
-    int64_t width = 0;
-    for (int layer = 0; layer < inputs.size(); ++layer) {
-      width += inputs[layer].dim_size(1) + grads[layer].dim_size(1);
-    }
-    auto examples = [&](int64_t begin, int64_t end) {
+    const double bias = use_bias_ ? 1.0 : 0.0;
+    ParallelFor(context, batch, (width + outputs) * 2, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        double total = 0;
-        for (int layer = 0; layer < inputs.size(); ++layer) {
-          total += (SquaredRow(inputs[layer], i) + (use_bias_[layer] ? 1.0 : 0.0)) *
-                   SquaredRow(grads[layer], i);
-        }
-        norm_data[i] = T(total);
+        norm_data[i] = T((SumOfSquares(input_data + i * width, width) + bias) *
+                         SumOfSquares(grad_data + i * outputs, outputs));
       }
-    };
-    ParallelFor(context, batch, width * 2, examples);
+    });
   }
 
  private:
-  static double SquaredRow(const Tensor& matrix, int64_t row) {
-    const int64_t columns = matrix.dim_size(1);
-    return SumOfSquares(matrix.flat<T>().data() + row * columns, columns);
-  }
-
-  std::vector<bool> use_bias_;
+  bool use_bias_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -137,12 +137,12 @@ def conv_per_example_gradients(layer, inputs: tf.Tensor, output_gradients: tf.Te
         use_bias=layer.use_bias, per_example=per_example)
 
 
-def dense_squared_norms(inputs: Sequence[tf.Tensor], output_gradients: Sequence[tf.Tensor],
-                        use_bias: Sequence[bool]) -> tf.Tensor:
-    """sum over Dense calls with one position of (|a_i|^2 + [bias]) |dz_i|^2: [B]."""
-    return library().dense_squared_norms([_computed(a) for a in inputs],
-                                         [_computed(dz) for dz in output_gradients],
-                                         use_bias=list(use_bias))
+def dense_squared_norms(inputs: tf.Tensor, output_gradients: tf.Tensor,
+                        use_bias: bool) -> tf.Tensor:
+    """(|a_i|^2 + [bias]) |dz_i|^2 [B] for a Dense call with one position (a [B, P], dz
+    [B, O])."""
+    return library().dense_squared_norms(_computed(inputs), _computed(output_gradients),
+                                         use_bias=use_bias)
 
 
 def clipped_rows(values: Sequence[tf.Tensor], coefficients: tf.Tensor, kept: tf.Tensor,

@@ -2,7 +2,6 @@
 DP-SGD on the real taxi sample, and AdaSSP against least squares."""
 import base64
 import csv
-import dataclasses
 import json
 import gc
 import math
