@@ -3,7 +3,8 @@
 A component that consumes a BlockLedger's grant (DPTrainer, SLAedValidator) registers, when it is
 constructed, the checks it can make without the grant (component.check_before_charge): its user
 module loads and defines what it needs, Keras 2 is in effect when DP-SGD needs it, DP-SGD's
-model has no layer it cannot clip (a batch normalisation), and DP-SGD's calibration fits its
+model has no layer it cannot clip (a batch normalisation), DP-SGD's compiled step kernels load,
+and DP-SGD's calibration fits its
 share where public values decide it (dp_trainer.preflight, the check the privacy-adaptive
 driver makes too). The BlockLedger executor runs them all before
 `ledger.request`: a pipeline that would fail after the charge for one of these reasons fails
@@ -79,11 +80,14 @@ def _refuse_unclippable_model(model) -> None:
     normalisation, and (when its inputs are declared) no variable written by a training pass
     (dp_trainer.clipping, from its traced graph), and a training-mode forward pass runs on a
     batch of ones (this model is the preflight's own copy: what the run changes is discarded
-    with it), so that the model's own failure is named before the charge."""
+    with it), so that the model's own failure is named before the charge. Also DP-SGD's step
+    kernels load (step_ops: compiled on first use, so a machine without a C++ compiler is
+    named here, not after the charge)."""
     import tensorflow as tf
 
-    from sage_tfx.components.dp_trainer import clipping  # tensorflow-privacy: DP-SGD only
+    from sage_tfx.components.dp_trainer import clipping, step_ops  # DP-SGD only
 
+    step_ops.library()
     clipping.refuse_unclippable_layers(model)
     if model.inputs:
         example_shape, dtype = model.inputs[0].shape[1:], model.inputs[0].dtype

@@ -1,5 +1,6 @@
 """The BlockLedger component refuses, before charging: blocks that hold no data, and a grant
 whose consumers (DPTrainer, SLAedValidator) would fail after the charge."""
+import functools
 import json
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def _trip_module_with(tmp_path, source: str) -> str:
 @pytest.mark.parametrize("case", ["missing file", "lacks loss", "raises on import",
                                   "calibration", "keras 3", "batch normalization",
                                   "batch statistics", "statistics no stand-in changes",
-                                  "model fails its stand-in"])
+                                  "model fails its stand-in", "no compiler"])
 def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
         store_path, tmp_path, monkeypatch, case):
     from sage_tfx.components.block_ledger import preflight
@@ -149,6 +150,12 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
                                              "tf.keras.layers.Flatten(), "
                                              "tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: the model fails a training-mode forward pass on a public stand-in"
+    elif case == "no compiler":  # DP-SGD's kernels compile on first use: none cached here
+        from sage_tfx.components.dp_trainer import step_ops
+        monkeypatch.setenv("CXX", "no-such-compiler")
+        monkeypatch.setattr(step_ops, "_cache_directories", lambda: [tmp_path / "kernels"])
+        monkeypatch.setattr(step_ops, "_loaded", functools.cache(step_ops._loaded.__wrapped__))
+        message = "DPTrainer: DP-SGD's step kernels .* 'no-such-compiler' was not found"
     elif case == "calibration":  # 20 Poisson steps at gamma 0.1 on a share of 0.8, sigma <= 2
         limit, message = 2.0, "cannot pay for 20 DP-SGD step"
     else:
