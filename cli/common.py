@@ -9,7 +9,8 @@ Exit codes:
   4    ledger busy (too many concurrent writers): nothing charged
   5    store unreachable (server down or unknown, or refusing the login): nothing charged
   6    an audit found a problem: `ledger audit` an inconsistent history, `audit` a mechanism
-       whose measured epsilon lower bound exceeds its claim
+       whose measured epsilon lower bound exceeds its claim; or a request refused, nothing
+       charged, because a block's stored balance disagrees with the grants recorded on it
   7    charged, nothing released: the grant's budget is spent (its failure is recorded on it)
   130  interrupted (Ctrl-C); after a charge the message says that budget is spent
 """
@@ -62,7 +63,8 @@ def run(handler: Callable, args, on_error: Optional[Callable] = None) -> int:
     from ml_metadata import errors as mlmd_errors
 
     from sage_tfx.release import ReleaseFailed
-    from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy
+    from sage_tfx.sage_access.errors import (BadRequest, BalanceTampered, BudgetExhausted,
+                                             LedgerBusy)
     from sage_tfx.sage_access.store import StoreUnreachable
 
     def fail(code: int, message: str, remaining: Optional[dict] = None) -> int:
@@ -82,6 +84,8 @@ def run(handler: Callable, args, on_error: Optional[Callable] = None) -> int:
         return fail(EXIT_DENIED, str(error), error.remaining)
     except LedgerBusy as error:
         return fail(EXIT_BUSY, str(error))
+    except BalanceTampered as error:
+        return fail(EXIT_AUDIT_FAILED, str(error))
     except ReleaseFailed as error:
         if os.environ.get("SAGE_TFX_DEBUG"):
             raise

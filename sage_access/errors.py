@@ -22,3 +22,8 @@ class BudgetExhausted(LedgerError):
 
 class LedgerBusy(LedgerError):
     """Too many concurrent writers kept conflicting; nothing was charged. Retry later."""
+
+
+class BalanceTampered(LedgerError):
+    """A block's stored balance disagrees with the grants recorded on it: the store was
+    written outside sage-tfx. Nothing was charged; the ledger refuses to grant on that block."""

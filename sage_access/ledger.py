@@ -352,6 +352,7 @@ class BlockLedger:
 
         def attempt() -> Grant:
             chosen = self._choose(selector, demand, pipeline)
+            lineage.check_balances(self._records, self.accounting, chosen)
             if require_data:
                 _check_data([block for _, block in chosen])
             grant = Grant(grant_id=grant_id, context=self.context,

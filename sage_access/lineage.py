@@ -1,6 +1,7 @@
 """Audit and lineage of a BlockLedger: the grant history, its re-derivation, and run contexts.
 
-Reads the whole history (operators, the CLI, tests); nothing here is on the grant path.
+Reads the whole history (operators, the CLI, tests); on the grant path only `check_balances`,
+which reads the history of the blocks a grant charges.
 """
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.sage_access.allocation import BlockState
+from sage_tfx.sage_access.errors import BalanceTampered
 from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, GRANT_TYPE, KFP_RUN_CONTEXT_TYPE,
                                           LEDGER_CONTEXT_TYPE,
                                           RUN_CONTEXT_TYPE, TFX_RUN_CONTEXT_TYPE, Grant,
-                                          LedgerRecords, WHOLE_GRANT, check_name, get_float,
-                                          get_property)
+                                          LedgerRecords, WHOLE_GRANT, check_name, encode_vector,
+                                          get_float, get_property)
 from sage_tfx.sage_access.store import StoreSpec, connect
+from sage_tfx.sage_access.transaction import Conflict
 
 
 def grant_records(records: LedgerRecords, after: int = 0) -> list[dict]:
@@ -124,18 +127,66 @@ def audit(records: LedgerRecords, accounting, blocks: list[BlockState]) -> Audit
         for block_id in named:
             charged.setdefault(block_id, []).append(demand)
     for block in blocks:
-        history = charged.get(block.block_id, [])
-        total = sum(history, accounting.zero())
-        if not np.allclose(total, block.spent, rtol=1e-9, atol=0):
-            problems.append(f"block {block.block_id}: spent {list(block.spent)} but its grants "
-                            f"sum to {list(total)}")
-        if len(history) != block.charges:
-            problems.append(f"block {block.block_id}: {block.charges} charges counted, "
-                            f"{len(history)} grants name it")
-        if not accounting.fits(accounting.zero(), block.spent, block.capacity):
-            problems.append(f"block {block.block_id}: spent {list(block.spent)} is above its "
-                            "ceiling")
+        problems += balance_problems(block, charged.get(block.block_id, []), accounting)
     return Audit(problems, len(blocks), len(grants))
+
+
+def balance_problems(block: BlockState, history: list[np.ndarray], accounting) -> list[str]:
+    """Where `block`'s stored balance disagrees with `history`, the demands of the grants that
+    charged it (audit's per-block checks; `check_balances` runs them before every grant)."""
+    problems = []
+    total = sum(history, accounting.zero())
+    if not np.allclose(total, block.spent, rtol=1e-9, atol=0):
+        problems.append(f"block {block.block_id}: spent {encode_vector(block.spent)} but its "
+                        f"grants sum to {encode_vector(total)}")
+    if len(history) != block.charges:
+        problems.append(f"block {block.block_id}: {block.charges} charges counted, "
+                        f"{len(history)} grants name it")
+    if not accounting.fits(accounting.zero(), block.spent, block.capacity):
+        problems.append(f"block {block.block_id}: spent {encode_vector(block.spent)} is above "
+                        "its ceiling")
+    return problems
+
+
+def check_balances(records: LedgerRecords, accounting,
+                   chosen: list[tuple[pb.Artifact, BlockState]]) -> None:
+    """Before a grant charges the `chosen` blocks (artifact as read, decoded state): each stored
+    balance must be what the grants recorded on it add up to, or the grant is refused
+    (BalanceTampered, nothing charged). A balance is a materialised sum that anyone able to
+    write the store can overwrite (set `spent` back to 0 and the block pays again); the Grant
+    executions linked to the block are the record it must agree with. Reads one block's
+    history only (its INPUT events), not the whole ledger as `audit` does.
+
+    A grant committed by another writer after `chosen` was read shows in the history but not in
+    the balance read: if a block's version has moved since, the grant would conflict anyway
+    (transaction.py), so this raises Conflict and the request re-reads."""
+    store = records.store
+    by_id = {artifact.id: block for artifact, block in chosen}
+    # A grant takes each block it charges as an INPUT (ledger.request); so does a finished
+    # pipeline's release of its reservations (an update, not a grant: skipped).
+    charging = [event for event in store.get_events_by_artifact_ids(list(by_id))
+                if event.type == pb.Event.INPUT]
+    grants = {execution.id: execution for execution in store.get_executions_by_id(
+        sorted({event.execution_id for event in charging})) if charging
+        and execution.type_id == records.types[GRANT_TYPE]}
+    history: dict[int, list[np.ndarray]] = {artifact_id: [] for artifact_id in by_id}
+    for event in charging:
+        if event.execution_id in grants:
+            history[event.artifact_id].append(
+                np.array(json.loads(get_property(grants[event.execution_id], "demand"))))
+    problems = [problem for artifact_id, block in by_id.items()
+                for problem in balance_problems(block, history[artifact_id], accounting)]
+    if not problems:
+        return
+    versions = {artifact.id: get_property(artifact, "version") for artifact, _ in chosen}
+    if any(get_property(artifact, "version") != versions[artifact.id]
+           for artifact in store.get_artifacts_by_id(list(by_id))):
+        raise Conflict("a block changed while its balance was checked")
+    raise BalanceTampered(
+        f"ledger {records.context!r}: the stored balance of a block disagrees with the grants "
+        f"recorded on it, so the store was written outside sage-tfx; nothing was charged. "
+        f"{'; '.join(problems)}. Run `sage-tfx ledger audit` and restore the store from a "
+        "trusted copy")
 
 
 def latest_change(records: LedgerRecords) -> int:

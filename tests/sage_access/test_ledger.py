@@ -8,6 +8,7 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.sage_access import (BadRequest, BlockIds, BlockLedger, BudgetExhausted,
                                   RecentWindow, connect)
 from sage_tfx.sage_access import ledger as ledger_module
+from sage_tfx.sage_access.errors import BalanceTampered
 
 
 def make_ledger(store=":memory:", blocks=4, accounting="basic", min_request=0.05, **kwargs):
@@ -268,6 +269,24 @@ def test_conflicting_writer_is_detected_not_lost(store_path, monkeypatch):
         second.request(BlockIds(["b0"]), epsilon=0.6, delta=0)
     assert np.allclose(first.block("b0").spent, [0.6, 0.0])
     assert ledger_module.BlockLedger(store_path).block("b0").charges == 1
+
+
+def test_a_balance_written_outside_the_ledger_is_refused_before_a_grant(store_path):
+    """The attack of issue 45: a plain ML Metadata client sets a spent block's `spent` back to 0
+    so it pays again. The next grant on it is refused, nothing charged; other blocks still pay."""
+    ledger = make_ledger(store_path, blocks=2)
+    ledger.request(BlockIds(["b0"]), epsilon=0.9, delta=0)
+    attacker = connect(store_path)
+    block = attacker.get_artifacts_by_external_ids(["block:default/b0"])[0]
+    block.custom_properties["spent"].string_value = "[0.0, 0.0]"
+    attacker.put_artifacts([block])
+    before = snapshot(ledger)
+    for selector in (BlockIds(["b0"]), RecentWindow(2)):
+        with pytest.raises(BalanceTampered, match=r"nothing was charged.*b0: spent \[0.0, 0.0\] "
+                                                  r"but its grants sum to \[0.9, 0.0\]"):
+            ledger.request(selector, epsilon=0.9, delta=0)
+    assert snapshot(ledger) == before and len(ledger.grant_records()) == 1
+    assert ledger.request(BlockIds(["b1"]), epsilon=0.9, delta=0).blocks == ("b1",)
 
 
 def test_a_store_made_before_grant_binding_opens_read_only_and_for_writing(tmp_path, monkeypatch):
