@@ -60,10 +60,10 @@ def kubeflow_job(workdir: str) -> dict:
 
     months = TaxiStream.load().release(MIN_WINDOW["dp_sgd"], os.path.join(workdir, "data"))
     server = subprocess.Popen([sys.executable, "-m", "sage_tfx.sage_access.grpc_server",
-                               "--store", os.path.join(workdir, "ledger.sqlite")],
-                              stdout=subprocess.PIPE, text=True)
+                               "--store", os.path.join(workdir, "ledger.sqlite"),
+                               "--host", "127.0.0.1"], stdout=subprocess.PIPE, text=True)
     try:
-        store = "grpc://" + re.match(r"listening on (\S+)", server.stdout.readline())[1]
+        store = re.match(r"listening on (\S+)", server.stdout.readline())[1]
         BlockLedger.create(store, accounting=AccountingMode.BASIC, min_request_epsilon=0.05)
         sage = [sys.executable, "-m", "sage_tfx.cli"]
         job, root = os.path.join(workdir, "job.json"), os.path.join(workdir, "root")

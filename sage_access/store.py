@@ -4,13 +4,17 @@
 * a path (str or Path): an SQLite MLMD file, created if missing;
 * `":memory:"`: MLMD's in-memory fake database (one process only; simulators and unit tests);
 * `"grpc://HOST:PORT"`: an MLMD gRPC server, e.g. Kubeflow's metadata-grpc-service on port 8080;
+  `grpc://HOST:PORT?tls=DIR` reaches one behind mutual TLS with the client certificate in DIR
+  (ca.pem, client.pem, client.key: grpc_tls.py), read at connection; `grpc+unix:///PATH` one on
+  a Unix socket (sage_access/grpc_server.py listens on one by default). See `GrpcStore`;
 * `"mysql://USER@HOST[:PORT]/DATABASE"` or `"mysql://USER@localhost/DATABASE?socket=PATH"`: ML
   Metadata on MySQL/MariaDB (what Kubeflow runs), shared by many processes on many hosts. The
   password is never part of the spec (argv and records show it): it is read, at every
   (re)connection, from the file `?password_file=PATH` or else the environment variable
   SAGE_TFX_MYSQL_PASSWORD (none: no password). See `MySQLStore`;
 * a `metadata_store_pb2.ConnectionConfig` (SQLite, MySQL, ...);
-* a `metadata_store_pb2.MetadataStoreClientConfig` (see `kubeflow_grpc_config`);
+* a `metadata_store_pb2.MetadataStoreClientConfig` (see `kubeflow_grpc_config`,
+  `grpc_tls.client_config`);
 * an already open `MetadataStore`.
 Any other `scheme://` string is refused (it is not silently taken for a relative path).
 
@@ -33,11 +37,13 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Optional, Union
 
+import grpc
 from ml_metadata import errors as mlmd_errors
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.metadata_store.pywrap.metadata_store_extension import metadata_store as mlmd_cc
 from ml_metadata.proto import metadata_store_pb2
 
+from sage_tfx.private_files import open_private, private_directory
 from sage_tfx.sage_access.errors import BadRequest, LedgerError
 
 MYSQL_PASSWORD_VARIABLE = "SAGE_TFX_MYSQL_PASSWORD"
@@ -52,6 +58,7 @@ STATE_TYPE = "sage_tfx.LedgerState"
 # Kubeflow Pipelines' own ML Metadata, where a ledger on the cluster lives.
 KUBEFLOW_LEDGER_STORE = "grpc://metadata-grpc-service:8080"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+UNIX_SOCKET_SCHEME = "grpc+unix://"
 # How long a gRPC call may wait for an MLMD server before the store counts as unreachable.
 GRPC_TIMEOUT_SECONDS = 30
 
@@ -154,7 +161,70 @@ def _parse_mysql(spec: str) -> MySQLStore:
                       password_file=options.get("password_file", [None])[0])
 
 
-StoreSpec = Union[str, os.PathLike, MySQLStore, metadata_store_pb2.ConnectionConfig,
+@dataclass(frozen=True)
+class GrpcStore:
+    """An ML Metadata gRPC server: `grpc://HOST:PORT[?tls=DIR]` (`tls`: the client directory of
+    a mutual TLS set, grpc_tls.py) or `grpc+unix:///PATH` (`socket`), parsed. Holds paths only:
+    `client()` reads the certificates when connecting."""
+    host: Optional[str] = None
+    port: Optional[int] = None
+    tls: Optional[str] = None
+    socket: Optional[str] = None
+
+    def __str__(self) -> str:
+        if self.socket is not None:
+            return f"{UNIX_SOCKET_SCHEME}{self.socket}"
+        options = f"?{urllib.parse.urlencode({'tls': self.tls}, safe='/')}" if self.tls else ""
+        return f"grpc://{self.host}:{self.port}{options}"
+
+    def client(self) -> metadata_store.MetadataStore:
+        if self.socket is not None:
+            return _UnixSocketClient(self.socket)
+        if self.tls is None:
+            return metadata_store.MetadataStore(kubeflow_grpc_config(self.host, self.port))
+        from sage_tfx.sage_access import grpc_tls
+
+        try:
+            return metadata_store.MetadataStore(grpc_tls.client_config(
+                self.host, self.port, self.tls, GRPC_TIMEOUT_SECONDS))
+        except (OSError, ValueError) as error:
+            raise StoreRefused(f"store {self}: {error}") from None
+
+
+class _UnixSocketClient(metadata_store.MetadataStore):
+    """ML Metadata's gRPC client on a Unix socket: its config names only HOST:PORT, so the one
+    step that makes the channel is replaced; every call is MLMD's own."""
+
+    def __init__(self, path: str):
+        self._socket = path
+        super().__init__(metadata_store_pb2.MetadataStoreClientConfig(
+            host="localhost", port=1, client_timeout_sec=GRPC_TIMEOUT_SECONDS))
+
+    def _get_channel(self, config):
+        self._grpc_timeout_sec = config.client_timeout_sec
+        return grpc.insecure_channel(f"unix:{self._socket}")
+
+
+def _parse_grpc(spec: str) -> GrpcStore:
+    if spec.startswith(UNIX_SOCKET_SCHEME):
+        path = spec[len(UNIX_SOCKET_SCHEME):]
+        if not path.startswith("/"):
+            raise StoreRefused(f"store {spec!r}: a Unix socket store is grpc+unix:///ABSOLUTE/PATH")
+        return GrpcStore(socket=path)
+    usage = ("a gRPC store is grpc://HOST:PORT (e.g. grpc://metadata-grpc-service:8080), "
+             "with ?tls=DIR for mutual TLS")
+    address, _, query = spec[len("grpc://"):].partition("?")
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or "/" in host or not port.isdigit() \
+            or not 0 < int(port) < 65536:
+        raise StoreRefused(f"store {spec!r}: {usage}")
+    options = urllib.parse.parse_qs(query, keep_blank_values=True)
+    if set(options) - {"tls"} or any(len(v) != 1 or not v[0] for v in options.values()):
+        raise StoreRefused(f"store {spec!r}: only the option tls=DIR is understood; {usage}")
+    return GrpcStore(host=host, port=int(port), tls=options.get("tls", [None])[0])
+
+
+StoreSpec = Union[str, os.PathLike, MySQLStore, GrpcStore, metadata_store_pb2.ConnectionConfig,
                   metadata_store_pb2.MetadataStoreClientConfig, metadata_store.MetadataStore]
 
 
@@ -178,7 +248,7 @@ def describe(store: StoreSpec) -> str:
     """A string that `connect` accepts again, recorded in PrivacyGrant artifacts."""
     if isinstance(store, (str, os.PathLike)):
         return os.fspath(store)
-    if isinstance(store, MySQLStore):
+    if isinstance(store, (MySQLStore, GrpcStore)):
         return str(store)
     if isinstance(store, metadata_store_pb2.MetadataStoreClientConfig):
         return f"grpc://{store.host}:{store.port}"
@@ -188,20 +258,17 @@ def describe(store: StoreSpec) -> str:
 
 
 def parse(spec: str) -> StoreSpec:
-    """Inverse of `describe`: `grpc://HOST:PORT`, `mysql://...` (MySQLStore), `:memory:` or an
-    SQLite path; StoreRefused for any other scheme or a malformed address."""
-    if spec.startswith("grpc://"):
-        host, colon, port = spec[len("grpc://"):].rpartition(":")
-        if not colon or not host or "/" in host or not port.isdigit() \
-                or not 0 < int(port) < 65536:
-            raise StoreRefused(f"store {spec!r}: a gRPC store is grpc://HOST:PORT "
-                               "(e.g. grpc://metadata-grpc-service:8080)")
-        return kubeflow_grpc_config(host, int(port))
+    """Inverse of `describe`: `grpc://HOST:PORT[?tls=DIR]` or `grpc+unix:///PATH` (GrpcStore),
+    `mysql://...` (MySQLStore), `:memory:` or an SQLite path; StoreRefused for any other scheme
+    or a malformed address."""
+    if spec.startswith(("grpc://", UNIX_SOCKET_SCHEME)):
+        return _parse_grpc(spec)
     if spec.startswith("mysql://"):
         return _parse_mysql(spec)
     if _SCHEME.match(spec):
         raise StoreRefused(f"store {_without_password(spec)!r}: only a file path, "
-                           "grpc://HOST:PORT or mysql://USER@HOST:PORT/DATABASE is supported")
+                           "grpc://HOST:PORT, grpc+unix:///PATH or "
+                           "mysql://USER@HOST:PORT/DATABASE is supported")
     return spec
 
 
@@ -212,15 +279,30 @@ def connect(store: StoreSpec) -> metadata_store.MetadataStore:
         store = parse(store)
     if isinstance(store, MySQLStore):
         return ReconnectingMySQLStore(store)
+    if isinstance(store, GrpcStore):
+        return store.client()
     if isinstance(store, str) and store == ":memory:":
         config = metadata_store_pb2.ConnectionConfig()
         config.fake_database.SetInParent()
         return metadata_store.MetadataStore(config)
     if isinstance(store, (str, os.PathLike)):
-        parent = os.path.dirname(os.path.abspath(os.fspath(store)))
-        os.makedirs(parent, exist_ok=True)
+        _create_private_sqlite(os.fspath(store))
         return _open_sqlite(sqlite_config(store))
     return metadata_store.MetadataStore(store)
+
+
+def _create_private_sqlite(path: str) -> None:
+    """A new SQLite ledger is an empty file made 0600 (a missing directory 0700) before ML
+    Metadata opens it, which would create it with the umask's mode (0644 under umask 022:
+    every user of the machine could read the ledger). SQLite gives its journal the database
+    file's mode; an existing file is left as it is (see private_files.py)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        private_directory(parent)
+    try:
+        open_private(path, exclusive=True).close()
+    except FileExistsError:  # an existing store, or another process creating it right now
+        pass
 
 
 # Opening an SQLite store runs MLMD's schema check in a write transaction; when many processes
