@@ -17,14 +17,14 @@ records are the rows of those blocks of a table `sage-tfx ingest` registered. Wi
 Order (charge before release): the arguments, the window and every input file's columns are
 checked first (nothing charged for bad input); then ONE grant of (E, D) is charged on the
 window's blocks (its dp-accounting event and the delta spent outside it recorded on it) and its
-share consumed; then each micro-batch is run and its release written. DIR/state holds the
-operator's private state with the grant id: a second run with the same DIR resumes after the
+share consumed; then each micro-batch is run and its release written. DIR.state (beside DIR)
+holds the operator's private state with the grant id: a second run with the same DIR resumes after the
 last committed micro-batch and charges nothing; another window or query for the same DIR is
 refused. Records the input brings for a micro-batch already computed are late data, dropped
 (docs/streaming.md, "Lateness"): the published releases stay as they are. The state is private
 (the noise key, raw counts and the micro-batches taken since its last save; created readable
-by the owner only): publish DIR without
-DIR/state, or keep the state elsewhere with --state-dir. Each trigger T writes DIR/release-T.csv
+by the owner only), so it is never inside DIR, which is published; --state-dir keeps it
+elsewhere. Each trigger T writes DIR/release-T.csv
 (key, value, updated: every key released so far in the window with its latest noisy value) and
 DIR/release-T.json (one line: the guarantee's epsilon, delta and unit, the trigger time, the
 grant). The last stdout line is one JSON object (grant, blocks, guarantee). Nothing
@@ -39,6 +39,12 @@ import math
 import os
 
 from sage_tfx.cli.common import add_store_arguments, open_ledger, run
+
+
+def default_state_dir(out: str) -> str:
+    """DIR.state beside the releases' DIR, never inside it: the state holds the noise key, and
+    DIR is what gets published."""
+    return os.path.normpath(os.path.abspath(out)) + ".state"
 
 
 def add_parser(groups: argparse._SubParsersAction) -> None:
@@ -61,12 +67,12 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
                         help="N: the window's event-time range is cut into N equal micro-batches, "
                              "one release at the end of each")
     parser.add_argument("--out", required=True,
-                        help="the directory of the releases (and, without --state-dir, of the "
-                             "resumable state, DIR/state)")
+                        help="the directory of the releases, to publish (the resumable "
+                             "state is kept beside it, in DIR.state, without --state-dir)")
     parser.add_argument("--state-dir", default=None,
                         help="the operator's private state (noise key, raw counts, recent "
-                             "micro-batches; created 0700); default: DIR/state. Publish --out "
-                             "without it")
+                             "micro-batches; created 0700); default: DIR.state, beside --out "
+                             "(never inside what is published)")
     parser.add_argument("--unit-column", default=None,
                         help="the privacy unit of --input over blocks of no table (default: "
                              "uid); a table's is the one ingest recorded, no other")
@@ -182,10 +188,14 @@ def _stream(args) -> int:
     records = sources.read_input(args.input, columns, window, args.micro_batches) \
         if args.input else sources.read_table_blocks(ledger, table, columns, window,
                                                      args.micro_batches)
-    state_dir = args.state_dir or os.path.join(args.out, STATE_DIR)
+    state_dir = args.state_dir or default_state_dir(args.out)
     if not os.path.isdir(state_dir) and os.path.isdir(args.out) and os.listdir(args.out):
+        inside = os.path.join(args.out, STATE_DIR)  # where streams kept their state before
         raise BadRequest(f"--out {args.out} is not empty and holds no stream; give a new "
-                         "directory (or the same one to resume a stream)")
+                         "directory (or the same one to resume a stream)"
+                         + (f"; its state is in {inside}: move it to {state_dir} (or pass "
+                            f"--state-dir {inside}) and publish {args.out} without it"
+                            if os.path.isdir(inside) else ""))
     front_door = f"sage-tfx stream {os.path.abspath(args.out)}"
     state = run_window(ledger, query, window, records, state_dir, args.out,
                        consumer=front_door, pipeline=args.pipeline)

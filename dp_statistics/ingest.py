@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from sage_tfx.dp_statistics import tables
 from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
+from sage_tfx.private_files import open_private, private_directory
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import TABLE, BlockLedger, NewBlock
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
@@ -186,10 +187,9 @@ def time_seconds(cells: pd.Series) -> np.ndarray:
 def new_user_hash_key(table_directory: str) -> bytes:
     """A table's secret hash key, written to USER_HASH_KEY_FILE in its directory (see there)."""
     key = secrets.token_bytes(32)
-    os.makedirs(table_directory, exist_ok=True)
-    descriptor = os.open(os.path.join(table_directory, USER_HASH_KEY_FILE),
-                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
+    private_directory(table_directory)
+    with open_private(os.path.join(table_directory, USER_HASH_KEY_FILE),
+                      exclusive=True) as handle:
         handle.write(key)
     return key
 
@@ -296,10 +296,12 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
         else:
             arrays.append(_typed(raw[column], kind))
     rows = pa.Table.from_arrays(arrays, schema=table.schema)
+    private_directory(os.path.join(out_dir, name))
     for part, _, _ in parts:  # data first: a registered block always has its rows
-        os.makedirs(directories[part])
-        pq.write_table(rows.filter(pa.array(row_parts == part)),
-                       os.path.join(directories[part], tables.ROWS_FILE))
+        # Raw rows (and unit ids, which tell the block assignment the hash key hides): private.
+        with open_private(os.path.join(private_directory(directories[part]),
+                                       tables.ROWS_FILE)) as out:
+            pq.write_table(rows.filter(pa.array(row_parts == part)), out)
     tables.register_table(ledger, table)
     ledger.add_blocks([NewBlock(table.block_id(part), float(epsilon), float(delta), block_start,
                                 block_end, directories[part], TABLE)

@@ -10,6 +10,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 @pytest.fixture
+def umask_022():
+    """The usual umask, under which a plain open or makedirs gives 0644 files and 0755
+    directories, readable by every user (tests of private writes; support/private.py)."""
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+@pytest.fixture
 def store_path(tmp_path):
     """An SQLite ledger store (tests/sage_access overrides this to run on MariaDB too)."""
     return str(tmp_path / "ledger.sqlite")

@@ -38,6 +38,7 @@ from tfx.types import artifact_utils
 from sage_tfx.components.block_example_gen import constants as block_keys
 from sage_tfx.components.util.examples_io import SPLITS, TEST_SPLIT, TRAIN_SPLIT
 from sage_tfx.dp_statistics.tables import record_block_key
+from sage_tfx.private_files import private_directory, restrict_tree
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import EXAMPLES, BlockLedger, NewBlock
 from sage_tfx.sage_access.schedule import TIME_UNITS, block_of, schedule
@@ -238,6 +239,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
         template = artifact_utils.get_single_instance(output_dict["examples"])
         output_uri = template.uri
+        # Raw records: nobody else may enter the directory while Beam writes into it.
+        private_directory(output_uri)
         with self._make_beam_pipeline() as pipeline:
             if input_dict.get("input_examples"):
                 patterns = [os.path.join(upstream.uri, "Split-*", "*")
@@ -285,6 +288,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             outputs.append(examples)
         with tf.io.gfile.GFile(os.path.join(output_uri, "blocks.json"), "w") as summary:
             json.dump([list(block) for block in blocks], summary)
+        restrict_tree(output_uri)  # what Beam and TF wrote with the umask's modes: 0600 / 0700
         # Registered last, all in one ledger change, in key order (so "most recent" in the
         # ledger follows the stream): an ingestion that fails before this registered nothing,
         # and running it again is not refused for blocks it half-registered.

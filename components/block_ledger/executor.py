@@ -19,6 +19,7 @@ from sage_tfx import console, release
 from sage_tfx.components.block_ledger import preflight
 from sage_tfx.components.privacy_grant import mark_examples, step_events, write_grant
 from sage_tfx.components.util.examples_io import SPLITS
+from sage_tfx.private_files import private_directory, restrict_tree
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.accounting import check_split
 from sage_tfx.sage_access.ledger import EXAMPLES, BlockIds, BlockLedger, RecentWindow
@@ -107,6 +108,7 @@ class Executor(base_executor.BaseExecutor):
                            grant.grant_id, grant.epsilon, grant.delta, blocks, pipeline)
 
             examples.split_names = artifact_utils.encode_split_names(list(SPLITS))
+            private_directory(examples.uri)  # the granted records: private (private_files.py)
             for block_id in grant.blocks:
                 data_uri = ledger.block(block_id).data_uri  # required by the grant
                 for split in SPLITS:
@@ -116,6 +118,7 @@ class Executor(base_executor.BaseExecutor):
                     for name in sorted(tf.io.gfile.listdir(source_dir)):
                         _link_or_copy(os.path.join(source_dir, name),
                                       os.path.join(target_dir, f"{block_id}-{name}"))
+            restrict_tree(examples.uri)
             mark_examples(examples, grant, grant.blocks)
             write_grant(artifact_utils.get_single_instance(output_dict["grant"]), grant, store)
             charged.handed_on()

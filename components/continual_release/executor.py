@@ -29,6 +29,7 @@ from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual import sources
 from sage_tfx.dp_statistics.continual.release import STATE_DIR, record_released, run_window
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
+from sage_tfx.private_files import open_private, private_directory
 
 WAITING_FILE = "waiting.parquet"  # records that arrived before their micro-batch's trigger
 RELEASES_DIR = "releases"         # every trigger's release so far (carried from run to run)
@@ -62,8 +63,7 @@ def _save_waiting(directory: str, waiting: sources.Records) -> None:
     the pipeline root that a record arrived before its trigger."""
     path = os.path.join(directory, WAITING_FILE)
     # Raw records: readable by the owner only, like the state beside them.
-    descriptor = os.open(f"{path}.partial", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
+    with open_private(f"{path}.partial") as out:
         pq.write_table(waiting.to_arrow(), out)
     os.replace(f"{path}.partial", path)
 
@@ -97,10 +97,10 @@ class Executor(base_executor.BaseExecutor):
         state_artifact = artifact_utils.get_single_instance(output_dict["state"])
         directory = state_artifact.uri
         previous = input_dict.get("previous_state") or []
+        private_directory(directory)  # waiting records and the operator's state: private
         if previous:
             shutil.copytree(artifact_utils.get_single_instance(previous).uri, directory,
                             dirs_exist_ok=True)
-        os.makedirs(directory, exist_ok=True)
         rows = read_rows([e.uri for e in input_dict["examples"]], columns)
         arrived = sources.records_of(
             rows, sources.Columns(query.unit_column, query.key_column, query.time_column,

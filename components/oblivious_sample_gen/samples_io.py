@@ -28,6 +28,7 @@ import tensorflow as tf
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
+from sage_tfx.private_files import private_directory, restrict_tree
 
 PLAIN_RECORDS = "samples.tfrecord.gz"
 PLAIN_IDS = "sample_ids.npy"
@@ -55,14 +56,16 @@ def write_samples(directory: str, records: np.ndarray, sample_ids: np.ndarray,
                   descriptor: SamplingDescriptor, key: Optional[bytes] = None,
                   record_width: int = 0) -> None:
     """Write the slots (serialized records, b"" for nulls and dummies); with a key, encrypted
-    in units of descriptor.slot_width slots, each record padded to `record_width` bytes."""
-    os.makedirs(directory, exist_ok=True)
+    in units of descriptor.slot_width slots, each record padded to `record_width` bytes. The
+    directory is private (0700, files 0600: private_files.py), encrypted or not."""
+    private_directory(directory)
     if key is None:
         options = tf.io.TFRecordOptions(compression_type="GZIP")
         with tf.io.TFRecordWriter(os.path.join(directory, PLAIN_RECORDS), options) as writer:
             for record in records:
                 writer.write(record)
         np.save(os.path.join(directory, PLAIN_IDS), sample_ids.astype(np.int32))
+        restrict_tree(directory)
         return
     if record_width < 1:
         raise ValueError(f"record_width must be a positive byte count, got {record_width}")
@@ -81,6 +84,7 @@ def write_samples(directory: str, records: np.ndarray, sample_ids: np.ndarray,
             plaintext = b"".join(slot(index) for index in range(start, start + slots_per_unit))
             nonce = os.urandom(_NONCE_BYTES)
             writer.write(nonce + aead.encrypt(nonce, plaintext, unit.to_bytes(8, "little")))
+    restrict_tree(directory)
 
 
 def read_samples(directory: str, descriptor: SamplingDescriptor, record_width: int = 0,

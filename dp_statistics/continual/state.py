@@ -43,6 +43,7 @@ from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
 from sage_tfx.mechanisms.keyed import KeyedGaussian
+from sage_tfx.private_files import open_private, private_directory
 
 STATE_FILE = "state.npz"
 JOURNAL_FILE = "journal.jsonl"
@@ -438,8 +439,7 @@ def write_state(directory: str, arrays: dict[str, np.ndarray]) -> None:
     private_directory(directory)
     path = os.path.join(directory, STATE_FILE)
     temporary = f"{path}.tmp-{os.getpid()}"
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
+    with open_private(temporary) as out:
         _write_npz(out, arrays)
         out.flush()
         os.fsync(out.fileno())
@@ -625,8 +625,7 @@ class Journal:
         """Write taken.log afresh (atomically) with the entries kept, and open it to append."""
         self._close_log()
         temporary = f"{self.log_path}.tmp-{os.getpid()}"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as out:
+        with open_private(temporary) as out:
             for step, payload in sorted(self._entries.items()):
                 out.write(self._HEADER.pack(self._MAGIC, step, len(payload),
                                             zlib.crc32(payload)) + payload)
@@ -708,19 +707,10 @@ def _complete_lines(path: str) -> list[dict]:
     return [json.loads(line) for line in text.split("\n")[:-1]]
 
 
-def private_directory(directory: str) -> None:
-    """Create `directory` (or restrict an existing one) readable by the owner only: the state
-    holds raw counts, the noise key and the micro-batches taken, and is often kept beside public
-    releases."""
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
-
-
 def write_json_lines(path: str, lines: list) -> None:
     """Write `path` atomically (temporary file, fsync, rename), readable by the owner only."""
     temporary = f"{path}.tmp-{os.getpid()}"
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
+    with open_private(temporary, "w") as out:
         out.write("".join(json.dumps(line) + "\n" for line in lines))
         out.flush()
         os.fsync(out.fileno())

@@ -18,6 +18,7 @@ from sage_tfx.components.privacy_grant import GrantError
 from sage_tfx.sage_access import connect
 
 from support.ingest import ingest_and_grant
+from support.private import not_private
 
 KEY_VARIABLE = "SAGE_TEST_SAMPLES_KEY"
 
@@ -27,7 +28,7 @@ def trip_seconds(serialized: bytes) -> int:
 
 
 @pytest.mark.slow
-def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch):
+def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch, umask_022):
     key = os.urandom(32)
     monkeypatch.setenv(KEY_VARIABLE, base64.b64encode(key).decode())
     root = str(tmp_path)
@@ -87,6 +88,11 @@ def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch):
     assert sampled["swo"].get_int_custom_property("sampling_n") == 40
     assert sampled["swo"].get_int_custom_property("sampling_samples_per_epoch") == 40 // 8
     assert sampled["poisson"].get_int_custom_property("sampling_encrypted") == 1
+    # Records are private under umask 022 (they were 0644): the blocks' Examples, the granted
+    # Examples, both samples and the ledger.
+    assert len(examples) == 3 + 1 + 2
+    assert [entry for e in examples for entry in not_private(e.uri)] == []
+    assert not_private(store_path) == []
 
     # Examples of a single block were never granted as such: the executor refuses them.
     per_block = [e for e in examples if e.get_string_custom_property("block_id")]

@@ -11,6 +11,8 @@ from sage_tfx.cli import main
 from sage_tfx.dp_statistics import tables
 from sage_tfx.sage_access import BlockLedger
 
+from support.private import not_private
+
 ROWS = [(f"u{i % 7}", i % 3, f"{i * 1.5:.1f}", f"2013-0{1 + i % 2}-1{i % 9}")
         for i in range(40)]
 
@@ -40,6 +42,14 @@ def ingest(root, rows, capsys, raw_lines=b""):
     captured = capsys.readouterr()
     printed = (captured.out + captured.err).replace(root, "ROOT")
     return tables.find_table(ledger, "trips"), blocks, rows_of, printed
+
+
+def test_ingested_rows_and_the_ledger_are_readable_by_their_owner_only(tmp_path, capsys,
+                                                                     umask_022):
+    """Blocks' rows.parquet (raw unit ids) were 0644 under umask 022."""
+    ingest(str(tmp_path / "run"), ROWS, capsys)
+    assert not_private(tmp_path / "run" / "blocks") == []
+    assert not_private(tmp_path / "run" / "ledger.sqlite") == []
 
 
 @pytest.mark.parametrize("removed", [0, 25])

@@ -10,6 +10,8 @@ from sage_tfx.sage_access import (BadRequest, BlockIds, BlockLedger, BudgetExhau
 from sage_tfx.sage_access import ledger as ledger_module
 from sage_tfx.sage_access.errors import BalanceTampered
 
+from support.private import not_private
+
 
 def make_ledger(store=":memory:", blocks=4, accounting="basic", min_request=0.05, **kwargs):
     ledger = BlockLedger.create(store, accounting=accounting, min_request_epsilon=min_request,
@@ -287,6 +289,14 @@ def test_a_balance_written_outside_the_ledger_is_refused_before_a_grant(store_pa
             ledger.request(selector, epsilon=0.9, delta=0)
     assert snapshot(ledger) == before and len(ledger.grant_records()) == 1
     assert ledger.request(BlockIds(["b1"]), epsilon=0.9, delta=0).blocks == ("b1",)
+
+
+def test_a_new_sqlite_ledger_is_readable_by_its_owner_only(tmp_path, umask_022):
+    """Under umask 022 ML Metadata created the ledger 0644 (and a missing directory 0755)."""
+    path = tmp_path / "ledgers" / "ledger.sqlite"
+    ledger = make_ledger(str(path), blocks=2)
+    ledger.request(BlockIds(["b0"]), epsilon=0.5, delta=0)
+    assert not_private(path.parent) == []
 
 
 def test_a_store_made_before_grant_binding_opens_read_only_and_for_writing(tmp_path, monkeypatch):

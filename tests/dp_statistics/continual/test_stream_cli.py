@@ -11,6 +11,8 @@ import pytest
 from sage_tfx.cli import main as sage_tfx
 from sage_tfx.sage_access import BlockLedger
 
+from support.private import not_private
+
 JAN, FEB = 1356998400, 1359676800  # 2013-01-01, 2013-02-01 UTC
 BLOCKS = "s.2013-01,s.2013-02"
 
@@ -233,6 +235,20 @@ def test_the_state_may_live_outside_the_published_directory(ledger, store_path, 
     assert stream(store_path, out, "--state-dir", str(private), input_path=path) == 0
     assert len(ledger.grant_records()) == 1  # resumed from the state: no second charge
     assert {name: (out / name).read_bytes() for name in first} == first
+
+
+def test_by_default_the_state_lies_beside_the_published_directory_private(
+        ledger, store_path, tmp_path, umask_022):
+    """The state (its noise key) was DIR/state, inside what is published."""
+    path = write_stream(tmp_path / "stream.csv")
+    out = tmp_path / "out"
+    assert stream(store_path, out, input_path=path) == 0
+    assert sorted(os.listdir(out)) == ["guarantee.txt"] + sorted(
+        f"release-{t:06d}.{kind}" for t in range(1, 5) for kind in ("csv", "json"))
+    state = tmp_path / "out.state"
+    assert (state / "state.npz").exists() and not_private(state) == []
+    assert stream(store_path, out, input_path=path) == 0
+    assert len(ledger.grant_records()) == 1  # resumed from the state beside it
 
 
 def pins(store_path):
