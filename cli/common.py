@@ -31,8 +31,8 @@ EXIT_RELEASE_FAILED = 7
 EXIT_INTERRUPTED = 130
 EXIT_CODES_HELP = "exit codes: see `sage-tfx --help`"
 STORE_ENVIRONMENT_VARIABLE = "SAGE_TFX_LEDGER_STORE"
-STORE_HELP = (f"SQLite ledger file, grpc://HOST:PORT or mysql://USER@HOST:PORT/DATABASE "
-              f"(default: ${STORE_ENVIRONMENT_VARIABLE})")
+STORE_HELP = (f"SQLite ledger file, grpc://HOST:PORT[?tls=DIR], grpc+unix:///PATH or "
+              f"mysql://USER@HOST:PORT/DATABASE (default: ${STORE_ENVIRONMENT_VARIABLE})")
 
 
 def add_store_arguments(parser: argparse.ArgumentParser, context_default: Optional[str] = "default",

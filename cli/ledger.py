@@ -18,8 +18,10 @@
     serve       a read-only web page of all the above, with JSON endpoints (localhost unless
                 --host says otherwise, and then only with a token)
 
-STORE is an SQLite file or grpc://HOST:PORT of an ML Metadata server (Kubeflow:
-grpc://metadata-grpc-service:8080); it defaults to $SAGE_TFX_LEDGER_STORE. Only `init` creates a
+STORE is an SQLite file or an ML Metadata server: grpc://HOST:PORT (Kubeflow:
+grpc://metadata-grpc-service:8080), with ?tls=DIR for mutual TLS (DIR: the client certificate
+grpc_tls made), or grpc+unix:///PATH (grpc_server's socket); it defaults to
+$SAGE_TFX_LEDGER_STORE. Only `init` creates a
 store; every other command refuses a file that is not a sage-tfx ledger and leaves it unchanged,
 and `show`, `plot`, `contexts`, `grants`, `audit` and `serve` open the store read-only.
 
