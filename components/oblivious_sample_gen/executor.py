@@ -22,6 +22,7 @@ from sage_tfx.components.privacy_grant import carry_grant, require_grant
 from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
 from sage_tfx.mechanisms import discrete_laplace
+from sage_tfx.private_files import private_directory
 from sage_tfx.sage_access.accounting import pure_dp_event
 
 def dp_count(n: int, epsilon: float) -> int:
@@ -94,6 +95,7 @@ class Executor(base_executor.BaseExecutor):
 
             output = artifact_utils.get_single_instance(output_dict["samples"])
             output.split_names = artifact_utils.encode_split_names([TRAIN_SPLIT])
+            private_directory(output.uri)  # the sampled records: private (private_files.py)
             samples_io.write_samples(os.path.join(output.uri, f"Split-{TRAIN_SPLIT}"), records,
                                      samples.sample_ids, descriptor, key,
                                      int(record_width) if key is not None else 0)
