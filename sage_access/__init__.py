@@ -10,14 +10,15 @@ This package never imports TensorFlow (the ledger CLI must start fast).
 from sage_tfx.sage_access.accounting import (DEFAULT_RDP_ORDERS, BasicComposition, BudgetRequest,
                                              RenyiFilter, pure_dp_rdp_curve)
 from sage_tfx.sage_access.allocation import BlockState
-from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted, LedgerBusy, LedgerError
+from sage_tfx.sage_access.errors import (BadRequest, BalanceTampered, BudgetExhausted,
+                                         LedgerBusy, LedgerError)
 from sage_tfx.sage_access.ledger import BlockIds, BlockLedger, RecentWindow
 from sage_tfx.sage_access.records import Grant
 from sage_tfx.sage_access.store import (StoreRefused, connect,
                                         connect_read_only, kubeflow_grpc_config, sqlite_config)
 
 __all__ = [
-    "BadRequest", "BasicComposition", "BlockIds", "BlockLedger", "BlockState", "BudgetExhausted",
+    "BadRequest", "BalanceTampered", "BasicComposition", "BlockIds", "BlockLedger", "BlockState", "BudgetExhausted",
     "BudgetRequest", "DEFAULT_RDP_ORDERS", "Grant", "LedgerBusy", "LedgerError", "RecentWindow",
     "RenyiFilter", "StoreRefused", "connect", "connect_read_only",
     "kubeflow_grpc_config", "pure_dp_rdp_curve", "sqlite_config",
