@@ -47,8 +47,9 @@ def parse(text: Optional[str]) -> list[Check]:
 
 
 def run(checks: Sequence[Check], epsilon: float, delta: float,
-        split: Mapping[str, float]) -> None:
-    """BadRequest naming the component and the fix for the first check that fails."""
+        split: Mapping[str, float], events: Optional[Mapping] = None) -> None:
+    """BadRequest naming the component and the fix for the first check that fails. `events`:
+    the DP event planned for each step (privacy_grant.step_events)."""
     # Imported here: dp_trainer's package imports this one's component (a cycle at import).
     from sage_tfx.components.dp_trainer.parameters import preflight as trainer_preflight
     from sage_tfx.components.dp_trainer.parameters import trains_with_dp_sgd
@@ -61,7 +62,7 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
             if check.legacy_keras:
                 require_legacy_keras()
             if check.transform_step is not None:
-                _transform_audit(check, epsilon, split)
+                _transform_audit(check, epsilon, delta, split, events or {})
                 continue
             module = UserModule.load(check.module_file, check.purpose, check.module_needs)
             if check.trainer is not None:
@@ -101,14 +102,20 @@ def _refuse_unclippable_model(model) -> None:
                              f"stand-in batch: {type(error).__name__}: {error}") from error
 
 
-def _transform_audit(check: Check, epsilon: float, split: Mapping[str, float]) -> None:
-    """DPTransform's own audit, without data: the module loads and its preprocessing_fn uses
-    only DP analyzers whose shares fit the step's (dp_transform.executor.audit)."""
-    from sage_tfx.components.dp_transform.executor import audit, load_module
+def _transform_audit(check: Check, epsilon: float, delta: float, split: Mapping[str, float],
+                     events: Mapping) -> None:
+    """DPTransform's own audit, without data: the module loads, its preprocessing_fn uses
+    only DP analyzers whose shares fit the step's (epsilon, delta), each analyzer has the
+    public bounds it needs, and the step's planned event covers what they run
+    (dp_transform.executor.plan_transform, check_planned_event)."""
+    from sage_tfx.components.dp_transform.executor import (check_planned_event, load_module,
+                                                           plan_transform)
     from sage_tfx.sage_access.accounting import split_share
 
     if check.transform_step not in split:
         raise ValueError(f"the grant's split has no {check.transform_step!r} step for "
                          "DPTransform")
-    share_epsilon, _ = split_share(epsilon, 0.0, split, check.transform_step)
-    audit(*load_module(check.module_file), share_epsilon)
+    plan = plan_transform(*load_module(check.module_file),
+                          *split_share(epsilon, delta, split, check.transform_step))
+    check_planned_event(events.get(check.transform_step), plan,
+                        f"step {check.transform_step!r}")

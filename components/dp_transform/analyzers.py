@@ -160,8 +160,8 @@ class _TransformBudget:
                 f"the preprocessing_fn's DP analyzers spend {total:g} of the transform budget "
                 f"(shares {[s.share for s in current if s.share is not None]}); they must sum "
                 "to at most 1")
-        if self.plan is None:  # the audit's first trace: nothing runs with these values
-            return self.epsilon, self.delta
+        if self.plan is None:  # the audit's trace: what it hands out is never run
+            return self.epsilon * (1.0 if share is None else share), self.delta
         return (self.epsilon * self.plan.share_of(spend),
                 self.plan.delta_each if uses_delta else 0.0)
 

@@ -122,25 +122,27 @@ def non_private_refusal(definitions, inputs: dict) -> str:
             f"TransformGraph, and DPTransform publishes only DP ones. {'; '.join(advice)}")
 
 
-def check_planned_event(grant, step: str, plan: TransformPlan) -> None:
-    """Refuse to release unless the grant charged what the analyzers run. A grant that
-    recorded no event for the step (a basic ledger without step_mechanisms) charged the
-    step's (epsilon, delta): the plan's shares keep the analyzers inside it. One recorded as
-    a pure epsilon-DP step (step_mechanisms "laplace") covers analyzers without delta (their
-    epsilons sum to at most the step's). Any other recorded event must be the plan's
-    (step_mechanisms "dp_transform", privacy_grant.steps)."""
-    recorded = grant.event(step)
+def check_planned_event(recorded, plan: TransformPlan, where: str) -> None:
+    """Refuse unless the event a grant records for the transform step (`recorded`) covers what
+    the analyzers run. None (a basic ledger without step_mechanisms) charges the step's
+    (epsilon, delta): the plan's shares keep the analyzers inside it. A pure epsilon-DP step
+    (step_mechanisms "laplace") covers analyzers without delta (their epsilons sum to at most
+    the step's). Any other event must be the plan's (step_mechanisms "dp_transform",
+    privacy_grant.steps). Run by the BlockLedger's preflight on the planned events, and by
+    the executor on the grant's."""
     if recorded is None:
         return
     if recorded == pure_dp_event(plan.epsilon):
         spending_delta = [spend.call for spend in plan.spends if spend.uses_delta]
         if spending_delta:
             raise DPTransformError(
-                f"step {step!r} of grant {grant.grant_id} was planned as pure epsilon-DP "
-                f"(mechanism 'laplace'), but {', '.join(spending_delta)} spends delta: plan "
-                "the step as {'mechanism': 'dp_transform', 'module_file': ...}")
+                f"{where} is planned as pure epsilon-DP (mechanism 'laplace'), but "
+                f"{', '.join(spending_delta)} spends delta: plan the step as "
+                "{'mechanism': 'dp_transform', 'module_file': ...}")
         return
-    grant.check_event(step, plan.event)
+    if recorded != plan.event:
+        raise DPTransformError(f"{where} records {recorded}, but the preprocessing_fn's DP "
+                               f"analyzers run {plan.event}; nothing was released")
 
 
 def _split_pattern(examples, split: str) -> str:
@@ -156,7 +158,9 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         with grant.releasing(exec_properties["grant_step"], "DPTransform component") as charged:
             preprocessing_fn, feature_spec = load_module(exec_properties["module_file"])
             plan = plan_transform(preprocessing_fn, feature_spec, epsilon, delta)
-            check_planned_event(grant, exec_properties["grant_step"], plan)
+            check_planned_event(grant.event(exec_properties["grant_step"]), plan,
+                                f"step {exec_properties['grant_step']!r} of grant "
+                                f"{grant.grant_id}")
             console.report("DPTransform: grant %s, transform epsilon %.4g delta %.3g split "
                            "among %s", grant.grant_id, epsilon, delta, plan.describe())
 
