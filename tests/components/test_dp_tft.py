@@ -354,3 +354,100 @@ def test_a_dp_transform_step_plans_the_analyzers_events_and_their_delta(tmp_path
     with pytest.raises(BadRequest, match="no DP event|module"):
         step_events({"transform": {"mechanism": "dp_transform"}}, {"transform": "1"}, 1.0,
                     1e-6, "basic")
+
+
+# --- a TFX module converted by its import, through DPTransform on Beam's DirectRunner ------
+
+TFX_MODULE = '''import tensorflow as tf
+import tensorflow_transform as tft
+
+
+def feature_spec():
+    return {"area": tf.io.FixedLenFeature([1], tf.int64),
+            "fare": tf.io.FixedLenFeature([1], tf.float32),
+            "company": tf.io.FixedLenFeature([1], tf.string)}
+
+
+def preprocessing_fn(inputs):
+    return {"fare_z": tf.reshape(tft.scale_to_z_score(inputs["fare"]), [-1]),
+            "company_id": tf.reshape(tft.compute_and_apply_vocabulary(
+                inputs["company"], top_k=10, num_oov_buckets=1), [-1]),
+            "area_bucket": tf.reshape(tft.bucketize(inputs["area"], 2), [-1])}
+'''
+CONVERSION = ("import tensorflow_transform as tft\n",
+              "from sage_tfx.components.dp_transform import tft\n"
+              "CLAMP_BOUNDS = {'fare': (0.0, 40.0), 'area': (0.0, 4.0)}\n")
+
+
+def _trips(directory) -> None:
+    import csv
+
+    directory.mkdir()
+    with open(directory / "trips.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["uid", "area", "fare", "company", "ts"])
+        for i in range(600):
+            writer.writerow([i % 60, 1 + i % 2, 5 + i % 9, ["Flash", "Yellow", "Blue"][i % 3],
+                             1388534400 + 3600 * i])
+
+
+@pytest.mark.slow
+def test_a_tfx_module_converted_by_its_import_runs_through_dp_transform(tmp_path):
+    """The tensorflow_transform module is refused before the charge, naming its calls; the same
+    module with the DP import (and its public bounds) runs BlockExampleGen -> BlockLedger ->
+    DPTransform on the DirectRunner: the grant records the analyzers' composed event, the
+    TransformGraph holds a DP vocabulary asset, and every granted record is transformed."""
+    from tfx.orchestration import metadata, pipeline
+    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+
+    from sage_tfx.components import BlockExampleGen, BlockLedger, DPTransform
+    from sage_tfx.components.block_ledger import preflight
+    from sage_tfx.components.dp_transform.executor import load_module
+    from sage_tfx.sage_access import BlockLedger as Ledger, connect
+
+    _trips(tmp_path / "input")
+    original = tmp_path / "tfx_module.py"
+    original.write_text(TFX_MODULE)
+    converted = tmp_path / "dp_module.py"
+    converted.write_text(TFX_MODULE.replace(*CONVERSION))
+    assert len(set(converted.read_text().splitlines())
+               - set(original.read_text().splitlines())) == 2  # the import and the bounds
+    check = preflight.Check(component="DPTransform", module_file=str(original),
+                            purpose="transform", transform_step="transform")
+    with pytest.raises(BadRequest, match=r"refused before the charge.*scale_to_z_score\(fare\)"):
+        preflight.run([check], 1.0, 1e-6, {"transform": "1"})
+
+    store = str(tmp_path / "metadata.sqlite")
+    Ledger.create(store)
+    gen = BlockExampleGen(input_base=str(tmp_path / "input"), block_key="uid", block_by="users",
+                          users_per_block=30, schedule_start=0, schedule_end=60,
+                          ledger_store=store, block_epsilon=4.0, block_delta=1e-5)
+    ledger = BlockLedger(ledger_store=store, new_blocks=gen.outputs["examples"], window=2,
+                         epsilon=2.0, delta=1e-6, split={"transform": 1.0},
+                         step_mechanisms={"transform": {"mechanism": "dp_transform",
+                                                        "module_file": str(converted)}})
+    transform = DPTransform(examples=ledger.outputs["examples"], grant=ledger.outputs["grant"],
+                            module_file=str(converted))
+    LocalDagRunner().run(pipeline.Pipeline(
+        pipeline_name="converted", pipeline_root=str(tmp_path / "root"),
+        components=[gen, ledger, transform],
+        metadata_connection_config=metadata.sqlite_metadata_connection_config(store)))
+
+    mlmd = connect(store)
+    executions = {e.type.rsplit(".", 1)[-1]: e for e in mlmd.get_executions()}
+    assert executions["DPTransform"].last_known_state == executions["DPTransform"].COMPLETE
+    [graph] = mlmd.get_artifacts_by_type("TransformGraph")
+    output = real_tft.TFTransformOutput(graph.uri)
+    vocabulary = output.vocabulary_by_name("vocab_compute_and_apply_vocabulary_vocabulary")
+    assert sorted(vocabulary) == [b"Blue", b"Flash", b"Yellow"]  # ~160 records each
+    transformed = [a for a in mlmd.get_artifacts_by_type("Examples") if "DPTransform" in a.uri]
+    records = [tf.train.Example.FromString(r.numpy()) for path in
+               tf.io.gfile.glob(os.path.join(transformed[0].uri, "Split-*", "*.gz"))
+               for r in tf.data.TFRecordDataset(path, "GZIP")]
+    assert len(records) == 600
+    assert {tuple(r.features.feature["area_bucket"].int64_list.value) for r in records} <= \
+        {(0,), (1,), (2,)}
+    # The grant recorded the plan's event, the three analyzers' composition (DPTransform
+    # compared it with what its analyzers run: a mismatch fails the execution).
+    plan = plan_transform(*load_module(str(converted)), 2.0, 1e-6)
+    assert len(plan.event.events) == 3
