@@ -451,3 +451,51 @@ def test_a_tfx_module_converted_by_its_import_runs_through_dp_transform(tmp_path
     # compared it with what its analyzers run: a mismatch fails the execution).
     plan = plan_transform(*load_module(str(converted)), 2.0, 1e-6)
     assert len(plan.event.events) == 3
+
+
+def test_the_vocabulary_path_stays_below_its_claim_in_the_auditor_and_half_noise_is_caught():
+    """The empirical auditor (sage_tfx.audit) on the vocabulary's whole release, neighbours
+    differing by one record of a kept value. At confidence 0.9999 the lower bound exceeds the
+    true epsilon with probability <= 1e-4 (the false-failure rate of the first assertion); the
+    release run at twice its epsilon must show more than the claim (at confidence 0.99)."""
+    from sage_tfx.audit import mechanisms as audits
+    from sage_tfx.audit.bounds import epsilon_lower_bound
+
+    assert "analyzer_vocabulary" in audits.shipped()
+    correct = audits.vocabulary_outputs(4_000)
+    assert epsilon_lower_bound(*correct, delta=audits.VOCABULARY_DELTA,
+                               confidence=0.9999) <= audits.VOCABULARY_EPSILON
+    broken = audits.vocabulary_outputs(4_000, epsilon=2.0 * audits.VOCABULARY_EPSILON)
+    assert epsilon_lower_bound(*broken, delta=audits.VOCABULARY_DELTA,
+                               confidence=0.99) > audits.VOCABULARY_EPSILON
+
+
+def test_each_release_calls_the_noise_module_with_its_derived_sensitivity(monkeypatch):
+    """The module docstring's sensitivities, as each release hands them to sage_tfx.mechanisms
+    (the mechanisms' own tests check that they noise as asked): a release that under-states
+    one (the tree's levels, the squares' h^2 / 2) fails here. Bounds [-10, 30]: h = 20."""
+    from sage_tfx import mechanisms
+
+    asked = []
+
+    def recording(name):
+        original = getattr(mechanisms, name)
+
+        def record(*args, **kwargs):
+            asked.append((name, {k: v for k, v in kwargs.items() if k != "values"}))
+            return original(*args, **kwargs)
+        return record
+    for name in ("laplace", "laplace_count_and_sum", "laplace_threshold"):
+        monkeypatch.setattr(tft.mechanisms, name, recording(name))
+
+    tft._NoisyMoments(-10.0, 30.0, 3.0).release(np.array([100.0, 5.0, 7.0]))
+    assert asked == [("laplace_count_and_sum", {"value_bound": 20.0, "epsilon": 2.0}),
+                     ("laplace", {"l1_sensitivity": 200.0, "epsilon": 1.0})]
+    asked.clear()
+    tft._NoisyExtremes(-10.0, 30.0, 3.0).release(np.zeros(tft.MIN_MAX_BUCKETS))
+    tft._NoisyQuantileTree(-10.0, 30.0, 3.0, 4).release(0)
+    tft._NoisyVocabulary(3.0, 1e-6, None, None, "v").release([(b"a", 5)])
+    assert asked == [("laplace", {"l1_sensitivity": 1.0, "epsilon": 3.0}),
+                     ("laplace", {"l1_sensitivity": float(QUANTILE_LEVELS), "epsilon": 3.0}),
+                     ("laplace_threshold", {"max_partitions_per_unit": 1, "epsilon": 3.0,
+                                            "delta": 1e-6})]
