@@ -13,7 +13,9 @@ A user's preprocessing_fn calls these instead of TFT's analyzers (Sage Listing 1
 
 Each analyzer spends `budget_share` of the epsilon that the grant allots to the transform step;
 DPTransform refuses a preprocessing_fn whose shares sum above 1, or that uses any analyzer not
-defined here (TFT's own analyzers publish exact statistics of the data in the TransformGraph).
+defined here or in tft.py (tft's names, DP; an analyzer there without budget_share takes an
+equal part of what the explicit shares leave: TransformPlan). TFT's own analyzers publish exact
+statistics of the data in the TransformGraph.
 
 Guarantees (add-or-remove-one neighbours, the ledger's relation; pure epsilon-DP, no delta).
 The unit is the record: each analyzer takes exactly one value per record (a `[batch]` or
