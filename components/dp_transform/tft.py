@@ -227,10 +227,11 @@ class _NoisyVocabulary(DPRelease, _experimental.PTransformAnalyzer):
     base_temp_dir (PTransformAnalyzer), where the file is written."""
 
     def __init__(self, epsilon: float, delta: float, top_k: Optional[int],
-                 frequency_threshold: Optional[float], filename: str):
+                 frequency_threshold: Optional[float], filename: str,
+                 dtype: tf.dtypes.DType = tf.string):
         DPRelease.__init__(self)
         _experimental.PTransformAnalyzer.__init__(self)
-        self.epsilon, self.delta = epsilon, delta
+        self.epsilon, self.delta, self.dtype = epsilon, delta, dtype
         self.top_k, self.frequency_threshold, self.filename = top_k, frequency_threshold, filename
 
     def stand_in(self):
@@ -258,7 +259,7 @@ class _NoisyVocabulary(DPRelease, _experimental.PTransformAnalyzer):
     def _write(self, value_counts) -> np.ndarray:
         vocabulary = self.release(value_counts).value
         if not vocabulary:  # TFT's tables cannot be built from an empty file: tft's filler
-            vocabulary = [_tft.analyzers.get_empy_vocabulary_dummy_value(tf.string)[1]]
+            vocabulary = [_tft.analyzers.get_empy_vocabulary_dummy_value(self.dtype)[1]]
         tf.io.gfile.makedirs(self.base_temp_dir)
         path = os.path.join(self.base_temp_dir, self.filename)
         with tf.io.gfile.GFile(path, "wb") as handle:
@@ -514,7 +515,8 @@ def _vocabulary(call, x, top_k, frequency_threshold, vocab_filename, name, budge
     with tf.compat.v1.name_scope(name, "vocabulary"):
         filename = _tft.analyzers.sanitized_vocab_filename(
             vocab_filename, prefix=None if vocab_filename else "vocab_")
-        transform = _NoisyVocabulary(epsilon, delta, top_k, frequency_threshold, filename)
+        transform = _NoisyVocabulary(epsilon, delta, top_k, frequency_threshold, filename,
+                                     tf.string if x.dtype == tf.string else tf.int64)
         [path] = _tft.experimental.ptransform_analyzer(
             inputs=[values], ptransform=transform, output_dtypes=[tf.string],
             output_shapes=[[]], output_asset_default_values=[b""], name="dp_vocabulary")
