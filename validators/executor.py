@@ -16,7 +16,7 @@ from sage_tfx import console
 from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.record_rule import finite, null_record
-from sage_tfx.components.util.examples_io import TEST_SPLIT, read_split
+from sage_tfx.components.util.examples_io import EVAL_SPLIT, read_split
 from sage_tfx.components.util.losses import with_reduction
 from sage_tfx.components.util.user_module import RecordDecoder, UserModule
 from sage_tfx.sage_access.accounting import pure_dp_event
@@ -170,7 +170,7 @@ class Executor(base_executor.BaseExecutor):
             # Row 0 is a null record, dropped after the metric ran: an empty test split (a dataset
             # of size 0) takes the same path as any other and releases with count 0.
             serialized = np.array(decoder.sanitise([null_record(decoder.raw_spec)] + list(
-                read_split(examples.uri, TEST_SPLIT).numpy())), dtype=object)
+                read_split(examples.uri, EVAL_SPLIT).numpy())), dtype=object)
             labels = decoder.labels(serialized).numpy()
             outputs = predictions(model.uri, serialized)
             values = per_example_metric(metric, module, labels, outputs)[1:]

@@ -14,9 +14,11 @@ from sage_tfx.components import record_rule
 from sage_tfx.dp_statistics.aggregation import sql
 from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 
+# TFX's split names (CsvExampleGen's default), so a TFMA config or module written for TFX's
+# splits carries over.
 TRAIN_SPLIT = "train"
-TEST_SPLIT = "test"
-SPLITS = (TRAIN_SPLIT, TEST_SPLIT)
+EVAL_SPLIT = "eval"
+SPLITS = (TRAIN_SPLIT, EVAL_SPLIT)
 
 
 def read_split(examples_uri: str, split: str) -> tf.Tensor:
