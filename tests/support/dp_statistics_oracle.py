@@ -38,6 +38,14 @@ def check_numeric(stats, values: np.ndarray, released_examples: int, low: float,
     # squares (sensitivity 1, half, half^2 / 2).
     t_n, t_s, t_q = (tail(3.0 * s / epsilon_each) for s in (1.0, half, half * half / 2.0))
     check_common(stats.common_stats, n, released_examples, t_n)
+    t_tree = tail(QUANTILE_LEVELS / epsilon_each)
+    [histogram] = stats.histograms
+    cut_points = [histogram.buckets[0].low_value] + [b.high_value for b in histogram.buckets]
+    assert (stats.min, stats.max) == (cut_points[0], cut_points[-1])
+    assert low <= stats.mean <= high and 0 <= stats.std_dev <= half
+    assert all(low <= c <= high for c in cut_points) and cut_points == sorted(cut_points)
+    if n <= 2 * max(t_n, QUANTILE_BRANCHING * t_tree):
+        return  # too few values for the noise to say more than the bounds (e.g. 1 value)
     centred = values - mid
     assert abs(stats.mean - values.mean()) <= (t_s + abs(centred.mean()) * t_n) / (n - t_n)
     # Variance Q'/N' + h^2/2 - (S'/N')^2 over the box of noisy sums: its extremes lie at corners
@@ -53,11 +61,8 @@ def check_numeric(stats, values: np.ndarray, released_examples: int, low: float,
     # Quantiles: the descent's rank at a leaf edge sums QUANTILE_RANK_TERMS node counts and
     # the total the level-1 counts (aggregators.QUANTILE_RANK_TERMS), each within t of its
     # true count (tree sensitivity H = QUANTILE_LEVELS in L1); the leaf width bounds the rest.
-    t_tree = tail(QUANTILE_LEVELS / epsilon_each)
     rank = (QUANTILE_RANK_TERMS + QUANTILE_BRANCHING) * t_tree / (n - QUANTILE_BRANCHING * t_tree)
     width = (high - low) / QUANTILE_BRANCHING ** QUANTILE_LEVELS
-    [histogram] = stats.histograms
-    cut_points = [histogram.buckets[0].low_value] + [b.high_value for b in histogram.buckets]
     fractions = np.linspace(0.0, 1.0, len(cut_points))
     for q, value in zip(fractions, cut_points):
         # MIN and MAX (q = 0, 1) stop at the first (last) positive noisy count: an empty
@@ -65,7 +70,6 @@ def check_numeric(stats, values: np.ndarray, released_examples: int, low: float,
         below = low if q == 0 else np.quantile(values, max(0.0, q - rank), method="lower") - width
         above = high if q == 1 else np.quantile(values, min(1.0, q + rank), method="higher") + width
         assert below - 1e-9 <= value <= above + 1e-9, (q, below, value, above)
-    assert (stats.min, stats.max) == (cut_points[0], cut_points[-1])
 
 
 def check_strings(stats, values, released_examples: int, epsilon_each: float,
