@@ -175,6 +175,24 @@ def test_a_schema_is_inferred_from_dp_statistics(seeded_noise):
     assert s.domain == domain.name == "s" and list(domain.value) == ["a", "b", "c"]
 
 
+def test_dp_schema_gen_refuses_statistics_without_a_dp_guarantee(tmp_path):
+    """TFX's StatisticsGen's output (exact statistics) is no input for a schema made without
+    budget: only DPStatisticsGen's, which state their guarantee."""
+    from tfx.types import artifact_utils, standard_artifacts
+
+    from sage_tfx.components.dp_statistics_gen.executor import SchemaExecutor
+
+    statistics, schema = standard_artifacts.ExampleStatistics(), standard_artifacts.Schema()
+    statistics.uri, schema.uri = str(tmp_path / "statistics"), str(tmp_path / "schema")
+    statistics.split_names = artifact_utils.encode_split_names(["train"])
+    with pytest.raises(StatisticsError, match="state no DP guarantee"):
+        SchemaExecutor().Do({"statistics": [statistics]}, {"schema": [schema]}, {})
+    assert not os.path.exists(schema.uri)
+    SchemaExecutor().Do({}, {"schema": [schema]}, {"schema_file": TAXI_SCHEMA})
+    copied = schemas.read_schema(os.path.join(schema.uri, "schema.pbtxt"))
+    assert copied == schemas.read_schema(TAXI_SCHEMA)
+
+
 def _true_split(uri, split, columns):
     """The true values of one split of Examples, read without the component's code: a feature
     is present when it holds one (finite) value."""
@@ -245,6 +263,9 @@ def test_taxi_statistics_through_block_example_gen_and_the_ledger(tmp_path, seed
         [granted] = [a for a in m.store.get_artifacts_by_type("Examples")
                      if "sage_grant_id" in a.custom_properties]
     props = {k: v.string_value for k, v in stats_artifact.custom_properties.items()}
+    # TFX's readers (SchemaGen, ExampleValidator: stats_artifact_utils.load_statistics) read
+    # FeatureStats.pb from an artifact whose tfx_version is 0.29 or later.
+    assert props["tfx_version"] >= "1"
     assert props["guarantee"].startswith("(37, 1e-06)-DP for adding or removing one record")
     assert json.loads(props["budget_split"])["moments:fare"] == 1.0
     splits = json.loads(stats_artifact.properties["split_names"].string_value)
