@@ -269,7 +269,7 @@ def test_taxi_statistics_through_block_example_gen_and_the_ledger(tmp_path, seed
     assert props["guarantee"].startswith("(37, 1e-06)-DP for adding or removing one record")
     assert json.loads(props["budget_split"])["moments:fare"] == 1.0
     splits = json.loads(stats_artifact.properties["split_names"].string_value)
-    assert splits == ["train", "test"]
+    assert splits == ["train", "eval"]
     columns, _ = schemas.columns_and_bounds(schemas.read_schema(TAXI_SCHEMA))
     for split in splits:
         path = os.path.join(stats_artifact.uri, f"Split-{split}", "FeatureStats.pb")
