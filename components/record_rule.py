@@ -188,6 +188,32 @@ def sanitise_records(serialized: Iterable[bytes], feature_spec: Mapping) -> list
     return [sanitise_record(record, feature_spec) for record in serialized]
 
 
+def parse_with_defaults(serialized: tf.Tensor, feature_spec: Mapping) -> dict:
+    """tf.io.parse_example in the graph (a serving signature), with the rule's defaults where
+    the Python rule (`sanitise_records`) cannot run: a missing FixedLenFeature parses as its
+    public default, and each non-finite float value becomes the default at its position (0 in a
+    VarLenFeature), as training saw such a record. A value of the wrong type or length still
+    fails the request (serving may refuse a malformed request; no DP run depends on it)."""
+    check_spec(feature_spec)
+    spec = {name: tf.io.FixedLenFeature(feature.shape, feature.dtype,
+                                        default_value=defaults(name, feature))
+            if isinstance(feature, tf.io.FixedLenFeature) else feature
+            for name, feature in feature_spec.items()}
+    parsed = tf.io.parse_example(serialized, spec)
+    for name, feature in feature_spec.items():
+        if feature.dtype != tf.float32:
+            continue
+        if isinstance(feature, tf.io.FixedLenFeature):
+            fill = tf.broadcast_to(tf.reshape(tf.constant(defaults(name, feature), tf.float32),
+                                              feature.shape or []), tf.shape(parsed[name]))
+            parsed[name] = tf.where(tf.math.is_finite(parsed[name]), parsed[name], fill)
+        else:
+            values = parsed[name].values
+            parsed[name] = parsed[name].with_values(
+                tf.where(tf.math.is_finite(values), values, tf.zeros_like(values)))
+    return parsed
+
+
 def finite(tensor: tf.Tensor) -> tf.Tensor:
     """The tensor with every NaN or infinite entry replaced by 0 (integers pass unchanged)."""
     tensor = tf.convert_to_tensor(tensor)
