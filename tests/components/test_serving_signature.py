@@ -33,3 +33,18 @@ def test_a_record_missing_a_feature_is_served_as_training_read_it(tmp_path):
     null_inputs, _ = decoder.decode([null_record(decoder.raw_spec)])
     np.testing.assert_allclose(served[1:], np.repeat(model(null_inputs).numpy(), 3, axis=0),
                                rtol=1e-6)
+
+
+def test_labels_of_shape_b_and_b_1_give_the_same_per_example_losses():
+    from sage_tfx.components.util.losses import with_reduction
+    predictions = tf.constant([[0.2], [0.7], [0.4]])
+    for loss in (tf.keras.losses.MeanSquaredError(), tf.keras.losses.BinaryCrossentropy()):
+        per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
+        flat = per_example(tf.constant([0.0, 1.0, 1.0]), predictions)
+        column = per_example(tf.constant([[0.0], [1.0], [1.0]]), predictions)
+        assert flat.shape == (3,)  # not one number: Keras broadcasts [B] against [B, 1]
+        np.testing.assert_allclose(flat.numpy(), column.numpy())
+    # Class ids beside K scores stay as they are.
+    sparse = with_reduction(tf.keras.losses.SparseCategoricalCrossentropy(),
+                            tf.keras.losses.Reduction.NONE)
+    assert sparse(tf.constant([0, 2]), tf.constant([[0.5, 0.2, 0.3], [0.1, 0.1, 0.8]])).shape == (2,)
