@@ -107,19 +107,18 @@ def non_private_refusal(definitions, inputs: dict) -> str:
     features = {value.ref(): name for name, value in inputs.items()
                 if isinstance(value, tf.Tensor)}
     named = calls.user_calls(definitions, features)
-    with_dp = [call for call in named if call.split("(")[0] in dp_tft.DP_ANALYZERS]
-    without = [call for call in named if call not in with_dp]
-    advice = []
-    if with_dp:
-        advice.append(f"{', '.join(with_dp)} have DP versions: import "
-                      "`from sage_tfx.components.dp_transform import tft` instead of "
-                      "tensorflow_transform")
+    without = [call for call in named if call.split("(")[0] not in dp_tft.DP_ANALYZERS]
+    advice = ("import `from sage_tfx.components.dp_transform import tft` instead of "
+              "tensorflow_transform")
     if without:
-        advice.append(f"{', '.join(without)} are not supported by DP here (DP analyzers: "
-                      f"{', '.join(dp_tft.DP_ANALYZERS)}, and analyzers.py's)")
+        advice = (f"Not supported by DP here: {', '.join(without)} (DP analyzers: "
+                  f"{', '.join(dp_tft.DP_ANALYZERS)}, and analyzers.py's)"
+                  + (f"; for the others, {advice}" if len(without) < len(named) else ""))
+    else:
+        advice = f"Each has a DP version: {advice}"
     return (f"the preprocessing_fn uses non-private analyzers ({', '.join(named)}): "
             "tensorflow_transform's analyzers publish exact statistics of the data in the "
-            f"TransformGraph, and DPTransform publishes only DP ones. {'; '.join(advice)}")
+            f"TransformGraph, and DPTransform publishes only DP ones. {advice}")
 
 
 def check_planned_event(recorded, plan: TransformPlan, where: str) -> None:

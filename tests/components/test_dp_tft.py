@@ -306,13 +306,13 @@ def test_tensorflow_transforms_own_analyzers_are_refused_by_the_users_calls(tmp_
     with pytest.raises(dp.DPTransformError) as refused:
         audit(*load_module(module), 1.0)
     message = str(refused.value)
-    assert "non-private analyzers" in message and "have DP versions" in message
+    assert "non-private analyzers" in message and "Each has a DP version" in message
     assert "scale_to_z_score(fare)" in message and "compute_and_apply_vocabulary(company)" \
         in message
     assert "ExtractCombineMergeOutputs" not in message and "VocabularyOrderAndWrite" \
         not in message
     with pytest.raises(dp.DPTransformError,
-                       match=r"sum\(fare\) are not supported by DP here"):
+                       match=r"Not supported by DP here: sum\(fare\)"):
         audit(lambda inputs: {"s": _constant(inputs, tft.sum(inputs["fare"]))}, SPEC, 1.0)
 
 
