@@ -58,6 +58,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from sage_tfx import mechanisms
+from sage_tfx.components.dp_transform.calls import features_by_tensor
 
 
 class DPTransformError(ValueError):
@@ -172,8 +173,7 @@ class _TransformBudget:
 
         def traced(inputs):
             self.traces.append([])
-            self.features = {value.ref(): name for name, value in inputs.items()
-                             if isinstance(value, tf.Tensor)}
+            self.features = features_by_tensor(inputs)
             self.declared_bounds = declared
             return preprocessing_fn(inputs)
         return traced

@@ -14,6 +14,11 @@ VALUE_PRESERVING = frozenset({"Identity", "Cast", "Reshape", "Squeeze", "ExpandD
                               "StopGradient", "EnsureShape"})
 
 
+def features_by_tensor(inputs: Mapping) -> dict:
+    """{tensor.ref(): raw feature name} of a preprocessing_fn's dense inputs."""
+    return {value.ref(): name for name, value in inputs.items() if isinstance(value, tf.Tensor)}
+
+
 def _ancestors(tensor: tf.Tensor) -> Iterable[tf.Tensor]:
     seen, pending = set(), [tensor]
     while pending:

@@ -104,9 +104,7 @@ def non_private_refusal(definitions, inputs: dict) -> str:
     """The refusal of TFT's own analyzers, naming the user's calls (calls.user_calls)."""
     from sage_tfx.components.dp_transform import tft as dp_tft
 
-    features = {value.ref(): name for name, value in inputs.items()
-                if isinstance(value, tf.Tensor)}
-    named = calls.user_calls(definitions, features)
+    named = calls.user_calls(definitions, calls.features_by_tensor(inputs))
     without = [call for call in named if call.split("(")[0] not in dp_tft.DP_ANALYZERS]
     advice = ("import `from sage_tfx.components.dp_transform import tft` instead of "
               "tensorflow_transform")
