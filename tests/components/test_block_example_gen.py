@@ -1,6 +1,7 @@
 """BlockExampleGen's reading of CSV rows: the bytes it stores (and hashes for the train/test
 split) depend on the row only, not on the process that read it."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -144,3 +145,73 @@ def test_an_ingestion_that_failed_registers_nothing_and_can_be_run_again(tmp_pat
                                                    for month in MONTHS]
     assert {block.data_format for block in blocks} == {"examples"}
     assert [artifact.uri for artifact in retried] == [block.data_uri for block in blocks]
+
+
+def _written(tmp_path) -> dict:
+    """{block/split: [serialized tf.Example, in file order]} of what the executor wrote."""
+    import glob
+
+    import tensorflow as tf
+
+    out = str(tmp_path / "out")
+    return {os.path.relpath(path, out): [bytes(record.numpy()) for record in
+                                         tf.data.TFRecordDataset([path], compression_type="GZIP")]
+            for path in sorted(glob.glob(os.path.join(out, "*", "Split-*", "*")))}
+
+
+def _kinds(written: dict) -> dict:
+    """{feature: the set of its value types over every record}."""
+    import tensorflow as tf
+
+    kinds = {}
+    for records in written.values():
+        for record in records:
+            for name, feature in tf.train.Example.FromString(record).features.feature.items():
+                kinds.setdefault(name, set()).add(feature.WhichOneof("kind"))
+    return kinds
+
+
+TRIPS = "uid,fare,note\n1,3.5,a\n2,7.25,b\n11,12.5,c\n12,not a fare,d\n13,,e\n"
+TYPED = {"uid": "int", "fare": "float", "note": "string"}
+
+
+def test_a_column_has_its_declared_type_in_every_record(tmp_path, store_path):
+    """Issue 45: each CSV cell was typed by itself, so a float column's "0" became an int64
+    feature in that one record, and TFX's StatisticsGen failed on the Examples ("expected
+    float_list, found int64_list"). The declared type is every record's: here the decoder
+    StatisticsGen runs first (tfx_bsl's) reads every record into one batch."""
+    from tfx_bsl.coders.example_coder import ExamplesToRecordBatchDecoder
+
+    _ingest(tmp_path, store_path, {"a.csv": TRIPS + "3,0,f\n"}, TYPED)
+    written = _written(tmp_path)
+    assert _kinds(written) == {"uid": {"int64_list"}, "fare": {"float_list"},
+                               "note": {"bytes_list"}}
+    batch = ExamplesToRecordBatchDecoder().DecodeBatch(
+        [record for records in written.values() for record in records])
+    assert batch.num_rows == 6
+    assert sorted(v for v in batch.column("fare").to_pylist() if v) == [[0.0], [3.5], [7.25],
+                                                                          [12.5]]
+
+
+@pytest.mark.parametrize("columns", [None, TYPED], ids=["undeclared", "declared"])
+@pytest.mark.parametrize("extra", ["3,0,f\n", '3,"0,f\n'], ids=["zero", "unclosed quote"])
+def test_one_record_changes_no_other_record_nor_a_column_type(tmp_path, store_path, columns,
+                                                              extra):
+    """The same files with and without one line: every block's records are the same but for
+    that line's record (a line with an unclosed quote drops itself alone: Python's csv reader
+    took the rest of the file into that record), and every column keeps its feature type (an
+    undeclared column is text, whatever its cells hold)."""
+    from support.neighbouring import one_more
+
+    lines = TRIPS.splitlines(keepends=True)
+    (tmp_path / "with").mkdir()
+    (tmp_path / "without").mkdir()
+    _ingest(tmp_path / "with", str(tmp_path / "with.sqlite"),
+            {"a.csv": "".join(lines[:3] + [extra] + lines[3:])}, columns)
+    _ingest(tmp_path / "without", store_path, {"a.csv": TRIPS}, columns)
+    with_line, without_line = _written(tmp_path / "with"), _written(tmp_path / "without")
+    assert with_line.keys() == without_line.keys()
+    assert all(one_more(with_line[part], without_line[part]) for part in with_line)
+    assert sum(map(len, with_line.values())) - sum(map(len, without_line.values())) <= 1
+    assert _kinds(with_line) == _kinds(without_line)
+    assert sum(map(len, without_line.values())) == 5  # a text uid is still a block key
