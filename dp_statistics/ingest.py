@@ -9,10 +9,11 @@ What is stored depends on the rows only through the rows themselves (issue 16 §
   would let one odd cell change how every other row is read;
 * nothing is counted, logged or printed about the rows.
 
-Bad rows (the project's record rule, components/record_rule.py, applied column-wise): a line
-with the wrong number of cells, or with a cell that is not UTF-8, is dropped by itself (as the
-stream reader drops it: `read_text_csv`; no error quotes a line or a byte's position). Each cell
-is mapped on its own to a value of its column's declared type, and a cell of a number column
+Bad rows (the project's record rule, components/record_rule.py, applied column-wise): each
+line is one record, and a line that ends inside a quoted cell, is not UTF-8 or has the wrong
+number of cells is dropped by itself (as the stream reader and BlockExampleGen drop it:
+`text_csv`; no error quotes a line or a byte's position). Each cell is mapped on its own
+(dp_statistics/cells.py) to a value of its column's declared type, and a cell of a number column
 that is not one (text, an empty cell, NaN; for an int column also a fraction or an infinity) is
 stored as NULL, which every aggregate skips (SQL's and BigQuery's semantics; a default such as
 0 would pull a mean toward it). An empty cell of a string column is the empty string. A row without a unit id, or whose time is missing, unreadable or outside the schedule,

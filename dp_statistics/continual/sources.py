@@ -18,8 +18,9 @@ clamping to [-L, L] is the operator's. Without a value column every record is th
 (COUNT(*)). Nothing is counted, logged or printed about the records.
 
 Inputs. `--input FILE` reads one CSV (first line names the columns; every cell read as text,
-never type-inferred; a row with the wrong number of cells, or a cell that is not UTF-8, is
-dropped) or Parquet file;
+never type-inferred; each line one record: a line that ends inside a quoted cell, is not
+UTF-8 or has the wrong number of cells is dropped by itself, ingest.text_csv) or Parquet file;
+each time and value is read from its own cell only (dp_statistics/cells.py);
 `--input DIR` reads the directory's *.csv and *.parquet files in name order, as files arriving
 one after another (input order = file order, then row order). Without --input the records are
 the rows of the window's blocks of a table that `sage-tfx ingest` registered
