@@ -12,7 +12,7 @@ are f(cell) for a per-cell map f, and one record more or less changes one value.
 distinct text is read once.
 
 Used by `sage-tfx ingest` and the stream's --input (dp_statistics/ingest.py,
-continual/sources.py), BlockExampleGen's block key and the SQL engine's untyped columns.
+continual/sources.py), and by BlockExampleGen for its typed columns and its block key.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-# An int column holds whole numbers below 2^62 in magnitude (a sum of a few of them stays an
-# int64); a larger one is no int cell.
+# An int column holds whole numbers below 2^62 in magnitude (ingest's range, unchanged); a larger
+# one is no int cell.
 INT_LIMIT = 2 ** 62
 
 

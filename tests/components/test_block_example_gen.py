@@ -194,13 +194,15 @@ def test_a_column_has_its_declared_type_in_every_record(tmp_path, store_path):
 
 
 @pytest.mark.parametrize("columns", [None, TYPED], ids=["undeclared", "declared"])
-@pytest.mark.parametrize("extra", ["3,0,f\n", '3,"0,f\n'], ids=["zero", "unclosed quote"])
+@pytest.mark.parametrize("extra", ["3,0,f\n", '3,"0,f\n', "3,7.5\udcff,f\n"],
+                         ids=["zero", "unclosed quote", "not utf-8"])
 def test_one_record_changes_no_other_record_nor_a_column_type(tmp_path, store_path, columns,
                                                               extra):
     """The same files with and without one line: every block's records are the same but for
     that line's record (a line with an unclosed quote drops itself alone: Python's csv reader
-    took the rest of the file into that record), and every column keeps its feature type (an
-    undeclared column is text, whatever its cells hold)."""
+    took the rest of the file into that record; a byte that is not UTF-8 failed the whole
+    ingestion), and every column keeps its feature type (an undeclared column is text,
+    whatever its cells hold)."""
     from support.neighbouring import one_more
 
     lines = TRIPS.splitlines(keepends=True)

@@ -188,3 +188,22 @@ def test_every_line_is_read_by_itself(tmp_path):
                  and row == {"a": row["a"], "b": row["a"]}]
     assert [rows[i]["a"] for i in sentinels] == [f"s{i}" for i in range(len(lines))]
     assert all(later - earlier <= 2 for earlier, later in zip([-1] + sentinels, sentinels))
+
+
+def test_a_header_with_an_unclosed_quote_takes_no_record_in(tmp_path, capsys):
+    """Found with issue 45: the header was parsed by a CSV reader over the whole file, so a
+    first line with an unclosed quote took the next lines into its last column name, and the
+    refusal ("--time-column 'day' is not a column of ...") printed them. The first line is
+    parsed alone now."""
+    path = tmp_path / "trips.csv"
+    path.write_text('uid,area,fare,"day\nSECRET-1,1,2.5,2013-01-12\nu2,2,3.5,2013-02-12\n')
+    store = str(tmp_path / "ledger.sqlite")
+    BlockLedger.create(store)
+    assert main(["ingest", "--store", store, "--csv", str(path), "--unit-column", "uid",
+                 "--time-column", "day", "--start", "2013-01", "--end", "2013-03",
+                 "--types", "area:int,fare:float", "--epsilon", "1", "--delta", "1e-6",
+                 "--out", str(tmp_path / "blocks")]) == 0
+    captured = capsys.readouterr()
+    assert "SECRET" not in captured.out + captured.err
+    rows = pq.read_table(str(tmp_path / "blocks" / "trips" / "trips.2013-01" / tables.ROWS_FILE))
+    assert rows["uid"].to_pylist() == ["SECRET-1"]
