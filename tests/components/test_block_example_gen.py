@@ -100,6 +100,20 @@ def test_the_component_refuses_columns_without_the_block_key():
                         columns=["fare"])
 
 
+@pytest.mark.parametrize("columns, said", [
+    ({"uid": "int", "fare": "double"}, "each type must be one of int, float, string"),
+    ({"uid": "float", "fare": "float"}, "the block key 'uid' must be typed int or string"),
+])
+def test_the_component_refuses_an_unknown_type_or_a_float_block_key(columns, said):
+    from sage_tfx.components import BlockExampleGen
+
+    with pytest.raises(ValueError, match=re.escape(said)):
+        BlockExampleGen(input_base="/data", block_key="uid", block_by="users",
+                        users_per_block=10, schedule_start=0, schedule_end=20,
+                        ledger_store="/tmp/x.sqlite", block_epsilon=1.0, block_delta=1e-6,
+                        columns=columns)
+
+
 def test_an_ingestion_that_failed_registers_nothing_and_can_be_run_again(tmp_path, store_path,
                                                                          monkeypatch):
     """The run's blocks are registered together, as its last step: a run that fails after
@@ -213,7 +227,8 @@ def test_one_record_changes_no_other_record_nor_a_column_type(tmp_path, types, e
     (tmp_path / "with.csv").write_bytes(
         "".join(lines[:3] + [extra] + lines[3:]).encode("utf-8", "surrogateescape"))
     (tmp_path / "without.csv").write_text(TRIPS)
-    with_line = list(csv_records(str(tmp_path / "with.csv"), types))
-    without_line = list(csv_records(str(tmp_path / "without.csv"), types))
+    arguments = (types,) if types else ()  # undeclared: the call main had
+    with_line = list(csv_records(str(tmp_path / "with.csv"), *arguments))
+    without_line = list(csv_records(str(tmp_path / "without.csv"), *arguments))
     assert one_more(with_line, without_line) and len(without_line) == 5
     assert _kinds({"": with_line}) == _kinds({"": without_line})
