@@ -34,7 +34,7 @@ from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components.block_example_gen import constants as block_keys
-from sage_tfx.components.util.examples_io import SPLITS, TEST_SPLIT, TRAIN_SPLIT
+from sage_tfx.components.util.examples_io import SPLITS, EVAL_SPLIT, TRAIN_SPLIT
 from sage_tfx.dp_statistics.cells import unix_seconds
 from sage_tfx.dp_statistics.ingest import header_of, text_csv, typed_cells
 from sage_tfx.dp_statistics.tables import record_block_key
@@ -126,7 +126,7 @@ def csv_records(path: str, types: Optional[Mapping[str, str]] = None) -> Iterabl
             if value is not None:
                 getattr(example.features.feature[name], kind).value.append(
                     value.encode("utf-8") if kind == "bytes_list" else value)
-        # Deterministic bytes: the train/test split hashes them, and a feature map's order
+        # Deterministic bytes: the train/eval split hashes them, and a feature map's order
         # otherwise differs between processes, which moved records between splits.
         yield example.SerializeToString(deterministic=True)
 
@@ -185,7 +185,7 @@ def check_csv_headers(files: list[str], columns: Optional[list[str]], block_key:
 
 def _split_of(serialized: bytes, test_fraction: float) -> str:
     digest = hashlib.blake2b(serialized, digest_size=8, key=b"sage-tfx-split").digest()
-    return TEST_SPLIT if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else TRAIN_SPLIT
+    return EVAL_SPLIT if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else TRAIN_SPLIT
 
 
 DATA_FILE = "data_tfrecord-00000-of-00001.gz"

@@ -6,7 +6,7 @@ module loads and defines what it needs, Keras 2 is in effect when DP-SGD needs i
 model has no layer it cannot clip (a batch normalisation), DP-SGD's compiled step kernels load,
 and DP-SGD's calibration fits its
 share where public values decide it (dp_trainer.preflight, the check the privacy-adaptive
-driver makes too). The BlockLedger executor runs them all before
+driver makes too), and DPStatisticsGen's numeric features have public clamping bounds. The BlockLedger executor runs them all before
 `ledger.request`: a pipeline that would fail after the charge for one of these reasons fails
 before it, with nothing charged. The checks read the pipeline's parameters and this process's
 environment only, never a record, so whether they pass tells nothing about the data.
@@ -37,6 +37,8 @@ class Check:
     sampling: Optional[Mapping] = None
     # DPTransform's: the grant step whose share its preprocessing_fn spends (audited, no data).
     transform_step: Optional[str] = None
+    # DPStatisticsGen's parameters: its features' bounds and options (dp_statistics_gen).
+    statistics: Optional[Mapping] = None
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "module_needs": list(self.module_needs)}
@@ -62,6 +64,9 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
                 require_legacy_keras()
             if check.transform_step is not None:
                 _transform_audit(check, epsilon, split)
+                continue
+            if check.statistics is not None:
+                _statistics_plan(check, epsilon, delta, split)
                 continue
             module = UserModule.load(check.module_file, check.purpose, check.module_needs)
             if check.trainer is not None:
@@ -99,6 +104,16 @@ def _refuse_unclippable_model(model) -> None:
         except Exception as error:  # the model's own failure, not its module's import
             raise ValueError(f"the model fails a training-mode forward pass on a public "
                              f"stand-in batch: {type(error).__name__}: {error}") from error
+
+
+def _statistics_plan(check: Check, epsilon: float, delta: float,
+                     split: Mapping[str, float]) -> None:
+    """DPStatisticsGen's plan on its step's share, without data: every numeric feature has
+    public clamping bounds, string features have delta (dp_statistics_gen.executor)."""
+    from sage_tfx.components.dp_statistics_gen.executor import preflight as statistics_preflight
+
+    given = dict(check.statistics)
+    statistics_preflight(given, given.pop("grant_step"), epsilon, delta, split)
 
 
 def _transform_audit(check: Check, epsilon: float, split: Mapping[str, float]) -> None:
