@@ -185,14 +185,15 @@ def register_types(mlmd: metadata_store.MetadataStore) -> None:
 
 
 def new_ledger_state(mlmd: metadata_store.MetadataStore, context: str, accounting,
-                     min_request_epsilon: float) -> pb.Artifact:
-    """The first LedgerState of ledger `context` (no pipeline waiting, version 1)."""
+                     min_request_epsilon: float, for_tests: bool = False) -> pb.Artifact:
+    """The first LedgerState of ledger `context` (no pipeline waiting, version 1); `for_tests`
+    (BlockLedger.create) is recorded once and never changes."""
     state = pb.Artifact(type_id=mlmd.get_artifact_type(STATE_TYPE).id,
                         name=f"{context}/state", external_id=f"state:{context}")
     set_properties(state, {"ledger": context, "accounting": accounting.name,
                            "orders": json.dumps(list(accounting.orders)),
                            "min_request_epsilon": float(min_request_epsilon),
-                           "waiting": "[]", "version": 1})
+                           "for_tests": bool(for_tests), "waiting": "[]", "version": 1})
     return state
 
 
