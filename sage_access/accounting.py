@@ -291,7 +291,12 @@ class RenyiFilter:
         delta_g = _check_delta(delta_g, "delta ceiling")
         if delta_g == 0:
             raise BadRequest("an RDP ledger needs a delta ceiling > 0")
-        return exact_vector(np.maximum(0.0, epsilon_g - self._conversion_offset(delta_g)))
+        return np.array(self._exact_capacity(epsilon_g, delta_g), dtype=object)
+
+    @functools.lru_cache(maxsize=1024)
+    def _exact_capacity(self, epsilon_g: float, delta_g: float) -> tuple:
+        """The capacity's exact values, computed once per ceiling (every block read asks)."""
+        return tuple(exact_vector(np.maximum(0.0, epsilon_g - self._conversion_offset(delta_g))))
 
     def demand(self, request: BudgetRequest) -> np.ndarray:
         if request.rdp_curve is not None:

@@ -57,13 +57,14 @@ def exact_text(value) -> str:
     as_double = float(value)
     if math.isfinite(as_double) and exact_fraction(as_double) == value:
         return exact_decimal(as_double)
+    # A decimal terminates iff the denominator is 2^a 5^b; it then needs max(a, b) places.
     denominator, places = value.denominator, 0
     for prime in (2, 5):
+        count = 0
         while denominator % prime == 0:
             denominator //= prime
-    if denominator == 1:
-        while (value * 10 ** places).denominator != 1:
-            places += 1
+            count += 1
+        places = max(places, count)
     if denominator != 1 or places > _MAX_DECIMAL_PLACES:
         return f"{value.numerator}/{value.denominator}"
     sign = "-" if value < 0 else ""
