@@ -97,7 +97,8 @@ class Executor(base_executor.BaseExecutor):
                                    additional_delta=planned_additional_delta(
                                        mechanisms, budget_split, epsilon, delta),
                                    pipeline=pipeline, run_id=run_id, data_uri=examples.uri,
-                                   require_data=True)
+                                   require_data=True, seeded_by=json.loads(
+                                       exec_properties.get("fixed_seeds") or "[]"))
         charged = release.charge(ledger, plan, selector)
         grant = charged.grant
         # The components downstream record their steps' outcomes; a failure before the grant
