@@ -48,7 +48,9 @@ def add_parser(groups) -> None:
                            "grpc://metadata-grpc-service:8080)")
     taxi.add_argument("--seed", type=int, default=None,
                       help="tests only: fixes the sampler's and trainer's randomness (never use "
-                           "it for a release: default, a seed from the OS)")
+                           "it for a release: default, a seed from the OS). The job's "
+                           "BlockLedger task refuses it, before the charge, unless the ledger "
+                           "was created for tests (`sage-tfx ledger init --for-tests`)")
     taxi.add_argument("--module-file", default="sage_tfx.examples.taxi.taxi_module",
                       help="the taxi module inside the image: a path under /opt/sage-tfx or a "
                            "module path (default: %(default)s, the installed package's)")

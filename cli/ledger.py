@@ -74,6 +74,11 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     init.add_argument("--min-request", type=float, default=0.01, dest="min_request",
                       help="the stream's minimum request epsilon: blocks that cannot pay it "
                            "retire (default: 0.01)")
+    init.add_argument("--for-tests", action="store_true", dest="for_tests",
+                      help="a ledger for tests: it accepts fixed seeds (DPTrainer, "
+                           "ObliviousSampleGen, `compile --seed`), which make the noise "
+                           "predictable, and every guarantee it issues says so. Never for "
+                           "real data")
 
     add = command("add-block", _add_block, "register a new block with its budget ceiling")
     add.add_argument("block_id", help="the block's id, e.g. 2024-01")
@@ -171,9 +176,11 @@ def _init(args) -> int:
     if not (math.isfinite(args.min_request) and args.min_request > 0):
         raise BadRequest(f"--min-request must be a positive number, got {args.min_request!r}")
     check_creatable(args.store)  # refuses anything but an absent store or an MLMD store
-    ledger = BlockLedger.create(args.store, args.context, args.accounting, args.min_request)
+    ledger = BlockLedger.create(args.store, args.context, args.accounting, args.min_request,
+                                for_tests=args.for_tests)
     print(f"created ledger context {ledger.context!r} ({ledger.accounting.name} accounting, "
-          f"minimum request epsilon {ledger.min_request_epsilon}) in {args.store}")
+          f"minimum request epsilon {ledger.min_request_epsilon}"
+          f"{', for tests: fixed seeds accepted' if ledger.for_tests else ''}) in {args.store}")
     return 0
 
 

@@ -327,6 +327,32 @@ def _weighted_gaussian_calibration(partitions: int, epsilon: float,
                                         threshold_delta=delta / 2.0)
 
 
+# The sampler's error on one partition's keep bit (weighted_gaussian_selection's docstring): its
+# 52-bit uniforms on a 2^-51 grid, the rounding of the polar transform, of the weights' sum and
+# of the comparison, and the tail beyond the polar method's largest normal (1e-32).
+WEIGHTED_GAUSSIAN_ETA = 2.0 ** -49
+
+
+def weighted_gaussian_rounding_delta(*, release_epsilon: float,
+                                     max_partitions_per_unit: int) -> float:
+    """The delta that :func:`weighted_gaussian_selection`'s floating-point sampler adds to a
+    release that is (release_epsilon, delta)-DP by the exact analysis:
+    (1 + e^release_epsilon) C eta, C = ``max_partitions_per_unit``, eta = 2^-49.
+
+    Derivation (coupling). Run the exact Gaussian and this sampler on the same randomness: only
+    a partition whose keep bit the sampler gets wrong differs, each with probability <= eta; the
+    other partitions have the same law under D and D', so on neighbours the keep bits that can
+    differ are a unit's own C partitions: TV(real(D), exact(D)) <= C eta for the whole release
+    (everything else it releases is drawn apart, from the keep bits only). For any set S,
+    P_real(D)[S] <= P_exact(D)[S] + C eta <= e^eps P_exact(D')[S] + delta + C eta
+    <= e^eps P_real(D')[S] + delta + (1 + e^eps) C eta, eps being the epsilon the whole release
+    is stated at (the grant's). The plan charges it as additional delta (dp_statistics/
+    aggregation/budget.py)."""
+    partitions = _partitions_per_unit(max_partitions_per_unit)
+    return (1.0 + math.exp(_positive("release_epsilon", release_epsilon))) * partitions \
+        * WEIGHTED_GAUSSIAN_ETA
+
+
 def weighted_gaussian_selection(partition_weights, *, max_partitions_per_unit: int,
                                 epsilon: float, delta: float) -> Release:
     """Keep partition i when W_i + N(0, sigma^2) > tau, where W_i = sum of
@@ -372,10 +398,13 @@ def weighted_gaussian_selection(partition_weights, *, max_partitions_per_unit: i
       mechanism, a unit's C own partitions differ with probability <= C eta (the others have
       the same law on both sides), so a release that is (epsilon, delta)-DP by the exact
       analysis is (epsilon, delta + (1 + e^epsilon) C eta)-DP, epsilon the whole release's:
-      about 1.5e-13 at the defaults (C = 4) up to epsilon 3, 4e-8 at C = 2^10 and epsilon 10.
-      Not charged: an assumption stated here, not a bound the plan enforces (keyed.py makes
-      the same argument for the streaming operator's thresholds). An additive value drawn
-      from these normals would not be covered by it.
+      about 1.5e-13 at the defaults (C = 4) up to epsilon 3, 4e-8 at C = 2^10 and epsilon 10,
+      3.9e-6 at C = 100,000 and epsilon 10 (:func:`weighted_gaussian_rounding_delta`). This
+      function cannot know the release's epsilon: the DP SQL plan charges that delta out of
+      the selection's share, as additional delta, and refuses a query where it would take half
+      the share or more (dp_statistics/aggregation/budget.py). (keyed.py makes the same
+      argument for the streaming operator's thresholds.) An additive value drawn from these
+      normals would not be covered by it.
     """
     weights = np.asarray(partition_weights, dtype=np.float64)
     if weights.ndim != 1 or not np.all(np.isfinite(weights)) or np.any(weights < 0):

@@ -40,7 +40,9 @@ class Guarantee:
     `grant_id` on `blocks`; `mechanism` says how, when the front door states it (e.g. the matrix
     mechanism's sensitivity). `other_units` ((unit, unit column) pairs): a release over blocks
     of several kinds (tables of other unit columns, Examples) is DP for adding or removing any
-    one of these too, each one moving the output as much as `unit` does."""
+    one of these too, each one moving the output as much as `unit` does. `for_tests`: the
+    grant's ledger was created for tests, where a fixed seed may have drawn the noise: the
+    sentence says the guarantee then does not hold."""
     epsilon: float
     delta: float
     unit: GuaranteeUnit
@@ -49,6 +51,7 @@ class Guarantee:
     blocks: tuple[str, ...]
     mechanism: Optional[str] = None
     other_units: tuple[tuple[GuaranteeUnit, Optional[str]], ...] = ()
+    for_tests: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "unit", GuaranteeUnit(self.unit))
@@ -72,8 +75,10 @@ class Guarantee:
                   f"{len(self.blocks)} blocks {self.blocks[0]} .. {self.blocks[-1]}")
         paid = (f"; grant {self.grant_id} on {blocks}" if self.grant_id
                 else "; no grant (a run outside the ledger)")
+        tests = ("; ledger created for tests: a fixed seed may have drawn the noise, and then "
+                 "this guarantee does not hold" if self.for_tests else "")
         return (f"({_at_least(self.epsilon)}, {_at_least(self.delta)})-DP for adding or removing "
-                f"{self.neighbours}{how}{paid}")
+                f"{self.neighbours}{how}{paid}{tests}")
 
     def to_json(self) -> dict:
         return {"epsilon": self.epsilon, "delta": self.delta, "unit": self.unit.value,
@@ -81,13 +86,14 @@ class Guarantee:
                 "grant_id": self.grant_id, "blocks": list(self.blocks),
                 "mechanism": self.mechanism,
                 "other_units": [[unit.value, column] for unit, column in self.other_units],
-                "guarantee": self.sentence()}
+                "ledger_for_tests": self.for_tests, "guarantee": self.sentence()}
 
     @classmethod
     def from_json(cls, values: dict) -> "Guarantee":
         return cls(values["epsilon"], values["delta"], values["unit"], values["unit_column"],
                    values["grant_id"], tuple(values["blocks"]), values.get("mechanism"),
-                   tuple(tuple(pair) for pair in values.get("other_units", ())))
+                   tuple(tuple(pair) for pair in values.get("other_units", ())),
+                   bool(values.get("ledger_for_tests", False)))
 
 
 def _at_least(value: float) -> str:

@@ -18,7 +18,9 @@ class ReleasePlan:
     ({step: dp-accounting DpEvent}): the DP steps and what each runs. `additional_delta`: delta
     spent outside the events (partition selection's). `pipeline`/`run_id`: what the charge is
     attributed to. `data_uri`/`require_data`: the granted data's location and whether every
-    block must have data (the ledger's request options of the same names)."""
+    block must have data (the ledger's request options of the same names). `seeded_by`: what
+    fixes a seed for the release's noise or sampling (tests only: `charge` refuses it, before
+    charging, on a ledger not created for tests)."""
     front_door: str
     request: str
     epsilon: Optional[float]
@@ -31,11 +33,13 @@ class ReleasePlan:
     run_id: Optional[str] = None
     data_uri: Optional[str] = None
     require_data: bool = False
+    seeded_by: tuple[str, ...] = ()
 
     def __post_init__(self):
         # A bare grant (`ledger request`) has no split; any other is checked now.
         object.__setattr__(self, "split", check_split(dict(self.split)) if self.split else {})
         object.__setattr__(self, "events", dict(self.events))
+        object.__setattr__(self, "seeded_by", tuple(self.seeded_by))
 
     @classmethod
     def single_step(cls, front_door: str, request: str, step: str, epsilon: float,

@@ -113,7 +113,8 @@ class Charged:
         grant = self.grant
         return Guarantee(grant.epsilon if epsilon is None else epsilon,
                          (grant.delta or 0.0) if delta is None else delta, unit, unit_column,
-                         grant.grant_id, grant.blocks, mechanism, other_units)
+                         grant.grant_id, grant.blocks, mechanism, other_units,
+                         for_tests=self.ledger.for_tests)
 
     def released(self, artifacts: Sequence[str] = (),
                  guarantee: Optional[Guarantee] = None) -> None:
@@ -194,7 +195,9 @@ def record_denial(ledger, plan: ReleasePlan, denied: BudgetExhausted) -> None:
 
 def charge(ledger, plan: ReleasePlan, selector) -> Charged:
     """Charge `plan` on the blocks `selector` picks (BlockIds or RecentWindow): all or nothing.
-    BudgetExhausted (recorded as a denial first) or BadRequest leave the ledger uncharged."""
+    BudgetExhausted (recorded as a denial first) or BadRequest leave the ledger uncharged; so
+    does a plan `seeded_by` a fixed seed on a ledger not created for tests."""
+    ledger.refuse_fixed_seed(plan.seeded_by)
     try:
         grant = ledger.request(selector, epsilon=plan.epsilon, delta=plan.delta,
                                rdp_curve=plan.rdp_curve,
@@ -213,8 +216,12 @@ def charge(ledger, plan: ReleasePlan, selector) -> Charged:
 
 
 def consume(ledger, grant, steps: Sequence[str], front_door: str,
-            consumed: Sequence[str] = ()) -> Charged:
+            consumed: Sequence[str] = (), seeded_by: Sequence[str] = ()) -> Charged:
     """The part of a grant charged elsewhere that `front_door` spends: its `steps` (their
     outcome is recorded by this front door), of which `consumed` were consumed already
-    (GrantInfo.share); entering refuses a step whose outcome stands (nothing consumed)."""
+    (GrantInfo.share); entering refuses a step whose outcome stands (nothing consumed).
+    `seeded_by` (what fixes a seed for its noise or sampling) is refused first, with nothing
+    consumed, unless the ledger was created for tests (a grant charged elsewhere, e.g. by an
+    Importer's DAG, never passed the BlockLedger component's check)."""
+    ledger.refuse_fixed_seed(seeded_by)
     return Charged(ledger, grant, front_door, steps, consumed=consumed)

@@ -1,7 +1,7 @@
 """How a block's budget is accounted: basic composition or a Rényi-DP filter.
 
 A block's state is a budget *vector*: `[epsilon, delta]` under basic composition, or one RDP value
-per order under the Rényi filter. Each mode is one object (`accounting_for`, chosen once when a
+per order under the Rényi filter, of exact fractions (exact.exact_vector). Each mode is one object (`accounting_for`, chosen once when a
 ledger opens) answering the same questions, so the ledger, the allocation policy and the CLI's
 tables never branch on the mode (the tables ask the object how to present its units):
 
@@ -21,6 +21,16 @@ tables never branch on the mode (the tables ask the object how to present its un
 Neighbouring relation: add-or-remove-one record (Sage Appendix A.1). A request states its
 (epsilon, delta) or RDP curve already in that relation; mechanisms analysed under replace-one must
 convert before asking (see docs/architecture.md).
+
+Exact arithmetic
+----------------
+Budget vectors hold fractions, and every sum, difference and comparison of them is exact
+(sage_access/exact.py). Under basic composition each epsilon and delta is the decimal it is
+written as, so the ledger charges, compares and reports exactly what was requested: 20 grants of
+0.05 spend a ceiling of 1 exactly, and what a denial calls available can be granted. Under the
+Rényi filter the curves (dp-accounting's) and the capacity (closed form below) are computed in
+doubles, a few ulps from the real values; the ledger takes each double as written and adds no
+rounding of its own when it sums and compares them.
 
 Basic composition (Sage Theorem 4.3, proof in Appendix A.2)
 -----------------------------------------------------------
@@ -72,7 +82,8 @@ import numpy as np
 from sage_tfx.choices import Choice
 from sage_tfx.sage_access import allocation
 from sage_tfx.sage_access.errors import BadRequest
-from sage_tfx.sage_access.exact import exact_decimal, exact_fraction
+from sage_tfx.sage_access.exact import (exact_decimal, exact_fraction, exact_text, exact_vector,
+                                        float_at_most)
 
 # A fixed grid: every block's curve and every request's curve live on these orders.
 # Few orders keep the union bound's cost small (log 16 / (a - 1)); the range covers the
@@ -163,12 +174,12 @@ class BasicComposition:
     guarantee_note: Optional[str] = None
 
     def capacity(self, epsilon_g: float, delta_g: float) -> np.ndarray:
-        return np.array([_check_epsilon(epsilon_g, "epsilon ceiling"),
-                         _check_delta(delta_g, "delta ceiling")])
+        return exact_vector([_check_epsilon(epsilon_g, "epsilon ceiling"),
+                             _check_delta(delta_g, "delta ceiling")])
 
     def demand(self, request: BudgetRequest) -> np.ndarray:
         if request.rdp_curve is None:
-            return np.array([request.epsilon, request.delta])
+            return exact_vector([request.epsilon, request.delta])
         if request.delta is None or request.delta == 0:
             raise BadRequest("under basic composition an rdp_curve request needs a delta > 0 "
                              "to convert the curve to (epsilon, delta)")
@@ -182,13 +193,14 @@ class BasicComposition:
         epsilon, _ = rdp_privacy_accountant.compute_epsilon(orders, request.rdp_curve, request.delta)
         if not math.isfinite(epsilon):
             raise BadRequest("the rdp_curve does not convert to a finite epsilon")
-        return np.array([float(epsilon), request.delta])
+        return exact_vector([float(epsilon), request.delta])
 
     def zero(self) -> np.ndarray:
-        return np.zeros(2)
+        return exact_vector([0, 0])
 
     def fits(self, used: np.ndarray, demand: np.ndarray, limit: np.ndarray) -> bool:
-        # The ledger stores exactly `used + demand`, so this comparison is what bounds the ceiling.
+        # Exact: the ledger stores exactly `used + demand`, so this comparison is what bounds
+        # the ceiling, with no rounding either way.
         return bool(np.all(used + demand <= limit))
 
     def guarantee(self, spent: np.ndarray, epsilon_g: float, delta_g: float) -> tuple[float, float]:
@@ -204,7 +216,7 @@ class BasicComposition:
         `additional_delta` (delta its steps spend outside their events, e.g. partition
         selection's) is part of that delta, so it may not exceed it."""
         additional_delta = _check_delta(additional_delta, "additional_delta")
-        if additional_delta > (request.delta or 0.0):
+        if exact_fraction(additional_delta) > exact_fraction(request.delta or 0.0):
             raise BadRequest(f"the steps spend additional delta {additional_delta:g} outside "
                              f"their events, more than the grant's delta {request.delta}")
         return self.demand(request)
@@ -227,14 +239,15 @@ class BasicComposition:
 
     def remaining(self, block: allocation.BlockState, pipeline: Optional[str] = None) -> str:
         """A readable account of what the block has left: the sums spent, the (epsilon, delta)
-        `pipeline` may still draw and what is reserved for the other waiting pipelines."""
-        epsilon_spent, delta_spent = self.guarantee(
-            block.spent, block.epsilon_ceiling, block.delta_ceiling)
+        `pipeline` may still draw and what is reserved for the other waiting pipelines. Exact:
+        the sums and ceilings as the decimals they are, and what is available rounded down to
+        the nearest decimal that can be requested (a request of exactly that fits)."""
         who = pipeline or "unallocated grants"
-        free = allocation.available_to(block, pipeline)
-        text = (f"spent ({epsilon_spent:.6g}, {delta_spent:.3g}) of ceiling "
-                f"({block.epsilon_ceiling:.6g}, {block.delta_ceiling:.3g}), available to "
-                f"{who}: ({free[0]:.6g}, {free[1]:.3g})")
+        free = np.maximum(allocation.available_to(block, pipeline), 0) * (not block.retired)
+        spent, ceiling = (", ".join(_number(exact_text(v)) for v in pair) for pair in
+                          (block.spent, block.capacity))
+        available = ", ".join(_number(exact_decimal(float_at_most(v))) for v in free)
+        text = (f"spent ({spent}) of ceiling ({ceiling}), available to {who}: ({available})")
         return _with_reservations(text, self.budget_view(block, pipeline), block, pipeline,
                                   lambda value: f"{value:.6g}")
 
@@ -278,21 +291,26 @@ class RenyiFilter:
         delta_g = _check_delta(delta_g, "delta ceiling")
         if delta_g == 0:
             raise BadRequest("an RDP ledger needs a delta ceiling > 0")
-        return np.maximum(0.0, epsilon_g - self._conversion_offset(delta_g))
+        return np.array(self._exact_capacity(epsilon_g, delta_g), dtype=object)
+
+    @functools.lru_cache(maxsize=1024)
+    def _exact_capacity(self, epsilon_g: float, delta_g: float) -> tuple:
+        """The capacity's exact values, computed once per ceiling (every block read asks)."""
+        return tuple(exact_vector(np.maximum(0.0, epsilon_g - self._conversion_offset(delta_g))))
 
     def demand(self, request: BudgetRequest) -> np.ndarray:
         if request.rdp_curve is not None:
             if len(request.rdp_curve) != len(self.orders):
                 raise BadRequest(f"rdp_curve has {len(request.rdp_curve)} values; the ledger's "
                                  f"orders are {list(self.orders)}")
-            return np.array(request.rdp_curve)
+            return exact_vector(request.rdp_curve)
         if request.delta > 0:
             raise BadRequest("an RDP ledger cannot charge an (epsilon, delta>0) request: such a "
                              "guarantee has no finite RDP curve; pass the mechanism's rdp_curve")
-        return pure_dp_rdp_curve(request.epsilon, self.orders)
+        return exact_vector(pure_dp_rdp_curve(request.epsilon, self.orders))
 
     def zero(self) -> np.ndarray:
-        return np.zeros(len(self.orders))
+        return exact_vector([0] * len(self.orders))
 
     def fits(self, used: np.ndarray, demand: np.ndarray, limit: np.ndarray) -> bool:
         return bool(np.any(used + demand <= limit))
@@ -345,18 +363,21 @@ class RenyiFilter:
         """What the block has spent, reserved, free and available to `pipeline` (module
         docstring), as shares of the filter's capacity at one order, the order with the
         most room for `pipeline` (the filter admits a curve while some order still fits, so no
-        single epsilon describes a spent curve; ties go to the least spent order)."""
+        single epsilon describes a spent curve; ties go to the least spent order). A view, in
+        doubles."""
         reservations, free, available = _budget_parts(block, pipeline)
-        capacity = block.capacity
+        reservations = {name: value.astype(float) for name, value in reservations.items()}
+        free, available = free.astype(float), available.astype(float)
+        capacity, spent = block.capacity.astype(float), block.spent.astype(float)
         usable = capacity > 0
         safe_capacity = np.where(usable, capacity, 1.0)
         fraction = lambda v: np.where(usable, v / safe_capacity, 0.0)  # noqa: E731
         room = np.where(usable, fraction(available), -np.inf)
-        best = int(np.lexsort((fraction(block.spent), -room))[0])
+        best = int(np.lexsort((fraction(spent), -room))[0])
         share = lambda v: float(min(1.0, max(0.0, fraction(v)[best])))  # noqa: E731
         return {"unit": f"share of RDP capacity at order {self.orders[best]:g}", "total": 1.0,
                 "order": self.orders[best],
-                "spent": share(block.spent) if usable[best] else 1.0,
+                "spent": share(spent) if usable[best] else 1.0,
                 "reserved": {k: share(v) for k, v in reservations.items()},
                 "free": share(free), "available": share(available)}
 
@@ -379,10 +400,10 @@ class RenyiFilter:
 # messages say); a retired block has nothing free.
 def _budget_parts(block: allocation.BlockState, pipeline: Optional[str]):
     """(reservations, free, available to `pipeline`) of a block, as budget vectors."""
-    reservations = {name: np.maximum(v, 0.0) for name, v in sorted(block.reservations.items())}
+    reservations = {name: np.maximum(v, 0) for name, v in sorted(block.reservations.items())}
     # A retired block grants nothing again: its leftover (below the minimum request) is not free.
     live = not block.retired
-    free = np.maximum(allocation.free_budget(block), 0.0) * live
+    free = np.maximum(allocation.free_budget(block), 0) * live
     return reservations, free, allocation.available_to(block, pipeline) * live
 
 
@@ -394,6 +415,11 @@ def _with_reservations(text: str, view: dict, block: allocation.BlockState,
     text += ", reserved for other pipelines: " + (", ".join(
         f"{name} {unit(value)}" for name, value in others.items()) or "none")
     return text + (", retired" if block.retired else "")
+
+
+def _number(text: str) -> str:
+    """A budget's decimal text for a message, without a trailing ".0" ("1", "0.95", "1e-06")."""
+    return text.removesuffix(".0")
 
 
 def pure_dp_rdp_curve(epsilon: float, orders: Sequence[float]) -> np.ndarray:

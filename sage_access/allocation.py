@@ -31,6 +31,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+# Budget vectors are exact fractions (accounting.py, exact.exact_vector): the constants below are
+# ints, never floats, so that no arithmetic here rounds.
+
 
 @dataclass(frozen=True)
 class BlockState:
@@ -49,18 +52,14 @@ class BlockState:
     data_format: Optional[str] = None   # ledger.DATA_FORMATS
 
 
-SHARE_MARGIN = 1e-9
-
-
 def recipients(waiting: Sequence[str], budget: np.ndarray, min_demand: np.ndarray,
                accounting) -> list[str]:
     """Who shares `budget` evenly: the longest-waiting pipelines (`waiting` is in arrival
-    order), as many as can each get a share that pays the minimum request. A share exactly at
-    the minimum could still fail `can_pay` by a rounding error in the sum of the others'
-    shares, so it must clear the minimum by SHARE_MARGIN."""
+    order), as many as can each get a share that pays the minimum request (exactly: a share of
+    exactly the minimum pays it)."""
     zero = np.zeros_like(budget)
     count = len(waiting)
-    while count and not accounting.fits(zero, min_demand, budget / count * (1 - SHARE_MARGIN)):
+    while count and not accounting.fits(zero, min_demand, budget / count):
         count -= 1
     return list(waiting[:count])
 
@@ -78,7 +77,7 @@ def new_block(block_id: str, epsilon_ceiling: float, delta_ceiling: float, capac
 
 
 def _reserved_for_others(block: BlockState, pipeline: Optional[str]) -> np.ndarray:
-    return sum((np.maximum(r, 0.0) for name, r in block.reservations.items() if name != pipeline),
+    return sum((np.maximum(r, 0) for name, r in block.reservations.items() if name != pipeline),
                np.zeros_like(block.capacity))
 
 
@@ -92,10 +91,9 @@ def available_to(block: BlockState, pipeline: Optional[str]) -> np.ndarray:
 
 
 def can_pay(block: BlockState, demand: np.ndarray, pipeline: Optional[str], accounting) -> bool:
-    # One comparison, `spent + others' reservations + demand <= capacity`, computed in the same
-    # order as the retirement test in `charge`: a block that passes the retirement test can pay
-    # the minimum request, and one that cannot is retired (the two must never disagree by a
-    # rounding error, or a block would be neither usable nor retired).
+    # One exact comparison, `spent + others' reservations + demand <= capacity`, the same test
+    # as the retirement test in `charge`: a block that passes the retirement test can pay the
+    # minimum request, and one that cannot is retired (a block is never neither).
     if block.retired:
         return False
     return accounting.fits(block.spent + _reserved_for_others(block, pipeline), demand,
@@ -110,7 +108,7 @@ def charge(block: BlockState, demand: np.ndarray, pipeline: Optional[str], accou
         # Take from the reservation first; what it cannot cover comes out of the free budget
         # (which shrinks by itself as `spent` grows).
         reserved = reservations[pipeline]
-        reservations[pipeline] = reserved - np.minimum(demand, np.maximum(reserved, 0.0))
+        reservations[pipeline] = reserved - np.minimum(demand, np.maximum(reserved, 0))
     spent = block.spent + demand
     retired = not accounting.fits(spent, min_demand, block.capacity)
     return replace(block, spent=spent, reservations=reservations, retired=retired,
@@ -122,7 +120,7 @@ def release(block: BlockState, pipeline: str, still_waiting: Sequence[str]) -> B
     if pipeline not in block.reservations:
         return block
     reservations = dict(block.reservations)
-    returned = np.maximum(reservations.pop(pipeline), 0.0)
+    returned = np.maximum(reservations.pop(pipeline), 0)
     others = [name for name in still_waiting if name != pipeline]
     if others and not block.retired:
         share = returned / len(others)

@@ -103,6 +103,9 @@ class BlockLedger:
         state = self._records.read_state()
         self.accounting = accounting_for(get_property(state, "accounting"))
         self.min_request_epsilon = get_float(state, "min_request_epsilon")
+        # Created for tests (`create(for_tests=True)`): fixed seeds are accepted and every
+        # guarantee it issues says so (refuse_fixed_seed, release.Charged.guarantee).
+        self.for_tests = bool(get_property(state, "for_tests", 0))
         self._min_demand = self.accounting.demand(
             BudgetRequest(epsilon=self.min_request_epsilon, delta=0.0))
 
@@ -110,14 +113,18 @@ class BlockLedger:
     @classmethod
     def create(cls, store: StoreSpec, context: str = "default",
                accounting: str = AccountingMode.BASIC,
-               min_request_epsilon: float = 0.01) -> "BlockLedger":
-        """Create a ledger context; BadRequest if it exists already."""
+               min_request_epsilon: float = 0.01, for_tests: bool = False) -> "BlockLedger":
+        """Create a ledger context; BadRequest if it exists already. `for_tests`: a ledger for
+        tests, the only kind that accepts a fixed seed for noise or sampling on its grants
+        (refuse_fixed_seed); it is recorded on the ledger and stated in every guarantee it
+        issues. Never for real data: a seed is public (compiled jobs, ML Metadata), and noise
+        drawn from a known seed protects nothing."""
         check_name(context, "ledger context")
         mode = accounting_for(accounting)
         BudgetRequest(epsilon=min_request_epsilon, delta=0.0)  # validates the number
         mlmd = connect(store)
         register_types(mlmd)
-        state = new_ledger_state(mlmd, context, mode, min_request_epsilon)
+        state = new_ledger_state(mlmd, context, mode, min_request_epsilon, for_tests)
         ledger_context = pb.Context(type_id=mlmd.get_context_type(LEDGER_CONTEXT_TYPE).id,
                                     name=context)
         execution = pb.Execution(type_id=mlmd.get_execution_type(UPDATE_TYPE).id,
@@ -129,7 +136,7 @@ class BlockLedger:
             raise BadRequest(f"ledger context {context!r} already exists in this store") from None
         except CommitUnknown:  # the store reconnected: the context exists iff the call landed
             if mlmd.get_context_by_type_and_name(LEDGER_CONTEXT_TYPE, context) is None:
-                return cls.create(mlmd, context, accounting, min_request_epsilon)
+                return cls.create(mlmd, context, accounting, min_request_epsilon, for_tests)
         return cls(mlmd, context)
 
     # ----------------------------------------------------------------- reading
@@ -185,6 +192,21 @@ class BlockLedger:
                    if (data_format is None or holds(block, data_format))
                    and allocation.can_pay(block, demand, pipeline, self.accounting)]
         return payable if size is None else payable[:size]
+
+    def refuse_fixed_seed(self, seeded_by: Sequence[str]) -> None:
+        """BadRequest naming `seeded_by` (the components or options that fix a seed for noise
+        or sampling) unless this ledger was created for tests: call it before charging or
+        consuming anything. A fixed seed makes the noise a function of public text (it is in
+        the compiled job and in ML Metadata): two runs with seed 7 draw the same noise, and
+        the ledger's (epsilon, delta) would describe noise nobody drew at random."""
+        if seeded_by and not self.for_tests:
+            raise BadRequest(
+                f"refused before the charge (nothing was charged): {', '.join(seeded_by)} "
+                f"fix(es) a seed, and ledger {self.context!r} was not created for tests. A "
+                "fixed seed makes the noise predictable (it is public), so the grant's "
+                "(epsilon, delta) would not hold: remove the seed (the default draws from the "
+                "OS CSPRNG), or, in a test, create the ledger with "
+                "BlockLedger.create(..., for_tests=True) or `sage-tfx ledger init --for-tests`")
 
     def remaining(self, block: BlockState, pipeline: Optional[str] = None) -> str:
         """A readable account of what a block has left (for errors and the CLI): its guarantee,

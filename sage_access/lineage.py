@@ -19,7 +19,8 @@ from sage_tfx.sage_access.errors import BalanceTampered
 from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, GRANT_TYPE, KFP_RUN_CONTEXT_TYPE,
                                           LEDGER_CONTEXT_TYPE,
                                           RUN_CONTEXT_TYPE, TFX_RUN_CONTEXT_TYPE, Grant,
-                                          LedgerRecords, WHOLE_GRANT, check_name, encode_vector,
+                                          LedgerRecords, WHOLE_GRANT, check_name, decode_vector,
+                                          encode_vector,
                                           get_float, get_property)
 from sage_tfx.sage_access.store import StoreSpec, connect
 from sage_tfx.sage_access.transaction import Conflict
@@ -118,7 +119,7 @@ def audit(records: LedgerRecords, accounting, blocks: list[BlockState]) -> Audit
         if a.type_id == records.types[BLOCK_VERSION_TYPE]} if outputs else {}
     for execution in grants:
         named = json.loads(get_property(execution, "blocks"))
-        demand = np.array(json.loads(get_property(execution, "demand")))
+        demand = decode_vector(get_property(execution, "demand"))
         versioned = sorted(versions[i].split("/")[1] for i in outputs.get(execution.id, [])
                            if i in versions)
         if versioned != sorted(named):
@@ -136,7 +137,8 @@ def balance_problems(block: BlockState, history: list[np.ndarray], accounting) -
     charged it (audit's per-block checks; `check_balances` runs them before every grant)."""
     problems = []
     total = sum(history, accounting.zero())
-    if not np.allclose(total, block.spent, rtol=1e-9, atol=0):
+    # Within 1e-9: a ledger written before budgets were exact summed doubles.
+    if not np.allclose(total.astype(float), block.spent.astype(float), rtol=1e-9, atol=0):
         problems.append(f"block {block.block_id}: spent {encode_vector(block.spent)} but its "
                         f"grants sum to {encode_vector(total)}")
     if len(history) != block.charges:
@@ -173,7 +175,7 @@ def check_balances(records: LedgerRecords, accounting,
     for event in charging:
         if event.execution_id in grants:
             history[event.artifact_id].append(
-                np.array(json.loads(get_property(grants[event.execution_id], "demand"))))
+                decode_vector(get_property(grants[event.execution_id], "demand")))
     problems = [problem for artifact_id, block in by_id.items()
                 for problem in balance_problems(block, history[artifact_id], accounting)]
     if not problems:

@@ -38,7 +38,7 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.sage_access.accounting import split_share
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BadRequest
-from sage_tfx.sage_access.exact import exact_decimal
+from sage_tfx.sage_access.exact import exact_decimal, exact_text, exact_vector
 from sage_tfx.sage_access.store import STATE_TYPE
 
 LEDGER_CONTEXT_TYPE = "sage_tfx.Ledger"
@@ -156,7 +156,14 @@ def get_float(node, key: str) -> Optional[float]:
 
 
 def encode_vector(values: np.ndarray) -> str:
-    return json.dumps([float(v) for v in values])
+    """A budget vector as JSON: each value's exact text (decode_vector reads it back exactly)."""
+    return json.dumps([exact_text(v) for v in values])
+
+
+def decode_vector(text: str) -> np.ndarray:
+    """The exact budget vector of `encode_vector`'s JSON (a ledger written before budgets were
+    exact holds doubles: each reads as the decimal it is written as)."""
+    return exact_vector(json.loads(text))
 
 
 def output_event() -> pb.Event:
@@ -178,14 +185,15 @@ def register_types(mlmd: metadata_store.MetadataStore) -> None:
 
 
 def new_ledger_state(mlmd: metadata_store.MetadataStore, context: str, accounting,
-                     min_request_epsilon: float) -> pb.Artifact:
-    """The first LedgerState of ledger `context` (no pipeline waiting, version 1)."""
+                     min_request_epsilon: float, for_tests: bool = False) -> pb.Artifact:
+    """The first LedgerState of ledger `context` (no pipeline waiting, version 1); `for_tests`
+    (BlockLedger.create) is recorded once and never changes."""
     state = pb.Artifact(type_id=mlmd.get_artifact_type(STATE_TYPE).id,
                         name=f"{context}/state", external_id=f"state:{context}")
     set_properties(state, {"ledger": context, "accounting": accounting.name,
                            "orders": json.dumps(list(accounting.orders)),
                            "min_request_epsilon": float(min_request_epsilon),
-                           "waiting": "[]", "version": 1})
+                           "for_tests": bool(for_tests), "waiting": "[]", "version": 1})
     return state
 
 
@@ -298,8 +306,8 @@ class LedgerRecords:
         return BlockState(
             block_id=get_property(artifact, "block_id"), epsilon_ceiling=epsilon_g,
             delta_ceiling=delta_g, capacity=accounting.capacity(epsilon_g, delta_g),
-            spent=np.array(json.loads(get_property(artifact, "spent"))),
-            reservations={k: np.array(v) for k, v in
+            spent=decode_vector(get_property(artifact, "spent")),
+            reservations={k: exact_vector(v) for k, v in
                           json.loads(get_property(artifact, "reservations")).items()},
             retired=bool(get_property(artifact, "retired")),
             charges=get_property(artifact, "charges"), start=get_property(artifact, "start"),
@@ -315,7 +323,7 @@ class LedgerRecords:
             block.spent, block.epsilon_ceiling, block.delta_ceiling)
         set_properties(updated, {
             "spent": encode_vector(block.spent),
-            "reservations": json.dumps({k: [float(x) for x in v]
+            "reservations": json.dumps({k: json.loads(encode_vector(v))
                                         for k, v in block.reservations.items()}),
             "retired": block.retired, "charges": block.charges,
             # basic: the sums spent; rdp: the filter's guarantee (never an odometer reading).

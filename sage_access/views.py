@@ -26,7 +26,7 @@ def ledger_table(ledger) -> dict:
     filter's ceiling once anything was charged (a conversion of the spent curve would be an
     odometer reading, not a bound under adaptive requests, so none is shown)."""
     table = {"context": ledger.context, "accounting": ledger.accounting.name,
-             "min_request_epsilon": ledger.min_request_epsilon,
+             "min_request_epsilon": ledger.min_request_epsilon, "for_tests": ledger.for_tests,
              "waiting_pipelines": ledger.waiting_pipelines(),
              "blocks": [block_row(ledger, block) for block in ledger.blocks()]}
     if ledger.accounting.guarantee_note is not None:
@@ -54,7 +54,9 @@ def format_table(table: dict) -> str:
     accounting = accounting_for(table["accounting"])
     lines = [f"ledger {table['context']!r}: {table['accounting']} accounting, minimum request "
              f"epsilon {table['min_request_epsilon']}, waiting pipelines: "
-             f"{', '.join(table['waiting_pipelines']) or 'none'}"]
+             f"{', '.join(table['waiting_pipelines']) or 'none'}"
+             + ("; created for tests: fixed seeds accepted, no guarantee where one was used"
+                if table.get("for_tests") else "")]
     if accounting.show_note:
         lines.append(accounting.show_note)
     header = " ".join([f"{'block':<20}"] + [f"{column.title:>{column.width}}"

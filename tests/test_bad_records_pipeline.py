@@ -42,7 +42,7 @@ def _property(artifact, name: str) -> str:
 @pytest.mark.parametrize("mode", ["adassp", "dp_sgd"])
 def test_an_iteration_on_taxi_data_with_bad_records_releases_finite_values(tmp_path, mode):
     store_path = str(tmp_path / "metadata.sqlite")
-    BlockLedger.create(store_path, min_request_epsilon=0.05)
+    BlockLedger.create(store_path, min_request_epsilon=0.05, for_tests=True)
     source = TaxiSource(store_path, str(tmp_path), stream=bad_taxi_stream())
     source.ingest(MONTHS)
     if mode == "adassp":

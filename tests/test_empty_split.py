@@ -21,11 +21,11 @@ from support import TRIP_MODULE
 
 
 def test_read_split_returns_0_rows_for_an_empty_split_file(tmp_path):
-    directory = tmp_path / "Split-test"
+    directory = tmp_path / "Split-eval"
     directory.mkdir()
     with tf.io.TFRecordWriter(str(directory / "data.gz"), options="GZIP"):
         pass  # what BlockExampleGen writes for a block without records
-    records = read_split(str(tmp_path), "test")
+    records = read_split(str(tmp_path), "eval")
     assert records.dtype == tf.string and records.shape == (0,)
     with pytest.raises(ValueError, match="no 'train' split files"):  # layout, not data
         read_split(str(tmp_path), "train")
@@ -95,7 +95,7 @@ def test_an_iteration_on_a_window_of_an_empty_block_releases_finite_values(tmp_p
     year, month = (int(part) for part in first[0].split("-"))
     empty_month = f"{year + month // 12:04d}-{month % 12 + 1:02d}"
     store = str(tmp_path / "metadata.sqlite")
-    BlockLedger.create(store, min_request_epsilon=0.05)
+    BlockLedger.create(store, min_request_epsilon=0.05, for_tests=True)
     stream = TaxiStream({first[0]: first[1][:40], empty_month: []})
     taxi.TaxiSource(store, str(tmp_path), stream=stream).ingest(2)
     LocalDagRunner().run(build_iteration(

@@ -18,7 +18,7 @@ from sage_tfx.sage_access import BlockLedger, connect
 def test_csv_example_gen_feeds_blocks_and_pusher_follows_the_validator(tmp_path):
     months = TaxiStream.load().release(6, str(tmp_path / "csv"))
     store = str(tmp_path / "metadata.sqlite")
-    BlockLedger.create(store, min_request_epsilon=0.05)
+    BlockLedger.create(store, min_request_epsilon=0.05, for_tests=True)
     csv_gen = CsvExampleGen(input_base=str(tmp_path / "csv"))
     blocks = BlockExampleGen(input_examples=csv_gen.outputs["examples"],
                              block_key="trip_start_timestamp", ledger_store=store,

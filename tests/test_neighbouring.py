@@ -88,7 +88,7 @@ def _taxi_iteration(root, months, drop_trip, mode):
     trip (timestamp, seconds) `drop_trip` removed (None: all trips)."""
     from sage_tfx.examples.taxi.pipeline import (BLOCK_DELTA, BLOCK_EPSILON, TEST_FRACTION,
                                                  adassp_spec, dp_sgd_spec)
-    from sage_tfx.examples.taxi.stream import TaxiStream
+    from sage_tfx.examples.taxi.stream import COLUMNS, TaxiStream
     from sage_tfx.pipelines.adaptive import build_iteration
 
     data = os.path.join(os.path.dirname(root), "input")
@@ -102,12 +102,12 @@ def _taxi_iteration(root, months, drop_trip, mode):
         del trips[index]
     names = stream.release(months, data)
     store = os.path.join(root, "metadata.sqlite")
-    BlockLedger.create(store, min_request_epsilon=0.05)
+    BlockLedger.create(store, min_request_epsilon=0.05, for_tests=True)  # seeded spec below
     start, end = month_schedule(names[0], names[-1])
     ingest = BlockExampleGen(input_base=data, block_key="trip_start_timestamp", block_by="month",
                              schedule_start=start, schedule_end=end, ledger_store=store,
                              block_epsilon=BLOCK_EPSILON, block_delta=BLOCK_DELTA,
-                             test_fraction=TEST_FRACTION)
+                             test_fraction=TEST_FRACTION, columns=COLUMNS)
     spec = (adassp_spec if mode == "adassp" else dp_sgd_spec)(seed=7)
     with PlatformLog() as log:
         LocalDagRunner().run(build_iteration(

@@ -11,6 +11,9 @@ from sage_tfx.components.block_ledger import executor, preflight
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
 
+FIXED_SEEDS = "fixed_seeds"
+
+
 class BlockLedgerSpec(component_spec.ComponentSpec):
     PARAMETERS = {
         "ledger_store": component_spec.ExecutionParameter(type=str),
@@ -25,6 +28,9 @@ class BlockLedgerSpec(component_spec.ComponentSpec):
         # What the components this grant pays for check before it is charged (preflight.py);
         # they add themselves (check_before_charge).
         preflight.PROPERTY: component_spec.ExecutionParameter(type=str, optional=True),
+        # The consumers that fix a seed (a JSON list; refuse_seed_before_charge): refused before
+        # the charge unless the ledger was created for tests.
+        FIXED_SEEDS: component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
         # Only orders the DAG (grant after ingestion); the data comes from the ledger's blocks.
@@ -41,7 +47,7 @@ class BlockLedger(base_component.BaseComponent):
     """Requests (epsilon, delta) from the ledger on the most recent `window` blocks that hold
     Examples and can pay (or on explicit `block_ids`, refused if one holds other data), split among the iteration's DP steps by `split`
     ({step: fraction}, fractions summing to at most 1 exactly). `step_mechanisms`
-    ({step: {"mechanism": "adassp" | "laplace" | "dp_sgd"}}) says what each step runs: the grant
+    ({step: {"mechanism": "adassp" | "laplace" | "dp_sgd" | "dp_transform"}}) says what each step runs: the grant
     records each step's DP event (privacy_grant.planned_event), which an rdp ledger charges
     as the RDP curve of their composition. Outputs the PrivacyGrant and one Examples
     artifact (train/test) holding exactly the granted blocks. The charge is linked in MLMD to this
@@ -81,8 +87,21 @@ class BlockLedger(base_component.BaseComponent):
 def check_before_charge(grant: channel.Channel, check: preflight.Check) -> None:
     """Have the BlockLedger that produces `grant` run `check` before it charges. A grant from
     elsewhere (no producer in this pipeline) is left alone: its consumer checks on its own."""
+    _append_to_producer(grant, preflight.PROPERTY, check.as_dict())
+
+
+def refuse_seed_before_charge(grant: channel.Channel, seeded_by: str) -> None:
+    """Have the BlockLedger that produces `grant` refuse to charge, unless its ledger was
+    created for tests (sage_access BlockLedger.refuse_fixed_seed), because a consumer fixes a
+    seed (`seeded_by`, e.g. "DPTrainer seed 7"). A grant from elsewhere is left alone: its
+    consumer refuses on its own, before it consumes anything (GrantInfo.refuse_fixed_seed)."""
+    _append_to_producer(grant, FIXED_SEEDS, seeded_by)
+
+
+def _append_to_producer(grant: channel.Channel, name: str, value) -> None:
+    """Append `value` to the JSON list in execution parameter `name` of the BlockLedger that
+    produces `grant` (nothing for a grant from elsewhere)."""
     if isinstance(grant, channel.OutputChannel) and isinstance(grant.producer_component,
                                                                  BlockLedger):
         properties = grant.producer_component.exec_properties
-        checks = json.loads(properties.get(preflight.PROPERTY) or "[]")
-        properties[preflight.PROPERTY] = json.dumps(checks + [check.as_dict()])
+        properties[name] = json.dumps(json.loads(properties.get(name) or "[]") + [value])

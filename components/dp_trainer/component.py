@@ -8,7 +8,8 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.block_ledger import preflight
-from sage_tfx.components.block_ledger.component import check_before_charge
+from sage_tfx.components.block_ledger.component import (check_before_charge,
+                                                        refuse_seed_before_charge)
 from sage_tfx.components.dp_trainer import executor
 from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
                                                        MODULE_NEEDS, TrainerMode)
@@ -62,7 +63,8 @@ class DPTrainer(base_component.BaseComponent):
 
     The BlockLedger that grants `grant` checks, before it charges, what this trainer would
     refuse after it (block_ledger/preflight.py): the module loads and defines what `mode`
-    needs, Keras 2 for DP-SGD, and DP-SGD's calibration under Poisson sampling.
+    needs, Keras 2 for DP-SGD, and DP-SGD's calibration under Poisson sampling. `seed` (tests
+    only) is refused there too unless the ledger was created for tests.
     """
 
     SPEC_CLASS = DPTrainerSpec
@@ -98,6 +100,8 @@ class DPTrainer(base_component.BaseComponent):
         sampling = ({name: sampler.exec_properties.get(name) for name in ("scheme", "gamma",
                                                                            "epochs")}
                     if isinstance(sampler, ObliviousSampleGen) else None)
+        if seed is not None:
+            refuse_seed_before_charge(grant, f"DPTrainer seed {seed}")
         check_before_charge(grant, preflight.Check(
             component="DPTrainer", module_file=module_file, purpose=mode,
             module_needs=MODULE_NEEDS[mode], legacy_keras=mode == TrainerMode.DP_SGD,

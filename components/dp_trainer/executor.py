@@ -120,6 +120,7 @@ class Executor(base_executor.BaseExecutor):
         mode = TrainerMode.parse(exec_properties.get("mode") or DEFAULT_MODE, "trainer mode")
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         grant = require_grant(input_dict["grant"], [examples])
+        grant.refuse_fixed_seed("DPTrainer", exec_properties.get("seed"))
         step = exec_properties.get("grant_step") or DEFAULT_GRANT_STEP
         epsilon, delta = grant.share(step)
         with grant.releasing(step, "DPTrainer component") as charged:

@@ -6,6 +6,7 @@ from typing import Optional
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
+from sage_tfx.components.block_ledger.component import refuse_seed_before_charge
 from sage_tfx.components.oblivious_sample_gen import executor
 from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import DEFAULT_EPOCHS
@@ -48,7 +49,8 @@ class ObliviousSampleGen(base_component.BaseComponent):
     the samples are stored AES-GCM encrypted, each serialized record padded to `record_width`
     bytes (public, declared by the user); a record longer than that is dropped (replaced by a
     null record), which the add/remove relation allows. Randomness comes from the OS CSPRNG; `seed` exists
-    for tests only.
+    for tests only: it is refused, before the charge, on a ledger not created for tests
+    (BlockLedger.create(..., for_tests=True)).
     """
 
     SPEC_CLASS = ObliviousSampleGenSpec
@@ -74,3 +76,5 @@ class ObliviousSampleGen(base_component.BaseComponent):
             encryption_key_env=encryption_key_env, seed=seed, public_size=public_size,
             record_width=record_width, examples=examples, grant=grant,
             samples=channel.Channel(type=standard_artifacts.Examples)))
+        if seed is not None:
+            refuse_seed_before_charge(grant, f"ObliviousSampleGen seed {seed}")

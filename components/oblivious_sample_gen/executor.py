@@ -73,6 +73,7 @@ class Executor(base_executor.BaseExecutor):
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:
         grant = require_grant(input_dict["grant"], input_dict["examples"])
+        grant.refuse_fixed_seed("ObliviousSampleGen", exec_properties.get("seed"))
         source = artifact_utils.get_single_instance(input_dict["examples"])
         key_variable = exec_properties.get("encryption_key_env")
         key = samples_io.key_from_env(key_variable) if key_variable else None

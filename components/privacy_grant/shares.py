@@ -42,6 +42,12 @@ class GrantInfo:
         another)."""
         return self._ledger
 
+    def refuse_fixed_seed(self, component: str, seed: Optional[int]) -> None:
+        """Before anything is consumed: with a `seed`, BadRequest unless the grant's ledger was
+        created for tests (BlockLedger.refuse_fixed_seed)."""
+        if seed is not None:
+            self._ledger.refuse_fixed_seed([f"{component} seed {seed}"])
+
     def share(self, step: str) -> tuple[float, float]:
         """(epsilon, delta) this grant allots to the DP step `step`, consumed in the ledger: the
         first call records the use atomically; any other consumer of this share is refused."""

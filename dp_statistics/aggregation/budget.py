@@ -106,19 +106,26 @@ def composition_for(accounting) -> Composition:
 @dataclasses.dataclass(frozen=True)
 class PlanStep:
     """A step's share of the grant and the event of the noise it runs. ``additional_delta``:
-    the part of ``delta`` spent outside ``event`` (partition selection only).
-    ``noise_scale``: the factor lambda of a PLD plan (module docstring): the noise is
-    calibrated at (``noise_epsilon`` = lambda * epsilon, delta)."""
+    the part of ``delta`` spent outside ``event`` (partition selection only), of which
+    ``rounding_delta`` is the weighted Gaussian selection's floating-point sampler's
+    (mechanisms.selection.weighted_gaussian_rounding_delta): the mechanism runs at the rest,
+    ``mechanism_delta``. ``noise_scale``: the factor lambda of a PLD plan (module docstring):
+    the noise is calibrated at (``noise_epsilon`` = lambda * epsilon, mechanism_delta)."""
     name: str
     epsilon: float
     delta: float
     event: dp_event.DpEvent
     additional_delta: float = 0.0
     noise_scale: float = 1.0
+    rounding_delta: float = 0.0
 
     @property
     def noise_epsilon(self) -> float:
         return self.epsilon * self.noise_scale
+
+    @property
+    def mechanism_delta(self) -> float:
+        return self.delta - self.rounding_delta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +239,8 @@ def plan(query: AggregationQuery, epsilon: float, delta: float,
     if scale == 1.0:
         return basic
     return dataclasses.replace(basic, steps=tuple(
-        _step(query, step.name, step.epsilon, step.delta, scale) for step in basic.steps))
+        _step(query, step.name, step.epsilon, step.delta, basic.epsilon, scale)
+        for step in basic.steps))
 
 
 def _basic_plan(query: AggregationQuery, epsilon: float, delta: float,
@@ -268,7 +276,7 @@ def _basic_plan(query: AggregationQuery, epsilon: float, delta: float,
             step_delta = (delta - selection_delta) * share[name] / gaussian_weight
         else:
             step_delta = 0.0  # bounds and Laplace noise
-        steps.append(_step(query, name, epsilon * share[name] / total, step_delta))
+        steps.append(_step(query, name, epsilon * share[name] / total, step_delta, epsilon))
         if name in aggregates:
             _check_noise_scale(query, aggregates[name], steps[-1].event)
     spent_delta = sum(step.delta for step in steps)
@@ -276,20 +284,45 @@ def _basic_plan(query: AggregationQuery, epsilon: float, delta: float,
 
 
 def _step(query: AggregationQuery, name: str, epsilon: float, delta: float,
-          scale: float = 1.0) -> PlanStep:
+          release_epsilon: float, scale: float = 1.0) -> PlanStep:
     """Step ``name`` with its share (epsilon, delta) of the grant and the event of its noise,
     calibrated at (scale * epsilon, delta): scale 1 in the basic plan, lambda in a PLD plan
-    (module docstring). The one place a step's event is made."""
+    (module docstring). The one place a step's event is made. ``release_epsilon``: the
+    grant's, at which the weighted Gaussian selection's rounding delta is charged."""
     noise_epsilon = epsilon * scale
-    additional_delta = 0.0
+    additional_delta = rounding_delta = 0.0
     if name == SELECTION_STEP:
-        event, additional_delta = _selection_event(query, noise_epsilon, delta)
+        rounding_delta = _selection_rounding_delta(query, release_epsilon, delta)
+        event, additional_delta = _selection_event(query, noise_epsilon,
+                                                   delta - rounding_delta)
+        additional_delta += rounding_delta
     elif name.startswith(BOUNDS_STEP_PREFIX):
         event = dp_event.LaplaceDpEvent(noise_multiplier=1.0 / noise_epsilon)
     else:
         kind = next(a.kind for a in query.aggregates if a.output_name == name)
         event = component_event(query, kind, noise_epsilon, delta)
-    return PlanStep(name, epsilon, delta, event, additional_delta, scale)
+    return PlanStep(name, epsilon, delta, event, additional_delta, scale, rounding_delta)
+
+
+def _selection_rounding_delta(query: AggregationQuery, release_epsilon: float,
+                              delta: float) -> float:
+    """The part of the selection step's ``delta`` charged for the weighted Gaussian's
+    floating-point sampler (mechanisms.selection.weighted_gaussian_rounding_delta, at the
+    grant's epsilon; 0 under the other rules, whose noise is OpenDP's exact samplers). Refused
+    (QueryError) where it would take half the step's delta or more."""
+    if SelectionRule(query.selection) is not SelectionRule.WEIGHTED_GAUSSIAN:
+        return 0.0
+    rounding = selection.weighted_gaussian_rounding_delta(
+        release_epsilon=release_epsilon,
+        max_partitions_per_unit=query.max_partitions_contributed)
+    if 2 * rounding >= delta:
+        raise QueryError(
+            f"weighted_gaussian partition selection: its floating-point sampler adds delta "
+            f"(1 + e^epsilon) C 2^-49 = {rounding:.3g} at epsilon {release_epsilon:g} and "
+            f"max_groups_contributed C = {query.max_partitions_contributed}, not negligible "
+            f"against the selection's delta {delta:.3g}; lower epsilon or "
+            "max_groups_contributed, raise delta, or use another selection rule")
+    return rounding
 
 
 # The PLD accountant's loss grid: 1e-3 nats (pessimistic rounding, so the epsilon it reports is
@@ -317,7 +350,7 @@ def _pld_noise_scale(basic: BudgetPlan) -> float:
 
     def composed(scale: float) -> dp_event.DpEvent:
         return dp_event.ComposedDpEvent([_step(query, step.name, step.epsilon, step.delta,
-                                               scale).event for step in basic.steps])
+                                               target, scale).event for step in basic.steps])
 
     def fits(scale: float) -> bool:
         return pld_epsilon(composed(scale), event_delta) <= target
@@ -377,7 +410,7 @@ def run_selection(query: AggregationQuery, step: PlanStep, statistic) -> mechani
         np.asarray(statistic, dtype=np.float64 if rule is SelectionRule.WEIGHTED_GAUSSIAN
                    else np.int64),
         max_partitions_per_unit=query.max_partitions_contributed,
-        epsilon=step.noise_epsilon, delta=step.delta)
+        epsilon=step.noise_epsilon, delta=step.mechanism_delta)
 
 
 def units_kept_half_the_time(query: AggregationQuery, step: PlanStep) -> int:
@@ -387,7 +420,7 @@ def units_kept_half_the_time(query: AggregationQuery, step: PlanStep) -> int:
     return selection.units_kept_half_the_time(
         _SELECTION_MECHANISMS[SelectionRule(query.selection)],
         max_partitions_per_unit=query.max_partitions_contributed,
-        epsilon=step.noise_epsilon, delta=step.delta)
+        epsilon=step.noise_epsilon, delta=step.mechanism_delta)
 
 
 def _selection_event(query: AggregationQuery, noise_epsilon: float,

@@ -203,8 +203,9 @@ NON_NEGATIVE_COUNTS = "counts clamped at 0 by post-processing"
 def stated_mechanism(planned: PlannedQuery, non_negative_counts: bool = False) -> Optional[str]:
     """What a release states with its guarantee (Guarantee.mechanism), every front door alike:
     over public groups, the C_eff its noise is calibrated for (AggregationQuery.
-    partitions_per_unit: min(max_groups_contributed, the number of public groups)), and
-    NON_NEGATIVE_COUNTS when asked. Public numbers only: the options and the group list."""
+    partitions_per_unit: min(max_groups_contributed, the number of public groups)), under the
+    weighted Gaussian selection the delta charged for its sampler, and NON_NEGATIVE_COUNTS
+    when asked. Public numbers only: the options and the group list."""
     query = planned.query
     parts = []
     if SelectionRule(query.selection) is SelectionRule.PUBLIC:
@@ -212,6 +213,10 @@ def stated_mechanism(planned: PlannedQuery, non_negative_counts: bool = False) -
         parts.append(f"noise calibrated for a unit in at most {query.partitions_per_unit} "
                      f"group(s): min(max_groups_contributed {query.max_partitions_contributed}, "
                      f"{groups} public group(s))")
+    if SelectionRule(query.selection) is SelectionRule.WEIGHTED_GAUSSIAN:
+        rounding = planned.budget.step(SELECTION_STEP).rounding_delta
+        parts.append(f"delta includes {rounding:.2g} for the weighted Gaussian selection's "
+                     "floating-point sampler ((1 + e^epsilon) C 2^-49)")
     if non_negative_counts:
         parts.append(NON_NEGATIVE_COUNTS)
     return "; ".join(parts) or None

@@ -180,6 +180,31 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
                           {"sampling_count": 0.05, "training": 0.8, "validation": 0.15})
 
 
+def test_a_consumers_fixed_seed_is_refused_before_the_charge(store_path, tmp_path):
+    """Issue 45, item 5: DPTrainer's and ObliviousSampleGen's `seed` (tests only) reaches the
+    BlockLedger that grants them, which refuses to charge a ledger not created for tests."""
+    from sage_tfx.components.block_ledger.component import FIXED_SEEDS
+
+    from sage_tfx.components import DPTrainer
+
+    grant = _training_dag(TRIP_MODULE, gamma=0.1, seed=3)
+    DPTrainer(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+              module_file=TRIP_MODULE, mode="adassp", grant_step="training", feature_bound=1.0,
+              label_bound=1.0, seed=4)
+    assert json.loads(grant.exec_properties[FIXED_SEEDS]) == ["ObliviousSampleGen seed 3",
+                                                              "DPTrainer seed 4"]
+    ledger = BlockLedger.create(store_path, min_request_epsilon=0.05)
+    for block in ("b1", "b2"):
+        ledger.add_block(block, 2.0, 1e-6, data_uri=str(tmp_path / block))
+    examples, grant_artifact = standard_artifacts.Examples(), PrivacyGrant()
+    examples.uri, grant_artifact.uri = str(tmp_path / "out-examples"), str(tmp_path / "out-grant")
+    with pytest.raises(BadRequest, match="ObliviousSampleGen seed 3, DPTrainer seed 4 fix.*not created for tests"):
+        executor.Executor().Do({}, {"examples": [examples], "grant": [grant_artifact]},
+                               {**grant.exec_properties, "ledger_store": store_path})
+    assert [b.spent[0] for b in BlockLedger(store_path).blocks()] == [0, 0]
+    assert not BlockLedger(store_path).grant_records()
+
+
 def test_keras_2_is_in_effect_only_as_tensorflow_decided(monkeypatch):
     """Before TensorFlow is imported the variable decides; after, what tf.keras is. A process
     that used tf.keras before sage_tfx set the variable has Keras 3 for good."""
@@ -225,7 +250,7 @@ def _ram_examples(uri: str) -> None:
     """A block's Examples (one file per split) on TF's in-memory filesystem."""
     import tensorflow as tf
 
-    for split in ("train", "test"):
+    for split in ("train", "eval"):
         tf.io.gfile.makedirs(f"{uri}/Split-{split}")
         with tf.io.gfile.GFile(f"{uri}/Split-{split}/data.gz", "w") as handle:
             handle.write(f"{uri} {split}")
@@ -251,8 +276,8 @@ def test_a_kubeflow_task_reads_a_remote_pipeline_root_and_names_its_run(store_pa
     executor.Executor().Do({}, {"examples": [examples], "grant": [grant]}, properties)
     assert sorted(tf.io.gfile.listdir(f"{examples.uri}/Split-train")) == [
         "m1-data.gz", "m2-data.gz"]
-    with tf.io.gfile.GFile(f"{examples.uri}/Split-test/m2-data.gz") as handle:
-        assert handle.read() == "ram://blocks/m2 test"
+    with tf.io.gfile.GFile(f"{examples.uri}/Split-eval/m2-data.gz") as handle:
+        assert handle.read() == "ram://blocks/m2 eval"
     [record] = BlockLedger(store_path).grant_records()
     # Handed on, not failed: the steps it pays for record their own outcomes.
     assert record["outcome"] == "incomplete"

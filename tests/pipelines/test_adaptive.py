@@ -15,7 +15,7 @@ from sage_tfx.sage_access.records import GRANT_TYPE
 
 def _database(tmp_path, months=12):
     store = str(tmp_path / "metadata.sqlite")
-    BlockLedger.create(store, min_request_epsilon=0.05)
+    BlockLedger.create(store, min_request_epsilon=0.05, for_tests=True)  # seeded specs
     source = TaxiSource(store, str(tmp_path))
     source.ingest(months)
     return store, source

@@ -219,3 +219,17 @@ def test_custom_artifact_types_import_from_their_type_names():
     assert len(ours) >= 4
     for cls in ours:
         assert import_utils.import_class_by_path(cls.TYPE_NAME) is cls
+
+
+@pytest.mark.slow
+def test_a_compiled_seed_reaches_the_grant_which_refuses_it_on_a_ledger_not_for_tests(tmp_path):
+    """`compile --seed` (tests only; issue 45, item 5): the job's BlockLedger task carries the
+    seeded components, and its executor refuses them before the charge unless the ledger was
+    created for tests (tests/components/test_block_ledger.py runs that executor)."""
+    job = _compile(tmp_path, "--mode", "dp_sgd", "--seed", "6")
+    grant = job["pipelineSpec"]["root"]["dag"]["tasks"]["BlockLedger"]["inputs"]["parameters"]
+    seeded = json.loads(grant["fixed_seeds"]["runtimeValue"]["constant"])
+    assert sorted(seeded) == ["DPTrainer seed 6", "ObliviousSampleGen seed 6"]
+    unseeded = _compile(tmp_path, "--mode", "dp_sgd")
+    assert "fixed_seeds" not in unseeded["pipelineSpec"]["root"]["dag"]["tasks"]["BlockLedger"][
+        "inputs"]["parameters"]

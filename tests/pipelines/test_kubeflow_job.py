@@ -73,7 +73,8 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kubeflow")
     path = str(tmp / "ledger.sqlite")
     with grpc_store(path) as store:
-        BlockLedger.create(store, accounting=AccountingMode.BASIC, min_request_epsilon=0.05)
+        BlockLedger.create(store, accounting=AccountingMode.BASIC, min_request_epsilon=0.05,
+                           for_tests=True)
         yield tmp, store, path, TaxiStream.load()
 
 

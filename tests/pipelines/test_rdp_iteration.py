@@ -19,7 +19,7 @@ from sage_tfx.sage_access.records import GRANT_TYPE
 @pytest.mark.slow
 def test_taxi_adassp_iteration_on_an_rdp_ledger(tmp_path):
     store = str(tmp_path / "metadata.sqlite")
-    BlockLedger.create(store, accounting="rdp", min_request_epsilon=0.05)
+    BlockLedger.create(store, accounting="rdp", min_request_epsilon=0.05, for_tests=True)
     TaxiSource(store, str(tmp_path)).ingest(12)
     LocalDagRunner().run(build_iteration(
         adassp_spec(seed=3), "taxi-rdp", str(tmp_path), store, window=12, epsilon=0.5,

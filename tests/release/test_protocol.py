@@ -144,3 +144,39 @@ def test_a_stated_epsilon_is_never_below_the_charged_one():
         stated = release.Guarantee(epsilon, 1e-6 / 3, "record", None, "g", ("b",)).sentence()
         shown_epsilon, shown_delta = stated[1:stated.index(")")].split(", ")
         assert float(shown_epsilon) >= epsilon and float(shown_delta) >= 1e-6 / 3, stated
+
+
+def test_a_fixed_seed_is_refused_before_the_charge_unless_the_ledger_is_for_tests(store_path,
+                                                                                   tmp_path):
+    """Issue 45, item 5: a seed makes the noise a function of public text, so a plan seeded by
+    one is refused on a ledger not created for tests, saying why and what to do, with nothing
+    charged or recorded; a ledger created for tests runs it and every guarantee it issues says
+    so."""
+    ledger = BlockLedger.create(store_path)
+    ledger.add_block("b1", 1.0, 1e-6)
+    seeded = release.ReleasePlan.single_step("test door", "SELECT 1", "step", 0.4, 1e-7, EVENT,
+                                             seeded_by=("DPTrainer seed 7",))
+    with pytest.raises(BadRequest, match="nothing was charged.*DPTrainer seed 7.*not created "
+                                         "for tests.*for_tests=True.*--for-tests"):
+        release.charge(ledger, seeded, BlockIds(["b1"]))
+    assert ledger.blocks()[0].charges == 0 and not ledger.grant_records()
+    assert not ledger.denial_records()
+    assert not BlockLedger(store_path).for_tests
+
+    tests_store = str(tmp_path / "tests-ledger.sqlite")
+    BlockLedger.create(tests_store, for_tests=True).add_block("b1", 1.0, 1e-6)
+    for_tests = BlockLedger(tests_store)  # recorded on the ledger: read back when reopened
+    assert for_tests.for_tests
+    with release.charge(for_tests, seeded, BlockIds(["b1"])) as charged:
+        guarantee = charged.guarantee(release.GuaranteeUnit.RECORD)
+        charged.released(["out.csv"], guarantee)
+    assert "ledger created for tests: a fixed seed may have drawn the noise" in \
+        guarantee.sentence()
+    assert guarantee.to_json()["ledger_for_tests"] is True
+    assert release.Guarantee.from_json(guarantee.to_json()) == guarantee
+    [record] = for_tests.grant_records()
+    assert record["steps"]["step"]["guarantee"] == guarantee.sentence()
+    # Without a seed, a normal ledger's guarantee says nothing of tests.
+    with release.charge(ledger, plan(), BlockIds(["b1"])) as charged:
+        assert "tests" not in charged.guarantee(release.GuaranteeUnit.RECORD).sentence()
+        charged.released([])

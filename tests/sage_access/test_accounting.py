@@ -1,5 +1,6 @@
 """Accounting rules: basic composition and the Rényi filter, checked against dp-accounting."""
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -82,7 +83,7 @@ def test_rdp_curve_request_under_basic_composition_converts_with_dp_accounting()
     demand = basic.demand(BudgetRequest(rdp_curve=curve, delta=1e-6))
     expected, _ = rdp_privacy_accountant.compute_epsilon(basic.orders, curve, 1e-6)
     assert demand[0] == pytest.approx(expected)
-    assert demand[1] == 1e-6
+    assert demand[1] == Fraction(1, 10**6)
     with pytest.raises(BadRequest, match="needs a delta"):
         basic.demand(BudgetRequest(rdp_curve=curve))
 
@@ -129,6 +130,6 @@ def test_rdp_filter_refuses_delta_spent_outside_the_events_basic_charges_it_with
         RenyiFilter().grant_demand(request, split, events, additional_delta=1e-6)
     assert np.all(RenyiFilter().grant_demand(request, split, events) > 0)
     basic = BasicComposition()
-    assert list(basic.grant_demand(request, split, events, additional_delta=1e-6)) == [1.0, 1e-6]
+    assert list(basic.grant_demand(request, split, events, additional_delta=1e-6)) == [1, Fraction(1, 10**6)]
     with pytest.raises(BadRequest, match="more than the grant's delta"):
         basic.grant_demand(request, split, events, additional_delta=2e-6)

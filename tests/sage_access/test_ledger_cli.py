@@ -554,3 +554,19 @@ def test_grants_and_show_list_outcome_front_door_and_request_of_grants_and_denia
     table, listed = out.split("\n\ngrants and denials, oldest first:\n")
     assert table.splitlines()[-1].startswith("2024-03")
     assert listed.rstrip("\n") == ledger(populated, "grants")[1].rstrip("\n")
+
+
+def test_init_for_tests_is_recorded_and_shown(tmp_path):
+    """`ledger init --for-tests` (issue 45, item 5): the ledger accepts fixed seeds, and says
+    so where it is read; a ledger made without it does not."""
+    from sage_tfx.sage_access.views import format_table, ledger_table
+
+    store = str(tmp_path / "ledger.sqlite")
+    code, out, err = ledger(store, "init", "--for-tests")
+    assert code == 0 and "for tests: fixed seeds accepted" in out, err
+    assert ledger(store, "init", "--context", "real")[0] == 0
+    for_tests, real = BlockLedger(store), BlockLedger(store, "real")
+    assert for_tests.for_tests and not real.for_tests
+    assert ledger_table(for_tests)["for_tests"] is True
+    assert "created for tests" in format_table(ledger_table(for_tests))
+    assert "created for tests" not in format_table(ledger_table(real))

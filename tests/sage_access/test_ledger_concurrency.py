@@ -18,15 +18,16 @@ from support import LEDGER_WORKER
 BLOCKS = 20
 
 
-def make_store(path: str, epsilon: float = 3.0, delta: float = 1e-6) -> None:
+def make_store(path: str, epsilon: float = 3.0, delta: float = 1e-6, blocks: int = BLOCKS) -> None:
     ledger = BlockLedger.create(path, min_request_epsilon=0.05)
-    for index in range(BLOCKS):
+    for index in range(blocks):
         ledger.add_block(f"b{index:02d}", epsilon, delta)
 
 
-def start_worker(store: str, seed: int, requests: int, *options: str) -> subprocess.Popen:
+def start_worker(store: str, seed: int, requests: int, *options: str,
+                 blocks: int = BLOCKS) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, LEDGER_WORKER, store, str(seed), str(requests),
-                             str(BLOCKS), *options],
+                             str(blocks), *options],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -62,6 +63,26 @@ def test_eight_processes_two_hundred_requests_each_never_overspend(store_path):
     assert len(committed) > 50
     # Every worker drained every block at the end, so all of them reached retirement.
     assert all(b.retired for b in blocks.values())
+
+
+@pytest.mark.slow
+def test_four_racing_processes_spend_each_ceiling_exactly(store_path):
+    """Four workers drain every block of ceiling 1 with the minimum request, 0.05: budgets are
+    exact, so each block pays exactly 20 grants (with doubles it paid 19: 19 x 0.05 summed to
+    0.9500000000000002, and the 20th no longer fit)."""
+    store = store_path
+    make_store(store, epsilon=1.0, blocks=4)
+    workers = [start_worker(store, seed, 0, blocks=4) for seed in range(4)]
+    committed = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=600)
+        assert worker.returncode == 0, err
+        committed += [json.loads(line) for line in out.splitlines()]
+    assert_consistent(store, committed)
+    blocks = BlockLedger(store).blocks()
+    assert all(block.retired and block.spent[0] == 1 and block.charges == 20
+               for block in blocks)
+    assert len(committed) == 20 * len(blocks)
 
 
 @pytest.mark.slow
