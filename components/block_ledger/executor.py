@@ -83,7 +83,7 @@ class Executor(base_executor.BaseExecutor):
         events = step_events(json.loads(exec_properties.get("step_mechanisms") or "{}"),
                              budget_split, epsilon, delta, ledger.accounting.name)
         preflight.run(preflight.parse(exec_properties.get(preflight.PROPERTY)), epsilon, delta,
-                      budget_split)
+                      budget_split, events=events, accounting=ledger.accounting)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         run_id, node_id = _run_and_node(self._context, examples.uri, pipeline)
         # What the ledger records as the request: the pipeline and this component's terms (the
