@@ -2,9 +2,12 @@
 
 DPStatisticsGen, the release protocol's order: the grant was charged by the BlockLedger
 component, after the preflight (`preflight`, registered by the component) refused missing
-bounds; `require_grant` checks the grant and the Examples against the ledger; the plan
-(statistics.plan_statistics) is made from public inputs and the step's share, and checked
-against the event the grant recorded, all before the share is consumed; then, inside the
+bounds, features not read as one value, and a grant whose step event or ledger cannot pay for
+the plan (`check_payable`); `require_grant` checks the grant and the Examples against the
+ledger, and the ledger's record says who wrote the Examples (`check_examples_producer`); the
+plan (statistics.plan_statistics) is made from public inputs and the step's share, and checked
+against the grant again (it may have been charged elsewhere), all before the share is
+consumed; then, inside the
 protocol (`GrantInfo.releasing`: the step's outcome is recorded), the records are read by the
 record rule, the DP queries run, and one `FeatureStats.pb` per split is written (TFX
 StatisticsGen's layout: a binary DatasetFeatureStatisticsList in `Split-<name>/`).

@@ -25,12 +25,14 @@ The budget (stated, and printed by the executor): the grant step's epsilon is sp
 among the statistics `num_examples`, `moments:<x>` and `quantiles:<x>` per numeric feature,
 `present:<s>` and `top_values:<s>` per string feature; its delta equally among the
 `top_values` statistics (partition selection's delta; the Laplace noise of the others spends
-none). Basic composition: the epsilons and deltas that run sum to at most the step's.
+none). Each share is its exact fraction rounded down (share_of), so under basic composition
+the epsilons and deltas that run sum to at most the step's, exactly.
 
 Missing values: a numeric cell that is missing, unreadable or not finite, and a string cell
 that is missing, is missing (NULL): skipped by every aggregate but COUNT(*), as TFDV counts a
 feature absent from an example as missing. num_missing = num_examples - num_non_missing,
-both noisy (post-processing, clamped at 0).
+both noisy (post-processing, clamped at 0): a feature never missing reads as missing in a few
+records about half the time, which is why DPSchemaGen never infers a feature required.
 """
 from __future__ import annotations
 
