@@ -4,11 +4,11 @@ A component that consumes a BlockLedger's grant (DPTrainer, SLAedValidator) regi
 constructed, the checks it can make without the grant (component.check_before_charge): its user
 module loads and defines what it needs, Keras 2 is in effect when DP-SGD needs it, DP-SGD's
 model has no layer it cannot clip (a batch normalisation), DP-SGD's compiled step kernels load,
-and DP-SGD's calibration fits its
-share where public values decide it (dp_trainer.preflight, the check the privacy-adaptive
-driver makes too), and DPStatisticsGen's features read as one value with public clamping bounds and its
-grant (the events its steps record, its ledger's accounting) pays for its statistics. The
-BlockLedger executor runs them all before `ledger.request`: a pipeline that would fail after the charge for one of these reasons fails
+and DP-SGD's calibration fits its share where public values decide it (dp_trainer.preflight,
+the check the privacy-adaptive driver makes too), and DPStatisticsGen's features read as one
+value with public clamping bounds and its grant (the events its steps record, its ledger's
+accounting) pays for its statistics. The BlockLedger executor runs them all before
+`ledger.request`: a pipeline that would fail after the charge for one of these reasons fails
 before it, with nothing charged. The checks read the pipeline's parameters and this process's
 environment only, never a record, so whether they pass tells nothing about the data.
 """

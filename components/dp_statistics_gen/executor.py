@@ -120,7 +120,7 @@ def check_examples_producer(producer: Optional[str], where: str) -> None:
             f"DPStatisticsGen reads one row per granted record: its examples must be "
             f"{' or '.join(EXAMPLES_PRODUCERS.values())}, but {where} "
             + (f"come from {producer}" if producer else "have no known producer")
-            + "; nothing was charged for them")
+            + "; nothing was read or released")
 
 
 def _rows(examples, splits, columns: Mapping[str, str]) -> pd.DataFrame:
@@ -158,10 +158,10 @@ class Executor(base_executor.BaseExecutor):
         granted = require_epsilon_delta(info.record, "DPStatisticsGen")
         epsilon, delta = split_share(*granted, info.split, step)
         planned = plan_for_share(parameters(exec_properties), splits, epsilon, delta)
-        check_payable(planned, step, BudgetRequest(epsilon=granted[0], delta=granted[1]), info.split,
-                      {name: info.ledger.grant_event(info.record, name)
-                       for name in info.record.events}, info.ledger.accounting,
-                      f"grant {info.grant_id}")
+        recorded = {name: info.ledger.grant_event(info.record, name)
+                    for name in info.record.events}
+        check_payable(planned, step, BudgetRequest(epsilon=granted[0], delta=granted[1]),
+                      info.split, recorded, info.ledger.accounting, f"grant {info.grant_id}")
         console.report("DPStatisticsGen: grant %s, step %s (epsilon %.4g, delta %.3g) split "
                        "equally: %s", info.grant_id, step, epsilon, delta, planned.describe())
         target = artifact_utils.get_single_instance(output_dict["statistics"])
