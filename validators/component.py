@@ -39,6 +39,8 @@ class SLAedValidatorSpec(component_spec.ComponentSpec):
     }
     OUTPUTS = {
         "blessing": component_spec.ChannelParameter(type=standard_artifacts.ModelBlessing),
+        # TFX Evaluator's output type: the DP metrics as TFMA reads them (tfma.load_metrics).
+        "evaluation": component_spec.ChannelParameter(type=standard_artifacts.ModelEvaluation),
     }
 
 
@@ -67,7 +69,8 @@ class SLAedValidator(base_component.BaseComponent):
     Output: a ModelBlessing with `blessed` = 1 only on ACCEPT (TFX's Pusher reads it), and the
     custom properties outcome, metric, dp_metric, lower_bound, upper_bound, target,
     confidence, epsilon_used, and with baselines baseline_gap (DP), baseline_gap_lower_bound,
-    baseline_margin and baselines (how many). The BlockLedger that grants `grant` checks, before it charges,
+    baseline_margin and baselines (how many). Also `evaluation`, a ModelEvaluation holding the
+    same DP values as TFMA's metrics file (executor.write_tfma_metrics). The BlockLedger that grants `grant` checks, before it charges,
     that the module loads and defines what `metric` needs (block_ledger/preflight.py).
     """
 
@@ -88,7 +91,8 @@ class SLAedValidator(base_component.BaseComponent):
             baseline_outputs=json.dumps([float(value) for value in baseline_outputs]),
             model=model, examples=examples, grant=grant, transform_graph=transform_graph,
             baseline_model=baseline_model,
-            blessing=channel.Channel(type=standard_artifacts.ModelBlessing)))
+            blessing=channel.Channel(type=standard_artifacts.ModelBlessing),
+            evaluation=channel.Channel(type=standard_artifacts.ModelEvaluation)))
         check_before_charge(grant, preflight.Check(
             component="SLAedValidator", module_file=module_file, purpose=metric,
             module_needs=executor.MODULE_NEEDS[metric]))

@@ -139,6 +139,28 @@ def validate(metric: Metric, values: np.ndarray, baselines: np.ndarray, target: 
                              result.details), gap)
 
 
+def write_tfma_metrics(evaluation_uri: str, metric: Metric, result: ValidationResult,
+                       gap: Optional[ValidationResult]) -> None:
+    """The DP values of the tests as TFMA's Evaluator writes metrics: one MetricsForSlice for the
+    overall slice in `metrics.tfrecord`, so tfma.load_metrics and TFMA's viewers read them. Only
+    DP releases and their bounds (post-processing); no per-slice metrics (each slice would need
+    its own budget), plots or TFMA validation results: the blessing decides."""
+    from tensorflow_model_analysis.proto import metrics_for_slice_pb2
+    values = {f"dp_{metric}": result.dp_estimate, f"dp_{metric}_lower_bound": result.lower_bound,
+              f"dp_{metric}_upper_bound": result.upper_bound}
+    if gap is not None:
+        values.update(dp_baseline_gap=gap.dp_estimate,
+                      dp_baseline_gap_lower_bound=gap.lower_bound)
+    metrics = metrics_for_slice_pb2.MetricsForSlice()
+    metrics.slice_key.SetInParent()  # the overall slice
+    for name, value in values.items():
+        entry = metrics.metric_keys_and_values.add()
+        entry.key.name = name
+        entry.value.double_value.value = float(value)
+    with tf.io.TFRecordWriter(os.path.join(evaluation_uri, "metrics.tfrecord")) as writer:
+        writer.write(metrics.SerializeToString())
+
+
 class Executor(base_executor.BaseExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
@@ -207,9 +229,14 @@ class Executor(base_executor.BaseExecutor):
                 console.report("SLAedValidator: against %d baselines, DP gap %.4g, population "
                                "gap > %.4g (margin %.4g)", gap.details["baselines"],
                                gap.dp_estimate, gap.lower_bound, gap.target)
+            if output_dict.get("evaluation"):
+                write_tfma_metrics(artifact_utils.get_single_instance(
+                    output_dict["evaluation"]).uri, metric, result, gap)
             console.report("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
                            "confidence %.3g, epsilon %.3g)", result.outcome, metric,
                            result.dp_estimate,
                            metric, result.lower_bound, result.upper_bound, confidence, epsilon)
             # The decision depends on the model too: the whole grant's guarantee covers both.
-            charged.released([blessing.uri], charged.guarantee(GuaranteeUnit.RECORD))
+            released = [blessing.uri] + [artifact.uri for artifact in
+                                         output_dict.get("evaluation", [])]
+            charged.released(released, charged.guarantee(GuaranteeUnit.RECORD))

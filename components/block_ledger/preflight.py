@@ -49,11 +49,13 @@ def parse(text: Optional[str]) -> list[Check]:
     return [Check(**check) for check in json.loads(text or "[]")]
 
 
-def run(checks: Sequence[Check], epsilon: float, delta: float, split: Mapping[str, float], *,
-        events: Mapping[str, object], accounting) -> None:
+def run(checks: Sequence[Check], epsilon: float, delta: float,
+        split: Mapping[str, float], events: Optional[Mapping] = None,
+        accounting=None) -> None:
     """BadRequest naming the component and the fix for the first check that fails. The grant
     about to be requested: (epsilon, delta), its `split`, the `events` its steps record
-    (privacy_grant.step_events) and the `accounting` of the ledger that will charge it."""
+    (privacy_grant.step_events) and the `accounting` of the ledger that will charge it (the
+    BlockLedger gives both; DPStatisticsGen's check needs the accounting)."""
     # Imported here: dp_trainer's package imports this one's component (a cycle at import).
     from sage_tfx.components.dp_trainer.parameters import preflight as trainer_preflight
     from sage_tfx.components.dp_trainer.parameters import trains_with_dp_sgd
@@ -66,10 +68,10 @@ def run(checks: Sequence[Check], epsilon: float, delta: float, split: Mapping[st
             if check.legacy_keras:
                 require_legacy_keras()
             if check.transform_step is not None:
-                _transform_audit(check, epsilon, split)
+                _transform_audit(check, epsilon, delta, split, events or {})
                 continue
             if check.statistics is not None:
-                _statistics_plan(check, epsilon, delta, split, events, accounting)
+                _statistics_plan(check, epsilon, delta, split, events or {}, accounting)
                 continue
             module = UserModule.load(check.module_file, check.purpose, check.module_needs)
             if check.trainer is not None:
@@ -116,19 +118,28 @@ def _statistics_plan(check: Check, epsilon: float, delta: float, split: Mapping[
     ledger's accounting) pays for what runs (dp_statistics_gen.executor.preflight)."""
     from sage_tfx.components.dp_statistics_gen.executor import preflight as statistics_preflight
 
+    if accounting is None:
+        raise ValueError("its check needs the accounting of the ledger that will charge the "
+                         "grant")
     given = dict(check.statistics)
     statistics_preflight(given, given.pop("grant_step"), epsilon, delta, split, events,
                          accounting)
 
 
-def _transform_audit(check: Check, epsilon: float, split: Mapping[str, float]) -> None:
-    """DPTransform's own audit, without data: the module loads and its preprocessing_fn uses
-    only DP analyzers whose shares fit the step's (dp_transform.executor.audit)."""
-    from sage_tfx.components.dp_transform.executor import audit, load_module
+def _transform_audit(check: Check, epsilon: float, delta: float, split: Mapping[str, float],
+                     events: Mapping) -> None:
+    """DPTransform's own audit, without data: the module loads, its preprocessing_fn uses
+    only DP analyzers whose shares fit the step's (epsilon, delta), each analyzer has the
+    public bounds it needs, and the step's planned event covers what they run
+    (dp_transform.executor.plan_transform, check_planned_event)."""
+    from sage_tfx.components.dp_transform.executor import (check_planned_event, load_module,
+                                                           plan_transform)
     from sage_tfx.sage_access.accounting import split_share
 
     if check.transform_step not in split:
         raise ValueError(f"the grant's split has no {check.transform_step!r} step for "
                          "DPTransform")
-    share_epsilon, _ = split_share(epsilon, 0.0, split, check.transform_step)
-    audit(*load_module(check.module_file), share_epsilon)
+    plan = plan_transform(*load_module(check.module_file),
+                          *split_share(epsilon, delta, split, check.transform_step))
+    check_planned_event(events.get(check.transform_step), plan,
+                        f"step {check.transform_step!r}")

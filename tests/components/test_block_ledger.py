@@ -11,7 +11,6 @@ from tfx.types import standard_artifacts
 from sage_tfx.components.block_ledger import executor
 from sage_tfx.components.privacy_grant import PrivacyGrant
 from sage_tfx.sage_access import BlockLedger
-from sage_tfx.sage_access.accounting import accounting_for
 from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted
 
 from support import TRIP_MODULE
@@ -178,8 +177,7 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
     if case == "calibration":  # the same check as the privacy-adaptive driver's
         with pytest.raises(ValueError, match=message):
             preflight.run(preflight.parse(properties[preflight.PROPERTY]), 1.0, 1e-7,
-                          {"sampling_count": 0.05, "training": 0.8, "validation": 0.15},
-                          events={}, accounting=accounting_for("basic"))
+                          {"sampling_count": 0.05, "training": 0.8, "validation": 0.15})
 
 
 def test_keras_2_is_in_effect_only_as_tensorflow_decided(monkeypatch):
@@ -220,8 +218,7 @@ def test_a_transform_that_uses_a_non_dp_analyzer_is_refused_before_the_charge(tm
     [check] = preflight.parse(grant.producer_component.exec_properties[preflight.PROPERTY])
     assert (check.component, check.transform_step) == ("DPTransform", "transform")
     with pytest.raises(BadRequest, match="refused before the charge.*DPTransform"):
-        preflight.run([check], 1.0, 1e-7, {"transform": "0.5", "training": "0.5"},
-                      events={}, accounting=accounting_for("basic"))
+        preflight.run([check], 1.0, 1e-7, {"transform": "0.5", "training": "0.5"})
 
 
 def _ram_examples(uri: str) -> None:

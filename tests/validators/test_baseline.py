@@ -90,3 +90,23 @@ def test_bounded_losses_and_bad_parameters():
         baseline_gap_validator([0.1], [[0.2]], 1.0, 1.0, 0.95, 1.0)
     with pytest.raises(ValueError, match="at least one baseline"):
         baseline_gap_validator([0.1], np.empty((1, 0)), 0.0, 1.0, 0.95, 1.0)
+
+
+def test_the_dp_metrics_are_written_as_tfma_reads_them(tmp_path):
+    import tensorflow_model_analysis as tfma
+    from sage_tfx.validators.executor import write_tfma_metrics
+    rng = np.random.default_rng(14)
+    labels = _labels(rng, 2000)
+    correct = np.where(rng.random(2000) < 0.9, 1.0, 0.0)
+    baselines = baseline_losses(Metric.ACCURACY, None, labels, np.zeros(2000), (), None)
+    result, gap = validate(Metric.ACCURACY, correct, baselines, 0.6, 1.0, 0.95, None, 0.0)
+    write_tfma_metrics(str(tmp_path), Metric.ACCURACY, result, gap)
+    [metrics] = list(tfma.load_metrics(str(tmp_path)))
+    assert not metrics.slice_key.single_slice_keys  # the overall slice
+    values = {entry.key.name: entry.value.double_value.value
+              for entry in metrics.metric_keys_and_values}
+    assert values == {"dp_accuracy": result.dp_estimate,
+                      "dp_accuracy_lower_bound": result.lower_bound,
+                      "dp_accuracy_upper_bound": result.upper_bound,
+                      "dp_baseline_gap": gap.dp_estimate,
+                      "dp_baseline_gap_lower_bound": gap.lower_bound}
