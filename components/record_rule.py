@@ -156,7 +156,7 @@ def sanitise_record(serialized: bytes, feature_spec: Mapping) -> bytes:
     return _sanitised(example, feature_spec).SerializeToString()
 
 
-def readable_numbers(serialized: Iterable[bytes], feature_spec: Mapping,
+def readable_scalars(serialized: Iterable[bytes], feature_spec: Mapping,
                      strings: bool = False) -> dict[str, np.ndarray]:
     """For each scalar int or float feature of `feature_spec` (with `strings`, each scalar
     string feature too): per record, whether it holds one value of that kind, finite for a

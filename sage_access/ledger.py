@@ -487,6 +487,11 @@ class BlockLedger:
             raise BadRequest(f"the Examples at {uri} are not the output of grant "
                              f"{grant.grant_id} (nor derived from it) in ledger {self.context!r}")
 
+    def data_producer(self, grant: Grant, uri: str) -> Optional[str]:
+        """Who wrote `grant`'s data at `uri`: "BlockLedger" for the granted Examples, else the
+        component that derived them (record_data's `producer`); None if none is recorded."""
+        return self._records.data_producer(grant.grant_id, uri)
+
     def use_share(self, grant: Grant, step: str, consumer: str) -> tuple[float, float]:
         """Consume `step`'s share of `grant`, once: the append-only record
         `<context>/grant-<id>/share/<step>` is created in one MLMD call, so of two consumers

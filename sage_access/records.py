@@ -394,8 +394,14 @@ class LedgerRecords:
                                   uri=uri, producer=producer)
 
     def has_data(self, grant_id: str, uri: str) -> bool:
+        return self.data_producer(grant_id, uri) is not None
+
+    def data_producer(self, grant_id: str, uri: str) -> Optional[str]:
+        """Who wrote `grant_id`'s data at `uri` (None if no data is recorded there)."""
         record = self._recorded(self.data_record(grant_id, uri, ""), GRANT_DATA_TYPE)
-        return record is not None and get_property(record, "uri") == uri
+        if record is None or get_property(record, "uri") != uri:
+            return None
+        return get_property(record, "producer")
 
     def share_use_record(self, grant_id: str, step: str, consumer: str) -> pb.Artifact:
         """The record that `consumer` used `step`'s share of `grant_id`."""

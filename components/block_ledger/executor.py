@@ -85,7 +85,7 @@ class Executor(base_executor.BaseExecutor):
         mechanisms = json.loads(exec_properties.get("step_mechanisms") or "{}")
         events = step_events(mechanisms, budget_split, epsilon, delta, ledger.accounting.name)
         preflight.run(preflight.parse(exec_properties.get(preflight.PROPERTY)), epsilon, delta,
-                      budget_split, events)
+                      budget_split, events=events, accounting=ledger.accounting)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         run_id, node_id = _run_and_node(self._context, examples.uri, pipeline)
         # What the ledger records as the request: the pipeline and this component's terms (the

@@ -4,9 +4,10 @@ A component that consumes a BlockLedger's grant (DPTrainer, SLAedValidator) regi
 constructed, the checks it can make without the grant (component.check_before_charge): its user
 module loads and defines what it needs, Keras 2 is in effect when DP-SGD needs it, DP-SGD's
 model has no layer it cannot clip (a batch normalisation), DP-SGD's compiled step kernels load,
-and DP-SGD's calibration fits its
-share where public values decide it (dp_trainer.preflight, the check the privacy-adaptive
-driver makes too), and DPStatisticsGen's numeric features have public clamping bounds. The BlockLedger executor runs them all before
+and DP-SGD's calibration fits its share where public values decide it (dp_trainer.preflight,
+the check the privacy-adaptive driver makes too), and DPStatisticsGen's features read as one
+value with public clamping bounds and its grant (the events its steps record, its ledger's
+accounting) pays for its statistics. The BlockLedger executor runs them all before
 `ledger.request`: a pipeline that would fail after the charge for one of these reasons fails
 before it, with nothing charged. The checks read the pipeline's parameters and this process's
 environment only, never a record, so whether they pass tells nothing about the data.
@@ -49,9 +50,12 @@ def parse(text: Optional[str]) -> list[Check]:
 
 
 def run(checks: Sequence[Check], epsilon: float, delta: float,
-        split: Mapping[str, float], events: Optional[Mapping] = None) -> None:
-    """BadRequest naming the component and the fix for the first check that fails. `events`:
-    the DP event planned for each step (privacy_grant.step_events)."""
+        split: Mapping[str, float], events: Optional[Mapping] = None,
+        accounting=None) -> None:
+    """BadRequest naming the component and the fix for the first check that fails. The grant
+    about to be requested: (epsilon, delta), its `split`, the `events` its steps record
+    (privacy_grant.step_events) and the `accounting` of the ledger that will charge it (the
+    BlockLedger gives both; DPStatisticsGen's check needs the accounting)."""
     # Imported here: dp_trainer's package imports this one's component (a cycle at import).
     from sage_tfx.components.dp_trainer.parameters import preflight as trainer_preflight
     from sage_tfx.components.dp_trainer.parameters import trains_with_dp_sgd
@@ -67,7 +71,7 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
                 _transform_audit(check, epsilon, delta, split, events or {})
                 continue
             if check.statistics is not None:
-                _statistics_plan(check, epsilon, delta, split)
+                _statistics_plan(check, epsilon, delta, split, events or {}, accounting)
                 continue
             module = UserModule.load(check.module_file, check.purpose, check.module_needs)
             if check.trainer is not None:
@@ -107,14 +111,19 @@ def _refuse_unclippable_model(model) -> None:
                              f"stand-in batch: {type(error).__name__}: {error}") from error
 
 
-def _statistics_plan(check: Check, epsilon: float, delta: float,
-                     split: Mapping[str, float]) -> None:
+def _statistics_plan(check: Check, epsilon: float, delta: float, split: Mapping[str, float],
+                     events: Mapping[str, object], accounting) -> None:
     """DPStatisticsGen's plan on its step's share, without data: every numeric feature has
-    public clamping bounds, string features have delta (dp_statistics_gen.executor)."""
+    public clamping bounds, string features have delta, and the grant (its step's event, its
+    ledger's accounting) pays for what runs (dp_statistics_gen.executor.preflight)."""
     from sage_tfx.components.dp_statistics_gen.executor import preflight as statistics_preflight
 
+    if accounting is None:
+        raise ValueError("its check needs the accounting of the ledger that will charge the "
+                         "grant")
     given = dict(check.statistics)
-    statistics_preflight(given, given.pop("grant_step"), epsilon, delta, split)
+    statistics_preflight(given, given.pop("grant_step"), epsilon, delta, split, events,
+                         accounting)
 
 
 def _transform_audit(check: Check, epsilon: float, delta: float, split: Mapping[str, float],

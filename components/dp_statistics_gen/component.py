@@ -9,9 +9,10 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.block_ledger import preflight
-from sage_tfx.components.block_ledger.component import check_before_charge
+from sage_tfx.components.block_ledger.component import BlockLedger, check_before_charge
 from sage_tfx.components.dp_statistics_gen import executor
 from sage_tfx.components.dp_statistics_gen.statistics import DEFAULT_QUANTILES, DEFAULT_TOP_K
+from sage_tfx.components.dp_transform.component import DPTransform
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
 
@@ -45,8 +46,12 @@ class DPStatisticsGen(base_component.BaseComponent):
     The features and their public clamping bounds: a `schema_file` (schema.pbtxt; a numeric
     feature's bounds are its int_domain / float_domain min and max) or `columns` ({name: "int"
     | "float" | "string"}), and `bounds` ({name: (low, high)}, overriding the schema's). A
-    numeric feature without bounds is refused when the component is built, and again by the
-    BlockLedger before it charges."""
+    numeric feature without bounds, or a schema feature not read as one value per example, is
+    refused when the component is built, and again by the BlockLedger before it charges.
+
+    `examples`: one row per granted record, as the budget assumes: the BlockLedger's
+    `examples` or DPTransform's `transformed_examples` (refused otherwise, when built and when
+    run: ObliviousSampleGen's samples repeat records)."""
 
     SPEC_CLASS = DPStatisticsGenSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
@@ -60,7 +65,9 @@ class DPStatisticsGen(base_component.BaseComponent):
                      bounds={name: [float(v) for v in pair] for name, pair in
                              (bounds or {}).items()},
                      num_quantiles=num_quantiles, top_k=top_k)
-        # Refuse here, when the pipeline is built: missing bounds, bad options (no budget).
+        # Refuse here, when the pipeline is built: Examples that are not one row per granted
+        # record, missing bounds, bad options (no budget).
+        executor.check_examples_producer(_examples_producer(examples), "the examples channel")
         executor.plan_for_share(given, ("train",), 1.0, 1e-6)
         super().__init__(spec=DPStatisticsGenSpec(
             grant_step=grant_step, schema_file=schema_file,
@@ -71,6 +78,23 @@ class DPStatisticsGen(base_component.BaseComponent):
         check_before_charge(grant, preflight.Check(
             component="DPStatisticsGen", module_file="", purpose="statistics",
             statistics={**given, "grant_step": grant_step}))
+
+
+# The outputs DPStatisticsGen reads (executor.EXAMPLES_PRODUCERS), by the class that makes
+# them: the ledger records the producer by this name.
+_EXAMPLES_OUTPUTS = {BlockLedger: "examples", DPTransform: "transformed_examples"}
+
+
+def _examples_producer(examples: channel.Channel) -> Optional[str]:
+    """Which component's output `examples` is: the name of one of _EXAMPLES_OUTPUTS, or any
+    other producer's name and output key; None for a channel without a producer."""
+    if not isinstance(examples, channel.OutputChannel):
+        return None
+    producer = examples.producer_component
+    for component, key in _EXAMPLES_OUTPUTS.items():
+        if isinstance(producer, component) and examples.output_key == key:
+            return component.__name__
+    return f"{type(producer).__name__}'s {examples.output_key!r} output"
 
 
 class DPSchemaGenSpec(component_spec.ComponentSpec):

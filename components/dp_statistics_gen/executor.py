@@ -2,9 +2,12 @@
 
 DPStatisticsGen, the release protocol's order: the grant was charged by the BlockLedger
 component, after the preflight (`preflight`, registered by the component) refused missing
-bounds; `require_grant` checks the grant and the Examples against the ledger; the plan
-(statistics.plan_statistics) is made from public inputs and the step's share, and checked
-against the event the grant recorded, all before the share is consumed; then, inside the
+bounds, features not read as one value, and a grant whose step event or ledger cannot pay for
+the plan (`check_payable`); `require_grant` checks the grant and the Examples against the
+ledger, and the ledger's record says who wrote the Examples (`check_examples_producer`); the
+plan (statistics.plan_statistics) is made from public inputs and the step's share, and checked
+against the grant again (it may have been charged elsewhere), all before the share is
+consumed; then, inside the
 protocol (`GrantInfo.releasing`: the step's outcome is recorded), the records are read by the
 record rule, the DP queries run, and one `FeatureStats.pb` per split is written (TFX
 StatisticsGen's layout: a binary DatasetFeatureStatisticsList in `Split-<name>/`).
@@ -18,6 +21,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import pandas as pd
 import tensorflow as tf
+from tensorflow_metadata.proto.v0 import statistics_pb2
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
@@ -28,8 +32,11 @@ from sage_tfx.components.dp_statistics_gen.statistics import (RECORD_COLUMN, SPL
                                                               compute, plan_statistics)
 from sage_tfx.components.privacy_grant import EXAMPLES_GRANT_ID, GrantError, require_grant
 from sage_tfx.components.util.examples_io import read_split, records_table
+from sage_tfx.dp_statistics.aggregation.frontend import (GrantTerms, check_accountable,
+                                                         require_epsilon_delta)
+from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.release import GuaranteeUnit
-from sage_tfx.sage_access.accounting import pure_dp_event, split_share
+from sage_tfx.sage_access.accounting import BudgetRequest, split_share
 from sage_tfx.sage_access.exact import set_exact_property
 
 _FRONT_DOOR = "DPStatisticsGen component"
@@ -37,6 +44,10 @@ _FRONT_DOOR = "DPStatisticsGen component"
 # custom properties only). DPSchemaGen infers only from statistics that carry a guarantee.
 GUARANTEE_PROPERTY = "guarantee"
 BUDGET_SPLIT_PROPERTY = "budget_split"
+# Who may write the Examples DPStatisticsGen reads (the ledger's data records name them:
+# ledger.record_data's `producer`), with the output that holds them.
+EXAMPLES_PRODUCERS = {"BlockLedger": "the BlockLedger's granted examples",
+                      "DPTransform": "DPTransform's transformed_examples"}
 
 
 def parameters(exec_properties: Mapping[str, Any]) -> dict:
@@ -59,14 +70,57 @@ def plan_for_share(given: Mapping[str, Any], splits, epsilon: float,
                            num_quantiles=given["num_quantiles"], top_k=given["top_k"])
 
 
+def check_payable(planned: StatisticsPlan, step: str, request: BudgetRequest,
+                  split: Mapping[str, str], events: Mapping[str, Any], accounting,
+                  grant: str) -> None:
+    """StatisticsError unless a grant of `request` with this split and these step `events`
+    ({step: DpEvent}, what the grant records) pays for `planned` on `step`: the ledger's
+    accountant would charge it with partition selection's delta spent outside the events (an
+    rdp ledger cannot: frontend.check_accountable), and an event recorded for the step is the
+    one that runs (StatisticsPlan.step_event). Made before the charge (`preflight`) and again
+    for a grant charged elsewhere (the executor). `grant`: names it in the refusal."""
+    terms = GrantTerms(dict(split), dict(events), planned.spent_delta)
+    try:  # the ledger's rule first, as frontend.check_grant
+        check_accountable(request, terms, accounting, f"{grant} cannot pay for DPStatisticsGen")
+    except QueryError as error:
+        raise StatisticsError(str(error)) from None
+    recorded = events.get(step)
+    if recorded is not None and recorded != planned.step_event:
+        raise StatisticsError(
+            f"step {step!r} of {grant} records the event {recorded}, but the statistics run "
+            + (f"{planned.step_event}" if planned.pure else
+               "partition selection of their string features' top values, whose delta lies "
+               "outside any event (use a basic ledger without a step mechanism for it, or "
+               "no string feature)") + "; nothing was released")
+
+
 def preflight(given: Mapping[str, Any], grant_step: str, epsilon: float, delta: float,
-              split: Mapping[str, Any]) -> None:
-    """The BlockLedger's check before it charges (block_ledger.preflight): the step exists,
-    every numeric feature has bounds, string features have delta. Raises ValueError."""
+              split: Mapping[str, Any], events: Mapping[str, Any], accounting) -> None:
+    """The BlockLedger's check before it charges (block_ledger.preflight), with the grant it
+    is about to request: (epsilon, delta), its split, the `events` its steps record and its
+    ledger's `accounting`. The step exists, every numeric feature has bounds and reads as one
+    value, string features have delta, the grant pays for the plan (check_payable). Raises
+    ValueError."""
     if grant_step not in split:
         raise StatisticsError(f"the grant's split has no {grant_step!r} step for "
                               "DPStatisticsGen")
-    plan_for_share(given, ("train",), *split_share(epsilon, delta, split, grant_step))
+    planned = plan_for_share(given, ("train",), *split_share(epsilon, delta, split, grant_step))
+    check_payable(planned, grant_step, BudgetRequest(epsilon=epsilon, delta=delta), split,
+                  events, accounting, "the grant requested")
+
+
+def check_examples_producer(producer: Optional[str], where: str) -> None:
+    """StatisticsError unless the Examples are one row per record of the granted blocks, as
+    the statistics' accounting assumes (one record, one row, in one split): the BlockLedger's
+    own granted Examples, or DPTransform's transformed examples (record by record). Not
+    ObliviousSampleGen's samples (a record in several samples, filler slots), nor anything
+    else derived from the grant. `producer`: who made them (None: unknown)."""
+    if producer not in EXAMPLES_PRODUCERS:
+        raise StatisticsError(
+            f"DPStatisticsGen reads one row per granted record: its examples must be "
+            f"{' or '.join(EXAMPLES_PRODUCERS.values())}, but {where} "
+            + (f"come from {producer}" if producer else "have no known producer")
+            + "; nothing was read or released")
 
 
 def _rows(examples, splits, columns: Mapping[str, str]) -> pd.DataFrame:
@@ -95,23 +149,19 @@ class Executor(base_executor.BaseExecutor):
         if step not in info.split:
             raise GrantError(f"grant {info.grant_id} has no {step!r} step (its split: "
                              f"{sorted(info.split)})")
-        if info.epsilon is None:
-            raise GrantError(f"grant {info.grant_id} is an RDP curve; DP statistics need an "
-                             "(epsilon, delta) grant")
         examples = artifact_utils.get_single_instance(input_dict["examples"])
+        # The component refused other producers when it was built; the ledger's record of who
+        # wrote these Examples is checked too (an Importer, a hand-wired channel).
+        check_examples_producer(info.ledger.data_producer(info.record, examples.uri),
+                                f"the Examples at {examples.uri}")
         splits = artifact_utils.decode_split_names(examples.split_names)
-        epsilon, delta = split_share(info.epsilon, info.delta or 0.0, info.split, step)
-        given = parameters(exec_properties)
-        planned = plan_for_share(given, splits, epsilon, delta)
-        # A ledger that recorded an event for the step charged that event: a pure Laplace
-        # step matches it; partition selection's delta lies outside any event it can carry.
-        if planned.pure:
-            info.check_event(step, pure_dp_event(epsilon))
-        elif info.event(step) is not None:
-            raise GrantError(f"step {step!r} of grant {info.grant_id} recorded the event "
-                             f"{info.event(step)}, but the top values' partition selection "
-                             "spends delta outside any event; use a basic ledger without a "
-                             "step mechanism for it")
+        granted = require_epsilon_delta(info.record, "DPStatisticsGen")
+        epsilon, delta = split_share(*granted, info.split, step)
+        planned = plan_for_share(parameters(exec_properties), splits, epsilon, delta)
+        recorded = {name: info.ledger.grant_event(info.record, name)
+                    for name in info.record.events}
+        check_payable(planned, step, BudgetRequest(epsilon=granted[0], delta=granted[1]),
+                      info.split, recorded, info.ledger.accounting, f"grant {info.grant_id}")
         console.report("DPStatisticsGen: grant %s, step %s (epsilon %.4g, delta %.3g) split "
                        "equally: %s", info.grant_id, step, epsilon, delta, planned.describe())
         target = artifact_utils.get_single_instance(output_dict["statistics"])
@@ -162,8 +212,6 @@ class SchemaExecutor(base_executor.BaseExecutor):
             split = "train" if "train" in splits else splits[0]
             path = os.path.join(artifact_utils.get_split_uri([statistics], split),
                                 schemas.STATISTICS_FILE)
-            from tensorflow_metadata.proto.v0 import statistics_pb2
-
             with tf.io.gfile.GFile(path, "rb") as handle:
                 schema = schemas.infer_schema(
                     statistics_pb2.DatasetFeatureStatisticsList.FromString(handle.read()))

@@ -9,7 +9,7 @@ from typing import Mapping, Optional, Sequence
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
-from sage_tfx.components.dp_statistics_gen.statistics import StatisticsError
+from sage_tfx.components.dp_statistics_gen.statistics import StatisticsError, features_from
 
 SCHEMA_FILE = "schema.pbtxt"  # TFX's SchemaGen and ImportSchemaGen write this name
 STATISTICS_FILE = "FeatureStats.pb"  # TFX's StatisticsGen: one per Split-<name> directory
@@ -37,6 +37,7 @@ def columns_and_bounds(schema: schema_pb2.Schema) -> tuple[dict[str, str],
     of a feature's own int_domain / float_domain, or of the schema-level domain it names,
     where both min and max are set."""
     domains = {d.name: d for d in list(schema.int_domain) + list(schema.float_domain)}
+    _refuse_unread(schema)
     columns, bounds = {}, {}
     for feature in schema.feature:
         if feature.type not in _KIND_OF_TYPE:
@@ -52,13 +53,32 @@ def columns_and_bounds(schema: schema_pb2.Schema) -> tuple[dict[str, str],
     return columns, bounds
 
 
+def _refuse_unread(schema: schema_pb2.Schema) -> None:
+    """StatisticsError naming every part of the schema DP statistics would not read as it is
+    meant: the record rule reads each feature as one value per example, so a multivalent
+    feature (value_count.max > 1, a shape other than [] or [1], nested value_counts) would read
+    as missing in every record, and a sparse or weighted feature (built from other features)
+    would be left out. Refused before the charge, like missing bounds."""
+    unread = []
+    for feature in schema.feature:
+        sizes = [dim.size for dim in feature.shape.dim]
+        if ((feature.HasField("value_count") and feature.value_count.max > 1)
+                or feature.HasField("value_counts")
+                or (feature.HasField("shape") and sizes not in ([], [1]))):
+            unread.append(f"{feature.name!r} (multivalent)")
+    unread += [f"{feature.name!r} (sparse_feature)" for feature in schema.sparse_feature]
+    unread += [f"{feature.name!r} (weighted_feature)" for feature in schema.weighted_feature]
+    if unread:
+        raise StatisticsError(f"schema feature(s) {', '.join(unread)}: DP statistics read "
+                              "each feature as one value per example; remove them from the "
+                              "schema (or give columns); nothing was charged")
+
+
 def public_features(schema_file: Optional[str], columns: Optional[Mapping[str, str]],
                     bounds: Optional[Mapping[str, Sequence[float]]]):
     """DPStatisticsGen's features: the schema file's (or `columns`), with the schema's bounds
     overridden by `bounds`. StatisticsError when a numeric feature has none (before the
     charge: statistics.features_from)."""
-    from sage_tfx.components.dp_statistics_gen.statistics import features_from
-
     if (schema_file is None) == (columns is None):
         raise StatisticsError("give the features either as a schema file or as columns, not "
                               "both or neither")
@@ -71,9 +91,12 @@ def public_features(schema_file: Optional[str], columns: Optional[Mapping[str, s
 
 def infer_schema(statistics: statistics_pb2.DatasetFeatureStatisticsList) -> schema_pb2.Schema:
     """A schema from DP statistics, as TFDV's infer_schema makes one (feature types; one value
-    per example; presence; a string domain of the released values when there are at most
-    MAX_STRING_DOMAIN_SIZE). Presence: required (min_fraction 1) when the DP missing count
-    rounds to 0, which the count's noise makes a statement about the noisy count only."""
+    per example; a string domain of the released values when there are at most
+    MAX_STRING_DOMAIN_SIZE). Presence: min_count 1, never required (no min_fraction 1):
+    num_missing is the difference of two noisy counts, so a feature present in every record
+    reads as missing in some about half the time, and one missing in a few records as never
+    missing; no DP count can show that none is missing, and ExampleValidator would report
+    anomalies of the noise."""
     types = {statistics_pb2.FeatureNameStatistics.INT: schema_pb2.INT,
              statistics_pb2.FeatureNameStatistics.FLOAT: schema_pb2.FLOAT,
              statistics_pb2.FeatureNameStatistics.STRING: schema_pb2.BYTES,
@@ -83,12 +106,8 @@ def infer_schema(statistics: statistics_pb2.DatasetFeatureStatisticsList) -> sch
     for stats in dataset.features:
         name = ".".join(stats.path.step) or stats.name
         feature = schema.feature.add(name=name, type=types[stats.type])
-        common = (stats.num_stats if stats.HasField("num_stats") else
-                  stats.string_stats).common_stats
         feature.value_count.min = feature.value_count.max = 1
         feature.presence.min_count = 1
-        if common.num_missing == 0:
-            feature.presence.min_fraction = 1.0
         if stats.HasField("string_stats") and 0 < stats.string_stats.unique <= \
                 MAX_STRING_DOMAIN_SIZE:
             domain = schema.string_domain.add(name=name)

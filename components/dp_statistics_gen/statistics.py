@@ -25,17 +25,20 @@ The budget (stated, and printed by the executor): the grant step's epsilon is sp
 among the statistics `num_examples`, `moments:<x>` and `quantiles:<x>` per numeric feature,
 `present:<s>` and `top_values:<s>` per string feature; its delta equally among the
 `top_values` statistics (partition selection's delta; the Laplace noise of the others spends
-none). Basic composition: the epsilons and deltas that run sum to at most the step's.
+none). Each share is its exact fraction rounded down (share_of), so under basic composition
+the epsilons and deltas that run sum to at most the step's, exactly.
 
 Missing values: a numeric cell that is missing, unreadable or not finite, and a string cell
 that is missing, is missing (NULL): skipped by every aggregate but COUNT(*), as TFDV counts a
 feature absent from an example as missing. num_missing = num_examples - num_non_missing,
-both noisy (post-processing, clamped at 0).
+both noisy (post-processing, clamped at 0): a feature never missing reads as missing in a few
+records about half the time, which is why DPSchemaGen never infers a feature required.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -48,6 +51,7 @@ from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregateKind, Aggreg
                                                 SelectionRule, aggregate, plan)
 from sage_tfx.dp_statistics.aggregation.budget import BudgetPlan
 from sage_tfx.release import GuaranteeUnit
+from sage_tfx.sage_access.accounting import pure_dp_event, share_of
 
 # The two columns the executor adds to every row: its split and its record's own id.
 SPLIT_COLUMN = "__split__"
@@ -126,11 +130,6 @@ class StatisticsPlan:
     top_k: int
 
     @property
-    def event(self) -> dp_event.DpEvent:
-        """What runs, composed (the selections' additional delta sits outside it)."""
-        return dp_event.ComposedDpEvent([budget.event for _, budget in self.plans.values()])
-
-    @property
     def spent_delta(self) -> float:
         return sum(budget.delta for _, budget in self.plans.values())
 
@@ -138,6 +137,14 @@ class StatisticsPlan:
     def pure(self) -> bool:
         """True when no statistic spends delta (no string feature): epsilon-DP."""
         return self.spent_delta == 0.0
+
+    @property
+    def step_event(self) -> Optional[dp_event.DpEvent]:
+        """The event of the whole statistics step, as a grant records it: when pure, Laplace
+        releases whose epsilons sum to at most the step's, an epsilon-DP step, whose event is
+        the `laplace` mechanism's (privacy_grant.planned_event); with string features None, as
+        no event carries partition selection's delta (`spent_delta`, spent outside events)."""
+        return pure_dp_event(self.epsilon) if self.pure else None
 
     def describe(self) -> str:
         """The split in words, for the console and the artifact."""
@@ -206,15 +213,19 @@ def plan_statistics(features: Sequence[Feature], splits: Sequence[str], epsilon:
     statistics = ["num_examples"] + [name for f in features for name in (
         (f"moments:{f.name}", f"quantiles:{f.name}") if f.numeric
         else (f"present:{f.name}", f"top_values:{f.name}"))]
-    each = epsilon / len(statistics)
+    # Each share is its exact fraction of the step's, rounded down (share_of; budget.plan
+    # splits the main query's likewise), so what runs sums to at most (epsilon, delta).
+    each = share_of(epsilon, Fraction(1, len(statistics)))
     main_steps = [s for s in statistics if not s.startswith("top_values:")]
-    plans = {"main": (main, plan(main, each * len(main_steps), 0.0,
+    plans = {"main": (main, plan(main, share_of(epsilon, Fraction(len(main_steps),
+                                                                  len(statistics))), 0.0,
                                  weights={s: 1.0 for s in main_steps},
                                  composition=Composition.BASIC))}
     for feature in strings:
         query = _top_values_query(feature)
         plans[f"top_values:{feature.name}"] = (query, plan(
-            query, each, delta / len(strings), composition=Composition.BASIC))
+            query, each, share_of(delta, Fraction(1, len(strings))),
+            composition=Composition.BASIC))
     return StatisticsPlan(tuple(features), tuple(splits), epsilon, delta,
                           {s: each for s in statistics}, plans, num_quantiles, top_k)
 
@@ -224,14 +235,12 @@ def _counts(value) -> int:
     return int(max(0.0, round(float(value))))
 
 
-def compute(rows: pd.DataFrame, planned: StatisticsPlan,
-            seed: Optional[int] = None) -> dict[str, statistics_pb2.DatasetFeatureStatisticsList]:
+def compute(rows: pd.DataFrame,
+            planned: StatisticsPlan) -> dict[str, statistics_pb2.DatasetFeatureStatisticsList]:
     """{split: its DatasetFeatureStatisticsList}. `rows`: one row per record, the features'
-    columns (NaN / None: missing) with SPLIT_COLUMN and RECORD_COLUMN (distinct per row).
-    `seed`: the operator's contribution sampling, for tests (a unit has one row here, so it
-    changes nothing; noise is never seeded)."""
+    columns (NaN / None: missing) with SPLIT_COLUMN and RECORD_COLUMN (distinct per row)."""
     main_query, main_budget = planned.plans["main"]
-    main = aggregate(rows, main_query, main_budget, GuaranteeUnit.RECORD, seed=seed).table
+    main = aggregate(rows, main_query, main_budget, GuaranteeUnit.RECORD).table
     main = main.set_index(SPLIT_COLUMN)
     top = {}
     for feature in planned.features:
@@ -240,7 +249,7 @@ def compute(rows: pd.DataFrame, planned: StatisticsPlan,
         query, budget = planned.plans[f"top_values:{feature.name}"]
         present = rows[rows[feature.name].notna()]  # per record: missing values have no rank
         top[feature.name] = aggregate(present[[SPLIT_COLUMN, RECORD_COLUMN, feature.name]],
-                                      query, budget, GuaranteeUnit.RECORD, seed=seed).table
+                                      query, budget, GuaranteeUnit.RECORD).table
     return {split: _statistics_list(split, main.loc[split], top, planned)
             for split in planned.splits}
 

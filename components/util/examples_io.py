@@ -3,7 +3,6 @@ split's serialized records are read, and the records of declared columns as an A
 statistics components' input)."""
 from __future__ import annotations
 
-import glob
 import os
 
 import numpy as np
@@ -28,7 +27,8 @@ def read_split(examples_uri: str, split: str) -> tf.Tensor:
     files for a block without records, and refusing it after the grant was charged would make
     "run fails" vs "model released" tell a 0-record split from a 1-record one (epsilon =
     infinity). Missing split files are a layout error, the same for every dataset."""
-    files = sorted(glob.glob(os.path.join(examples_uri, f"Split-{split}", "*")))
+    # gfile: the Examples may live where a pipeline root may be (gs://, s3://, hdfs://).
+    files = sorted(tf.io.gfile.glob(os.path.join(examples_uri, f"Split-{split}", "*")))
     if not files:
         raise ValueError(f"the Examples at {examples_uri} have no {split!r} split files")
     batches = list(tf.data.TFRecordDataset(files, compression_type="GZIP").batch(65536))
@@ -50,12 +50,12 @@ def read_rows(examples_uris: list[str], columns: dict[str, str],
     """Every record of the Examples (all splits), mapped to `columns` by the record rule.
     `numeric_nulls`: an int or float cell that is missing, unreadable or not finite is NULL
     (as BigQuery and the SQL engine read it: skipped by aggregates) instead of the rule's 0."""
-    feature_spec(columns)
+    spec = feature_spec(columns)  # refused before a file is read
     files = sorted(f for uri in examples_uris
                    for f in tf.io.gfile.glob(os.path.join(uri, "Split-*", "*")))
     serialized = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(files, "GZIP")] \
         if files else []
-    return records_table(serialized, columns, numeric_nulls=numeric_nulls)
+    return _table(serialized, columns, spec, numeric_nulls, string_nulls=False)
 
 
 def records_table(serialized: list[bytes], columns: dict[str, str], numeric_nulls: bool = False,
@@ -63,9 +63,13 @@ def records_table(serialized: list[bytes], columns: dict[str, str], numeric_null
     """Serialized records mapped to `columns` by the record rule, one row each (read_rows').
     `string_nulls`: a string cell that is missing or unreadable is NULL instead of "" (DP
     statistics count it as missing, as TFDV does)."""
-    spec = feature_spec(columns)
+    return _table(serialized, columns, feature_spec(columns), numeric_nulls, string_nulls)
+
+
+def _table(serialized: list[bytes], columns: dict[str, str], spec: dict, numeric_nulls: bool,
+           string_nulls: bool) -> pa.Table:
     clean = record_rule.sanitise_records(serialized, spec)
-    readable = record_rule.readable_numbers(serialized, spec, strings=string_nulls) \
+    readable = record_rule.readable_scalars(serialized, spec, strings=string_nulls) \
         if numeric_nulls or string_nulls else {}
     parsed = tf.io.parse_example(tf.constant(clean, dtype=tf.string), spec) if clean else {}
     arrays = []

@@ -55,6 +55,7 @@ import dataclasses
 import enum
 import functools
 import math
+from fractions import Fraction
 from typing import Mapping, Optional
 
 import numpy as np
@@ -63,6 +64,7 @@ from dp_accounting.pld import pld_privacy_accountant
 
 from sage_tfx import mechanisms
 from sage_tfx.mechanisms import selection
+from sage_tfx.sage_access.accounting import share_of
 from sage_tfx.dp_statistics.aggregation.spec import (MAX_MAGNITUDE, AggregateKind,
                                                      AggregationQuery, NoiseKind, QueryError,
                                                      SelectionRule)
@@ -256,7 +258,6 @@ def _basic_plan(query: AggregationQuery, epsilon: float, delta: float,
     share = {name: float(weights.get(name, default[name])) for name in names}
     if not all(math.isfinite(w) and w > 0 for w in share.values()):
         raise QueryError(f"weights must be positive finite numbers, got {weights!r}")
-    total = sum(share.values())
     aggregates = {a.output_name: a for a in query.aggregates}
     gaussian_steps = [n for n in names if n in aggregates
                       and NoiseKind(query.noise) is NoiseKind.GAUSSIAN]
@@ -267,16 +268,20 @@ def _basic_plan(query: AggregationQuery, epsilon: float, delta: float,
         raise QueryError("delta must be positive: "
                          + ("partition selection" if SELECTION_STEP in names else
                             "Gaussian noise") + " spends some")
-    gaussian_weight = sum(share[n] for n in gaussian_steps)
+    # Each step's exact fraction of the grant, rounded down (share_of): the steps' epsilons
+    # (and deltas) sum to at most the grant's, with no rounding up to overspend it.
+    total = sum(Fraction(w) for w in share.values())
+    gaussian_weight = sum(Fraction(share[n]) for n in gaussian_steps)
     steps = []
     for name in names:
         if name == SELECTION_STEP:
             step_delta = selection_delta
         elif name in gaussian_steps:
-            step_delta = (delta - selection_delta) * share[name] / gaussian_weight
+            step_delta = share_of(delta - selection_delta, Fraction(share[name]) / gaussian_weight)
         else:
             step_delta = 0.0  # bounds and Laplace noise
-        steps.append(_step(query, name, epsilon * share[name] / total, step_delta, epsilon))
+        steps.append(_step(query, name, share_of(epsilon, Fraction(share[name]) / total),
+                           step_delta, epsilon))
         if name in aggregates:
             _check_noise_scale(query, aggregates[name], steps[-1].event)
     spent_delta = sum(step.delta for step in steps)

@@ -133,13 +133,29 @@ def _check_accountable(grant, budget: BudgetPlan, accounting) -> None:
     hand without the plan's additional_delta passes the split and event checks, yet e.g. an
     rdp ledger then charged only the events' curve while partition selection spends delta
     outside them. The rule is the accountant's (grant_demand), asked here as at request time."""
-    split, events, additional_delta = grant_terms(budget)
+    check_accountable(BudgetRequest(epsilon=grant.epsilon, delta=grant.delta or 0.0),
+                      grant_terms(budget), accounting,
+                      f"grant {grant.grant_id} cannot pay for this query's plan")
+
+
+def check_accountable(request: BudgetRequest, terms: GrantTerms, accounting,
+                      refused: str) -> None:
+    """QueryError (`refused`: who cannot pay for what, then the accountant's reason) unless the
+    accountant (`accounting`, a ledger's) would charge `request` with these terms: each step's
+    split and event, and the delta spent outside the events. Asked before a charge (a front
+    door's preflight) and after one (a grant charged elsewhere: `check_grant`)."""
     try:
-        accounting.grant_demand(BudgetRequest(epsilon=grant.epsilon, delta=grant.delta or 0.0),
-                                split, events, additional_delta)
+        accounting.grant_demand(request, terms.split, terms.events, terms.additional_delta)
     except BadRequest as error:
-        raise QueryError(f"grant {grant.grant_id} cannot pay for this query's plan: {error}; "
-                         "nothing was released") from None
+        raise QueryError(f"{refused}: {error}; nothing was released") from None
+
+
+def require_epsilon_delta(grant, needs: str) -> tuple[float, float]:
+    """The grant's (epsilon, delta); QueryError for an RDP-curve grant, which has neither."""
+    if grant.epsilon is None:
+        raise QueryError(f"grant {grant.grant_id} is an RDP curve; {needs} needs an "
+                         "(epsilon, delta) grant")
+    return grant.epsilon, grant.delta or 0.0
 
 
 def run(rows: pa.Table, planned: PlannedQuery, charged: Charged, unit: GuaranteeUnit,
@@ -228,10 +244,8 @@ def planned_for_grant(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSc
     """The plan of `parsed` at the (epsilon, delta) of a grant charged elsewhere (the
     BlockLedger component's) by a ledger with `accounting`, which `run` then checks the grant
     was made for."""
-    if grant.epsilon is None:
-        raise QueryError(f"grant {grant.grant_id} is an RDP curve; a DP aggregation needs an "
-                         "(epsilon, delta) grant")
-    return plan_query(parsed, schemas, arrow_schemas, grant.epsilon, grant.delta or 0.0,
+    epsilon, delta = require_epsilon_delta(grant, "a DP aggregation")
+    return plan_query(parsed, schemas, arrow_schemas, epsilon, delta,
                       composition_for(accounting))
 
 

@@ -300,3 +300,189 @@ def test_taxi_statistics_through_block_example_gen_and_the_ledger(tmp_path, seed
     assert {f.name for f in inferred_schema.feature} == set(columns)
     assert "Cash" in next(d for d in inferred_schema.string_domain
                           if d.name == "payment_type").value
+
+
+def _refused_before_the_charge(store_path, tmp_path, component, match):
+    """Run the BlockLedger component's executor: refused (BadRequest matching `match`) with
+    nothing charged and no grant recorded."""
+    from tfx.types import standard_artifacts
+
+    from sage_tfx.components.block_ledger import executor
+    from sage_tfx.components.privacy_grant import PrivacyGrant
+    from sage_tfx.sage_access import BlockLedger
+    from sage_tfx.sage_access.errors import BadRequest
+
+    examples, grant = standard_artifacts.Examples(), PrivacyGrant()
+    examples.uri, grant.uri = str(tmp_path / "out-examples"), str(tmp_path / "out-grant")
+    with pytest.raises(BadRequest, match=match):
+        executor.Executor().Do({}, {"examples": [examples], "grant": [grant]},
+                               dict(component.exec_properties))
+    assert [b.spent[0] for b in BlockLedger(store_path).blocks()] == [0.0]
+    assert BlockLedger(store_path).grant_records() == []
+
+
+@pytest.mark.parametrize("accounting, refusal", [
+    ("rdp", "an rdp ledger cannot charge delta spent outside the steps' DP events"),
+    ("basic", "records the event .* but the statistics run partition selection")])
+def test_a_step_event_that_cannot_pay_for_string_features_is_refused_before_the_charge(
+        store_path, tmp_path, accounting, refusal):
+    """A string feature's top values spend delta outside any DP event: a grant whose
+    statistics step records the `laplace` event (which an rdp ledger needs for every step)
+    cannot pay for them. The BlockLedger refuses it before it charges, not DPStatisticsGen
+    after."""
+    from sage_tfx.components import BlockLedger as BlockLedgerComponent, DPStatisticsGen
+    from sage_tfx.sage_access import BlockLedger
+
+    ledger = BlockLedger.create(store_path, accounting=accounting)
+    ledger.add_block("b1", 1.0, 1e-5, data_uri=str(tmp_path / "b1"))
+    component = BlockLedgerComponent(ledger_store=store_path, epsilon=0.5, delta=1e-7,
+                                     block_ids=["b1"], split={"statistics": 1.0},
+                                     step_mechanisms={"statistics": {"mechanism": "laplace"}})
+    DPStatisticsGen(examples=component.outputs["examples"], grant=component.outputs["grant"],
+                    columns={"s": "string", "x": "float"}, bounds={"x": (0, 1)})
+    _refused_before_the_charge(store_path, tmp_path, component,
+                               f"refused before the charge.*DPStatisticsGen.*{refusal}")
+
+
+def test_schema_features_not_read_as_one_value_are_refused_naming_them(store_path, tmp_path):
+    """The record rule reads one value per example: a multivalent feature would read as
+    missing in every record, a sparse or weighted feature would be left out. Refused when
+    the pipeline is built and before the charge, each by name."""
+    from sage_tfx.components import BlockLedger as BlockLedgerComponent, DPStatisticsGen
+    from sage_tfx.sage_access import BlockLedger
+
+    schema = tmp_path / "schema.pbtxt"
+    single = ('feature { name: "fare" type: FLOAT value_count { min: 1 max: 1 } '
+              'float_domain { min: 0 max: 100 } }\n'
+              'feature { name: "hour" type: INT shape { dim { size: 1 } } '
+              'int_domain { min: 0 max: 23 } }\n')
+    schema.write_text(single)
+    assert [f.name for f in schemas.public_features(str(schema), None, None)] == ["fare", "hour"]
+    schema.write_text(
+        single + 'feature { name: "tags" type: BYTES value_count { min: 1 max: 5 } }\n'
+        'feature { name: "pixels" type: INT shape { dim { size: 2 } dim { size: 2 } } '
+        'int_domain { min: 0 max: 255 } }\n'
+        'sparse_feature { name: "sparse" index_feature { name: "hour" } '
+        'value_feature { name: "fare" } }\n'
+        'weighted_feature { name: "weighted" feature { step: "hour" } '
+        'weight_feature { step: "fare" } }\n')
+    names = r"'tags' \(multivalent\).*'pixels' \(multivalent\).*'sparse'.*'weighted'"
+    with pytest.raises(StatisticsError, match=names + ".*one value per example"):
+        schemas.public_features(str(schema), None, None)
+    # Before the charge: a schema that gained one between build and run.
+    schema.write_text(single)
+    BlockLedger.create(store_path).add_block("b1", 1.0, 1e-6, data_uri=str(tmp_path / "b1"))
+    component = BlockLedgerComponent(ledger_store=store_path, epsilon=0.5, delta=1e-7,
+                                     block_ids=["b1"], split={"statistics": 1.0})
+    DPStatisticsGen(examples=component.outputs["examples"], grant=component.outputs["grant"],
+                    schema_file=str(schema))
+    schema.write_text(single + 'feature { name: "tags" type: BYTES value_count { max: 5 } }\n')
+    _refused_before_the_charge(store_path, tmp_path, component,
+                               r"refused before the charge.*DPStatisticsGen.*'tags' "
+                               r"\(multivalent\)")
+
+
+def test_the_statistics_spend_at_most_the_step_share_exactly():
+    """Each statistic's share is rounded down, never up: what runs sums to at most the step's
+    (epsilon, delta) in exact arithmetic (the ledger's: a float is the decimal it is written
+    as), e.g. epsilon 5 among 3 statistics, or 1.1 among 5."""
+    from sage_tfx.sage_access.exact import exact_fraction
+
+    for columns, epsilon in (({"x": "float"}, 5.0), ({"x": "float", "s": "string"}, 1.1),
+                             ({"x": "float", "y": "int"}, 37.0)):
+        features = features_from(columns, {"x": (0, 1), "y": (0, 1)} if "y" in columns else
+                                 {"x": (0, 1)})
+        planned = plan_statistics(features, ("train", "eval"), epsilon, 1e-6)
+        steps = [step for _, budget in planned.plans.values() for step in budget.steps]
+        assert sum(exact_fraction(s.epsilon) for s in steps) <= exact_fraction(epsilon)
+        assert sum(exact_fraction(s.delta) for s in steps) <= exact_fraction(1e-6)
+
+
+def test_presence_is_never_inferred_required_from_noisy_counts(seeded_noise):
+    """num_missing is the difference of two noisy counts: a feature present in every record
+    reads as never missing about half the time. A schema inferred as `required` from that
+    coin (min_fraction 1) would make ExampleValidator report anomalies of the noise; so
+    DPSchemaGen never infers it (min_count 1 only). 8 releases: on the old rule, all 8
+    avoiding `required` has probability 1/256."""
+    rows = _rows(np.random.default_rng(4), 5000)
+    rows["y"] = 1.0  # present in every record
+    planned = plan_statistics(features_from({"y": "float"}, {"y": (0.0, 2.0)}),
+                              ("train", "eval"), 1.0, 0.0)
+    for _ in range(8):
+        [y] = schemas.infer_schema(compute(rows, planned)["train"]).feature
+        assert y.presence.min_count == 1
+        assert not y.presence.HasField("min_fraction")
+
+
+def test_examples_other_than_one_row_per_granted_record_are_refused_when_built():
+    """The budget counts one row per record: ObliviousSampleGen's samples (a record in
+    several samples, filler slots) are refused by name when the pipeline is built; the
+    BlockLedger's examples and DPTransform's transformed_examples are accepted."""
+    from sage_tfx.components import (BlockLedger, DPStatisticsGen, DPTransform,
+                                     ObliviousSampleGen)
+
+    grant = BlockLedger(ledger_store="ledger.sqlite", epsilon=1.0, delta=1e-6, window=1,
+                        split={"statistics": 0.5, "transform": 0.5})
+    given = dict(grant=grant.outputs["grant"], columns={"x": "float"}, bounds={"x": (0, 1)})
+    samples = ObliviousSampleGen(examples=grant.outputs["examples"],
+                                 grant=grant.outputs["grant"], scheme="swo", sample_size=10)
+    with pytest.raises(StatisticsError, match="ObliviousSampleGen's 'samples' output"):
+        DPStatisticsGen(examples=samples.outputs["samples"], **given)
+    DPStatisticsGen(examples=grant.outputs["examples"], **given)
+    transform = DPTransform(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                            module_file=os.path.join(os.path.dirname(__file__), "absent.py"))
+    DPStatisticsGen(examples=transform.outputs["transformed_examples"], **given)
+
+
+def _write_examples(uri, values):
+    """Examples with one float feature x, both splits."""
+    for split in ("train", "eval"):
+        os.makedirs(os.path.join(uri, f"Split-{split}"))
+        with tf.io.TFRecordWriter(os.path.join(uri, f"Split-{split}", "data.gz"),
+                                  options="GZIP") as writer:
+            for value in values:
+                example = tf.train.Example()
+                example.features.feature["x"].float_list.value.append(value)
+                writer.write(example.SerializeToString())
+
+
+def test_examples_a_sampler_derived_from_the_grant_are_refused_before_the_share(
+        store_path, tmp_path, seeded_noise):
+    """At run time the ledger's record of who wrote the Examples decides: samples that
+    ObliviousSampleGen recorded under the grant (reached e.g. through an Importer) are
+    refused and the statistics share stays unspent; the BlockLedger's own granted Examples
+    are released."""
+    from tfx.types import artifact_utils, standard_artifacts
+
+    from sage_tfx.components.dp_statistics_gen.executor import Executor
+    from sage_tfx.components.privacy_grant import PrivacyGrant, write_grant
+    from sage_tfx.sage_access import BlockLedger
+    from sage_tfx.sage_access.ledger import BlockIds
+
+    ledger = BlockLedger.create(store_path)
+    ledger.add_block("b1", 1.0, 1e-6, data_uri=str(tmp_path / "b1"))
+    granted, sampled = str(tmp_path / "granted"), str(tmp_path / "samples")
+    grant = ledger.request(BlockIds(["b1"]), epsilon=0.5, delta=1e-7,
+                           split={"statistics": "1"}, data_uri=granted)
+    ledger.record_data(grant, sampled, "ObliviousSampleGen")
+    grant_artifact = PrivacyGrant()
+    write_grant(grant_artifact, grant, store_path)
+    parameters = {"grant_step": "statistics", "columns": json.dumps({"x": "float"}),
+                  "bounds": json.dumps({"x": [0.0, 1.0]}), "num_quantiles": 10, "top_k": 10}
+
+    def run(uri):
+        _write_examples(uri, [0.5] * 20)
+        examples, statistics = standard_artifacts.Examples(), \
+            standard_artifacts.ExampleStatistics()
+        examples.uri, statistics.uri = uri, uri + "-statistics"
+        examples.split_names = artifact_utils.encode_split_names(["train", "eval"])
+        Executor().Do({"examples": [examples], "grant": [grant_artifact]},
+                      {"statistics": [statistics]}, parameters)
+        return statistics.uri
+
+    with pytest.raises(StatisticsError, match="come from ObliviousSampleGen"):
+        run(sampled)
+    assert BlockLedger(store_path).grant_outcomes(grant.grant_id) == {}
+    assert os.path.exists(os.path.join(run(granted), "Split-train", "FeatureStats.pb"))
+    outcomes = BlockLedger(store_path).grant_outcomes(grant.grant_id)
+    assert outcomes["statistics"]["outcome"] == "released"
