@@ -52,12 +52,25 @@ class _DropNoise(logging.Filter):
         return not str(record.msg).startswith(self.prefixes)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a line is written, not as it was at install(): a
+    replaced stderr (a test's capture, a redirect) gets every line."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _ignored) -> None:
+        pass
+
+
 def install() -> None:
     """Idempotent: a stderr handler for `sage_tfx` and the noise filters."""
     if getattr(LOGGER, "_sage_tfx_installed", False):
         return
     LOGGER._sage_tfx_installed = True
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("sage-tfx: %(message)s"))
     LOGGER.addHandler(handler)
     LOGGER.setLevel(logging.WARNING if os.environ.get("SAGE_TFX_QUIET") else logging.INFO)

@@ -99,3 +99,21 @@ def test_a_resumed_task_prints_only_the_marks_after_its_start():
             bar.update(done)
     assert stream.getvalue().splitlines() == [
         "sage-tfx: continual release: 6/8 triggers", "sage-tfx: continual release: 8/8 triggers"]
+
+
+def test_a_line_goes_to_stderr_as_it_is_when_written(capsys):
+    """install() runs once per process; a later test's captured stderr (or a redirect) must
+    still get every line: the handler does not keep the stderr it was installed with."""
+    import io
+    import sys
+
+    from sage_tfx import console
+    console.report("first")
+    replaced, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        console.report("second %d", 2)
+        assert sys.stderr.getvalue() == "sage-tfx: second 2\n"
+    finally:
+        sys.stderr = replaced
+    console.report("third")
+    assert "sage-tfx: third" in capsys.readouterr().err
