@@ -26,6 +26,7 @@ from tfx.orchestration import pipeline as tfx_pipeline_module
 from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 
 from sage_tfx.components.block_example_gen import BlockExampleGen
+from sage_tfx.components.dag_guard import check_pipeline
 from sage_tfx.components.util.user_module import is_module_path
 from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
 
@@ -99,6 +100,7 @@ def compile_kubeflow(source: PipelineSource, out: str, image: str, **arguments) 
     """Write the PipelineJob JSON of the pipeline `source` names (resolve_pipeline, called with
     `arguments`) to `out` and return it."""
     tfx_pipeline = resolve_pipeline(source, **arguments)
+    check_pipeline(tfx_pipeline)  # private records reach only components that spend a grant
     check_module_files(tfx_pipeline)
     for component in tfx_pipeline.components:
         if isinstance(component, BlockExampleGen):
