@@ -41,8 +41,9 @@ def cached_components(store, pipeline_name: str) -> tuple[list[str], list[str]]:
     """(the components TFX's cache served in the pipeline's latest run, the grant ids of the
     PrivacyGrants they handed on)."""
     run = latest_run(store, pipeline_name)
-    cached = [e for e in store.get_executions_by_context(run.id)
-              if e.last_known_state == metadata_store_pb2.Execution.CACHED]
+    cached = sorted((e for e in store.get_executions_by_context(run.id)
+                     if e.last_known_state == metadata_store_pb2.Execution.CACHED),
+                    key=lambda e: e.id)  # in the order they ran
     if not cached:
         return [], []
     names = [e.type.rsplit(".", 1)[-1] for e in cached]
