@@ -229,3 +229,20 @@ def test_a_cached_rerun_charges_nothing_and_says_so(tmp_path):
     # The same through TFX's own runner: the cache serves, nothing is charged.
     LocalDagRunner().run(cached_pipeline())
     assert [g["grant_id"] for g in BlockLedger(store).grant_records()] == [charged]
+
+
+@pytest.mark.slow
+def test_the_compiled_job_records_a_declared_dp_component(tmp_path):
+    from sage_tfx.pipelines.kubeflow import compile_kubeflow
+
+    store = str(tmp_path / "metadata.sqlite")
+    gen, grant = ingest_and_grant(str(tmp_path), store)
+    checker = GrantChecker(grant=grant.outputs["grant"], examples=grant.outputs["examples"])
+    job = compile_kubeflow(pipeline.Pipeline(pipeline_name="declared",
+                                             pipeline_root=str(tmp_path / "root"),
+                                             components=[gen, grant, checker]),
+                           str(tmp_path / "job.json"), "image")
+    [task] = [t for name, t in job["pipelineSpec"]["root"]["dag"]["tasks"].items()
+              if "GrantChecker" in name]
+    assert task["inputs"]["parameters"][DECLARED_DP]["runtimeValue"]["constant"] == \
+        "publishes only the id of its grant, never a record"
