@@ -4,8 +4,9 @@
         --pipeline-module my_pipeline.py[:create_pipeline]
 
 `compile_kubeflow` takes a pipeline object, a function returning one, or where to find that
-function (`PATH.py[:FUNCTION]` or `package.module[:FUNCTION]`). Pipelines built from sage-tfx
-components keep their ledger in the cluster's ML Metadata, reached over gRPC
+function (`PATH.py[:FUNCTION]` or `package.module[:FUNCTION]`), after the DAG guard
+(components/dag_guard: private records reach only components that spend a grant). Pipelines
+built from sage-tfx components keep their ledger in the cluster's ML Metadata, reached over gRPC
 (sage_access/store.KUBEFLOW_LEDGER_STORE), the store the Kubeflow UI reads, so each grant
 appears next to its run. The image must have sage-tfx installed, TF_USE_LEGACY_KERAS=1 in its
 environment (tensorflow-privacy needs Keras 2), and any module file at the path given: the
