@@ -14,6 +14,7 @@
 | MatrixMechanism (workload of counting queries) | sage_tfx.components.matrix_mechanism |
 | DPAggregate, DPStatistics (artifact type) | sage_tfx.components.dp_aggregate |
 | ContinualRelease, ContinualReleaseState (artifact type) | sage_tfx.components.continual_release |
+| DPStatisticsGen, DPSchemaGen (TFX's ExampleStatistics and Schema) | sage_tfx.components.dp_statistics_gen |
 | PrivacyGrant (artifact type) | sage_tfx.components.privacy_grant |
 | PrivateExamples (artifact type), check_pipeline, declare_dp, declare_public (the DAG guard) | sage_tfx.components.dag_guard |
 
@@ -40,6 +41,8 @@ _HOMES = {
     "DPStatistics": "sage_tfx.components.dp_aggregate",
     "ContinualRelease": "sage_tfx.components.continual_release",
     "ContinualReleaseState": "sage_tfx.components.continual_release",
+    "DPStatisticsGen": "sage_tfx.components.dp_statistics_gen",
+    "DPSchemaGen": "sage_tfx.components.dp_statistics_gen",
     "PrivateExamples": "sage_tfx.components.dag_guard",
     "check_pipeline": "sage_tfx.components.dag_guard",
     "declare_dp": "sage_tfx.components.dag_guard",

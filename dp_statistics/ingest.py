@@ -9,10 +9,11 @@ What is stored depends on the rows only through the rows themselves (issue 16 §
   would let one odd cell change how every other row is read;
 * nothing is counted, logged or printed about the rows.
 
-Bad rows (the project's record rule, components/record_rule.py, applied column-wise): a line
-with the wrong number of cells, or with a cell that is not UTF-8, is dropped by itself (as the
-stream reader drops it: `read_text_csv`; no error quotes a line or a byte's position). Each cell
-is mapped on its own to a value of its column's declared type, and a cell of a number column
+Bad rows (the project's record rule, components/record_rule.py, applied column-wise): each
+line is one record, and a line that ends inside a quoted cell, is not UTF-8 or has the wrong
+number of cells is dropped by itself (as the stream reader and BlockExampleGen drop it:
+`text_csv`; no error quotes a line or a byte's position). Each cell is mapped on its own
+(dp_statistics/cells.py) to a value of its column's declared type, and a cell of a number column
 that is not one (text, an empty cell, NaN; for an int column also a fraction or an infinity) is
 stored as NULL, which every aggregate skips (SQL's and BigQuery's semantics; a default such as
 0 would pull a mean toward it). An empty cell of a string column is the empty string. A row without a unit id, or whose time is missing, unreadable or outside the schedule,
@@ -23,11 +24,13 @@ stored row of one block.
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import hashlib
+import io
+import math
 import os
+import re
 import secrets
-from typing import Mapping, Optional, Sequence
+from typing import BinaryIO, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -36,6 +39,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from sage_tfx import console
+from sage_tfx.dp_statistics import cells as cells_of
 from sage_tfx.dp_statistics import tables
 from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 from sage_tfx.sage_access.errors import BadRequest
@@ -60,21 +65,11 @@ _NUMPY_PERIODS = {"month": "datetime64[M]", "day": "datetime64[D]", "hour": "dat
 
 def parse_time(text: str, what: str) -> int:
     """Unix seconds of an ISO 8601 date or time (UTC when it names no zone) or of a number."""
-    try:
-        return int(float(text))
-    except ValueError:
-        pass
-    try:  # fromisoformat reads no bare month, which a monthly schedule names most often
-        moment = dt.datetime.strptime(text.strip(), "%Y-%m")
-    except ValueError:
-        try:
-            moment = dt.datetime.fromisoformat(text.strip())
-        except ValueError:
-            raise BadRequest(f"{what} {text!r} is neither Unix seconds nor an ISO 8601 date or "
-                             "time (e.g. 2013-01 or 2013-01-01)") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.timezone.utc)
-    return int(moment.timestamp())
+    seconds = cells_of.unix_seconds(text)
+    if math.isnan(seconds):
+        raise BadRequest(f"{what} {text!r} is neither Unix seconds nor an ISO 8601 date or "
+                         "time (e.g. 2013-01 or 2013-01-01)")
+    return int(seconds)
 
 
 def parse_types(text: Optional[str]) -> dict[str, str]:
@@ -92,13 +87,20 @@ def parse_types(text: Optional[str]) -> dict[str, str]:
     return declared
 
 
+def header_of(handle: BinaryIO) -> list[str]:
+    """The column names on the first line of a CSV file open for reading bytes, stripped. That
+    line is parsed alone (a quote it leaves open ends with it, never taking the next lines in).
+    Bytes that are not UTF-8 become U+FFFD (a column so named is then missing, and the file
+    refused by name): never a decoding error that would tell where a byte lies."""
+    first = _LINE_END.split(handle.readline(), maxsplit=1)[0]
+    return [name.strip() for name in next(csv.reader([first.decode("utf-8", "replace")]), [])]
+
+
 def csv_header(path: str, what: str) -> list[str]:
-    """The column names on a CSV file's first line, stripped. Bytes that are not UTF-8 become
-    U+FFFD (a column so named is then missing, and the file refused by name): never a decoding
-    error that would tell where a byte lies."""
+    """`header_of` a local CSV file; BadRequest naming the file if it cannot be read."""
     try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as handle:
-            return [name.strip() for name in next(csv.reader(handle), [])]
+        with open(path, "rb") as handle:
+            return header_of(handle)
     except OSError as error:
         raise BadRequest(f"cannot read {what} {path}: {error.strerror}") from None
 
@@ -112,75 +114,112 @@ def _header(path: str) -> list[str]:
     return header
 
 
-def read_text_csv(path: str, what: str, columns: Optional[Sequence[str]] = None,
-                  missing_is_null: bool = False) -> pa.Table:
-    """The named columns (default: all) of a CSV file, every cell as UTF-8 text, never
-    type-inferred. The per-record rule (ingest and the stream reader): a row with the wrong
-    number of cells, or with a cell that is not UTF-8, is dropped by itself; refusing the file
-    would branch on one record, and Arrow's message would quote it. `missing_is_null`:
-    Arrow's null spellings (empty, NA, NULL, ...) read as null instead of as text. Errors name
-    the file only (BadRequest)."""
-    names = csv_header(path, what) if columns is None else list(columns)
+# CSV text is read one line at a time: a record is one line (ended by \n, \r or \r\n), and a bad
+# line is dropped by itself, before Arrow parses anything:
+# * A line that ends inside a quoted cell. Arrow's reader (like Python's csv) continues a quoted
+#   cell onto the next lines: before issue 45 one line with an unclosed quote took every later
+#   line up to Arrow's block size into one invalid row, dropped with it (one crafted line after
+#   row 1,499 of 3,000 left 1,499 rows). _OPEN_LINE is Arrow's own grammar (RE2, run by Arrow on
+#   all lines at once): a quote opens a quoted cell only at a cell's start; inside one, "" is a
+#   quote and a quote before anything else closes it (text may follow up to the next comma, a
+#   quote there being text). A line is open when, after whole cells, a quoted cell starts and
+#   no quote closes it.
+# * A line that is not UTF-8. Arrow hands an invalid row's text to the handler that skips it as
+#   UTF-8: a line with the wrong number of cells and a byte that is not UTF-8 made the handler
+#   fail, and Arrow refuse the whole file.
+# A dropped line is blanked (Arrow skips empty lines); Arrow then reads every other line as one
+# row, and drops a row with the wrong number of cells by itself.
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_CELL = r'(?:"(?:[^"\n]|"")*"(?:[^",\n][^,\n]*)?|[^",\n][^,\n]*|)'
+_OPEN_LINE = r'^(?:' + _CELL + r',)*"(?:[^"\n]|"")*\n?$'
+
+
+def _own_lines(body: bytes) -> bytes:
+    """`body` with each line that ends inside a quoted cell or is not UTF-8 blanked (above)."""
+    quoted, utf8 = b'"' in body, _is_utf8(body)
+    if not quoted and utf8:  # the common case: every line is read as it is
+        return body
+    body = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    text = np.frombuffer(body, dtype=np.uint8)
+    starts = np.concatenate([[0], np.flatnonzero(text == ord("\n")) + 1]).astype(np.int64)
+    if starts[-1] < len(text):  # the last line has no line end
+        starts = np.append(starts, len(text))
+    lines = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts) - 1,
+                                             [None, pa.py_buffer(starts), pa.py_buffer(body)])
+    dropped = np.zeros(len(lines), dtype=bool)
+    if quoted:
+        dropped[pc.indices_nonzero(pc.match_substring_regex(lines, _OPEN_LINE)).to_numpy()] = True
+    if not utf8:  # rare: find the lines one by one
+        dropped |= [not _is_utf8(line) for line in lines.to_pylist()]
+    if not dropped.any():
+        return body
+    edges = np.zeros(len(text) + 1, dtype=np.int8)  # +1 where a dropped line starts, -1 after
+    edges[starts[:-1][dropped]] += 1
+    edges[starts[1:][dropped]] -= 1
+    blanked = text.copy()
+    blanked[np.cumsum(edges[:-1], dtype=np.int8) > 0] = ord("\n")
+    return blanked.tobytes()
+
+
+def _is_utf8(data: bytes) -> bool:
     try:
-        table = pacsv.read_csv(
-            path, convert_options=pacsv.ConvertOptions(
-                include_columns=list(columns or []),
-                column_types={c: pa.binary() for c in names},
-                strings_can_be_null=missing_is_null,
-                quoted_strings_can_be_null=missing_is_null),
-            parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip"))
-    except OSError as error:
-        raise BadRequest(f"cannot read {what} {path}: {error.strerror}") from None
-    except pa.ArrowInvalid:  # its message may quote a line of the file: not shown
-        raise BadRequest(f"{what} {path}: Arrow's CSV reader cannot read it (the lines are "
-                         "not shown); check that it is a CSV file") from None
-    return _decoded(table)
-
-
-def _decoded(table: pa.Table) -> pa.Table:
-    """`table`'s binary cells as UTF-8 text, dropping each row with a cell that is not UTF-8
-    (that record alone: one unit's malformed bytes never refuse the input)."""
-    valid = np.ones(table.num_rows, dtype=bool)
-    for column in table.columns:
-        try:
-            pc.cast(column, pa.string())
-        except pa.ArrowInvalid:  # rare: find the bad cells one by one
-            valid &= [cell is None or _is_utf8(cell) for cell in column.to_pylist()]
-    if not valid.all():
-        table = table.filter(pa.array(valid))
-    return pa.table({name: pc.cast(column, pa.string())
-                     for name, column in zip(table.column_names, table.columns)})
-
-
-def _is_utf8(cell: bytes) -> bool:
-    try:
-        cell.decode("utf-8")
+        data.decode("utf-8")
     except UnicodeDecodeError:
         return False
     return True
 
 
-def _typed(cells: pd.Series, kind: str) -> pa.Array:
-    """One column's cells as `kind`, each on its own; a number cell that is not one is NULL."""
+def read_text_csv(path: str, what: str, columns: Optional[Sequence[str]] = None,
+                  missing_is_null: bool = False) -> pa.Table:
+    """The named columns (default: all) of a local CSV file (`text_csv`)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        raise BadRequest(f"cannot read {what} {path}: {error.strerror}") from None
+    return text_csv(data, f"{what} {path}", columns, missing_is_null)
+
+
+def text_csv(data: bytes, what: str, columns: Optional[Sequence[str]] = None,
+             missing_is_null: bool = False) -> pa.Table:
+    """The named columns (default: all) of a CSV file's bytes `data` (its first line names the
+    columns), every cell as UTF-8 text, never type-inferred. The per-record rule (ingest, the
+    stream reader, BlockExampleGen): each line is one record, read by itself; a line that ends
+    inside a quoted cell, is not UTF-8 or has the wrong number of cells is dropped by itself
+    (_own_lines); refusing the file would branch on one record, and Arrow's message would
+    quote it. `missing_is_null`: Arrow's null spellings (empty, NA, NULL, ...) read as null
+    instead of as text. Errors name `what` only (BadRequest)."""
+    header = header_of(io.BytesIO(data))
+    first_line = _LINE_END.search(data)
+    body = _own_lines(data[first_line.end():]) if first_line else b""
+    if not body.strip(b"\r\n"):  # Arrow refuses input without a line: no record is no error
+        return pa.table({name: pa.array([], pa.string()) for name in columns or header})
+    try:
+        table = pacsv.read_csv(
+            pa.BufferReader(body), read_options=pacsv.ReadOptions(column_names=header),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=list(columns or header),
+                column_types={c: pa.string() for c in header},
+                strings_can_be_null=missing_is_null,
+                quoted_strings_can_be_null=missing_is_null),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip"))
+    except pa.ArrowInvalid:  # its message may quote a line of the file: not shown
+        raise BadRequest(f"{what}: Arrow's CSV reader cannot read it (the lines are not "
+                         "shown); check that it is a CSV file") from None
+    return table
+
+
+def typed_cells(cells: pd.Series, kind: str) -> pa.Array:
+    """One column's cells as `kind`, each on its own (dp_statistics/cells.py); a number cell that
+    is not one is NULL."""
     if kind == "string":
         return pa.array(cells.fillna(""), pa.string())
-    numbers = pd.to_numeric(cells.str.strip(), errors="coerce").astype("float64").to_numpy()
     if kind == "float":
-        return pa.array(numbers, pa.float64(), mask=np.isnan(numbers))
-    whole = np.isfinite(numbers) & (numbers == np.round(numbers)) & (np.abs(numbers) < 2 ** 62)
-    return pa.array(np.where(whole, numbers, 0.0).astype(np.int64), pa.int64(), mask=~whole)
-
-
-def time_seconds(cells: pd.Series) -> np.ndarray:
-    """Unix seconds of each cell (a number, or an ISO 8601 date/time, UTC without a zone);
-    NaN where the cell is neither."""
-    text = cells.fillna("").str.strip()
-    seconds = pd.to_numeric(text, errors="coerce").astype("float64").to_numpy()
-    iso = pd.to_datetime(text.where(np.isnan(seconds), ""), errors="coerce", utc=True,
-                         format="ISO8601")
-    iso_seconds = (iso - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)
-    return np.where(np.isnan(seconds), iso_seconds.to_numpy(dtype="float64", na_value=np.nan),
-                    seconds)
+        values = cells_of.numbers(cells)
+        return pa.array(values, pa.float64(), mask=np.isnan(values))
+    values = cells_of.each_cell(cells, cells_of.integer, dtype=object)
+    missing = pd.isna(values)
+    return pa.array(np.where(missing, 0, values).astype(np.int64), pa.int64(), mask=missing)
 
 
 def new_user_hash_key(table_directory: str) -> bytes:
@@ -226,8 +265,11 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
     if (time_column is None) == (user_blocks is None):
         raise BadRequest("give either --time-column with --period, --start and --end, or "
                          "--user-blocks K")
-    if unit_column in declared and declared[unit_column] != "string":
-        raise BadRequest(f"the unit column {unit_column!r} is read as text; do not type it")
+    if unit_column in declared and declared.pop(unit_column) != "string":
+        # An id typed as a number (natural for an integer id) is still an identifier: read as
+        # text, so "007" and "7" stay two units and no id is rounded.
+        console.report("the unit column %r is read as text (its declared type is not used)",
+                       unit_column)
     columns = {c: ("int" if c == time_column else declared.get(c, "string")) for c in header}
     if time_column is not None:
         if period not in TIME_UNITS:
@@ -275,7 +317,7 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
     units = raw[unit_column].fillna("").str.strip()
     keep = (units != "").to_numpy()
     if time_column is not None:
-        seconds = time_seconds(raw[time_column])
+        seconds = cells_of.time_seconds(raw[time_column])
         keep &= np.isfinite(seconds) & (seconds >= first) & (seconds < last)
         raw, seconds = raw[keep], seconds[keep]
         stamps = seconds.astype(np.int64).astype("datetime64[s]")
@@ -294,7 +336,7 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
         elif column == unit_column:
             arrays.append(pa.array(raw[column].str.strip(), pa.string()))
         else:
-            arrays.append(_typed(raw[column], kind))
+            arrays.append(typed_cells(raw[column], kind))
     rows = pa.Table.from_arrays(arrays, schema=table.schema)
     for part, _, _ in parts:  # data first: a registered block always has its rows
         os.makedirs(directories[part])

@@ -88,7 +88,7 @@ def _taxi_iteration(root, months, drop_trip, mode):
     trip (timestamp, seconds) `drop_trip` removed (None: all trips)."""
     from sage_tfx.examples.taxi.pipeline import (BLOCK_DELTA, BLOCK_EPSILON, TEST_FRACTION,
                                                  adassp_spec, dp_sgd_spec)
-    from sage_tfx.examples.taxi.stream import TaxiStream
+    from sage_tfx.examples.taxi.stream import COLUMNS, TaxiStream
     from sage_tfx.pipelines.adaptive import build_iteration
 
     data = os.path.join(os.path.dirname(root), "input")
@@ -107,7 +107,7 @@ def _taxi_iteration(root, months, drop_trip, mode):
     ingest = BlockExampleGen(input_base=data, block_key="trip_start_timestamp", block_by="month",
                              schedule_start=start, schedule_end=end, ledger_store=store,
                              block_epsilon=BLOCK_EPSILON, block_delta=BLOCK_DELTA,
-                             test_fraction=TEST_FRACTION)
+                             test_fraction=TEST_FRACTION, columns=COLUMNS)
     spec = (adassp_spec if mode == "adassp" else dp_sgd_spec)(seed=7)
     with PlatformLog() as log:
         LocalDagRunner().run(build_iteration(

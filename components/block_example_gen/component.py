@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
@@ -30,8 +30,9 @@ class BlockExampleGenSpec(component_spec.ComponentSpec):
         # block in a subdirectory (pipelines/kubeflow.py sets it: TFX's Kubeflow V2 entrypoint
         # passes exactly one artifact per output).
         "per_block_artifacts": component_spec.ExecutionParameter(type=int, optional=True),
-        # The CSV columns as a JSON list (the table's public schema), checked against every
-        # file's header before anything is registered (executor.check_csv_headers).
+        # The CSV columns as a JSON list of names or {name: type} (the table's public schema),
+        # checked against every file's header before anything is registered
+        # (executor.check_csv_headers); the types are the features' (executor.FEATURE_KINDS).
         "columns": component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
@@ -56,10 +57,16 @@ class BlockExampleGen(ProducesPrivateRecords, base_beam_component.BaseBeamCompon
     block_by: "month", "day" or "hour" for a unix-seconds timestamp key (event-level DP), or
     "users" with `users_per_block` for an integer user-id key (user-level DP, Sage §4.4).
 
-    columns: the CSV files' columns (the table's public schema, any order). A file whose
-    header misses one, adds one or repeats one is refused, naming the column, before any
-    block is registered (and so before anything can be charged); without `columns` every
-    file must have the first file's header. The block key must be a column.
+    columns: the CSV files' columns (the table's public schema, any order), as names or as
+    {name: "int" | "float" | "string"}. A file whose header misses one, adds one or repeats one
+    is refused, naming the column, before any block is registered (and so before anything can
+    be charged); without `columns` every file must have the first file's header. The block key
+    must be a column. Each column's feature type is its declared type, the same in every
+    record (a float column's "0" is a float); a column without one (or every column, without
+    `columns`) is text, which the DP components' record rule reads as the number their
+    feature spec asks for, record by record. Never a type guessed from the cells, which would
+    let one record change how the others are stored. The block key may be typed "int" or text
+    (a float32 would round Unix seconds by up to 64 s).
     """
 
     SPEC_CLASS = BlockExampleGenSpec
@@ -71,17 +78,21 @@ class BlockExampleGen(ProducesPrivateRecords, base_beam_component.BaseBeamCompon
                  input_format: str = "csv", users_per_block: Optional[int] = None,
                  test_fraction: float = 0.2, ledger_context: str = "default",
                  input_examples: Optional[channel.Channel] = None,
-                 columns: Optional[Sequence[str]] = None):
+                 columns: Optional[Union[Sequence[str], Mapping[str, str]]] = None):
         if (input_base is None) == (input_examples is None):
             raise ValueError("BlockExampleGen reads either files under input_base or the "
                              "Examples of another ExampleGen: give exactly one")
         if not int(schedule_start) < int(schedule_end):
             raise ValueError(f"the schedule [{schedule_start}, {schedule_end}) is empty")
         if columns is not None:
-            columns = [str(column) for column in columns]
-            if len(set(columns)) != len(columns) or block_key not in columns:
-                raise ValueError(f"columns {columns} must name each column once, the block "
+            names, types = executor.column_types(columns)
+            if len(set(names)) != len(names) or block_key not in names:
+                raise ValueError(f"columns {names} must name each column once, the block "
                                  f"key {block_key!r} among them")
+            if types.get(block_key, "string") not in ("int", "string"):
+                raise ValueError(f"the block key {block_key!r} must be typed int or string, "
+                                 f"not {types[block_key]!r}")
+            columns = dict(types) if types else names
         super().__init__(spec=BlockExampleGenSpec(input_examples=input_examples,
             input_base=input_base, input_format=input_format, block_key=block_key,
             block_by=block_by, schedule_start=int(schedule_start),

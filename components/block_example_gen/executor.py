@@ -20,23 +20,23 @@ registered together as its last step (all or none), so a run that failed can be 
 """
 from __future__ import annotations
 
-import csv
-import datetime as dt
 import hashlib
 import json
 import math
 import os
-import re
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import apache_beam as beam
+import pyarrow.compute as pc
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components.block_example_gen import constants as block_keys
-from sage_tfx.components.util.examples_io import SPLITS, TEST_SPLIT, TRAIN_SPLIT
+from sage_tfx.components.util.examples_io import SPLITS, EVAL_SPLIT, TRAIN_SPLIT
+from sage_tfx.dp_statistics.cells import unix_seconds
+from sage_tfx.dp_statistics.ingest import header_of, text_csv, typed_cells
 from sage_tfx.dp_statistics.tables import record_block_key
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import EXAMPLES, BlockLedger, NewBlock
@@ -46,28 +46,22 @@ from sage_tfx.sage_access.store import parse
 
 def _key_value(example: tf.train.Example, key: str) -> Optional[float]:
     """The record's block key in Unix seconds (or a user id); None (the record is dropped) if it
-    carries neither a finite number nor an ISO 8601 date or time (read as UTC when it names no
-    zone, e.g. "2024-01-05" or "2024-01-05T10:30:00+01:00")."""
+    carries neither a finite number nor text holding one or an ISO 8601 date or time (read as
+    UTC when it names no zone, e.g. "2024-01-05" or "2024-01-05T10:30:00+01:00"):
+    cells.unix_seconds, the one reader of times."""
     feature = example.features.feature.get(key)
     if feature is None:
         return None
     kind = feature.WhichOneof("kind")
     if kind == "bytes_list":
-        return _iso_seconds(feature.bytes_list.value[0]) if feature.bytes_list.value else None
+        if not feature.bytes_list.value:
+            return None
+        seconds = unix_seconds(feature.bytes_list.value[0].decode("utf-8", "replace"))
+        return None if math.isnan(seconds) else seconds
     values = getattr(feature, kind).value if kind in ("int64_list", "float_list") else None
     if not values or not math.isfinite(values[0]):
         return None
     return values[0]
-
-
-def _iso_seconds(text: bytes) -> Optional[float]:
-    try:
-        moment = dt.datetime.fromisoformat(text.decode("utf-8").strip())
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.timezone.utc)
-    return moment.timestamp()
 
 
 def place(record: bytes, key: str, block_by: str, users_per_block: int, first: int,
@@ -85,41 +79,56 @@ def place(record: bytes, key: str, block_by: str, users_per_block: int, first: i
     return block_of(value, block_by, users_per_block)[0]
 
 
-_INTEGER = re.compile(r"^[+-]?[0-9]+$")
+# Each column's feature type: its declared type (`columns` as {name: type}), text for a column
+# declared without one. Never a cell's: typing each cell by itself ("0" an int64, "0.5" a float)
+# gave one record a feature type its neighbours' did not have, and TFX's StatisticsGen failed on
+# the Examples ("expected float_list, found int64_list"); typing a column from its cells (TFX's
+# CsvExampleGen) lets one odd cell change how every other record is read.
+FEATURE_KINDS = {"int": "int64_list", "float": "float_list", "string": "bytes_list"}
 
 
-def _cell_feature(text: str) -> Optional[tf.train.Feature]:
-    """One CSV cell as a feature, typed from the cell alone: an integer, else a float, else text;
-    an empty cell is a missing feature. (TFX's CSV reader infers each column's type from every
-    row, so one odd row would change how all the others are read: the type of one record's
-    cell must depend on that cell only. The record rule then maps a cell of the wrong type to
-    the feature's public default, one record at a time.)"""
-    if text == "":
-        return None
-    if _INTEGER.match(text) and -2 ** 63 <= int(text) < 2 ** 63:
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(text)]))
-    try:
-        return tf.train.Feature(float_list=tf.train.FloatList(value=[float(text)]))
-    except ValueError:
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode("utf-8")]))
+def column_types(columns) -> tuple[Optional[list[str]], dict[str, str]]:
+    """(the declared column names or None, {name: type}) of the `columns` parameter: a list of
+    names, or {name: type} with types of FEATURE_KINDS. ValueError naming what is wrong."""
+    if columns is None:
+        return None, {}
+    names = [str(name) for name in columns]
+    types = {str(name): kind for name, kind in columns.items()} if isinstance(
+        columns, Mapping) else {}
+    unknown = {name: kind for name, kind in types.items() if kind not in FEATURE_KINDS}
+    if unknown:
+        raise ValueError(f"columns {unknown}: each type must be one of {', '.join(FEATURE_KINDS)}")
+    return names, types
 
 
-def csv_records(path: str) -> Iterable[bytes]:
+def csv_records(path: str, types: Optional[Mapping[str, str]] = None) -> Iterable[bytes]:
     """The rows of one CSV file (its first line names the columns) as serialized tf.Examples,
-    each built from its own row only. A row with more cells than the header has its extra
-    cells dropped; a missing cell is a missing feature."""
-    with tf.io.gfile.GFile(path, "r") as handle:
-        rows = csv.reader(handle)
-        header = next(rows, None) or []
-        for row in rows:
-            example = tf.train.Example()
-            for name, text in zip(header, row):
-                feature = _cell_feature(text.strip())
-                if feature is not None:
-                    example.features.feature[name].CopyFrom(feature)
-            # Deterministic bytes: the train/test split hashes them, and a feature map's order
-            # otherwise differs between processes, which moved records between splits.
-            yield example.SerializeToString(deterministic=True)
+    each built from its own line only: the lines are read as `sage-tfx ingest` reads them
+    (ingest.text_csv: a line that ends inside a quoted cell, is not UTF-8 or has the wrong
+    number of cells is dropped by itself). Each cell is stripped and typed by its column's
+    type (FEATURE_KINDS; `types`, text where a column has none): a cell that is not a value of
+    an int or float column, or an empty cell, is a missing feature, which the record rule maps
+    to the feature's public default one record at a time."""
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        table = text_csv(handle.read(), f"CSV file {os.path.basename(path)}")
+    types = types or {}
+    columns = []
+    for name in table.column_names:
+        text = pc.utf8_trim_whitespace(table[name]).to_pandas()
+        kind = types.get(name, "string")
+        values = typed_cells(text, kind).to_pylist()
+        columns.append((name, FEATURE_KINDS[kind], [
+            None if cell == "" else value for cell, value in zip(text, values)]))
+    for row in range(table.num_rows):
+        example = tf.train.Example()
+        for name, kind, values in columns:
+            value = values[row]
+            if value is not None:
+                getattr(example.features.feature[name], kind).value.append(
+                    value.encode("utf-8") if kind == "bytes_list" else value)
+        # Deterministic bytes: the train/eval split hashes them, and a feature map's order
+        # otherwise differs between processes, which moved records between splits.
+        yield example.SerializeToString(deterministic=True)
 
 
 def check_csv_headers(files: list[str], columns: Optional[list[str]], block_key: str) -> None:
@@ -135,10 +144,7 @@ def check_csv_headers(files: list[str], columns: Optional[list[str]], block_key:
     expected = list(columns) if columns is not None else None
     for path in files:
         with tf.io.gfile.GFile(path, "rb") as handle:
-            # As dp_statistics.ingest.csv_header (which reads local files only): bytes that are
-            # not UTF-8 become U+FFFD, never a decoding error naming a byte and its offset.
-            first_line = handle.readline().decode("utf-8", errors="replace")
-        header = [name.strip() for name in next(csv.reader([first_line]), [])]
+            header = header_of(handle)  # the first line alone; no decoding error
         name = os.path.basename(path)
         if expected is None:
             expected = header
@@ -179,7 +185,7 @@ def check_csv_headers(files: list[str], columns: Optional[list[str]], block_key:
 
 def _split_of(serialized: bytes, test_fraction: float) -> str:
     digest = hashlib.blake2b(serialized, digest_size=8, key=b"sage-tfx-split").digest()
-    return TEST_SPLIT if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else TRAIN_SPLIT
+    return EVAL_SPLIT if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else TRAIN_SPLIT
 
 
 DATA_FILE = "data_tfrecord-00000-of-00001.gz"
@@ -234,7 +240,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         if input_format == "csv" and not input_dict.get("input_examples"):
             files = sorted(tf.io.gfile.glob(os.path.join(exec_properties["input_base"], "*.csv")))
             columns = exec_properties.get("columns")
-            check_csv_headers(files, json.loads(columns) if columns else None, key)
+            names, types = column_types(json.loads(columns) if columns else None)
+            check_csv_headers(files, names, key)
 
         template = artifact_utils.get_single_instance(output_dict["examples"])
         output_uri = template.uri
@@ -246,7 +253,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                            | "ReadExamples" >> beam.io.ReadAllFromTFRecord())
             elif input_format == "csv":
                 records = (pipeline | "CsvFiles" >> beam.Create(files)
-                           | "ReadCsv" >> beam.FlatMap(csv_records))
+                           | "ReadCsv" >> beam.FlatMap(csv_records, types))
             elif input_format == "tfrecord":
                 records = pipeline | "ReadTFRecord" >> beam.io.ReadFromTFRecord(
                     os.path.join(exec_properties["input_base"], "*"))

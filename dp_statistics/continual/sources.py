@@ -18,8 +18,9 @@ clamping to [-L, L] is the operator's. Without a value column every record is th
 (COUNT(*)). Nothing is counted, logged or printed about the records.
 
 Inputs. `--input FILE` reads one CSV (first line names the columns; every cell read as text,
-never type-inferred; a row with the wrong number of cells, or a cell that is not UTF-8, is
-dropped) or Parquet file;
+never type-inferred; each line one record: a line that ends inside a quoted cell, is not
+UTF-8 or has the wrong number of cells is dropped by itself, ingest.text_csv) or Parquet file;
+each time and value is read from its own cell only (dp_statistics/cells.py);
 `--input DIR` reads the directory's *.csv and *.parquet files in name order, as files arriving
 one after another (input order = file order, then row order). Without --input the records are
 the rows of the window's blocks of a table that `sage-tfx ingest` registered
@@ -40,7 +41,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sage_tfx.dp_statistics.identifiers import usable_ids
-from sage_tfx.dp_statistics.ingest import csv_header, read_text_csv, time_seconds
+from sage_tfx.dp_statistics.cells import numbers, time_seconds
+from sage_tfx.dp_statistics.ingest import csv_header, read_text_csv
 from sage_tfx.sage_access.errors import BadRequest
 
 INPUT_SUFFIXES = (".csv", ".parquet")
@@ -239,22 +241,20 @@ def _seconds(column: pa.ChunkedArray) -> np.ndarray:
             dtype="float64", na_value=np.nan)
     if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
         return column.to_pandas().to_numpy(dtype="float64", na_value=np.nan)
-    try:  # the common case, every cell a number of seconds (or empty), in Arrow at once
-        numbers = pc.cast(pc.utf8_trim_whitespace(column), pa.float64())
-        return numbers.to_numpy(zero_copy_only=False).astype(np.float64)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return time_seconds(pd.Series(_text(column)))
+    # Text: every cell by the one reader of times, by itself. (A fast path that cast the column
+    # in Arrow when every cell was a number, and another parser otherwise, read a cell by
+    # whichever parser the other cells chose.)
+    return time_seconds(pd.Series(_text(column)))
 
 
 def _values(column: Optional[pa.ChunkedArray], rows: int) -> np.ndarray:
     if column is None:
         return np.ones(rows, dtype=np.float64)
     if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
-        numbers = column.to_pandas().to_numpy(dtype="float64", na_value=np.nan)
+        values = column.to_pandas().to_numpy(dtype="float64", na_value=np.nan)
     else:
-        numbers = pd.to_numeric(pd.Series(_text(column)), errors="coerce").to_numpy(
-            dtype="float64", na_value=np.nan)
-    return np.where(np.isfinite(numbers), numbers, 0.0)
+        values = numbers(pd.Series(_text(column)))
+    return np.where(np.isfinite(values), values, 0.0)
 
 
 def _fields(table: pa.Table, columns: Columns) -> tuple[np.ndarray, ...]:

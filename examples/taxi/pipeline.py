@@ -116,6 +116,6 @@ def kubeflow_pipeline(spec: IterationSpec, pipeline_root: str, data_root: str, w
                              block_by="month", schedule_start=start, schedule_end=end,
                              ledger_store=ledger_store,
                              block_epsilon=BLOCK_EPSILON, block_delta=BLOCK_DELTA,
-                             test_fraction=TEST_FRACTION)
+                             test_fraction=TEST_FRACTION, columns=COLUMNS)
     return build_iteration(spec, name, pipeline_root, ledger_store, window, epsilon,
                            ingest=ingest, push_to=os.path.join(pipeline_root, "serving"))

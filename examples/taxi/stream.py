@@ -12,7 +12,9 @@ import datetime as dt
 import os
 from dataclasses import dataclass, field
 
-COLUMNS = ("trip_start_timestamp", "trip_start_hour", "trip_miles", "trip_seconds")
+# The columns of the released CSV and their types (BlockExampleGen's `columns`).
+COLUMNS = {"trip_start_timestamp": "int", "trip_start_hour": "int", "trip_miles": "float",
+           "trip_seconds": "int"}
 
 
 def sample_path() -> str:
@@ -65,7 +67,6 @@ class TaxiStream:
             writer.writerow(COLUMNS)
             for name in names:
                 for timestamp, hour, miles, seconds in self.trips_by_month[name]:
-                    # Miles always with a decimal point, so the CSV reader types them as floats.
                     writer.writerow([timestamp, hour, f"{miles:.2f}", seconds])
         self.released += months
         return names

@@ -1,6 +1,7 @@
 """BlockExampleGen's reading of CSV rows: the bytes it stores (and hashes for the train/test
 split) depend on the row only, not on the process that read it."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -84,6 +85,9 @@ def test_files_that_match_the_declared_columns_in_any_order_are_ingested(tmp_pat
     ledger = _ingest(tmp_path, store_path, {"a.csv": "fare,uid\n3.5,1\n",
                                             "b.csv": "uid,fare\n12,4.0\n"}, ["uid", "fare"])
     assert len(ledger.blocks()) == 2  # the schedule's two blocks of 10 user ids
+    # Undeclared types: every column is text, the block key too (read as a number to place it).
+    assert sum(map(len, _written(tmp_path).values())) == 2
+    assert _kinds(_written(tmp_path)) == {"uid": {"bytes_list"}, "fare": {"bytes_list"}}
 
 
 def test_the_component_refuses_columns_without_the_block_key():
@@ -94,6 +98,20 @@ def test_the_component_refuses_columns_without_the_block_key():
                         users_per_block=10, schedule_start=0, schedule_end=20,
                         ledger_store="/tmp/x.sqlite", block_epsilon=1.0, block_delta=1e-6,
                         columns=["fare"])
+
+
+@pytest.mark.parametrize("columns, said", [
+    ({"uid": "int", "fare": "double"}, "each type must be one of int, float, string"),
+    ({"uid": "float", "fare": "float"}, "the block key 'uid' must be typed int or string"),
+])
+def test_the_component_refuses_an_unknown_type_or_a_float_block_key(columns, said):
+    from sage_tfx.components import BlockExampleGen
+
+    with pytest.raises(ValueError, match=re.escape(said)):
+        BlockExampleGen(input_base="/data", block_key="uid", block_by="users",
+                        users_per_block=10, schedule_start=0, schedule_end=20,
+                        ledger_store="/tmp/x.sqlite", block_epsilon=1.0, block_delta=1e-6,
+                        columns=columns)
 
 
 def test_an_ingestion_that_failed_registers_nothing_and_can_be_run_again(tmp_path, store_path,
@@ -144,3 +162,73 @@ def test_an_ingestion_that_failed_registers_nothing_and_can_be_run_again(tmp_pat
                                                    for month in MONTHS]
     assert {block.data_format for block in blocks} == {"examples"}
     assert [artifact.uri for artifact in retried] == [block.data_uri for block in blocks]
+
+
+def _written(tmp_path) -> dict:
+    """{block/split: [serialized tf.Example, in file order]} of what the executor wrote."""
+    import glob
+
+    import tensorflow as tf
+
+    out = str(tmp_path / "out")
+    return {os.path.relpath(path, out): [bytes(record.numpy()) for record in
+                                         tf.data.TFRecordDataset([path], compression_type="GZIP")]
+            for path in sorted(glob.glob(os.path.join(out, "*", "Split-*", "*")))}
+
+
+def _kinds(written: dict) -> dict:
+    """{feature: the set of its value types over every record}."""
+    import tensorflow as tf
+
+    kinds = {}
+    for records in written.values():
+        for record in records:
+            for name, feature in tf.train.Example.FromString(record).features.feature.items():
+                kinds.setdefault(name, set()).add(feature.WhichOneof("kind"))
+    return kinds
+
+
+TRIPS = "uid,fare,note\n1,3.5,a\n2,7.25,b\n11,12.5,c\n12,not a fare,d\n13,,e\n"
+TYPED = {"uid": "int", "fare": "float", "note": "string"}
+
+
+def test_a_column_has_its_declared_type_in_every_record(tmp_path, store_path):
+    """Issue 45: each CSV cell was typed by itself, so a float column's "0" became an int64
+    feature in that one record, and TFX's StatisticsGen failed on the Examples ("expected
+    float_list, found int64_list"). The declared type is every record's: here the decoder
+    StatisticsGen runs first (tfx_bsl's) reads every record into one batch."""
+    from tfx_bsl.coders.example_coder import ExamplesToRecordBatchDecoder
+
+    _ingest(tmp_path, store_path, {"a.csv": TRIPS + "3,0,f\n"}, TYPED)
+    written = _written(tmp_path)
+    assert _kinds(written) == {"uid": {"int64_list"}, "fare": {"float_list"},
+                               "note": {"bytes_list"}}
+    batch = ExamplesToRecordBatchDecoder().DecodeBatch(
+        [record for records in written.values() for record in records])
+    assert batch.num_rows == 6
+    assert sorted(v for v in batch.column("fare").to_pylist() if v) == [[0.0], [3.5], [7.25],
+                                                                          [12.5]]
+
+
+@pytest.mark.parametrize("types", [None, TYPED], ids=["undeclared", "declared"])
+@pytest.mark.parametrize("extra", ["3,0,f\n", '3,"0,f\n', "3,7.5\udcff,f\n"],
+                         ids=["zero", "unclosed quote", "not utf-8"])
+def test_one_record_changes_no_other_record_nor_a_column_type(tmp_path, types, extra):
+    """The same file with and without one line, as BlockExampleGen's CSV reader turns it into
+    records: the same records but for that line's own (a line with an unclosed quote drops
+    itself alone: Python's csv reader took the rest of the file into that record; a byte that
+    is not UTF-8 failed the whole ingestion), and every column keeps its feature type (an
+    undeclared column is text, whatever its cells hold)."""
+    from sage_tfx.components.block_example_gen.executor import csv_records
+
+    from support.neighbouring import one_more
+
+    lines = TRIPS.splitlines(keepends=True)
+    (tmp_path / "with.csv").write_bytes(
+        "".join(lines[:3] + [extra] + lines[3:]).encode("utf-8", "surrogateescape"))
+    (tmp_path / "without.csv").write_text(TRIPS)
+    arguments = (types,) if types else ()  # undeclared: the call main had
+    with_line = list(csv_records(str(tmp_path / "with.csv"), *arguments))
+    without_line = list(csv_records(str(tmp_path / "without.csv"), *arguments))
+    assert one_more(with_line, without_line) and len(without_line) == 5
+    assert _kinds({"": with_line}) == _kinds({"": without_line})

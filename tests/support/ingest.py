@@ -9,6 +9,7 @@ from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.sage_access import BlockLedger
 
 MONTHS = ["2024-01", "2024-02", "2024-03"]
+TYPES = {"trip_start_timestamp": "int", "trip_seconds": "int", "trip_miles": "float"}
 
 
 def write_csv(directory, trips_per_month=40):
@@ -37,7 +38,7 @@ def ingest_and_grant(root: str, store_path: str, trips_per_month: int = 40,
                           block_by="month", ledger_store=store_path, block_epsilon=block_epsilon,
                           schedule_start=month_schedule(MONTHS[0], MONTHS[-1])[0],
                           schedule_end=month_schedule(MONTHS[0], MONTHS[-1])[1],
-                          block_delta=1e-6)
+                          block_delta=1e-6, columns=TYPES)
     options = {"window": 2, "epsilon": 0.4, "delta": 1e-7, **grant_options}
     grant = BlockLedgerComponent(ledger_store=store_path, new_blocks=gen.outputs["examples"],
                                  **options)

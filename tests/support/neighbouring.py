@@ -159,3 +159,12 @@ def differences(first: dict, second: dict) -> list[str]:
                 else:
                     found.append(f"{section}: {x} vs {y}")
     return found
+
+
+def one_more(longer: list, shorter: list) -> bool:
+    """Whether `longer` is `shorter` with at most one item inserted (order kept): what one added
+    record may change in a list of records."""
+    if longer == shorter:
+        return True
+    return len(longer) == len(shorter) + 1 and any(
+        longer[:i] + longer[i + 1:] == shorter for i in range(len(longer)))

@@ -10,6 +10,8 @@ from sage_tfx.dp_statistics.continual import sources
 from sage_tfx.sage_access import BlockLedger
 from sage_tfx.sage_access.errors import BadRequest
 
+from support.neighbouring import one_more
+
 JAN, FEB, MAR = 1356998400, 1359676800, 1362096000  # 2013-01-01, 02-01, 03-01 UTC
 COLUMNS = sources.Columns(unit="uid", key="area", time="ts", value="fare")
 
@@ -230,3 +232,49 @@ def test_a_header_that_is_not_utf8_refuses_the_file_by_name(ledger, tmp_path):
     path.write_bytes(b"uid,area,\xffts,fare\nu,k,1,1\n")
     with pytest.raises(BadRequest, match=r"s\.csv has no column\(s\) ts"):
         sources.read_input(str(path), COLUMNS, window, 1)
+
+
+def _records(path, window) -> list:
+    records = sources.read_input(str(path), COLUMNS, window, 4)
+    return list(zip(records.units, records.keys, records.values, records.times, records.batches))
+
+
+def test_a_line_with_an_unclosed_quote_drops_itself_alone(ledger, tmp_path):
+    """Issue 45: one line with an unclosed quote after row 1,499 of 3,000 took every later line
+    up to Arrow's block size into one invalid row, dropped with it (the stream's final release
+    lost two keys). The line now drops itself alone: the records are those of the file
+    without it, and so is everything a release computes from them before noise."""
+    window = sources.window_of_blocks(ledger, ["t.2013-01", "t.2013-02"])
+    rows = [(f"u{i % 97}", f"k{i % 3}", str(JAN + 1500 * i), "1.0") for i in range(3000)]
+    plain = write_csv(tmp_path / "plain.csv", rows)
+    lines = open(plain, "rb").read().split(b"\r\n")  # the header, then row 1 at index 1
+    crafted = tmp_path / "crafted.csv"
+    crafted.write_bytes(b"\r\n".join(lines[:1500] + [b'u-crafted,"k1,1359246000,1.0']
+                                      + lines[1500:]))
+    assert _records(crafted, window) == _records(plain, window)
+    assert len(_records(plain, window)) == 3000
+
+
+def test_a_time_with_a_zone_moves_no_other_record(ledger, tmp_path):
+    """Issue 45: one record at +14:00 gave every later time without a zone its offset, moving
+    records between micro-batches and out of the window. Each time is read by itself now."""
+    window = sources.window_of_blocks(ledger, ["t.2013-01", "t.2013-02"])
+    rows = [(f"u{i}", f"k{i % 3}", f"2013-0{1 + i % 2}-{1 + i % 28:02d}T{i % 12:02d}:30:00",
+             "1.0") for i in range(60)]
+    zoned = ("u-zoned", "k1", "2013-01-09T00:00:00+14:00", "1.0")
+    with_zoned = _records(write_csv(tmp_path / "zoned.csv", [zoned] + rows), window)
+    without = _records(write_csv(tmp_path / "plain.csv", rows), window)
+    assert one_more(with_zoned, without) and len(with_zoned) == 61
+
+
+def test_a_value_is_read_exactly_whatever_the_other_cells_hold(ledger, tmp_path):
+    """Found with issue 45: pandas' to_numeric rounds an integer above 2^53 one way when every
+    cell is an integer and another once one cell is not: one record changed the others'
+    values."""
+    window = sources.window_of_blocks(ledger, ["t.2013-01", "t.2013-02"])
+    rows = [(f"u{i}", "k", str(JAN + i), str(591064915700530116 + 7 * i)) for i in range(20)]
+    with_text = _records(write_csv(tmp_path / "text.csv", [("u-x", "k", str(JAN), "many")] + rows),
+                         window)
+    without = _records(write_csv(tmp_path / "plain.csv", rows), window)
+    assert one_more(with_text, without) and len(with_text) == 21
+    assert [record[2] for record in without] == [float(row[3]) for row in rows]
