@@ -27,6 +27,7 @@ _ARTIFACT_TYPES = {
     "DPStatistics": "sage_tfx.components.dp_aggregate.component",
     "ContinualReleaseState": "sage_tfx.components.continual_release.component",
     "WorkloadAnswers": "sage_tfx.components.matrix_mechanism.component",
+    "PrivateExamples": "sage_tfx.components.dag_guard.artifacts",
 }
 
 

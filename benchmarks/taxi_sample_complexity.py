@@ -30,6 +30,7 @@ import os
 import sys
 import tempfile
 
+from sage_tfx.components import PrivateExamples
 from sage_tfx.components.block_example_gen.constants import BLOCK_ID
 from sage_tfx.examples.taxi.pipeline import TaxiSource, adassp_spec
 from sage_tfx.pipelines.adaptive import Policy, run_adaptive
@@ -48,7 +49,7 @@ def window_records(store_path: str) -> int:
     import tensorflow as tf
 
     blocks = {examples.custom_properties[BLOCK_ID].string_value: examples.uri
-              for examples in connect(store_path).get_artifacts_by_type("Examples")
+              for examples in connect(store_path).get_artifacts_by_type(PrivateExamples.TYPE_NAME)
               if BLOCK_ID in examples.custom_properties}
     files = [path for uri in blocks.values()
              for path in tf.io.gfile.glob(os.path.join(uri, "Split-*", "*"))]

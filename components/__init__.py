@@ -16,6 +16,7 @@
 | ContinualRelease, ContinualReleaseState (artifact type) | sage_tfx.components.continual_release |
 | DPStatisticsGen, DPSchemaGen (TFX's ExampleStatistics and Schema) | sage_tfx.components.dp_statistics_gen |
 | PrivacyGrant (artifact type) | sage_tfx.components.privacy_grant |
+| PrivateExamples (artifact type), check_pipeline, declare_dp, declare_public (the DAG guard) | sage_tfx.components.dag_guard |
 
 Imported lazily (PEP 562): `import sage_tfx.components` does not import TFX or TensorFlow; the
 first use of a name imports its module. The ledger itself is sage_tfx.sage_access.BlockLedger.
@@ -42,6 +43,10 @@ _HOMES = {
     "ContinualReleaseState": "sage_tfx.components.continual_release",
     "DPStatisticsGen": "sage_tfx.components.dp_statistics_gen",
     "DPSchemaGen": "sage_tfx.components.dp_statistics_gen",
+    "PrivateExamples": "sage_tfx.components.dag_guard",
+    "check_pipeline": "sage_tfx.components.dag_guard",
+    "declare_dp": "sage_tfx.components.dag_guard",
+    "declare_public": "sage_tfx.components.dag_guard",
 }
 
 __all__ = sorted(_HOMES)

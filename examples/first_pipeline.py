@@ -6,7 +6,8 @@ Before the first run, create the ledger in the store the pipeline names (once):
 
     sage-tfx ledger --store out/first/metadata.sqlite init
 
-Run it locally (LocalDagRunner, the ledger in the pipeline's own ML Metadata store):
+Run it locally (LocalDagRunner behind the DAG guard, the ledger in the pipeline's own ML
+Metadata store):
 
     python -m sage_tfx.examples.first_pipeline --data-root DIR_OF_CSV --workdir out/first \
         --first-month 2024-01 --last-month 2024-03
@@ -118,7 +119,7 @@ def training_pipeline(pipeline_root: str) -> pipeline.Pipeline:
 
 
 def main() -> None:
-    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+    from sage_tfx.pipelines.local import run_local
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True, help="directory of the new CSV files")
@@ -132,9 +133,9 @@ def main() -> None:
         parser.error("ingesting needs --first-month and --last-month (or pass --no-ingest)")
     store = os.path.join(args.workdir, "metadata.sqlite")
     try:
-        LocalDagRunner().run(create_pipeline(args.workdir, args.data_root, ledger_store=store,
-                                             metadata_path=store, ingest=not args.no_ingest,
-                                             months=(args.first_month, args.last_month)))
+        run_local(create_pipeline(args.workdir, args.data_root, ledger_store=store,
+                                  metadata_path=store, ingest=not args.no_ingest,
+                                  months=(args.first_month, args.last_month)))
     except LedgerError as error:
         # A refused request (blocks already registered, a check before the charge, budget
         # exhausted) is the user's to fix: one line saying what and how, not a traceback.

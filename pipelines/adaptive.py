@@ -1,8 +1,9 @@
 """Privacy-adaptive training (Sage §3.3): run one DP iteration after another until a model is
 accepted, spending as little budget as the validator lets us.
 
-One iteration is a TFX pipeline run (docs/architecture.md's data flow), on LocalDagRunner and the
-ledger's own SQLite MLMD store, so every grant is linked to the run that spent it:
+One iteration is a TFX pipeline run (docs/architecture.md's data flow), on LocalDagRunner behind
+the DAG guard (pipelines/local.run_local) and the ledger's own SQLite MLMD store, so every grant
+is linked to the run that spent it:
 
     BlockLedger grant -> DPTransform -> [ObliviousSampleGen] -> DPTrainer -> SLAedValidator -> Pusher
 
@@ -30,7 +31,6 @@ from typing import Callable, Mapping, Optional, Protocol
 
 from tfx.components.pusher.component import Pusher
 from tfx.orchestration import metadata, pipeline
-from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 from tfx.proto import pusher_pb2
 from tfx.types import artifact_utils
 
@@ -45,6 +45,7 @@ from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGe
 from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
 from sage_tfx.components.privacy_grant import Mechanism, step_events
 from sage_tfx.components.util.user_module import is_module_path
+from sage_tfx.pipelines.local import latest_run, run_local
 from sage_tfx.pipelines.policy import Policy, PolicyName, after_retry
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.accounting import AccountingMode, check_split
@@ -222,12 +223,8 @@ def _largest_payable_epsilon(ledger: BlockLedger, window: int, spec: IterationSp
 def _latest_run_artifacts(store, pipeline_name: str) -> dict[str, list]:
     """The artifacts of the pipeline's most recent run, by type (LocalDagRunner runs
     synchronously, and the ledger registration keeps one driver per pipeline name)."""
-    runs = [c for c in store.get_contexts_by_type("pipeline_run")
-            if any(p.name == pipeline_name for p in store.get_parent_contexts_by_context(c.id))]
-    if not runs:
-        raise RuntimeError(f"no run of pipeline {pipeline_name!r} in the metadata store")
     by_type: dict[str, list] = {}
-    for artifact in store.get_artifacts_by_context(max(runs, key=lambda c: c.id).id):
+    for artifact in store.get_artifacts_by_context(latest_run(store, pipeline_name).id):
         by_type.setdefault(artifact.type, []).append(artifact)
     if len(by_type.get("ModelBlessing", [])) != 1:
         raise RuntimeError(f"the last run of {pipeline_name!r} did not produce one ModelBlessing")
@@ -273,8 +270,8 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 if policy.name == PolicyName.AGGRESSIVE:
                     epsilon = _largest_payable_epsilon(ledger, window, spec, name)
             _preflight(spec, epsilon)
-            LocalDagRunner().run(build_iteration(spec, name, root, ledger_store, window, epsilon,
-                                                 metadata_config=metadata_config))
+            run_local(build_iteration(spec, name, root, ledger_store, window, epsilon,
+                                      metadata_config=metadata_config), report=report)
             run_artifacts = _latest_run_artifacts(store, name)
             [blessing] = run_artifacts["ModelBlessing"]
             grant_blocks = _grant_blocks(store, blessing)

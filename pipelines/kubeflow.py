@@ -4,8 +4,9 @@
         --pipeline-module my_pipeline.py[:create_pipeline]
 
 `compile_kubeflow` takes a pipeline object, a function returning one, or where to find that
-function (`PATH.py[:FUNCTION]` or `package.module[:FUNCTION]`). Pipelines built from sage-tfx
-components keep their ledger in the cluster's ML Metadata, reached over gRPC
+function (`PATH.py[:FUNCTION]` or `package.module[:FUNCTION]`), after the DAG guard
+(components/dag_guard: private records reach only components that spend a grant). Pipelines
+built from sage-tfx components keep their ledger in the cluster's ML Metadata, reached over gRPC
 (sage_access/store.KUBEFLOW_LEDGER_STORE), the store the Kubeflow UI reads, so each grant
 appears next to its run. The image must have sage-tfx installed, TF_USE_LEGACY_KERAS=1 in its
 environment (tensorflow-privacy needs Keras 2), and any module file at the path given: the
@@ -26,6 +27,7 @@ from tfx.orchestration import pipeline as tfx_pipeline_module
 from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 
 from sage_tfx.components.block_example_gen import BlockExampleGen
+from sage_tfx.components.dag_guard import check_pipeline
 from sage_tfx.components.util.user_module import is_module_path
 from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
 
@@ -99,6 +101,7 @@ def compile_kubeflow(source: PipelineSource, out: str, image: str, **arguments) 
     """Write the PipelineJob JSON of the pipeline `source` names (resolve_pipeline, called with
     `arguments`) to `out` and return it."""
     tfx_pipeline = resolve_pipeline(source, **arguments)
+    check_pipeline(tfx_pipeline)  # private records reach only components that spend a grant
     check_module_files(tfx_pipeline)
     for component in tfx_pipeline.components:
         if isinstance(component, BlockExampleGen):

@@ -8,6 +8,7 @@ import tensorflow as tf
 from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
+from sage_tfx.components import PrivateExamples
 from sage_tfx.components.privacy_grant import GrantError, PrivacyGrant, require_grant
 from sage_tfx.sage_access import BlockLedger, connect
 from sage_tfx.sage_access.records import GRANT_TYPE
@@ -53,8 +54,8 @@ def test_block_pipeline_links_the_charge_to_the_run(tmp_path):
 
     # Each block's Examples hold only that block's months; the granted Examples hold both.
     from tfx.types import artifact_utils
-    examples = [artifact_utils.deserialize_artifact(store.get_artifact_type("Examples"), a)
-                for a in store.get_artifacts_by_type("Examples")]
+    examples = [artifact_utils.deserialize_artifact(store.get_artifact_type(PrivateExamples.TYPE_NAME), a)
+                for a in store.get_artifacts_by_type(PrivateExamples.TYPE_NAME)]
     granted = [e for e in examples if e.get_string_custom_property("sage_grant_id") == grant_id]
     per_block = [e for e in examples if e.get_string_custom_property("block_id")]
     assert sorted(e.get_string_custom_property("block_id") for e in per_block) == MONTHS

@@ -10,6 +10,7 @@ from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.block_ledger import preflight
 from sage_tfx.components.block_ledger.component import check_before_charge
+from sage_tfx.components.dag_guard import PrivateExamples
 from sage_tfx.components.privacy_grant import PrivacyGrant
 from sage_tfx.validators import executor
 from sage_tfx.validators.slaed import Metric
@@ -28,7 +29,7 @@ class SLAedValidatorSpec(component_spec.ComponentSpec):
     }
     INPUTS = {
         "model": component_spec.ChannelParameter(type=standard_artifacts.Model),
-        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "examples": component_spec.ChannelParameter(type=PrivateExamples),
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
         "transform_graph": component_spec.ChannelParameter(
             type=standard_artifacts.TransformGraph, optional=True),
@@ -75,6 +76,7 @@ class SLAedValidator(base_component.BaseComponent):
     """
 
     SPEC_CLASS = SLAedValidatorSpec
+    SPENDS_GRANT = True  # may read private records (dag_guard)
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, model: channel.Channel, examples: channel.Channel, grant: channel.Channel,

@@ -9,6 +9,7 @@ from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.block_example_gen import executor
+from sage_tfx.components.dag_guard import PrivateExamples, ProducesPrivateRecords
 
 
 class BlockExampleGenSpec(component_spec.ComponentSpec):
@@ -39,10 +40,10 @@ class BlockExampleGenSpec(component_spec.ComponentSpec):
         "input_examples": component_spec.ChannelParameter(type=standard_artifacts.Examples,
                                                           optional=True),
     }
-    OUTPUTS = {"examples": component_spec.ChannelParameter(type=standard_artifacts.Examples)}
+    OUTPUTS = {"examples": component_spec.ChannelParameter(type=PrivateExamples)}
 
 
-class BlockExampleGen(base_beam_component.BaseBeamComponent):
+class BlockExampleGen(ProducesPrivateRecords, base_beam_component.BaseBeamComponent):
     """Reads CSV (with a header) or TFRecord files of tf.train.Example under `input_base`, cuts
     them into blocks by `block_key` (or the records of `input_examples`, the output of any TFX
     ExampleGen, all splits), writes one Examples artifact (splits train/test) per block and
@@ -99,7 +100,7 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
             block_epsilon=block_epsilon, block_delta=block_delta, ledger_store=ledger_store,
             ledger_context=ledger_context,
             columns=None if columns is None else json.dumps(columns),
-            examples=channel.Channel(type=standard_artifacts.Examples)))
+            examples=channel.Channel(type=PrivateExamples)))
 
 
 def month_schedule(first_month: str, last_month: str) -> tuple[int, int]:

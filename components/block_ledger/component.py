@@ -5,9 +5,10 @@ import json
 from typing import Mapping, Optional, Sequence
 
 from tfx.dsl.components.base import base_component, executor_spec
-from tfx.types import channel, component_spec, standard_artifacts
+from tfx.types import channel, component_spec
 
 from sage_tfx.components.block_ledger import executor, preflight
+from sage_tfx.components.dag_guard import PrivateExamples, ProducesPrivateRecords
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
 
@@ -34,16 +35,16 @@ class BlockLedgerSpec(component_spec.ComponentSpec):
     }
     INPUTS = {
         # Only orders the DAG (grant after ingestion); the data comes from the ledger's blocks.
-        "new_blocks": component_spec.ChannelParameter(type=standard_artifacts.Examples,
+        "new_blocks": component_spec.ChannelParameter(type=PrivateExamples,
                                                       optional=True),
     }
     OUTPUTS = {
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
-        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "examples": component_spec.ChannelParameter(type=PrivateExamples),
     }
 
 
-class BlockLedger(base_component.BaseComponent):
+class BlockLedger(ProducesPrivateRecords, base_component.BaseComponent):
     """Requests (epsilon, delta) from the ledger on the most recent `window` blocks that hold
     Examples and can pay (or on explicit `block_ids`, refused if one holds other data), split among the iteration's DP steps by `split`
     ({step: fraction}, fractions summing to at most 1 exactly). `step_mechanisms`
@@ -57,6 +58,7 @@ class BlockLedger(base_component.BaseComponent):
     """
 
     SPEC_CLASS = BlockLedgerSpec
+    SPENDS_GRANT = True  # may read private records (dag_guard)
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, ledger_store: str, epsilon: float, delta: float,
@@ -81,7 +83,7 @@ class BlockLedger(base_component.BaseComponent):
             step_mechanisms=json.dumps(dict(step_mechanisms)) if step_mechanisms else None,
             new_blocks=new_blocks,
             grant=channel.Channel(type=PrivacyGrant),
-            examples=channel.Channel(type=standard_artifacts.Examples)))
+            examples=channel.Channel(type=PrivateExamples)))
 
 
 def check_before_charge(grant: channel.Channel, check: preflight.Check) -> None:

@@ -8,14 +8,15 @@ from typing import Mapping, Optional, Sequence
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.dsl.components.common import resolver
 from tfx.dsl.input_resolution.strategies.latest_artifact_strategy import LatestArtifactStrategy
-from tfx.types import artifact, channel, component_spec, standard_artifacts
+from tfx.types import artifact, channel, component_spec
 
 from sage_tfx.components.continual_release import executor
+from sage_tfx.components.dag_guard import PrivateExamples, PrivateType, ProducesPrivateRecords
 from sage_tfx.components.dp_aggregate.component import DPStatistics
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
 
-class ContinualReleaseState(artifact.Artifact):
+class ContinualReleaseState(artifact.Artifact, metaclass=PrivateType):
     """The operator's private state for one window after a run: under its uri, the window's
     directory (stream.json with the window's public parameters and grant id, the operator's
     state, every release so far, the records that arrived before their micro-batch's trigger).
@@ -56,7 +57,7 @@ class ContinualReleaseSpec(component_spec.ComponentSpec):
         "pipeline_name": component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
-        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "examples": component_spec.ChannelParameter(type=PrivateExamples),
         "previous_state": component_spec.ChannelParameter(type=ContinualReleaseState,
                                                           optional=True),
     }
@@ -67,7 +68,7 @@ class ContinualReleaseSpec(component_spec.ComponentSpec):
     }
 
 
-class ContinualRelease(base_component.BaseComponent):
+class ContinualRelease(ProducesPrivateRecords, base_component.BaseComponent):
     """Runs the window's micro-batches whose trigger time is at most `through` (Unix seconds;
     default: the window's end) on the records that have arrived: `examples` (this run's newly
     ingested records, all splits, mapped to `columns` by the record rule) and those a previous
@@ -86,6 +87,7 @@ class ContinualRelease(base_component.BaseComponent):
     """
 
     SPEC_CLASS = ContinualReleaseSpec
+    SPENDS_GRANT = True  # may read private records (dag_guard)
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, ledger_store: str,

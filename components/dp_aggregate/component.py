@@ -5,8 +5,9 @@ import json
 from typing import Mapping
 
 from tfx.dsl.components.base import base_beam_component, executor_spec
-from tfx.types import artifact, channel, component_spec, standard_artifacts
+from tfx.types import artifact, channel, component_spec
 
+from sage_tfx.components.dag_guard import PrivateExamples
 from sage_tfx.components.dp_aggregate import executor
 from sage_tfx.components.privacy_grant import PrivacyGrant
 from sage_tfx.dp_statistics.aggregation import frontend
@@ -33,7 +34,7 @@ class DPAggregateSpec(component_spec.ComponentSpec):
         "non_negative_counts": component_spec.ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
-        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "examples": component_spec.ChannelParameter(type=PrivateExamples),
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
     }
     OUTPUTS = {"statistics": component_spec.ChannelParameter(type=DPStatistics)}
@@ -56,6 +57,7 @@ class DPAggregate(base_beam_component.BaseBeamComponent):
     """
 
     SPEC_CLASS = DPAggregateSpec
+    SPENDS_GRANT = True  # may read private records (dag_guard)
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, query: str,

@@ -10,6 +10,7 @@ from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.block_ledger import preflight
 from sage_tfx.components.block_ledger.component import BlockLedger, check_before_charge
+from sage_tfx.components.dag_guard import PrivateExamples
 from sage_tfx.components.dp_statistics_gen import executor
 from sage_tfx.components.dp_statistics_gen.statistics import DEFAULT_QUANTILES, DEFAULT_TOP_K
 from sage_tfx.components.dp_transform.component import DPTransform
@@ -26,7 +27,7 @@ class DPStatisticsGenSpec(component_spec.ComponentSpec):
         "top_k": component_spec.ExecutionParameter(type=int),
     }
     INPUTS = {
-        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "examples": component_spec.ChannelParameter(type=PrivateExamples),
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
     }
     OUTPUTS = {
@@ -54,6 +55,7 @@ class DPStatisticsGen(base_component.BaseComponent):
     run: ObliviousSampleGen's samples repeat records)."""
 
     SPEC_CLASS = DPStatisticsGenSpec
+    SPENDS_GRANT = True  # may read private records (dag_guard)
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel,

@@ -10,6 +10,7 @@ from tfx.types import channel, component_spec, standard_artifacts
 from sage_tfx.components.block_ledger import preflight
 from sage_tfx.components.block_ledger.component import (check_before_charge,
                                                         refuse_seed_before_charge)
+from sage_tfx.components.dag_guard import PrivateExamples
 from sage_tfx.components.dp_trainer import executor
 from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
                                                        MODULE_NEEDS, TrainerMode)
@@ -33,7 +34,7 @@ class DPTrainerSpec(component_spec.ComponentSpec):
         "seed": component_spec.ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
-        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "examples": component_spec.ChannelParameter(type=PrivateExamples),
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
         "transform_graph": component_spec.ChannelParameter(
             type=standard_artifacts.TransformGraph, optional=True),
@@ -68,6 +69,7 @@ class DPTrainer(base_component.BaseComponent):
     """
 
     SPEC_CLASS = DPTrainerSpec
+    SPENDS_GRANT = True  # may read private records (dag_guard)
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, module_file: str,

@@ -6,6 +6,7 @@ from tfx.types import channel, component_spec, standard_artifacts
 
 from sage_tfx.components.block_ledger import preflight
 from sage_tfx.components.block_ledger.component import check_before_charge
+from sage_tfx.components.dag_guard import PrivateExamples, ProducesPrivateRecords
 from sage_tfx.components.dp_transform import executor
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
@@ -16,16 +17,16 @@ class DPTransformSpec(component_spec.ComponentSpec):
         "grant_step": component_spec.ExecutionParameter(type=str),
     }
     INPUTS = {
-        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "examples": component_spec.ChannelParameter(type=PrivateExamples),
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
     }
     OUTPUTS = {
         "transform_graph": component_spec.ChannelParameter(type=standard_artifacts.TransformGraph),
-        "transformed_examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "transformed_examples": component_spec.ChannelParameter(type=PrivateExamples),
     }
 
 
-class DPTransform(base_beam_component.BaseBeamComponent):
+class DPTransform(ProducesPrivateRecords, base_beam_component.BaseBeamComponent):
     """Runs the `preprocessing_fn(inputs)` of `module_file` (which also defines `feature_spec()`,
     the raw features) with tensorflow_transform on Beam, analysing the granted train split.
 
@@ -39,6 +40,7 @@ class DPTransform(base_beam_component.BaseBeamComponent):
     """
 
     SPEC_CLASS = DPTransformSpec
+    SPENDS_GRANT = True  # may read private records (dag_guard)
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, module_file: str,
@@ -47,7 +49,7 @@ class DPTransform(base_beam_component.BaseBeamComponent):
             module_file=module_file, grant_step=grant_step, examples=examples,
             grant=grant,
             transform_graph=channel.Channel(type=standard_artifacts.TransformGraph),
-            transformed_examples=channel.Channel(type=standard_artifacts.Examples)))
+            transformed_examples=channel.Channel(type=PrivateExamples)))
         check_before_charge(grant, preflight.Check(
             component="DPTransform", module_file=module_file, purpose="transform",
             transform_step=grant_step))

@@ -4,8 +4,9 @@ from __future__ import annotations
 from typing import Optional
 
 from tfx.dsl.components.base import base_component, executor_spec
-from tfx.types import artifact, channel, component_spec, standard_artifacts
+from tfx.types import artifact, channel, component_spec
 
+from sage_tfx.components.dag_guard import PrivateExamples
 from sage_tfx.components.matrix_mechanism import executor
 from sage_tfx.components.privacy_grant import PrivacyGrant
 from sage_tfx.dp_statistics.matrix.spec import parse_spec
@@ -26,7 +27,7 @@ class MatrixMechanismSpec(component_spec.ComponentSpec):
         "strategy_cache": component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
-        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "examples": component_spec.ChannelParameter(type=PrivateExamples),
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
     }
     OUTPUTS = {"answers": component_spec.ChannelParameter(type=WorkloadAnswers)}
@@ -40,6 +41,7 @@ class MatrixMechanism(base_component.BaseComponent):
     so later runs of the pipeline skip its selection (dp_statistics/matrix/cache.py)."""
 
     SPEC_CLASS = MatrixMechanismSpec
+    SPENDS_GRANT = True  # may read private records (dag_guard)
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, workload_spec: str,

@@ -4,9 +4,10 @@ from __future__ import annotations
 from typing import Optional
 
 from tfx.dsl.components.base import base_component, executor_spec
-from tfx.types import channel, component_spec, standard_artifacts
+from tfx.types import channel, component_spec
 
 from sage_tfx.components.block_ledger.component import refuse_seed_before_charge
+from sage_tfx.components.dag_guard import PrivateExamples, ProducesPrivateRecords
 from sage_tfx.components.oblivious_sample_gen import executor
 from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import DEFAULT_EPOCHS
@@ -25,15 +26,15 @@ class ObliviousSampleGenSpec(component_spec.ComponentSpec):
         "record_width": component_spec.ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
-        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "examples": component_spec.ChannelParameter(type=PrivateExamples),
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
     }
     OUTPUTS = {
-        "samples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
+        "samples": component_spec.ChannelParameter(type=PrivateExamples),
     }
 
 
-class ObliviousSampleGen(base_component.BaseComponent):
+class ObliviousSampleGen(ProducesPrivateRecords, base_component.BaseComponent):
     """Samples the granted training split for `epochs` epochs with `scheme`:
     'swo' (k = n // sample_size samples without replacement per epoch), 'poisson' (rate
     gamma, floor(1/gamma) samples per epoch) or 'shuffle' (the non-oblivious baseline).
@@ -54,6 +55,7 @@ class ObliviousSampleGen(base_component.BaseComponent):
     """
 
     SPEC_CLASS = ObliviousSampleGenSpec
+    SPENDS_GRANT = True  # may read private records (dag_guard)
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, scheme: str,
@@ -75,6 +77,6 @@ class ObliviousSampleGen(base_component.BaseComponent):
             scheme=scheme, sample_size=sample_size, gamma=gamma, epochs=epochs,
             encryption_key_env=encryption_key_env, seed=seed, public_size=public_size,
             record_width=record_width, examples=examples, grant=grant,
-            samples=channel.Channel(type=standard_artifacts.Examples)))
+            samples=channel.Channel(type=PrivateExamples)))
         if seed is not None:
             refuse_seed_before_charge(grant, f"ObliviousSampleGen seed {seed}")

@@ -12,13 +12,13 @@ import tempfile
 from typing import Optional
 
 from tfx.orchestration import metadata, pipeline
-from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
 from sage_tfx.components.block_example_gen import BlockExampleGen, month_schedule
 from sage_tfx.components.dp_trainer import TrainerMode
 from sage_tfx.components.oblivious_sample_gen.descriptor import Scheme
 from sage_tfx.examples.taxi.stream import COLUMNS, TaxiStream
 from sage_tfx.pipelines.adaptive import IterationSpec, build_iteration
+from sage_tfx.pipelines.local import run_local
 from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE
 from sage_tfx.validators.slaed import Metric
 
@@ -92,7 +92,7 @@ class TaxiSource:
                               ledger_store=self.ledger_store,
                               block_epsilon=BLOCK_EPSILON, block_delta=BLOCK_DELTA,
                               test_fraction=TEST_FRACTION, columns=COLUMNS)
-        LocalDagRunner().run(pipeline.Pipeline(
+        run_local(pipeline.Pipeline(
             pipeline_name="taxi-ingest", pipeline_root=os.path.join(self.workdir, "ingest"),
             components=[gen],
             metadata_connection_config=metadata.sqlite_metadata_connection_config(

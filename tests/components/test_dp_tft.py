@@ -440,7 +440,7 @@ def test_a_tfx_module_converted_by_its_import_runs_through_dp_transform(tmp_path
     output = real_tft.TFTransformOutput(graph.uri)
     vocabulary = output.vocabulary_by_name("vocab_compute_and_apply_vocabulary_vocabulary")
     assert sorted(vocabulary) == [b"Blue", b"Flash", b"Yellow"]  # ~160 records each
-    transformed = [a for a in mlmd.get_artifacts_by_type("Examples") if "DPTransform" in a.uri]
+    transformed = [a for a in mlmd.get_artifacts_by_type("sage_tfx.PrivateExamples") if "DPTransform" in a.uri]
     records = [tf.train.Example.FromString(r.numpy()) for path in
                tf.io.gfile.glob(os.path.join(transformed[0].uri, "Split-*", "*.gz"))
                for r in tf.data.TFRecordDataset(path, "GZIP")]

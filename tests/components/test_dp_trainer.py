@@ -17,6 +17,7 @@ from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 from tfx.types import artifact_utils, standard_artifacts
 
+from sage_tfx.components import PrivateExamples
 from sage_tfx.components.dp_trainer import DPTrainer, dp_sgd
 from sage_tfx.components.dp_trainer import executor as trainer_executor
 from sage_tfx.components.dp_trainer.adassp import adassp
@@ -122,7 +123,7 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     assert 0.95 * 0.2 <= float(props["dp_epsilon"]) <= 0.2
     assert float(props["dp_delta"]) == pytest.approx(0.5e-7)
     assert props["sampling_scheme"] == "swo"
-    [samples] = [e for e in _artifacts(store, "Examples", standard_artifacts.Examples)
+    [samples] = [e for e in _artifacts(store, PrivateExamples.TYPE_NAME, PrivateExamples)
                  if e.get_string_custom_property("sampling_scheme") == "swo"]
     # A public size of 48 rows: 6 samples of 8 per epoch, 3 epochs; the count of steps that ran.
     assert props["steps"] == 18
@@ -146,7 +147,7 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     assert any(name.startswith("events.out.tfevents") for model_run in model_runs
                for name in os.listdir(model_run.uri))
 
-    [granted] = [e for e in _artifacts(store, "Examples", standard_artifacts.Examples)
+    [granted] = [e for e in _artifacts(store, PrivateExamples.TYPE_NAME, PrivateExamples)
                  if e.get_string_custom_property("sage_grant_id")
                  and not e.get_string_custom_property("sampling_scheme")]
     [grant_artifact] = _artifacts(store, "sage_tfx.PrivacyGrant", None)
@@ -166,7 +167,7 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     with pytest.raises(CalibrationError, match="cannot pay"):
         run(samples, max_noise_multiplier=0.5)
     # Examples without a grant (a single block's Examples, never granted as such).
-    per_block = [e for e in _artifacts(store, "Examples", standard_artifacts.Examples)
+    per_block = [e for e in _artifacts(store, PrivateExamples.TYPE_NAME, PrivateExamples)
                  if e.get_string_custom_property("block_id")]
     with pytest.raises(GrantError, match="without a grant"):
         run(per_block[0])

@@ -10,6 +10,7 @@ from tfx.orchestration import metadata, pipeline
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 from tfx.types import artifact_utils
 
+from sage_tfx.components import PrivateExamples
 from sage_tfx.components.oblivious_sample_gen import ObliviousSampleGen
 from sage_tfx.components.oblivious_sample_gen import executor as sample_executor
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor
@@ -50,9 +51,9 @@ def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch, 
         metadata_connection_config=metadata.sqlite_metadata_connection_config(store_path)))
 
     store = connect(store_path)
-    examples_type = store.get_artifact_type("Examples")
+    examples_type = store.get_artifact_type(PrivateExamples.TYPE_NAME)
     examples = [artifact_utils.deserialize_artifact(examples_type, a)
-                for a in store.get_artifacts_by_type("Examples")]
+                for a in store.get_artifacts_by_type(PrivateExamples.TYPE_NAME)]
     [granted] = [e for e in examples if e.get_string_custom_property("sage_grant_id")
                  and not e.get_int_custom_property("sampling_n")]
     sampled = {e.get_string_custom_property("sampling_scheme"): e for e in examples
@@ -99,7 +100,7 @@ def test_sample_gen_samples_granted_records_and_encrypts(tmp_path, monkeypatch, 
     grant_artifact = artifact_utils.deserialize_artifact(
         store.get_artifact_type("sage_tfx.PrivacyGrant"),
         store.get_artifacts_by_type("sage_tfx.PrivacyGrant")[0])
-    out = artifact_utils.deserialize_artifact(examples_type, store.get_artifacts_by_type("Examples")[0])
+    out = artifact_utils.deserialize_artifact(examples_type, store.get_artifacts_by_type(PrivateExamples.TYPE_NAME)[0])
     with pytest.raises(GrantError, match="without a grant"):
         sample_executor.Executor().Do({"examples": [per_block[0]], "grant": [grant_artifact]},
                                       {"samples": [out]}, {"scheme": "swo", "sample_size": 4,

@@ -74,9 +74,10 @@ def _run(tmp_path, name: str, components: list, store: str, beam_args=None) -> N
 
 def _blocks(store: str) -> dict:
     """Every block and split's records (as a sorted list of serialized examples)."""
+    from sage_tfx.components import PrivateExamples
     from sage_tfx.sage_access import connect
 
-    [artifact] = [a for a in connect(store).get_artifacts_by_type("Examples")][:1]
+    [artifact] = [a for a in connect(store).get_artifacts_by_type(PrivateExamples.TYPE_NAME)][:1]
     root = os.path.dirname(artifact.uri)
     records = {}
     for path in sorted(glob.glob(os.path.join(root, "*", "Split-*", "*.gz"))):
@@ -87,7 +88,7 @@ def _blocks(store: str) -> dict:
 
 
 def test_block_gen_dp_aggregate_and_dp_transform_run_on_two_workers(portable_runner, tmp_path):
-    from sage_tfx.components import BlockLedger, DPTransform
+    from sage_tfx.components import BlockLedger, DPTransform, PrivateExamples
     from sage_tfx.components.dp_aggregate import DPAggregate
     from sage_tfx.sage_access import connect
 
@@ -133,7 +134,7 @@ def test_block_gen_dp_aggregate_and_dp_transform_run_on_two_workers(portable_run
     # DPTransform: a transform graph, and every granted record transformed
     [graph] = mlmd.get_artifacts_by_type("TransformGraph")
     assert os.path.isdir(os.path.join(graph.uri, "transform_fn"))
-    transformed = [a for a in mlmd.get_artifacts_by_type("Examples")
+    transformed = [a for a in mlmd.get_artifacts_by_type(PrivateExamples.TYPE_NAME)
                    if "DPTransform" in a.uri]
     count = sum(1 for path in glob.glob(os.path.join(transformed[0].uri, "Split-*", "*.gz"))
                 for _ in tf.data.TFRecordDataset(path, "GZIP"))

@@ -260,7 +260,7 @@ def test_taxi_statistics_through_block_example_gen_and_the_ledger(tmp_path, seed
     with metadata.Metadata(metadata.sqlite_metadata_connection_config(store)) as m:
         [stats_artifact] = m.store.get_artifacts_by_type("ExampleStatistics")
         [schema_artifact] = m.store.get_artifacts_by_type("Schema")
-        [granted] = [a for a in m.store.get_artifacts_by_type("Examples")
+        [granted] = [a for a in m.store.get_artifacts_by_type("sage_tfx.PrivateExamples")
                      if "sage_grant_id" in a.custom_properties]
     props = {k: v.string_value for k, v in stats_artifact.custom_properties.items()}
     # TFX's readers (SchemaGen, ExampleValidator: stats_artifact_utils.load_statistics) read
