@@ -380,9 +380,8 @@ class LazyTable:
 
     def touched(self, batch_features: tf.Tensor) -> tf.Tensor:
         """The distinct rows the batch gathers."""
-        ids = self.ids(batch_features, training=True)  # as the forward pass computes them
-        if ids.dtype not in (tf.int32, tf.int64):
-            ids = tf.cast(ids, tf.int32)  # as Embedding.call
+        # As the forward pass computes them (out-of-range ids gather row 0).
+        ids = clipping.public_ids(self.ids(batch_features, training=True), self.table.shape[0])
         return tf.unique(tf.reshape(ids, [-1]))[0]
 
     def most_touched(self, batch_rows: int) -> int:
@@ -484,6 +483,7 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     step.materialise() before reading the model (run_steps does).
     lazy_noise=False: every parameter noised at every step (the same law; other draws)."""
     require_legacy_keras()
+    clipping.public_ids_only(model)
     # lr ((sum + noise) / normaliser) as (lr / normaliser) (sum + noise): one pass over the
     # parameters fewer (the normaliser is public, see the module docstring). Plain SGD
     # (momentum 0), which lazy noise needs.
