@@ -58,6 +58,13 @@ import tensorflow as tf  # noqa: E402
 from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils  # noqa: E402
 
 from sage_tfx.components.dp_trainer import step_ops  # noqa: E402
+from sage_tfx.sage_access.errors import BadRequest  # noqa: E402
+
+
+class Refused(BadRequest):
+    """DP-SGD cannot train this model or loss privately: a cause read from its structure, its
+    traced graph or public stand-in batches, never from data (so the release protocol records
+    and shows the message)."""
 
 
 class _NotWalkable(Exception):
@@ -342,7 +349,7 @@ def refuse_unclippable_layers(model: tf.keras.Model) -> None:
     check reads the model's layers, not the walk. Public: the model's structure only."""
     for layer in [model, *model.submodules]:
         if isinstance(layer, tf.keras.layers.Layer) and _mixes_the_batch(layer):
-            raise ValueError(f"layer {layer.name!r} ({type(layer).__name__}) normalises each "
+            raise Refused(f"layer {layer.name!r} ({type(layer).__name__}) normalises each "
                              "example by its batch's statistics and keeps their moving "
                              "averages unnoised, so DP-SGD's per-example clipping does not "
                              "bound it; use LayerNormalization")
@@ -577,17 +584,17 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
         trainable = {id(v.handle) for v in model.trainable_variables}
         op_types = {op.type for op in traced.graph.get_operations()} | library.op_types()
         if op_types & _RUNS_PYTHON:
-            raise ValueError(f"a training step runs Python "
+            raise Refused(f"a training step runs Python "
                              f"({', '.join(sorted(op_types & _RUNS_PYTHON))}: tf.py_function "
                              "or tf.numpy_function), whose changes to variables the graph "
                              "does not show; build the model without it")
         if op_types & _EMITS_VALUES:
-            raise ValueError(f"a training step writes values out of the graph "
+            raise Refused(f"a training step writes values out of the graph "
                              f"({', '.join(sorted(op_types & _EMITS_VALUES))}: tf.print, a "
                              "file or a summary): values computed from the batch would leave "
                              "the step without noise; build the model without it")
         if op_types & _RAISES_ON_VALUES:
-            raise ValueError(f"a training step checks values and raises on them "
+            raise Refused(f"a training step checks values and raises on them "
                              f"({', '.join(sorted(op_types & _RAISES_ON_VALUES))}: "
                              "tf.debugging.assert_* or check_numerics): one record's value "
                              "would decide whether the run fails after its charge; build the "
@@ -595,7 +602,7 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
         own_state = _state_of_its_own([*traced.graph.get_operations(),
                                        *library.operations()], batch_size is not None)
         if own_state:
-            raise ValueError(f"a training step uses ops holding state of their own "
+            raise Refused(f"a training step uses ops holding state of their own "
                              f"({', '.join(sorted(own_state))}): a resource created inside "
                              "the step (tf.raw_ops.VarHandleOp with a shared_name, a table) "
                              "or a random draw whose size the batch's shape does not fix "
@@ -619,7 +626,7 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
                                        ("outside", "", " outside the model")]
              if changed[kind]]
     if parts:
-        raise ValueError(f"a training step changes {' and '.join(parts)}: state computed from "
+        raise Refused(f"a training step changes {' and '.join(parts)}: state computed from "
                          "the batch would be released with the model, or carried into later "
                          "steps, without noise")
 
@@ -644,6 +651,7 @@ class OnePass:
                 contributions = self._covering(found)
             except _NotWalkable:
                 predictions = model(features, training=True)
+            self.predictions = predictions
             self.losses = per_example_loss(labels, predictions)
             if self.losses.shape.rank != 1:
                 raise ValueError("the loss must give one value per example (shape [batch]), "

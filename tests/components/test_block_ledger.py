@@ -108,7 +108,7 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
     elif case == "batch normalization":  # DP-SGD cannot clip it: refused from the model alone
         module = _trip_module_with(tmp_path, "def build_model():\n"
                                              "    return tf.keras.Sequential(["
-                                             "tf.keras.Input((3,)), "
+                                             "tf.keras.Input((1,)), "
                                              "tf.keras.layers.BatchNormalization(), "
                                              "tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: layer .* \\(BatchNormalization\\) normalises each example"
@@ -124,7 +124,7 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
                                              "        return x\n"
                                              "def build_model():\n"
                                              "    return tf.keras.Sequential(["
-                                             "tf.keras.Input((3,)), "
+                                             "tf.keras.Input((1,)), "
                                              "Mean(), tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: a training step changes the model's non-trainable variable"
     elif case == "statistics no stand-in changes":  # read from the graph, not from values
@@ -139,13 +139,13 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
                                              "tf.reduce_max(x)), lambda: x)\n"
                                              "def build_model():\n"
                                              "    return tf.keras.Sequential(["
-                                             "tf.keras.Input((3,)), "
+                                             "tf.keras.Input((1,)), "
                                              "Largest(), tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: a training step changes the model's non-trainable variable"
     elif case == "model fails its stand-in":  # the model's own error, not its module's import
         module = _trip_module_with(tmp_path, "def build_model():\n"
                                              "    return tf.keras.Sequential(["
-                                             "tf.keras.Input((3,)), "
+                                             "tf.keras.Input((1,)), "
                                              "tf.keras.layers.Embedding(1, 2), "  # id 1 of 1 row
                                              "tf.keras.layers.Flatten(), "
                                              "tf.keras.layers.Dense(1)])\n")
