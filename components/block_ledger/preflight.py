@@ -92,13 +92,16 @@ def _refuse_unclippable_model(module, trainer: Mapping) -> None:
 
 
 def _transform_audit(check: Check, epsilon: float, split: Mapping[str, float]) -> None:
-    """DPTransform's own audit, without data: the module loads and its preprocessing_fn uses
-    only DP analyzers whose shares fit the step's (dp_transform.executor.audit)."""
-    from sage_tfx.components.dp_transform.executor import audit, load_module
+    """DPTransform's own audit, without data: the module loads, its preprocessing_fn uses only
+    DP analyzers whose shares fit the step's (dp_transform.executor.audit), and one whole
+    preprocessing pass runs on public stand-in records (stand_in_pass)."""
+    from sage_tfx.components.dp_transform.executor import audit, load_module, stand_in_pass
     from sage_tfx.sage_access.accounting import split_share
 
     if check.transform_step not in split:
         raise ValueError(f"the grant's split has no {check.transform_step!r} step for "
                          "DPTransform")
     share_epsilon, _ = split_share(epsilon, 0.0, split, check.transform_step)
-    audit(*load_module(check.module_file), share_epsilon)
+    preprocessing_fn, feature_spec = load_module(check.module_file)
+    audit(preprocessing_fn, feature_spec, share_epsilon)
+    stand_in_pass(preprocessing_fn, feature_spec, share_epsilon)

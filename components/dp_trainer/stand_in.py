@@ -23,7 +23,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from sage_tfx.components.dp_trainer import clipping, dp_sgd
-from sage_tfx.components.util.stand_ins import COUNT, IDS, SEED, stand_in_records
+from sage_tfx.components.util.stand_ins import COUNT, IDS, SEED, cause, stand_in_records
 from sage_tfx.components.util.losses import with_reduction
 
 BATCH = COUNT  # rows of a stand-in batch: every pair of rows differs in one of log2(BATCH) bits
@@ -206,14 +206,3 @@ def check_module(module, decoder=None) -> None:
                                f"its feature_spec, fixed seed) while {phase}: "
                                f"{cause(error)}") from error
 
-
-def cause(error: BaseException) -> str:
-    """An error's type and the last line of its message that says what failed: TensorFlow and
-    Keras put it after the traceback of the user's code, and Keras the call's arguments after
-    it."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    lines = lines[:next((i for i, line in enumerate(lines)
-                         if line.startswith("Call arguments received")), len(lines))]
-    last = lines[-1] if lines else ""
-    return last if last.startswith(f"{type(error).__name__}:") else \
-        f"{type(error).__name__}: {last}"

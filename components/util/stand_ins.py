@@ -34,3 +34,18 @@ def stand_in_records(feature_spec, count: int = COUNT, seed: int = SEED) -> list
                 feature.float_list.value.extend(rng.standard_normal(size).tolist())
         records.append(example.SerializeToString())
     return records
+
+
+def cause(error: BaseException) -> str:
+    """What failed, in one line: the innermost error of the chain (Beam and TensorFlow wrap the
+    op's own error), its type and the first line of its message, or, for Keras and autograph,
+    whose messages end with what failed after a traceback of the user's code, the last line
+    before the call's arguments."""
+    while (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    lines = lines[:next((i for i, line in enumerate(lines)
+                         if line.startswith("Call arguments received")), len(lines))]
+    text = "" if not lines else lines[-1] if "in user code:" in lines[0] else lines[0]
+    return text if text.startswith(f"{type(error).__name__}:") else \
+        f"{type(error).__name__}: {text}"
