@@ -43,11 +43,12 @@ def stand_in_tensor(shape, dtype: tf.DType, count: int = BATCH, seed: int = SEED
 
 def _one_pass(model: tf.keras.Model, per_example_loss):
     """A function (batch, labels, replaced) -> (predictions, per-example losses, gradient norms,
-    gradient sum of the rows not replaced), from the step's own OnePass; replaced rows weigh 0
-    and are dropped (kept false), as a dummy slot of a step is."""
+    gradient sum of the rows not replaced), from the step's own OnePass. Every row weighs 1,
+    as a record does (a custom gradient may mix what the rows send back); the replaced rows'
+    own clipped gradients are left out of the sum (kept false)."""
     def one_pass(batch, batch_labels, replaced):
         kept = tf.logical_not(replaced)
-        weights = tf.cast(kept, tf.float32)
+        weights = tf.ones(tf.shape(kept), tf.float32)
         gradients = clipping.OnePass(model, model.trainable_variables, per_example_loss, batch,
                                      batch_labels, weights)
         summed = gradients.clipped_sum(tf.ones_like(weights), kept)
@@ -84,7 +85,7 @@ def refuse_mixing(model: tf.keras.Model, per_example_loss, features: tf.Tensor,
                   labels: tf.Tensor, replacements: tuple[tf.Tensor, tf.Tensor]) -> None:
     """clipping.Refused if an example's prediction, loss or gradient norm, or the gradient sum of
     the other examples, moves when other rows of a public stand-in batch are replaced (by the
-    rows of `replacements`) and dropped, as DP-SGD drops a dummy row: per-example clipping
+    rows of `replacements`; their own gradients left out of the sum): per-example clipping
     bounds one record's effect by C only when each row of a layer's output gradient is its
     example's alone (clipping.py). A model computing x - mean(x over the batch) moved the
     clipped sum by 57.8 C when one record was added (issue 45); a loss mixing the batch did too.
