@@ -34,9 +34,10 @@ forward and backward pass. Here both come from one pass:
 A model that cannot be walked this way (a subclassed model, a layer called twice, a variable no
 layer call owns) takes per-example gradients of the whole model instead (vectorised over the
 batch): slower, equally correct. Layers that mix the examples of a batch (BatchNormalization)
-have no per-example gradient and are refused. The one-pass rules rely on every layer acting on
-each example alone (row i of dz is example i's only); a custom layer that mixes rows would
-break that, as it breaks any per-example clipping, so build such models without one.
+have no per-example gradient and are refused. The one-pass rules rely on every layer, and the
+loss, acting on each example alone (row i of dz is example i's only); a custom layer or loss
+that mixes rows breaks that, as it breaks any per-example clipping: stand_in.refuse_mixing
+refuses one, found on public stand-in batches, before any record is read.
 
 Rows that `clipped_sum` is told to drop (kept false) contribute exactly zero: the ops of
 step_ops zero their a, dz and per-example gradients through a bit mask (0 even where the
