@@ -553,9 +553,10 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     GaussianNoise keep one when TensorFlow's generator is enabled; by default they keep none
     and are accepted): how far a draw moves it is its size, which a layer may take from the
     data's shapes (a boolean mask's length), and the trace cannot tell such a shape from the
-    batch's public one. Not covered: a loss not passed here (the preflight has no labels'
-    spec; dp_sgd.train passes it, after the charge and before any step), and a write that
-    happens only at batch sizes other than these three."""
+    batch's public one. Also refused: ops that raise on values (_RAISES_ON_VALUES) and
+    stateful ops holding state of their own (_state_of_its_own). Not covered: a loss not
+    passed here (stand_in.check_model passes it, before the charge and before any step), and
+    a write that happens only at batch sizes other than these three."""
     @tf.function
     def training_pass(batch, batch_labels):
         # Forward and backward, as the step runs them: a custom gradient may write too.
