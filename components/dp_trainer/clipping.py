@@ -184,11 +184,14 @@ def public_ids_only(model: tf.keras.Model) -> None:
     for layer in [model, *model.submodules]:
         if type(layer) is tf.keras.layers.Embedding and not getattr(layer, "_public_ids",
                                                                     False):
-            keras_call, rows = layer.call, layer.input_dim
+            layer.call, layer._public_ids = _on_public_ids(layer.call, layer.input_dim), True
 
-            def call(inputs, *args, _call=keras_call, _rows=rows, **kwargs):
-                return _call(public_ids(inputs, _rows), *args, **kwargs)
-            layer.call, layer._public_ids = call, True
+
+def _on_public_ids(embedding_call, rows: int):
+    """Embedding.call(inputs) on public_ids (the same signature: Keras' saving reads it)."""
+    def call(inputs):
+        return embedding_call(public_ids(inputs, rows))
+    return call
 
 
 class _Embedding:

@@ -168,10 +168,11 @@ def test_state_of_its_own_and_value_checks_in_the_step_are_refused(layer, messag
                                       tf.float32)
 
 
-def test_an_embedding_id_out_of_range_gathers_row_0_and_neighbours_train_alike():
+def test_an_embedding_id_out_of_range_gathers_row_0_and_neighbours_train_alike(tmp_path):
     """Issue 45: one trip's id past the vocabulary made training raise. Out-of-range ids
     gather row 0 inside the step: the data set with a record holding id 57 (or -3) trains to
-    the same model as with that record's id at 0 (same seed), and nothing raises."""
+    the same model as with that record's id at 0 (same seed), and nothing raises; the saved
+    model serves them the same way."""
     ids = np.random.default_rng(2).integers(0, 5, (16, 2)).astype(np.float32)
     labels = tf.constant(np.random.default_rng(3).standard_normal((16, 1)), tf.float32)
     models = []
@@ -184,6 +185,13 @@ def test_an_embedding_id_out_of_range_gathers_row_0_and_neighbours_train_alike()
         models.append([w.numpy() for w in model.trainable_variables])
     for left, right in zip(*models):
         np.testing.assert_array_equal(left, right)
+    serving = tf.Module()
+    serving.model = model
+    serving.serve = tf.function(lambda x: serving.model(x),
+                                input_signature=[tf.TensorSpec([None, 2], tf.float32)])
+    tf.saved_model.save(serving, str(tmp_path))
+    served = tf.saved_model.load(str(tmp_path)).serve(tf.constant([[57.0, -3.0], [0.0, 0.0]]))
+    assert served[0].numpy() == served[1].numpy()
     assert clipping.public_ids(tf.constant([4.5, 5.0, -0.5, 1e30]), 5).numpy().tolist() == [
         4, 0, 0, 0]
 
