@@ -190,7 +190,8 @@ def test_an_embedding_id_out_of_range_gathers_row_0_and_neighbours_train_alike(t
     serving.serve = tf.function(lambda x: serving.model(x),
                                 input_signature=[tf.TensorSpec([None, 2], tf.float32)])
     tf.saved_model.save(serving, str(tmp_path))
-    served = tf.saved_model.load(str(tmp_path)).serve(tf.constant([[57.0, -3.0], [0.0, 0.0]]))
+    loaded = tf.saved_model.load(str(tmp_path))
+    served = loaded.serve(tf.constant([[57.0, -3.0], [0.0, 0.0]]))
     assert served[0].numpy() == served[1].numpy()
     assert clipping.public_ids(tf.constant([4.5, 5.0, -0.5, 1e30]), 5).numpy().tolist() == [
         4, 0, 0, 0]

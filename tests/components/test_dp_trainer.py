@@ -190,7 +190,9 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
                            "def loss():\n    return Scalar()\n")
     cause = "the loss must give one value per example"
     with pytest.raises(BadRequest, match="fails on a public stand-in batch.*" + cause):
-        run(samples, module_file=str(scalar_loss), grant_step="refused-2")
+        trainer_executor.Executor().Do({"examples": [samples], "grant": [grant_artifact]},
+                                       outputs, dict(base, module_file=str(scalar_loss),
+                                                     grant_step="refused-2"))
     outcome = BlockLedger(store_path).grant_outcomes(
         grant_artifact.get_string_custom_property("grant_id"))["refused-2"]
     assert outcome["outcome"] == "failed" and cause in outcome["reason"]
