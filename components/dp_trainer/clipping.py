@@ -23,8 +23,9 @@ forward and backward pass. Here both come from one pass:
    call with one position (|a_i|^2 + 1) |dz_i|^2 (no cancellation: each entry of grad_i W is
    one product); with T positions |grad_i W|^2 of the formed grad_i W, whose sum clipped_sum
    then takes (a ghost norm from Gram products loses what cancels to rounding, so it need
-   not bound what is summed); for Conv2D |grad_i W|^2 from grad_i W, which one op
-   (step_kernels.cc) forms from the image and dz without the patches, at the work of the
+   not bound what is summed); for an Embedding over T positions the norm of the formed rows
+   grad_i E[k], which clipped_sum then sums; for Conv2D |grad_i W|^2 from grad_i W, which one
+   op (step_kernels.cc) forms from the image and dz without the patches, at the work of the
    batch's kernel gradient.
 4. Book-keeping: the clipped sum reuses (a, dz), with no second backward pass:
    sum_i c_i grad_i W = A^T diag(c) dZ, and likewise for every layer; where step 3 formed
@@ -216,17 +217,24 @@ class _Embedding:
     def squared_norms(self, grads) -> tf.Tensor:
         dz = self._output_grads(grads)
         if self.positions == 1:
+            self._rows = dz
             return _squares(dz)
-        # Positions with the same id add up: sum over pairs (t, s) with id_t == id_s.
-        same = tf.equal(self.ids[:, :, None], self.ids[:, None, :])
-        gram = tf.matmul(dz, dz, transpose_b=True)
-        return tf.reduce_sum(tf.where(same, gram, tf.zeros_like(gram)), axis=[1, 2])
+        # Positions with the same id add up. Formed per example: at the first position of
+        # each id, the sum of its positions' dz (O(B T^2 d), as a Gram product), 0 at its
+        # repeats; clipped_sum sums exactly these rows, so the norm that sets the clip factor
+        # is the norm of what is summed. (A Gram sum over same-id pairs loses what cancels to
+        # float32 rounding, as _Linear's ghost norm did; and rows c dz_t, c dz_s summed later
+        # by the optimizer round relative to |dz_t|, not to the clipped sum.)
+        same = tf.cast(tf.equal(self.ids[:, :, None], self.ids[:, None, :]), dz.dtype)
+        repeats = tf.reduce_sum(tf.linalg.band_part(same, -1, 0), axis=2)  # positions s <= t
+        merged = tf.matmul(same, dz)
+        self._rows = tf.where((repeats == 1)[:, :, None], merged, tf.zeros_like(merged))
+        return _squares(self._rows)
 
     def clipped_sum(self, grads, coefficients, kept) -> list[tf.IndexedSlices]:
         """The rows the batch gathers, as TensorFlow's own gradient of a gather: O(B T d)
         whatever the table's size (a dense sum would fill all V d entries every step)."""
-        [dz] = step_ops.clipped_rows([self._output_grads(grads)], coefficients, kept,
-                                         scale=[True])
+        [dz] = step_ops.clipped_rows([self._rows], coefficients, kept, scale=[True])
         table = self.layer.embeddings
         return [tf.IndexedSlices(tf.reshape(dz, [-1, dz.shape[-1]]), tf.reshape(self.ids, [-1]),
                                  tf.shape(table, out_type=self.ids.dtype))]

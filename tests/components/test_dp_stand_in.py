@@ -229,3 +229,37 @@ def test_a_dense_over_positions_never_sums_more_than_c_per_example():
             fn_output_signature=tf.float32)
     norms = contributions().numpy()
     assert np.all(norms <= clip * (1 + 1e-5)), norms.max()
+
+
+@pytest.mark.parametrize("relative", [1e-3, 1e-4, 1e-5])
+def test_an_embedding_with_repeated_ids_never_sums_more_than_c_per_example(relative):
+    """Found with issue 45's Dense case: an Embedding whose ids repeat within an example had
+    its norm from a float32 Gram sum over same-id pairs, and its clipped rows c dz_t summed by
+    the optimizer later. Two positions of one id whose output gradients nearly cancel (the
+    next layer's kernel for position 2 is minus position 1's, ~1e9, plus `relative` of it):
+    each example's contribution, as summed (IndexedSlices added up), has norm at most C
+    (1 + 1e-5)."""
+    rng = np.random.default_rng(7)
+    batch = 64
+    tf.keras.utils.set_random_seed(8)
+    model = functional(L.Embedding(4, 8), L.Flatten(), L.Dense(2, trainable=False),
+                       input_shape=(2,), dtype="int32")
+    kernel = 1e9 * rng.standard_normal((8, 2))
+    model.layers[-1].set_weights([np.concatenate(
+        [kernel, -kernel * (1 + relative * rng.standard_normal((8, 2)))]).astype(np.float32),
+        np.zeros(2, np.float32)])
+    ids = tf.constant(np.repeat(rng.integers(0, 4, (batch, 1)), 2, axis=1), tf.int32)
+    labels = tf.constant(rng.standard_normal((batch, 2)), tf.float32)
+    per_example = with_reduction(MSE, tf.keras.losses.Reduction.NONE)
+
+    @tf.function
+    def contributions():
+        gradients = clipping.OnePass(model, model.trainable_variables, per_example, ids,
+                                     labels, tf.ones([batch]))
+        factors = 1.0 / tf.maximum(1.0, gradients.norms)
+        kept = dp_sgd.kept_rows(gradients.losses, gradients.norms)
+        return tf.map_fn(lambda row: tf.norm(tf.convert_to_tensor(gradients.clipped_sum(
+            factors * tf.one_hot(row, batch), kept)[0])), tf.range(batch),
+            fn_output_signature=tf.float32)
+    norms = contributions().numpy()
+    assert np.all(norms <= 1 + 1e-5), norms.max()
