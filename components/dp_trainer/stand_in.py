@@ -4,8 +4,8 @@ Why. Whatever fails after a grant is charged spends the grant for nothing, and a
 one record decides leaks that record through the run's outcome. So DP-SGD runs its user's code
 (model_inputs, the transform, the model, the loss) on batches that hold no data first:
 records of random values of the feature spec's types and shapes, from a fixed seed, the same on
-every run (components/util/stand_ins.py). The BlockLedger's preflight runs `check_module` before it
-charges (block_ledger/preflight.py); DPTrainer runs it again after the charge and before it
+every run (components/util/stand_ins.py). The BlockLedger's preflight runs `check_module`
+before it charges (block_ledger/preflight.py); DPTrainer runs it again after the charge and before it
 reads a record (with the transform graph, which exists only then), and `dp_sgd.train` runs
 `check_model` on the model it trains. Every outcome and message here is a function of the
 module, the parameters and the fixed seed: none depends on the data, so a refusal names its
@@ -119,15 +119,15 @@ def refuse_mixing(model: tf.keras.Model, per_example_loss, features: tf.Tensor,
                              _replaced(labels, replacements[1], replaced), rows)
             kept = ~replaced
             if _differs(before[0], after[0], kept):
-                cause = "the model: an example's output"
+                mixing = "the model: an example's output"
             elif _differs(before[1], after[1], kept):
-                cause = "the loss: an example's loss"
+                mixing = "the loss: an example's loss"
             elif _differs(before[2], after[2], kept) or _differs(before[3], after[3], None):
-                cause = "the model's gradients (a custom gradient?): an example's gradient"
+                mixing = "the model's gradients (a custom gradient?): an example's gradient"
             else:
                 continue
             raise clipping.Refused(
-                f"{cause} depends on other examples of its batch (on a public stand-in batch, "
+                f"{mixing} depends on other examples of its batch (on a public stand-in batch, "
                 "replacing other rows moved it), so per-example clipping does not bound one "
                 "record's effect on a DP-SGD step; build the model and loss so that each "
                 "example's output and loss depend on that example alone (no batch statistics)")
