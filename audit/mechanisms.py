@@ -186,6 +186,36 @@ def analyzer_group_by_mean_outputs(trials: int, seed: Optional[int] = None, *,
     return outputs[0], outputs[1]
 
 
+# --- DP tft's vocabulary: partition selection, then frequency_threshold on the noisy counts ---
+
+VOCABULARY_EPSILON, VOCABULARY_DELTA = 1.0, 1e-5
+VOCABULARY_BASE_RECORDS = 30
+
+
+def vocabulary_outputs(trials: int, seed: Optional[int] = None, *,
+                       epsilon: float = VOCABULARY_EPSILON) -> Outputs:
+    """dp_transform.tft's vocabulary release (_NoisyVocabulary.release: laplace_threshold,
+    then frequency_threshold and the order by noisy count) on D: values "a" and "b" held by 30
+    records each, and D': one record more holding "a". frequency_threshold 30 sits at a's
+    count, where its one-sided tail moves by e^epsilon. Output per run: a's position in the
+    vocabulary (0 first, 1 second, 2 absent), which reads both post-processings. One release
+    per run (CSPRNG-seeded: `seed` is unused); epsilon = 2 with the claim kept at 1 is the
+    tests' half-noise variant."""
+    from sage_tfx.components.dp_transform import tft
+
+    del seed
+    release = tft._NoisyVocabulary(epsilon, VOCABULARY_DELTA, top_k=None,
+                                   frequency_threshold=VOCABULARY_BASE_RECORDS,
+                                   filename="audit").release
+    outputs = []
+    for extra in (0, 1):
+        counts = [(b"a", VOCABULARY_BASE_RECORDS + extra), (b"b", VOCABULARY_BASE_RECORDS)]
+        runs = [release(counts).value for _ in range(trials)]
+        outputs.append(np.array([vocabulary.index(b"a") if b"a" in vocabulary else 2
+                                 for vocabulary in runs], dtype=np.float64))
+    return outputs[0], outputs[1]
+
+
 # --- AdaSSP: the three Gaussian releases (lambda_min, X^T X, X^T y), seen through theta ---
 
 ADASSP_EPSILON, ADASSP_DELTA = 4.0, 1e-5
@@ -784,6 +814,10 @@ def shipped() -> dict[str, MechanismAudit]:
         MechanismAudit("analyzer_group_by_mean", ANALYZER_EPSILON, 0.0,
                        analyzer_group_by_mean_outputs,
                        "DP analyzers: dp_group_by_mean's noisy count and sum, per key"),
+        MechanismAudit("analyzer_vocabulary", VOCABULARY_EPSILON, VOCABULARY_DELTA,
+                       vocabulary_outputs,
+                       "DP tft: a vocabulary (partition selection, then frequency_threshold and "
+                       "the order by noisy count), a value's count 30 vs 31", vectorised=False),
         MechanismAudit("adassp", ADASSP_EPSILON, ADASSP_DELTA, adassp_outputs,
                        "AdaSSP: the sum of its three noisy sufficient statistics",
                        vectorised=False),

@@ -14,6 +14,7 @@
 | MatrixMechanism (workload of counting queries) | sage_tfx.components.matrix_mechanism |
 | DPAggregate, DPStatistics (artifact type) | sage_tfx.components.dp_aggregate |
 | ContinualRelease, ContinualReleaseState (artifact type) | sage_tfx.components.continual_release |
+| DPStatisticsGen, DPSchemaGen (TFX's ExampleStatistics and Schema) | sage_tfx.components.dp_statistics_gen |
 | PrivacyGrant (artifact type) | sage_tfx.components.privacy_grant |
 
 Imported lazily (PEP 562): `import sage_tfx.components` does not import TFX or TensorFlow; the
@@ -39,6 +40,8 @@ _HOMES = {
     "DPStatistics": "sage_tfx.components.dp_aggregate",
     "ContinualRelease": "sage_tfx.components.continual_release",
     "ContinualReleaseState": "sage_tfx.components.continual_release",
+    "DPStatisticsGen": "sage_tfx.components.dp_statistics_gen",
+    "DPSchemaGen": "sage_tfx.components.dp_statistics_gen",
 }
 
 __all__ = sorted(_HOMES)

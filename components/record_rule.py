@@ -156,25 +156,28 @@ def sanitise_record(serialized: bytes, feature_spec: Mapping) -> bytes:
     return _sanitised(example, feature_spec).SerializeToString()
 
 
-def readable_numbers(serialized: Iterable[bytes], feature_spec: Mapping) -> dict[str, np.ndarray]:
-    """For each scalar int or float feature of `feature_spec`: per record, whether it holds one
-    finite number of that kind (what `sanitise_record` keeps rather than defaults). The DP
-    statistics read a record without one as NULL, skipped by an aggregate, not as its default
-    0 (a per-record map: whether one record's value is NULL depends on that record alone)."""
+def readable_numbers(serialized: Iterable[bytes], feature_spec: Mapping,
+                     strings: bool = False) -> dict[str, np.ndarray]:
+    """For each scalar int or float feature of `feature_spec` (with `strings`, each scalar
+    string feature too): per record, whether it holds one value of that kind, finite for a
+    float (what `sanitise_record` keeps rather than defaults). The DP statistics read a record
+    without one as NULL (missing), skipped by an aggregate, not as its default 0 or "" (a
+    per-record map: whether one record's value is NULL depends on that record alone)."""
     check_spec(feature_spec)
-    numeric = {name: _kind(name, spec) for name, spec in feature_spec.items()
-               if isinstance(spec, tf.io.FixedLenFeature) and _size(spec) == 1
-               and spec.dtype in (tf.int64, tf.float32)}
-    readable = {name: [] for name in numeric}
+    kinds = (tf.int64, tf.float32, tf.string) if strings else (tf.int64, tf.float32)
+    scalar = {name: _kind(name, spec) for name, spec in feature_spec.items()
+              if isinstance(spec, tf.io.FixedLenFeature) and _size(spec) == 1
+              and spec.dtype in kinds}
+    readable = {name: [] for name in scalar}
     for record in serialized:
         try:
             example = tf.train.Example.FromString(record)
         except DecodeError:
             example = tf.train.Example()
-        for name, kind in numeric.items():
+        for name, kind in scalar.items():
             values = _values_as(example.features.feature.get(name), kind)
             readable[name].append(values is not None and len(values) == 1
-                                  and math.isfinite(values[0]))
+                                  and (kind == "bytes_list" or math.isfinite(values[0])))
     return {name: np.array(flags, dtype=bool) for name, flags in readable.items()}
 
 
@@ -183,6 +186,32 @@ def sanitise_records(serialized: Iterable[bytes], feature_spec: Mapping) -> list
     apply is refused whatever the data."""
     check_spec(feature_spec)
     return [sanitise_record(record, feature_spec) for record in serialized]
+
+
+def parse_with_defaults(serialized: tf.Tensor, feature_spec: Mapping) -> dict:
+    """tf.io.parse_example in the graph (a serving signature), with the rule's defaults where
+    the Python rule (`sanitise_records`) cannot run: a missing FixedLenFeature parses as its
+    public default, and each non-finite float value becomes the default at its position (0 in a
+    VarLenFeature), as training saw such a record. A value of the wrong type or length still
+    fails the request (serving may refuse a malformed request; no DP run depends on it)."""
+    check_spec(feature_spec)
+    spec = {name: tf.io.FixedLenFeature(feature.shape, feature.dtype,
+                                        default_value=defaults(name, feature))
+            if isinstance(feature, tf.io.FixedLenFeature) else feature
+            for name, feature in feature_spec.items()}
+    parsed = tf.io.parse_example(serialized, spec)
+    for name, feature in feature_spec.items():
+        if feature.dtype != tf.float32:
+            continue
+        if isinstance(feature, tf.io.FixedLenFeature):
+            fill = tf.broadcast_to(tf.reshape(tf.constant(defaults(name, feature), tf.float32),
+                                              feature.shape or []), tf.shape(parsed[name]))
+            parsed[name] = tf.where(tf.math.is_finite(parsed[name]), parsed[name], fill)
+        else:
+            values = parsed[name].values
+            parsed[name] = parsed[name].with_values(
+                tf.where(tf.math.is_finite(values), values, tf.zeros_like(values)))
+    return parsed
 
 
 def finite(tensor: tf.Tensor) -> tf.Tensor:

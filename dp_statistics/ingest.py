@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from sage_tfx import console
 from sage_tfx.dp_statistics import tables
 from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 from sage_tfx.sage_access.errors import BadRequest
@@ -226,8 +227,11 @@ def ingest(ledger: BlockLedger, csv_path: str, out_dir: str, unit_column: str, e
     if (time_column is None) == (user_blocks is None):
         raise BadRequest("give either --time-column with --period, --start and --end, or "
                          "--user-blocks K")
-    if unit_column in declared and declared[unit_column] != "string":
-        raise BadRequest(f"the unit column {unit_column!r} is read as text; do not type it")
+    if unit_column in declared and declared.pop(unit_column) != "string":
+        # An id typed as a number (natural for an integer id) is still an identifier: read as
+        # text, so "007" and "7" stay two units and no id is rounded.
+        console.report("the unit column %r is read as text (its declared type is not used)",
+                       unit_column)
     columns = {c: ("int" if c == time_column else declared.get(c, "string")) for c in header}
     if time_column is not None:
         if period not in TIME_UNITS:

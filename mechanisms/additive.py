@@ -26,6 +26,7 @@ from dp_accounting import mechanism_calibration
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_mechanism
 
+from sage_tfx.mechanisms.portable import floor_log2
 from sage_tfx.mechanisms.release import Release
 
 dp.enable_features("contrib")
@@ -71,7 +72,7 @@ def _integers(values, mechanism: str) -> np.ndarray:
 
 
 def _lattice_exponent(sensitivity: float) -> int:
-    return max(math.floor(math.log2(sensitivity)) - _LATTICE_DIGITS_BELOW_SENSITIVITY, -1074)
+    return max(floor_log2(sensitivity) - _LATTICE_DIGITS_BELOW_SENSITIVITY, -1074)
 
 
 # Building an OpenDP measurement and evaluating its privacy map cost ~0.3 ms of CPU, more than

@@ -20,6 +20,10 @@ Floating point: this is continuous Gaussian noise in float64, not OpenDP's latti
 (mechanisms/__init__.py explains why the additive mechanisms use OpenDP). Callers release only
 thresholding decisions (booleans) and values rounded to a grid far coarser than the float spacing
 (continual/tree.py `round_to_grid`), which removes the low-order bits Mironov's attack reads.
+
+Every CPU: a value is a function of (key, stream, counter) alone on every x86-64 and aarch64
+machine (IEEE basic operations only, no SIMD-dispatched logarithm; polar_kernel.py), since a
+recomputed value that differed from the published one would be a second noisy copy.
 """
 from __future__ import annotations
 
@@ -72,7 +76,7 @@ class KeyedGaussian:
         / s) is then a normal pair, exact up to the 52-bit grid and float rounding. 256
         attempts all rejected (probability 0.215^256, about 1e-171) is an error, not a silent
         fallback. No trigonometry. The arithmetic is polar_kernel.py's (compiled: one loop per
-        pass, the bits of the numpy passes it replaced)."""
+        pass; IEEE basic operations only, so the same bits on every CPU)."""
 
         if len(blocks) and int(blocks[:, 0].max()) >= 1 << _ATTEMPT_SHIFT:
             raise ValueError("noise stream ids must be below 2^56")
@@ -89,7 +93,7 @@ class KeyedGaussian:
             rejected = polar_kernel.accept_retries(self._encrypt(again), rejected, pairs,
                                                    radius)
             attempt += 1
-        polar_kernel.polar_scale(pairs, radius, np.log(radius))  # numpy's log: its bits
+        polar_kernel.polar_scale(pairs, radius)
         return pairs
 
     def normals(self, streams, counters) -> np.ndarray:

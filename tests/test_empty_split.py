@@ -21,11 +21,11 @@ from support import TRIP_MODULE
 
 
 def test_read_split_returns_0_rows_for_an_empty_split_file(tmp_path):
-    directory = tmp_path / "Split-test"
+    directory = tmp_path / "Split-eval"
     directory.mkdir()
     with tf.io.TFRecordWriter(str(directory / "data.gz"), options="GZIP"):
         pass  # what BlockExampleGen writes for a block without records
-    records = read_split(str(tmp_path), "test")
+    records = read_split(str(tmp_path), "eval")
     assert records.dtype == tf.string and records.shape == (0,)
     with pytest.raises(ValueError, match="no 'train' split files"):  # layout, not data
         read_split(str(tmp_path), "train")

@@ -60,7 +60,7 @@ def test_block_pipeline_links_the_charge_to_the_run(tmp_path):
     assert sorted(e.get_string_custom_property("block_id") for e in per_block) == MONTHS
     for block_examples in per_block:  # every record written, and no count stored anywhere
         written = 0
-        for split in ("train", "test"):
+        for split in ("train", "eval"):
             files = tf.io.gfile.glob(os.path.join(block_examples.uri, f"Split-{split}", "*"))
             written += sum(1 for _ in tf.data.TFRecordDataset(files, compression_type="GZIP"))
         assert written == 40

@@ -14,3 +14,9 @@ UPPER_BOUND = "upper_bound"
 TARGET = "target"
 CONFIDENCE = "confidence"
 EPSILON_USED = "epsilon_used"
+# The baseline test (slaed.baseline_gap_validator): the DP gap between the best baseline's loss
+# and the model's, its lower bound, the margin asked for, and how many baselines took part.
+BASELINE_GAP = "baseline_gap"
+BASELINE_GAP_LOWER_BOUND = "baseline_gap_lower_bound"
+BASELINE_MARGIN = "baseline_margin"
+BASELINES = "baselines"

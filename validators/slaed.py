@@ -133,8 +133,15 @@ class DPMeanRelease:
 
     @classmethod
     def of(cls, clipped: np.ndarray, value_range: float, epsilon: float) -> "DPMeanRelease":
+        return cls.of_sum(clipped.size, float(clipped.sum()), value_range, epsilon)
+
+    @classmethod
+    def of_sum(cls, count: int, total: float, value_range: float,
+               epsilon: float) -> "DPMeanRelease":
+        """The releases of a count and of a sum that one record moves by at most value_range
+        (adding a record moves the count by 1 and the sum within [0, value_range])."""
         release = mechanisms.laplace_count_and_sum(
-            np.array([clipped.size], dtype=np.float64), np.array([clipped.sum()]),
+            np.array([count], dtype=np.float64), np.array([total]),
             value_bound=value_range, epsilon=epsilon)
         (dp_count,), (dp_sum,) = release.value
         return cls(float(dp_count), float(dp_sum), value_range, epsilon, release.event)
@@ -244,3 +251,59 @@ def sum_statistic_validator(values, target_abs_error: float, epsilon: float,
     return ValidationResult(outcome, estimate, estimate - error_bound, estimate + error_bound,
                             target_abs_error, epsilon, confidence, release.dp_count,
                             {"error_bound": error_bound, "value_range": (low, high), "eta": eta})
+
+
+def _bounded_losses(losses, loss_bound: float) -> np.ndarray:
+    """Losses clipped to [0, B], a NaN or infinite one counted as B (a bad prediction)."""
+    losses = np.asarray(losses, dtype=np.float64)
+    return np.clip(np.where(np.isfinite(losses), losses, loss_bound), 0.0, loss_bound)
+
+
+def baseline_gap_sum(model: np.ndarray, baselines: np.ndarray, loss_bound: float) -> float:
+    """S = min_c sum_i l_c(i) - sum_i l_model(i) + n B of bounded losses (baseline_gap_validator):
+    adding a record moves it by [0, 2B]."""
+    return float(baselines.sum(axis=0).min()) - float(model.sum()) + len(model) * loss_bound
+
+
+def baseline_gap_validator(model_losses, baseline_losses, margin: float, epsilon: float,
+                           confidence: float = 0.95, loss_bound: float = 1.0
+                           ) -> ValidationResult:
+    """ACCEPT only if the model's expected loss is below every baseline's by more than
+    `margin`, with probability >= 1 - (1 - confidence) / 2; otherwise RETRY (never REJECT).
+
+    `model_losses` (n,) are the model's per-example losses and `baseline_losses` (n, k) those of
+    k public baselines on the same examples: each constant prediction of a public candidate set
+    (every class: the majority class is one of them; a grid of constants for a regression), and
+    a previously blessed model. Losses are clipped to [0, B], a NaN counts as B; for accuracy,
+    the error indicator with B = 1. The gap is g = min_c L_c - L_model (population losses).
+
+    The statistic. D = min_c sum_i l_c(i) - sum_i l_model(i): adding a record moves each sum by
+    [0, B], so their minimum by [0, B] and D by [-B, B]; S = D + n B moves by [0, 2B]. S and the
+    count are released as one DPMeanRelease of range 2B (sensitivity 2B, Laplace, epsilon), and
+    nothing else about the baselines leaves: which candidate is the best is never released.
+    The bound. For c* the population's best baseline, T = sum_i (l_c*(i) - l_model(i) + B) is a
+    sum of n i.i.d. values in [0, 2B] with mean g + B, and S <= T (the minimum is at most the
+    sum at c*). mean_lower_bound is increasing in the sum, so on the events that the Laplace
+    corrections and Bernstein's lower bound hold for T (probability >= 1 - eta), the bound
+    computed from S is <= the one from T <= g + B. ACCEPT when that bound minus B exceeds
+    `margin`. The empirical minimum is biased low (E min <= min E), so S cannot bound g from
+    above: the test never REJECTs, and a model that does not beat its baselines stays at RETRY.
+    """
+    eta = _check_common(epsilon, confidence)
+    if not (isinstance(loss_bound, (int, float)) and math.isfinite(loss_bound) and loss_bound > 0):
+        raise ValueError(f"loss_bound B must be a positive number, got {loss_bound!r}")
+    if not (isinstance(margin, (int, float)) and 0.0 <= margin < loss_bound):
+        raise ValueError(f"the baseline margin must be in [0, B={loss_bound}), got {margin!r}")
+    model = _bounded_losses(_as_vector(model_losses), loss_bound)
+    baselines = _bounded_losses(np.asarray(baseline_losses, dtype=np.float64).reshape(
+        len(model), -1), loss_bound)
+    if baselines.shape[1] == 0:
+        raise ValueError("the baseline test needs at least one baseline")
+    release = DPMeanRelease.of_sum(len(model), baseline_gap_sum(model, baselines, loss_bound),
+                                   2.0 * loss_bound, epsilon)
+    lower = mean_lower_bound(release, eta) - loss_bound
+    outcome = ACCEPT if lower > margin else RETRY
+    return ValidationResult(outcome, release.dp_mean - loss_bound, lower, None, margin, epsilon,
+                            confidence, release.dp_count,
+                            {"loss_bound": loss_bound, "eta": eta,
+                             "baselines": baselines.shape[1]})

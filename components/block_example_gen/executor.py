@@ -36,7 +36,7 @@ from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components.block_example_gen import constants as block_keys
-from sage_tfx.components.util.examples_io import SPLITS, TEST_SPLIT, TRAIN_SPLIT
+from sage_tfx.components.util.examples_io import SPLITS, EVAL_SPLIT, TRAIN_SPLIT
 from sage_tfx.dp_statistics.tables import record_block_key
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.ledger import EXAMPLES, BlockLedger, NewBlock
@@ -117,7 +117,7 @@ def csv_records(path: str) -> Iterable[bytes]:
                 feature = _cell_feature(text.strip())
                 if feature is not None:
                     example.features.feature[name].CopyFrom(feature)
-            # Deterministic bytes: the train/test split hashes them, and a feature map's order
+            # Deterministic bytes: the train/eval split hashes them, and a feature map's order
             # otherwise differs between processes, which moved records between splits.
             yield example.SerializeToString(deterministic=True)
 
@@ -179,7 +179,7 @@ def check_csv_headers(files: list[str], columns: Optional[list[str]], block_key:
 
 def _split_of(serialized: bytes, test_fraction: float) -> str:
     digest = hashlib.blake2b(serialized, digest_size=8, key=b"sage-tfx-split").digest()
-    return TEST_SPLIT if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else TRAIN_SPLIT
+    return EVAL_SPLIT if int.from_bytes(digest, "big") / 2 ** 64 < test_fraction else TRAIN_SPLIT
 
 
 DATA_FILE = "data_tfrecord-00000-of-00001.gz"

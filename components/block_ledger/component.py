@@ -41,7 +41,7 @@ class BlockLedger(base_component.BaseComponent):
     """Requests (epsilon, delta) from the ledger on the most recent `window` blocks that hold
     Examples and can pay (or on explicit `block_ids`, refused if one holds other data), split among the iteration's DP steps by `split`
     ({step: fraction}, fractions summing to at most 1 exactly). `step_mechanisms`
-    ({step: {"mechanism": "adassp" | "laplace" | "dp_sgd"}}) says what each step runs: the grant
+    ({step: {"mechanism": "adassp" | "laplace" | "dp_sgd" | "dp_transform"}}) says what each step runs: the grant
     records each step's DP event (privacy_grant.planned_event), which an rdp ledger charges
     as the RDP curve of their composition. Outputs the PrivacyGrant and one Examples
     artifact (train/test) holding exactly the granted blocks. The charge is linked in MLMD to this

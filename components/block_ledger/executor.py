@@ -17,7 +17,8 @@ from tfx.types import artifact_utils
 
 from sage_tfx import console, release
 from sage_tfx.components.block_ledger import preflight
-from sage_tfx.components.privacy_grant import mark_examples, step_events, write_grant
+from sage_tfx.components.privacy_grant import (mark_examples, planned_additional_delta,
+                                               step_events, write_grant)
 from sage_tfx.components.util.examples_io import SPLITS
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.accounting import check_split
@@ -80,10 +81,10 @@ class Executor(base_executor.BaseExecutor):
             self._context.pipeline_info.id if self._context and self._context.pipeline_info else None)
 
         epsilon, delta = float(exec_properties["epsilon"]), float(exec_properties["delta"])
-        events = step_events(json.loads(exec_properties.get("step_mechanisms") or "{}"),
-                             budget_split, epsilon, delta, ledger.accounting.name)
+        mechanisms = json.loads(exec_properties.get("step_mechanisms") or "{}")
+        events = step_events(mechanisms, budget_split, epsilon, delta, ledger.accounting.name)
         preflight.run(preflight.parse(exec_properties.get(preflight.PROPERTY)), epsilon, delta,
-                      budget_split)
+                      budget_split, events)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         run_id, node_id = _run_and_node(self._context, examples.uri, pipeline)
         # What the ledger records as the request: the pipeline and this component's terms (the
@@ -93,6 +94,8 @@ class Executor(base_executor.BaseExecutor):
                                   exec_properties.get("step_mechanisms") or "{}")},
                              sort_keys=True)
         plan = release.ReleasePlan(FRONT_DOOR, request, epsilon, delta, budget_split, events,
+                                   additional_delta=planned_additional_delta(
+                                       mechanisms, budget_split, epsilon, delta),
                                    pipeline=pipeline, run_id=run_id, data_uri=examples.uri,
                                    require_data=True)
         charged = release.charge(ledger, plan, selector)

@@ -6,7 +6,7 @@ module loads and defines what it needs, Keras 2 is in effect when DP-SGD needs i
 model and loss pass DP-SGD's checks and one DP-SGD step on public stand-in batches
 (dp_trainer/stand_in.py), DP-SGD's compiled step kernels load, and DP-SGD's calibration fits its
 share where public values decide it (dp_trainer.preflight, the check the privacy-adaptive
-driver makes too). The BlockLedger executor runs them all before
+driver makes too), and DPStatisticsGen's numeric features have public clamping bounds. The BlockLedger executor runs them all before
 `ledger.request`: a pipeline that would fail after the charge for one of these reasons fails
 before it, with nothing charged. The checks read the pipeline's parameters and this process's
 environment only, never a record, so whether they pass tells nothing about the data.
@@ -37,6 +37,8 @@ class Check:
     sampling: Optional[Mapping] = None
     # DPTransform's: the grant step whose share its preprocessing_fn spends (audited, no data).
     transform_step: Optional[str] = None
+    # DPStatisticsGen's parameters: its features' bounds and options (dp_statistics_gen).
+    statistics: Optional[Mapping] = None
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "module_needs": list(self.module_needs)}
@@ -47,8 +49,9 @@ def parse(text: Optional[str]) -> list[Check]:
 
 
 def run(checks: Sequence[Check], epsilon: float, delta: float,
-        split: Mapping[str, float]) -> None:
-    """BadRequest naming the component and the fix for the first check that fails."""
+        split: Mapping[str, float], events: Optional[Mapping] = None) -> None:
+    """BadRequest naming the component and the fix for the first check that fails. `events`:
+    the DP event planned for each step (privacy_grant.step_events)."""
     # Imported here: dp_trainer's package imports this one's component (a cycle at import).
     from sage_tfx.components.dp_trainer.parameters import preflight as trainer_preflight
     from sage_tfx.components.dp_trainer.parameters import trains_with_dp_sgd
@@ -61,7 +64,10 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
             if check.legacy_keras:
                 require_legacy_keras()
             if check.transform_step is not None:
-                _transform_audit(check, epsilon, split)
+                _transform_audit(check, epsilon, delta, split, events or {})
+                continue
+            if check.statistics is not None:
+                _statistics_plan(check, epsilon, delta, split)
                 continue
             module = UserModule.load(check.module_file, check.purpose, check.module_needs)
             if check.trainer is not None:
@@ -91,17 +97,33 @@ def _refuse_unclippable_model(module, trainer: Mapping) -> None:
                           else RecordDecoder(module))
 
 
-def _transform_audit(check: Check, epsilon: float, split: Mapping[str, float]) -> None:
-    """DPTransform's own audit, without data: the module loads, its preprocessing_fn uses only
-    DP analyzers whose shares fit the step's (dp_transform.executor.audit), and one whole
-    preprocessing pass runs on public stand-in records (stand_in_pass)."""
-    from sage_tfx.components.dp_transform.executor import audit, load_module, stand_in_pass
+def _statistics_plan(check: Check, epsilon: float, delta: float,
+                     split: Mapping[str, float]) -> None:
+    """DPStatisticsGen's plan on its step's share, without data: every numeric feature has
+    public clamping bounds, string features have delta (dp_statistics_gen.executor)."""
+    from sage_tfx.components.dp_statistics_gen.executor import preflight as statistics_preflight
+
+    given = dict(check.statistics)
+    statistics_preflight(given, given.pop("grant_step"), epsilon, delta, split)
+
+
+def _transform_audit(check: Check, epsilon: float, delta: float, split: Mapping[str, float],
+                     events: Mapping) -> None:
+    """DPTransform's own audit, without data: the module loads, its preprocessing_fn uses
+    only DP analyzers whose shares fit the step's (epsilon, delta), each analyzer has the
+    public bounds it needs, the step's planned event covers what they run
+    (dp_transform.executor.plan_transform, check_planned_event), and one whole preprocessing
+    pass runs on public stand-in records (stand_in_pass)."""
+    from sage_tfx.components.dp_transform.executor import (check_planned_event, load_module,
+                                                           plan_transform, stand_in_pass)
     from sage_tfx.sage_access.accounting import split_share
 
     if check.transform_step not in split:
         raise ValueError(f"the grant's split has no {check.transform_step!r} step for "
                          "DPTransform")
-    share_epsilon, _ = split_share(epsilon, 0.0, split, check.transform_step)
     preprocessing_fn, feature_spec = load_module(check.module_file)
-    audit(preprocessing_fn, feature_spec, share_epsilon)
-    stand_in_pass(preprocessing_fn, feature_spec, share_epsilon)
+    plan = plan_transform(preprocessing_fn, feature_spec,
+                          *split_share(epsilon, delta, split, check.transform_step))
+    check_planned_event(events.get(check.transform_step), plan,
+                        f"step {check.transform_step!r}")
+    stand_in_pass(preprocessing_fn, feature_spec, plan)

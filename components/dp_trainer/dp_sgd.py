@@ -188,6 +188,11 @@ def keyed_gaussian_noise(key: bytes, size: int, stddev: float) -> np.ndarray:
     Box-Muller (1958): for independent V uniform on (0, 1] and A uniform on [0, 1), sqrt(-2 ln
     V) (cos 2 pi A, sin 2 pi A) are two independent standard normals (box_muller).
 
+    Across CPUs. numpy's log, cos and sin dispatch per CPU feature, so the last bits of a draw
+    may differ between machines for the same key. That is sound here, unlike DP-SQLP's keyed
+    noise (mechanisms/polar_kernel.py): a fill is drawn once, under a fresh key, and added
+    once; no step's noise is ever recomputed, on this machine or another.
+
     Why not mechanisms.keyed.KeyedGaussian, the AES Gaussian DP-SQLP uses: it evaluates noise
     at arbitrary (stream, counter) points, with the bits its release tests pin, by the polar
     method with rejection rounds; a flat fill of 2^20 took it 11.7 ms against 3.4 here. This

@@ -30,9 +30,10 @@ class DPTransform(base_beam_component.BaseBeamComponent):
     the raw features) with tensorflow_transform on Beam, analysing the granted train split.
 
     The preprocessing_fn may use only the DP analyzers of
-    `sage_tfx.components.dp_transform.analyzers` (dp_group_by_mean, dp_mean, dp_count) and
-    data-independent ops such as `scale_with_bounds`; each analyzer spends its `budget_share` of
-    the grant's `grant_step` share of epsilon. A TFT analyzer (tft.mean, tft.vocabulary, ...) is
+    `sage_tfx.components.dp_transform.tft` (tft's names: scale_to_z_score, bucketize,
+    compute_and_apply_vocabulary, ...) and `.analyzers` (dp_group_by_mean, dp_mean, dp_count),
+    and data-independent ops such as `scale_with_bounds`; each analyzer spends its
+    `budget_share` (or an equal part) of the grant's `grant_step` share. A TFT analyzer (tft.mean, tft.vocabulary, ...) is
     refused before any record is read. Outputs a standard TransformGraph (DPTrainer and the
     serving signature apply it) and the transformed train/test Examples, which carry the grant.
     """

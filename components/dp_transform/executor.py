@@ -21,10 +21,10 @@ from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 from tfx_bsl.public import tfxio
 
-from sage_tfx.components.dp_transform import row_audit
+from sage_tfx.components.dp_transform import calls, row_audit
 from sage_tfx import console
-from sage_tfx.components.dp_transform.analyzers import (DPTransformError, is_dp_analyzer,
-                                                        transform_budget)
+from sage_tfx.components.dp_transform.analyzers import (DPTransformError, TransformPlan,
+                                                        is_dp_analyzer, transform_budget)
 from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import EXAMPLES_GRANT_ID, carry_grant, require_grant
 from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitise_record
@@ -74,22 +74,27 @@ def _analyzer_defs(graph: tf.Graph):
         pending.extend(operation.inputs)
 
 
-def audit(preprocessing_fn: Callable, feature_spec: dict, epsilon: float) -> list:
+def audit(preprocessing_fn: Callable, feature_spec: dict, epsilon: float,
+          delta: float = 0.0) -> list:
     """Trace the preprocessing_fn without data; raise unless every analyzer is a DP analyzer,
     the shares fit, and everything else treats each record on its own (row_audit.py). Returns
-    the (analyzer, share) list."""
-    with transform_budget(epsilon) as budget:
+    the (analyzer, share) list (plan_transform has the whole plan)."""
+    return plan_transform(preprocessing_fn, feature_spec, epsilon, delta).shares
+
+
+def plan_transform(preprocessing_fn: Callable, feature_spec: dict, epsilon: float,
+                   delta: float = 0.0) -> TransformPlan:
+    """`audit`, returning the plan of the DP analyzers: their shares of the step's (epsilon,
+    delta) and each one's planned release, hence the event the step runs (analyzers.py)."""
+    with transform_budget(epsilon, delta) as budget:
         graph, inputs, outputs = impl_helper.trace_preprocessing_function(
             budget.wrap(preprocessing_fn), feature_spec, use_tf_compat_v1=True)
-        shares = budget.spent_shares()
+        budget.spends()
     definitions = list(_analyzer_defs(graph))
     sources = [d for d in definitions if isinstance(d, analyzer_nodes.TensorSource)]
-    others = sorted({type(d).__name__ for d in definitions
-                     if not (is_dp_analyzer(d) or isinstance(d, analyzer_nodes.TensorSource))})
-    if others:
-        raise DPTransformError(
-            f"the preprocessing_fn uses non-private analyzers ({', '.join(others)}); DPTransform "
-            "publishes only DP statistics: use sage_tfx.components.dp_transform.analyzers")
+    others = [d for d in definitions if not is_dp_analyzer(d)]
+    if any(not isinstance(d, analyzer_nodes.TensorSource) for d in others):
+        raise DPTransformError(non_private_refusal(others, inputs))
     with graph.as_default():
         mixing = row_audit.problems(graph, inputs, outputs,
                                     [tensor for source in sources for tensor in source.tensors])
@@ -98,7 +103,49 @@ def audit(preprocessing_fn: Callable, feature_spec: dict, epsilon: float) -> lis
             "the preprocessing_fn mixes the records of a batch outside the DP analyzers (TFT "
             "runs it on arbitrary batches, so one record's output would depend on others): "
             + "; ".join(mixing))
-    return shares
+    return budget.resolve()
+
+
+def non_private_refusal(definitions, inputs: dict) -> str:
+    """The refusal of TFT's own analyzers, naming the user's calls (calls.user_calls)."""
+    from sage_tfx.components.dp_transform import tft as dp_tft
+
+    named = calls.user_calls(definitions, calls.features_by_tensor(inputs))
+    without = [call for call in named if call.split("(")[0] not in dp_tft.DP_ANALYZERS]
+    advice = ("import `from sage_tfx.components.dp_transform import tft` instead of "
+              "tensorflow_transform")
+    if without:
+        advice = (f"Not supported by DP here: {', '.join(without)} (DP analyzers: "
+                  f"{', '.join(dp_tft.DP_ANALYZERS)}, and analyzers.py's)"
+                  + (f"; for the others, {advice}" if len(without) < len(named) else ""))
+    else:
+        advice = f"Each has a DP version: {advice}"
+    return (f"the preprocessing_fn uses non-private analyzers ({', '.join(named)}): "
+            "tensorflow_transform's analyzers publish exact statistics of the data in the "
+            f"TransformGraph, and DPTransform publishes only DP ones. {advice}")
+
+
+def check_planned_event(recorded, plan: TransformPlan, where: str) -> None:
+    """Refuse unless the event a grant records for the transform step (`recorded`) covers what
+    the analyzers run. None (a basic ledger without step_mechanisms) charges the step's
+    (epsilon, delta): the plan's shares keep the analyzers inside it. A pure epsilon-DP step
+    (step_mechanisms "laplace") covers analyzers without delta (their epsilons sum to at most
+    the step's). Any other event must be the plan's (step_mechanisms "dp_transform",
+    privacy_grant.steps). Run by the BlockLedger's preflight on the planned events, and by
+    the executor on the grant's."""
+    if recorded is None:
+        return
+    if recorded == pure_dp_event(plan.epsilon):
+        spending_delta = [spend.call for spend in plan.spends if spend.uses_delta]
+        if spending_delta:
+            raise DPTransformError(
+                f"{where} is planned as pure epsilon-DP (mechanism 'laplace'), but "
+                f"{', '.join(spending_delta)} spends delta: plan the step as "
+                "{'mechanism': 'dp_transform', 'module_file': ...}")
+        return
+    if recorded != plan.event:
+        raise DPTransformError(f"{where} records {recorded}, but the preprocessing_fn's DP "
+                               f"analyzers run {plan.event}; nothing was released")
 
 
 def _analyse_and_transform(raw: dict, feature_spec: dict, preprocessing_fn: Callable,
@@ -131,13 +178,14 @@ def _analyse_and_transform(raw: dict, feature_spec: dict, preprocessing_fn: Call
                  compression_type=beam.io.filesystem.CompressionTypes.GZIP))
 
 
-def stand_in_pass(preprocessing_fn: Callable, feature_spec: dict, epsilon: float) -> None:
+def stand_in_pass(preprocessing_fn: Callable, feature_spec: dict, plan: TransformPlan) -> None:
     """One whole preprocessing pass (every Beam stage of the executor, the DP analyzers with
-    their noise included) on public stand-in records of `feature_spec` (util/stand_ins.py), in
-    a temporary directory: DPTransformError naming the cause if the module's code fails there.
-    The records hold no data, so the outcome and the message depend on no record."""
+    their noise and `plan`'s shares included) on public stand-in records of `feature_spec`
+    (util/stand_ins.py), in a temporary directory: DPTransformError naming the cause if the
+    module's code fails there. The records hold no data, so the outcome and the message depend
+    on no record."""
     try:
-        with transform_budget(epsilon) as budget, \
+        with transform_budget(plan.epsilon, plan.delta, plan) as budget, \
                 tempfile.TemporaryDirectory() as temp_dir, \
                 beam.Pipeline() as pipeline, \
                 tft_beam.Context(temp_dir=os.path.join(temp_dir, "tft"),
@@ -163,20 +211,21 @@ class Executor(base_beam_executor.BaseBeamExecutor):
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:
         grant = require_grant(input_dict["grant"], input_dict["examples"])
-        epsilon, _ = grant.share(exec_properties["grant_step"])
+        epsilon, delta = grant.share(exec_properties["grant_step"])
         with grant.releasing(exec_properties["grant_step"], "DPTransform component") as charged:
-            # Laplace analyzers whose epsilons sum to at most the share.
-            grant.check_event(exec_properties["grant_step"], pure_dp_event(epsilon))
             preprocessing_fn, feature_spec = load_module(exec_properties["module_file"])
-            shares = audit(preprocessing_fn, feature_spec, epsilon)
-            console.report("DPTransform: grant %s, transform epsilon %.4g split among %s",
-                           grant.grant_id, epsilon, shares)
+            plan = plan_transform(preprocessing_fn, feature_spec, epsilon, delta)
+            check_planned_event(grant.event(exec_properties["grant_step"]), plan,
+                                f"step {exec_properties['grant_step']!r} of grant "
+                                f"{grant.grant_id}")
+            console.report("DPTransform: grant %s, transform epsilon %.4g delta %.3g split "
+                           "among %s", grant.grant_id, epsilon, delta, plan.describe())
 
             examples = artifact_utils.get_single_instance(input_dict["examples"])
             transform_graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
             transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])
             transformed.split_names = artifact_utils.encode_split_names(list(SPLITS))
-            with transform_budget(epsilon) as budget, \
+            with transform_budget(epsilon, delta, plan) as budget, \
                     tempfile.TemporaryDirectory() as temp_dir, \
                     self._make_beam_pipeline() as pipeline, \
                     tft_beam.Context(temp_dir=temp_dir, force_tf_compat_v1=True):
@@ -184,7 +233,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                            _split_pattern(examples, split)) for split in SPLITS}
                 _analyse_and_transform(raw, feature_spec, budget.wrap(preprocessing_fn),
                                        transform_graph.uri, transformed.uri)
-            if budget.spent_shares() != shares:
+            if budget.spent_shares() != plan.shares:
                 raise DPTransformError("the preprocessing_fn spent different shares when it ran "
                                        "than "
                                        "when it was audited")
@@ -196,8 +245,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             carry_grant(grant, transformed, "DPTransform")
             transform_graph.set_string_custom_property(EXAMPLES_GRANT_ID, grant.grant_id)
             set_exact_property(transform_graph, "dp_epsilon",
-                               epsilon * sum(share for _, share in shares))
+                               epsilon * sum(share for _, share in plan.shares))
             # The transform graph holds the DP statistics; the transformed Examples are granted
             # data, transformed record by record, and stay inside the platform.
             charged.released([transform_graph.uri], charged.guarantee(
-                GuaranteeUnit.RECORD, epsilon=epsilon, delta=0.0))
+                GuaranteeUnit.RECORD, epsilon=epsilon, delta=plan.additional_delta))

@@ -17,11 +17,13 @@ from sage_tfx.components.privacy_grant.examples import (EXAMPLES_BLOCKS, EXAMPLE
                                                         EXAMPLES_GRANT_ID, carry_grant,
                                                         mark_examples)
 from sage_tfx.components.privacy_grant.shares import GrantError, GrantInfo
-from sage_tfx.components.privacy_grant.steps import (MECHANISMS, Mechanism, planned_event,
+from sage_tfx.components.privacy_grant.steps import (MECHANISMS, Mechanism,
+                                                     planned_additional_delta, planned_event,
                                                      step_events)
 
 __all__ = [
     "EXAMPLES_BLOCKS", "EXAMPLES_CONTEXT", "EXAMPLES_GRANT_ID", "GrantError", "GrantInfo",
-    "MECHANISMS", "Mechanism", "PrivacyGrant", "carry_grant", "mark_examples", "planned_event",
+    "MECHANISMS", "Mechanism", "PrivacyGrant", "carry_grant", "mark_examples",
+    "planned_additional_delta", "planned_event",
     "require_grant", "step_events", "write_grant",
 ]

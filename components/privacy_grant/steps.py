@@ -17,6 +17,7 @@ class Mechanism(Choice):
     ADASSP = "adassp"
     LAPLACE = "laplace"
     DP_SGD = "dp_sgd"
+    DP_TRANSFORM = "dp_transform"
 
 
 MECHANISMS = Mechanism.values()
@@ -29,6 +30,10 @@ def planned_event(mechanism: Mapping[str, Any], epsilon: float, delta: float):
     * adassp: three self-composed Gaussians at the calibrated noise multiplier (adassp.py);
     * laplace: any epsilon-DP step made of Laplace releases whose epsilons sum to its share
       (SLAedValidator, DPTransform's analyzers), recorded as its zCDP bound;
+    * dp_transform ({"mechanism": "dp_transform", "module_file": ...}): the composition of the
+      events of the DP analyzers of the module's preprocessing_fn, each on its share (traced,
+      no data: dp_transform.executor.plan_transform); their delta spent outside events
+      (vocabularies' partition selection) is `planned_additional_delta`'s;
     * dp_sgd: None. Its steps depend on the sampling: SWO and shuffling on the data's size,
       Poisson on a truncation probability that adds a delta an RDP curve cannot carry, so an
       rdp ledger refuses it (a basic ledger charges its (epsilon, delta) share).
@@ -42,7 +47,34 @@ def planned_event(mechanism: Mapping[str, Any], epsilon: float, delta: float):
         return adassp.planned_event(epsilon, delta)
     if name == Mechanism.LAPLACE:
         return pure_dp_event(epsilon)
+    if name == Mechanism.DP_TRANSFORM:
+        return _transform_plan(mechanism, epsilon, delta).event
     return None  # Mechanism.DP_SGD
+
+
+def _transform_plan(mechanism: Mapping[str, Any], epsilon: float, delta: float):
+    """The plan of a dp_transform step (a refusal of the module is a BadRequest: before any
+    charge)."""
+    from sage_tfx.components.dp_transform.executor import load_module, plan_transform
+
+    if not mechanism.get("module_file"):
+        raise BadRequest("a dp_transform step names its module: {'mechanism': 'dp_transform', "
+                         "'module_file': ...}")
+    try:
+        return plan_transform(*load_module(mechanism["module_file"]), epsilon, delta)
+    except ValueError as error:
+        raise BadRequest(f"DPTransform's module {mechanism['module_file']!r}: {error}") from None
+
+
+def planned_additional_delta(mechanisms: dict, split: dict[str, str], epsilon: float,
+                             delta: float) -> float:
+    """The delta the steps spend outside their events (mechanisms.Release.additional_delta):
+    a dp_transform step's vocabularies. The ReleasePlan carries it, so that a ledger that
+    cannot charge it (rdp) refuses the grant instead of undercharging."""
+    return sum(_transform_plan(mechanism, *split_share(epsilon, delta, split, step))
+               .additional_delta
+               for step, mechanism in mechanisms.items()
+               if mechanism.get("mechanism") == Mechanism.DP_TRANSFORM)
 
 
 def step_events(mechanisms: dict, split: dict[str, str], epsilon: float, delta: float,

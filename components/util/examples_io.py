@@ -14,9 +14,11 @@ from sage_tfx.components import record_rule
 from sage_tfx.dp_statistics.aggregation import sql
 from sage_tfx.dp_statistics.aggregation.sql import ARROW_TYPES
 
+# TFX's split names (CsvExampleGen's default), so a TFMA config or module written for TFX's
+# splits carries over.
 TRAIN_SPLIT = "train"
-TEST_SPLIT = "test"
-SPLITS = (TRAIN_SPLIT, TEST_SPLIT)
+EVAL_SPLIT = "eval"
+SPLITS = (TRAIN_SPLIT, EVAL_SPLIT)
 
 
 def read_split(examples_uri: str, split: str) -> tf.Tensor:
@@ -48,19 +50,30 @@ def read_rows(examples_uris: list[str], columns: dict[str, str],
     """Every record of the Examples (all splits), mapped to `columns` by the record rule.
     `numeric_nulls`: an int or float cell that is missing, unreadable or not finite is NULL
     (as BigQuery and the SQL engine read it: skipped by aggregates) instead of the rule's 0."""
-    spec = feature_spec(columns)
+    feature_spec(columns)
     files = sorted(f for uri in examples_uris
                    for f in tf.io.gfile.glob(os.path.join(uri, "Split-*", "*")))
     serialized = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(files, "GZIP")] \
         if files else []
+    return records_table(serialized, columns, numeric_nulls=numeric_nulls)
+
+
+def records_table(serialized: list[bytes], columns: dict[str, str], numeric_nulls: bool = False,
+                  string_nulls: bool = False) -> pa.Table:
+    """Serialized records mapped to `columns` by the record rule, one row each (read_rows').
+    `string_nulls`: a string cell that is missing or unreadable is NULL instead of "" (DP
+    statistics count it as missing, as TFDV does)."""
+    spec = feature_spec(columns)
     clean = record_rule.sanitise_records(serialized, spec)
-    readable = record_rule.readable_numbers(serialized, spec) if numeric_nulls else {}
+    readable = record_rule.readable_numbers(serialized, spec, strings=string_nulls) \
+        if numeric_nulls or string_nulls else {}
     parsed = tf.io.parse_example(tf.constant(clean, dtype=tf.string), spec) if clean else {}
     arrays = []
     for name, kind in columns.items():
         values = parsed[name].numpy() if clean else np.zeros(0)
         if kind == "string":
             values = [v.decode("utf-8", "replace") for v in values]
-        mask = ~readable[name] if name in readable and clean else None
+        nullable = string_nulls if kind == "string" else numeric_nulls
+        mask = ~readable[name] if nullable and name in readable and clean else None
         arrays.append(pa.array(values, ARROW_TYPES[kind], mask=mask))
     return pa.Table.from_arrays(arrays, names=list(columns))

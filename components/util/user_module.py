@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 import tensorflow as tf
 
 from sage_tfx.components.record_rule import (check_spec, finite, null_record,
-                                              sanitise_records)
+                                              parse_with_defaults, sanitise_records)
 
 # What every use of a module needs; each component adds what its mode or metric needs
 # (dp_trainer.parameters.MODULE_NEEDS, validators.executor.MODULE_NEEDS).
@@ -133,4 +133,6 @@ class RecordDecoder:
         return self._label(raw, features)
 
     def serving_inputs(self, serialized: tf.Tensor) -> tf.Tensor:
-        return self._inputs(tf.io.parse_example(serialized, self.serving_spec))[0]
+        """The model inputs of serialized records in the serving signature: a record missing a
+        feature (or with a non-finite value) is read with its default, as training read it."""
+        return self._inputs(parse_with_defaults(serialized, self.serving_spec))[0]

@@ -75,6 +75,7 @@ from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, SELEC
 from sage_tfx.dp_statistics.aggregation.spec import (MAX_MAGNITUDE, QUANTILE_BRANCHING,
                                                      QUANTILE_LEVELS, Aggregate, AggregateKind,
                                                      AggregationQuery, NoiseKind, SelectionRule)
+from sage_tfx.mechanisms.portable import floor_log2
 
 # Quantiles read a tree of counts over [L, U] (a hierarchical histogram, as PipelineDP's and
 # Google's quantile tree): level j = 1..H splits [L, U] into b^j equal buckets, so the leaves
@@ -352,8 +353,8 @@ def log_histogram(values: np.ndarray) -> np.ndarray:
     """Counts of the finite ``values`` in the log-scale buckets: index 0..59 negative (most
     negative first), 60 the zero bucket, 61..120 positive (smallest first)."""
     values = values[np.isfinite(values)]
-    magnitude = np.clip(np.floor(np.log2(np.maximum(np.abs(values), 2.0 ** _LOG_LOW))),
-                        _LOG_LOW, _LOG_HIGH - 1).astype(np.int64) - _LOG_LOW
+    magnitude = np.clip(floor_log2(np.maximum(np.abs(values), 2.0 ** _LOG_LOW)),
+                        _LOG_LOW, _LOG_HIGH - 1) - _LOG_LOW
     zero = np.abs(values) < 2.0 ** _LOG_LOW
     index = np.where(zero, _LOG_BUCKETS,
                      np.where(values > 0, _LOG_BUCKETS + 1 + magnitude,

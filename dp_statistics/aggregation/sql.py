@@ -21,8 +21,9 @@ n-1 cut points of n equal parts). An aggregate's argument may be any row-wise ex
 
 BigQuery's spelling is accepted in the DP SELECT list: COUNT(*), COUNT(expr), SUM, AVG and
 PERCENTILE_CONT(expr, p), with bounds as `contribution_bounds_per_group => (lower, upper)`
-(SUM: the unit's total in the group is clamped, BigQuery's meaning; AVG: each value is
-clamped, and AVG is the mean of the rows read, not BigQuery's mean of per-unit means) or
+(SUM and COUNT: the unit's total, or count of rows, in the group is clamped, BigQuery's
+meaning; AVG: each value is clamped, and AVG is the mean of the rows read, not BigQuery's mean
+of per-unit means) or
 `contribution_bounds_per_row => (lower, upper)` (SUM, PERCENTILE_CONT: each row), and
 OPTIONS epsilon and delta (equal to the grant's). A query without GROUP BY releases one row,
 the total (one public group: no selection). Outside the DP SELECT list (a subquery), SUM and
@@ -488,9 +489,9 @@ def _named_bounds(call: exp.Anonymous, function: str,
         raise QueryError(f"{where}: give one of {BOUNDS_PER_GROUP} or {BOUNDS_PER_ROW} "
                          f"=> (lower, upper), got {sorted(named)}")
     [(kind, value)] = named.items()
-    if function == "ANON_COUNT":
-        raise QueryError(f"{where}: COUNT takes no {kind}: the rows one unit adds to a group "
-                         "are bounded by OPTIONS(max_rows_contributed_per_group = n)")
+    if function == "ANON_COUNT" and kind != BOUNDS_PER_GROUP:
+        raise QueryError(f"{where}: COUNT clamps each unit's count in a group: use "
+                         f"{BOUNDS_PER_GROUP}")
     if function == "ANON_PERCENTILE_CONT" and kind != BOUNDS_PER_ROW:
         raise QueryError(f"{where}: PERCENTILE_CONT clamps each row: use {BOUNDS_PER_ROW}")
     bounds = _literal(value, where)
@@ -505,6 +506,8 @@ def _aggregate_call(name: str, call: exp.Anonymous, scope: _Scope) -> AggregateC
     function = _function_name(call)
     kind = ANON_FUNCTIONS[function]
     args, named, bounds_name = _named_bounds(call, function, where)
+    if kind == "count" and named is not None:
+        return _bounded_count(name, args, named, scope, where)
     if kind == "count":
         if len(args) == 1 and isinstance(args[0], exp.Star):
             return AggregateCall(name=name, kind="count", argument=None, clause=where)
@@ -556,6 +559,29 @@ def _aggregate_call(name: str, call: exp.Anonymous, scope: _Scope) -> AggregateC
                          "numbers (declare the column numeric at ingest)")
     return AggregateCall(name=name, kind=kind, argument=argument, lower=lower, upper=upper,
                          ntiles=ntiles, q=q, rows_bounded=bounds_name == BOUNDS_PER_ROW,
+                         clause=where)
+
+
+def _bounded_count(name: str, args: list, bounds: tuple[float, float], scope: _Scope,
+                   where: str) -> AggregateCall:
+    """BigQuery's COUNT(*, contribution_bounds_per_group => (lower, upper)) and COUNT(expr,
+    ...): each unit's count of rows (of rows where expr is not null) in a group, clamped into
+    [lower, upper], summed over units. That is the unit-scoped SUM (BoundsScope.UNIT) of a row
+    indicator, 1 per row or NOT (expr IS NULL): the same operator, sensitivity and noise as
+    SUM(indicator, contribution_bounds_per_group => (lower, upper))."""
+    lower, upper = bounds
+    if not 0.0 <= lower < upper:
+        raise QueryError(f"{where}: a count's bounds must satisfy 0 <= lower < upper, got "
+                         f"({lower:g}, {upper:g})")
+    if len(args) == 1 and isinstance(args[0], exp.Star):
+        indicator = exp.Literal.number(1)
+    elif len(args) == 1 and not isinstance(args[0], exp.Distinct):
+        present = exp.Not(this=exp.Is(this=_check_row_wise(args[0], scope, where),
+                                      expression=exp.Null()))
+        indicator = exp.Paren(this=present)
+    else:
+        raise QueryError(f"{where}: COUNT with {BOUNDS_PER_GROUP} takes * or one expression")
+    return AggregateCall(name=name, kind="sum", argument=indicator, lower=lower, upper=upper,
                          clause=where)
 
 

@@ -163,3 +163,46 @@ def scaled_by_step(values, starts, counts, sigma, by_step):
     for r in range(counts.shape[0]):
         for j in range(counts[r]):
             by_step[j, r] = values[starts[r] + j] * sigma
+
+
+@kernel(_array(numba.float64, 1, readonly=False)(_FLOATS, _FLOATS, _FLOATS, numba.int64))
+def prefix_variances(decays, weights, gains, length):
+    """Var Z'(t) / sigma^2, t = 1..length, as factorization.WindowFactor.prefix_variances
+    describes: P <- M_t P M_t' + g_t g_t' over the n + 2 states. The thresholds that decide
+    every release are these times a constant, and each engine, worker and resumed job
+    recomputes them, so they must have the same bits on every CPU: numpy's `@` calls BLAS,
+    whose kernels (chosen per CPU) sum in their own orders with FMA. Here every product is a
+    plain loop, summed in index order."""
+    n = decays.shape[0]
+    width = n + 2
+    step = np.zeros((width, width))
+    for i in range(n):
+        step[i, i] = decays[i]
+        step[n, i] = weights[i]
+    step[n + 1, n + 1] = 1.0
+    fresh = np.zeros(width)
+    fresh[:n] = decays
+    fresh[n] = 1.0
+    covariance = np.zeros((width, width))
+    product = np.empty((width, width))
+    variances = np.empty(length)
+    for t in range(length):
+        gain = gains[t]
+        for i in range(n):
+            step[n + 1, i] = gain * weights[i]
+        step[n + 1, n] = -gain
+        fresh[n + 1] = gain
+        for i in range(width):  # product = M P
+            for j in range(width):
+                total = 0.0
+                for k in range(width):
+                    total += step[i, k] * covariance[k, j]
+                product[i, j] = total
+        for i in range(width):  # P = (M P) M' + g g'
+            for j in range(width):
+                total = 0.0
+                for k in range(width):
+                    total += product[i, k] * step[j, k]
+                covariance[i, j] = total + fresh[i] * fresh[j]
+        variances[t] = covariance[n + 1, n + 1]
+    return variances

@@ -66,6 +66,7 @@ from sage_tfx.dp_statistics.continual import factorization
 from sage_tfx.dp_statistics.continual.factorization import (BufferedToeplitz, FactorizationIndex,
                                                             WindowFactor)
 from sage_tfx.dp_statistics.continual.spec import StreamMechanism
+from sage_tfx.mechanisms.portable import floor_log2
 from sage_tfx.dp_statistics.continual.tree import TreeIndex, levels, prefix_std, value_grid
 
 CONVERSION_DELTA_SHARE = 2.0 / 3.0  # of delta for the zCDP -> (eps, delta) conversion
@@ -151,7 +152,7 @@ class StreamBudget:
         rounded away (a count of 1 on a grid of 4 would be 0); bound is the largest grid
         multiple <= L, so rounding a clamped value never exceeds the sensitivity's L."""
         grid = min(value_grid(self.value_sigma),
-                   2.0 ** math.floor(math.log2(self.value_bound)))
+                   2.0 ** floor_log2(self.value_bound))
         return grid, math.floor(self.value_bound / grid) * grid
 
     @functools.cached_property

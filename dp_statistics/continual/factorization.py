@@ -243,23 +243,9 @@ class WindowFactor:
         """Var Z'(t) / sigma^2, t = 1..length: the covariance P of the states
         x = (S_1..S_n, Z(t - 1), Z'(t - 1)) propagated through one step, x <- M_t x + g_t z_t
         (S <- theta (S + z), Z <- z + u.S, Z' <- Z' + e_t (z + u.S - Z(t - 1))), P <- M P M' +
-        g g'; O(length n^2) whatever T."""
-        theta, u = np.asarray(self.blt.decays), np.asarray(self.blt.weights)
-        n = len(theta)
-        step = np.zeros((n + 2, n + 2))
-        step[:n, :n] = np.diag(theta)
-        step[n, :n] = u
-        step[n + 1, n + 1] = 1.0
-        fresh = np.concatenate([theta, [1.0, 0.0]])
-        covariance = np.zeros((n + 2, n + 2))
-        variances = np.empty(length)
-        for t in range(length):
-            gain = self.gains[t]
-            step[n + 1, :n], step[n + 1, n] = gain * u, -gain
-            fresh[n + 1] = gain
-            covariance = step @ covariance @ step.T + np.outer(fresh, fresh)
-            variances[t] = covariance[n + 1, n + 1]
-        return variances
+        g g'; O(length n^3) whatever T, in blt_kernel (the same bits on every CPU)."""
+        return blt_kernel.prefix_variances(self.decays, self.weights, self.gains[:length],
+                                           length)
 
     def decoder_matrix(self, length: int) -> np.ndarray:
         """B' over the first `length` steps, dense (length x length): A E (A^{-1} B), row t the

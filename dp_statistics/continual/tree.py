@@ -26,13 +26,13 @@ for r < BLOCK: nodes above the block level only enter through Z at its start.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from sage_tfx.mechanisms.keyed import KeyedGaussian
+from sage_tfx.mechanisms.portable import floor_log2
 
 NEVER = 0  # "no release predicted" as a leaf/step number (leaves and steps start at 1)
 BLOCK = 32  # leaves per stored block
@@ -371,7 +371,7 @@ def value_grid(value_sigma: float) -> float:
     nothing in accuracy, and data (rounded per record to the grid) plus noise rounded to the grid
     is computed exactly in float64: the release is x + grid * round(Z / grid), a shifted lattice
     with no data-dependent low-order bits (keyed.py, "Floating point")."""
-    return 2.0 ** math.floor(math.log2(value_sigma) - 10)
+    return 2.0 ** (floor_log2(value_sigma) - 10)
 
 
 def round_to_grid(values, grid: float) -> np.ndarray:

@@ -291,7 +291,7 @@ def _ram_examples(uri: str) -> None:
     """A block's Examples (one file per split) on TF's in-memory filesystem."""
     import tensorflow as tf
 
-    for split in ("train", "test"):
+    for split in ("train", "eval"):
         tf.io.gfile.makedirs(f"{uri}/Split-{split}")
         with tf.io.gfile.GFile(f"{uri}/Split-{split}/data.gz", "w") as handle:
             handle.write(f"{uri} {split}")
@@ -317,8 +317,8 @@ def test_a_kubeflow_task_reads_a_remote_pipeline_root_and_names_its_run(store_pa
     executor.Executor().Do({}, {"examples": [examples], "grant": [grant]}, properties)
     assert sorted(tf.io.gfile.listdir(f"{examples.uri}/Split-train")) == [
         "m1-data.gz", "m2-data.gz"]
-    with tf.io.gfile.GFile(f"{examples.uri}/Split-test/m2-data.gz") as handle:
-        assert handle.read() == "ram://blocks/m2 test"
+    with tf.io.gfile.GFile(f"{examples.uri}/Split-eval/m2-data.gz") as handle:
+        assert handle.read() == "ram://blocks/m2 eval"
     [record] = BlockLedger(store_path).grant_records()
     # Handed on, not failed: the steps it pays for record their own outcomes.
     assert record["outcome"] == "incomplete"

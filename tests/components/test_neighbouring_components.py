@@ -155,6 +155,50 @@ def _continual_release(data, store, through=None):
     return [records, release]
 
 
+# --- DPStatisticsGen: BlockExampleGen (months) -> BlockLedger -> DPStatisticsGen ------------
+STATISTICS_HEADER = ["trip_start_timestamp", "fare", "company"]
+STATISTICS_EXTRA = {  # one record is one unit (blocks cut by time)
+    "ordinary": [[MARCH, 12.5, "Secret Cab"]],
+    "bad values": [[MARCH, "NaN", ""]],  # a fare that is not finite, no company: missing
+}
+
+
+def _statistics_rows():
+    return [[time, seconds / 100, ["Flash Cab", "Blue Cab"][trip % 2]]
+            for trip, (time, seconds, _) in enumerate(_matrix_rows())]
+
+
+def _dp_statistics_gen(data, store):
+    from sage_tfx.components import BlockExampleGen, BlockLedger, DPStatisticsGen
+    from sage_tfx.components.block_example_gen import month_schedule
+    from support.ingest import MONTHS
+
+    start, end = month_schedule(MONTHS[0], MONTHS[-1])
+    gen = BlockExampleGen(input_base=data, block_key="trip_start_timestamp", block_by="month",
+                          ledger_store=store, block_epsilon=1.0, schedule_start=start,
+                          schedule_end=end, block_delta=1e-6)
+    grant = BlockLedger(ledger_store=store, new_blocks=gen.outputs["examples"], window=2,
+                        epsilon=0.4, delta=1e-7, split={"statistics": 1})
+    statistics = DPStatisticsGen(examples=grant.outputs["examples"],
+                                 grant=grant.outputs["grant"],
+                                 columns={"fare": "float", "company": "string"},
+                                 bounds={"fare": (0, 10)})
+    return [gen, grant, statistics]
+
+
+def _masked_statistics(path):
+    """A DPStatisticsGen release (FeatureStats.pb): its public structure (datasets, features,
+    types, the histograms' kinds and sizes); every number, and which string values partition
+    selection released, are DP."""
+    from tensorflow_metadata.proto.v0 import statistics_pb2
+
+    with open(path, "rb") as handle:
+        released = statistics_pb2.DatasetFeatureStatisticsList.FromString(handle.read())
+    return [(dataset.name, [(list(f.path.step), f.type, f.WhichOneof("stats"),
+                             [(h.type, len(h.buckets)) for h in f.num_stats.histograms])
+                            for f in dataset.features]) for dataset in released.datasets]
+
+
 # component: (CSV header, base rows, extra units, pipeline builder, released files (a path
 # pattern), their public columns: None when the rows themselves are DP)
 COMPONENTS = {
@@ -164,6 +208,8 @@ COMPONENTS = {
                         r"/answers\.(csv|parquet)$", {"query", "expected_rmse"}),
     "ContinualRelease": (list(CONTINUAL_COLUMNS), CONTINUAL_ROWS, CONTINUAL_EXTRA,
                          _continual_release, r"/release(-\d+)?\.(csv|parquet)$", None),
+    "DPStatisticsGen": (STATISTICS_HEADER, _statistics_rows(), STATISTICS_EXTRA,
+                        _dp_statistics_gen, r"/FeatureStats\.pb$", None),
     # A live stream's run through January's triggers: the extra unit's February record waits
     # in the state (waiting.parquet) for the next run.
     "ContinualRelease through January": (
@@ -225,7 +271,9 @@ def run_component(root, component, rows):
     real_paths = {normalize(os.path.join(directory, name), root): os.path.join(directory, name)
                   for directory, _, names in os.walk(root) for name in names}
     for path in found["files"]:
-        if re.search(released, path):
+        if path.endswith("/FeatureStats.pb"):
+            found["files"][path] = _masked_statistics(real_paths[path])
+        elif re.search(released, path):
             found["files"][path] = _masked_release(real_paths[path], root, public_columns)
         elif PRIVATE_STATE.search(path):
             found["files"][path] = "<private state>"
@@ -249,9 +297,13 @@ def test_one_unit_more_changes_nothing_but_the_dp_values(tmp_path, component, ex
     assert found == [], "\n".join(found)
     # The comparison sees what it must: the releases, the grant's outcome, the console line.
     releases = [path for path in first["files"] if re.search(released, path)]
-    assert any(path.endswith(".csv") for path in releases), sorted(first["files"])
-    assert any(path.endswith(".parquet") for path in releases)
-    assert any(path.endswith(".csv.guarantee.json") for path in first["files"])
+    if component == "DPStatisticsGen":  # TFDV's format: one FeatureStats.pb per split
+        assert len(releases) == 2 and all(isinstance(first["files"][path], list)
+                                          for path in releases), sorted(first["files"])
+    else:
+        assert any(path.endswith(".csv") for path in releases), sorted(first["files"])
+        assert any(path.endswith(".parquet") for path in releases)
+        assert any(path.endswith(".csv.guarantee.json") for path in first["files"])
     outcomes = [a[-1] for a in first["artifacts"] if a[1] == "sage_tfx.ReleaseOutcome"]
     # A window's outcome is recorded once its last trigger is released.
     assert outcomes == [] if "through" in component else "released" in outcomes[0].values()

@@ -21,7 +21,7 @@ SPLIT = {"transform": 0.1, "training": 0.5, "validation": 0.4}
 
 def _block_data(root, block_id):
     uri = os.path.join(root, "blocks", block_id)
-    for split in ("train", "test"):
+    for split in ("train", "eval"):
         os.makedirs(os.path.join(uri, f"Split-{split}"))
         with open(os.path.join(uri, f"Split-{split}", "data"), "wb") as handle:
             handle.write(block_id.encode())

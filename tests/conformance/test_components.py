@@ -125,7 +125,7 @@ def test_block_gen_dp_aggregate_and_dp_transform_run_on_two_workers(portable_run
     blocks = _blocks(store)
     assert blocks == _blocks(direct_store)
     assert sum(len(records) for records in blocks.values()) == 240
-    assert {split for _, split in blocks} == {"Split-train", "Split-test"}
+    assert {split for _, split in blocks} == {"Split-train", "Split-eval"}
     # DPAggregate released the public groups
     [statistics_artifact] = mlmd.get_artifacts_by_type("sage_tfx.DPStatistics")
     released = pd.read_csv(os.path.join(statistics_artifact.uri, "release.csv"))

@@ -14,7 +14,7 @@ TRIPS = [(30.0, b"Cash"), (200.0, b"Credit Card"), (90.0, b"Cash")]
 
 
 def write_block(directory, records=TRIPS):
-    """Gzipped TFRecords of (trip_seconds, payment_type) in Split-train and Split-test; the last
+    """Gzipped TFRecords of (trip_seconds, payment_type) in Split-train and Split-eval; the last
     record of train is no tf.Example (the record rule's default cells)."""
     write_examples(directory, [{"trip_seconds": seconds, "payment_type": payment}
                                for seconds, payment in records], garbage=True)
@@ -22,9 +22,9 @@ def write_block(directory, records=TRIPS):
 
 def write_examples(directory, records, garbage=False):
     """Gzipped TFRecords of `records` ({feature: float, int or bytes}) as BlockExampleGen writes
-    them: all but the last in Split-train, the last in Split-test; with `garbage`, train ends
+    them: all but the last in Split-train, the last in Split-eval; with `garbage`, train ends
     with a record that is no tf.Example."""
-    for split, rows in (("train", records[:-1]), ("test", records[-1:])):
+    for split, rows in (("train", records[:-1]), ("eval", records[-1:])):
         os.makedirs(os.path.join(directory, f"Split-{split}"))
         path = os.path.join(directory, f"Split-{split}", "data.gz")
         with tf.io.TFRecordWriter(path, options="GZIP") as writer:

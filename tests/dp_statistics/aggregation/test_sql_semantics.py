@@ -104,6 +104,42 @@ def test_bigquerys_aggregates_and_named_bounds_are_the_operators():
     assert query.max_partitions_contributed == 2
 
 
+def test_bigquerys_bounded_counts_are_unit_scoped_sums_of_a_row_indicator():
+    query, columns = compile_sql(
+        "SELECT WITH DIFFERENTIAL_PRIVACY area, COUNT(*, contribution_bounds_per_group => "
+        "(0, 100)) AS n, COUNT(company, contribution_bounds_per_group => (0,100)) AS named "
+        "FROM trips GROUP BY area")
+    assert columns == ("area", "n", "named")
+    for aggregate in query.aggregates:
+        # the unit's count in the group clamped, not each row (bounds_rows False)
+        assert (aggregate.kind, aggregate.bounds_rows, aggregate.low, aggregate.high) == (
+            AggregateKind.SUM, False, 0, 100)
+
+
+def test_bounded_counts_clamp_each_units_count_in_a_group(tmp_path, store_path, capsys):
+    """BigQuery's COUNT(*, contribution_bounds_per_group => (0, 2)): a unit with 5 rows in a
+    group counts 2. 200 units with 5 rows each in r1 (2 of them with a null label) and 200
+    with 1 row in r2: r1's clamped count is 400 (COUNT(label) also 400: 3 labels a unit), r2's
+    200. At epsilon 20 split over two sums of sensitivity 2 (scale 0.2 each), |noise| > 10 has
+    probability e^-50."""
+    BlockLedger.create(store_path)
+    rows = [(f"u{unit}", "r1", "" if k < 2 else "x") for unit in range(200) for k in range(5)]
+    rows += [(f"v{unit}", "r2", "x") for unit in range(200)]
+    assert ingest(store_path, tmp_path, "visits", ["uid", "region", "label"], rows,
+                  "uid:int") == 0
+    assert "the unit column 'uid' is read as text" in capsys.readouterr().err
+    assert query(store_path, "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(public_groups = "
+                 "('r1', 'r2')) region, COUNT(*, contribution_bounds_per_group => (0, 2)) AS n, "
+                 "COUNT(label, contribution_bounds_per_group => (0, 2)) AS labelled FROM visits "
+                 "GROUP BY region") == 0, capsys.readouterr().err
+    lines = capsys.readouterr().out.splitlines()
+    header = next(index for index, line in enumerate(lines) if line.split()[:1] == ["region"])
+    released = {line.split()[0]: [float(v) for v in line.split()[1:3]]
+                for line in lines[header + 1:] if line.split()[:1] in (["r1"], ["r2"])}
+    assert abs(released["r1"][0] - 400) < 10 and abs(released["r1"][1] - 400) < 10
+    assert abs(released["r2"][0] - 200) < 10 and abs(released["r2"][1] - 200) < 10
+
+
 def test_a_subquerys_sum_stays_a_per_unit_reduction():
     query, _ = compile_sql("SELECT WITH DIFFERENTIAL_PRIVACY area, SUM(s, "
                            "contribution_bounds_per_group => (0, 9)) AS total FROM (SELECT uid, "
@@ -112,8 +148,11 @@ def test_a_subquerys_sum_stays_a_per_unit_reduction():
 
 
 @pytest.mark.parametrize("text, named", [
-    ("SELECT WITH DIFFERENTIAL_PRIVACY area, COUNT(*, contribution_bounds_per_group => (0, 5)) "
-     "FROM trips GROUP BY area", "max_rows_contributed_per_group"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY area, COUNT(*, contribution_bounds_per_row => (0, 5)) "
+     "FROM trips GROUP BY area", "COUNT clamps each unit's count in a group: use "
+     "contribution_bounds_per_group"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY area, COUNT(*, contribution_bounds_per_group => (-1, 5)"
+     ") FROM trips GROUP BY area", "a count's bounds must satisfy 0 <= lower < upper"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY area, SUM(fare, bounds => (0, 5)) FROM trips "
      "GROUP BY area", "give one of contribution_bounds_per_group"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY area, SUM(fare, 0, 5, contribution_bounds_per_row "

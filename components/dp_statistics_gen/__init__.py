@@ -1,0 +1,3 @@
+from sage_tfx.components.dp_statistics_gen.component import DPSchemaGen, DPStatisticsGen
+
+__all__ = ["DPSchemaGen", "DPStatisticsGen"]
