@@ -3,11 +3,12 @@
 A component that consumes a BlockLedger's grant (DPTrainer, SLAedValidator) registers, when it is
 constructed, the checks it can make without the grant (component.check_before_charge): its user
 module loads and defines what it needs, Keras 2 is in effect when DP-SGD needs it, DP-SGD's
-model has no layer it cannot clip (a batch normalisation), DP-SGD's compiled step kernels load,
-and DP-SGD's calibration fits its share where public values decide it (dp_trainer.preflight,
-the check the privacy-adaptive driver makes too), and DPStatisticsGen's features read as one
-value with public clamping bounds and its grant (the events its steps record, its ledger's
-accounting) pays for its statistics. The BlockLedger executor runs them all before
+model and loss pass DP-SGD's checks and one DP-SGD step on public stand-in batches
+(dp_trainer/stand_in.py), DP-SGD's compiled step kernels load, and DP-SGD's calibration fits its
+share where public values decide it (dp_trainer.preflight, the check the privacy-adaptive
+driver makes too), and DPStatisticsGen's features read as one value with public clamping bounds
+and its grant (the events its steps record, its ledger's accounting) pays for its statistics.
+The BlockLedger executor runs them all before
 `ledger.request`: a pipeline that would fail after the charge for one of these reasons fails
 before it, with nothing charged. The checks read the pipeline's parameters and this process's
 environment only, never a record, so whether they pass tells nothing about the data.
@@ -77,7 +78,7 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
             if check.trainer is not None:
                 trainer_preflight(check.trainer, check.sampling, epsilon, delta, split)
                 if trains_with_dp_sgd(check.trainer):
-                    _refuse_unclippable_model(module.build_model())
+                    _refuse_unclippable_model(module, check.trainer)
         except (ValueError, RuntimeError, TypeError) as error:
             raise BadRequest(f"{refusal}: {error}") from error
         except Exception as error:  # the user's module raised while it was imported
@@ -85,30 +86,20 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
                              f"{type(error).__name__}: {error}") from error
 
 
-def _refuse_unclippable_model(model) -> None:
-    """DP-SGD's model checks, on its structure and a public stand-in batch only: no batch
-    normalisation, and (when its inputs are declared) no variable written by a training pass
-    (dp_trainer.clipping, from its traced graph), and a training-mode forward pass runs on a
-    batch of ones (this model is the preflight's own copy: what the run changes is discarded
-    with it), so that the model's own failure is named before the charge. Also DP-SGD's step
-    kernels load (step_ops: compiled on first use, so a machine without a C++ compiler is
-    named here, not after the charge)."""
-    import tensorflow as tf
-
-    from sage_tfx.components.dp_trainer import clipping, step_ops  # DP-SGD only
+def _refuse_unclippable_model(module, trainer: Mapping) -> None:
+    """DP-SGD's checks on the module's model and loss, on public stand-in batches built from
+    its feature_spec (dp_trainer.stand_in.check_module: no batch normalisation, no state a
+    step keeps, no example depending on another, and one whole DP-SGD step on the check's own
+    copy of the model), so that the model's or loss's own failure is named before the charge.
+    With a transform graph (not made yet) the stand-ins are the model's declared inputs. Also
+    DP-SGD's step kernels load (step_ops: compiled on first use, so a machine without a C++
+    compiler is named here, not after the charge)."""
+    from sage_tfx.components.dp_trainer import stand_in, step_ops  # DP-SGD only
+    from sage_tfx.components.util.user_module import RecordDecoder
 
     step_ops.library()
-    clipping.refuse_unclippable_layers(model)
-    if model.inputs:
-        example_shape, dtype = model.inputs[0].shape[1:], model.inputs[0].dtype
-        try:
-            clipping.refuse_state_updates(model, example_shape, dtype)
-            model(tf.ones([2, *example_shape], dtype), training=True)
-        except ValueError:
-            raise
-        except Exception as error:  # the model's own failure, not its module's import
-            raise ValueError(f"the model fails a training-mode forward pass on a public "
-                             f"stand-in batch: {type(error).__name__}: {error}") from error
+    stand_in.check_module(module, None if trainer.get("transform_graph")
+                          else RecordDecoder(module))
 
 
 def _statistics_plan(check: Check, epsilon: float, delta: float, split: Mapping[str, float],
@@ -130,16 +121,19 @@ def _transform_audit(check: Check, epsilon: float, delta: float, split: Mapping[
                      events: Mapping) -> None:
     """DPTransform's own audit, without data: the module loads, its preprocessing_fn uses
     only DP analyzers whose shares fit the step's (epsilon, delta), each analyzer has the
-    public bounds it needs, and the step's planned event covers what they run
-    (dp_transform.executor.plan_transform, check_planned_event)."""
+    public bounds it needs, the step's planned event covers what they run
+    (dp_transform.executor.plan_transform, check_planned_event), and one whole preprocessing
+    pass runs on public stand-in records (stand_in_pass)."""
     from sage_tfx.components.dp_transform.executor import (check_planned_event, load_module,
-                                                           plan_transform)
+                                                           plan_transform, stand_in_pass)
     from sage_tfx.sage_access.accounting import split_share
 
     if check.transform_step not in split:
         raise ValueError(f"the grant's split has no {check.transform_step!r} step for "
                          "DPTransform")
-    plan = plan_transform(*load_module(check.module_file),
+    preprocessing_fn, feature_spec = load_module(check.module_file)
+    plan = plan_transform(preprocessing_fn, feature_spec,
                           *split_share(epsilon, delta, split, check.transform_step))
     check_planned_event(events.get(check.transform_step), plan,
                         f"step {check.transform_step!r}")
+    stand_in_pass(preprocessing_fn, feature_spec, plan)

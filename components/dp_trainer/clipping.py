@@ -20,10 +20,12 @@ forward and backward pass. Here both come from one pass:
      any other       the layer's own vector-Jacobian product on example i alone (vectorised
                      over the batch): correct for any layer that acts per example.
 3. |g_i|^2 is the sum over layers of each layer's per-example squared norm: for a Dense
-   call with one position (|a_i|^2 + 1) |dz_i|^2; with T positions the ghost norm
-   sum_{t,s} (a_it . a_is)(dz_it . dz_is) when that is cheaper than forming grad_i W, else
-   |grad_i W|^2 directly; for Conv2D |grad_i W|^2 from grad_i W, which one op
-   (step_kernels.cc) forms from the image and dz without the patches, at the work of the
+   call with one position (|a_i|^2 + 1) |dz_i|^2 (no cancellation: each entry of grad_i W is
+   one product); with T positions |grad_i W|^2 of the formed grad_i W, whose sum clipped_sum
+   then takes (a ghost norm from Gram products loses what cancels to rounding, so it need
+   not bound what is summed); for an Embedding over T positions the norm of the formed rows
+   grad_i E[k], which clipped_sum then sums; for Conv2D |grad_i W|^2 from grad_i W, which one
+   op (step_kernels.cc) forms from the image and dz without the patches, at the work of the
    batch's kernel gradient.
 4. Book-keeping: the clipped sum reuses (a, dz), with no second backward pass:
    sum_i c_i grad_i W = A^T diag(c) dZ, and likewise for every layer; where step 3 formed
@@ -33,9 +35,10 @@ forward and backward pass. Here both come from one pass:
 A model that cannot be walked this way (a subclassed model, a layer called twice, a variable no
 layer call owns) takes per-example gradients of the whole model instead (vectorised over the
 batch): slower, equally correct. Layers that mix the examples of a batch (BatchNormalization)
-have no per-example gradient and are refused. The one-pass rules rely on every layer acting on
-each example alone (row i of dz is example i's only); a custom layer that mixes rows would
-break that, as it breaks any per-example clipping, so build such models without one.
+have no per-example gradient and are refused. The one-pass rules rely on every layer, and the
+loss, acting on each example alone (row i of dz is example i's only); a custom layer or loss
+that mixes rows breaks that, as it breaks any per-example clipping: stand_in.refuse_mixing
+refuses one, found on public stand-in batches, before any record is read.
 
 Rows that `clipped_sum` is told to drop (kept false) contribute exactly zero: the ops of
 step_ops zero their a, dz and per-example gradients through a bit mask (0 even where the
@@ -57,6 +60,13 @@ import tensorflow as tf  # noqa: E402
 from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils  # noqa: E402
 
 from sage_tfx.components.dp_trainer import step_ops  # noqa: E402
+from sage_tfx.sage_access.errors import BadRequest  # noqa: E402
+
+
+class Refused(BadRequest):
+    """DP-SGD cannot train this model or loss privately: a cause read from its structure, its
+    traced graph or public stand-in batches, never from data (so the release protocol records
+    and shows the message)."""
 
 
 class _NotWalkable(Exception):
@@ -92,17 +102,15 @@ class _Linear:
 
     def squared_norms(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
         a, dz = self.inputs, self._by_position(grads[0])
-        p, o, t = a.shape[-1], dz.shape[-1], self.positions
-        if t == 1:  # |a dz^T|^2 + |dz|^2 = (|a|^2 + 1) |dz|^2
+        if self.positions == 1:  # |a dz^T|^2 + |dz|^2 = (|a|^2 + 1) |dz|^2
             return step_ops.dense_squared_norms(a, dz, self.layer.use_bias)
         bias = [tf.reduce_sum(dz, axis=1)] if self.layer.use_bias else []
-        if t is not None and t * t * (p + o) <= t * p * o:
-            # Ghost norm, when two T x T Gram products per example cost less than one P x O
-            # kernel product: |sum_t a_t dz_t^T|^2 = sum_{t,s} (a_t . a_s)(dz_t . dz_s).
-            kernel = tf.reduce_sum(tf.matmul(a, a, transpose_b=True)
-                                   * tf.matmul(dz, dz, transpose_b=True), axis=[1, 2])
-            return tf.add_n([kernel] + [_squares(g) for g in bias])
-        # Formed once (B P O, about the batch's kernel gradient), and clipped_sum reuses them.
+        # Formed once (B P O, about the batch's kernel gradient), and clipped_sum sums exactly
+        # these tensors, so the norm that sets each clip factor is the norm of what is summed.
+        # No ghost norm sum_{t,s} (a_t . a_s)(dz_t . dz_s) here: over T > 1 positions the
+        # terms cancel, and in float32 (or float64) the Gram products' rounding, relative to
+        # |a_t| |dz_t|, is not bounded by the result: inputs near 1e9 made a norm far below
+        # the gradient's own, and one record moved the clipped sum by 13.8 C (issue 45).
         self._per_example = [tf.matmul(a, dz, transpose_a=True)] + bias
         return tf.add_n([_squares(g) for g in self._per_example])
 
@@ -158,12 +166,41 @@ class _Conv2D:
         return summed + _kept_weighted_sums(self._per_example[1:], coefficients, kept)
 
 
+def public_ids(ids: tf.Tensor, rows: int) -> tf.Tensor:
+    """The rows an Embedding of `rows` rows gathers for `ids`: Keras' own (a float id
+    truncated to int32), except that an id outside [0, rows) gathers row 0, a public default
+    (the row Keras' mask_zero and IntegerLookup's out-of-vocabulary index use). Without it one
+    record's id past the table makes the step raise (InvalidArgumentError), so whether a run
+    fails would depend on that record (issue 45). A per-record map: the add-or-remove-one
+    analysis holds on the mapped records. Floats are compared before the cast, whose result
+    for a value beyond int32 differs by CPU."""
+    valid = (ids >= 0) & (ids < rows)
+    mapped = tf.where(valid, ids, tf.zeros_like(ids))
+    return mapped if ids.dtype in (tf.int32, tf.int64) else tf.cast(mapped, tf.int32)
+
+
+def public_ids_only(model: tf.keras.Model) -> None:
+    """Every Keras Embedding of `model` (at any depth) gathers public_ids of its inputs, in
+    the step, in the checks and in the saved model's serving signature alike. Idempotent."""
+    for layer in [model, *model.submodules]:
+        if type(layer) is tf.keras.layers.Embedding and not getattr(layer, "_public_ids",
+                                                                    False):
+            layer.call, layer._public_ids = _on_public_ids(layer.call, layer.input_dim), True
+
+
+def _on_public_ids(embedding_call, rows: int):
+    """Embedding.call(inputs) on public_ids (the same signature: Keras' saving reads it)."""
+    def call(inputs):
+        return embedding_call(public_ids(inputs, rows))
+    return call
+
+
 class _Embedding:
     """An Embedding call: z_t = E[id_t]."""
 
     def __init__(self, layer, ids: tf.Tensor, watched: tf.Tensor):
         self.layer, self.watched, self.variables = layer, [watched], [layer.embeddings]
-        ids = ids if ids.dtype in (tf.int32, tf.int64) else tf.cast(ids, tf.int32)  # as Keras
+        ids = public_ids(ids, layer.input_dim)  # the ids the layer gathers (public_ids_only)
         # T static where the ids' shape is (a reshape to [B, -1] would lose it, and with it
         # the one-position norm below: a batch of 1 x 1 Gram products cost 0.17 ms a step).
         self.positions = ids.shape[1:].num_elements()
@@ -180,17 +217,24 @@ class _Embedding:
     def squared_norms(self, grads) -> tf.Tensor:
         dz = self._output_grads(grads)
         if self.positions == 1:
+            self._rows = dz
             return _squares(dz)
-        # Positions with the same id add up: sum over pairs (t, s) with id_t == id_s.
-        same = tf.equal(self.ids[:, :, None], self.ids[:, None, :])
-        gram = tf.matmul(dz, dz, transpose_b=True)
-        return tf.reduce_sum(tf.where(same, gram, tf.zeros_like(gram)), axis=[1, 2])
+        # Positions with the same id add up. Formed per example: at the first position of
+        # each id, the sum of its positions' dz (O(B T^2 d), as a Gram product), 0 at its
+        # repeats; clipped_sum sums exactly these rows, so the norm that sets the clip factor
+        # is the norm of what is summed. (A Gram sum over same-id pairs loses what cancels to
+        # float32 rounding, as _Linear's ghost norm did; and rows c dz_t, c dz_s summed later
+        # by the optimizer round relative to |dz_t|, not to the clipped sum.)
+        same = tf.cast(tf.equal(self.ids[:, :, None], self.ids[:, None, :]), dz.dtype)
+        repeats = tf.reduce_sum(tf.linalg.band_part(same, -1, 0), axis=2)  # positions s <= t
+        merged = tf.matmul(same, dz)
+        self._rows = tf.where((repeats == 1)[:, :, None], merged, tf.zeros_like(merged))
+        return _squares(self._rows)
 
     def clipped_sum(self, grads, coefficients, kept) -> list[tf.IndexedSlices]:
         """The rows the batch gathers, as TensorFlow's own gradient of a gather: O(B T d)
         whatever the table's size (a dense sum would fill all V d entries every step)."""
-        [dz] = step_ops.clipped_rows([self._output_grads(grads)], coefficients, kept,
-                                         scale=[True])
+        [dz] = step_ops.clipped_rows([self._rows], coefficients, kept, scale=[True])
         table = self.layer.embeddings
         return [tf.IndexedSlices(tf.reshape(dz, [-1, dz.shape[-1]]), tf.reshape(self.ids, [-1]),
                                  tf.shape(table, out_type=self.ids.dtype))]
@@ -317,7 +361,7 @@ def refuse_unclippable_layers(model: tf.keras.Model) -> None:
     check reads the model's layers, not the walk. Public: the model's structure only."""
     for layer in [model, *model.submodules]:
         if isinstance(layer, tf.keras.layers.Layer) and _mixes_the_batch(layer):
-            raise ValueError(f"layer {layer.name!r} ({type(layer).__name__}) normalises each "
+            raise Refused(f"layer {layer.name!r} ({type(layer).__name__}) normalises each "
                              "example by its batch's statistics and keeps their moving "
                              "averages unnoised, so DP-SGD's per-example clipping does not "
                              "bound it; use LayerNormalization")
@@ -336,6 +380,19 @@ _RUNS_PYTHON = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
 _EMITS_VALUES = frozenset({"PrintV2", "Print", "WriteFile", "WriteSummary", "WriteScalarSummary",
                            "WriteHistogramSummary", "WriteImageSummary", "WriteAudioSummary",
                            "WriteRawProtoSummary", "WriteGraphSummary"})
+# Ops that fail the step on values (tf.debugging.assert_*, tf.debugging.check_numerics): with
+# one record's value the run would raise after its charge (issue 45).
+_RAISES_ON_VALUES = frozenset({"Assert", "CheckNumerics", "CheckNumericsV2"})
+# Stateful random ops: their kernel's state advances by each draw's size, so a draw sized by
+# the data carries one batch into later steps' draws; accepted where a trace of a fixed batch
+# size fixes the size (Keras' Dropout and GaussianNoise: the batch's shape, public).
+_STATEFUL_RANDOM = frozenset({"RandomUniform", "RandomUniformInt", "RandomStandardNormal",
+                              "TruncatedNormal", "ParameterizedTruncatedNormal", "RandomGamma",
+                              "RandomPoisson", "RandomPoissonV2", "RandomShuffle",
+                              "Multinomial"})
+# Stateful ops whose state lives for one execution of the step: a TensorArray (tf.while_loop,
+# tf.map_fn, vectorized_map) and a stack (gradients of loops) are created afresh each time.
+_PER_EXECUTION = frozenset({"TensorArrayV3", "StackV2"})
 _CALLS = {"PartitionedCall": "f", "StatefulPartitionedCall": "f"}
 _BRANCHES = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
              "Case": ("branches",), "StatelessCase": ("branches",)}
@@ -355,6 +412,11 @@ class _Library:
     def op_types(self) -> set:
         return {node.op for definition in self._definitions.values()
                 for node in definition.node_def}
+
+    def operations(self):
+        """Every op of every function."""
+        for name in self._definitions:
+            yield from self.graph(name).get_operations()
 
     def graph(self, name: str):
         from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
@@ -441,6 +503,34 @@ def _handle_flow(graph, handles, outputs, library: _Library) -> tuple[bool, froz
     return writes, returned
 
 
+def _state_of_its_own(operations, fixed_batch: bool) -> set:
+    """The types of the stateful ops among `operations` (of a trace; `fixed_batch`: of a
+    fixed batch size) that hold state of their own across executions of the step. An allow-list,
+    so an op TensorFlow adds later is refused until judged: a stateful op acting on a resource
+    it is given (variable and table ops: _handle_flow judges the captured resources' writes,
+    and every other resource comes from an op refused here), a call, branch or loop (whose
+    functions are among `operations`), a per-execution container (_PER_EXECUTION), and a
+    stateful random op whose output shape the trace of a fixed batch size knows (the size of
+    the draw is then set by the batch's shape alone). Everything else is returned: notably
+    VarHandleOp, a variable made inside the traced step with a shared_name, which looks up
+    the same container entry at every step (issue 45: a value from step 1 reached step 2)."""
+    found = set()
+    for op in operations:
+        if not op.op_def.is_stateful or op.type in _CALLS or op.type in _BRANCHES \
+                or op.type in _LOOPS or op.type in _PER_EXECUTION \
+                or op.type in _RAISES_ON_VALUES | _RUNS_PYTHON | _EMITS_VALUES:  # said apart
+            continue
+        if any(t.dtype == tf.resource for t in op.inputs):
+            continue
+        if op.type in _STATEFUL_RANDOM:
+            if not fixed_batch or op.outputs[0].shape.is_fully_defined():
+                continue  # sized in the traces of a fixed batch size
+            found.add(f"{op.type} of a size the batch's shape does not fix")
+            continue
+        found.add(op.type)
+    return found
+
+
 def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
                          dtype: tf.DType, loss=None, labels: Optional[tf.TensorSpec] = None
                          ) -> None:
@@ -474,9 +564,10 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     GaussianNoise keep one when TensorFlow's generator is enabled; by default they keep none
     and are accepted): how far a draw moves it is its size, which a layer may take from the
     data's shapes (a boolean mask's length), and the trace cannot tell such a shape from the
-    batch's public one. Not covered: a loss not passed here (the preflight has no labels'
-    spec; dp_sgd.train passes it, after the charge and before any step), and a write that
-    happens only at batch sizes other than these three."""
+    batch's public one. Also refused: ops that raise on values (_RAISES_ON_VALUES) and
+    stateful ops holding state of their own (_state_of_its_own). Not covered: a loss not
+    passed here (stand_in.check_model passes it, before the charge and before any step), and
+    a write that happens only at batch sizes other than these three."""
     @tf.function
     def training_pass(batch, batch_labels):
         # Forward and backward, as the step runs them: a custom gradient may write too.
@@ -491,10 +582,12 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
 
     changed = {"non-trainable": set(), "trainable": set(), "outside": set()}
     # The step's batch size is unknown to its trace; the per-example fallback calls layers on
-    # one example; 2 is a batch size no Python branch on "one example" takes.
+    # one example; 2 is a batch size no Python branch on "one example" takes. The fixed sizes
+    # first: tf.function serves a spec from any trace of a more general one, so after the
+    # unknown size they would not be traced at all.
     label_shape, label_dtype = ((labels.shape, labels.dtype) if labels is not None
                                 else ((), tf.float32))  # unread without a loss
-    for batch_size in (None, 1, 2):
+    for batch_size in (1, 2, None):
         traced = training_pass.get_concrete_function(
             tf.TensorSpec([batch_size, *example_shape], dtype),
             tf.TensorSpec([batch_size, *label_shape], label_dtype))
@@ -504,15 +597,30 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
         trainable = {id(v.handle) for v in model.trainable_variables}
         op_types = {op.type for op in traced.graph.get_operations()} | library.op_types()
         if op_types & _RUNS_PYTHON:
-            raise ValueError(f"a training step runs Python "
+            raise Refused(f"a training step runs Python "
                              f"({', '.join(sorted(op_types & _RUNS_PYTHON))}: tf.py_function "
                              "or tf.numpy_function), whose changes to variables the graph "
                              "does not show; build the model without it")
         if op_types & _EMITS_VALUES:
-            raise ValueError(f"a training step writes values out of the graph "
+            raise Refused(f"a training step writes values out of the graph "
                              f"({', '.join(sorted(op_types & _EMITS_VALUES))}: tf.print, a "
                              "file or a summary): values computed from the batch would leave "
                              "the step without noise; build the model without it")
+        if op_types & _RAISES_ON_VALUES:
+            raise Refused(f"a training step checks values and raises on them "
+                             f"({', '.join(sorted(op_types & _RAISES_ON_VALUES))}: "
+                             "tf.debugging.assert_* or check_numerics): one record's value "
+                             "would decide whether the run fails after its charge; build the "
+                             "model and loss without it")
+        own_state = _state_of_its_own([*traced.graph.get_operations(),
+                                       *library.operations()], batch_size is not None)
+        if own_state:
+            raise Refused(f"a training step uses ops holding state of their own "
+                             f"({', '.join(sorted(own_state))}): a resource created inside "
+                             "the step (tf.raw_ops.VarHandleOp with a shared_name, a table) "
+                             "or a random draw whose size the batch's shape does not fix "
+                             "can carry one batch's values into later steps without noise; "
+                             "build the model and loss without it")
         # A handle used raw (variable.handle) is captured without being listed as a variable.
         variables = {id(v.handle): v for v in [*model.variables,
                                                *traced.graph.variable_captures]}
@@ -531,7 +639,7 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
                                        ("outside", "", " outside the model")]
              if changed[kind]]
     if parts:
-        raise ValueError(f"a training step changes {' and '.join(parts)}: state computed from "
+        raise Refused(f"a training step changes {' and '.join(parts)}: state computed from "
                          "the batch would be released with the model, or carried into later "
                          "steps, without noise")
 
@@ -556,6 +664,7 @@ class OnePass:
                 contributions = self._covering(found)
             except _NotWalkable:
                 predictions = model(features, training=True)
+            self.predictions = predictions
             self.losses = per_example_loss(labels, predictions)
             if self.losses.shape.rank != 1:
                 raise ValueError("the loss must give one value per example (shape [batch]), "

@@ -64,8 +64,9 @@ class DPTrainer(base_component.BaseComponent):
 
     The BlockLedger that grants `grant` checks, before it charges, what this trainer would
     refuse after it (block_ledger/preflight.py): the module loads and defines what `mode`
-    needs, Keras 2 for DP-SGD, and DP-SGD's calibration under Poisson sampling. `seed` (tests
-    only) is refused there too unless the ledger was created for tests.
+    needs, Keras 2 for DP-SGD, the model and loss on public stand-in batches (one DP-SGD step
+    included, dp_trainer/stand_in.py), and DP-SGD's calibration under Poisson sampling. `seed`
+    (tests only) is refused there too unless the ledger was created for tests.
     """
 
     SPEC_CLASS = DPTrainerSpec
@@ -108,5 +109,6 @@ class DPTrainer(base_component.BaseComponent):
             component="DPTrainer", module_file=module_file, purpose=mode,
             module_needs=MODULE_NEEDS[mode], legacy_keras=mode == TrainerMode.DP_SGD,
             trainer={"mode": mode, "grant_step": grant_step, "epochs": epochs,
-                     "max_noise_multiplier": max_noise_multiplier},
+                     "max_noise_multiplier": max_noise_multiplier,
+                     "transform_graph": transform_graph is not None},
             sampling=sampling))

@@ -385,9 +385,8 @@ class LazyTable:
 
     def touched(self, batch_features: tf.Tensor) -> tf.Tensor:
         """The distinct rows the batch gathers."""
-        ids = self.ids(batch_features, training=True)  # as the forward pass computes them
-        if ids.dtype not in (tf.int32, tf.int64):
-            ids = tf.cast(ids, tf.int32)  # as Embedding.call
+        # As the forward pass computes them (out-of-range ids gather row 0).
+        ids = clipping.public_ids(self.ids(batch_features, training=True), self.table.shape[0])
         return tf.unique(tf.reshape(ids, [-1]))[0]
 
     def most_touched(self, batch_rows: int) -> int:
@@ -489,6 +488,7 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     step.materialise() before reading the model (run_steps does).
     lazy_noise=False: every parameter noised at every step (the same law; other draws)."""
     require_legacy_keras()
+    clipping.public_ids_only(model)
     # lr ((sum + noise) / normaliser) as (lr / normaliser) (sum + noise): one pass over the
     # parameters fewer (the normaliser is public, see the module docstring). Plain SGD
     # (momentum 0), which lazy noise needs.
@@ -656,12 +656,12 @@ def train(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor
           on_step: Optional[Callable[[int], None]] = None,
           progress: Optional[Callable[[int], None]] = None) -> int:
     """DP-SGD: every step of `plan`, in order (see run_steps). Returns the steps that ran."""
-    # Again here for models the preflight could not check (no declared inputs), and for the
-    # loss, which the preflight cannot trace (it has no labels): after the charge, but before
-    # any step, from the traced graph alone.
-    clipping.refuse_state_updates(
-        model, features.shape[1:], features.dtype,
-        with_reduction(loss, tf.keras.losses.Reduction.NONE),  # as the step calls it
-        tf.TensorSpec(labels.shape[1:], labels.dtype))
+    from sage_tfx.components.dp_trainer import stand_in  # it builds on this module
+
+    # Again here for models the preflight could not check (no declared inputs): after the
+    # charge, but before any step, on public stand-in batches of the inputs' and labels' specs
+    # (stand_in.py), so the outcome depends on no record.
+    stand_in.check_model_on_specs(model, loss, tf.TensorSpec(features.shape[1:], features.dtype),
+                                  tf.TensorSpec(labels.shape[1:], labels.dtype))
     return run_steps(make_dp_step(model, loss, features, labels, config, plan.normaliser,
                                   noise_generator(seed)), plan, on_epoch, on_step, progress)

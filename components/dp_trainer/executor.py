@@ -17,7 +17,7 @@ from tfx.utils import path_utils
 from sage_tfx import console
 from sage_tfx.components.dp_trainer import adassp as adassp_lib
 from sage_tfx.components.dp_trainer import constants as model_keys
-from sage_tfx.components.dp_trainer import dp_sgd
+from sage_tfx.components.dp_trainer import dp_sgd, stand_in
 from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
                                                        MODULE_NEEDS, TrainerMode, calibrate_run)
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
@@ -172,6 +172,11 @@ class Executor(base_executor.BaseExecutor):
         config = dp_sgd.DPSGDConfig(calibration.noise_multiplier,
                                     float(exec_properties["l2_norm_clip"]),
                                     float(exec_properties["learning_rate"]))
+        # Before any record is read: the module's code on public stand-in batches, through
+        # this run's decoder (the transform graph, which the preflight did not have, included),
+        # with one DP-SGD step on a model of its own. A failure there depends on no record, so
+        # its cause is named (clipping.Refused, recorded with the failed step).
+        stand_in.check_module(module, decoder)
         key_variable = exec_properties.get("encryption_key_env")
         encrypted = bool(samples.get_int_custom_property(sample_keys.ENCRYPTED))
         if encrypted and not key_variable:

@@ -29,6 +29,7 @@ from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import EXAMPLES_GRANT_ID, carry_grant, require_grant
 from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitise_record
 from sage_tfx.components.util.examples_io import SPLITS, TRAIN_SPLIT
+from sage_tfx.components.util.stand_ins import cause, stand_in_records
 from sage_tfx.components.util.user_module import import_module_file
 from sage_tfx.sage_access.accounting import pure_dp_event
 from sage_tfx.sage_access.exact import set_exact_property
@@ -50,6 +51,11 @@ def load_module(path: str) -> tuple[Callable, dict]:
         check_spec(feature_spec)
     except RecordRuleError as error:
         raise DPTransformError(str(error)) from error
+    try:  # TensorFlow Transform's schema, which the executor reads the records with
+        dataset_metadata.DatasetMetadata.from_feature_spec(feature_spec)
+    except ValueError as error:
+        raise DPTransformError(f"the feature spec has no TensorFlow Transform schema: {error} "
+                               "(DPTransform's public defaults are 0 and \"\")") from error
     return module.preprocessing_fn, feature_spec
 
 
@@ -142,6 +148,60 @@ def check_planned_event(recorded, plan: TransformPlan, where: str) -> None:
                                f"analyzers run {plan.event}; nothing was released")
 
 
+def _analyse_and_transform(raw: dict, feature_spec: dict, preprocessing_fn: Callable,
+                           transform_graph_uri: str, transformed_uri: str) -> None:
+    """The Beam stages from serialized records (`raw`: a PCollection per split) to the
+    transform graph (analysed on the train split) and the transformed Examples of every split.
+    The record rule (record_rule.py) runs before TFT parses anything: a record missing a
+    feature, or with a malformed or non-finite one, gets the public defaults instead of failing
+    the analysis after the grant was charged."""
+    raw_metadata = dataset_metadata.DatasetMetadata.from_feature_spec(feature_spec)
+    source = tfxio.TFExampleBeamRecord(physical_format="tfrecord", schema=raw_metadata.schema,
+                                       telemetry_descriptors=["sage_tfx", "DPTransform"])
+    decoded = {split: (raw[split]
+                       | f"Sanitise{split}" >> beam.Map(sanitise_record, feature_spec)
+                       | f"Decode{split}" >> source.BeamSource())
+               for split in SPLITS}
+    adapter = source.TensorAdapterConfig()
+    transform_fn = ((decoded[TRAIN_SPLIT], adapter)
+                    | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn))
+    _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(transform_graph_uri)
+    for split in SPLITS:
+        data, metadata = ((decoded[split], adapter), transform_fn) | \
+            f"Transform{split}" >> tft_beam.TransformDataset()
+        coder = tft.coders.ExampleProtoCoder(metadata.schema)
+        _ = (data
+             | f"Encode{split}" >> beam.Map(coder.encode)
+             | f"Write{split}" >> beam.io.WriteToTFRecord(
+                 os.path.join(transformed_uri, f"Split-{split}", "data_tfrecord"),
+                 file_name_suffix=".gz",
+                 compression_type=beam.io.filesystem.CompressionTypes.GZIP))
+
+
+def stand_in_pass(preprocessing_fn: Callable, feature_spec: dict, plan: TransformPlan) -> None:
+    """One whole preprocessing pass (every Beam stage of the executor, the DP analyzers with
+    their noise and `plan`'s shares included) on public stand-in records of `feature_spec`
+    (util/stand_ins.py), in a temporary directory: DPTransformError naming the cause if the
+    module's code fails there. The records hold no data, so the outcome and the message depend
+    on no record."""
+    try:
+        with transform_budget(plan.epsilon, plan.delta, plan) as budget, \
+                tempfile.TemporaryDirectory() as temp_dir, \
+                beam.Pipeline() as pipeline, \
+                tft_beam.Context(temp_dir=os.path.join(temp_dir, "tft"),
+                                 force_tf_compat_v1=True):
+            raw = {split: pipeline | f"StandIn{split}" >> beam.Create(
+                       stand_in_records(feature_spec)) for split in SPLITS}
+            _analyse_and_transform(raw, feature_spec, budget.wrap(preprocessing_fn),
+                                   os.path.join(temp_dir, "transform_graph"),
+                                   os.path.join(temp_dir, "transformed_examples"))
+    except DPTransformError:
+        raise
+    except Exception as error:
+        raise DPTransformError(f"the preprocessing_fn fails on public stand-in records (built "
+                               f"from its feature_spec, fixed seed): {cause(error)}") from error
+
+
 def _split_pattern(examples, split: str) -> str:
     return os.path.join(artifact_utils.get_split_uri([examples], split), "*")
 
@@ -165,46 +225,22 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             transform_graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
             transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])
             transformed.split_names = artifact_utils.encode_split_names(list(SPLITS))
-            raw_metadata = dataset_metadata.DatasetMetadata.from_feature_spec(feature_spec)
             with transform_budget(epsilon, delta, plan) as budget, \
                     tempfile.TemporaryDirectory() as temp_dir, \
                     self._make_beam_pipeline() as pipeline, \
                     tft_beam.Context(temp_dir=temp_dir, force_tf_compat_v1=True):
-                # The record rule (record_rule.py) before TFT parses anything: a record missing a
-                # feature, or with a malformed or non-finite one, gets the public defaults instead
-                # of failing the analysis after the grant was charged.
-                source = tfxio.TFExampleBeamRecord(
-                    physical_format="tfrecord", schema=raw_metadata.schema,
-                    telemetry_descriptors=["sage_tfx", "DPTransform"])
-                raw = {split: (pipeline
-                               | f"Read{split}" >> beam.io.ReadFromTFRecord(
-                                   _split_pattern(examples, split))
-                               | f"Sanitise{split}" >> beam.Map(sanitise_record, feature_spec)
-                               | f"Decode{split}" >> source.BeamSource())
-                       for split in SPLITS}
-                adapter = source.TensorAdapterConfig()
-                transform_fn = ((raw[TRAIN_SPLIT], adapter)
-                                | "Analyze" >> tft_beam.AnalyzeDataset(
-                                    budget.wrap(preprocessing_fn)))
-                _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(
-                    transform_graph.uri)
-                for split in SPLITS:
-                    data, metadata = ((raw[split], adapter), transform_fn) | \
-                        f"Transform{split}" >> tft_beam.TransformDataset()
-                    coder = tft.coders.ExampleProtoCoder(metadata.schema)
-                    _ = (data
-                         | f"Encode{split}" >> beam.Map(coder.encode)
-                         | f"Write{split}" >> beam.io.WriteToTFRecord(
-                             os.path.join(transformed.uri, f"Split-{split}", "data_tfrecord"),
-                             file_name_suffix=".gz",
-                             compression_type=beam.io.filesystem.CompressionTypes.GZIP))
+                raw = {split: pipeline | f"Read{split}" >> beam.io.ReadFromTFRecord(
+                           _split_pattern(examples, split)) for split in SPLITS}
+                _analyse_and_transform(raw, feature_spec, budget.wrap(preprocessing_fn),
+                                       transform_graph.uri, transformed.uri)
             if budget.spent_shares() != plan.shares:
                 raise DPTransformError("the preprocessing_fn spent different shares when it ran "
                                        "than "
                                        "when it was audited")
             # The raw schema too, as TFX's Transform writes it: the trainer parses raw records
             # with it.
-            metadata_io.write_metadata(raw_metadata, os.path.join(
+            metadata_io.write_metadata(dataset_metadata.DatasetMetadata.from_feature_spec(
+                feature_spec), os.path.join(
                 transform_graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR))
             carry_grant(grant, transformed, "DPTransform")
             transform_graph.set_string_custom_property(EXAMPLES_GRANT_ID, grant.grant_id)

@@ -4,8 +4,10 @@ A module defines:
     LABEL_KEY = "trip_seconds"
     def feature_spec() -> dict[str, tf.io.FixedLenFeature]   # raw features, label included
     def model_inputs(features: dict[str, tf.Tensor]) -> tf.Tensor   # [batch, d] float32
-    def build_model() -> tf.keras.Model   # dp_sgd: any layers but BatchNormalization
+    def build_model() -> tf.keras.Model   # dp_sgd: float32, each example on its own
     def loss() -> tf.keras.losses.Loss    # dp_sgd: per-example loss of the task
+(DP-SGD refuses, before the charge, a model or loss that mixes the examples of a batch, keeps
+state across steps or checks values: dp_trainer/stand_in.py.)
 With a TransformGraph, records are parsed with its raw feature spec and transformed first;
 `model_inputs` then receives the transformed features (the label is taken from them when
 present, otherwise from the raw features).

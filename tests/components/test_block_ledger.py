@@ -89,7 +89,9 @@ def _trip_module_with(tmp_path, source: str) -> str:
 @pytest.mark.parametrize("case", ["missing file", "lacks loss", "raises on import",
                                   "calibration", "keras 3", "batch normalization",
                                   "batch statistics", "statistics no stand-in changes",
-                                  "model fails its stand-in", "no compiler"])
+                                  "model fails its stand-in", "no compiler",
+                                  "mixing model", "mixing loss", "stateful loss",
+                                  "scalar loss", "float64 model", "variable made in the step"])
 def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
         store_path, tmp_path, monkeypatch, case):
     from sage_tfx.components.block_ledger import preflight
@@ -108,7 +110,7 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
     elif case == "batch normalization":  # DP-SGD cannot clip it: refused from the model alone
         module = _trip_module_with(tmp_path, "def build_model():\n"
                                              "    return tf.keras.Sequential(["
-                                             "tf.keras.Input((3,)), "
+                                             "tf.keras.Input((1,)), "
                                              "tf.keras.layers.BatchNormalization(), "
                                              "tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: layer .* \\(BatchNormalization\\) normalises each example"
@@ -124,7 +126,7 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
                                              "        return x\n"
                                              "def build_model():\n"
                                              "    return tf.keras.Sequential(["
-                                             "tf.keras.Input((3,)), "
+                                             "tf.keras.Input((1,)), "
                                              "Mean(), tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: a training step changes the model's non-trainable variable"
     elif case == "statistics no stand-in changes":  # read from the graph, not from values
@@ -139,17 +141,51 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
                                              "tf.reduce_max(x)), lambda: x)\n"
                                              "def build_model():\n"
                                              "    return tf.keras.Sequential(["
-                                             "tf.keras.Input((3,)), "
+                                             "tf.keras.Input((1,)), "
                                              "Largest(), tf.keras.layers.Dense(1)])\n")
         message = "DPTrainer: a training step changes the model's non-trainable variable"
     elif case == "model fails its stand-in":  # the model's own error, not its module's import
         module = _trip_module_with(tmp_path, "def build_model():\n"
                                              "    return tf.keras.Sequential(["
-                                             "tf.keras.Input((3,)), "
-                                             "tf.keras.layers.Embedding(1, 2), "  # id 1 of 1 row
-                                             "tf.keras.layers.Flatten(), "
+                                             "tf.keras.Input((3,)), "  # model_inputs give 1
                                              "tf.keras.layers.Dense(1)])\n")
-        message = "DPTrainer: the model fails a training-mode forward pass on a public stand-in"
+        message = ("DPTrainer: the module's code fails on a public stand-in batch .* "
+                   "ValueError: .*incompatible")
+    elif case in ("mixing model", "mixing loss", "stateful loss", "scalar loss",
+                  "float64 model", "variable made in the step"):  # issue 45
+        model = {"mixing model": "tf.keras.layers.Lambda("
+                                 "lambda x: x - tf.reduce_mean(x, axis=0)), ",
+                 "variable made in the step": "tf.keras.layers.Lambda(lambda x: x + "
+                                              "tf.raw_ops.ReadVariableOp(resource="
+                                              "tf.raw_ops.VarHandleOp(dtype=tf.float32, "
+                                              "shape=[], shared_name='carried'), "
+                                              "dtype=tf.float32)), "}.get(case, "")
+        dtype = ", dtype='float64'" if case == "float64 model" else ""
+        losses = {
+            "mixing loss": "    def call(self, y, p):\n"
+                           "        return tf.reduce_sum(tf.square(p - y - "
+                           "tf.reduce_mean(p, axis=0)), -1)\n",
+            "stateful loss": "    def call(self, y, p):\n"
+                             "        self.seen.assign(tf.reduce_mean(y))\n"
+                             "        return tf.reduce_sum(tf.square(p - y), -1)\n",
+            "scalar loss": "    def __call__(self, y, p, sample_weight=None):\n"
+                           "        return tf.reduce_mean(tf.square(p - y))\n"}
+        module = _trip_module_with(tmp_path, (
+            "SEEN = tf.Variable(0.0, name='seen')\n"
+            "class Loss(tf.keras.losses.Loss):\n"
+            "    seen = SEEN\n" + losses[case] + "def loss():\n    return Loss()\n"
+            if case in losses else "") + (
+            "def build_model():\n"
+            f"    return tf.keras.Sequential([tf.keras.Input((1,){dtype}), {model}"
+            f"tf.keras.layers.Dense(1{dtype})])\n"))
+        message = {"mixing model": "the model: an example's output depends on other examples",
+                   "mixing loss": "the loss: an example's loss depends on other examples",
+                   "stateful loss": r"a training step changes variable\(s\) seen:0",
+                   "scalar loss": "the loss must give one value per example",
+                   "float64 model": "DP-SGD trains float32 variables",
+                   "variable made in the step": r"ops holding state of their own \(VarHandleOp"
+                   }[case]
+        message = "DPTrainer: .*" + message
     elif case == "no compiler":  # DP-SGD's kernels compile on first use: none cached here
         from sage_tfx.components.dp_trainer import step_ops
         monkeypatch.setenv("CXX", "no-such-compiler")
@@ -243,6 +279,36 @@ def test_a_transform_that_uses_a_non_dp_analyzer_is_refused_before_the_charge(tm
     [check] = preflight.parse(grant.producer_component.exec_properties[preflight.PROPERTY])
     assert (check.component, check.transform_step) == ("DPTransform", "transform")
     with pytest.raises(BadRequest, match="refused before the charge.*DPTransform"):
+        preflight.run([check], 1.0, 1e-7, {"transform": "0.5", "training": "0.5"})
+
+
+@pytest.mark.parametrize("case", [
+    "string default", pytest.param("fails on records", marks=pytest.mark.slow)])
+def test_a_transform_that_would_fail_on_its_records_is_refused_before_the_charge(tmp_path,
+                                                                                  case):
+    """Issue 45: a string FixedLenFeature with a default_value failed in TFT's schema after the
+    charge; a preprocessing_fn failing on the records did too. The preflight loads the spec
+    into TFT's schema and runs one whole preprocessing pass on public stand-in records of the
+    feature spec (stand_in_pass): refused, naming the cause, with nothing charged."""
+    from sage_tfx.components.block_ledger import preflight
+
+    spec, body = {
+        "string default": ("tf.io.FixedLenFeature([], tf.string, default_value='none')",
+                           "inputs['s']"),
+        "fails on records": ("tf.io.FixedLenFeature([], tf.string)",
+                             "tf.strings.to_number(inputs['s'])")}[case]
+    module = _bad_module(tmp_path, (
+        "import tensorflow as tf\n"
+        f"def feature_spec(): return {{'s': {spec}, "
+        "'x': tf.io.FixedLenFeature([], tf.float32)}\n"
+        f"def preprocessing_fn(inputs): return {{'x': inputs['x'], 's': {body}}}\n"))
+    check = preflight.Check(component="DPTransform", module_file=module, purpose="transform",
+                            transform_step="transform")
+    message = {"string default": "no TensorFlow Transform schema: feature \"s\" had "
+                                 "default_value none",
+               "fails on records": "fails on public stand-in records .* "
+                                   "InvalidArgumentError: StringToNumberOp"}[case]
+    with pytest.raises(BadRequest, match="refused before the charge.*DPTransform: .*" + message):
         preflight.run([check], 1.0, 1e-7, {"transform": "0.5", "training": "0.5"})
 
 

@@ -26,7 +26,8 @@ from sage_tfx.components.dp_trainer.calibrate import (CalibrationError, calibrat
 from sage_tfx.components.oblivious_sample_gen import ObliviousSampleGen, accounting
 from sage_tfx.components.oblivious_sample_gen.sampling import samples_poisson, samples_swo
 from sage_tfx.components.privacy_grant import GrantError
-from sage_tfx.sage_access import connect
+from sage_tfx.sage_access import BlockLedger, connect
+from sage_tfx.sage_access.errors import BadRequest
 
 from support import TRIP_MODULE
 from support.ingest import ingest_and_grant
@@ -174,6 +175,28 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     # Granted Examples that were never sampled.
     with pytest.raises(trainer_executor.SamplesMismatch, match="no sampling descriptor"):
         run(granted)
+    # After the charge, the module's own failure is found on public stand-in records before
+    # any record is read, and its cause is recorded and shown (issue 45: a loss returning one
+    # number showed only as "failed while computing" without SAGE_TFX_DEBUG). The share of the
+    # run refused for its missing grant above was not consumed.
+    scalar_loss = tmp_path / "scalar_loss.py"
+    scalar_loss.write_text(f"from importlib.machinery import SourceFileLoader\n"
+                           f"trip = SourceFileLoader('trip', {TRIP_MODULE!r}).load_module()\n"
+                           "from tensorflow import keras, reduce_mean, square\n"
+                           "LABEL_KEY, feature_spec = trip.LABEL_KEY, trip.feature_spec\n"
+                           "model_inputs, build_model = trip.model_inputs, trip.build_model\n"
+                           "class Scalar(keras.losses.Loss):\n"
+                           "    def __call__(self, y, p, sample_weight=None):\n"
+                           "        return reduce_mean(square(y - p))\n"
+                           "def loss():\n    return Scalar()\n")
+    cause = "the loss must give one value per example"
+    with pytest.raises(BadRequest, match="fails on a public stand-in batch.*" + cause):
+        trainer_executor.Executor().Do({"examples": [samples], "grant": [grant_artifact]},
+                                       outputs, dict(base, module_file=str(scalar_loss),
+                                                     grant_step="refused-2"))
+    outcome = BlockLedger(store_path).grant_outcomes(
+        grant_artifact.get_string_custom_property("grant_id"))["refused-2"]
+    assert outcome["outcome"] == "failed" and cause in outcome["reason"]
     # A descriptor that does not match the data.
     n = 48
     samples.set_int_custom_property("sampling_n", n + 8)  # claims one more sample per epoch
