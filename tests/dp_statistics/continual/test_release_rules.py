@@ -129,17 +129,27 @@ def rules_stream():
                       ("u93", "late", 1.0, 35.0), ("u94", "late", 1.0, 36.0)]
 
 
-@pytest.mark.parametrize("mechanism", ["tree", "factorization"])
-@pytest.mark.parametrize("engine", ENGINES)
-def test_every_trigger_releases_what_a_full_scan_of_the_rules_releases(tmp_path, engine,
-                                                                       mechanism):
+@pytest.fixture(scope="module", params=[(engine, mechanism) for engine in ENGINES
+                                        for mechanism in ("tree", "factorization")],
+                ids="-".join)
+def released(request, tmp_path_factory):
+    """(mechanism, what the engine released of rules_stream()): one run per engine and
+    mechanism, shared by the tests below (a DirectRunner run costs seconds)."""
+    engine, mechanism = request.param
+    query, budget = window(mechanism)
+    return mechanism, releases(engine, query, budget, rules_stream(),
+                               tmp_path_factory.mktemp(f"{engine}-{mechanism}"))
+
+
+def test_every_trigger_releases_what_a_full_scan_of_the_rules_releases(released):
     """Thresholding per trigger, distinct units per (key, round), new rounds, prediction of a
     key without records, contribution bounding, clamping, rounding to the grid, the value, the
     final pane, persistence: every released bit against `full_scan`."""
+    mechanism, out = released
     query, budget = window(mechanism)
     records = rules_stream()
     expected = full_scan(query, budget, records)
-    assert releases(engine, query, budget, records, tmp_path) == expected
+    assert out == expected
     # The stream exercises the rules it is meant to (with this noise key): a key released in
     # a second round before the last trigger, every released key released again at the last,
     # and (tree) a key released at a trigger where it has no records and that is not the final
@@ -154,22 +164,17 @@ def test_every_trigger_releases_what_a_full_scan_of_the_rules_releases(tmp_path,
     assert predicted or mechanism == "factorization"
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_a_key_never_selected_is_in_no_release_not_even_the_final_pane(tmp_path, engine):
+def test_a_key_never_selected_is_in_no_release_not_even_the_final_pane(released):
     """Key "late": two units at the last trigger only, below its threshold; "e": two units at
     step 1 only; "ghost": only in a record past its unit's C. None is in any release, though
     the last trigger releases every key released before (the final pane)."""
-    query, budget = window()
-    out = releases(engine, query, budget, rules_stream(), tmp_path)
+    _, out = released
     assert not {"late", "e", "ghost"} & set().union(*out)
     assert out[-1] and all(updated for _, updated in out[-1].values())
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_a_released_key_stays_released_with_its_number_until_it_is_released_anew(tmp_path,
-                                                                                  engine):
-    query, budget = window()
-    out = releases(engine, query, budget, rules_stream(), tmp_path)
+def test_a_released_key_stays_released_with_its_number_until_it_is_released_anew(released):
+    _, out = released
     assert all(updated for _, updated in out[0].values())
     kept_number = 0
     for before, now in zip(out, out[1:]):
@@ -196,3 +201,29 @@ def test_a_count_is_one_per_record_and_values_are_bounded_per_unit(tmp_path, eng
         assert out == full_scan(query, budget, records)
         # |noise| < 6 sigma of the largest prefix variance: false failure < 1e-8 (and fixed)
         assert abs(out[0]["a"][0] - true_total) < 6 * budget.value_sigma * math.sqrt(3)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_new_round_is_released_without_records_at_its_predicted_crossing(tmp_path, engine):
+    """Algorithm 4 for a round begun by a selection: with no records its count is 0, and it is
+    released where 0 > R(l), i.e. where its noise alone crosses the threshold (probability
+    <= beta per round). At (1, 0.9), beta = 0.08: 40 keys selected at step 1 (10 units each)
+    start 40 rounds, of which a few cross with no data before the last trigger (fixed noise
+    key). Keys "twice-i": 3 units each with a record at steps 1 and 2, which count once in
+    the round (3 units, not 6 records). Every bit against full_scan."""
+    query = StreamQuery(key_column="k", unit_column="u", time_column="t", epsilon=1.0,
+                        delta=0.9, contribution_limit=2, micro_batches=MICRO_BATCHES,
+                        mechanism="tree")
+    budget = plan(1.0, 0.9, MICRO_BATCHES, 2, 1.0, mechanism="tree")
+    records = [(f"u{key}-{unit}", f"k{key}", 1.0, 1.0 + unit / 10)
+               for key in range(40) for unit in range(10)]
+    records += [(f"w{key}-{unit}", f"twice-{key}", 1.0, 10.0 * step + unit / 10)
+                for key in range(10) for step in (0, 1) for unit in range(3)]
+    out = releases(engine, query, budget, records, tmp_path)
+    expected = full_scan(query, budget, records)
+    assert out == expected
+    with_records = {(BATCHES.step_of(time), key) for _, key, _, time in records}
+    predicted = [(t, key) for t in range(2, MICRO_BATCHES)
+                 for key, (_, updated) in expected[t - 1].items()
+                 if updated and (t, key) not in with_records]
+    assert predicted  # the stream exercised it (fixed noise key)
