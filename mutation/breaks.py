@@ -43,8 +43,9 @@ BREAKS = [
     # -- DP-SQLP (dp_statistics/continual) ------------------------------------------------------
     Break("final-pane-releases-every-evaluated-key",
           "the last trigger releases again only the keys released before (the lead's break)",
-          OP, 'flushed = (evaluated[~selected & (columns["value_row"][evaluated] >= 0)]',
-          'flushed = (evaluated[~selected]', [RULES, "-k", "local"]),
+          OP, "    chosen = evaluated[selected]\n",
+          "    selected |= t == query.micro_batches\n    chosen = evaluated[selected]\n",
+          [RULES, "-k", "local"]),
     Break("beam-final-pane-releases-every-evaluated-key",
           "the same rule in the Beam engine's stage 4",
           BEAM, "final_pane = state.values is not None and t == length",
@@ -102,8 +103,9 @@ BREAKS = [
           [RULES]),
     Break("a-dropped-record-makes-a-key",
           "only kept records make a key appear (its noise streams follow its code)",
-          OP, "    unit_codes = state.units.encode(units)\n",
-          "    unit_codes = state.units.encode(units)\n    state.keys.encode(keys)\n",
+          OP, "    known = state.n_keys\n",
+          "    known = state.n_keys\n"
+          "    state.keys.encode(clean_batch(batch, query.statistic, grid, bound)[1])\n",
           [RULES, "-k", "local"]),
     Break("values-not-clamped",
           "a value counts clamped to [-L, L], a value that is not finite as 0",
@@ -120,10 +122,14 @@ BREAKS = [
           OP, "return released_true + round_to_grid(noise_at, grid)",
           "return released_true + noise_at", [RULES]),
     # -- DP SQL aggregation (dp_statistics/aggregation) -----------------------------------------
-    Break("aggregation-releases-every-candidate",
-          "only the partitions the selection keeps are released",
-          "dp_statistics/aggregation/aggregators.py",
-          "keep = selection.value.keep", "keep = np.ones(len(keys), dtype=bool)", AGGREGATION),
+    Break("laplace-selection-keeps-every-candidate",
+          "Laplace thresholding keeps a partition iff its noisy unit count reaches tau",
+          "mechanisms/selection.py", "keep = noisy.value >= tau", "keep = noisy.value > -tau",
+          AGGREGATION),
+    Break("gaussian-selection-keeps-every-candidate",
+          "Gaussian thresholding keeps a partition iff its noisy unit count exceeds tau",
+          "mechanisms/selection.py", "keep = noisy.value > tau", "keep = noisy.value > -tau",
+          AGGREGATION),
     Break("aggregation-a-dropped-partition-is-a-candidate",
           "a partition is a selection candidate only if some unit's kept pair is in it",
           "dp_statistics/aggregation/aggregators.py",
@@ -153,10 +159,9 @@ def main():
         return 0
     copy = OUT / "breaks" / "sage_tfx"
     copy_tree(copy)
-    baseline = sorted({" ".join(b.tests) for b in chosen})
-    for tests in baseline:
-        if pytest(copy, shlex.split(tests)) != 0:
-            print(f"the tests fail without any break: {tests}", flush=True)
+    for tests in sorted({tuple(b.tests) for b in chosen}):
+        if pytest(copy, list(tests), args.show) != 0:
+            print(f"the tests fail without any break: {shlex.join(tests)}", flush=True)
             return 1
     missed = []
     for item in chosen:
@@ -174,7 +179,7 @@ def main():
         outcome = {0: "NOT CAUGHT", 1: "caught"}.get(code, f"pytest exit {code}")
         print(f"{item.name}: {outcome}", flush=True)
         if code != 1:
-            missed.append(f"{item.name}: {outcome} by {' '.join(item.tests)}")
+            missed.append(f"{item.name}: {outcome} by {shlex.join(item.tests)}")
     for line in missed:
         print(line)
     return 1 if missed else 0
