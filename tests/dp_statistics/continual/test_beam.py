@@ -5,7 +5,6 @@ from collections import Counter
 
 import apache_beam as beam
 import numpy as np
-import pandas as pd
 import pytest
 
 from sage_tfx.dp_statistics.continual import local, operator
