@@ -5,7 +5,6 @@ from collections import Counter
 
 import apache_beam as beam
 import numpy as np
-import pandas as pd
 import pytest
 
 from sage_tfx.dp_statistics.continual import local, operator
@@ -15,7 +14,7 @@ from sage_tfx.dp_statistics.continual.beam import (
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.sources import Window
 from sage_tfx.dp_statistics.continual.spec import StreamQuery
-from support.continual_beam import collect, replay
+from support.continual_beam import collect, conformance_stream, local_batches, replay
 
 NOISE_KEY = bytes(range(32))  # fixed noise in tests only
 # two blocks with a gap; triggers at 1010, 1020, 1030
@@ -95,34 +94,6 @@ def test_a_bad_window_is_refused_by_name(start, end, count):
         MicroBatches(Window(("w",), ((start, end),)), count)
 
 
-def _conformance_stream():
-    """66 records of 30 units over 4 keys (seed 4 chosen so that, with NOISE_KEY, key "d" is
-    released at step 4 without records at step 4 (Algorithm 4) and "a" in a second round), a
-    fifth key seen at step 1 only, and records both engines drop."""
-    rng = np.random.default_rng(4)
-    records = []
-    for unit in range(30):
-        for _ in range(rng.integers(1, 4)):
-            key = rng.choice(["a", "b", "c", "d"], p=[.5, .25, .15, .1])
-            records.append((f"u{unit}", str(key), float(rng.integers(-3, 6)),
-                            float(rng.uniform(0, 40))))
-    # key "e": two units at the end of step 1 only (never selected: no later evaluation)
-    return records + [(None, "a", 1.0, 5.0), ("u1", "a", 1.0, 40.0), ("u2", "b", 1.0, -1.0),
-                      ("u90", "e", 1.0, 9.5), ("u91", "e", 2.0, 9.6)]
-
-
-def _local_batches(records, batches):
-    """The micro-batches local.run_local reads: in arrival order (step, event time, input
-    order), records outside the window or without a unit left out, as sources.py does."""
-    rows = sorted((batches.step_of(time), time, order, unit, key, value)
-                  for order, (unit, key, value, time) in enumerate(records)
-                  if unit and batches.step_of(time))
-    return [(step, pd.DataFrame({"unit": [r[3] for r in rows if r[0] == step],
-                                 "key": [r[4] for r in rows if r[0] == step],
-                                 "value": [r[5] for r in rows if r[0] == step]}))
-            for step in range(1, batches.count + 1)]
-
-
 @pytest.mark.parametrize("mechanism", ["tree", "factorization"])
 def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch, mechanism):
     query = StreamQuery(key_column="k", unit_column="u", time_column="t", value_column="v",
@@ -130,9 +101,9 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch,
                         delta=1e-3, mechanism=mechanism)
     budget = plan(20.0, 1e-3, 4, 2, 4.0, mechanism=mechanism)
     batches = MicroBatches(Window(("w",), ((0.0, 40.0),)), 4)
-    records = _conformance_stream()
+    records = conformance_stream()
     local_releases = []
-    state = local.run_local(query, budget, _local_batches(records, batches), str(tmp_path),
+    state = local.run_local(query, budget, local_batches(records, batches), str(tmp_path),
                             local_releases.append, noise_key=NOISE_KEY)
     evaluations = []  # the step of each key evaluation Beam's stage 4 makes (same process)
     evaluate = operator.select_and_predict
@@ -167,7 +138,7 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch,
     assert beam_totals == local_totals
     # the stream exercises what it is meant to: a release at a step without records of the key
     # (only the due timer wakes it) and a key released in two rounds
-    with_records = {(step, key) for step, frame in _local_batches(records, batches)
+    with_records = {(step, key) for step, frame in local_batches(records, batches)
                     for key in frame["key"]}
     assert ("d" in {u.key for u in updates if (u.step, u.key) not in with_records})
     assert max(Counter(u.key for u in updates).values()) >= 2
