@@ -1,6 +1,7 @@
 """BlockExampleGen -> BlockLedger -> a consumer on LocalDagRunner, with the ledger in the
 pipeline's own ML Metadata store so the charge is linked to the run."""
 import json
+from fractions import Fraction
 import os
 
 import pytest
@@ -32,7 +33,7 @@ def test_block_pipeline_links_the_charge_to_the_run(tmp_path):
     ledger = BlockLedger(store_path)
     blocks = ledger.blocks()
     assert [b.block_id for b in blocks] == MONTHS
-    assert [round(b.spent[0], 9) for b in blocks] == [0.0, 0.4, 0.4]
+    assert [b.spent[0] for b in blocks] == [0, Fraction("0.4"), Fraction("0.4")]  # exact
 
     store = connect(store_path)
     [grant_execution] = store.get_executions_by_type(GRANT_TYPE)

@@ -142,7 +142,7 @@ from sage_tfx.components.dp_trainer import step_ops  # DP-SGD's kernels compile 
 print(len(c.__all__), os.path.isfile(stream.__file__), hasattr(step_ops.library(), "add_noise"))
 """, cwd=scratch)
     assert imported.returncode == 0, imported.stderr[-3000:]
-    assert imported.stdout.split() == ["12", "True", "True"]
+    assert imported.stdout.split() == ["18", "True", "True"]
     helped = _run(env, str(env / "bin" / "sage-tfx"), "--help", cwd=scratch)
     assert helped.returncode == 0 and "sage-tfx ledger" in helped.stdout, helped.stderr
     store = str(scratch / "ledger.sqlite")

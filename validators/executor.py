@@ -157,6 +157,7 @@ def write_tfma_metrics(evaluation_uri: str, metric: Metric, result: ValidationRe
         entry = metrics.metric_keys_and_values.add()
         entry.key.name = name
         entry.value.double_value.value = float(value)
+    tf.io.gfile.makedirs(evaluation_uri)  # a Kubeflow task's output directory may not exist yet
     with tf.io.TFRecordWriter(os.path.join(evaluation_uri, "metrics.tfrecord")) as writer:
         writer.write(metrics.SerializeToString())
 

@@ -154,7 +154,9 @@ def test_a_second_job_adds_new_months_and_trains_on_them(cluster, first_job):
     assert grant["outcome"] == "released"
     blessing = _blessing(tmp, run_id)
     assert blessing["metadata"]["outcome"] in {outcome.value for outcome in Outcome}
-    assert grant["steps"]["validation"]["artifacts"] == [blessing["uri"]]
+    # The blessing, then the same DP metrics as TFMA reads them (the evaluation output).
+    assert grant["steps"]["validation"]["artifacts"] == [
+        blessing["uri"], blessing["uri"].rsplit("/", 1)[0] + "/evaluation"]
     # The run and the task that charged it, as Kubeflow's launcher laid out their outputs.
     assert grant["run_id"] == run_id
     request = json.loads(grant["request"])

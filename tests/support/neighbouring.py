@@ -27,12 +27,14 @@ from sage_tfx.sage_access import connect
 DP_PROPERTIES = {
     ("ModelBlessing", "dp_metric"), ("ModelBlessing", "lower_bound"),
     ("ModelBlessing", "upper_bound"), ("ModelBlessing", "outcome"),
-    ("ModelBlessing", "blessed"), ("PushedModel", "pushed"),
+    ("ModelBlessing", "blessed"), ("ModelBlessing", "baseline_gap"),
+    ("ModelBlessing", "baseline_gap_lower_bound"), ("PushedModel", "pushed"),
 }
 # Files that hold DP releases (model weights, DP transform statistics) or records.
 DP_OR_DATA_FILES = re.compile(
     r"(/Split-[^/]+/[^/]+$)|(/Format-Serving/)|(/transform_fn/)|(/transformed_metadata/)"
-    r"|(/BLESSED$)|(/NOT_BLESSED$)|(/pushed/)|(/model_run/)|(/ModelRun/)")
+    r"|(/BLESSED$)|(/NOT_BLESSED$)|(/pushed/)|(/model_run/)|(/ModelRun/)"
+    r"|(/evaluation/\d+/metrics\.tfrecord$)")  # SLAedValidator's DP metrics, as TFMA reads them
 
 _UUID = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?"
@@ -42,7 +44,8 @@ _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?"
 DP_LOG_VALUES = re.compile(r"(?<=ridge )[-+0-9.e]+"
                            r"|(?<=SLAedValidator: )(ACCEPT|REJECT|RETRY)"
                            r"|(?<=\(DP loss )[-+0-9.e]+|(?<=\(DP accuracy )[-+0-9.e]+"
-                           r"|(?<= in )\[[-+0-9.e]+, [-+0-9.einf]+\]")
+                           r"|(?<= in )\[[-+0-9.e]+, [-+0-9.einf]+\]"
+                           r"|(?<=DP gap )[-+0-9.e]+|(?<=population gap > )[-+0-9.einf]+")
 
 
 class PlatformLog(logging.Handler):
