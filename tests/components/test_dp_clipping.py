@@ -9,6 +9,8 @@ import tensorflow as tf
 from sage_tfx.components.dp_trainer import clipping, step_ops, dp_sgd
 from sage_tfx.components.util.losses import with_reduction
 
+from support.keras_models import functional
+
 BATCH = 6
 
 
@@ -30,14 +32,6 @@ class Subclassed(tf.keras.Model):
 
     def call(self, inputs, training=None):
         return self.out(self.hidden(inputs))
-
-
-def functional(*layers, input_shape, dtype="float32"):
-    inputs = tf.keras.Input(input_shape, dtype=dtype)
-    outputs = inputs
-    for layer in layers:
-        outputs = layer(outputs)
-    return tf.keras.Model(inputs, outputs)
 
 
 def shared_dense_model():

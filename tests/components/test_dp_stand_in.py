@@ -11,16 +11,10 @@ import tensorflow as tf
 from sage_tfx.components.dp_trainer import clipping, dp_sgd, stand_in
 from sage_tfx.components.util.losses import with_reduction
 
+from support.keras_models import functional
+
 L = tf.keras.layers
 MSE = tf.keras.losses.MeanSquaredError()
-
-
-def functional(*layers, input_shape, dtype="float32"):
-    inputs = tf.keras.Input(input_shape, dtype=dtype)
-    outputs = inputs
-    for layer in layers:
-        outputs = layer(outputs)
-    return tf.keras.Model(inputs, outputs)
 
 
 class CentredByTheBatch(L.Layer):

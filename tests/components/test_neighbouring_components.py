@@ -104,8 +104,9 @@ def _matrix_rows():
     return rows
 
 
-def _matrix_mechanism(data, store):
-    from sage_tfx.components import BlockExampleGen, BlockLedger, MatrixMechanism
+def _monthly_statistics_grant(data, store):
+    """BlockExampleGen's monthly blocks and a grant of two of them, all to 'statistics'."""
+    from sage_tfx.components import BlockExampleGen, BlockLedger
     from sage_tfx.components.block_example_gen import month_schedule
     from support.ingest import MONTHS
 
@@ -115,6 +116,13 @@ def _matrix_mechanism(data, store):
                           schedule_end=end, block_delta=1e-6)
     grant = BlockLedger(ledger_store=store, new_blocks=gen.outputs["examples"], window=2,
                         epsilon=0.4, delta=1e-7, split={"statistics": 1})
+    return gen, grant
+
+
+def _matrix_mechanism(data, store):
+    from sage_tfx.components import MatrixMechanism
+
+    gen, grant = _monthly_statistics_grant(data, store)
     answers = MatrixMechanism(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                               workload_spec=MATRIX_SPEC)
     return [gen, grant, answers]
@@ -169,16 +177,9 @@ def _statistics_rows():
 
 
 def _dp_statistics_gen(data, store):
-    from sage_tfx.components import BlockExampleGen, BlockLedger, DPStatisticsGen
-    from sage_tfx.components.block_example_gen import month_schedule
-    from support.ingest import MONTHS
+    from sage_tfx.components import DPStatisticsGen
 
-    start, end = month_schedule(MONTHS[0], MONTHS[-1])
-    gen = BlockExampleGen(input_base=data, block_key="trip_start_timestamp", block_by="month",
-                          ledger_store=store, block_epsilon=1.0, schedule_start=start,
-                          schedule_end=end, block_delta=1e-6)
-    grant = BlockLedger(ledger_store=store, new_blocks=gen.outputs["examples"], window=2,
-                        epsilon=0.4, delta=1e-7, split={"statistics": 1})
+    gen, grant = _monthly_statistics_grant(data, store)
     statistics = DPStatisticsGen(examples=grant.outputs["examples"],
                                  grant=grant.outputs["grant"],
                                  columns={"fare": "float", "company": "string"},
