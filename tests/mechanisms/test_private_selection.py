@@ -71,6 +71,31 @@ def test_poisson_trials_follow_their_law_and_may_be_none():
     assert released[0].event == dp_event.RepeatAndSelectDpEvent(TRIAL, 1e-9, math.inf)
 
 
+def test_the_selection_runs_as_many_trials_as_the_law_draws_on_uniform_candidates():
+    """The number of trials each selection runs, over 4,000 selections, against the law
+    (chi-square, false failure 1e-4), and the candidates' frequencies against uniform: a
+    selection that ran a fixed number of trials, or walked through the candidates in order,
+    fails (the theorems need K random and the trials i.i.d.)."""
+    law, rng = TruncatedNegativeBinomial(1.0, 0.25), secret_rng(13)
+    pmf, _ = scipy_law(1.0, 0.25)
+    trials_run, candidates = [], []
+
+    def trial(candidate):
+        candidates.append(candidate)
+        return mechanisms.Release(np.array([0.0]), TRIAL)
+    for _ in range(4_000):
+        before = len(candidates)
+        private_selection(3, trial, TRIAL, law, rng)
+        trials_run.append(len(candidates) - before)
+    counts = np.bincount(trials_run, minlength=40)
+    top = max(k for k in range(1, 40) if 4_000 * pmf(k) >= 5)
+    expected = [4_000 * pmf(k) for k in range(1, top + 1)]
+    observed = list(counts[1:top + 1]) + [counts[top + 1:].sum()]
+    assert counts[0] == 0
+    assert stats.chisquare(observed, expected + [4_000 - sum(expected)]).pvalue > 1e-4
+    assert stats.chisquare(np.bincount(candidates, minlength=3)).pvalue > 1e-4
+
+
 def test_only_the_best_trial_is_released_and_ties_go_to_the_smaller_candidate():
     scores = {0: 0.5, 1: 2.0, 2: 2.0, 3: -1.0}
     for seed in range(20):
