@@ -17,7 +17,8 @@ from sage_tfx.mechanisms.private_selection import (PoissonTrials, Selected,
                                                    TruncatedNegativeBinomial, private_selection)
 from sage_tfx.randomness import secret_rng
 from sage_tfx.sage_access import BlockIds, BlockLedger
-from sage_tfx.sage_access.accounting import DEFAULT_RDP_ORDERS, rdp_curve_of
+from sage_tfx.sage_access.accounting import DEFAULT_RDP_ORDERS, event_to_json, rdp_curve_of
+from sage_tfx.sage_access.views import describe_event
 
 LAWS = [(1.0, 0.25), (0.0, 0.1), (0.5, 0.3), (2.0, 0.5)]  # (eta, gamma)
 TRIAL = dp_event.LaplaceDpEvent(noise_multiplier=1.0)
@@ -181,8 +182,15 @@ def test_an_rdp_ledger_records_and_charges_the_selection_curve():
     grant = ledger.request(BlockIds(["b0"]), epsilon=1.0, delta=1e-7,
                            split={"tuning": 1.0}, events={"tuning": event})
     assert ledger.grant_event(grant, "tuning") == event
+    assert describe_event(event_to_json(event)) == \
+        "best of K~(mean 4, shape 1) x Laplace(noise_multiplier=1)"
+    poisson = PoissonTrials(4.0).selection_event(TRIAL)  # shape infinity, recorded as JSON
+    grant = ledger.request(BlockIds(["b0"]), epsilon=1.0, delta=1e-7,
+                           split={"tuning": 1.0}, events={"tuning": poisson})
+    assert ledger.grant_event(ledger.find_grant(grant.grant_id), "tuning") == poisson
     assert np.allclose(ledger.block("b0").spent.astype(float),
-                       rdp_curve_of([event], ledger.orders))
+                       rdp_curve_of([event], ledger.orders) + rdp_curve_of([poisson],
+                                                                           ledger.orders))
     basic = BlockLedger.create(":memory:", min_request_epsilon=0.01)
     basic.add_block("b0", 10.0, 1e-6)
     basic.request(BlockIds(["b0"]), epsilon=1.0, delta=1e-7, split={"tuning": 1.0},
