@@ -154,8 +154,9 @@ def guarantee(metric: Metric, target: float, confidence: float,
               run_iteration: Optional[int]) -> str:
     """The guarantee of the test's decision in words (the blessing's `guarantee`)."""
     eta = failure_probability(confidence)
-    wrong = (f"an ACCEPT of a model whose expected {metric} misses the target {target:g} (or, "
-             f"with baselines, does not beat them), or a REJECT of one that meets it")
+    wrong = (f"an ACCEPT of a model whose expected {metric} misses the target {target:g} (or "
+             f"does not beat the baselines it is compared with), or a REJECT of one that "
+             f"meets it")
     if run_iteration is None:
         return f"this test: {wrong}, has probability at most {eta:.4g}"
     return (f"the whole privacy-adaptive run (this is its iteration {run_iteration}, tested at "
