@@ -179,8 +179,8 @@ def private_selection(candidates: int, run_trial: Callable[[int], Release],
     RepeatAndSelectDpEvent(trial_event, E[K], shape)). `rng` (sampling only: K and the
     candidates) defaults to a fresh secret_rng.
 
-    A trial whose event is not `trial_event` stops the selection with an error and nothing
-    released (the accountant must match what ran)."""
+    A trial whose event is not `trial_event`, or that spends delta outside it, stops the
+    selection with an error and nothing released (the accountant must match what ran)."""
     if not (isinstance(candidates, int) and not isinstance(candidates, bool)
             and candidates >= 1):
         raise ValueError(f"candidates must be a positive integer, got {candidates!r}")
@@ -193,8 +193,10 @@ def private_selection(candidates: int, run_trial: Callable[[int], Release],
     for _ in range(law.draw(rng)):
         candidate = int(rng.integers(candidates))
         trial = run_trial(candidate)
-        if trial.event != trial_event:
-            raise RuntimeError(f"a trial ran {trial.event}, not the accounted {trial_event}; "
+        if trial.event != trial_event or trial.additional_delta:
+            # (delta spent outside the event has no RDP curve for the theorems to use)
+            raise RuntimeError(f"a trial ran {trial.event} with additional delta "
+                               f"{trial.additional_delta:g}, not the accounted {trial_event}; "
                                "nothing was released")
         score = float(np.asarray(trial.value).reshape(()))
         if best is None or _rank(score, candidate) > _rank(best.score, best.candidate):

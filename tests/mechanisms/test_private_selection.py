@@ -119,6 +119,12 @@ def test_a_trial_that_runs_another_mechanism_stops_the_selection():
     with pytest.raises(RuntimeError, match="not the accounted"):
         private_selection(2, trial, TRIAL, TruncatedNegativeBinomial(1.0, 0.5), secret_rng(0))
 
+    def thresholded(candidate):  # partition selection's delta has no RDP curve
+        return mechanisms.Release(np.array([1.0]), TRIAL, additional_delta=1e-6)
+    with pytest.raises(RuntimeError, match="additional delta 1e-06"):
+        private_selection(2, thresholded, TRIAL, TruncatedNegativeBinomial(1.0, 0.5),
+                          secret_rng(0))
+
 
 @pytest.mark.parametrize("law, message", [
     (lambda: TruncatedNegativeBinomial(-0.5, 0.5), "shape"),
