@@ -1,15 +1,15 @@
 """One SLA over the whole privacy-adaptive run (pipelines/adaptive.py, validators/slaed.py
 `iteration_confidence`): a model that never meets its target is ACCEPTed by at most a fraction eta
-of whole runs, however many iterations they take, where testing every iteration at the run's
-confidence is not.
+of whole runs, however many iterations they take (and one that meets it REJECTed), where testing
+every iteration at the run's confidence is not.
 
 The Monte-Carlo runs simulate the validator's test statistic directly: iteration k's release is
 the validator's DPMeanRelease (a DP count and a DP clipped sum, the noise from
 mechanisms.laplace_count_and_sum, seeded by the seeded_noise fixture) of n i.i.d. 0/1 losses
 (an error indicator, R = 1), decided by slaed.loss_decision at iteration k's confidence. Every
-iteration tests on a fresh test set: independent tests are the union bound's worst case
-(windows that share blocks fail together more often, which only lowers the chance that one
-fails). The setting is where the validator is closest to its nominal level: a million records,
+iteration tests on a fresh test set, the case where multiple testing hurts most (windows that
+share blocks make the tests' failures positively dependent, which tends to make a failure
+somewhere less likely; the union bound behind the schedule holds either way). The setting is where the validator is closest to its nominal level: a million records,
 epsilon 100 (the Laplace corrections negligible), the model's error rate a hair above the
 target, run confidence 0.5 (eta = 0.25), up to 200 iterations a run. Even there one test at
 confidence 0.5 ACCEPTs wrongly about 1% of the time (measured 1.04% in 20,000 tests: eta / 24,
