@@ -799,6 +799,91 @@ def streaming_selection_outputs(trials: int, seed: Optional[int] = None, *,
     return outputs[0], outputs[1]
 
 
+# --- private selection for tuning (mechanisms/private_selection.py): the best of K trials ---
+
+TUNING_TRIAL_EPSILON = 1.0
+TUNING_LAW_SHAPE, TUNING_LAW_GAMMA = 1.0, 0.25  # geometric: E[K] = 4
+TUNING_DELTA = 1e-5
+TUNING_FIXED_TRIALS = 4  # the broken variant: the best of exactly E[K] trials
+
+
+def _fixed_trials_accounted_as_one():
+    """The deliberately broken variant of the tests: the best of exactly TUNING_FIXED_TRIALS
+    trials (K known), its event one trial's."""
+    from sage_tfx.mechanisms.private_selection import TruncatedNegativeBinomial
+
+    class FixedTrialsAccountedAsOne(TruncatedNegativeBinomial):
+        def draw(self, rng) -> int:
+            return TUNING_FIXED_TRIALS
+
+        def selection_event(self, trial_event):
+            return trial_event
+
+    return FixedTrialsAccountedAsOne(TUNING_LAW_SHAPE, TUNING_LAW_GAMMA)
+
+
+def tuning_law(broken: bool = False):
+    from sage_tfx.mechanisms.private_selection import TruncatedNegativeBinomial
+
+    return (_fixed_trials_accounted_as_one() if broken
+            else TruncatedNegativeBinomial(TUNING_LAW_SHAPE, TUNING_LAW_GAMMA))
+
+
+def tuning_claimed_epsilon(broken: bool = False) -> float:
+    """The epsilon at TUNING_DELTA of the event private_selection returns: RDP through
+    dp_accounting's RepeatAndSelectDpEvent (Papernot-Steinke Theorem 2), or for the broken
+    variant one trial's (exact: PLD of one Laplace)."""
+    import dp_accounting
+    from sage_tfx.mechanisms.release import Release
+
+    trial = dp_accounting.LaplaceDpEvent(noise_multiplier=1.0 / TUNING_TRIAL_EPSILON)
+    return Release(None, tuning_law(broken).selection_event(trial)).epsilon(TUNING_DELTA)
+
+
+class _LaplaceScores:
+    """A trial's DP score: a count of 0 or 1 records released by the noise module's Laplace
+    (sensitivity 1, TUNING_TRIAL_EPSILON). Drawn in vectorised chunks: coordinate i of one
+    release is run i of the scalar mechanism (its scale does not depend on the length). OpenDP's
+    exact Laplace costs ~60 us a coordinate, so chunks are small: little is drawn unused."""
+
+    def __init__(self, count: float, chunk: int = 1024):
+        self.count, self.chunk = count, chunk
+        self.release, self.used = None, chunk
+
+    def __call__(self, candidate: int):
+        from sage_tfx import mechanisms
+
+        if self.used == self.chunk:
+            self.release = mechanisms.laplace(np.full(self.chunk, self.count),
+                                              l1_sensitivity=1.0, epsilon=TUNING_TRIAL_EPSILON)
+            self.used = 0
+        self.used += 1
+        return mechanisms.Release(self.release.value[self.used - 1], self.release.event)
+
+
+def private_selection_outputs(trials: int, seed: Optional[int] = None, *,
+                              broken: bool = False) -> Outputs:
+    """The score private_selection releases when tuning one candidate whose trial is a Laplace
+    count (_LaplaceScores) on D = no records and D' = one record, K from a geometric law of mean
+    4. K and the candidates come from secret_rng(seed) (sampling: seedable); the Laplace noise
+    from the OS CSPRNG. broken=True is the best of exactly 4 trials accounted as one trial:
+    its privacy loss on {every score <= 0} is 4 epsilon (P[best <= 0] = 2^-4 on D), far
+    above the one trial's epsilon it claims."""
+    from dp_accounting import LaplaceDpEvent
+
+    from sage_tfx.mechanisms.private_selection import private_selection
+    from sage_tfx.randomness import secret_rng
+
+    rng, law = secret_rng(seed), tuning_law(broken)
+    trial_event = LaplaceDpEvent(noise_multiplier=1.0 / TUNING_TRIAL_EPSILON)
+    outputs = []
+    for count in (0.0, 1.0):
+        scores = _LaplaceScores(count)
+        outputs.append(np.array([private_selection(1, scores, trial_event, law, rng).value.score
+                                 for _ in range(trials)]))
+    return outputs[0], outputs[1]
+
+
 def shipped() -> dict[str, MechanismAudit]:
     """Every mechanism the platform ships, by the name `sage-tfx audit` takes."""
     audits = [
@@ -859,5 +944,10 @@ def shipped() -> dict[str, MechanismAudit]:
                        "DP-SQLP on the BLT square-root factorization: 4 triggers, COUNT(*), a "
                        f"unit with {FACTORIZATION_UNIT_RECORDS} records in a key at step 1 "
                        f"(C = {FACTORIZATION_CONTRIBUTION_LIMIT}) vs absent, the key's releases "
-                       "at steps 1 and 4 projected on their likelihood-ratio direction")]
+                       "at steps 1 and 4 projected on their likelihood-ratio direction"),
+        MechanismAudit("private_selection", tuning_claimed_epsilon(), TUNING_DELTA,
+                       private_selection_outputs,
+                       "private selection for tuning: the best of K ~ geometric (mean 4) "
+                       f"Laplace scores (epsilon {TUNING_TRIAL_EPSILON} each), a count of 0 vs "
+                       "1, the released best score")]
     return {audit.name: audit for audit in audits}

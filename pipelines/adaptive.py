@@ -17,6 +17,14 @@ The driver reads the SLAedValidator's ModelBlessing from MLMD and decides:
   and doubles the window on RETRY. Either stops when the stream has no more blocks to wait for
   or after `max_iterations` (TIMEOUT).
 
+One SLA for the whole run. Sage's validator guarantees each test; a run that retries k times
+tests k models, and with the same confidence at each test the chance that one of its decisions is
+wrong grows with k. The driver gives iteration k's SLAedValidator `run_iteration=k`: its test
+runs at 1 - (1 - confidence) 6 / (pi^2 k^2) (validators/slaed.py `iteration_confidence`, with the
+derivation), so the run's ACCEPT (or REJECT) is wrong with probability at most
+(1 - confidence) / 2 over all its iterations, the spec's confidence read as the run's. Each
+ACCEPT states it: the blessing's `guarantee`, the driver's report and AdaptiveResult.message.
+
 Every iteration's grant charges (epsilon, delta) with the split declared once in the spec
 ({"transform": f1, "training": f2, "validation": f3}), recorded in its PrivacyGrant. Sage's
 guarantee for the adaptive loop is the block ledger's: each block's filter admits a grant only
@@ -72,7 +80,8 @@ ACCEPTED, REJECTED, TIMEOUT = RunOutcome.ACCEPT, RunOutcome.REJECT, RunOutcome.T
 class IterationSpec:
     """What one iteration runs. `trainer` holds DPTrainer's keyword arguments (mode, epochs, ...);
     `sampling` ObliviousSampleGen's (scheme, sample_size or gamma, epochs) for mode dp_sgd;
-    `validation` SLAedValidator's (metric, target, confidence, loss_bound)."""
+    `validation` SLAedValidator's (metric, target, confidence, loss_bound); in run_adaptive
+    `confidence` is the whole run's (module docstring)."""
     module_file: str
     trainer: Mapping
     validation: Mapping
@@ -101,7 +110,7 @@ class IterationSpec:
         # what the metric can reach); build one DAG without running it.
         try:
             build_iteration(self, "check", "/nonexistent", "/nonexistent.sqlite", window=1,
-                            epsilon=1.0)
+                            epsilon=1.0, run_iteration=1)
         except BadRequest:
             raise
         except ValueError as error:
@@ -111,10 +120,13 @@ class IterationSpec:
 def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str, window: int,
                     epsilon: float, ledger_pipeline: Optional[str] = None,
                     metadata_config=None, ingest: Optional[BlockExampleGen] = None,
-                    push_to: Optional[str] = None) -> pipeline.Pipeline:
+                    push_to: Optional[str] = None,
+                    run_iteration: Optional[int] = None) -> pipeline.Pipeline:
     """The TFX pipeline of one iteration: a grant of (epsilon, spec.delta) on the `window` most
     recent blocks that can pay it, then transform, (sample,) train, validate, push (to
-    `push_to`, default root/pushed). With `ingest`, new blocks are ingested first."""
+    `push_to`, default root/pushed). With `ingest`, new blocks are ingested first. With
+    `run_iteration` k, it is iteration k of a privacy-adaptive run (the validator tests at
+    iteration k's share of the run's confidence); without, its test stands alone."""
     seed = spec.seed
     grant = BlockLedgerComponent(ledger_store=ledger_store, epsilon=epsilon, delta=spec.delta,
                                  window=window, split=spec.split,
@@ -136,7 +148,7 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
     validator = SLAedValidator(model=trainer.outputs["model"], examples=examples,
                                grant=grant_channel, module_file=spec.module_file,
                                transform_graph=transform.outputs["transform_graph"],
-                               **spec.validation)
+                               run_iteration=run_iteration, **spec.validation)
     pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
                     push_destination=pusher_pb2.PushDestination(
                         filesystem=pusher_pb2.PushDestination.Filesystem(
@@ -190,6 +202,8 @@ class Iteration:
     lower_bound: float
     upper_bound: float
     target: float
+    confidence: float  # the level of this iteration's bounds (its share of the run's)
+    guarantee: str  # the validator's statement of the run-level guarantee
 
 
 @dataclass
@@ -271,7 +285,8 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                     epsilon = _largest_payable_epsilon(ledger, window, spec, name)
             _preflight(spec, epsilon)
             run_local(build_iteration(spec, name, root, ledger_store, window, epsilon,
-                                      metadata_config=metadata_config), report=report)
+                                      metadata_config=metadata_config,
+                                      run_iteration=len(iterations) + 1), report=report)
             run_artifacts = _latest_run_artifacts(store, name)
             [blessing] = run_artifacts["ModelBlessing"]
             grant_blocks = _grant_blocks(store, blessing)
@@ -281,13 +296,17 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 dp_metric=float(_property(blessing, blessing_keys.DP_METRIC)),
                 lower_bound=float(_property(blessing, blessing_keys.LOWER_BOUND)),
                 upper_bound=float(_property(blessing, blessing_keys.UPPER_BOUND)),
-                target=float(_property(blessing, blessing_keys.TARGET)))
+                target=float(_property(blessing, blessing_keys.TARGET)),
+                confidence=float(_property(blessing, blessing_keys.CONFIDENCE)),
+                guarantee=_property(blessing, blessing_keys.GUARANTEE))
             iterations.append(iteration)
             metric = Metric(_property(blessing, blessing_keys.METRIC))
             report(_line(iteration, metric))
             if iteration.outcome == Outcome.ACCEPT:
+                report(f"  guarantee: {iteration.guarantee}")
                 return AdaptiveResult(ACCEPTED, iterations,
-                                      _pushed(store, run_artifacts.get("PushedModel", [])))
+                                      _pushed(store, run_artifacts.get("PushedModel", [])),
+                                      message=f"accepted; guarantee: {iteration.guarantee}")
             if iteration.outcome == Outcome.REJECT:
                 # A loss is rejected from below (its lower bound exceeds the target), an
                 # accuracy from above (its upper bound falls short of it).
@@ -296,7 +315,8 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 return AdaptiveResult(REJECTED, iterations, message=(
                     f"the validator rejected the model: its {metric} is "
                     f"{side} {bound:.4g}, worse than the target "
-                    f"{iteration.target:g} with this much data"))
+                    f"{iteration.target:g} with this much data; guarantee: "
+                    f"{iteration.guarantee}"))
             epsilon, window = after_retry(
                 policy.name, epsilon, window,
                 lambda doubled: len(_payable(ledger, spec, doubled, name)))
@@ -322,8 +342,9 @@ def _line(iteration: Iteration, metric: Metric) -> str:
     span = f"{iteration.blocks[-1]}..{iteration.blocks[0]}" if iteration.blocks else "-"
     return (f"iteration {iteration.number}: window {iteration.window} block(s) ({span}), "
             f"epsilon {iteration.epsilon:.4g} -> {iteration.outcome}  (DP {metric} "
-            f"{iteration.dp_metric:.4g}; with confidence it is in [{iteration.lower_bound:.4g}, "
-            f"{iteration.upper_bound:.4g}]; target {iteration.target:g})")
+            f"{iteration.dp_metric:.4g}; with confidence {iteration.confidence:.4g} it is in "
+            f"[{iteration.lower_bound:.4g}, {iteration.upper_bound:.4g}]; target "
+            f"{iteration.target:g})")
 
 
 def _grant_blocks(store, blessing) -> tuple[str, ...]:

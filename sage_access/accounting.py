@@ -454,6 +454,8 @@ def _event_types() -> dict:
         # The DP-SQLP streaming operator's selection and value trees (dp_statistics/continual).
         dp_event.SingleEpochTreeAggregationDpEvent,
         dp_event.PoissonSampledDpEvent, dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent,
+        # Private selection for tuning (mechanisms/private_selection.py).
+        dp_event.RepeatAndSelectDpEvent,
         dp_event.NoOpDpEvent)}
 
 

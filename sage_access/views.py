@@ -106,6 +106,9 @@ def describe_event(event: dict) -> str:
         return f"{event['count']}x {describe_event(event['event'])}"
     if kind == "Composed":
         return " + ".join(describe_event(inner) for inner in event["events"])
+    if kind == "RepeatAndSelect":
+        return f"best of K~(mean {readable(event['mean'])}, shape {readable(event['shape'])}) " \
+               f"x {describe_event(event['event'])}"
     if kind == "PoissonSampled":
         return f"PoissonSampled(q={readable(event['sampling_probability'])}, " \
                f"{describe_event(event['event'])})"

@@ -26,6 +26,7 @@ class SLAedValidatorSpec(component_spec.ComponentSpec):
         "grant_step": component_spec.ExecutionParameter(type=str),
         "baseline_margin": component_spec.ExecutionParameter(type=float, optional=True),
         "baseline_outputs": component_spec.ExecutionParameter(type=str, optional=True),  # JSON
+        "run_iteration": component_spec.ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
         "model": component_spec.ChannelParameter(type=standard_artifacts.Model),
@@ -65,12 +66,18 @@ class SLAedValidator(base_component.BaseComponent):
     (1 - confidence) / 2 in all (validators/executor.py `validate`); a model that does not beat
     its baselines is RETRY. `baseline_margin=None` turns the comparison off; metric 'loss'
     without baseline_outputs or baseline_model has nothing to compare against.
+    In a privacy-adaptive run, `run_iteration` k (1, 2, ...) makes `confidence` the run's: the
+    test runs at slaed.iteration_confidence(confidence, k), so that every decision of the
+    whole run, however many iterations it takes, is wrong with probability at most
+    (1 - confidence) / 2 (the derivation is beside iteration_confidence); the blessing states
+    that run-level guarantee. Without it, the guarantee is this test's alone.
     With `transform_graph` (the one the model was trained with), the labels are taken from the
     transformed features when the transform outputs the label, as in DPTrainer.
     Output: a ModelBlessing with `blessed` = 1 only on ACCEPT (TFX's Pusher reads it), and the
     custom properties outcome, metric, dp_metric, lower_bound, upper_bound, target,
-    confidence, epsilon_used, and with baselines baseline_gap (DP), baseline_gap_lower_bound,
-    baseline_margin and baselines (how many). Also `evaluation`, a ModelEvaluation holding the
+    confidence (the test's), epsilon_used, guarantee (in words), with `run_iteration`
+    run_confidence and run_iteration, and with baselines baseline_gap (DP),
+    baseline_gap_lower_bound, baseline_margin and baselines (how many). Also `evaluation`, a ModelEvaluation holding the
     same DP values as TFMA's metrics file (executor.write_tfma_metrics). The BlockLedger that grants `grant` checks, before it charges,
     that the module loads and defines what `metric` needs (block_ledger/preflight.py).
     """
@@ -84,13 +91,15 @@ class SLAedValidator(base_component.BaseComponent):
                  loss_bound: Optional[float] = None, grant_step: str = "validation",
                  transform_graph: Optional[channel.Channel] = None,
                  baseline_margin: Optional[float] = 0.0, baseline_outputs: Sequence[float] = (),
-                 baseline_model: Optional[channel.Channel] = None):
+                 baseline_model: Optional[channel.Channel] = None,
+                 run_iteration: Optional[int] = None):
         metric = executor.check_parameters(metric, target, confidence, loss_bound,
-                                           baseline_margin, baseline_outputs)
+                                           baseline_margin, baseline_outputs, run_iteration)
         super().__init__(spec=SLAedValidatorSpec(
             module_file=module_file, metric=metric, target=target, confidence=confidence,
             loss_bound=loss_bound, grant_step=grant_step, baseline_margin=baseline_margin,
             baseline_outputs=json.dumps([float(value) for value in baseline_outputs]),
+            run_iteration=run_iteration,
             model=model, examples=examples, grant=grant, transform_graph=transform_graph,
             baseline_model=baseline_model,
             blessing=channel.Channel(type=standard_artifacts.ModelBlessing),

@@ -12,7 +12,12 @@ DP_METRIC = "dp_metric"
 LOWER_BOUND = "lower_bound"
 UPPER_BOUND = "upper_bound"
 TARGET = "target"
-CONFIDENCE = "confidence"
+CONFIDENCE = "confidence"  # the level of lower_bound and upper_bound (this test's)
+# In a privacy-adaptive run (pipelines/adaptive.py): the run's confidence, this test's iteration
+# (its confidence is slaed.iteration_confidence of both) and the run-level guarantee in words.
+RUN_CONFIDENCE = "run_confidence"
+RUN_ITERATION = "run_iteration"
+GUARANTEE = "guarantee"
 EPSILON_USED = "epsilon_used"
 # The baseline test (slaed.baseline_gap_validator): the DP gap between the best baseline's loss
 # and the model's, its lower bound, the margin asked for, and how many baselines took part.

@@ -24,6 +24,7 @@ from sage_tfx.sage_access.exact import set_exact_property
 from sage_tfx.validators import constants
 from sage_tfx.validators.slaed import (ACCEPT, REJECT, RETRY, Metric, ValidationResult,
                                       accuracy_validator, baseline_gap_validator,
+                                      failure_probability, iteration_confidence,
                                       loss_validator)
 
 _PREDICTION_BATCH = 4096
@@ -33,12 +34,15 @@ MODULE_NEEDS = {Metric.LOSS: ("loss",), Metric.ACCURACY: ()}
 
 def check_parameters(metric: str, target: float, confidence: float,
                      loss_bound: Optional[float], baseline_margin: Optional[float] = None,
-                     baseline_outputs: Sequence[float] = ()) -> Metric:
+                     baseline_outputs: Sequence[float] = (),
+                     run_iteration: Optional[int] = None) -> Metric:
     """Refuse bad parameters when the pipeline is built, before anything runs or is charged;
     the metric they name."""
     metric = Metric.parse(metric, "metric")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if run_iteration is not None:
+        iteration_confidence(confidence, run_iteration)  # refuses an iteration < 1
     if metric == Metric.LOSS:
         if loss_bound is None or not loss_bound > 0:
             raise ValueError(f"metric 'loss' needs loss_bound B > 0, got {loss_bound}")
@@ -139,6 +143,28 @@ def validate(metric: Metric, values: np.ndarray, baselines: np.ndarray, target: 
                              result.details), gap)
 
 
+def tested_at(confidence: float, run_iteration: Optional[int]) -> float:
+    """The confidence the test runs at: `confidence` itself, or in a privacy-adaptive run
+    iteration k's share of the run's (slaed.iteration_confidence)."""
+    return confidence if run_iteration is None else iteration_confidence(confidence,
+                                                                         run_iteration)
+
+
+def guarantee(metric: Metric, target: float, confidence: float,
+              run_iteration: Optional[int]) -> str:
+    """The guarantee of the test's decision in words (the blessing's `guarantee`)."""
+    eta = failure_probability(confidence)
+    wrong = (f"an ACCEPT of a model whose expected {metric} misses the target {target:g} (or "
+             f"does not beat the baselines it is compared with), or a REJECT of one that "
+             f"meets it")
+    if run_iteration is None:
+        return f"this test: {wrong}, has probability at most {eta:.4g}"
+    return (f"the whole privacy-adaptive run (this is its iteration {run_iteration}, tested at "
+            f"confidence {iteration_confidence(confidence, run_iteration):.6g}): {wrong}, at any "
+            f"of its iterations, has probability at most {eta:.4g} in all (run confidence "
+            f"{confidence:g})")
+
+
 def write_tfma_metrics(evaluation_uri: str, metric: Metric, result: ValidationResult,
                        gap: Optional[ValidationResult]) -> None:
     """The DP values of the tests as TFMA's Evaluator writes metrics: one MetricsForSlice for the
@@ -170,8 +196,9 @@ class Executor(base_executor.BaseExecutor):
         loss_bound = exec_properties.get("loss_bound")
         baseline_margin = exec_properties.get("baseline_margin")
         baseline_outputs = json.loads(exec_properties.get("baseline_outputs") or "[]")
+        run_iteration = exec_properties.get("run_iteration")
         metric = check_parameters(exec_properties["metric"], target, confidence, loss_bound,
-                                  baseline_margin, baseline_outputs)
+                                  baseline_margin, baseline_outputs, run_iteration)
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         grant = require_grant(input_dict["grant"], [examples])
         step = exec_properties.get("grant_step") or "validation"
@@ -203,8 +230,9 @@ class Executor(base_executor.BaseExecutor):
                     input_dict["baseline_model"]).uri, serialized)
             baselines = baseline_losses(metric, module, labels, outputs, baseline_outputs,
                                         baseline_model_outputs)[1:]
-            result, gap = validate(metric, values, baselines, target, epsilon, confidence,
-                                   loss_bound, baseline_margin)
+            result, gap = validate(metric, values, baselines, target, epsilon,
+                                   tested_at(confidence, run_iteration), loss_bound,
+                                   baseline_margin)
 
             blessing = artifact_utils.get_single_instance(output_dict["blessing"])
             blessed = result.outcome == ACCEPT
@@ -218,9 +246,15 @@ class Executor(base_executor.BaseExecutor):
             for name, value in ((constants.DP_METRIC, result.dp_estimate),
                                 (constants.LOWER_BOUND, result.lower_bound),
                                 (constants.UPPER_BOUND, result.upper_bound),
-                                (constants.TARGET, target), (constants.CONFIDENCE, confidence),
+                                (constants.TARGET, target),
+                                (constants.CONFIDENCE, result.confidence),
                                 (constants.EPSILON_USED, epsilon)):
                 set_exact_property(blessing, name, value)
+            blessing.set_string_custom_property(
+                constants.GUARANTEE, guarantee(metric, target, confidence, run_iteration))
+            if run_iteration is not None:
+                set_exact_property(blessing, constants.RUN_CONFIDENCE, confidence)
+                blessing.set_int_custom_property(constants.RUN_ITERATION, run_iteration)
             if gap is not None:
                 for name, value in ((constants.BASELINE_GAP, gap.dp_estimate),
                                     (constants.BASELINE_GAP_LOWER_BOUND, gap.lower_bound),
@@ -236,7 +270,10 @@ class Executor(base_executor.BaseExecutor):
             console.report("SLAedValidator: %s (DP %s %.4g, population %s in [%.4g, %.4g] at "
                            "confidence %.3g, epsilon %.3g)", result.outcome, metric,
                            result.dp_estimate,
-                           metric, result.lower_bound, result.upper_bound, confidence, epsilon)
+                           metric, result.lower_bound, result.upper_bound, result.confidence,
+                           epsilon)
+            console.report("SLAedValidator: guarantee of %s: %s", result.outcome,
+                           guarantee(metric, target, confidence, run_iteration))
             # The decision depends on the model too: the whole grant's guarantee covers both.
             released = [blessing.uri] + [artifact.uri for artifact in
                                          output_dict.get("evaluation", [])]

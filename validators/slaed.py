@@ -106,12 +106,46 @@ def bernstein_lower(mean: float, n: float, probability: float, value_range: floa
     return root * root
 
 
-def _check_common(epsilon: float, confidence: float) -> float:
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
+def failure_probability(confidence: float) -> float:
+    """eta = (1 - confidence) / 2: the probability that an ACCEPT, or a REJECT, of a test at
+    `confidence` is wrong (the module docstring's guarantees)."""
     if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     return (1.0 - confidence) / 2.0
+
+
+def iteration_confidence(run_confidence: float, iteration: int) -> float:
+    """The confidence of the test of iteration k (1, 2, ...) of a privacy-adaptive run whose
+    decisions must hold at `run_confidence` over the WHOLE run, however many iterations it has:
+        confidence_k = 1 - (1 - run_confidence) 6 / (pi^2 k^2).
+
+    Why. Let eta = failure_probability(run_confidence). Test k is then wrong with probability
+    at most eta_k = (1 - confidence_k) / 2 = eta 6 / (pi^2 k^2), and sum_k 1/k^2 = pi^2 / 6, so
+    sum_k eta_k = eta. The run stops at its first ACCEPT or REJECT, and iteration k runs only
+    if iterations 1..k-1 all said RETRY. Picture the run continued to every k: iteration k
+    would have a fixed window and epsilon (the policy's k-th, a function of k and of public
+    ledger state, since RETRY is the only way to reach it) and a model m_k trained on the
+    window's train split with fresh noise, so m_k is independent of the test split, whose
+    records are i.i.d. draws of the data distribution (validators/slaed.py's setting). Let E_k
+    be the event that test k's confidence bounds fail for m_k: P[E_k] <= eta_k, without
+    conditioning on the earlier outcomes (windows may share blocks; the union bound needs no
+    independence). A wrong decision of the run (an ACCEPT of a model that misses the target,
+    or a REJECT of one that meets it) at iteration k implies E_k, so
+        P[the run's decision is wrong] <= P[union_k E_k] <= sum_k eta_k = eta,
+    the guarantee one test at `run_confidence` gives, now for the whole run. With the same
+    confidence at every test (Sage's per-test guarantee), the bound grows as k eta.
+    A test of iteration k costs only its confidence: its bounds widen by a term in
+    log(k^2 pi^2 / 6) (Laplace tails and Bernstein's L)."""
+    eta = failure_probability(run_confidence)
+    if not (isinstance(iteration, int) and not isinstance(iteration, bool) and iteration >= 1):
+        raise ValueError(f"the iteration must be an integer >= 1, got {iteration!r}")
+    return 1.0 - 2.0 * eta * 6.0 / (math.pi ** 2 * iteration ** 2)
+
+
+def _check_common(epsilon: float, confidence: float) -> float:
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
+    return failure_probability(confidence)
 
 
 def _as_vector(values) -> np.ndarray:
@@ -181,6 +215,15 @@ def mean_lower_bound(release: DPMeanRelease, eta: float) -> float:
                            release.value_range)
 
 
+def loss_decision(release: DPMeanRelease, target: float, eta: float
+                  ) -> tuple[Outcome, float, float]:
+    """(outcome, lower, upper) of the loss test on `release`: ACCEPT if the upper bound on the
+    population mean is <= target, REJECT if the lower bound exceeds it, else RETRY; each bound
+    fails with probability at most eta."""
+    upper, lower = mean_upper_bound(release, eta), mean_lower_bound(release, eta)
+    return (ACCEPT if upper <= target else REJECT if lower > target else RETRY), lower, upper
+
+
 def _check_target(target: float, low: float, high: float, name: str) -> None:
     if not (isinstance(target, (int, float)) and low <= target <= high and math.isfinite(target)):
         raise ValueError(f"target {target!r} is outside the {name} range [{low}, {high}]")
@@ -198,8 +241,7 @@ def loss_validator(per_example_losses, target: float, epsilon: float, confidence
     losses = _as_vector(per_example_losses)
     clipped = np.clip(np.where(np.isfinite(losses), losses, loss_bound), 0.0, loss_bound)
     release = DPMeanRelease.of(clipped, loss_bound, epsilon)
-    upper, lower = mean_upper_bound(release, eta), mean_lower_bound(release, eta)
-    outcome = ACCEPT if upper <= target else REJECT if lower > target else RETRY
+    outcome, lower, upper = loss_decision(release, target, eta)
     return ValidationResult(outcome, release.dp_mean, lower, upper, target, epsilon, confidence,
                             release.dp_count, {"loss_bound": loss_bound, "eta": eta})
 

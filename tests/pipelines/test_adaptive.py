@@ -11,6 +11,7 @@ from sage_tfx.examples.taxi.pipeline import (BLOCK_EPSILON, INITIAL_EPSILON, MIN
 from sage_tfx.pipelines.adaptive import ACCEPTED, Policy, run_adaptive
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
 from sage_tfx.sage_access.records import GRANT_TYPE
+from sage_tfx.validators.slaed import iteration_confidence
 
 
 def _database(tmp_path, months=12):
@@ -40,6 +41,13 @@ def test_conserve_retries_then_accepts_and_every_charge_is_in_the_lineage(tmp_pa
     assert plan[3] == (24, 1.0)
     assert os.listdir(result.pushed_model)
     assert any(line.startswith("iteration 1: window 12") for line in lines)
+    # One SLA for the whole run: iteration k tests at its share of the run's confidence 0.95,
+    # and the ACCEPT states the run-level guarantee.
+    assert [i.confidence for i in result.iterations] == \
+        [iteration_confidence(0.95, k) for k in range(1, len(outcomes) + 1)]
+    assert f"(this is its iteration {len(outcomes)}," in result.message
+    assert "at most 0.025 in all" in result.message
+    assert lines[-1] == f"  guarantee: {result.iterations[-1].guarantee}"
 
     ledger = BlockLedger(store)
     assert ledger.waiting_pipelines() == []

@@ -12,6 +12,7 @@ from tfx.types import artifact_utils
 from sage_tfx.components.dp_trainer import DPTrainer
 from sage_tfx.sage_access import BlockLedger, connect
 from sage_tfx.validators.component import SLAedValidator
+from sage_tfx.validators.slaed import iteration_confidence
 
 from support import TRIP_MODULE
 from support.ingest import ingest_and_grant
@@ -54,8 +55,12 @@ def test_validator_blesses_only_on_accept_and_pusher_follows(tmp_path):
         validator = SLAedValidator(model=trainer.outputs["model"],
                                    examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                                    module_file=TRIP_MODULE, metric="loss", target=target,
-                                   confidence=0.95, loss_bound=loss_bound,
-                                   grant_step=step).with_id(f"validator_{name}")
+                                   confidence=0.95, loss_bound=loss_bound, grant_step=step,
+                                   # as iteration 2 of a privacy-adaptive run: at its
+                                   # confidence, 0.9924, the derivation's upper bound is 3,034
+                                   # instead of 2,952, still <= 4,000
+                                   run_iteration=2 if name == "loose" else None
+                                   ).with_id(f"validator_{name}")
         pusher = Pusher(model=trainer.outputs["model"],
                         model_blessing=validator.outputs["blessing"],
                         push_destination=pusher_pb2.PushDestination(
@@ -81,6 +86,18 @@ def test_validator_blesses_only_on_accept_and_pusher_follows(tmp_path):
     assert strict.get_string_custom_property("outcome") == "REJECT"
     assert strict.get_int_custom_property("blessed") == 0
     assert float(strict.get_string_custom_property("lower_bound")) > 2.0
+    # The run-level SLA: iteration 2 tests at its share of the run's confidence, and the
+    # blessing states the guarantee for the whole run; the stand-alone test states its own.
+    assert float(loose.get_string_custom_property("confidence")) == \
+        iteration_confidence(0.95, 2)
+    assert float(loose.get_string_custom_property("run_confidence")) == 0.95
+    assert loose.get_int_custom_property("run_iteration") == 2
+    assert "whole privacy-adaptive run (this is its iteration 2" in \
+        loose.get_string_custom_property("guarantee")
+    assert "at most 0.025 in all" in loose.get_string_custom_property("guarantee")
+    assert float(strict.get_string_custom_property("confidence")) == 0.95
+    assert not strict.has_custom_property("run_iteration")
+    assert strict.get_string_custom_property("guarantee").startswith("this test:")
     for blessing in (loose, strict):
         epsilon_used = float(blessing.get_string_custom_property("epsilon_used"))
         assert epsilon_used == pytest.approx(4.0 * 0.25)
@@ -101,3 +118,5 @@ def test_bad_parameters_are_refused_when_the_pipeline_is_built():
         SLAedValidator(metric="loss", target=0.5, loss_bound=1.0, confidence=1.0, **common)
     with pytest.raises(ValueError, match="unknown metric"):
         SLAedValidator(metric="auc", target=0.5, **common)
+    with pytest.raises(ValueError, match="iteration must be an integer >= 1"):
+        SLAedValidator(metric="loss", target=0.5, loss_bound=1.0, run_iteration=0, **common)
