@@ -200,10 +200,12 @@ def _module_file(tmp_path, replace=(), add="") -> str:
 
 @pytest.mark.parametrize("case", ["compiled loss of its own", "no such model_fn",
                                   "no feature_spec without a transform graph",
-                                  "an Input no feature feeds"])
+                                  "an Input no feature feeds", "a model mixing the batch"])
 def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path, tmp_path, case):
     """What DPTrainer would refuse after the charge, from the module alone, is refused by the
-    BlockLedger before it charges, naming the cause: nothing is charged or recorded."""
+    BlockLedger before it charges, naming the cause: nothing is charged or recorded. With a
+    transform graph (not made yet) the model's checks run on stand-ins of its declared Inputs
+    (names, dtypes, shapes), which find a model mixing the examples of a batch."""
     from tfx.types import channel, standard_artifacts
 
     from sage_tfx.components import BlockLedger as BlockLedgerComponent, DPTrainer
@@ -220,6 +222,11 @@ def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path,
                                           "loss=lambda y, p: tf.square(y - p)")])
         message = (r"the model's compiled loss <function .*<lambda> at .*> is not a Keras loss "
                    r"DP-SGD can take per example .*define loss\(\) in the module")
+    elif case == "a model mixing the batch":  # found on stand-ins of the declared Inputs
+        module = _module_file(tmp_path, [("tf.keras.layers.Normalization()(layer)",
+                                          "tf.keras.layers.Lambda(\n"
+                                          "            lambda x: x - tf.reduce_mean(x, 0))(layer)")])
+        message = "the model: an example's output depends on other examples of its batch"
     elif case == "no such model_fn":
         model_fn, message = "_build_model", r"lacks \['_build_model'\]"
     elif case == "no feature_spec without a transform graph":
