@@ -258,3 +258,29 @@ def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path,
     assert refused.match("DPTrainer: .*" + message)
     assert [b.spent[0] for b in BlockLedger(store_path).blocks()] == [0.0, 0.0]
     assert not BlockLedger(store_path).grant_records()
+
+
+def test_each_named_input_reads_its_feature_cast_and_reshaped_the_same_on_every_cpu(tmp_path):
+    """Without model_inputs, each of the model's named Inputs reads the feature of its name
+    (raw here: no transform), reshaped to the Input's shape ([B] -> [B, 1]) and cast to its
+    dtype; a float beyond an int32 Input's range is clamped to it first (the cast of such a
+    value differs by CPU), and a NaN, like a missing feature, is 0."""
+    from sage_tfx.components.util.user_module import RecordDecoder
+
+    module = _module_file(tmp_path, add=(
+        "def feature_spec():\n"
+        "    return {'hour_xf': tf.io.FixedLenFeature([], tf.float32),\n"
+        "            'trip_miles_xf': tf.io.FixedLenFeature([1], tf.float32),\n"
+        "            'long_xf': tf.io.FixedLenFeature([], tf.int64)}\n"))
+    loaded = UserModule.load(module, TrainerMode.DP_SGD,
+                             module_needs(TrainerMode.DP_SGD, transform_graph=False),
+                             model_fn=MODEL_FN)
+    decoder = RecordDecoder(loaded, inputs={
+        "hour_xf": tf.TensorSpec([1], tf.int32), "trip_miles_xf": tf.TensorSpec([1], tf.float32)})
+    records = [_raw_record(hour_xf=value, trip_miles_xf=1.5, long_xf=1)
+               for value in (2.7, -3.5, 1e30, -1e30, float("nan"))] + [_raw_record()]
+    inputs, labels = decoder.decode(records)
+    assert inputs["hour_xf"].dtype == tf.int32 and inputs["hour_xf"].shape == (6, 1)
+    assert inputs["hour_xf"].numpy().ravel().tolist() == [2, -3, 2**31 - 1, -2**31, 0, 0]
+    assert inputs["trip_miles_xf"].numpy().ravel().tolist() == [1.5] * 5 + [0.0]
+    assert labels.numpy().tolist() == [1.0] * 5 + [0.0]
