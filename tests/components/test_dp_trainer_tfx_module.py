@@ -225,9 +225,9 @@ def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path,
         message = (r"the model's compiled loss <function .*<lambda> at .*> is not a Keras loss "
                    r"DP-SGD can take per example .*define loss\(\) in the module")
     elif case == "a model mixing the batch":  # found on stand-ins of the declared Inputs
-        module = _module_file(tmp_path, [("tf.keras.layers.Normalization()(layer)",
-                                          "tf.keras.layers.Lambda(\n"
-                                          "            lambda x: x - tf.reduce_mean(x, 0))(layer)")])
+        module = _module_file(tmp_path, [(
+            "tf.keras.layers.Normalization()(layer)",
+            "tf.keras.layers.Lambda(lambda x: x - tf.reduce_mean(x, 0))(layer)")])
         message = "the model: an example's output depends on other examples of its batch"
     elif case == "no such model_fn":
         model_fn, message = "_build_model", r"lacks \['_build_model'\]"
