@@ -46,6 +46,7 @@ from sage_tfx.examples.tfx_taxi import template
 
 PIPELINE_NAME = "chicago_taxi_native_keras"
 MODULE = "sage_tfx.examples.tfx_taxi.taxi_utils"   # the template's module + our diff
+MODEL_FN = "_build_keras_model"                     # the module's model builder (run_fn's)
 MONTHS = ("2013-01", "2016-12")                     # the stream's public schedule
 WINDOW = 48                                         # the grant: every month of it
 BLOCK_EPSILON, BLOCK_DELTA = 4.0, 1e-5              # every monthly block's ceiling
