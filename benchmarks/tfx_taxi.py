@@ -97,11 +97,12 @@ def held_out_aucs(store: str, model_dir: str, epochs: int, seed: int) -> dict:
     import tensorflow_transform as tft
     from sklearn.metrics import roc_auc_score
 
+    from sage_tfx.components.dag_guard import PrivateExamples
     from sage_tfx.components.util.examples_io import EVAL_SPLIT, TRAIN_SPLIT, read_split
     from sage_tfx.components.util.user_module import RecordDecoder, UserModule, declared_inputs
     from sage_tfx.examples.tfx_taxi import pipeline
 
-    examples = artifact_uri(store, "Examples", "BlockLedger")
+    examples = artifact_uri(store, PrivateExamples.TYPE_NAME, "BlockLedger")
     transform_output = tft.TFTransformOutput(artifact_uri(store, "TransformGraph", "DPTransform"))
     train, held_out = (read_split(examples, split).numpy().tolist()
                        for split in (TRAIN_SPLIT, EVAL_SPLIT))

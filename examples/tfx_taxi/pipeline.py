@@ -109,7 +109,7 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, data_root: str, modu
     sampler = ObliviousSampleGen(examples=examples, grant=granted, seed=seed,
                                  **{**SAMPLING, "epochs": epochs})
     trainer = DPTrainer(examples=sampler.outputs["samples"], grant=granted,
-                        module_file=module_file,
+                        module_file=module_file, model_fn=MODEL_FN,
                         transform_graph=transform.outputs["transform_graph"], seed=seed,
                         **TRAINER)
 
