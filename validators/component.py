@@ -12,6 +12,7 @@ from sage_tfx.components.block_ledger import preflight
 from sage_tfx.components.block_ledger.component import check_before_charge
 from sage_tfx.components.dag_guard import PrivateExamples
 from sage_tfx.components.privacy_grant import PrivacyGrant
+from sage_tfx.components.util.user_module import raw_spec_needs
 from sage_tfx.validators import executor
 from sage_tfx.validators.slaed import Metric
 
@@ -97,4 +98,5 @@ class SLAedValidator(base_component.BaseComponent):
             evaluation=channel.Channel(type=standard_artifacts.ModelEvaluation)))
         check_before_charge(grant, preflight.Check(
             component="SLAedValidator", module_file=module_file, purpose=metric,
-            module_needs=executor.MODULE_NEEDS[metric]))
+            module_needs=(*executor.MODULE_NEEDS[metric],
+                          *raw_spec_needs(transform_graph is not None))))

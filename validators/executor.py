@@ -18,7 +18,7 @@ from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.record_rule import finite, null_record
 from sage_tfx.components.util.examples_io import EVAL_SPLIT, read_split
 from sage_tfx.components.util.losses import with_reduction
-from sage_tfx.components.util.user_module import RecordDecoder, UserModule
+from sage_tfx.components.util.user_module import RecordDecoder, UserModule, raw_spec_needs
 from sage_tfx.sage_access.accounting import pure_dp_event
 from sage_tfx.sage_access.exact import set_exact_property
 from sage_tfx.validators import constants
@@ -27,7 +27,8 @@ from sage_tfx.validators.slaed import (ACCEPT, REJECT, RETRY, Metric, Validation
                                       loss_validator)
 
 _PREDICTION_BATCH = 4096
-# What each metric needs of the user's module (beyond user_module.ALWAYS_NEEDED).
+# What each metric needs of the user's module (beyond user_module.ALWAYS_NEEDED and, without a
+# TransformGraph, user_module.RAW_SPEC_NEEDS).
 MODULE_NEEDS = {Metric.LOSS: ("loss",), Metric.ACCURACY: ()}
 
 
@@ -179,7 +180,8 @@ class Executor(base_executor.BaseExecutor):
         with grant.releasing(step, "SLAedValidator component") as charged:
             grant.check_event(step, pure_dp_event(epsilon))  # Laplace releases summing to epsilon
             module = UserModule.load(exec_properties.get("module_file"), metric,
-                                     MODULE_NEEDS[metric])
+                                     (*MODULE_NEEDS[metric], *raw_spec_needs(
+                                         bool(input_dict.get("transform_graph")))))
             model = artifact_utils.get_single_instance(input_dict["model"])
 
             transform_output = None

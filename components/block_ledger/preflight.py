@@ -76,7 +76,8 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
             if check.statistics is not None:
                 _statistics_plan(check, epsilon, delta, split, events or {}, accounting)
                 continue
-            module = UserModule.load(check.module_file, check.purpose, check.module_needs)
+            module = UserModule.load(check.module_file, check.purpose, check.module_needs,
+                                     model_fn=(check.trainer or {}).get("model_fn"))
             if check.trainer is not None:
                 trainer_preflight(check.trainer, check.sampling, epsilon, delta, split)
                 if trains_with_dp_sgd(check.trainer):
@@ -91,17 +92,16 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
 def _refuse_unclippable_model(module, trainer: Mapping) -> None:
     """DP-SGD's checks on the module's model and loss, on public stand-in batches built from
     its feature_spec (dp_trainer.stand_in.check_module: no batch normalisation, no state a
-    step keeps, no example depending on another, and one whole DP-SGD step on the check's own
-    copy of the model), so that the model's or loss's own failure is named before the charge.
-    With a transform graph (not made yet) the stand-ins are the model's declared inputs. Also
+    step keeps, no example depending on another, a loss taken per example, and one whole
+    DP-SGD step on the check's own copy of the model), so that the model's or loss's own
+    failure is named before the charge. With a transform graph (not made yet) the stand-ins
+    are the model's declared inputs (its named Inputs: names, dtypes, shapes). Also
     DP-SGD's step kernels load (step_ops: compiled on first use, so a machine without a C++
     compiler is named here, not after the charge)."""
     from sage_tfx.components.dp_trainer import stand_in, step_ops  # DP-SGD only
-    from sage_tfx.components.util.user_module import RecordDecoder
 
     step_ops.library()
-    stand_in.check_module(module, None if trainer.get("transform_graph")
-                          else RecordDecoder(module))
+    stand_in.check_module(module, transform_pending=bool(trainer.get("transform_graph")))
 
 
 def _statistics_plan(check: Check, epsilon: float, delta: float, split: Mapping[str, float],

@@ -180,18 +180,45 @@ def public_ids(ids: tf.Tensor, rows: int) -> tf.Tensor:
 
 
 def public_ids_only(model: tf.keras.Model) -> None:
-    """Every Keras Embedding of `model` (at any depth) gathers public_ids of its inputs, in
-    the step, in the checks and in the saved model's serving signature alike. Idempotent."""
+    """Every Keras Embedding and CategoryEncoding of `model` (at any depth) reads public_ids
+    of its inputs, in the step, in the checks and in the saved model's serving signature
+    alike. Idempotent."""
     for layer in [model, *model.submodules]:
-        if type(layer) is tf.keras.layers.Embedding and not getattr(layer, "_public_ids",
-                                                                    False):
+        if getattr(layer, "_public_ids", False):
+            continue
+        if type(layer) is tf.keras.layers.Embedding:
             layer.call, layer._public_ids = _on_public_ids(layer.call, layer.input_dim), True
+        elif type(layer) is tf.keras.layers.CategoryEncoding:
+            layer.call, layer._public_ids = _encoding_of_public_ids(layer), True
 
 
 def _on_public_ids(embedding_call, rows: int):
     """Embedding.call(inputs) on public_ids (the same signature: Keras' saving reads it)."""
     def call(inputs):
         return embedding_call(public_ids(inputs, rows))
+    return call
+
+
+def _encoding_of_public_ids(layer):
+    """CategoryEncoding.call(inputs, count_weights) on public_ids, without its range check:
+    Keras' call asserts 0 <= id < num_tokens on the batch (a tf.Assert, which
+    refuse_state_updates refuses: one record's id would decide whether the step raises), so
+    an id outside the range encodes as id 0, the public default an Embedding gathers too.
+    The encoding itself is Keras' own (the same signature: Keras' saving reads it)."""
+    from tf_keras.src.layers.preprocessing import preprocessing_utils
+
+    def call(inputs, count_weights=None):
+        inputs = preprocessing_utils.ensure_tensor(inputs)
+        ids = (inputs.with_values(public_ids(inputs.values, layer.num_tokens))
+               if isinstance(inputs, tf.SparseTensor) else public_ids(inputs, layer.num_tokens))
+        if count_weights is not None:
+            if layer.output_mode != preprocessing_utils.COUNT:
+                raise ValueError("`count_weights` is not used when `output_mode` is not "
+                                 f"'count'. Received `count_weights={count_weights}`.")
+            count_weights = preprocessing_utils.ensure_tensor(count_weights, layer.compute_dtype)
+        return preprocessing_utils.encode_categorical_inputs(
+            ids, output_mode=layer.output_mode, depth=layer.num_tokens,
+            dtype=layer.compute_dtype, sparse=layer.sparse, count_weights=count_weights)
     return call
 
 
@@ -338,7 +365,8 @@ def _whole_model(model, variables, per_example_loss, features, labels,
     def one_example(example):
         x, y, w = example
         with tf.GradientTape() as tape:
-            loss = w * per_example_loss(y[None], model(x[None], training=True))[0]
+            one = tf.nest.map_structure(lambda feature: feature[None], x)  # dict inputs too
+            loss = w * per_example_loss(y[None], model(one, training=True))[0]
         return tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
     gradients = tf.vectorized_map(one_example, (features, labels, weights))
@@ -531,9 +559,16 @@ def _state_of_its_own(operations, fixed_batch: bool) -> set:
     return found
 
 
-def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
-                         dtype: tf.DType, loss=None, labels: Optional[tf.TensorSpec] = None
-                         ) -> None:
+def _batch_spec(example_shape, dtype: Optional[tf.DType], batch_size: Optional[int]):
+    """The spec (a structure of them for dtype None) of a batch of `batch_size` examples."""
+    if dtype is not None:
+        return tf.TensorSpec([batch_size, *example_shape], dtype)
+    return tf.nest.map_structure(
+        lambda spec: tf.TensorSpec([batch_size, *spec.shape], spec.dtype), example_shape)
+
+
+def refuse_state_updates(model: tf.keras.Model, example_shape, dtype: Optional[tf.DType],
+                         loss=None, labels: Optional[tf.TensorSpec] = None) -> None:
     """ValueError naming every variable a training pass of `model` may change (a custom layer
     keeping statistics of its batches: released with the model, unnoised), and of `loss` (the
     per-example loss the step calls, on labels of one example's spec `labels`), when given: a
@@ -543,7 +578,8 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
     Decided from the graph, not from values: `model(x, training=True)` and its gradients
     (DP-SGD's step runs the layers in training mode, forward and backward, and a custom
     gradient may write too) are traced on public stand-in specs of examples shaped
-    `example_shape`, of `dtype`: a batch of unknown size, as the step's own trace has, and
+    `example_shape`, of `dtype` (or, dtype None, of the tf.TensorSpec structure
+    `example_shape` of one example: a model of several named inputs): a batch of unknown size, as the step's own trace has, and
     batches of 1 (the per-example fallback) and 2, so a Python branch on the batch size
     cannot hide a write. Nothing runs, so nothing needs restoring. Every op that consumes the
     handle of a resource a trace captures counts as a write unless it only reads
@@ -589,7 +625,7 @@ def refuse_state_updates(model: tf.keras.Model, example_shape: Sequence[int],
                                 else ((), tf.float32))  # unread without a loss
     for batch_size in (1, 2, None):
         traced = training_pass.get_concrete_function(
-            tf.TensorSpec([batch_size, *example_shape], dtype),
+            _batch_spec(example_shape, dtype, batch_size),
             tf.TensorSpec([batch_size, *label_shape], label_dtype))
         library = _Library(traced.graph)
         # After the trace: an unbuilt model gets its variables there.

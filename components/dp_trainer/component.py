@@ -13,7 +13,7 @@ from sage_tfx.components.block_ledger.component import (check_before_charge,
 from sage_tfx.components.dag_guard import PrivateExamples
 from sage_tfx.components.dp_trainer import executor
 from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
-                                                       MODULE_NEEDS, TrainerMode)
+                                                       TrainerMode, module_needs)
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
@@ -21,6 +21,7 @@ from sage_tfx.components.privacy_grant import PrivacyGrant
 class DPTrainerSpec(component_spec.ComponentSpec):
     PARAMETERS = {
         "module_file": component_spec.ExecutionParameter(type=str),
+        "model_fn": component_spec.ExecutionParameter(type=str, optional=True),
         "mode": component_spec.ExecutionParameter(type=str),
         "grant_step": component_spec.ExecutionParameter(type=str),
         "epochs": component_spec.ExecutionParameter(type=int, optional=True),
@@ -47,7 +48,9 @@ class DPTrainerSpec(component_spec.ComponentSpec):
 
 class DPTrainer(base_component.BaseComponent):
     """Trains the model of `module_file` (see components/util/user_module.py) under the grant's
-    `grant_step` share of (epsilon, delta).
+    `grant_step` share of (epsilon, delta). `model_fn` names the module's function that builds
+    the Keras model (default build_model; a TFX module's, e.g. "_build_keras_model"; its
+    `run_fn` is not called).
 
     mode 'dp_sgd': `examples` are ObliviousSampleGen's samples; the noise multiplier is
     calibrated so that the accounted (epsilon, delta) of the sampling that ran, for the steps
@@ -57,8 +60,9 @@ class DPTrainer(base_component.BaseComponent):
     bounds `feature_bound` (row norm, intercept included) and `label_bound` (on the label minus
     the public `label_offset`, default 0, toward which the ridge shrinks predictions).
 
-    Outputs a Model (SavedModel under Format-Serving with a serving signature over serialized
-    tf.Examples; custom properties dp_epsilon, dp_delta, noise_multiplier, l2_norm_clip, steps,
+    Outputs a Model (SavedModel under Format-Serving with the signatures a TFX run_fn exports:
+    `serving_default` over serialized raw tf.Examples, and with a transform graph
+    `transform_features`; custom properties dp_epsilon, dp_delta, noise_multiplier, l2_norm_clip, steps,
     sampling_scheme, blocks, grant_id) and a ModelRun with TensorBoard logs (the epsilon spent
     after each epoch, public; the training loss is not DP and is written nowhere).
 
@@ -81,7 +85,8 @@ class DPTrainer(base_component.BaseComponent):
                  feature_bound: Optional[float] = None, label_bound: Optional[float] = None,
                  label_offset: Optional[float] = None,
                  transform_graph: Optional[channel.Channel] = None,
-                 encryption_key_env: Optional[str] = None, seed: Optional[int] = None):
+                 encryption_key_env: Optional[str] = None, seed: Optional[int] = None,
+                 model_fn: Optional[str] = None):
         mode = TrainerMode.parse(mode, "trainer mode")
         needed = (("l2_norm_clip", l2_norm_clip), ("learning_rate", learning_rate)) \
             if mode == TrainerMode.DP_SGD \
@@ -90,7 +95,8 @@ class DPTrainer(base_component.BaseComponent):
         if missing:
             raise ValueError(f"mode {mode.value!r} needs {missing}")
         super().__init__(spec=DPTrainerSpec(
-            module_file=module_file, mode=mode, grant_step=grant_step, epochs=epochs,
+            module_file=module_file, model_fn=model_fn, mode=mode, grant_step=grant_step,
+            epochs=epochs,
             l2_norm_clip=l2_norm_clip, learning_rate=learning_rate,
             max_noise_multiplier=max_noise_multiplier, feature_bound=feature_bound,
             label_bound=label_bound, label_offset=label_offset,
@@ -107,8 +113,10 @@ class DPTrainer(base_component.BaseComponent):
             refuse_seed_before_charge(grant, f"DPTrainer seed {seed}")
         check_before_charge(grant, preflight.Check(
             component="DPTrainer", module_file=module_file, purpose=mode,
-            module_needs=MODULE_NEEDS[mode], legacy_keras=mode == TrainerMode.DP_SGD,
-            trainer={"mode": mode, "grant_step": grant_step, "epochs": epochs,
+            module_needs=module_needs(mode, transform_graph is not None),
+            legacy_keras=mode == TrainerMode.DP_SGD,
+            trainer={"mode": mode, "model_fn": model_fn, "grant_step": grant_step,
+                     "epochs": epochs,
                      "max_noise_multiplier": max_noise_multiplier,
                      "transform_graph": transform_graph is not None},
             sampling=sampling))

@@ -151,6 +151,19 @@ class StepPlan:
         return cls(rows, weights, descriptor.expected_batch_size, epochs)
 
 
+def gather_rows(features, rows: tf.Tensor):
+    """Rows `rows` of the features: one tensor, or a structure of them (a model's named
+    inputs), each [N, ...] -> [len(rows), ...]."""
+    return tf.nest.map_structure(lambda feature: tf.gather(feature, rows), features)
+
+
+def example_spec(features):
+    """The tf.TensorSpec of one example of `features` (a structure of specs for a structure of
+    tensors)."""
+    return tf.nest.map_structure(lambda feature: tf.TensorSpec(feature.shape[1:], feature.dtype),
+                                 features)
+
+
 def noise_generator(seed: Optional[int] = None) -> Optional[tf.random.Generator]:
     """Where DP-SGD's noise keys come from: None (the product) for the OS CSPRNG; for a seed, a
     Philox generator, so that the run repeats."""
@@ -436,7 +449,8 @@ def lazy_tables(model: tf.keras.Model, features: tf.Tensor) -> list[LazyTable]:
                                               for t in tables]
 
     gradients, ids = table_gradients.get_concrete_function(
-        tf.TensorSpec([2, *features.shape[1:]], features.dtype)).structured_outputs
+        tf.nest.map_structure(lambda spec: tf.TensorSpec([2, *spec.shape], spec.dtype),
+                              example_spec(features))).structured_outputs
     # Ids per example from the ids the trace of 2 examples gathers (not from the ids layer's
     # output shape: a reshape may move ids onto the batch axis). The layers allowed before a
     # lazy table only slice, cast and reshape, so a batch of B gathers at most B times half.
@@ -507,7 +521,7 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     noise_draws = NoiseBuffer(generator, noise_std)
 
     def clipped_sum(rows, weights):
-        batch_features, batch_labels = tf.gather(features, rows), tf.gather(labels, rows)
+        batch_features, batch_labels = gather_rows(features, rows), tf.gather(labels, rows)
         # One forward and one backward pass give the per-example norms and, for any
         # coefficients, the clipped sum (clipping.py); the overflow guard sits between them.
         gradients = clipping.OnePass(model, trainable, per_example, batch_features,
@@ -536,7 +550,7 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
         # scatter before clipped_sum's gather); then the eager variables' noise, added to their
         # clipped sums in one op. Every draw is a fresh N(0, noise_std^2), read once.
         if lazy:
-            touched = [entry.touched(tf.gather(features, rows)) for entry in lazy]
+            touched = [entry.touched(gather_rows(features, rows)) for entry in lazy]
             lazy_sizes = [tf.size(rows_read) * width for rows_read, width in zip(touched, widths)]
             for entry, rows_read, draws, width in zip(
                     lazy, touched, tf.split(noise_draws.take(sum(lazy_sizes)), lazy_sizes),
@@ -597,7 +611,7 @@ def make_nondp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features:
     per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
 
     def gradient(rows, weights):
-        batch_features, batch_labels = tf.gather(features, rows), tf.gather(labels, rows)
+        batch_features, batch_labels = gather_rows(features, rows), tf.gather(labels, rows)
         with tf.GradientTape() as tape:
             losses = per_example(batch_labels, model(batch_features, training=True)) * weights
             objective = tf.reduce_sum(losses) / normaliser
@@ -661,7 +675,7 @@ def train(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor
     # Again here for models the preflight could not check (no declared inputs): after the
     # charge, but before any step, on public stand-in batches of the inputs' and labels' specs
     # (stand_in.py), so the outcome depends on no record.
-    stand_in.check_model_on_specs(model, loss, tf.TensorSpec(features.shape[1:], features.dtype),
+    stand_in.check_model_on_specs(model, loss, example_spec(features),
                                   tf.TensorSpec(labels.shape[1:], labels.dtype))
     return run_steps(make_dp_step(model, loss, features, labels, config, plan.normaliser,
                                   noise_generator(seed)), plan, on_epoch, on_step, progress)

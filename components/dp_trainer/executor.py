@@ -19,7 +19,7 @@ from sage_tfx.components.dp_trainer import adassp as adassp_lib
 from sage_tfx.components.dp_trainer import constants as model_keys
 from sage_tfx.components.dp_trainer import dp_sgd, stand_in
 from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
-                                                       MODULE_NEEDS, TrainerMode, calibrate_run)
+                                                       TrainerMode, calibrate_run, module_needs)
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen import constants as sample_keys
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
@@ -27,7 +27,7 @@ from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
-from sage_tfx.components.util.user_module import RecordDecoder, UserModule
+from sage_tfx.components.util.user_module import RecordDecoder, UserModule, declared_inputs
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.exact import custom_value, set_exact_property
 
@@ -77,10 +77,11 @@ def decode_slots(decoder: RecordDecoder, records: list[bytes]) -> tuple[tf.Tenso
     real = np.array([len(record) > 0 for record in records])
     inputs, labels = decoder.decode(records)
     mask = tf.constant(real)
-    inputs = tf.where(mask[:, None], inputs, tf.zeros_like(inputs))
-    labels = tf.where(tf.reshape(mask, [-1] + [1] * (labels.shape.rank - 1)), labels,
-                      tf.zeros_like(labels))
-    return inputs, labels, real
+
+    def zeroed(tensor):
+        return tf.where(tf.reshape(mask, [-1] + [1] * (tensor.shape.rank - 1)), tensor,
+                        tf.zeros_like(tensor))
+    return tf.nest.map_structure(zeroed, inputs), zeroed(labels), real
 
 
 def write_scalar(tag: str, value: float) -> None:
@@ -92,8 +93,11 @@ def write_scalar(tag: str, value: float) -> None:
 
 
 class _Serving(tf.Module):
-    """What the SavedModel holds: the model, the transform layer, and the serving signature
-    (serialized tf.Examples -> {"outputs": predictions})."""
+    """What the SavedModel holds: the model, the transform layer, and the signatures a TFX
+    run_fn exports: `serving_default` (serialized raw tf.Examples, label absent -> {"outputs":
+    predictions}) and, with a transform graph, `transform_features` (serialized raw
+    tf.Examples -> the transformed features, which TFMA reads). Both read a record as training
+    read it: a missing or non-finite feature is its public default (RecordDecoder)."""
 
     def __init__(self, model: tf.keras.Model, decoder: RecordDecoder):
         super().__init__()
@@ -105,11 +109,18 @@ class _Serving(tf.Module):
     def serve(self, examples):
         return {"outputs": self.model(self.decoder.serving_inputs(examples))}
 
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+    def transform_features(self, examples):
+        return self.decoder.transformed_features(examples)
+
 
 def save_model(model: tf.keras.Model, decoder: RecordDecoder, model_uri: str) -> str:
     path = path_utils.serving_model_path(model_uri)
     module = _Serving(model, decoder)
-    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    signatures = {"serving_default": module.serve}
+    if decoder.transform_layer is not None:
+        signatures["transform_features"] = module.transform_features
+    tf.saved_model.save(module, path, signatures=signatures)
     return path
 
 
@@ -128,25 +139,29 @@ class Executor(base_executor.BaseExecutor):
                 # DP-SGD has no event before it runs (privacy_grant.planned_event), so the ledger
                 # must have charged its (epsilon, delta) share, not another mechanism's curve.
                 grant.check_event(step, None)
-            module = UserModule.load(exec_properties.get("module_file"), mode, MODULE_NEEDS[mode])
+            transform_graph = bool(input_dict.get("transform_graph"))
+            module = UserModule.load(exec_properties.get("module_file"), mode,
+                                     module_needs(mode, transform_graph),
+                                     model_fn=exec_properties.get("model_fn"))
             transform_output = None
-            if input_dict.get("transform_graph"):
+            if transform_graph:
                 import tensorflow_transform as tft
                 transform_output = tft.TFTransformOutput(
                     artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
-            decoder = RecordDecoder(module, transform_output)
             model = artifact_utils.get_single_instance(output_dict["model"])
             model_run = artifact_utils.get_single_instance(output_dict["model_run"])
 
             if mode == TrainerMode.ADASSP:
+                decoder = RecordDecoder(module, transform_output)
                 keras_model, properties = self._adassp(examples, decoder, epsilon, delta,
                                                        exec_properties)
                 # The ledger charged the event it recorded for this step; release only if it ran.
                 grant.check_event(step, adassp_lib.dp_event(
                     properties[model_keys.NOISE_MULTIPLIER]))
             else:
-                keras_model, properties = self._dp_sgd(examples, module, decoder, epsilon, delta,
-                                                       exec_properties, model_run.uri)
+                keras_model, decoder, properties = self._dp_sgd(
+                    examples, module, transform_output, epsilon, delta, exec_properties,
+                    model_run.uri)
             save_model(keras_model, decoder, model.uri)
             properties.update({model_keys.GRANT_ID: grant.grant_id,
                                model_keys.BLOCKS: json.dumps(list(grant.blocks)),
@@ -162,7 +177,7 @@ class Executor(base_executor.BaseExecutor):
             # sampler's DP count): its guarantee is the whole grant's, which composes them all.
             charged.released([model.uri], charged.guarantee(GuaranteeUnit.RECORD))
 
-    def _dp_sgd(self, samples, module: UserModule, decoder: RecordDecoder, epsilon: float,
+    def _dp_sgd(self, samples, module: UserModule, transform_output, epsilon: float,
                 delta: float, exec_properties: dict[str, Any], log_dir: str):
         descriptor = read_descriptor(samples)
         # Calibrate before reading any record: a grant too small refuses here.
@@ -172,11 +187,27 @@ class Executor(base_executor.BaseExecutor):
         config = dp_sgd.DPSGDConfig(calibration.noise_multiplier,
                                     float(exec_properties["l2_norm_clip"]),
                                     float(exec_properties["learning_rate"]))
-        # Before any record is read: the module's code on public stand-in batches, through
-        # this run's decoder (the transform graph, which the preflight did not have, included),
+        # Before any record is read: the module's code on public stand-in batches, decoded as
+        # this run decodes (the transform graph, which the preflight did not have, included),
         # with one DP-SGD step on a model of its own. A failure there depends on no record, so
         # its cause is named (clipping.Refused, recorded with the failed step).
-        stand_in.check_module(module, decoder)
+        stand_in.check_module(module, transform_output)
+        if exec_properties.get("seed") is not None:
+            # Tests only: the user's initializers draw from the global seeds, fix them too.
+            tf.keras.utils.set_random_seed(int(exec_properties["seed"]))
+        keras_model = module.build_model()
+        loss = module.training_loss(keras_model)
+        # The model's compiled optimizer (a TFX module's Adam) never runs: DP-SGD's updates are
+        # plain SGD on the noised clipped sum (dp_sgd.make_dp_step). Public facts only.
+        optimizer = getattr(keras_model, "optimizer", None)
+        console.report("DPTrainer DP-SGD: loss %s per example (%s)%s", type(loss).__name__,
+                       "the module's loss()" if module.loss is not None
+                       else "the model's compiled loss",
+                       "" if optimizer is None else f"; the compiled optimizer "
+                       f"{type(optimizer).__name__} is replaced by DP-SGD's plain SGD on "
+                       "noised clipped gradients")
+        decoder = RecordDecoder(module, transform_output, None if module.model_inputs is not None
+                                else declared_inputs(keras_model))
         key_variable = exec_properties.get("encryption_key_env")
         encrypted = bool(samples.get_int_custom_property(sample_keys.ENCRYPTED))
         if encrypted and not key_variable:
@@ -204,21 +235,17 @@ class Executor(base_executor.BaseExecutor):
             with writer.as_default(step=epoch):
                 write_scalar("epsilon", epsilon_after[epoch - 1])
 
-        if exec_properties.get("seed") is not None:
-            # Tests only: the user's initializers draw from the global seeds, fix them too.
-            tf.keras.utils.set_random_seed(int(exec_properties["seed"]))
-        keras_model = module.build_model()
         # The Model's `steps` is what ran, counted as the steps execute.
         # The bar counts steps, a public number (calibration.steps); it shows no loss.
         with console.progress(f"DPTrainer DP-SGD, {epochs} epoch(s)", calibration.steps) as bar:
-            steps_run = dp_sgd.train(keras_model, module.loss(), inputs, labels, step_plan,
+            steps_run = dp_sgd.train(keras_model, loss, inputs, labels, step_plan,
                                      config, seed=exec_properties.get("seed"),
                                      on_epoch=on_epoch, progress=bar.update)
         if steps_run != calibration.steps:
             raise RuntimeError(f"{steps_run} DP-SGD steps ran; the calibration paid for "
                                f"{calibration.steps}")
         writer.flush()
-        return keras_model, {
+        return keras_model, decoder, {
             model_keys.DP_EPSILON: calibration.epsilon, model_keys.DP_DELTA: delta,
             model_keys.NOISE_MULTIPLIER: config.noise_multiplier,
             model_keys.L2_NORM_CLIP: config.l2_norm_clip,

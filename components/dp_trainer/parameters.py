@@ -14,6 +14,7 @@ from sage_tfx.components.dp_trainer.calibrate import (DEFAULT_MAX_NOISE_MULTIPLI
 from sage_tfx.components.oblivious_sample_gen import accounting
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
 from sage_tfx.components.oblivious_sample_gen.sampling import DEFAULT_EPOCHS, plan
+from sage_tfx.components.util.user_module import DEFAULT_MODEL_FN, raw_spec_needs
 from sage_tfx.sage_access.accounting import split_share
 
 
@@ -24,9 +25,17 @@ class TrainerMode(Choice):
 
 
 DEFAULT_MODE = TrainerMode.DP_SGD
-# What each mode needs of the user's module (beyond user_module.ALWAYS_NEEDED).
-MODULE_NEEDS = {TrainerMode.DP_SGD: ("model_inputs", "build_model", "loss"),
+# What each mode needs of the user's module (beyond user_module.ALWAYS_NEEDED and its raw
+# features, module_needs): DP-SGD's model builder (named by model_fn) and, without
+# model_inputs, the model's named Inputs and, without loss(), its compiled loss; AdaSSP a
+# matrix of inputs.
+MODULE_NEEDS = {TrainerMode.DP_SGD: (DEFAULT_MODEL_FN,),
                 TrainerMode.ADASSP: ("model_inputs",)}
+
+
+def module_needs(mode: TrainerMode, transform_graph: bool) -> tuple[str, ...]:
+    """What DPTrainer in `mode` needs of its module, with or without a TransformGraph."""
+    return (*MODULE_NEEDS[mode], *raw_spec_needs(transform_graph))
 DEFAULT_GRANT_STEP = "training"  # the step of the grant's split that pays for training
 
 # Poisson sampling's steps and accounting depend on gamma and the epochs only (sampling.py,

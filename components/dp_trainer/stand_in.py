@@ -24,14 +24,15 @@ from tensorflow.python.eager import context
 
 from sage_tfx.components.dp_trainer import clipping, dp_sgd
 from sage_tfx.components.util.stand_ins import COUNT, IDS, SEED, cause, stand_in_records
-from sage_tfx.components.util.losses import with_reduction
+from sage_tfx.components.util.losses import LossNotPerExample, with_reduction
+from sage_tfx.components.util.user_module import RecordDecoder, declared_inputs
 
 BATCH = COUNT  # rows of a stand-in batch: every pair of rows differs in one of log2(BATCH) bits
 # One DP-SGD step's settings: any positive values exercise the same code.
 STEP_CONFIG = dp_sgd.DPSGDConfig(noise_multiplier=1.0, l2_norm_clip=1.0, learning_rate=0.01)
 
 
-def stand_in_tensor(shape, dtype: tf.DType, count: int = BATCH, seed: int = SEED) -> tf.Tensor:
+def stand_in_tensor(shape, dtype: tf.DType, count: int = BATCH, seed=SEED) -> tf.Tensor:
     """A stand-in batch [count, *shape] of a model's inputs or labels known only by their spec:
     as stand_in_records draws a feature of that dtype."""
     rng = np.random.default_rng(seed)
@@ -76,9 +77,12 @@ def _differs(left, right, rows) -> bool:
     return False
 
 
-def _replaced(values: tf.Tensor, by: tf.Tensor, rows: np.ndarray) -> tf.Tensor:
-    mask = tf.reshape(tf.constant(rows), [-1] + [1] * (values.shape.rank - 1))
-    return tf.where(mask, by, values)
+def _replaced(values, by, rows: np.ndarray):
+    """`values` (a tensor or a structure of them) with rows `rows` taken from `by`."""
+    def replaced(value, replacement):
+        mask = tf.reshape(tf.constant(rows), [-1] + [1] * (value.shape.rank - 1))
+        return tf.where(mask, replacement, value)
+    return tf.nest.map_structure(replaced, values, by)
 
 
 def refuse_mixing(model: tf.keras.Model, per_example_loss, features: tf.Tensor,
@@ -95,7 +99,7 @@ def refuse_mixing(model: tf.keras.Model, per_example_loss, features: tf.Tensor,
     (Dropout) draw the same values in each evaluation: each is traced afresh under the same
     global seed (restored after). A check on stand-ins, not a proof: a model that mixes rows
     only for values or batch sizes these batches do not have passes."""
-    count = int(features.shape[0])
+    count = int(tf.nest.flatten(features)[0].shape[0])
     index = np.arange(count)
     groups = [(index >> bit) & 1 == side for bit in range(max(1, (count - 1).bit_length()))
               for side in (1, 0)]
@@ -147,53 +151,85 @@ def check_model(model: tf.keras.Model, loss, features: tf.Tensor, labels: tf.Ten
                                f"are float32), and {', '.join(other)} are not: build the model "
                                "in float32")
     per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)  # as the step calls it
-    clipping.refuse_state_updates(model, features.shape[1:], features.dtype, per_example,
+    clipping.refuse_state_updates(model, dp_sgd.example_spec(features), None, per_example,
                                   tf.TensorSpec(labels.shape[1:], labels.dtype))
     refuse_mixing(model, per_example, features, labels, replacements)
 
 
-def _stand_ins_of_specs(example: tf.TensorSpec, label: tf.TensorSpec):
-    """Two stand-in (features, labels) batches of one example's and label's specs."""
-    return [(stand_in_tensor(example.shape, example.dtype, seed=seed),
-             stand_in_tensor(label.shape, label.dtype, seed=seed)) for seed in (SEED, SEED + 1)]
+def _stand_ins_of_specs(example, label: tf.TensorSpec):
+    """Two stand-in (features, labels) batches of one example's spec (a tf.TensorSpec or a
+    structure of them: a model's named inputs) and one label's."""
+    def draws(seed):
+        if not tf.nest.is_nested(example):
+            return stand_in_tensor(example.shape, example.dtype, seed=seed)
+        # Each input its own stream ((seed, i)), so that no two inputs repeat each other.
+        specs = tf.nest.flatten(example)
+        return tf.nest.pack_sequence_as(example, [
+            stand_in_tensor(spec.shape, spec.dtype, seed=(seed, index))
+            for index, spec in enumerate(specs)])
+    return [(draws(seed), stand_in_tensor(label.shape, label.dtype, seed=seed))
+            for seed in (SEED, SEED + 1)]
 
 
-def check_model_on_specs(model: tf.keras.Model, loss, example: tf.TensorSpec,
+def check_model_on_specs(model: tf.keras.Model, loss, example,
                          label: tf.TensorSpec) -> None:
-    """check_model on stand-ins drawn from one example's and one label's spec."""
+    """check_model on stand-ins drawn from one example's spec (a structure of specs for a
+    model of named inputs) and one label's."""
     (features, labels), replacements = _stand_ins_of_specs(example, label)
     check_model(model, loss, features, labels, replacements)
 
 
-def _stand_ins(module, decoder, model):
-    """(features, labels) x 2 (two seeds): decoded from stand_in_records where the decoder is
-    known, else (a transform graph not made yet) drawn from the model's declared inputs and
-    the label's feature spec."""
-    if decoder is not None:
+def _transformed_label_spec(model: tf.keras.Model) -> tf.TensorSpec:
+    """The spec of one label the transform will output (before the transform graph exists):
+    one value per example for a one-column output ([B, 1], as the loss reads it), else one
+    class id per example."""
+    output = tf.nest.flatten(model.outputs)[0]
+    return tf.TensorSpec(output.shape[1:] if output.shape[-1] == 1 else [], tf.int64)
+
+
+def _stand_ins(module, model, transform_output, transform_pending: bool):
+    """(features, labels) x 2 (two seeds): stand_in_records decoded as training decodes them
+    (RecordDecoder: model_inputs or the model's named Inputs, through `transform_output`), or,
+    `transform_pending` (a transform graph not made yet), drawn from the model's declared
+    inputs (the named Inputs' names, dtypes and shapes; model_inputs' one tensor) and the
+    label's spec (_label_spec). A transformed label's stand-ins are 0 or 1, valid labels of
+    regression, binary and class-id losses alike."""
+    inputs = None if module.model_inputs is not None else declared_inputs(model)
+    if not transform_pending:
+        decoder = RecordDecoder(module, transform_output, inputs)
         return [decoder.decode(stand_in_records(decoder.raw_spec, seed=seed))
                 for seed in (SEED, SEED + 1)]
-    return _stand_ins_of_specs(tf.TensorSpec(model.inputs[0].shape[1:], model.inputs[0].dtype),
-                               tf.TensorSpec(module.feature_spec()[module.label_key].shape))
+    example = inputs if inputs is not None else tf.TensorSpec(model.inputs[0].shape[1:],
+                                                              model.inputs[0].dtype)
+    raw = module.feature_spec() if module.feature_spec is not None else {}
+    if module.label_key in raw:
+        return _stand_ins_of_specs(example, tf.TensorSpec(raw[module.label_key].shape))
+    return [(features, tf.cast(labels % 2, tf.float32)) for features, labels in
+            _stand_ins_of_specs(example, _transformed_label_spec(model))]
 
 
-def check_module(module, decoder=None) -> None:
+def check_module(module, transform_output=None, transform_pending: bool = False) -> None:
     """clipping.Refused, naming the cause, unless DP-SGD can train the module's model with its
-    loss: every check of check_model and one DP-SGD step (make_dp_step, noise included) on a
-    model of its own (module.build_model(): the step changes it), on stand-in records through
-    `decoder` (the module's model_inputs and the transform; decoder None before the transform
-    graph exists: the model's declared inputs, when it declares them). Any error of the user's
+    loss (module.training_loss: loss(), or the model's compiled loss per example): every check
+    of check_model and one DP-SGD step (make_dp_step, noise included) on a model of its own
+    (module.build_model(): the step changes it), on stand-in records decoded as training
+    decodes them (the module's model_inputs or the model's named Inputs, through
+    `transform_output` when there is one; `transform_pending`, a transform graph not made yet:
+    stand-ins of the model's declared inputs, when it declares them). Any error of the user's
     code on the stand-ins becomes a Refused quoting it: the stand-ins are public."""
     phase = "building the model"
     try:
         model = module.build_model()
         clipping.public_ids_only(model)
         clipping.refuse_unclippable_layers(model)
-        if decoder is None and not model.inputs:
+        phase = "taking the loss"
+        loss = module.training_loss(model)
+        if transform_pending and not model.inputs:
             return  # no stand-in of its inputs: dp_sgd.train checks the model it trains
-        phase = "decoding stand-in records (model_inputs, the transform)"
-        (features, labels), replacements = _stand_ins(module, decoder, model)
+        phase = "decoding stand-in records (model_inputs or the model's Inputs, the transform)"
+        (features, labels), replacements = _stand_ins(module, model, transform_output,
+                                                      transform_pending)
         phase = "checking the model and loss"
-        loss = module.loss()
         check_model(model, loss, features, labels, replacements)
         phase = "running one DP-SGD step"
         step = dp_sgd.make_dp_step(model, loss, features, labels, STEP_CONFIG,
@@ -202,8 +238,9 @@ def check_module(module, decoder=None) -> None:
         step.materialise()
     except clipping.Refused:
         raise
+    except LossNotPerExample as error:
+        raise clipping.Refused(f"DP-SGD cannot train the module's model: {error}") from error
     except Exception as error:
         raise clipping.Refused(f"the module's code fails on a public stand-in batch (built from "
-                               f"its feature_spec, fixed seed) while {phase}: "
-                               f"{cause(error)}") from error
-
+                               f"its feature spec or its model's declared inputs, fixed seed) "
+                               f"while {phase}: {cause(error)}") from error

@@ -27,3 +27,60 @@ def with_reduction(loss: tf.keras.losses.Loss,
     def call(labels, predictions):
         return reduced(labels_shaped_as(tf.convert_to_tensor(labels), predictions), predictions)
     return call
+
+
+def _loss_classes() -> dict:
+    """Keras' loss functions -> their Loss classes (BinaryCrossentropy wraps
+    binary_crossentropy, the function `compile(loss="binary_crossentropy")` resolves to)."""
+    classes = {}
+    for name in dir(tf.keras.losses):
+        cls = getattr(tf.keras.losses, name)
+        if (isinstance(cls, type) and issubclass(cls, tf.keras.losses.Loss)
+                and hasattr(cls, "call") and cls.__name__ == name):
+            try:
+                function = getattr(cls(), "fn", None)
+            except TypeError:  # a wrapper that needs arguments (LossFunctionWrapper itself)
+                continue
+            if function is not None:
+                classes.setdefault(function, cls)
+    return classes
+
+
+class LossNotPerExample(ValueError):
+    """The model's compiled loss cannot be made per-example (compiled_loss says why)."""
+
+
+def compiled_loss(model: tf.keras.Model) -> tf.keras.losses.Loss:
+    """The loss `model` was compiled with, as a Loss whose reduction `with_reduction` can
+    change (so that DP-SGD takes it per example): a Loss instance as it is, a Keras loss given
+    by name or function (`loss="binary_crossentropy"`) as its Loss class with default
+    arguments, as Keras' compile would apply it. LossNotPerExample naming why for anything else: no
+    compiled loss, one per output (a dict or list), or a function of the user's own (its
+    reduction over the batch is unknown: define loss() in the module, returning a
+    tf.keras.losses.Loss)."""
+    given = getattr(model, "loss", None)
+    if given is None:
+        raise LossNotPerExample("the module defines no loss() and the model is not compiled with a "
+                         "loss: define loss() or compile the model with one")
+    if isinstance(given, (dict, list, tuple)):
+        raise LossNotPerExample(f"the model is compiled with one loss per output ({given!r}); DP-SGD "
+                         "takes one per-example loss: define loss() in the module")
+    if isinstance(given, tf.keras.losses.Loss):
+        loss = given
+    else:
+        function = tf.keras.losses.get(given) if isinstance(given, str) else given
+        cls = _loss_classes().get(function)
+        if cls is None:
+            raise LossNotPerExample(f"the model's compiled loss {given!r} is not a Keras loss DP-SGD "
+                             "can take per example (a function of its own: its reduction over "
+                             "the batch is unknown): define loss() in the module, returning a "
+                             "tf.keras.losses.Loss")
+        loss = cls()
+    try:
+        type(loss).from_config(loss.get_config())
+    except Exception as error:
+        raise LossNotPerExample(f"the model's compiled loss {type(loss).__name__} cannot be rebuilt "
+                         "from its config with another reduction (get_config/from_config), "
+                         f"so DP-SGD cannot take it per example ({type(error).__name__}: "
+                         f"{error}): define loss() in the module") from error
+    return loss

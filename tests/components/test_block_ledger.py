@@ -63,7 +63,8 @@ def test_the_consumers_of_a_grant_give_it_their_checks():
     trainer, validator = preflight.parse(grant.exec_properties[preflight.PROPERTY])
     assert (trainer.component, trainer.module_file, trainer.legacy_keras) == (
         "DPTrainer", TRIP_MODULE, True)
-    assert set(trainer.module_needs) == {"model_inputs", "build_model", "loss"}
+    # model_inputs and loss() are optional (the model's named Inputs, its compiled loss).
+    assert set(trainer.module_needs) == {"build_model", "feature_spec"}
     assert trainer.sampling == {"scheme": "poisson", "gamma": 0.1, "epochs": 2}
     assert (validator.component, validator.module_needs, validator.trainer) == (
         "SLAedValidator", ["loss"], None)
@@ -86,7 +87,7 @@ def _trip_module_with(tmp_path, source: str) -> str:
                                  "model_inputs, loss = trip.model_inputs, trip.loss\n" + source)
 
 
-@pytest.mark.parametrize("case", ["missing file", "lacks loss", "raises on import",
+@pytest.mark.parametrize("case", ["missing file", "lacks build_model", "raises on import",
                                   "calibration", "keras 3", "batch normalization",
                                   "batch statistics", "statistics no stand-in changes",
                                   "model fails its stand-in", "no compiler",
@@ -100,10 +101,10 @@ def test_a_consumer_that_would_fail_after_the_charge_is_refused_before_it(
     module, limit, message = TRIP_MODULE, None, None
     if case == "missing file":
         module, message = str(tmp_path / "absent.py"), "absent.py' does not exist"
-    elif case == "lacks loss":
+    elif case == "lacks build_model":
         module = _bad_module(tmp_path, "LABEL_KEY = 'y'\ndef feature_spec(): return {}\n"
-                                       "def model_inputs(f): return f\ndef build_model(): pass\n")
-        message = r"DPTrainer: module file .* lacks \['loss'\]"
+                                       "def model_inputs(f): return f\n")
+        message = r"DPTrainer: module file .* lacks \['build_model'\]"
     elif case == "raises on import":
         module = _bad_module(tmp_path, "import not_installed_anywhere\n")
         message = "does not import: ModuleNotFoundError"

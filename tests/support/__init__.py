@@ -8,5 +8,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
 
 # Files the code under test loads by path: a DPTrainer module file and worker processes.
 TRIP_MODULE = os.path.join(_HERE, "trip_module.py")
+# TFX's taxi template, its Transform and Trainer halves (DPTransform's, DPTrainer's modules).
+TFX_TRANSFORM_MODULE = os.path.join(_HERE, "tfx_taxi_transform.py")
+TFX_TRAINER_MODULE = os.path.join(_HERE, "tfx_taxi_trainer.py")
 LEDGER_WORKER = os.path.join(_HERE, "ledger_worker.py")
 STREAM_WORKER = os.path.join(_HERE, "stream_worker.py")  # the DP-SQLP durability test
