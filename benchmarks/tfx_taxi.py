@@ -70,7 +70,7 @@ def ledger_outcome(store: str) -> dict:
                "blocks": len(grant["blocks"]), "outcome": grant["outcome"],
                "steps": {step: record["outcome"] for step, record in grant["steps"].items()}}
               for grant in ledger.grant_records()]
-    spent = [block.spent[0] for block in ledger.blocks()]
+    spent = [float(block.spent[0]) for block in ledger.blocks()]
     return {"grants": grants, "max_epsilon_per_block": max(spent) if spent else 0.0}
 
 

@@ -183,3 +183,25 @@ def test_the_pushed_model_serves_raw_records_missing_features_as_training_read_t
     outputs = [next(iter(serve(examples=tf.constant([e.SerializeToString()])).values()))
                for e in (full, missing)]
     assert outputs[0].numpy().tolist() == outputs[1].numpy().tolist()
+
+
+@pytest.mark.slow
+def test_the_dag_compiles_for_kubeflow_each_stage_a_task(tmp_path):
+    """The same DAG as a Kubeflow V2 job (benchmarks/tfx_taxi.py --kubeflow runs it with
+    `sage-tfx kubeflow run-local`): a task per stage, the Resolver as TFX compiles it (two
+    resolver tasks), the module a module path the tasks import."""
+    from sage_tfx.pipelines.kubeflow import compile_kubeflow
+
+    job = compile_kubeflow(
+        pipeline.create_pipeline, str(tmp_path / "job.json"), "local",
+        pipeline_name=pipeline.PIPELINE_NAME, pipeline_root=str(tmp_path / "root"),
+        data_root=template.data_root(), module_file=pipeline.MODULE,
+        serving_model_dir=str(tmp_path / "serving"), ledger_store="grpc://127.0.0.1:8080",
+        schema_file=template.schema_file())
+    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    resolvers = {"latest_blessed_model_resolver-model-blessing-resolver",
+                 "latest_blessed_model_resolver-model-resolver"}
+    stages = {stand_in for stand_ins in STAND_INS.values() for stand_in in stand_ins}
+    assert set(tasks) == (stages - {"latest_blessed_model_resolver"}) | resolvers
+    assert tasks["SLAedValidator"]["inputs"]["artifacts"]["baseline_model"][
+        "taskOutputArtifact"]["producerTask"] == "latest_blessed_model_resolver-model-resolver"
