@@ -104,23 +104,21 @@ class _Serving(tf.Module):
         self.model = model
         self.decoder = decoder
         self.transform_layer = decoder.transform_layer
+        self.exported = {"serving_default": tf.function(
+            lambda examples: {"outputs": self.model(self.decoder.serving_inputs(examples))},
+            input_signature=[_EXAMPLES])}
+        if self.transform_layer is not None:
+            self.exported["transform_features"] = tf.function(
+                self.decoder.transformed_features, input_signature=[_EXAMPLES])
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
-    def serve(self, examples):
-        return {"outputs": self.model(self.decoder.serving_inputs(examples))}
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
-    def transform_features(self, examples):
-        return self.decoder.transformed_features(examples)
+_EXAMPLES = tf.TensorSpec([None], tf.string, name="examples")
 
 
 def save_model(model: tf.keras.Model, decoder: RecordDecoder, model_uri: str) -> str:
     path = path_utils.serving_model_path(model_uri)
     module = _Serving(model, decoder)
-    signatures = {"serving_default": module.serve}
-    if decoder.transform_layer is not None:
-        signatures["transform_features"] = module.transform_features
-    tf.saved_model.save(module, path, signatures=signatures)
+    tf.saved_model.save(module, path, signatures=module.exported)
     return path
 
 

@@ -4,7 +4,8 @@ Why. Whatever fails after a grant is charged spends the grant for nothing, and a
 one record decides leaks that record through the run's outcome. So DP-SGD runs its user's code
 (model_inputs, the transform, the model, the loss) on batches that hold no data first:
 records of random values of the feature spec's types and shapes, from a fixed seed, the same on
-every run (components/util/stand_ins.py). The BlockLedger's preflight runs `check_module`
+every run (components/util/stand_ins.py), or, before a transform graph exists, tensors of the
+model's declared inputs (one tensor, or a dict of its named Inputs: a TFX module's model). The BlockLedger's preflight runs `check_module`
 before it charges (block_ledger/preflight.py); DPTrainer runs it again after the charge and before it
 reads a record (with the transform graph, which exists only then), and `dp_sgd.train` runs
 `check_model` on the model it trains. Every outcome and message here is a function of the

@@ -169,7 +169,8 @@ def as_input(name: str, feature, spec: tf.TensorSpec) -> tf.Tensor:
 class RecordDecoder:
     """Serialized tf.Examples -> (model inputs, labels), optionally through a TransformGraph.
     The model inputs are the module's model_inputs (one float32 tensor), or, without it, the
-    model's named Inputs `inputs` (declared_inputs: a dict of tensors, as_input)."""
+    model's named Inputs `inputs` (declared_inputs: a dict of tensors, as_input; needed only
+    to decode inputs)."""
 
     def __init__(self, module: UserModule, transform_output=None,
                  inputs: Optional[Mapping[str, tf.TensorSpec]] = None):
@@ -185,12 +186,11 @@ class RecordDecoder:
         if module.label_key not in raw_spec and module.label_key not in transformed:
             raise ValueError(f"the label {module.label_key!r} is neither a raw feature "
                              f"{sorted(raw_spec)} nor a transformed one {sorted(transformed)}")
-        if module.model_inputs is None and inputs is None:
-            raise ValueError("the module defines no model_inputs(features): the model's "
-                             "named Inputs are needed (declared_inputs)")
         check_spec(raw_spec)
         self.raw_spec = raw_spec
-        self.inputs = None if module.model_inputs is not None else dict(inputs)
+        # Labels and records alone (SLAedValidator) need no inputs.
+        self.inputs = None if module.model_inputs is not None or inputs is None \
+            else dict(inputs)
         # A raw label is absent at serving; a transformed one is computed from raw features
         # that a request may or may not hold (missing ones are read as their defaults).
         self.serving_spec = {k: v for k, v in raw_spec.items() if k != module.label_key}
@@ -201,8 +201,11 @@ class RecordDecoder:
         features = dict(raw)
         if self.transform_layer is not None:
             features = self.transform_layer(raw)
-        if self.inputs is None:
+        if self.module.model_inputs is not None:
             return finite(tf.cast(self.module.model_inputs(features), tf.float32)), features
+        if self.inputs is None:
+            raise ValueError("the module defines no model_inputs(features), and the decoder "
+                             "was not given the model's named Inputs (declared_inputs)")
         absent = sorted(set(self.inputs) - set(features))
         if absent:
             raise ValueError(f"the model's Inputs {absent} are not among the "

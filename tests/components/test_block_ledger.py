@@ -67,7 +67,7 @@ def test_the_consumers_of_a_grant_give_it_their_checks():
     assert set(trainer.module_needs) == {"build_model", "feature_spec"}
     assert trainer.sampling == {"scheme": "poisson", "gamma": 0.1, "epochs": 2}
     assert (validator.component, validator.module_needs, validator.trainer) == (
-        "SLAedValidator", ["loss"], None)
+        "SLAedValidator", ["loss", "feature_spec"], None)  # no transform graph: raw features
 
 
 def _bad_module(tmp_path, text):

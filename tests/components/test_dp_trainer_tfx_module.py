@@ -54,6 +54,7 @@ def test_one_pass_clipping_of_the_wide_and_deep_dict_model_bounds_each_example_b
     clipping.public_ids_only(model)
     features = _features(rng)
     labels = tf.constant(rng.integers(0, 2, (BATCH,)), tf.float32)  # [B] beside [B, 1]
+    columns = labels[:, None]  # the same labels as [B, 1]
     per_example = with_reduction(module.training_loss(model), tf.keras.losses.Reduction.NONE)
     with tf.GradientTape() as tape:
         losses = per_example(labels, model(features, training=True))
@@ -63,7 +64,7 @@ def test_one_pass_clipping_of_the_wide_and_deep_dict_model_bounds_each_example_b
     clip = float(np.median(reference))  # binds for some examples and not for others
 
     @tf.function
-    def contributions():
+    def contributions(labels):
         gradients = clipping.OnePass(model, model.trainable_variables, per_example, features,
                                      labels, tf.ones([BATCH]))
         factors = clip / tf.maximum(clip, gradients.norms)
@@ -73,10 +74,11 @@ def test_one_pass_clipping_of_the_wide_and_deep_dict_model_bounds_each_example_b
                                            gradients.clipped_sum(factors * tf.one_hot(row, BATCH),
                                                                  kept)], 0)),
             tf.range(BATCH), fn_output_signature=tf.float32)
-    norms, whole_model, clipped = contributions()
-    assert not whole_model  # the walk, not whole-model per-example gradients
-    np.testing.assert_allclose(norms.numpy(), reference, rtol=1e-4)
-    assert np.all(clipped.numpy() <= clip * (1 + 1e-5)), clipped.numpy().max()
+    for shaped in (labels, columns):
+        norms, whole_model, clipped = contributions(shaped)
+        assert not whole_model  # the walk, not whole-model per-example gradients
+        np.testing.assert_allclose(norms.numpy(), reference, rtol=1e-4)
+        assert np.all(clipped.numpy() <= clip * (1 + 1e-5)), clipped.numpy().max()
     assert (reference > clip).any()
     # The out-of-range ids encode as id 0: the same predictions as with 0 there.
     at_zero = dict(features, trip_miles_bucket_xf=tf.where(
@@ -163,3 +165,96 @@ def test_the_tfx_template_module_trains_and_serves_raw_records_as_training_read_
     for name, values in trained_on.items():
         np.testing.assert_array_equal(transformed[name].numpy(), values.numpy())
     assert transformed["long_xf"].numpy().tolist() == [1, 0, 0, 0]
+
+
+def test_the_compiled_loss_is_taken_per_example_for_labels_of_shape_b_and_b_1():
+    """Without loss(), DP-SGD trains the loss the model was compiled with ("binary_crossentropy"
+    by name), per example: each row's binary cross-entropy as Keras computes it, whether the
+    labels are [B] (a TFX label of shape []) or [B, 1] like the model's output."""
+    rng = np.random.default_rng(13)
+    module = _tfx_module()
+    model = module.build_model()
+    clipping.public_ids_only(model)
+    loss = module.training_loss(model)
+    assert type(loss) is tf.keras.losses.BinaryCrossentropy
+    predictions = model(_features(rng))
+    labels = rng.integers(0, 2, (BATCH,)).astype(np.float32)
+    per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
+    expected = tf.keras.losses.binary_crossentropy(labels[:, None], predictions).numpy()
+    assert expected.shape == (BATCH,)
+    for shaped in (labels, labels[:, None]):
+        np.testing.assert_allclose(per_example(shaped, predictions).numpy(), expected, rtol=1e-6)
+
+
+def _module_file(tmp_path, replace=(), add="") -> str:
+    """The TFX-style trainer module with its text replaced and lines added."""
+    with open(TFX_TRAINER_MODULE) as handle:
+        text = handle.read()
+    for old, new in replace:
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "trainer_module.py"
+    path.write_text(text + add)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["compiled loss of its own", "no such model_fn",
+                                  "no feature_spec without a transform graph",
+                                  "an Input no feature feeds", "a model mixing the batch"])
+def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path, tmp_path, case):
+    """What DPTrainer would refuse after the charge, from the module alone, is refused by the
+    BlockLedger before it charges, naming the cause: nothing is charged or recorded. With a
+    transform graph (not made yet) the model's checks run on stand-ins of its declared Inputs
+    (names, dtypes, shapes), which find a model mixing the examples of a batch."""
+    from tfx.types import channel, standard_artifacts
+
+    from sage_tfx.components import BlockLedger as BlockLedgerComponent, DPTrainer
+    from sage_tfx.components import ObliviousSampleGen
+    from sage_tfx.components.block_ledger import executor
+    from sage_tfx.components.privacy_grant import PrivacyGrant
+    from sage_tfx.sage_access import BlockLedger
+    from sage_tfx.sage_access.errors import BadRequest
+
+    module, model_fn, transform_graph = (_module_file(tmp_path), MODEL_FN,
+                                         channel.Channel(type=standard_artifacts.TransformGraph))
+    if case == "compiled loss of its own":
+        module = _module_file(tmp_path, [('loss="binary_crossentropy"',
+                                          "loss=lambda y, p: tf.square(y - p)")])
+        message = (r"the model's compiled loss <function .*<lambda> at .*> is not a Keras loss "
+                   r"DP-SGD can take per example .*define loss\(\) in the module")
+    elif case == "a model mixing the batch":  # found on stand-ins of the declared Inputs
+        module = _module_file(tmp_path, [("tf.keras.layers.Normalization()(layer)",
+                                          "tf.keras.layers.Lambda(\n"
+                                          "            lambda x: x - tf.reduce_mean(x, 0))(layer)")])
+        message = "the model: an example's output depends on other examples of its batch"
+    elif case == "no such model_fn":
+        model_fn, message = "_build_model", r"lacks \['_build_model'\]"
+    elif case == "no feature_spec without a transform graph":
+        transform_graph = None
+        message = r"lacks \['feature_spec'\] .*give the component the TransformGraph"
+    else:  # raw features, without a transform: an Input must be named after one
+        transform_graph = None
+        module = _module_file(tmp_path, add=(
+            "def feature_spec():\n"
+            "    return {name: tf.io.FixedLenFeature([1], tf.float32) for name in\n"
+            "            ['trip_miles_xf', 'hour_fraction_xf', 'hour_xf', 'long_xf']}\n"))
+        message = (r"the model's Inputs \['trip_miles_bucket_xf'\] are not among the features "
+                   r"\['hour_fraction_xf', 'hour_xf', 'long_xf', 'trip_miles_xf'\]")
+    grant = BlockLedgerComponent(ledger_store=store_path, epsilon=1.0, delta=1e-7, window=2,
+                                 split={"training": 1.0})
+    sampler = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                                 scheme="swo", sample_size=10, epochs=1, public_size=100)
+    DPTrainer(examples=sampler.outputs["samples"], grant=grant.outputs["grant"],
+              module_file=module, model_fn=model_fn, transform_graph=transform_graph,
+              l2_norm_clip=1.0, learning_rate=0.1)
+    ledger = BlockLedger.create(store_path, min_request_epsilon=0.05)
+    for block in ("b1", "b2"):
+        ledger.add_block(block, 2.0, 1e-6, data_uri=str(tmp_path / block))
+    examples, grant_artifact = standard_artifacts.Examples(), PrivacyGrant()
+    examples.uri, grant_artifact.uri = str(tmp_path / "out-examples"), str(tmp_path / "out-grant")
+    with pytest.raises(BadRequest, match="refused before the charge") as refused:
+        executor.Executor().Do({}, {"examples": [examples], "grant": [grant_artifact]},
+                               {**grant.exec_properties, "ledger_store": store_path})
+    assert refused.match("DPTrainer: .*" + message)
+    assert [b.spent[0] for b in BlockLedger(store_path).blocks()] == [0.0, 0.0]
+    assert not BlockLedger(store_path).grant_records()
