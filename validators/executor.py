@@ -189,11 +189,7 @@ class Executor(base_executor.BaseExecutor):
                 import tensorflow_transform as tft
                 transform_output = tft.TFTransformOutput(
                     artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
-            # The decoder gives the labels only: the model reads the records through its own
-            # serving signature (`predictions`), so a module without model_inputs (a TFX
-            # module: the model's named Inputs) needs no inputs here.
-            decoder = RecordDecoder(module, transform_output,
-                                    None if module.model_inputs is not None else {})
+            decoder = RecordDecoder(module, transform_output)
             # Bad records get their public defaults (record_rule) before the model or the metric
             # sees them: the serving signature would raise on a record missing a feature.
             # Row 0 is a null record, dropped after the metric ran: an empty test split (a dataset
