@@ -44,7 +44,7 @@ from sage_tfx.components.block_example_gen import month_schedule
 from sage_tfx.components.dp_statistics_gen.schema import columns_and_bounds, read_schema
 from sage_tfx.examples.tfx_taxi import template
 
-PIPELINE_NAME = "chicago_taxi_native_keras"
+PIPELINE_NAME = "chicago-taxi-native-keras"  # the template's, in the characters Kubeflow V2 takes
 MODULE = "sage_tfx.examples.tfx_taxi.taxi_utils"   # the template's module + our diff
 MODEL_FN = "_build_keras_model"                     # the module's model builder (run_fn's)
 MONTHS = ("2013-01", "2016-12")                     # the stream's public schedule
