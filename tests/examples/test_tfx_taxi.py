@@ -154,8 +154,10 @@ def test_the_run_pushes_a_model_and_records_every_grant_released(local_run):
 @pytest.mark.slow
 def test_the_dp_models_held_out_auc_is_at_least_0_9_of_the_model_fitted_without_dp(local_run):
     """The fast version of benchmarks/tfx_taxi.py's measurement: 2 epochs, seeded. Measured
-    here: DP AUC 0.889, plain Keras 0.928 (ratio 0.957); the acceptance is 0.9, so a move of
-    the ratio by 0.05 (other CPUs' last bits, TF's thread order) still passes."""
+    by the benchmark with seed 1 and 2 epochs: DP AUC 0.938, plain Keras 0.898 (ratio 1.04;
+    unseeded at 4 epochs 0.9x-1.0x: docs/tfx-pipeline.md). The assertion is the acceptance,
+    0.9: a tolerance of 0.14 below the measured ratio for other CPUs' last bits and TF's
+    thread order, which move such a ratio by far less."""
     benchmark, workdir, result = local_run
     aucs = benchmark.held_out_aucs(os.path.join(workdir, "metadata.sqlite"), result["pushed"],
                                    EPOCHS, SEED)
