@@ -578,11 +578,11 @@ def refuse_state_updates(model: tf.keras.Model, example_shape, dtype: Optional[t
     Decided from the graph, not from values: `model(x, training=True)` and its gradients
     (DP-SGD's step runs the layers in training mode, forward and backward, and a custom
     gradient may write too) are traced on public stand-in specs of examples shaped
-    `example_shape`, of `dtype` (or, dtype None, of the tf.TensorSpec structure
-    `example_shape` of one example: a model of several named inputs): a batch of unknown size, as the step's own trace has, and
-    batches of 1 (the per-example fallback) and 2, so a Python branch on the batch size
-    cannot hide a write. Nothing runs, so nothing needs restoring. Every op that consumes the
-    handle of a resource a trace captures counts as a write unless it only reads
+    `example_shape`, of `dtype` (or, dtype None, of the tf.TensorSpec structure `example_shape`
+    of one example: a model of several named inputs): a batch of unknown size, as the step's own
+    trace has, and batches of 1 (the per-example fallback) and 2, so a Python branch on the
+    batch size cannot hide a write. Nothing runs, so nothing needs restoring. Every op that
+    consumes the handle of a resource a trace captures counts as a write unless it only reads
     (_READS_RESOURCE). Handles are followed through Identity and IdentityN and into the
     functions of calls (a nested tf.function), tf.cond branches and tf.while_loop bodies, so an
     update under a data-dependent condition, or one that leaves the value unchanged on some

@@ -62,9 +62,10 @@ class DPTrainer(base_component.BaseComponent):
 
     Outputs a Model (SavedModel under Format-Serving with the signatures a TFX run_fn exports:
     `serving_default` over serialized raw tf.Examples, and with a transform graph
-    `transform_features`; custom properties dp_epsilon, dp_delta, noise_multiplier, l2_norm_clip, steps,
-    sampling_scheme, blocks, grant_id) and a ModelRun with TensorBoard logs (the epsilon spent
-    after each epoch, public; the training loss is not DP and is written nowhere).
+    `transform_features`; custom properties dp_epsilon, dp_delta, noise_multiplier,
+    l2_norm_clip, steps, sampling_scheme, blocks, grant_id) and a ModelRun with TensorBoard
+    logs (the epsilon spent after each epoch, public; the training loss is not DP and is
+    written nowhere).
 
     The BlockLedger that grants `grant` checks, before it charges, what this trainer would
     refuse after it (block_ledger/preflight.py): the module loads and defines what `mode`

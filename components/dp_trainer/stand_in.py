@@ -5,12 +5,13 @@ one record decides leaks that record through the run's outcome. So DP-SGD runs i
 (model_inputs, the transform, the model, the loss) on batches that hold no data first:
 records of random values of the feature spec's types and shapes, from a fixed seed, the same on
 every run (components/util/stand_ins.py), or, before a transform graph exists, tensors of the
-model's declared inputs (one tensor, or a dict of its named Inputs: a TFX module's model). The BlockLedger's preflight runs `check_module`
-before it charges (block_ledger/preflight.py); DPTrainer runs it again after the charge and before it
-reads a record (with the transform graph, which exists only then), and `dp_sgd.train` runs
-`check_model` on the model it trains. Every outcome and message here is a function of the
-module, the parameters and the fixed seed: none depends on the data, so a refusal names its
-cause (clipping.Refused, a BadRequest: the release protocol records and shows its message).
+model's declared inputs (one tensor, or a dict of its named Inputs: a TFX module's model).
+The BlockLedger's preflight runs `check_module` before it charges (block_ledger/preflight.py);
+DPTrainer runs it again after the charge and before it reads a record (with the transform
+graph, which exists only then), and `dp_sgd.train` runs `check_model` on the model it trains.
+Every outcome and message here is a function of the module, the parameters and the fixed
+seed: none depends on the data, so a refusal names its cause (clipping.Refused, a BadRequest:
+the release protocol records and shows its message).
 
 What is checked (check_model): no batch normalisation, no state a step changes or keeps
 (clipping.refuse_state_updates, from the traced graph, model and loss), no example's output,

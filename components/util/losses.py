@@ -54,33 +54,32 @@ def compiled_loss(model: tf.keras.Model) -> tf.keras.losses.Loss:
     """The loss `model` was compiled with, as a Loss whose reduction `with_reduction` can
     change (so that DP-SGD takes it per example): a Loss instance as it is, a Keras loss given
     by name or function (`loss="binary_crossentropy"`) as its Loss class with default
-    arguments, as Keras' compile would apply it. LossNotPerExample naming why for anything else: no
-    compiled loss, one per output (a dict or list), or a function of the user's own (its
+    arguments, as Keras' compile applies it. LossNotPerExample naming why for anything else:
+    no compiled loss, one per output (a dict or list), or a function of the user's own (its
     reduction over the batch is unknown: define loss() in the module, returning a
     tf.keras.losses.Loss)."""
     given = getattr(model, "loss", None)
+    instead = "define loss() in the module, returning a tf.keras.losses.Loss"
     if given is None:
-        raise LossNotPerExample("the module defines no loss() and the model is not compiled with a "
-                         "loss: define loss() or compile the model with one")
+        raise LossNotPerExample(f"the model is not compiled with a loss: {instead}")
     if isinstance(given, (dict, list, tuple)):
-        raise LossNotPerExample(f"the model is compiled with one loss per output ({given!r}); DP-SGD "
-                         "takes one per-example loss: define loss() in the module")
+        raise LossNotPerExample(f"the model is compiled with one loss per output ({given!r}); "
+                                f"DP-SGD takes one per-example loss: {instead}")
     if isinstance(given, tf.keras.losses.Loss):
         loss = given
     else:
         function = tf.keras.losses.get(given) if isinstance(given, str) else given
         cls = _loss_classes().get(function)
         if cls is None:
-            raise LossNotPerExample(f"the model's compiled loss {given!r} is not a Keras loss DP-SGD "
-                             "can take per example (a function of its own: its reduction over "
-                             "the batch is unknown): define loss() in the module, returning a "
-                             "tf.keras.losses.Loss")
+            raise LossNotPerExample(f"the model's compiled loss {given!r} is not a Keras loss "
+                                    "DP-SGD can take per example (a function of its own: its "
+                                    f"reduction over the batch is unknown): {instead}")
         loss = cls()
     try:
         type(loss).from_config(loss.get_config())
     except Exception as error:
-        raise LossNotPerExample(f"the model's compiled loss {type(loss).__name__} cannot be rebuilt "
-                         "from its config with another reduction (get_config/from_config), "
-                         f"so DP-SGD cannot take it per example ({type(error).__name__}: "
-                         f"{error}): define loss() in the module") from error
+        raise LossNotPerExample(f"the model's compiled loss {type(loss).__name__} cannot be "
+                                "rebuilt with another reduction (get_config, from_config: "
+                                f"{type(error).__name__}: {error}), so DP-SGD cannot take it "
+                                f"per example: {instead}") from error
     return loss

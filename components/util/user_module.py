@@ -249,7 +249,10 @@ class RecordDecoder:
         return self._inputs(parse_with_defaults(serialized, self.serving_spec))[0]
 
     def transformed_features(self, serialized: tf.Tensor) -> dict:
-        """The transform's outputs of serialized raw records (the label too, when they hold it),
-        read with the record rule's defaults as training read them: the SavedModel's
-        `transform_features` signature, which TFMA reads."""
-        return self.transform_layer(parse_with_defaults(serialized, self.raw_spec))
+        """The transform's dense outputs of serialized raw records (the label too, when they
+        hold it), read with the record rule's defaults as training read them: the SavedModel's
+        `transform_features` signature, which TFMA reads. A sparse or ragged output is left
+        out: a signature returns tensors."""
+        return {name: value for name, value in
+                self.transform_layer(parse_with_defaults(serialized, self.raw_spec)).items()
+                if isinstance(value, tf.Tensor)}

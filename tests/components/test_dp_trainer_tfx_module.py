@@ -12,9 +12,9 @@ import sage_tfx  # noqa: F401  (Keras 2, before TensorFlow loads)
 import tensorflow as tf
 
 from sage_tfx.components.dp_trainer import clipping, dp_sgd
-from sage_tfx.components.dp_trainer.parameters import TrainerMode, module_needs
+from sage_tfx.components.dp_trainer.parameters import TrainerMode
 from sage_tfx.components.util.losses import with_reduction
-from sage_tfx.components.util.user_module import UserModule, declared_inputs
+from sage_tfx.components.util.user_module import UserModule, import_module_file
 
 from support import TFX_TRAINER_MODULE, TFX_TRANSFORM_MODULE
 
@@ -23,6 +23,8 @@ BATCH = 8
 
 
 def _tfx_module() -> UserModule:
+    from sage_tfx.components.dp_trainer.parameters import module_needs
+
     return UserModule.load(TFX_TRAINER_MODULE, TrainerMode.DP_SGD,
                            module_needs(TrainerMode.DP_SGD, transform_graph=True),
                            model_fn=MODEL_FN)
@@ -48,14 +50,14 @@ def test_one_pass_clipping_of_the_wide_and_deep_dict_model_bounds_each_example_b
     at most C (1 + 1e-5, float32 rounding). Ids outside a CategoryEncoding's range encode as
     id 0 (clipping.public_ids) instead of failing Keras' range assertion."""
     rng = np.random.default_rng(11)
-    module = _tfx_module()
     tf.keras.utils.set_random_seed(12)
-    model = module.build_model()
+    model = import_module_file(TFX_TRAINER_MODULE)._build_keras_model()
     clipping.public_ids_only(model)
     features = _features(rng)
     labels = tf.constant(rng.integers(0, 2, (BATCH,)), tf.float32)  # [B] beside [B, 1]
     columns = labels[:, None]  # the same labels as [B, 1]
-    per_example = with_reduction(module.training_loss(model), tf.keras.losses.Reduction.NONE)
+    per_example = with_reduction(tf.keras.losses.BinaryCrossentropy(),
+                                 tf.keras.losses.Reduction.NONE)
     with tf.GradientTape() as tape:
         losses = per_example(labels, model(features, training=True))
     jacobians = tape.jacobian(losses, model.trainable_variables)
@@ -110,7 +112,7 @@ def test_the_tfx_template_module_trains_and_serves_raw_records_as_training_read_
     import tensorflow_transform as tft
 
     from sage_tfx.components import DPTrainer, DPTransform, ObliviousSampleGen
-    from sage_tfx.components.util.user_module import RecordDecoder
+    from sage_tfx.components.util.user_module import RecordDecoder, declared_inputs
     from sage_tfx.components.record_rule import sanitise_records
     from sage_tfx.sage_access import connect
 
@@ -223,9 +225,9 @@ def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path,
         message = (r"the model's compiled loss <function .*<lambda> at .*> is not a Keras loss "
                    r"DP-SGD can take per example .*define loss\(\) in the module")
     elif case == "a model mixing the batch":  # found on stand-ins of the declared Inputs
-        module = _module_file(tmp_path, [("tf.keras.layers.Normalization()(layer)",
-                                          "tf.keras.layers.Lambda(\n"
-                                          "            lambda x: x - tf.reduce_mean(x, 0))(layer)")])
+        module = _module_file(tmp_path, [(
+            "tf.keras.layers.Normalization()(layer)",
+            "tf.keras.layers.Lambda(lambda x: x - tf.reduce_mean(x, 0))(layer)")])
         message = "the model: an example's output depends on other examples of its batch"
     elif case == "no such model_fn":
         model_fn, message = "_build_model", r"lacks \['_build_model'\]"
@@ -258,3 +260,27 @@ def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path,
     assert refused.match("DPTrainer: .*" + message)
     assert [b.spent[0] for b in BlockLedger(store_path).blocks()] == [0.0, 0.0]
     assert not BlockLedger(store_path).grant_records()
+
+
+def test_each_named_input_reads_its_feature_cast_and_reshaped_the_same_on_every_cpu(tmp_path):
+    """Without model_inputs, each of the model's named Inputs reads the feature of its name
+    (raw here: no transform), reshaped to the Input's shape ([B] -> [B, 1]) and cast to its
+    dtype; a float beyond an int32 Input's range is clamped to it first (the cast of such a
+    value differs by CPU), and a NaN, like a missing feature, is 0."""
+    from sage_tfx.components.util.user_module import RecordDecoder
+
+    module = _module_file(tmp_path, add=(
+        "def feature_spec():\n"
+        "    return {'hour_xf': tf.io.FixedLenFeature([], tf.float32),\n"
+        "            'trip_miles_xf': tf.io.FixedLenFeature([1], tf.float32),\n"
+        "            'long_xf': tf.io.FixedLenFeature([], tf.int64)}\n"))
+    loaded = UserModule.load(module, TrainerMode.DP_SGD, model_fn=MODEL_FN)
+    decoder = RecordDecoder(loaded, inputs={
+        "hour_xf": tf.TensorSpec([1], tf.int32), "trip_miles_xf": tf.TensorSpec([1], tf.float32)})
+    records = [_raw_record(hour_xf=value, trip_miles_xf=1.5, long_xf=1)
+               for value in (2.7, -3.5, 1e30, -1e30, float("nan"))] + [_raw_record()]
+    inputs, labels = decoder.decode(records)
+    assert inputs["hour_xf"].dtype == tf.int32 and inputs["hour_xf"].shape == (6, 1)
+    assert inputs["hour_xf"].numpy().ravel().tolist() == [2, -3, 2**31 - 1, -2**31, 0, 0]
+    assert inputs["trip_miles_xf"].numpy().ravel().tolist() == [1.5] * 5 + [0.0]
+    assert labels.numpy().tolist() == [1.0] * 5 + [0.0]
