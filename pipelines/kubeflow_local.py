@@ -9,7 +9,10 @@ holding the task's constant parameters (`parameterValues`), its input artifacts 
 producing task's executor wrote in its output metadata file, else the artifact it was given) and
 one output artifact per output, at `<run root>/<task>/<output>` (the launcher's
 generateOutputURI), where the run root is `DIR/<pipeline name>/<run id>`. The executor's output
-metadata file is read back, as the launcher reads it, to pass the artifacts on. Nothing else is
+metadata file is read back, as the launcher reads it, to pass the artifacts on. A resolver task
+(TFX's Resolver, e.g. the latest blessed model) starts no process: on a cluster the driver
+queries the launcher's ML Metadata records, which run-local does not write, so it resolves no
+artifact, as on a cluster's first run, and its consumers get an empty input. Nothing else is
 shared between tasks: every artifact travels through the pipeline root, and the ledger is
 reached only through the store the job names (on a cluster `grpc://metadata-grpc-service:8080`;
 compile with `--ledger-store grpc://HOST:PORT` to point a job at another MLMD server).
@@ -119,7 +122,7 @@ def _parameter_values(name: str, task: Mapping) -> dict:
 
 
 def _executor_input(name: str, task: Mapping, component: Mapping, run_root: str,
-                    scratch: str, produced: Mapping[tuple[str, str], dict]) -> dict:
+                    scratch: str, produced: Mapping[tuple[str, str], Optional[dict]]) -> dict:
     """What Kubeflow's driver and launcher hand the task's container as `{{$}}`."""
     artifacts = {}
     definitions = component.get("inputDefinitions", {}).get("artifacts", {})
@@ -128,7 +131,11 @@ def _executor_input(name: str, task: Mapping, component: Mapping, run_root: str,
             raise JobRefused(f"task {name}'s input artifact {key} is {json.dumps(spec)}: only "
                              "other tasks' outputs are supported")
         source = spec["taskOutputArtifact"]
-        artifact = dict(produced[source["producerTask"], source["outputArtifactKey"]])
+        resolved = produced[source["producerTask"], source["outputArtifactKey"]]
+        if resolved is None:  # a resolver's output: nothing resolved
+            artifacts[key] = {"artifacts": []}
+            continue
+        artifact = dict(resolved)
         artifact["type"] = definitions[key]["artifactType"]
         artifacts[key] = {"artifacts": [artifact]}
     outputs = {}
@@ -179,7 +186,11 @@ def run_local(job: Mapping, pipeline_root: str, report: Callable[[str], None] = 
     plans = {}
     for name in order:  # every refusal before the first task starts
         component = spec["components"][tasks[name]["componentRef"]["name"]]
-        plans[name] = (component, executors[component["executorLabel"]]["container"])
+        executor = executors[component["executorLabel"]]
+        if "container" not in executor and "resolver" not in executor:
+            raise JobRefused(f"task {name}'s executor is {sorted(executor)}: only containers "
+                             "and resolvers are supported")
+        plans[name] = (component, executor.get("container"))
         _parameter_values(name, tasks[name])
     run_id = run_id or (dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S-")
                         + uuid.uuid4().hex[:8])
@@ -187,11 +198,17 @@ def run_local(job: Mapping, pipeline_root: str, report: Callable[[str], None] = 
     run_root = f"{pipeline_root.rstrip('/')}/{name}/{run_id}"
     os.makedirs(run_root)
     run = LocalRun(run_id, run_root, [])
-    produced: dict[tuple[str, str], dict] = {}
+    produced: dict[tuple[str, str], Optional[dict]] = {}
     environment = _task_environment()
     report(f"run {run_id} of {name}: {len(order)} tasks, artifacts under {run_root}")
     for task_name in order:
         component, container = plans[task_name]
+        if container is None:  # a resolver (module docstring)
+            produced.update({(task_name, key): None for key in
+                             component.get("outputDefinitions", {}).get("artifacts", {})})
+            report(f"  {task_name}: resolved nothing (run-local writes no ML Metadata for a "
+                   "resolver to query)")
+            continue
         scratch = os.path.join(run_root, ".local", task_name)
         os.makedirs(scratch)
         executor_input = _executor_input(task_name, tasks[task_name], component, run_root,

@@ -39,6 +39,8 @@ class Check:
     sampling: Optional[Mapping] = None
     # DPTransform's: the grant step whose share its preprocessing_fn spends (audited, no data).
     transform_step: Optional[str] = None
+    # DPTransform's schema file (its schema channel's source), else the module's feature_spec.
+    schema_file: Optional[str] = None
     # DPStatisticsGen's parameters: its features' bounds and options (dp_statistics_gen).
     statistics: Optional[Mapping] = None
 
@@ -131,7 +133,7 @@ def _transform_audit(check: Check, epsilon: float, delta: float, split: Mapping[
     if check.transform_step not in split:
         raise ValueError(f"the grant's split has no {check.transform_step!r} step for "
                          "DPTransform")
-    preprocessing_fn, feature_spec = load_module(check.module_file)
+    preprocessing_fn, feature_spec = load_module(check.module_file, check.schema_file)
     plan = plan_transform(preprocessing_fn, feature_spec,
                           *split_share(epsilon, delta, split, check.transform_step))
     check_planned_event(events.get(check.transform_step), plan,

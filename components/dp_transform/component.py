@@ -1,6 +1,8 @@
 """DPTransform component: TFT preprocessing where only DP analyzers see the granted data."""
 from __future__ import annotations
 
+from typing import Optional
+
 from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
@@ -19,6 +21,9 @@ class DPTransformSpec(component_spec.ComponentSpec):
     INPUTS = {
         "examples": component_spec.ChannelParameter(type=PrivateExamples),
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
+        # The raw features, as TFX's Transform takes them (DPSchemaGen, ImportSchemaGen).
+        "schema": component_spec.ChannelParameter(type=standard_artifacts.Schema,
+                                                  optional=True),
     }
     OUTPUTS = {
         "transform_graph": component_spec.ChannelParameter(type=standard_artifacts.TransformGraph),
@@ -27,8 +32,10 @@ class DPTransformSpec(component_spec.ComponentSpec):
 
 
 class DPTransform(ProducesPrivateRecords, base_beam_component.BaseBeamComponent):
-    """Runs the `preprocessing_fn(inputs)` of `module_file` (which also defines `feature_spec()`,
-    the raw features) with tensorflow_transform on Beam, analysing the granted train split.
+    """Runs the `preprocessing_fn(inputs)` of `module_file` with tensorflow_transform on Beam,
+    analysing the granted train split. The raw features: the `schema` channel's, as TFX's
+    Transform reads them (a feature without a shape as one value per record with its public
+    default: executor.schema_feature_spec), else the module's `feature_spec()`.
 
     The preprocessing_fn may use only the DP analyzers of
     `sage_tfx.components.dp_transform.tft` (tft's names: scale_to_z_score, bucketize,
@@ -44,12 +51,23 @@ class DPTransform(ProducesPrivateRecords, base_beam_component.BaseBeamComponent)
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
 
     def __init__(self, examples: channel.Channel, grant: channel.Channel, module_file: str,
-                 grant_step: str = "transform"):
+                 grant_step: str = "transform", schema: Optional[channel.Channel] = None):
         super().__init__(spec=DPTransformSpec(
             module_file=module_file, grant_step=grant_step, examples=examples,
-            grant=grant,
+            grant=grant, schema=schema,
             transform_graph=channel.Channel(type=standard_artifacts.TransformGraph),
             transformed_examples=channel.Channel(type=PrivateExamples)))
         check_before_charge(grant, preflight.Check(
             component="DPTransform", module_file=module_file, purpose="transform",
-            transform_step=grant_step))
+            transform_step=grant_step, schema_file=_schema_file(schema)))
+
+
+def _schema_file(schema: Optional[channel.Channel]) -> Optional[str]:
+    """The file the schema channel's producer copies (DPSchemaGen's and TFX ImportSchemaGen's
+    `schema_file`), for the BlockLedger's preflight, which runs before any schema artifact
+    exists. None without a schema, and for a schema inferred from DP statistics (made after
+    the charge): the preflight then reads the module's `feature_spec()`, and refuses the
+    module without one before the charge."""
+    if not isinstance(schema, channel.OutputChannel):
+        return None
+    return schema.producer_component.exec_properties.get("schema_file") or None

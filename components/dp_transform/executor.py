@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import apache_beam as beam
 import tensorflow as tf
@@ -37,16 +37,23 @@ from sage_tfx.sage_access.exact import set_exact_property
 RECORDS = "data_tfrecord-00000-of-00001.gz"
 
 
-def load_module(path: str) -> tuple[Callable, dict]:
-    """The module's preprocessing_fn and raw feature spec (`feature_spec()`, as for DPTrainer)."""
+def load_module(path: str, schema_file: Optional[str] = None) -> tuple[Callable, dict]:
+    """The module's preprocessing_fn and the raw feature spec: the user's schema's
+    (`schema_file`, what TFX's Transform reads from its schema channel; schema_feature_spec)
+    when given, else the module's `feature_spec()` (as for DPTrainer)."""
     try:
         module = import_module_file(path)
     except ValueError as error:
         raise DPTransformError(str(error)) from error
-    missing = [name for name in ("preprocessing_fn", "feature_spec") if not hasattr(module, name)]
+    needed = ("preprocessing_fn",) if schema_file else ("preprocessing_fn", "feature_spec")
+    missing = [name for name in needed if not hasattr(module, name)]
     if missing:
-        raise DPTransformError(f"module file {path} lacks {missing} (needed by DPTransform)")
-    feature_spec = module.feature_spec()
+        raise DPTransformError(f"module file {path} lacks {missing} (needed by DPTransform"
+                               + ("" if schema_file else " without a schema file: a schema "
+                                  "inferred from DP statistics exists only after the charge")
+                               + ")")
+    feature_spec = (schema_feature_spec(schema_file) if schema_file
+                    else module.feature_spec())
     try:
         check_spec(feature_spec)
     except RecordRuleError as error:
@@ -57,6 +64,33 @@ def load_module(path: str) -> tuple[Callable, dict]:
         raise DPTransformError(f"the feature spec has no TensorFlow Transform schema: {error} "
                                "(DPTransform's public defaults are 0 and \"\")") from error
     return module.preprocessing_fn, feature_spec
+
+
+def schema_feature_spec(schema_file: str) -> dict:
+    """The raw feature spec of a user's schema.pbtxt, as TFX's Transform parses records with it
+    (tensorflow_transform's schema_as_feature_spec), except that a feature without a shape,
+    read by TFT as a VarLenFeature (a SparseTensor), is read as one value per record with its
+    public default 0 or "" (a FixedLenFeature of shape []). That is what a TFX module's
+    `_fill_in_missing` makes of the SparseTensor (a missing value becomes 0 or ""), so the
+    module's preprocessing_fn computes the same values, and no SparseTensor (whose values are
+    not rows: row_audit.py) reaches it. The record rule fills the default for a missing value,
+    in training and in DPTrainer's serving signature alike (the raw metadata written holds
+    this spec; TFT's schema has no default values, hence the rule's).
+    A record holding several values of such a feature reads it as the default too (the
+    record rule's; `_fill_in_missing` assumes at most one value and fails on more): every map
+    here acts on one record alone, so the DP analyzers' guarantees hold."""
+    from tensorflow_transform.tf_metadata import schema_utils
+    from sage_tfx.components.dp_statistics_gen.schema import read_schema
+    from sage_tfx.components.dp_statistics_gen.statistics import StatisticsError
+
+    try:
+        schema = read_schema(schema_file)
+    except StatisticsError as error:
+        raise DPTransformError(str(error)) from None
+    spec = schema_utils.schema_as_feature_spec(schema).feature_spec
+    return {name: (tf.io.FixedLenFeature([], feature.dtype)
+                   if isinstance(feature, tf.io.VarLenFeature) else feature)
+            for name, feature in spec.items()}
 
 
 def _analyzer_defs(graph: tf.Graph):
@@ -202,6 +236,17 @@ def stand_in_pass(preprocessing_fn: Callable, feature_spec: dict, plan: Transfor
                                f"from its feature_spec, fixed seed): {cause(error)}") from error
 
 
+def _schema_file(input_dict: dict) -> Optional[str]:
+    """The schema.pbtxt of the optional `schema` input (DPSchemaGen's, or TFX's SchemaGen's or
+    ImportSchemaGen's, which write the same file name)."""
+    from sage_tfx.components.dp_statistics_gen.schema import SCHEMA_FILE
+
+    if not input_dict.get("schema"):
+        return None
+    return os.path.join(artifact_utils.get_single_instance(input_dict["schema"]).uri,
+                        SCHEMA_FILE)
+
+
 def _split_pattern(examples, split: str) -> str:
     return os.path.join(artifact_utils.get_split_uri([examples], split), "*")
 
@@ -213,7 +258,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         grant = require_grant(input_dict["grant"], input_dict["examples"])
         epsilon, delta = grant.share(exec_properties["grant_step"])
         with grant.releasing(exec_properties["grant_step"], "DPTransform component") as charged:
-            preprocessing_fn, feature_spec = load_module(exec_properties["module_file"])
+            preprocessing_fn, feature_spec = load_module(exec_properties["module_file"],
+                                                         _schema_file(input_dict))
             plan = plan_transform(preprocessing_fn, feature_spec, epsilon, delta)
             check_planned_event(grant.event(exec_properties["grant_step"]), plan,
                                 f"step {exec_properties['grant_step']!r} of grant "

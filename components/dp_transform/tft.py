@@ -71,8 +71,9 @@ half-width; mid = (L + U) / 2; d = clamp(x) - mid in [-h, h]):
   composition argument is in mechanisms/selection.py). frequency_threshold and top_k read the
   noisy counts of the kept values (post-processing: value order by noisy count, ties by value).
   The vocabulary file is written in tft's text format; compute_and_apply_vocabulary applies it
-  with tft.apply_vocabulary. A value containing a line break cannot be a line of that file and
-  is dropped before the selection (a rule on the value alone).
+  with tft.apply_vocabulary. The empty value and a value containing a line break cannot be a
+  line of that file and are dropped before the selection, as tft drops them (a rule on the
+  value alone).
 """
 from __future__ import annotations
 
@@ -239,8 +240,11 @@ class _NoisyVocabulary(DPRelease, _experimental.PTransformAnalyzer):
 
     def release(self, value_counts) -> mechanisms.Release:
         """The kept values in vocabulary order, from [(value bytes, count)]."""
+        # tft's filter (its _EMPTY_STRING_OR_NEWLINE_CHARS_REGEX): the empty value and values
+        # holding a line break are no line of the text file (an empty line fails the table
+        # that reads it). A rule on the value alone, applied before the selection.
         value_counts = [(value, count) for value, count in value_counts
-                        if b"\n" not in value and b"\r" not in value]
+                        if value and b"\n" not in value and b"\r" not in value]
         values = [value for value, _ in value_counts]
         counts = np.array([count for _, count in value_counts], dtype=np.int64)
         selected = mechanisms.laplace_threshold(counts, max_partitions_per_unit=1,

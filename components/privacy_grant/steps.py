@@ -61,7 +61,8 @@ def _transform_plan(mechanism: Mapping[str, Any], epsilon: float, delta: float):
         raise BadRequest("a dp_transform step names its module: {'mechanism': 'dp_transform', "
                          "'module_file': ...}")
     try:
-        return plan_transform(*load_module(mechanism["module_file"]), epsilon, delta)
+        return plan_transform(*load_module(mechanism["module_file"],
+                                           mechanism.get("schema_file")), epsilon, delta)
     except ValueError as error:
         raise BadRequest(f"DPTransform's module {mechanism['module_file']!r}: {error}") from None
 

@@ -17,7 +17,7 @@ import json, os, sys
 given = json.loads(sys.argv[sys.argv.index("--input") + 1])
 fail = int(sys.argv[sys.argv.index("--exit") + 1])
 seen = {key: {"text": open(os.path.join(a["artifacts"][0]["uri"], "data")).read(),
-              "metadata": a["artifacts"][0]["metadata"]}
+              "metadata": a["artifacts"][0]["metadata"]} if a["artifacts"] else None
         for key, a in given["inputs"]["artifacts"].items()}
 if fail:
     sys.exit(fail)
@@ -114,6 +114,29 @@ def test_jobs_that_cannot_run_are_refused_before_any_task(tmp_path):
     with pytest.raises(JobRefused, match="cycle"):
         run_local(cycle, str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_resolver_task_resolves_nothing_and_its_consumer_runs_with_an_empty_input(tmp_path):
+    """TFX's Resolver (the template's latest blessed model) compiles to a task with a
+    `resolver` executor, no container: it failed the job before any task ran (KeyError
+    'container'). A cluster's driver resolves it from the launcher's ML Metadata records, which
+    run-local does not write: nothing, as on a cluster's first run."""
+    job = _job({"a": ({}, 0, "x.Executor"), "c": ({"baseline": "r", "source": "a"}, 0,
+                                                  "x.Executor")})
+    spec = job["pipelineSpec"]
+    spec["components"]["r"] = {"executorLabel": "r_executor", "outputDefinitions": {
+        "artifacts": {"out": {"artifactType": SCHEMA}}}}
+    spec["deploymentSpec"]["executors"]["r_executor"] = {"resolver": {"outputArtifactQueries": {
+        "out": {"filter": 'schema_title="tfx.Model" AND state=LIVE'}}}}
+    spec["root"]["dag"]["tasks"]["r"] = {"componentRef": {"name": "r"},
+                                         "taskInfo": {"name": "r"}}
+    lines = []
+    run = run_local(job, str(tmp_path), report=lines.append, run_id="r1")
+    assert [task.name for task in run.tasks] == ["a", "c"]  # no process for the resolver
+    seen = _read(run, "c")["seen"]
+    assert seen["baseline"] is None and seen["source"]["metadata"] == {"written_by": "out"}
+    assert "  r: resolved nothing (run-local writes no ML Metadata for a resolver to query)" \
+        in lines
 
 
 def test_task_order_is_topological_and_repeatable():
