@@ -34,8 +34,10 @@ Bad records (components/record_rule.py): the decoder sanitises every record befo
 (missing, malformed or non-finite features become their public defaults) and maps non-finite
 model inputs and labels to 0, so no record's content can make a DP component raise or train on
 NaN after its grant was charged. Serving applies the same defaults in the graph
-(`serving_inputs`, `transformed_features`: the SavedModel's signatures) and the same `finite`
-map to model inputs.
+(`serving_inputs`, `transformed_features`: the SavedModel's signatures; record_rule.
+parse_with_defaults: a missing feature, another number of values, a non-finite float) and the
+same `finite` map to model inputs; a value list of another type than the spec's, which
+training converts, fails a serving request.
 """
 from __future__ import annotations
 
@@ -244,13 +246,15 @@ class RecordDecoder:
         return self._label(raw, features)
 
     def serving_inputs(self, serialized: tf.Tensor):
-        """The model inputs of serialized records in the serving signature: a record missing a
-        feature (or with a non-finite value) is read with its default, as training read it."""
+        """The model inputs of serialized records in the serving signature: a feature missing, of another number of values than its spec, or
+        non-finite is read as its default, as training read it (parse_with_defaults: one of
+        another type fails the request)."""
         return self._inputs(parse_with_defaults(serialized, self.serving_spec))[0]
 
     def transformed_features(self, serialized: tf.Tensor) -> dict:
         """The transform's dense outputs of serialized raw records (the label too, when they
-        hold it), read with the record rule's defaults as training read them: the SavedModel's
+        hold it), read with the record rule's defaults as training read them (parse_with_defaults
+        says which bad features it maps): the SavedModel's
         `transform_features` signature, which TFMA reads. A sparse or ragged output is left
         out: a signature returns tensors."""
         return {name: value for name, value in
