@@ -202,7 +202,8 @@ def _module_file(tmp_path, replace=(), add="") -> str:
 
 @pytest.mark.parametrize("case", ["compiled loss of its own", "no such model_fn",
                                   "no feature_spec without a transform graph",
-                                  "an Input no feature feeds", "a model mixing the batch"])
+                                  "an Input no feature feeds", "a model mixing the batch",
+                                  "a subclassed model without model_inputs"])
 def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path, tmp_path, case):
     """What DPTrainer would refuse after the charge, from the module alone, is refused by the
     BlockLedger before it charges, naming the cause: nothing is charged or recorded. With a
@@ -229,6 +230,20 @@ def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path,
             "tf.keras.layers.Normalization()(layer)",
             "tf.keras.layers.Lambda(lambda x: x - tf.reduce_mean(x, 0))(layer)")])
         message = "the model: an example's output depends on other examples of its batch"
+    elif case == "a subclassed model without model_inputs":  # no named Inputs to feed
+        module = _module_file(tmp_path, add=(
+            "class _Subclassed(tf.keras.Model):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.dense = tf.keras.layers.Dense(1, activation='sigmoid')\n"
+            "    def call(self, features):\n"
+            "        return self.dense(features['trip_miles_xf'])\n"
+            "def _build_keras_model():\n"
+            "    model = _Subclassed()\n"
+            "    model.compile(loss='binary_crossentropy', optimizer='adam')\n"
+            "    return model\n"))
+        message = (r"while reading the model's named Inputs: .*the model declares no named "
+                   r"Inputs \(a subclassed model\?\): define model_inputs")
     elif case == "no such model_fn":
         model_fn, message = "_build_model", r"lacks \['_build_model'\]"
     elif case == "no feature_spec without a transform graph":
