@@ -17,7 +17,8 @@ components/dp_trainer/README.md):
 * Without `model_inputs`, the model's inputs are its named Keras Inputs (a functional model's
   `tf.keras.Input(name=...)`), each read from the feature of that name (the transformed one
   with a TransformGraph), cast to the Input's dtype and reshaped to its shape: a transformed
-  feature of shape [batch] feeds an Input of shape (1,). A float value outside an integer
+  feature of shape [batch] feeds an Input of shape (1,); one of another number of values per
+  example than the Input's is refused. A float value outside an integer
   Input's range is clamped to it (so the cast is the same on every CPU).
 * Without `loss()`, DP-SGD trains the loss the model was compiled with (`model.compile(loss=
   "binary_crossentropy", ...)`), one value per example (losses.compiled_loss; refused before
@@ -157,12 +158,24 @@ def as_input(name: str, feature, spec: tf.TensorSpec) -> tf.Tensor:
     """A decoded feature as the model's Input `name` of one example's `spec`: non-finite
     floats 0 (record_rule.finite), cast to the Input's dtype (a float clamped to an integer
     dtype's range first: the cast of a value beyond it differs by CPU) and reshaped to
-    [batch, *spec.shape] (a feature of shape [batch] feeds an Input of shape (1,))."""
+    [batch, *spec.shape] (a feature of shape [batch] feeds an Input of shape (1,)). A feature
+    of another number of values per example than the Input's is refused (statically when its
+    shape is known), not reshaped into another batch size ([B, 2] into (1,) as [2B, 1])."""
     if not isinstance(feature, tf.Tensor):
         raise ValueError(f"the model's Input {name!r} is fed a {type(feature).__name__}: "
                          "make the feature dense (a FixedLenFeature, or densify it in the "
                          "preprocessing_fn)")
     value = finite(feature)
+    size, per_example = spec.shape.num_elements(), value.shape[1:].num_elements()
+    mismatch = (f"the feature {name!r} has {{}} values per example (shape {value.shape[1:]}) "
+                f"and the model's Input {name!r} takes {size} (shape {spec.shape}): shape the "
+                "feature as the Input, or define model_inputs(features)")
+    if per_example is not None and per_example != size:
+        raise ValueError(mismatch.format(per_example))
+    if per_example is None:  # known only when run: the reshape below must keep the batch
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                tf.reduce_prod(tf.shape(value)[1:]), size, message=mismatch.format("another number of"))]):
+            value = tf.identity(value)
     if value.dtype.is_floating and spec.dtype.is_integer:
         value = tf.clip_by_value(tf.cast(value, tf.float64), *_integer_range(spec.dtype))
     return finite(tf.reshape(tf.cast(value, spec.dtype), [-1, *spec.shape]))

@@ -299,3 +299,28 @@ def test_each_named_input_reads_its_feature_cast_and_reshaped_the_same_on_every_
     assert inputs["hour_xf"].numpy().ravel().tolist() == [2, -3, 2**31 - 1, -2**31, 0, 0]
     assert inputs["trip_miles_xf"].numpy().ravel().tolist() == [1.5] * 5 + [0.0]
     assert labels.numpy().tolist() == [1.0] * 5 + [0.0]
+
+
+def test_a_feature_of_another_number_of_values_than_its_input_is_refused_not_reshaped(tmp_path):
+    """A feature of 2 values per example read by an Input of shape (1,) would reshape [B, 2]
+    into [2B, 1], another batch size: refused, naming the feature and the Input, statically
+    when the feature's shape is known and when the graph runs otherwise."""
+    from sage_tfx.components.util.user_module import RecordDecoder, as_input
+
+    module = _module_file(tmp_path, add=(
+        "def feature_spec():\n"
+        "    return {'trip_miles_xf': tf.io.FixedLenFeature([2], tf.float32),\n"
+        "            'long_xf': tf.io.FixedLenFeature([], tf.int64)}\n"))
+    loaded = UserModule.load(module, TrainerMode.DP_SGD, model_fn=MODEL_FN)
+    decoder = RecordDecoder(loaded, inputs={"trip_miles_xf": tf.TensorSpec([1], tf.float32)})
+    message = (r"the feature 'trip_miles_xf' has 2 values per example \(shape \(2,\)\) and the "
+               r"model's Input 'trip_miles_xf' takes 1 \(shape \(1,\)\)")
+    with pytest.raises(ValueError, match=message):
+        decoder.decode([_raw_record(long_xf=1)] * 3)
+    unknown = tf.function(lambda value: as_input("trip_miles_xf", value,
+                                                 tf.TensorSpec([1], tf.float32)),
+                          input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"the feature .*trip_miles_xf.* has "
+                       r"another number of values per example .*Input .*trip_miles_xf.* takes 1"):
+        unknown(tf.zeros([3, 2]))
+    assert unknown(tf.zeros([3, 1])).shape == (3, 1)
