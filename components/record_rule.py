@@ -188,19 +188,34 @@ def sanitise_records(serialized: Iterable[bytes], feature_spec: Mapping) -> list
     return [sanitise_record(record, feature_spec) for record in serialized]
 
 
+def _fixed_or_default(parsed: tf.sparse.SparseTensor, name: str, spec) -> tf.Tensor:
+    """A FixedLenFeature parsed as a VarLenFeature of its dtype ([batch, any]), made dense as
+    `_sanitised` makes each record: a row holding exactly the spec's number of values keeps
+    them, any other row (none: a missing feature or an empty list; too many or too few) is
+    the feature's defaults. [batch, *spec.shape]."""
+    fill = tf.constant(defaults(name, spec), spec.dtype)
+    rows = tf.RaggedTensor.from_sparse(parsed)
+    exact = tf.equal(rows.row_lengths(), _size(spec))[:, None]
+    values = tf.where(exact, rows.to_tensor(shape=[None, _size(spec)]), fill[None, :])
+    return tf.reshape(values, [-1, *spec.shape])
+
+
 def parse_with_defaults(serialized: tf.Tensor, feature_spec: Mapping) -> dict:
     """tf.io.parse_example in the graph (a serving signature), with the rule's defaults where
-    the Python rule (`sanitise_records`) cannot run: a missing FixedLenFeature parses as its
-    public default, and each non-finite float value becomes the default at its position (0 in a
-    VarLenFeature), as training saw such a record. A value of the wrong type or length still
-    fails the request (serving may refuse a malformed request; no DP run depends on it)."""
+    the Python rule (`sanitise_records`) cannot run. Mapped as training maps them: a
+    FixedLenFeature that is missing or holds another number of values than its spec (an empty
+    list, two values for one) is its public default (`_fixed_or_default`), and each
+    non-finite float value the default at its position (0 in a VarLenFeature). Not mapped: a
+    value list of another type than the spec's (training converts an exact number between
+    int64 and float and text holding a number, `_values_as`; tf.io.parse_example cannot),
+    and bytes that are no tf.Example; such a request fails (serving may refuse a malformed
+    request; no DP run depends on it)."""
     check_spec(feature_spec)
-    spec = {name: tf.io.FixedLenFeature(feature.shape, feature.dtype,
-                                        default_value=defaults(name, feature))
-            if isinstance(feature, tf.io.FixedLenFeature) else feature
-            for name, feature in feature_spec.items()}
+    spec = {name: tf.io.VarLenFeature(feature.dtype) for name, feature in feature_spec.items()}
     parsed = tf.io.parse_example(serialized, spec)
     for name, feature in feature_spec.items():
+        if isinstance(feature, tf.io.FixedLenFeature):
+            parsed[name] = _fixed_or_default(parsed[name], name, feature)
         if feature.dtype != tf.float32:
             continue
         if isinstance(feature, tf.io.FixedLenFeature):

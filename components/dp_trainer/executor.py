@@ -96,8 +96,12 @@ class _Serving(tf.Module):
     """What the SavedModel holds: the model, the transform layer, and the signatures a TFX
     run_fn exports: `serving_default` (serialized raw tf.Examples, label absent -> {"outputs":
     predictions}) and, with a transform graph, `transform_features` (serialized raw
-    tf.Examples -> the transformed features, which TFMA reads). Both read a record as training
-    read it: a missing or non-finite feature is its public default (RecordDecoder)."""
+    tf.Examples -> the transformed features, which TFMA reads). Both map a bad feature as
+    training does, to its public default: one missing, holding another number of values than
+    its spec (an empty list, two for one) or a non-finite float (record_rule.
+    parse_with_defaults). Not mapped: a value list of another type than the spec's (text or
+    int64 for a float feature; training converts an exact one) and bytes that are no
+    tf.Example: the request fails."""
 
     def __init__(self, model: tf.keras.Model, decoder: RecordDecoder):
         super().__init__()

@@ -189,14 +189,14 @@ def _transformed_label_spec(model: tf.keras.Model) -> tf.TensorSpec:
     return tf.TensorSpec(output.shape[1:] if output.shape[-1] == 1 else [], tf.int64)
 
 
-def _stand_ins(module, model, transform_output, transform_pending: bool):
+def _stand_ins(module, model, inputs, transform_output, transform_pending: bool):
     """(features, labels) x 2 (two seeds): stand_in_records decoded as training decodes them
     (RecordDecoder: model_inputs or the model's named Inputs, through `transform_output`), or,
     `transform_pending` (a transform graph not made yet), drawn from the model's declared
     inputs (the named Inputs' names, dtypes and shapes; model_inputs' one tensor) and the
     label's spec (_label_spec). A transformed label's stand-ins are 0 or 1, valid labels of
-    regression, binary and class-id losses alike."""
-    inputs = None if module.model_inputs is not None else declared_inputs(model)
+    regression, binary and class-id losses alike. `inputs`: the model's named Inputs
+    (declared_inputs), None with model_inputs."""
     if not transform_pending:
         decoder = RecordDecoder(module, transform_output, inputs)
         return [decoder.decode(stand_in_records(decoder.raw_spec, seed=seed))
@@ -226,10 +226,14 @@ def check_module(module, transform_output=None, transform_pending: bool = False)
         clipping.refuse_unclippable_layers(model)
         phase = "taking the loss"
         loss = module.training_loss(model)
+        # Without model_inputs training feeds the named Inputs: a model declaring none (a
+        # subclassed one) is refused here, before the charge, not by DPTrainer after it.
+        phase = "reading the model's named Inputs"
+        inputs = None if module.model_inputs is not None else declared_inputs(model)
         if transform_pending and not model.inputs:
             return  # no stand-in of its inputs: dp_sgd.train checks the model it trains
         phase = "decoding stand-in records (model_inputs or the model's Inputs, the transform)"
-        (features, labels), replacements = _stand_ins(module, model, transform_output,
+        (features, labels), replacements = _stand_ins(module, model, inputs, transform_output,
                                                       transform_pending)
         phase = "checking the model and loss"
         check_model(model, loss, features, labels, replacements)

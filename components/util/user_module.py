@@ -17,7 +17,8 @@ components/dp_trainer/README.md):
 * Without `model_inputs`, the model's inputs are its named Keras Inputs (a functional model's
   `tf.keras.Input(name=...)`), each read from the feature of that name (the transformed one
   with a TransformGraph), cast to the Input's dtype and reshaped to its shape: a transformed
-  feature of shape [batch] feeds an Input of shape (1,). A float value outside an integer
+  feature of shape [batch] feeds an Input of shape (1,); one of another number of values per
+  example than the Input's is refused. A float value outside an integer
   Input's range is clamped to it (so the cast is the same on every CPU).
 * Without `loss()`, DP-SGD trains the loss the model was compiled with (`model.compile(loss=
   "binary_crossentropy", ...)`), one value per example (losses.compiled_loss; refused before
@@ -34,8 +35,10 @@ Bad records (components/record_rule.py): the decoder sanitises every record befo
 (missing, malformed or non-finite features become their public defaults) and maps non-finite
 model inputs and labels to 0, so no record's content can make a DP component raise or train on
 NaN after its grant was charged. Serving applies the same defaults in the graph
-(`serving_inputs`, `transformed_features`: the SavedModel's signatures) and the same `finite`
-map to model inputs.
+(`serving_inputs`, `transformed_features`: the SavedModel's signatures; record_rule.
+parse_with_defaults: a missing feature, another number of values, a non-finite float) and the
+same `finite` map to model inputs; a value list of another type than the spec's, which
+training converts, fails a serving request.
 """
 from __future__ import annotations
 
@@ -155,12 +158,24 @@ def as_input(name: str, feature, spec: tf.TensorSpec) -> tf.Tensor:
     """A decoded feature as the model's Input `name` of one example's `spec`: non-finite
     floats 0 (record_rule.finite), cast to the Input's dtype (a float clamped to an integer
     dtype's range first: the cast of a value beyond it differs by CPU) and reshaped to
-    [batch, *spec.shape] (a feature of shape [batch] feeds an Input of shape (1,))."""
+    [batch, *spec.shape] (a feature of shape [batch] feeds an Input of shape (1,)). A feature
+    of another number of values per example than the Input's is refused (statically when its
+    shape is known), not reshaped into another batch size ([B, 2] into (1,) as [2B, 1])."""
     if not isinstance(feature, tf.Tensor):
         raise ValueError(f"the model's Input {name!r} is fed a {type(feature).__name__}: "
                          "make the feature dense (a FixedLenFeature, or densify it in the "
                          "preprocessing_fn)")
     value = finite(feature)
+    size, per_example = spec.shape.num_elements(), value.shape[1:].num_elements()
+    mismatch = (f"the feature {name!r} has {{}} values per example (shape {value.shape[1:]}) "
+                f"and the model's Input {name!r} takes {size} (shape {spec.shape}): shape the "
+                "feature as the Input, or define model_inputs(features)")
+    if per_example is not None and per_example != size:
+        raise ValueError(mismatch.format(per_example))
+    if per_example is None:  # known only when run: the reshape below must keep the batch
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                tf.reduce_prod(tf.shape(value)[1:]), size, message=mismatch.format("another number of"))]):
+            value = tf.identity(value)
     if value.dtype.is_floating and spec.dtype.is_integer:
         value = tf.clip_by_value(tf.cast(value, tf.float64), *_integer_range(spec.dtype))
     return finite(tf.reshape(tf.cast(value, spec.dtype), [-1, *spec.shape]))
@@ -244,13 +259,15 @@ class RecordDecoder:
         return self._label(raw, features)
 
     def serving_inputs(self, serialized: tf.Tensor):
-        """The model inputs of serialized records in the serving signature: a record missing a
-        feature (or with a non-finite value) is read with its default, as training read it."""
+        """The model inputs of serialized records in the serving signature: a feature missing, of another number of values than its spec, or
+        non-finite is read as its default, as training read it (parse_with_defaults: one of
+        another type fails the request)."""
         return self._inputs(parse_with_defaults(serialized, self.serving_spec))[0]
 
     def transformed_features(self, serialized: tf.Tensor) -> dict:
         """The transform's dense outputs of serialized raw records (the label too, when they
-        hold it), read with the record rule's defaults as training read them: the SavedModel's
+        hold it), read with the record rule's defaults as training read them (parse_with_defaults
+        says which bad features it maps): the SavedModel's
         `transform_features` signature, which TFMA reads. A sparse or ragged output is left
         out: a signature returns tensors."""
         return {name: value for name, value in

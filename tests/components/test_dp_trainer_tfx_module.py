@@ -202,7 +202,8 @@ def _module_file(tmp_path, replace=(), add="") -> str:
 
 @pytest.mark.parametrize("case", ["compiled loss of its own", "no such model_fn",
                                   "no feature_spec without a transform graph",
-                                  "an Input no feature feeds", "a model mixing the batch"])
+                                  "an Input no feature feeds", "a model mixing the batch",
+                                  "a subclassed model without model_inputs"])
 def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path, tmp_path, case):
     """What DPTrainer would refuse after the charge, from the module alone, is refused by the
     BlockLedger before it charges, naming the cause: nothing is charged or recorded. With a
@@ -229,6 +230,20 @@ def test_a_tfx_module_that_cannot_train_is_refused_before_the_charge(store_path,
             "tf.keras.layers.Normalization()(layer)",
             "tf.keras.layers.Lambda(lambda x: x - tf.reduce_mean(x, 0))(layer)")])
         message = "the model: an example's output depends on other examples of its batch"
+    elif case == "a subclassed model without model_inputs":  # no named Inputs to feed
+        module = _module_file(tmp_path, add=(
+            "class _Subclassed(tf.keras.Model):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.dense = tf.keras.layers.Dense(1, activation='sigmoid')\n"
+            "    def call(self, features):\n"
+            "        return self.dense(features['trip_miles_xf'])\n"
+            "def _build_keras_model():\n"
+            "    model = _Subclassed()\n"
+            "    model.compile(loss='binary_crossentropy', optimizer='adam')\n"
+            "    return model\n"))
+        message = (r"while reading the model's named Inputs: .*the model declares no named "
+                   r"Inputs \(a subclassed model\?\): define model_inputs")
     elif case == "no such model_fn":
         model_fn, message = "_build_model", r"lacks \['_build_model'\]"
     elif case == "no feature_spec without a transform graph":
@@ -284,3 +299,28 @@ def test_each_named_input_reads_its_feature_cast_and_reshaped_the_same_on_every_
     assert inputs["hour_xf"].numpy().ravel().tolist() == [2, -3, 2**31 - 1, -2**31, 0, 0]
     assert inputs["trip_miles_xf"].numpy().ravel().tolist() == [1.5] * 5 + [0.0]
     assert labels.numpy().tolist() == [1.0] * 5 + [0.0]
+
+
+def test_a_feature_of_another_number_of_values_than_its_input_is_refused_not_reshaped(tmp_path):
+    """A feature of 2 values per example read by an Input of shape (1,) would reshape [B, 2]
+    into [2B, 1], another batch size: refused, naming the feature and the Input, statically
+    when the feature's shape is known and when the graph runs otherwise."""
+    from sage_tfx.components.util.user_module import RecordDecoder, as_input
+
+    module = _module_file(tmp_path, add=(
+        "def feature_spec():\n"
+        "    return {'trip_miles_xf': tf.io.FixedLenFeature([2], tf.float32),\n"
+        "            'long_xf': tf.io.FixedLenFeature([], tf.int64)}\n"))
+    loaded = UserModule.load(module, TrainerMode.DP_SGD, model_fn=MODEL_FN)
+    decoder = RecordDecoder(loaded, inputs={"trip_miles_xf": tf.TensorSpec([1], tf.float32)})
+    message = (r"the feature 'trip_miles_xf' has 2 values per example \(shape \(2,\)\) and the "
+               r"model's Input 'trip_miles_xf' takes 1 \(shape \(1,\)\)")
+    with pytest.raises(ValueError, match=message):
+        decoder.decode([_raw_record(long_xf=1)] * 3)
+    unknown = tf.function(lambda value: as_input("trip_miles_xf", value,
+                                                 tf.TensorSpec([1], tf.float32)),
+                          input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"the feature .*trip_miles_xf.* has "
+                       r"another number of values per example .*Input .*trip_miles_xf.* takes 1"):
+        unknown(tf.zeros([3, 2]))
+    assert unknown(tf.zeros([3, 1])).shape == (3, 1)
