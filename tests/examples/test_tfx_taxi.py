@@ -167,24 +167,36 @@ def test_the_dp_models_held_out_auc_is_at_least_0_9_of_the_model_fitted_without_
 
 @pytest.mark.slow
 def test_the_pushed_model_serves_raw_records_missing_features_as_training_read_them(local_run):
-    """TFX's serving_default over raw tf.Examples: a record without its optional features
-    (most trips have no census tract) is read with the public defaults, as in training; the
-    transform_features signature (TFMA's) is there too."""
+    """TFX's serving_default over raw tf.Examples: a record without features the model reads
+    (fare, distance, duration, company, hour) is served as the same record holding their public
+    defaults (0 and ""), which is how training read it (record_rule); the features do move the
+    prediction, so the comparison can fail. The transform_features signature (TFMA's) is there
+    too."""
     import tensorflow as tf
 
     _, _, result = local_run
     model = tf.saved_model.load(result["pushed"])
     assert {"serving_default", "transform_features"} <= set(model.signatures)
-    full, missing = tf.train.Example(), tf.train.Example()
-    for example in (full, missing):
-        example.features.feature["payment_type"].bytes_list.value.append(b"Cash")
-        example.features.feature["fare"].float_list.value.append(7.25)
-    full.features.feature["dropoff_census_tract"].int64_list.value.append(0)
-    full.features.feature["company"].bytes_list.value.append(b"")
+
+    def record(**values):
+        example = tf.train.Example()
+        example.features.feature["payment_type"].bytes_list.value.append(b"Credit Card")
+        for name, value in values.items():
+            feature = example.features.feature[name]
+            {bytes: feature.bytes_list, float: feature.float_list, int: feature.int64_list}[
+                type(value)].value.append(value)
+        return example.SerializeToString()
+
     serve = model.signatures["serving_default"]
-    outputs = [next(iter(serve(examples=tf.constant([e.SerializeToString()])).values()))
-               for e in (full, missing)]
-    assert outputs[0].numpy().tolist() == outputs[1].numpy().tolist()
+
+    def predict(serialized):
+        return next(iter(serve(examples=tf.constant([serialized])).values())).numpy().tolist()
+
+    missing = predict(record())
+    assert missing == predict(record(fare=0.0, trip_miles=0.0, trip_seconds=0, company=b"",
+                                     trip_start_hour=0))
+    assert missing != predict(record(fare=40.0, trip_miles=12.0, trip_seconds=1800,
+                                     company=b"Taxi Affiliation Services", trip_start_hour=18))
 
 
 @pytest.mark.slow
