@@ -216,11 +216,10 @@ def _step_weights(query: AggregationQuery) -> dict[str, float]:
     return names
 
 
-# The largest epsilon a query is planned at: the selections' calibrations compute e^epsilon
-# in double precision (mechanisms/selection.py), which overflows at 709.78. Far below it a
-# release is already all but noiseless (Laplace noise of scale Delta e^-1 at epsilon 1 is
-# Delta e^-700 here): no use has been found for more, and more would fail in a calibration
-# instead of being refused by name.
+# The largest epsilon OPTIONS may state (frontend.plan_query refuses more, saying why): the
+# selections' calibrations compute e^epsilon in double precision (mechanisms/selection.py),
+# which overflows at 709.78, and far below it a release is all but noiseless (BigQuery's
+# documentation sets epsilon = 1e20 to remove the noise).
 MAX_EPSILON = 700.0
 
 
@@ -231,10 +230,6 @@ def _grant(epsilon, delta) -> tuple[float, float]:
         raise QueryError(f"epsilon and delta must be numbers, got {epsilon!r}, {delta!r}") from None
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise QueryError(f"epsilon must be a positive finite number, got {epsilon!r}")
-    if epsilon > MAX_EPSILON:
-        raise QueryError(f"epsilon {epsilon:g} is above {MAX_EPSILON:g}, the largest a query is "
-                         "planned at (the partition selections' calibrations compute "
-                         "e^epsilon, which overflows past 709.78)")
     if not 0 <= delta < 1:
         raise QueryError(f"delta must lie in [0, 1), got {delta!r}")
     return epsilon, delta
@@ -482,4 +477,8 @@ def _selection_event(query: AggregationQuery, noise_epsilon: float,
     except ValueError as error:
         raise QueryError(f"partition selection cannot run at epsilon {noise_epsilon:g}, delta "
                          f"{delta:g}: {error}") from None
+    except OverflowError:
+        raise QueryError(f"partition selection cannot run at epsilon {noise_epsilon:g}: its "
+                         "calibration computes e^epsilon, which overflows past 709.78; lower "
+                         "epsilon") from None
     return dry.event, dry.additional_delta

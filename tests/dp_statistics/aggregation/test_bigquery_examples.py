@@ -160,12 +160,14 @@ GROUP BY item;"""
         sql.check(sql.parse(text), schemas)
 
 
-def test_an_epsilon_past_the_calibrations_range_is_refused_by_name():
-    """Planned directly (not through OPTIONS): refused before any calibration overflows."""
+def test_an_epsilon_past_the_selections_range_is_refused_by_name():
+    """Planned directly (not through OPTIONS): the selection's calibration would overflow;
+    refused, saying so, before anything is charged."""
     from sage_tfx.dp_statistics.aggregation import (Aggregate, AggregationQuery, QueryError,
                                                     SelectionRule, plan)
 
     query = AggregationQuery(("item",), "id", (Aggregate.count(),), max_partitions_contributed=1,
                              selection=SelectionRule.TRUNCATED_GEOMETRIC)
-    with pytest.raises(QueryError, match="epsilon 1e\\+20 is above 700"):
+    with pytest.raises(QueryError, match="partition selection cannot run at epsilon 5e\\+19: its "
+                       "calibration computes e\\^epsilon, which overflows"):
         plan(query, 1e20, 0.01)
