@@ -576,9 +576,8 @@ def public_groups_outputs(trials: int, seed: Optional[int] = None, *, groups: in
     it coincides with the right calibration."""
     import dataclasses
 
-    import pandas as pd
     import pyarrow as pa
-    from sage_tfx.dp_statistics.aggregation import local, plan, relation, sql
+    from sage_tfx.dp_statistics.aggregation import plan, relation, sql
 
     if broken not in (None, "data_groups"):
         raise ValueError(f"unknown broken variant {broken!r}")
@@ -587,24 +586,104 @@ def public_groups_outputs(trials: int, seed: Optional[int] = None, *, groups: in
     query, _ = sql.to_query(checked)
     budget = plan(query, epsilon, 0.0)
     rows_per_group = 2 * query.max_contributions_per_partition
+
+    def data_groups(once):
+        filled = once.accumulators[:, 0] > 0  # aggregators.Layout.UNITS
+        return dataclasses.replace(query, public_partitions=tuple(
+            key for key, full in zip(query.public_partitions, filled) if full))
+
     outputs = []
     for unit_rows in (0, groups * rows_per_group):
         table = pa.table({"uid": pa.array(["u"] * unit_rows, pa.string()),
                           "g": pa.array(np.arange(unit_rows) // rows_per_group + 1, pa.int64())})
-        frame = relation.evaluate(checked, lambda _: table).to_pandas()
-        once = local.accumulate(frame, query, budget, np.random.default_rng(seed))
-        calibrated = query
-        if broken:
-            filled = once.accumulators[:, 0] > 0  # aggregators.Layout.UNITS
-            calibrated = dataclasses.replace(query, public_partitions=tuple(
-                key for key, full in zip(query.public_partitions, filled) if full))
-        repeated = dataclasses.replace(
-            once, keys=pd.concat([once.keys] * trials, ignore_index=True),
-            accumulators=np.tile(once.accumulators, (trials, 1)))
-        released = local.release_accumulated(calibrated, budget, repeated, "unit").table
+        released = _released_per_trial(
+            query, budget, relation.evaluate(checked, lambda _: table).to_pandas(), trials,
+            seed, data_groups if broken else None)
         key = query.group_by[0]
         outputs.append(sum(released.loc[released[key] == group, "n"].to_numpy()
                            for group in released[key].unique()))
+    return outputs[0], outputs[1]
+
+
+def _released_per_trial(query, budget, frame, trials: int, seed: Optional[int],
+                        calibrated: Optional[Callable] = None):
+    """The released table of ``query`` (planned as ``budget``) on one side's rows ``frame``
+    (the relation the operator reads), one row per group and trial: the real bounding and
+    accumulation run once (``seed`` fixes the bounding's sampling), and the real
+    release (local.release_accumulated: calibration, noise, post-processing) once on those
+    accumulators repeated ``trials`` times. That is ``trials`` runs of the whole operator where
+    bounding leaves the same accumulators whatever its sampling (every row of the audited unit
+    alike) and each row's noise is independent at a scale read from the query, not from how
+    many rows the release is handed. ``calibrated(accumulated)``: the query a broken variant
+    calibrates the release with instead."""
+    import dataclasses
+
+    import pandas as pd
+    from sage_tfx.dp_statistics.aggregation import local
+
+    once = local.accumulate(frame, query, budget, np.random.default_rng(seed))
+    repeated = dataclasses.replace(
+        once, keys=pd.concat([once.keys] * trials, ignore_index=True),
+        accumulators=np.tile(once.accumulators, (trials, 1)))
+    return local.release_accumulated(calibrated(once) if calibrated else query, budget,
+                                     repeated, "unit").table
+
+
+# --- DP SQL's AVG: its count and centred sum at 41/100 and 59/100 of its epsilon ---
+
+AVG_EPSILON = 1.0
+AVG_HIGH, AVG_ROWS = 10.0, 8  # bounds [0, AVG_HIGH]; m
+# The part of AVG_EPSILON each of AVG's noisy sums claims (budget.MEAN_COUNT_FRACTION).
+AVG_PARTS = {"count": 0.41, "sum": 0.59}
+
+
+def avg_outputs(trials: int, seed: Optional[int] = None, *, part: str = "sum",
+                epsilon: float = AVG_EPSILON, broken: Optional[str] = None) -> Outputs:
+    """One of AVG's two noisy sums, as the operator releases them for one public group, C_u = 1
+    and m = 8: its count N (``part`` "count": COUNT(x) next to the AVG is N) or its centred sum
+    S = total - mid N (``part`` "sum": the row-scoped SUM with AVG's bounds is mid N + S; both
+    budget.derived_from), on D = no rows and D' = one unit with 2 m rows at the upper bound 10.
+    Bounding keeps m rows: N moves by m and S by m h (h = 5), against Laplace noise of scales
+    m / eps_N and m h / eps_S: each is eps_part-DP (AVG_PARTS; tight), the two compose to
+    epsilon. Run as `public_groups_outputs` is (`_released_per_trial`).
+
+    broken = "whole_share" is the deliberately broken variant of the tests: the part's noise
+    calibrated at the whole AVG epsilon, not its share."""
+    import pandas as pd
+    from sage_tfx.dp_statistics import aggregation
+    from sage_tfx.dp_statistics.aggregation import aggregators
+
+    if broken not in (None, "whole_share") or part not in AVG_PARTS:
+        raise ValueError(f"unknown part {part!r} or broken variant {broken!r}")
+    bounds = dict(low=0.0, high=AVG_HIGH)
+    query = aggregation.AggregationQuery(
+        ("key",), "uid", (aggregation.Aggregate.count("x", name="n"),
+                          aggregation.Aggregate(aggregation.AggregateKind.SUM, "x", name="total",
+                                                scope=aggregation.BoundsScope.ROW, **bounds),
+                          aggregation.Aggregate(aggregation.AggregateKind.AVG, "x", **bounds)),
+        max_partitions_contributed=1, max_contributions_per_partition=AVG_ROWS,
+        selection=aggregation.SelectionRule.PUBLIC, public_partitions=((0,),))
+    budget = aggregation.plan(query, epsilon, 0.0)
+    index = list(AVG_PARTS).index(part)
+
+    def whole_share(original):
+        def budgets(kind, epsilon, delta):
+            parts = list(original(kind, epsilon, delta))
+            parts[index] = (epsilon, delta)
+            return tuple(parts)
+        return budgets
+
+    patch = (_patched(aggregators, "component_budgets", whole_share) if broken
+             else contextlib.nullcontext())
+    outputs = []
+    with patch:
+        for rows in (0, 2 * AVG_ROWS):
+            frame = pd.DataFrame({"key": np.zeros(rows, np.int64), "uid": ["u"] * rows,
+                                  "x": np.full(rows, AVG_HIGH)})
+            released = _released_per_trial(query, budget, frame, trials, seed)
+            count = released["n"].to_numpy()
+            outputs.append(count if part == "count"
+                           else released["total"].to_numpy() - AVG_HIGH / 2 * count)
     return outputs[0], outputs[1]
 
 
@@ -935,6 +1014,11 @@ def shipped() -> dict[str, MechanismAudit]:
                        functools.partial(public_groups_outputs, groups=2),
                        "DP SQL over 2 public groups (max_groups_contributed 4: noise for 2 "
                        "groups): COUNT(*) summed, a unit with 16 rows in each vs absent"),
+        *[MechanismAudit(f"dp_sql_avg_{part}", AVG_EPSILON * share, 0.0,
+                         functools.partial(avg_outputs, part=part),
+                         f"DP SQL's AVG: its noisy {part} ({share:g} of its epsilon), a unit "
+                         "with 16 rows at the upper bound vs absent (one public group)")
+          for part, share in AVG_PARTS.items()],
         MechanismAudit("dp_sqlp_stream", STREAM_EPSILON, STREAM_DELTA, streaming_outputs,
                        "DP-SQLP streaming operator: one trigger, COUNT(*), a unit with "
                        f"{STREAM_UNIT_RECORDS} records in a key (C = {STREAM_CONTRIBUTION_LIMIT}) "

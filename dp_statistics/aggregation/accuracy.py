@@ -18,9 +18,11 @@ Method per aggregate (confidence 1 - alpha, alpha = 0.05):
   (union bound), so |error| <= |mid| w_N + w_S with probability >= 1 - alpha.
 * AVG: the noisy count N and centred sum S each within their 1 - alpha/2 intervals (union
   bound, probability >= 1 - alpha); the interval is the range of mid + s / n over that box,
-  clamped into [L, U] ([L, U] itself when the box reaches n <= 0). Conservative (coverage >=
-  95%). Its stddev is the delta method's sqrt(sd_S^2 + (mean - mid)^2 sd_N^2) / N, capped at
-  (U - L) / 2: an approximation.
+  clamped into [L, U] ([L, U] itself when the box reaches n <= 0), widened to the released
+  mean where its shrinkage towards the midpoint took it outside. Conservative (coverage >=
+  95%). Its "stddev" is the released mean's root mean squared error bound sqrt(t v) / N,
+  v = sd_S^2 + h^2 sd_N^2, t the shrinkage (aggregators.mean_shrinkage: to first order, whatever
+  the true mean in [L, U]), capped at h = (U - L) / 2.
 * VAR, STDDEV: the same box over (N, S, Q) at 1 - alpha/3 each, the range of
   Q/n + h^2/2 - (s/n)^2 over it (the extremes lie at the corners, at s = 0, or at the
   stationary point n = 2 s^2 / Q), clamped into [0, h^2] (STDDEV: its square root).
@@ -127,20 +129,24 @@ def _box(value: np.ndarray, law: NoiseLaw, alpha: float) -> tuple[np.ndarray, np
 
 
 @_total
-def mean(rows: np.ndarray, centred: np.ndarray, mid: float, low: float, high: float,
-         rows_law: NoiseLaw, sum_law: NoiseLaw):
-    """AVG's stddev and interval (module docstring)."""
+def mean(estimate: np.ndarray, shrinkage: np.ndarray, rows: np.ndarray, centred: np.ndarray,
+         mid: float, low: float, high: float, rows_law: NoiseLaw, sum_law: NoiseLaw):
+    """AVG's stddev and interval (module docstring); ``estimate`` the released mean, shrunk
+    by ``shrinkage`` (aggregators.mean_shrinkage)."""
     n_low, n_high = _box(rows, rows_law, ALPHA / 2)
     s_low, s_high = _box(centred, sum_law, ALPHA / 2)
     positive = n_low > 0
     safe_low, safe_high = np.where(positive, n_low, 1.0), np.where(positive, n_high, 1.0)
     corners = np.stack([s / n for s in (s_low, s_high) for n in (safe_low, safe_high)])
-    ci_low = np.where(positive, np.clip(mid + corners.min(axis=0), low, high), low)
-    ci_high = np.where(positive, np.clip(mid + corners.max(axis=0), low, high), high)
+    # widened to the estimate where the shrinkage took it outside: a superset still covers
+    ci_low = np.minimum(np.where(positive, np.clip(mid + corners.min(axis=0), low, high), low),
+                        estimate)
+    ci_high = np.maximum(np.where(positive, np.clip(mid + corners.max(axis=0), low, high), high),
+                         estimate)
     count = np.maximum(rows, 1.0)
-    estimate = np.clip(mid + centred / count, low, high)
-    stddev = np.minimum(np.hypot(sum_law.stddev, (estimate - mid) * rows_law.stddev) / count,
-                        (high - low) / 2.0)
+    half = (high - low) / 2.0
+    spread = (sum_law.stddev ** 2 + half ** 2 * rows_law.stddev ** 2) / count ** 2
+    stddev = np.minimum(np.sqrt(shrinkage * spread), half)
     return _columns(stddev, ci_low, ci_high, len(rows))
 
 

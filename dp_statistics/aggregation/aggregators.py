@@ -69,7 +69,7 @@ from dp_accounting import dp_event
 from sage_tfx import mechanisms
 from sage_tfx.dp_statistics.aggregation import accuracy
 from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, SELECTION_STEP,
-                                                       BudgetPlan, component_budget,
+                                                       BudgetPlan, component_budgets,
                                                        derived_from,
                                                        run_selection)
 from sage_tfx.dp_statistics.aggregation.spec import (MAX_MAGNITUDE, QUANTILE_BRANCHING,
@@ -460,26 +460,28 @@ class _NoisyMoments:
 
 def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     """AVG / VAR from noisy (rows, centred sum[, centred squares]) (LLSY16, module docstring):
-    mean = mid + S / max(N, 1), clamped to [L, U]; var = (Q / N + h^2 / 2) - (S / N)^2,
+    AVG = mid + t S / max(N, 1), clamped to [L, U], t the shrinkage (mean_shrinkage); with
+    mean = mid + S / max(N, 1), clamped, var = (Q / N + h^2 / 2) - (S / N)^2,
     clamped to [0, h^2]; STDDEV its square root. Returns (values, events of the noisy sums,
     the noisy moments, the stated accuracy as a call not yet made: `release` makes it only
     when asked)."""
     step = plan.step(aggregate.output_name)
-    epsilon, delta = component_budget(aggregate.kind, step.noise_epsilon, step.delta)
+    budgets = component_budgets(aggregate.kind, step.noise_epsilon, step.delta)
     m = query.max_contributions_per_partition
     mid, half = midpoint_and_half_width(low, high)
-    rows = _noisy(query, accumulators[:, block.start], m, epsilon, delta)
-    centred = _noisy(query, accumulators[:, block.start + 1], m * half, epsilon, delta)
+    rows = _noisy(query, accumulators[:, block.start], m, *budgets[0])
+    centred = _noisy(query, accumulators[:, block.start + 1], m * half, *budgets[1])
     moments = _NoisyMoments(rows.value, centred.value, mid, _law(query, rows, m),
                             _law(query, centred, m * half))
     count = np.maximum(rows.value, 1.0)
-    mean = np.clip(mid + centred.value / count, low, high)
     if aggregate.kind is AggregateKind.AVG:
+        shrinkage = mean_shrinkage(rows.value, half, moments.rows_law, moments.sum_law)
+        mean = np.clip(mid + shrinkage * centred.value / count, low, high)
         return mean, [rows.event, centred.event], moments, functools.partial(
-            accuracy.mean, rows.value, centred.value, mid, low, high, moments.rows_law,
-            moments.sum_law)
-    squares = _noisy(query, accumulators[:, block.start + 2], m * half ** 2 / 2.0, epsilon,
-                     delta)
+            accuracy.mean, mean, shrinkage, rows.value, centred.value, mid, low, high,
+            moments.rows_law, moments.sum_law)
+    mean = np.clip(mid + centred.value / count, low, high)
+    squares = _noisy(query, accumulators[:, block.start + 2], m * half ** 2 / 2.0, *budgets[2])
     centred_mean = mean - mid
     variance = np.clip(squares.value / count + half ** 2 / 2.0 - centred_mean ** 2,
                        0.0, half ** 2)
@@ -488,6 +490,31 @@ def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     return value, [rows.event, centred.event, squares.event], moments, functools.partial(
         accuracy.variance, rows.value, centred.value, squares.value, half, laws,
         root=aggregate.kind is AggregateKind.STDDEV)
+
+
+def mean_shrinkage(rows: np.ndarray, half: float, rows_law: accuracy.NoiseLaw,
+                   sum_law: accuracy.NoiseLaw) -> np.ndarray:
+    """The factor t in [0, 1] by which AVG shrinks its noisy centred mean towards the midpoint:
+    AVG = mid + t S / max(N, 1), clamped into [L, U], from its noisy count N = n + e_N and
+    centred sum S = n mu + e_S (mu = mean - mid, |mu| <= h = (U - L) / 2: every value is
+    clamped into [L, U]), with t = h^2 / (h^2 + v / N^2), v = sd_S^2 + h^2 sd_N^2.
+    Post-processing of the two noisy sums: no budget, no change to the guarantee.
+
+    Why t. To first order S / N = mu + (e_S - mu e_N) / n, whose noise has variance
+    (sd_S^2 + mu^2 sd_N^2) / n^2 <= v / n^2. The estimator mid + t S / N has mean squared
+    error (1 - t)^2 mu^2 + t^2 v / n^2, at most (1 - t)^2 h^2 + t^2 v / n^2 for every mu in
+    [-h, h]; that worst case is least at t = h^2 / (h^2 + v / n^2), where it equals
+    t v / n^2 <= v / n^2, the error of the plain ratio (t = 1). So the shrunk mean is no worse
+    than mid + S / N whatever the true mean in [L, U] (the minimax linear estimator of a
+    bounded mean, to first order), and much better where the noise is large against the
+    count: the plain ratio of a partition of few rows is mostly noise (then clamped to a
+    bound); the shrunk one stays near the midpoint. Where v / n^2 << h^2 (large partitions) t
+    is 1 to within v / (n h)^2. N stands for n (post-processing: only noisy values and public
+    parameters are read); accuracy.mean states sqrt(t v) / N as the error."""
+    count = np.maximum(rows, 1.0)
+    spread = (sum_law.stddev ** 2 + half ** 2 * rows_law.stddev ** 2) / count ** 2
+    with np.errstate(over="ignore", invalid="ignore"):
+        return half ** 2 / (half ** 2 + spread)
 
 
 def tree_total(noisy_nodes: np.ndarray) -> np.ndarray:

@@ -44,8 +44,9 @@ steps whose delta all goes to the selection's threshold) or PLD finds nothing be
 Shares. By default a step weighs the number of noisy sums it releases (selection, bounds,
 COUNT, SUM, QUANTILE: 1; AVG: 2; VAR/STDDEV: 3), which is PipelineDP's split (its
 NaiveBudgetAccountant gives each mechanism weight 1, and MEAN is two); ``weights`` overrides by
-step name. An aggregate that releases k noisy sums (AVG: count and centred sum; VAR/STDDEV:
-count, centred sum, centred sum of squares) splits its share evenly among them. Delta: with
+step name. An aggregate that releases k noisy sums splits its share among them: VAR/STDDEV
+(count, centred sum, centred sum of squares) evenly, AVG 41/100 to its count and 59/100 to its
+centred sum (MEAN_COUNT_FRACTION says why). Delta: with
 Laplace noise all of it goes to the selection; with Gaussian noise the selection gets half and
 the Gaussian steps share the rest in proportion to their weights.
 """
@@ -215,6 +216,13 @@ def _step_weights(query: AggregationQuery) -> dict[str, float]:
     return names
 
 
+# The largest epsilon OPTIONS may state (frontend.plan_query refuses more, saying why): the
+# selections' calibrations compute e^epsilon in double precision (mechanisms/selection.py),
+# which overflows at 709.78, and far below it a release is all but noiseless (BigQuery's
+# documentation sets epsilon = 1e20 to remove the noise).
+MAX_EPSILON = 700.0
+
+
 def _grant(epsilon, delta) -> tuple[float, float]:
     try:
         epsilon, delta = float(epsilon), float(delta)
@@ -345,17 +353,24 @@ def pld_epsilon(event: dp_event.DpEvent, delta: float) -> float:
     return accountant.get_epsilon(delta)
 
 
-@functools.lru_cache(maxsize=256)
 def _pld_noise_scale(basic: BudgetPlan) -> float:
     """The factor lambda >= 1 of the module docstring for ``basic``'s steps (1.0: no gain)."""
-    event_delta = basic.delta - basic.additional_delta
-    if event_delta <= 0 or len(basic.steps) < 2:
+    return _pld_noise_scale_of(basic.query, basic.epsilon, basic.delta - basic.additional_delta,
+                               tuple((step.name, step.epsilon, step.delta)
+                                     for step in basic.steps))
+
+
+@functools.lru_cache(maxsize=256)
+def _pld_noise_scale_of(query: AggregationQuery, target: float, event_delta: float,
+                        steps: tuple[tuple[str, float, float], ...]) -> float:
+    """`_pld_noise_scale`, cached on what determines it (a plan's events are rebuilt from
+    these by `_step`; a ComposedDpEvent, AVG's, holds a list and cannot be hashed)."""
+    if event_delta <= 0 or len(steps) < 2:
         return 1.0  # pure events compose additively; one step is calibrated exactly already
-    query, target = basic.query, basic.epsilon
 
     def composed(scale: float) -> dp_event.DpEvent:
-        return dp_event.ComposedDpEvent([_step(query, step.name, step.epsilon, step.delta,
-                                               target, scale).event for step in basic.steps])
+        return dp_event.ComposedDpEvent([_step(query, name, epsilon, delta, target, scale).event
+                                         for name, epsilon, delta in steps])
 
     def fits(scale: float) -> bool:
         return pld_epsilon(composed(scale), event_delta) <= target
@@ -378,10 +393,11 @@ def _check_noise_scale(query: AggregationQuery, aggregate, event: dp_event.DpEve
     l1 = query.largest_change(aggregate)
     if l1 is None:
         return
-    one = event.event if isinstance(event, dp_event.SelfComposedDpEvent) else event
+    parts = (event.events if isinstance(event, dp_event.ComposedDpEvent) else
+             [event.event if isinstance(event, dp_event.SelfComposedDpEvent) else event])
     sensitivity = l1 if NoiseKind(query.noise) is NoiseKind.LAPLACE \
         else l1 / math.sqrt(query.partitions_per_unit)
-    scale = one.noise_multiplier * sensitivity
+    scale = max(part.noise_multiplier for part in parts) * sensitivity
     if not scale <= MAX_MAGNITUDE:
         raise QueryError(f"aggregate {aggregate.output_name!r}: bounds [{aggregate.low!r}, "
                          f"{aggregate.high!r}] at this step's epsilon need noise of scale "
@@ -389,22 +405,44 @@ def _check_noise_scale(query: AggregationQuery, aggregate, event: dp_event.DpEve
                          "bounds or raise epsilon")
 
 
-def component_budget(kind: AggregateKind, epsilon: float, delta: float) -> tuple[float, float]:
-    """(epsilon, delta) of each of the aggregate's noisy sums (an even split)."""
+# AVG's two noisy sums, its count N and its centred sum S (aggregators.py), do not cost the mean
+# alike: to first order its error is (e_S - mu e_N) / n, mu = mean - mid in [-h, h], so its
+# variance is (sd_S^2 + mu^2 sd_N^2) / n^2, with sd_S = c h / eps_S and sd_N = c / eps_N (both
+# sensitivities are m per row, S's times h; c the same constant for both: sqrt(2) C_eff m for
+# Laplace, and about that for the Gaussian at small epsilon). Nothing public says where the
+# mean lies in the bounds: averaged over mu uniform on [-h, h] (E mu^2 = h^2 / 3), the
+# variance is c^2 (h^2 / eps_S^2 + h^2 / (3 eps_N^2)) / n^2, least under eps_S + eps_N = eps
+# at eps_S / eps_N = 3^(1/3) = 1.442: the count gets 1 / (1 + 3^(1/3)) = 0.409 of AVG's epsilon,
+# here the exact fraction 41/100 (sum 59/100; an even split's mean variance is 8.5% larger at
+# the average, PipelineDP's split). At a mean on a bound (mu = +-h) it is 10% larger than the
+# even split's; at the midpoint 30% smaller. Deltas (Gaussian noise) are split evenly.
+MEAN_COUNT_FRACTION = Fraction(41, 100)
+
+
+def component_budgets(kind: AggregateKind, epsilon: float,
+                      delta: float) -> tuple[tuple[float, float], ...]:
+    """(epsilon, delta) of each of the aggregate's noisy sums, in its layout's order: AVG's
+    count and centred sum by MEAN_COUNT_FRACTION, the others evenly. Each part's epsilon is
+    its exact fraction rounded down (share_of): the parts never spend more than ``epsilon``."""
     parts = NOISY_SUMS[kind]
-    return epsilon / parts, delta / parts
+    fractions = ((MEAN_COUNT_FRACTION, 1 - MEAN_COUNT_FRACTION) if kind is AggregateKind.AVG
+                 else (Fraction(1, parts),) * parts)
+    return tuple((share_of(epsilon, fraction), delta / parts) for fraction in fractions)
 
 
 def component_event(query: AggregationQuery, kind: AggregateKind, epsilon: float,
                     delta: float) -> dp_event.DpEvent:
-    part_epsilon, part_delta = component_budget(kind, epsilon, delta)
-    if NoiseKind(query.noise) is NoiseKind.LAPLACE:
-        one = dp_event.LaplaceDpEvent(noise_multiplier=1.0 / part_epsilon)
-    else:
-        one = dp_event.GaussianDpEvent(noise_multiplier=mechanisms.gaussian_sigma(
+    def one(part_epsilon: float, part_delta: float) -> dp_event.DpEvent:
+        if NoiseKind(query.noise) is NoiseKind.LAPLACE:
+            return dp_event.LaplaceDpEvent(noise_multiplier=1.0 / part_epsilon)
+        return dp_event.GaussianDpEvent(noise_multiplier=mechanisms.gaussian_sigma(
             l2_sensitivity=1.0, epsilon=part_epsilon, delta=part_delta))
-    parts = NOISY_SUMS[kind]
-    return one if parts == 1 else dp_event.SelfComposedDpEvent(one, parts)
+
+    budgets = component_budgets(kind, epsilon, delta)
+    if len(set(budgets)) == 1:
+        return one(*budgets[0]) if len(budgets) == 1 else dp_event.SelfComposedDpEvent(
+            one(*budgets[0]), len(budgets))
+    return dp_event.ComposedDpEvent([one(*budget) for budget in budgets])
 
 
 def run_selection(query: AggregationQuery, step: PlanStep, statistic) -> mechanisms.Release:
@@ -439,4 +477,8 @@ def _selection_event(query: AggregationQuery, noise_epsilon: float,
     except ValueError as error:
         raise QueryError(f"partition selection cannot run at epsilon {noise_epsilon:g}, delta "
                          f"{delta:g}: {error}") from None
+    except OverflowError:
+        raise QueryError(f"partition selection cannot run at epsilon {noise_epsilon:g}: its "
+                         "calibration computes e^epsilon, which overflows past 709.78; lower "
+                         "epsilon") from None
     return dry.event, dry.additional_delta

@@ -22,8 +22,8 @@ import pandas as pd
 import pyarrow as pa
 
 from sage_tfx.dp_statistics.aggregation import accuracy, relation, sql
-from sage_tfx.dp_statistics.aggregation.budget import (SELECTION_STEP, BudgetPlan, Composition,
-                                                       composition_for, plan,
+from sage_tfx.dp_statistics.aggregation.budget import (MAX_EPSILON, SELECTION_STEP, BudgetPlan,
+                                                       Composition, composition_for, plan,
                                                        units_kept_half_the_time)
 from sage_tfx.dp_statistics.aggregation.local import aggregate
 from sage_tfx.dp_statistics.aggregation.release import Release
@@ -74,6 +74,15 @@ def plan_query(parsed: sql.ParsedQuery, schemas: Mapping[str, sql.TableSchema],
     """`check_query`, then the budget plan at (epsilon, delta), the grant's: OPTIONS epsilon
     and delta (BigQuery's), when given, must be these. `composition`: the one cheapest for
     the ledger that will charge the plan (budget.composition_for)."""
+    stated = parsed.options.get("epsilon")
+    if isinstance(stated, (int, float)) and not isinstance(stated, bool) and \
+            stated > MAX_EPSILON:
+        raise QueryError(
+            f"OPTIONS epsilon = {stated:g}: BigQuery's documentation sets epsilon = 1e20 to "
+            "remove the noise (a demonstration on data that is not private); a table released "
+            "without noise has no differential-privacy guarantee, and sage-tfx releases none: "
+            f"every release is noised within its grant, at epsilon at most {MAX_EPSILON:g}. "
+            "Give the epsilon you mean to spend (nothing was charged)")
     for name, granted in (("epsilon", epsilon), ("delta", delta)):
         stated = parsed.options.get(name)
         if stated is not None and not (isinstance(stated, (int, float))

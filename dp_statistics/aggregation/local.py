@@ -102,6 +102,27 @@ def numeric_column(frame: pd.DataFrame, column: str) -> np.ndarray:
     return series.to_numpy(dtype=np.float64, na_value=np.nan)
 
 
+def factorize(values) -> tuple[np.ndarray, int]:
+    """Codes 0..k-1 of the k distinct values of a column (a Series or an array) and k. Numpy
+    integers spanning at most 4 times as many values as there are rows: a dense remap (a
+    presence table over the span, its running count the code: one pass, several times faster
+    than pandas' hashing; codes in ascending order of value); otherwise pandas' factorize
+    (codes in order of first appearance; NaN, None and NA are one value). Which label a value
+    gets does not matter: the groupings draw a uniformly random order whatever the labels,
+    and released tables are sorted by their keys."""
+    array = values.to_numpy() if isinstance(values, pd.Series) else values
+    if isinstance(array, np.ndarray) and array.dtype.kind in "iu" and array.size:
+        low, high = int(array.min()), int(array.max())
+        if high - low <= 4 * array.size:
+            offsets = (array - low).astype(np.int64)
+            present = np.zeros(high - low + 1, dtype=bool)
+            present[offsets] = True
+            remap = np.cumsum(present) - 1
+            return remap[offsets], int(remap[-1]) + 1
+    codes, uniques = pd.factorize(values, use_na_sentinel=False)
+    return np.asarray(codes, dtype=np.int64), len(uniques)
+
+
 def partition_codes(frame: pd.DataFrame,
                     query: AggregationQuery) -> tuple[np.ndarray, pd.DataFrame]:
     """Each row's partition index (-1: not a public partition) and the partitions' keys, in
@@ -110,10 +131,10 @@ def partition_codes(frame: pd.DataFrame,
     keys_frame = frame[list(query.group_by)]
     codes = None
     for column in query.group_by:
-        column_codes, uniques = pd.factorize(keys_frame[column], use_na_sentinel=False)
+        column_codes, distinct = factorize(keys_frame[column])
         # Re-factorizing the combined code keeps it below the row count (no overflow).
-        codes = column_codes if codes is None else pd.factorize(
-            codes * max(len(uniques), 1) + column_codes)[0]
+        codes = column_codes if codes is None else factorize(
+            codes * max(distinct, 1) + column_codes)[0]
     codes = np.asarray(codes, dtype=np.int64)
     first = np.empty(int(codes.max()) + 1 if codes.size else 0, dtype=np.int64)
     first[codes[::-1]] = np.arange(codes.size)[::-1]  # the last write, the first occurrence, wins
@@ -159,7 +180,7 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
     owned = frame[query.unit_column].notna().to_numpy()
     codes, keys = partition_codes(frame, query)
     rows = owned & (codes >= 0)
-    unit_codes, _ = pd.factorize(frame[query.unit_column][rows])
+    unit_codes, _ = factorize(frame[query.unit_column].to_numpy()[rows])
     pairs = aggregators.bound_contributions(unit_codes, codes[rows], len(keys),
                                             query.max_partitions_contributed, rng)
     kept_row = pairs.pair_kept[pairs.pair_of_row]

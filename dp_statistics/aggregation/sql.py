@@ -695,7 +695,10 @@ def _join(left: Relation, left_scope: _Scope, join: exp.Join,
     if join.kind and join.kind.upper() not in ("INNER", "OUTER"):
         raise QueryError(f"{clause}: {join.kind.upper()} JOIN is not supported")
     if side not in ("", "LEFT"):
-        raise QueryError(f"{clause}: {side} JOIN is not supported (INNER or LEFT)")
+        public = " UNNEST(" in clause.upper() and side == "RIGHT"
+        raise QueryError(f"{clause}: {side} JOIN is not supported (INNER or LEFT)" + (
+            "; to release exactly a list of public groups (BigQuery's public-groups join), "
+            "list them: OPTIONS(public_groups = (...))" if public else ""))
     right, right_scope = _from_item(join.this, schemas, tables)
     using = join.args.get("using")
     on = join.args.get("on")
@@ -851,6 +854,9 @@ def _inner_aggregate(node: exp.AggFunc, scope: _Scope,
 #       when max_groups_contributed = 1), or truncated_geometric, weighted_gaussian,
 #       laplace_threshold (the seed's tau-thresholding), gaussian_threshold; public_groups = (k1, k2, ...) (one key column) or ((a, b), ...)
 #       releases exactly those groups, with no selection and no budget for it;
+#   group_selection_strategy (BigQuery's): LAPLACE_THRESHOLD (selection = laplace_threshold) or
+#       PUBLIC_GROUPS (with public_groups = (...), which lists them: a join with a public
+#       table, BigQuery's way to list them, is refused as every non-unit join is);
 #   noise: laplace (default) or gaussian;
 #   infer_bounds: true (default: omitted bounds are inferred with DP, §4.2.5) or false (an
 #       aggregate without bounds is refused);
@@ -858,8 +864,11 @@ def _inner_aggregate(node: exp.AggFunc, scope: _Scope,
 #   epsilon, delta: optional (BigQuery's); they must equal the grant's (--epsilon/--delta),
 #       which is what is charged (frontend.plan_query checks them).
 OPTION_NAMES = ("max_groups_contributed", "kappa", "max_rows_contributed_per_group",
-                "selection", "public_groups", "noise", "infer_bounds", "privacy_unit_column",
-                "epsilon", "delta")
+                "selection", "group_selection_strategy", "public_groups", "noise",
+                "infer_bounds", "privacy_unit_column", "epsilon", "delta")
+# BigQuery's group_selection_strategy values, as the selection rule each is.
+GROUP_SELECTION_STRATEGIES = {"LAPLACE_THRESHOLD": SelectionRule.LAPLACE_THRESHOLD,
+                              "PUBLIC_GROUPS": SelectionRule.PUBLIC}
 RESERVED_PREFIX = "__"  # no user column may start with it (_check_name)
 # A query without GROUP BY releases one row, the total: the operator groups by this constant
 # key, listed as the one public group (no selection, no budget for it) and not released.
@@ -889,6 +898,26 @@ def _option_enum(options: Mapping[str, object], name: str, enum, default):
                          f"{[member.value for member in enum]}") from None
 
 
+def _group_selection_strategy(options: dict) -> None:
+    """BigQuery's OPTIONS group_selection_strategy, rewritten in ``options`` as the selection
+    rule it names."""
+    if "group_selection_strategy" not in options:
+        return
+    if "selection" in options:
+        raise QueryError("OPTIONS: group_selection_strategy and selection name the same "
+                         "option; give one")
+    strategy = str(options.pop("group_selection_strategy")).upper()
+    if strategy not in GROUP_SELECTION_STRATEGIES:
+        raise QueryError(f"OPTIONS group_selection_strategy = {strategy}: one of "
+                         f"{list(GROUP_SELECTION_STRATEGIES)}")
+    if strategy == "PUBLIC_GROUPS" and "public_groups" not in options:
+        raise QueryError("OPTIONS group_selection_strategy = PUBLIC_GROUPS: list the groups "
+                         "with OPTIONS(public_groups = (...)); a join with a table of public "
+                         "groups (BigQuery's RIGHT OUTER JOIN ... USING (key)) is not supported, "
+                         "as a join here is on the unit column")
+    options["selection"] = GROUP_SELECTION_STRATEGIES[strategy].value
+
+
 def to_query(checked: CheckedQuery) -> tuple[AggregationQuery, tuple[str, ...]]:
     """The operator's AggregationQuery for a checked query, and the released table's column
     order. The operator reads the relation `relation.evaluate` builds: the unit column, one
@@ -905,6 +934,7 @@ def to_query(checked: CheckedQuery) -> tuple[AggregationQuery, tuple[str, ...]]:
     infer = options.get("infer_bounds", True)
     if not isinstance(infer, bool):
         raise QueryError(f"OPTIONS infer_bounds must be true or false, got {infer!r}")
+    _group_selection_strategy(options)
     # None: the operator's default rule (spec.default_selection), resolved by AggregationQuery
     selection = _option_enum(options, "selection", SelectionRule, None)
     public = options.get("public_groups")

@@ -328,3 +328,22 @@ def test_partition_sums_saturate_and_move_by_at_most_one_contribution():
     for signed in ((0,), ()):  # a column of counts (never negative) saturates alike
         assert aggregators.sum_by_partition(np.zeros(3, np.int64), np.full((3, 1), 2.0 ** 999),
                                             1, signed)[0, 0] == limit
+
+
+def test_factorize_labels_the_same_groups_as_pandas_and_integers_by_value():
+    """local.factorize (issue 48, item 3): numpy integers over a span of at most 4x the rows
+    get codes by value (one pass, no hashing); anything else is pandas' factorize. Either way
+    two rows share a code iff they share a value."""
+    from sage_tfx.dp_statistics.aggregation.local import factorize
+
+    rng = np.random.default_rng(4)
+    for values in (rng.integers(-50, 50, 1000), rng.integers(0, 2 ** 40, 1000),
+                   pd.Series(rng.integers(0, 9, 100)).astype("Int64").mask(
+                       rng.random(100) < 0.2), np.array(["b", "a", "b", None], dtype=object)):
+        codes, distinct = factorize(values)
+        expected, uniques = pd.factorize(values, use_na_sentinel=False)
+        assert distinct == len(uniques)
+        # the same partition of the rows: code -> expected code is a bijection
+        assert len(set(zip(codes.tolist(), expected.tolist()))) == distinct
+    assert factorize(np.array([3, 1, 2, 1]))[0].tolist() == [2, 0, 1, 0]  # by value
+    assert factorize(np.array([30, 10, 20, 10]))[0].tolist() == [0, 1, 2, 1]  # span 20 > 16

@@ -20,6 +20,13 @@ def _query(noise, selection=SelectionRule.WEIGHTED_GAUSSIAN):
                             noise=noise, selection=selection)
 
 
+def _noises(event):
+    """The noise events a step's event is made of (AVG's count and sum are composed)."""
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return [part for inner in event.events for part in _noises(inner)]
+    return [event.event if isinstance(event, dp_event.SelfComposedDpEvent) else event]
+
+
 def _epsilon_by_dp_accounting(event, delta):
     """dp-accounting's PLD accountant at a finer grid than the plan's (1e-4 nats)."""
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
@@ -39,9 +46,8 @@ def test_the_composed_events_fit_the_grant_with_more_budget_per_step(noise, leas
     scales = {step.noise_scale for step in tight.steps}
     assert len(scales) == 1 and scales.pop() >= least_scale
     for step, before in zip(tight.steps, basic.steps):
-        one, other = (e.event if isinstance(e, dp_event.SelfComposedDpEvent) else e
-                      for e in (step.event, before.event))
-        assert one.noise_multiplier < other.noise_multiplier  # less noise, same grant
+        for one, other in zip(_noises(step.event), _noises(before.event)):
+            assert one.noise_multiplier < other.noise_multiplier  # less noise, same grant
     assert tight.additional_delta == basic.additional_delta
     assert _epsilon_by_dp_accounting(tight.event, delta - tight.additional_delta) <= epsilon
 
