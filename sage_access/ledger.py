@@ -312,17 +312,19 @@ class BlockLedger:
             still_waiting = [p for p in waiting if p != pipeline]
             changes = self._transactions.ledger_version(state, "finish_pipeline",
                                                         waiting=json.dumps(still_waiting))
+            released = []
             for artifact in self._records.live_blocks_newest_first(page=500):
                 block = self._to_state(artifact)
                 if pipeline not in block.reservations:
                     continue
-                released = allocation.release(block, pipeline, still_waiting)
+                released.append(allocation.release(block, pipeline, still_waiting))
                 version = get_property(artifact, "version") + 1
-                changes.append((self._write_state(artifact, released), input_event()))
+                changes.append((self._write_state(artifact, released[-1]), input_event()))
                 changes.append((self._transactions.block_version(block.block_id, version),
                                 output_event()))
             self._transactions.commit(
-                UPDATE_TYPE, {"kind": "finish_pipeline", "pipeline": pipeline}, changes)
+                UPDATE_TYPE, {"kind": "finish_pipeline", "pipeline": pipeline,
+                              "balances": lineage.recorded_balances(released)}, changes)
 
         self._transactions.retrying(
             attempt, lambda: None if pipeline in self.waiting_pipelines() else True)
@@ -383,20 +385,21 @@ class BlockLedger:
                           delta=budget.delta, rdp_curve=budget.rdp_curve, pipeline=pipeline,
                           execution_id=-1,  # known once committed, below
                           split=split, events=recorded_events)
-            changes = []
+            changes, charged = [], []
             for artifact, block in chosen:
                 version = get_property(artifact, "version") + 1
-                charged = allocation.charge(block, demand, pipeline, self.accounting,
-                                            self._min_demand)
-                changes.append((self._write_state(artifact, charged), input_event()))
+                charged.append(allocation.charge(block, demand, pipeline, self.accounting,
+                                                 self._min_demand))
+                changes.append((self._write_state(artifact, charged[-1]), input_event()))
                 changes.append((self._transactions.block_version(block.block_id, version),
                                 output_event()))
             if data_uri is not None:
                 changes.append((self._records.data_record(grant.grant_id, data_uri,
                                                           "BlockLedger"), output_event()))
             execution_id = self._transactions.commit(
-                GRANT_TYPE, self._records.grant_properties(grant, run_id, demand, front_door,
-                                                         request_text), changes,
+                GRANT_TYPE, dict(self._records.grant_properties(grant, run_id, demand, front_door,
+                                                              request_text),
+                                 balances=lineage.recorded_balances(charged)), changes,
                 run_contexts, name=f"grant-{grant.grant_id}")
             return dataclasses.replace(grant, execution_id=execution_id)
 

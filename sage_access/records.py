@@ -255,6 +255,10 @@ class LedgerRecords:
             raise BadRequest(f"unknown block(s) in ledger {self.context!r}: {', '.join(unknown)}")
         return [found[b] for b in block_ids]
 
+    def version_name(self, block_id: str, version: int) -> str:
+        """The unique name of a block's BlockVersion record `version` (transaction.py)."""
+        return f"{self.context}/{block_id}/v{version}"
+
     def block_exists(self, block_id: str) -> bool:
         return bool(self.by_external_ids([f"block:{self.context}/{block_id}"]))
 

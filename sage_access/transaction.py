@@ -99,7 +99,7 @@ class Transactions:
         """
         records = self._records
         return pb.Artifact(type_id=records.types[BLOCK_VERSION_TYPE],
-                           name=f"{records.context}/{block}/v{version}")
+                           name=records.version_name(block, version))
 
     def ledger_version(self, state: pb.Artifact, kind: str, **changes) -> list:
         """The updated LedgerState plus its unique version record (the compare-and-swap)."""
