@@ -296,6 +296,46 @@ def test_a_balance_written_outside_the_ledger_is_refused_before_a_grant(store_pa
     assert ledger.request(BlockIds(["b1"]), epsilon=0.9, delta=0).blocks == ("b1",)
 
 
+def test_a_balance_rolled_back_with_its_version_is_refused_before_a_grant(store_path):
+    """A writer who also sets the block's version back (to the version its registration made,
+    whose record says nothing was spent) is refused too: a later version of the block exists."""
+    ledger = make_ledger(store_path, blocks=1)
+    ledger.request(BlockIds(["b0"]), epsilon=0.9, delta=0)
+    attacker = connect(store_path)
+    block = attacker.get_artifacts_by_external_ids(["block:default/b0"])[0]
+    block.custom_properties["spent"].string_value = '["0", "0"]'
+    block.custom_properties["charges"].int_value = 0
+    block.custom_properties["version"].int_value = 1
+    attacker.put_artifacts([block])
+    with pytest.raises(BalanceTampered, match=r"b0: a later version than its stored one \(v1\)"):
+        ledger.request(BlockIds(["b0"]), epsilon=0.9, delta=0)
+    assert len(ledger.grant_records()) == 1
+
+
+def test_the_balance_check_before_a_grant_reads_one_change_per_block_whatever_the_history(
+        monkeypatch):
+    """The check re-derives a block's balance from the record of its last change (which carries
+    the running sum of its grants), not from every grant ever made on it: its cost must not grow
+    with the ledger's history (it read every grant on the block, 31.6 ms at 99 grants)."""
+    from ml_metadata.metadata_store import metadata_store
+
+    ledger = make_ledger(blocks=2, min_request=0.001)
+    for _ in range(40):
+        ledger.request(BlockIds(["b0", "b1"]), epsilon=0.01, delta=0)
+    real = metadata_store.MetadataStore.get_executions_by_id
+    executions_read = []
+
+    def counting(store, execution_ids):
+        found = real(store, execution_ids)
+        executions_read.append(len(found))
+        return found
+
+    monkeypatch.setattr(metadata_store.MetadataStore, "get_executions_by_id", counting)
+    ledger.request(BlockIds(["b0", "b1"]), epsilon=0.01, delta=0)
+    assert sum(executions_read) == 1  # the grant that made both blocks' current version
+    assert ledger.audit().problems == []
+
+
 def test_a_new_sqlite_ledger_is_readable_by_its_owner_only(tmp_path, umask_022):
     """Under umask 022 ML Metadata created the ledger 0644 (and a missing directory 0755)."""
     path = tmp_path / "ledgers" / "ledger.sqlite"
