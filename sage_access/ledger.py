@@ -400,7 +400,8 @@ class BlockLedger:
                 GRANT_TYPE, dict(self._records.grant_properties(grant, run_id, demand, front_door,
                                                               request_text),
                                  balances=lineage.recorded_balances(charged)), changes,
-                run_contexts, name=f"grant-{grant.grant_id}")
+                run_contexts, name=f"grant-{grant.grant_id}",
+                read={artifact.id: artifact for artifact, _ in chosen})
             return dataclasses.replace(grant, execution_id=execution_id)
 
         def committed() -> Optional[Grant]:

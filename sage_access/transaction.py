@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import Callable, Mapping, Optional, Sequence, TypeVar
 
 from ml_metadata import errors as mlmd_errors
 from ml_metadata.proto import metadata_store_pb2 as pb
@@ -28,7 +28,8 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.sage_access.errors import LedgerBusy
 from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, LEDGER_VERSION_TYPE, LedgerRecords,
                                           get_property, output_event, set_properties)
-from sage_tfx.sage_access.store import CommitUnknown, is_lock_error
+from sage_tfx.sage_access.mysql_commit import MySQLCommits
+from sage_tfx.sage_access.store import CommitUnknown, ReconnectingMySQLStore, is_lock_error
 
 _MAX_ATTEMPTS = 400
 _MAX_WAIT_SECONDS = 60.0
@@ -45,21 +46,33 @@ class Transactions:
 
     def __init__(self, records: LedgerRecords):
         self._records = records
+        # On MySQL, changes that name the artifacts they update as read go through
+        # mysql_commit: the same rows in one transaction of a few statements.
+        store = records.store
+        self._mysql = (MySQLCommits(store.spec) if isinstance(store, ReconnectingMySQLStore)
+                       and not store.read_only else None)
 
     def commit(self, kind: str, execution_props: dict,
                artifact_and_events: list[tuple[pb.Artifact, pb.Event]],
-               extra_contexts: Sequence[pb.Context] = (), name: Optional[str] = None) -> int:
+               extra_contexts: Sequence[pb.Context] = (), name: Optional[str] = None,
+               read: Optional[Mapping[int, pb.Artifact]] = None) -> int:
         """Write an execution of type `kind` with its records in one MLMD call; Conflict if a
-        record's unique name (a version, a share use, the execution's name) exists already."""
+        record's unique name (a version, a share use, the execution's name) exists already.
+        `read`: the artifacts the change updates, by id, as read (their `version` must not
+        have moved since); with it, a MySQL store writes the change in one transaction of a
+        few statements (mysql_commit.py), which also refuses a moved version as a Conflict."""
         records = self._records
         execution = pb.Execution(type_id=records.types[kind],
                                  last_known_state=pb.Execution.COMPLETE, name=name)
         set_properties(execution, dict(execution_props, ledger=records.context))
+        contexts = [records.context_node, *extra_contexts]
         try:
+            if read is not None and self._mysql is not None and self._mysql.available():
+                return self._mysql.put_execution(execution, artifact_and_events, contexts, read,
+                                                 version_key="version")
             execution_id, _, _ = records.store.put_execution(
-                execution, artifact_and_events, [records.context_node, *extra_contexts],
-                reuse_context_if_already_exist=True)
-        except mlmd_errors.AlreadyExistsError as error:
+                execution, artifact_and_events, contexts, reuse_context_if_already_exist=True)
+        except (mlmd_errors.AlreadyExistsError, mlmd_errors.AbortedError) as error:
             raise Conflict(str(error)) from None
         return execution_id
 

@@ -414,18 +414,24 @@ def test_integers_beyond_32_bits_are_stored_exactly_on_both_backends(store_path)
 
 def lose_first_answer(monkeypatch, store, landed: bool) -> None:
     """What a MySQL client sees when the server dies mid-commit: the store reconnects and raises
-    CommitUnknown, whether or not the call committed (`landed`). Later calls go through."""
+    CommitUnknown, whether or not the call committed (`landed`). Later calls go through. The
+    first commit is ML Metadata's put_execution or, for a grant on MySQL, mysql_commit's."""
+    from sage_tfx.sage_access.mysql_commit import MySQLCommits
     from sage_tfx.sage_access.store import CommitUnknown
 
-    real_put = store.put_execution
+    real = {store: store.put_execution, MySQLCommits: MySQLCommits.put_execution}
 
-    def put_losing_the_first_answer(*args, **kwargs):
-        monkeypatch.setattr(store, "put_execution", real_put)
-        if landed:
-            real_put(*args, **kwargs)
-        raise CommitUnknown("connection lost")
+    def losing_the_first_answer(put):
+        def put_losing(*args, **kwargs):
+            for owner, method in real.items():
+                monkeypatch.setattr(owner, "put_execution", method)
+            if landed:
+                put(*args, **kwargs)
+            raise CommitUnknown("connection lost")
+        return put_losing
 
-    monkeypatch.setattr(store, "put_execution", put_losing_the_first_answer)
+    for owner, method in real.items():
+        monkeypatch.setattr(owner, "put_execution", losing_the_first_answer(method))
 
 
 @pytest.mark.parametrize("landed", [True, False])
