@@ -375,8 +375,12 @@ class BlockLedger:
         grant_id = uuid.uuid4().hex
 
         def attempt() -> Grant:
-            chosen = self._choose(selector, demand, pipeline)
-            lineage.check_balances(self._records, self.accounting, chosen)
+            with self._transactions.session() as session:
+                return charge(session)
+
+        def charge(session) -> Grant:
+            chosen = self._choose(selector, demand, pipeline, session)
+            lineage.check_balances(self._records, self.accounting, chosen, session)
             if require_data:
                 _check_data([block for _, block in chosen])
             grant = Grant(grant_id=grant_id, context=self.context,
@@ -401,7 +405,7 @@ class BlockLedger:
                                                               request_text),
                                  balances=lineage.recorded_balances(charged)), changes,
                 run_contexts, name=f"grant-{grant.grant_id}",
-                read={artifact.id: artifact for artifact, _ in chosen})
+                read={artifact.id: artifact for artifact, _ in chosen}, session=session)
             return dataclasses.replace(grant, execution_id=execution_id)
 
         def committed() -> Optional[Grant]:
@@ -418,11 +422,15 @@ class BlockLedger:
                              f"split {split} does not name")
         return self.accounting.grant_demand(budget, split, events, additional_delta)
 
-    def _choose(self, selector, demand: np.ndarray,
-                pipeline: Optional[str]) -> list[tuple[pb.Artifact, BlockState]]:
-        """The selected blocks (artifact and decoded state) that can all pay, or an error."""
+    def _choose(self, selector, demand: np.ndarray, pipeline: Optional[str],
+                session=None) -> list[tuple[pb.Artifact, BlockState]]:
+        """The selected blocks (artifact and decoded state) that can all pay, or an error.
+        Named blocks are read in the grant's `session` (Transactions.session: on MySQL they
+        stay locked until it commits); a window's are read from the store (MLMD's filter
+        query), and the commit then refuses any whose version moved since."""
         if isinstance(selector, BlockIds):
-            chosen = [(a, self._to_state(a)) for a in self._records.block_artifacts(selector.ids)]
+            chosen = [(a, self._to_state(a))
+                      for a in self._records.block_artifacts(selector.ids, session)]
             elsewise = [block.block_id for _, block in chosen if selector.data_format
                         and not holds(block, selector.data_format)]
             if elsewise:

@@ -141,8 +141,9 @@ def balance_problems(block: BlockState, total: np.ndarray, charges: int,
     charged it add up to (audit's per-block checks; `check_balances` runs them before every
     grant)."""
     problems = []
-    # Within 1e-9: a ledger written before budgets were exact summed doubles.
-    if not np.allclose(total.astype(float), block.spent.astype(float), rtol=1e-9, atol=0):
+    # Equal, or within 1e-9: a ledger written before budgets were exact summed doubles.
+    if not (np.array_equal(total, block.spent) or np.allclose(
+            total.astype(float), block.spent.astype(float), rtol=1e-9, atol=0)):
         problems.append(f"block {block.block_id}: spent {encode_vector(block.spent)} but its "
                         f"grants sum to {encode_vector(total)}")
     if charges != block.charges:
@@ -163,7 +164,7 @@ def recorded_balances(blocks: Sequence[BlockState]) -> str:
 
 
 def check_balances(records: LedgerRecords, accounting,
-                   chosen: list[tuple[pb.Artifact, BlockState]]) -> None:
+                   chosen: list[tuple[pb.Artifact, BlockState]], reader=None) -> None:
     """Before a grant charges the `chosen` blocks (artifact as read, decoded state): each stored
     balance must be what the grants recorded on it add up to, or the grant is refused
     (BalanceTampered, nothing charged). A balance is a materialised sum that anyone able to
@@ -176,23 +177,26 @@ def check_balances(records: LedgerRecords, accounting,
     holds version n-1; a new block starts at zero). So the stored balance of version n must be
     the one recorded by the change that created `v<n>`, and `v<n+1>` must not exist: a balance
     rewritten alone disagrees with the record; one rolled back with its version (or a store
-    restored from a partial backup) finds a later version or none. `audit` checks the chain
-    itself (each block's balance against the sum of all its grants). A block whose last change
-    was recorded before changes carried balances is checked against its whole history.
+    restored from a partial backup) finds a later version, or none and then its history. `audit` checks the chain
+    itself (each block's balance against the sum of all its grants). A block whose version
+    record is not found by its external id (written before version records had one; or
+    removed) or whose last change recorded no balance (written before changes did) is checked
+    against its whole history, as `audit` does.
 
     A grant committed by another writer after `chosen` was read shows in the history but not in
     the balance read: if a block's version has moved since, the grant would conflict anyway
-    (transaction.py), so this raises Conflict and the request re-reads."""
-    store = records.store
+    (transaction.py), so this raises Conflict and the request re-reads. `reader`: where to read
+    (default: the store; the grant's MySQL transaction, see Transactions.session)."""
+    store = reader or records.store
     names = {}
     for artifact, block in chosen:
         version = get_property(artifact, "version")
-        names[records.version_name(block.block_id, version)] = (block.block_id, "current")
-        names[records.version_name(block.block_id, version + 1)] = (block.block_id, "next")
-    quoted = ", ".join(f"'{name}'" for name in names)  # check_name'd ids: safe to quote
-    versions = store.get_artifacts(list_options=metadata_store.ListOptions(
-        filter_query=f"type = '{BLOCK_VERSION_TYPE}' AND name IN ({quoted})"))
-    found = {names[a.name]: a.id for a in versions}
+        names[f"version:{records.version_name(block.block_id, version)}"] = (
+            block.block_id, "current")
+        names[f"version:{records.version_name(block.block_id, version + 1)}"] = (
+            block.block_id, "next")
+    versions = records.by_external_ids(list(names), store)
+    found = {names[a.external_id]: a.id for a in versions}
     creators = {event.artifact_id: event.execution_id
                 for event in store.get_events_by_artifact_ids([a.id for a in versions])
                 if event.type == pb.Event.OUTPUT} if versions else {}
@@ -205,20 +209,17 @@ def check_balances(records: LedgerRecords, accounting,
                             f"(v{get_property(artifact, 'version')}) exists")
             continue
         change = changes.get(creators.get(found.get((block.block_id, "current"))))
-        if change is None:
-            problems.append(f"block {block.block_id}: no record of the change that made its "
-                            f"stored version v{get_property(artifact, 'version')}")
-            continue
-        recorded = json.loads(get_property(change, "balances", "{}")).get(block.block_id)
+        recorded = None if change is None else json.loads(
+            get_property(change, "balances", "{}")).get(block.block_id)
         if recorded is not None:
             total, charges = exact_vector(recorded[0]), recorded[1]
-        elif get_property(change, "kind") == "add_block":
+        elif change is not None and get_property(change, "kind") == "add_block":
             total, charges = accounting.zero(), 0
-        else:  # recorded before changes carried balances
+        else:  # a version recorded before versions had external ids and changes balances
             unrecorded.append((artifact, block))
             continue
         problems += balance_problems(block, total, charges, accounting)
-    problems += _history_problems(records, accounting, unrecorded)
+    problems += _history_problems(records, accounting, unrecorded, store)
     if not problems:
         return
     versions = {artifact.id: get_property(artifact, "version") for artifact, _ in chosen}
@@ -233,12 +234,12 @@ def check_balances(records: LedgerRecords, accounting,
 
 
 def _history_problems(records: LedgerRecords, accounting,
-                      chosen: list[tuple[pb.Artifact, BlockState]]) -> list[str]:
+                      chosen: list[tuple[pb.Artifact, BlockState]], store) -> list[str]:
     """`balance_problems` of the `chosen` blocks against their whole history (the Grant
-    executions that took each as an INPUT): for blocks whose last change recorded no balance."""
+    executions that took each as an INPUT), read from `store`: for blocks whose last change
+    recorded no balance."""
     if not chosen:
         return []
-    store = records.store
     by_id = {artifact.id: block for artifact, block in chosen}
     # A grant takes each block it charges as an INPUT (ledger.request); so does a finished
     # pipeline's release of its reservations (an update, not a grant: skipped).

@@ -26,8 +26,9 @@ and the caller resolves the change's fate from the ledger (transaction.Transacti
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 from ml_metadata import errors as mlmd_errors
 from ml_metadata.proto import metadata_store_pb2 as pb
@@ -72,9 +73,9 @@ def _changed_properties(node, before) -> tuple[list, list]:
 
 
 class MySQLCommits:
-    """Ledger changes written straight into ML Metadata's tables on MySQL, one transaction each
-    (see the module's docstring). `available()` is False when the database's MLMD schema is not
-    the version this module writes: the ledger then uses MLMD's own calls."""
+    """Ledger changes read and written straight in ML Metadata's tables on MySQL, one
+    transaction each (see the module's docstring). `available()` is False when the database's
+    MLMD schema is not the version this module writes: the ledger then uses MLMD's own calls."""
 
     def __init__(self, spec: MySQLStore):
         self.spec = spec
@@ -83,38 +84,36 @@ class MySQLCommits:
 
     def _connect(self):
         if self._connection is None:
+            # READ COMMITTED: a plain read in a transaction sees what committed before it (the
+            # change that made a block's version, committed before its row lock was granted).
             self._connection = until_reachable(lambda: self.spec.pymysql_connection(
-                database=self.spec.database, autocommit=False))
+                database=self.spec.database, autocommit=False,
+                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"))
         return self._connection
 
     def available(self) -> bool:
         if self._schema_matches is None:
-            with self._connect().cursor() as cursor:
+            connection = self._connect()
+            with connection.cursor() as cursor:
                 cursor.execute("SELECT MAX(`schema_version`) FROM `MLMDEnv`")
                 self._schema_matches = cursor.fetchone()[0] == SCHEMA_VERSION
-            self._connection.commit()
+            connection.rollback()  # it only read
         return self._schema_matches
 
-    def put_execution(self, execution: pb.Execution,
-                      artifact_and_events: Sequence[tuple[pb.Artifact, pb.Event]],
-                      contexts: Sequence[pb.Context], read: Mapping[int, pb.Artifact],
-                      version_key: str) -> int:
-        """What MLMD's `put_execution(execution, artifact_and_events, contexts,
-        reuse_context_if_already_exist=True)` writes, in one transaction; the new execution's
-        id. Artifacts with an id are updates of `read[id]` (the artifact as read, whose custom
-        property `version_key` each update moves: locked and compared first); artifacts without
-        one are created. AlreadyExistsError if a unique name is taken, AbortedError if an
-        updated artifact's version moved since it was read (or InnoDB rolled the transaction
-        back), CommitUnknown if the connection was lost: nothing is written in the first two."""
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator["Transaction"]:
+        """One MySQL transaction, committed when the block ends and rolled back if it raises.
+        MySQL's errors come out as ML Metadata's: AlreadyExistsError for a unique name taken,
+        AbortedError for a deadlock victim, a lock wait timed out or an updated artifact whose
+        version moved (nothing written in all three); CommitUnknown when the connection was
+        lost (the COMMIT may have reached the server)."""
         import pymysql
 
         connection = self._connect()
         try:
             with connection.cursor() as cursor:
-                execution_id = self._write(cursor, execution, artifact_and_events, contexts,
-                                           read, version_key)
+                yield Transaction(cursor)
             connection.commit()
-            return execution_id
         except (pymysql.err.InterfaceError, ConnectionError) as error:
             self._lost(error)
         except pymysql.MySQLError as error:
@@ -127,9 +126,6 @@ class MySQLCommits:
             if code in _ROLLED_BACK:
                 raise mlmd_errors.AbortedError(f"mysql_commit: {error.args[-1]}") from None
             raise
-        except _Moved as moved:
-            connection.rollback()
-            raise mlmd_errors.AbortedError(str(moved)) from None
         except BaseException:  # nothing half-written stays in the transaction
             connection.rollback()
             raise
@@ -145,8 +141,93 @@ class MySQLCommits:
         raise CommitUnknown(f"a ledger change on {self.spec} lost its connection ({error}); "
                             "it may or may not have committed") from None
 
-    @staticmethod
-    def _write(cursor, execution, artifact_and_events, contexts, read, version_key) -> int:
+
+class Transaction:
+    """Reads and one write in a MySQL transaction (MySQLCommits.transaction). Its reads have
+    ML Metadata's names and answers (`get_artifacts_by_external_ids`, ...), so the ledger's
+    code reads through it as through an MLMD store; events are read without their paths (the
+    ledger writes none)."""
+
+    def __init__(self, cursor):
+        self._cursor = cursor
+
+    def get_artifacts_by_external_ids(self, external_ids: Sequence[str]) -> list[pb.Artifact]:
+        """MLMD's call of that name (an empty list where MLMD raises NotFoundError). The
+        artifacts found and their properties are locked until the transaction ends (a grant
+        reads its blocks so: no other writer changes them in between), in external id order,
+        so two transactions never wait on each other in a cycle. Under READ COMMITTED, an id
+        not found locks nothing (no gap lock)."""
+        return self._artifacts("`external_id`", external_ids, lock=True)
+
+    def get_artifacts_by_id(self, artifact_ids: Sequence[int]) -> list[pb.Artifact]:
+        return self._artifacts("`id`", artifact_ids, False)
+
+    def _artifacts(self, column: str, keys: Sequence, lock: bool) -> list[pb.Artifact]:
+        if not keys:
+            return []
+        self._cursor.execute(
+            "SELECT A.`id`, A.`type_id`, A.`uri`, A.`state`, A.`name`, A.`external_id`, "
+            "A.`create_time_since_epoch`, A.`last_update_time_since_epoch`, P.`name`, "
+            f"P.`is_custom_property`, P.{_VALUE_COLUMNS.replace(', ', ', P.')} "
+            "FROM `Artifact` AS A LEFT JOIN `ArtifactProperty` AS P ON P.`artifact_id` = A.`id` "
+            f"WHERE A.{column} IN ({_placeholders(keys)}) ORDER BY A.{column}"
+            + (" FOR UPDATE" if lock else ""), tuple(keys))
+        found: dict[int, pb.Artifact] = {}
+        for (artifact_id, type_id, uri, state, name, external_id, created, updated,
+             key, custom, *value) in self._cursor.fetchall():
+            if artifact_id not in found:
+                found[artifact_id] = pb.Artifact(**_set_fields(
+                    id=artifact_id, type_id=type_id, uri=uri or None, state=state, name=name,
+                    external_id=external_id, create_time_since_epoch=created,
+                    last_update_time_since_epoch=updated))
+            if key is not None:
+                _set_value(found[artifact_id], key, custom, value)
+        return list(found.values())
+
+    def get_executions_by_id(self, execution_ids: Sequence[int]) -> list[pb.Execution]:
+        if not execution_ids:
+            return []
+        self._cursor.execute(
+            "SELECT E.`id`, E.`type_id`, E.`last_known_state`, E.`name`, E.`external_id`, "
+            "E.`create_time_since_epoch`, E.`last_update_time_since_epoch`, P.`name`, "
+            f"P.`is_custom_property`, P.{_VALUE_COLUMNS.replace(', ', ', P.')} "
+            "FROM `Execution` AS E LEFT JOIN `ExecutionProperty` AS P "
+            "ON P.`execution_id` = E.`id` "
+            f"WHERE E.`id` IN ({_placeholders(execution_ids)}) ORDER BY E.`id`",
+            tuple(execution_ids))
+        found: dict[int, pb.Execution] = {}
+        for (execution_id, type_id, state, name, external_id, created, updated,
+             key, custom, *value) in self._cursor.fetchall():
+            if execution_id not in found:
+                found[execution_id] = pb.Execution(**_set_fields(
+                    id=execution_id, type_id=type_id, last_known_state=state, name=name,
+                    external_id=external_id, create_time_since_epoch=created,
+                    last_update_time_since_epoch=updated))
+            if key is not None:
+                _set_value(found[execution_id], key, custom, value)
+        return list(found.values())
+
+    def get_events_by_artifact_ids(self, artifact_ids: Sequence[int]) -> list[pb.Event]:
+        if not artifact_ids:
+            return []
+        self._cursor.execute(
+            "SELECT `artifact_id`, `execution_id`, `type`, `milliseconds_since_epoch` FROM "
+            f"`Event` WHERE `artifact_id` IN ({_placeholders(artifact_ids)}) ORDER BY `id`",
+            tuple(artifact_ids))
+        return [pb.Event(artifact_id=artifact_id, execution_id=execution_id, type=kind,
+                         milliseconds_since_epoch=time_ms)
+                for artifact_id, execution_id, kind, time_ms in self._cursor.fetchall()]
+
+    def put_execution(self, execution: pb.Execution,
+                      artifact_and_events: Sequence[tuple[pb.Artifact, pb.Event]],
+                      contexts: Sequence[pb.Context], read: Mapping[int, pb.Artifact],
+                      version_key: str) -> int:
+        """What MLMD's `put_execution(execution, artifact_and_events, contexts,
+        reuse_context_if_already_exist=True)` writes; the new execution's id. Artifacts with an
+        id are updates of `read[id]` (the artifact as read, whose custom property `version_key`
+        each update moves: locked and compared first, AbortedError if it moved); artifacts
+        without one are created."""
+        cursor = self._cursor
         now = _now_ms()
         updated = [a for a, _ in artifact_and_events if a.HasField("id")]
         created = [a for a, _ in artifact_and_events if not a.HasField("id")]
@@ -155,14 +236,15 @@ class MySQLCommits:
             ids = sorted(a.id for a in updated)
             cursor.execute(
                 "SELECT `artifact_id`, `int_value` FROM `ArtifactProperty` WHERE `artifact_id` "
-                f"IN ({', '.join(['%s'] * len(ids))}) AND `name` = %s AND "
+                f"IN ({_placeholders(ids)}) AND `name` = %s AND "
                 "`is_custom_property` = 1 ORDER BY `artifact_id` FOR UPDATE",
                 (*ids, version_key))
             stored = dict(cursor.fetchall())
             for artifact_id in ids:
                 expected = read[artifact_id].custom_properties[version_key].int_value
                 if stored.get(artifact_id) != expected:
-                    raise _Moved(f"artifact {artifact_id} moved past version {expected}")
+                    raise mlmd_errors.AbortedError(
+                        f"artifact {artifact_id} moved past version {expected}")
         cursor.execute(
             "INSERT INTO `Execution` (`type_id`, `last_known_state`, `name`, `external_id`, "
             "`create_time_since_epoch`, `last_update_time_since_epoch`) "
@@ -195,11 +277,11 @@ class MySQLCommits:
                   a.external_id or None, now, now) for a in created])
             # Their ids, by their unique (type, name): ids of a multi-row insert are consecutive
             # only under some auto-increment lock modes.
+            types = sorted({a.type_id for a in created})
             cursor.execute(
-                "SELECT `id`, `type_id`, `name` FROM `Artifact` WHERE `type_id` IN "
-                f"({', '.join(['%s'] * len({a.type_id for a in created}))}) AND `name` IN "
-                f"({', '.join(['%s'] * len(created))})",
-                (*sorted({a.type_id for a in created}), *[a.name for a in created]))
+                f"SELECT `id`, `type_id`, `name` FROM `Artifact` WHERE `type_id` IN "
+                f"({_placeholders(types)}) AND `name` IN ({_placeholders(created)})",
+                (*types, *[a.name for a in created]))
             by_name = {(type_id, name): artifact_id for artifact_id, type_id, name in cursor}
             for artifact in created:
                 ids[id(artifact)] = by_name[(artifact.type_id, artifact.name)]
@@ -229,7 +311,7 @@ class MySQLCommits:
         if updated:
             cursor.execute(
                 "UPDATE `Artifact` SET `last_update_time_since_epoch` = %s WHERE `id` IN "
-                f"({', '.join(['%s'] * len(updated))})", (now, *[a.id for a in updated]))
+                f"({_placeholders(updated)})", (now, *[a.id for a in updated]))
         for _, event in artifact_and_events:
             if event.path.steps or event.HasField("artifact_id") or event.HasField(
                     "execution_id"):
@@ -247,10 +329,25 @@ class MySQLCommits:
                 [(context_id, ids[id(artifact)]) for context_id in context_ids
                  for artifact, _ in artifact_and_events])
         return execution_id
+def _placeholders(values: Sequence) -> str:
+    return ", ".join(["%s"] * len(values))
 
 
-class _Moved(Exception):
-    """An artifact to update is no longer at the version it was read at."""
+def _set_fields(**fields) -> dict:
+    """The fields of a row that are not NULL (an MLMD proto leaves the others unset)."""
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _set_value(node, key: str, custom: int, value: list) -> None:
+    """Set property `key` of `node` (an MLMD proto) from its row's value columns."""
+    target = (node.custom_properties if custom else node.properties)[key]
+    int_value, double_value, string_value = value
+    if int_value is not None:
+        target.int_value = int_value
+    elif double_value is not None:
+        target.double_value = double_value
+    elif string_value is not None:
+        target.string_value = string_value
 
 
 def _context_id(cursor, context: pb.Context, now: int) -> int:

@@ -234,9 +234,11 @@ class LedgerRecords:
             raise BadRequest(f"no ledger context {context!r} in this store; run `init` first")
 
     # ----------------------------------------------------------------- ledger state
-    def by_external_ids(self, external_ids: list[str]) -> list[pb.Artifact]:
+    def by_external_ids(self, external_ids: list[str], reader=None) -> list[pb.Artifact]:
+        """The artifacts with these external ids, read from `reader` (default: the store; a
+        MySQL transaction of Transactions.session, which locks them)."""
         try:
-            return self.store.get_artifacts_by_external_ids(external_ids)
+            return (reader or self.store).get_artifacts_by_external_ids(external_ids)
         except mlmd_errors.NotFoundError:  # MLMD raises instead of returning nothing
             return []
 
@@ -247,9 +249,9 @@ class LedgerRecords:
         return found[0]
 
     # ----------------------------------------------------------------- blocks
-    def block_artifacts(self, block_ids: Sequence[str]) -> list[pb.Artifact]:
+    def block_artifacts(self, block_ids: Sequence[str], reader=None) -> list[pb.Artifact]:
         external = [f"block:{self.context}/{b}" for b in block_ids]
-        found = {get_property(a, "block_id"): a for a in self.by_external_ids(external)}
+        found = {get_property(a, "block_id"): a for a in self.by_external_ids(external, reader)}
         unknown = [b for b in block_ids if b not in found]
         if unknown:
             raise BadRequest(f"unknown block(s) in ledger {self.context!r}: {', '.join(unknown)}")

@@ -18,9 +18,10 @@ the same `grant-<id>` would be refused by the unique name in any case.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import time
-from typing import Callable, Mapping, Optional, Sequence, TypeVar
+from typing import Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from ml_metadata import errors as mlmd_errors
 from ml_metadata.proto import metadata_store_pb2 as pb
@@ -28,7 +29,7 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.sage_access.errors import LedgerBusy
 from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, LEDGER_VERSION_TYPE, LedgerRecords,
                                           get_property, output_event, set_properties)
-from sage_tfx.sage_access.mysql_commit import MySQLCommits
+from sage_tfx.sage_access.mysql_commit import MySQLCommits, Transaction
 from sage_tfx.sage_access.store import CommitUnknown, ReconnectingMySQLStore, is_lock_error
 
 _MAX_ATTEMPTS = 400
@@ -52,24 +53,41 @@ class Transactions:
         self._mysql = (MySQLCommits(store.spec) if isinstance(store, ReconnectingMySQLStore)
                        and not store.read_only else None)
 
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Optional[Transaction]]:
+        """Where a change reads and commits. On MySQL, one transaction (mysql_commit.py): what
+        it reads by external id stays locked until the change commits at the end of the block,
+        and `commit(..., session=...)` writes in it. Elsewhere None: each read and the commit
+        are MLMD calls of their own (the commit's unique version names are the compare-and-
+        swap). Conflict if the transaction lost to another writer (nothing written)."""
+        if self._mysql is None or not self._mysql.available():
+            yield None
+            return
+        try:
+            with self._mysql.transaction() as transaction:
+                yield transaction
+        except (mlmd_errors.AlreadyExistsError, mlmd_errors.AbortedError) as error:
+            raise Conflict(str(error)) from None
+
     def commit(self, kind: str, execution_props: dict,
                artifact_and_events: list[tuple[pb.Artifact, pb.Event]],
                extra_contexts: Sequence[pb.Context] = (), name: Optional[str] = None,
-               read: Optional[Mapping[int, pb.Artifact]] = None) -> int:
+               read: Optional[Mapping[int, pb.Artifact]] = None,
+               session: Optional[Transaction] = None) -> int:
         """Write an execution of type `kind` with its records in one MLMD call; Conflict if a
         record's unique name (a version, a share use, the execution's name) exists already.
-        `read`: the artifacts the change updates, by id, as read (their `version` must not
-        have moved since); with it, a MySQL store writes the change in one transaction of a
-        few statements (mysql_commit.py), which also refuses a moved version as a Conflict."""
+        In a MySQL `session`, the same rows in that transaction's few statements; `read` (the
+        artifacts the change updates, by id, as read) is what they are updated from, and a
+        version moved since is a Conflict."""
         records = self._records
         execution = pb.Execution(type_id=records.types[kind],
                                  last_known_state=pb.Execution.COMPLETE, name=name)
         set_properties(execution, dict(execution_props, ledger=records.context))
         contexts = [records.context_node, *extra_contexts]
         try:
-            if read is not None and self._mysql is not None and self._mysql.available():
-                return self._mysql.put_execution(execution, artifact_and_events, contexts, read,
-                                                 version_key="version")
+            if session is not None:
+                return session.put_execution(execution, artifact_and_events, contexts, read,
+                                             version_key="version")
             execution_id, _, _ = records.store.put_execution(
                 execution, artifact_and_events, contexts, reuse_context_if_already_exist=True)
         except (mlmd_errors.AlreadyExistsError, mlmd_errors.AbortedError) as error:
@@ -111,8 +129,10 @@ class Transactions:
         kind), linked by an OUTPUT event.
         """
         records = self._records
-        return pb.Artifact(type_id=records.types[BLOCK_VERSION_TYPE],
-                           name=records.version_name(block, version))
+        name = records.version_name(block, version)
+        # Its external id finds it in one indexed lookup (lineage.check_balances).
+        return pb.Artifact(type_id=records.types[BLOCK_VERSION_TYPE], name=name,
+                           external_id=f"version:{name}")
 
     def ledger_version(self, state: pb.Artifact, kind: str, **changes) -> list:
         """The updated LedgerState plus its unique version record (the compare-and-swap)."""

@@ -257,7 +257,8 @@ def test_charge_lineage_in_mlmd(store_path):
 
 
 def test_conflicting_writer_is_detected_not_lost(store_path, monkeypatch):
-    """Two ledgers read the same version; the second commit conflicts and re-checks."""
+    """Two ledgers read the same version; the second commit conflicts and re-checks. (A window:
+    on MySQL, blocks named by id are read locked, so no writer can commit in between.)"""
     first = make_ledger(store_path, blocks=1)
     second = BlockLedger(store_path)
     original_choose = BlockLedger._choose
@@ -272,7 +273,7 @@ def test_conflicting_writer_is_detected_not_lost(store_path, monkeypatch):
 
     monkeypatch.setattr(BlockLedger, "_choose", choose_then_let_other_writer_commit)
     with pytest.raises(BudgetExhausted):  # on retry, 0.6 + 0.6 > 1 is seen
-        second.request(BlockIds(["b0"]), epsilon=0.6, delta=0)
+        second.request(RecentWindow(1), epsilon=0.6, delta=0)
     assert np.allclose(first.block("b0").spent, [0.6, 0.0])
     assert ledger_module.BlockLedger(store_path).block("b0").charges == 1
 
@@ -414,24 +415,32 @@ def test_integers_beyond_32_bits_are_stored_exactly_on_both_backends(store_path)
 
 def lose_first_answer(monkeypatch, store, landed: bool) -> None:
     """What a MySQL client sees when the server dies mid-commit: the store reconnects and raises
-    CommitUnknown, whether or not the call committed (`landed`). Later calls go through. The
-    first commit is ML Metadata's put_execution or, for a grant on MySQL, mysql_commit's."""
-    from sage_tfx.sage_access.mysql_commit import MySQLCommits
+    CommitUnknown, whether or not the call committed (`landed`). Later calls go through. A grant
+    on MySQL commits in a transaction of its own (mysql_commit.py): there the answer to its
+    COMMIT is lost, after the commit (landed) or before it (rolled back)."""
+    import pymysql
+
     from sage_tfx.sage_access.store import CommitUnknown
 
-    real = {store: store.put_execution, MySQLCommits: MySQLCommits.put_execution}
+    real_put, real_commit = store.put_execution, pymysql.connections.Connection.commit
 
-    def losing_the_first_answer(put):
-        def put_losing(*args, **kwargs):
-            for owner, method in real.items():
-                monkeypatch.setattr(owner, "put_execution", method)
-            if landed:
-                put(*args, **kwargs)
-            raise CommitUnknown("connection lost")
-        return put_losing
+    def undo():
+        monkeypatch.setattr(store, "put_execution", real_put)
+        monkeypatch.setattr(pymysql.connections.Connection, "commit", real_commit)
 
-    for owner, method in real.items():
-        monkeypatch.setattr(owner, "put_execution", losing_the_first_answer(method))
+    def put_losing_the_first_answer(*args, **kwargs):
+        undo()
+        if landed:
+            real_put(*args, **kwargs)
+        raise CommitUnknown("connection lost")
+
+    def commit_losing_the_first_answer(connection):
+        undo()
+        (real_commit if landed else pymysql.connections.Connection.rollback)(connection)
+        raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+
+    monkeypatch.setattr(store, "put_execution", put_losing_the_first_answer)
+    monkeypatch.setattr(pymysql.connections.Connection, "commit", commit_losing_the_first_answer)
 
 
 @pytest.mark.parametrize("landed", [True, False])
