@@ -1,8 +1,6 @@
 """A grant on MySQL in one transaction of a few statements (sage_access/mysql_commit.py): the
 same rows in ML Metadata's tables as ML Metadata's own put_execution writes, and a number of
 statements that does not grow with the blocks charged."""
-import contextlib
-
 import pytest
 from dp_accounting import dp_event
 
@@ -71,21 +69,6 @@ def test_a_grant_writes_the_rows_ml_metadata_writes(mariadb_server, monkeypatch)
     assert BlockLedger(batched).audit().problems == []
 
 
-@contextlib.contextmanager
-def statements(server):
-    """Counts the statements the server executes inside the block (`.count`): its global
-    `Questions` status, less the one that reads it."""
-    def questions() -> int:
-        return int(server.execute("SHOW GLOBAL STATUS LIKE 'Questions'")[0][1])
-
-    class Count:
-        count = None
-
-    before = questions()
-    yield Count
-    Count.count = questions() - before - 1
-
-
 def test_a_grant_on_mysql_costs_a_few_statements_whatever_its_blocks(mariadb_server):
     """ML Metadata's put_execution sent about 25 statements per block charged (756 for a grant of
     30 blocks), each a round trip; in one transaction the statements do not grow with the
@@ -96,7 +79,7 @@ def test_a_grant_on_mysql_costs_a_few_statements_whatever_its_blocks(mariadb_ser
     for width in (1, 30):
         ids = [f"b{index:02d}" for index in range(width)]
         ledger.request(BlockIds(ids), epsilon=0.01, delta=0.0)  # connections opened
-        with statements(mariadb_server) as counted:
-            ledger.request(BlockIds(ids), epsilon=0.01, delta=0.0)
-        counts[width] = counted.count
+        before = mariadb_server.statements()
+        ledger.request(BlockIds(ids), epsilon=0.01, delta=0.0)
+        counts[width] = mariadb_server.statements() - before
     assert counts[30] == counts[1] <= 20, counts

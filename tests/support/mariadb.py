@@ -53,6 +53,7 @@ class MariaDB:
         self.port: Optional[int] = None
         self.process: Optional[subprocess.Popen] = None
         self._databases = itertools.count()
+        self._counter = None  # statements()' connection
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> "MariaDB":
@@ -78,6 +79,9 @@ class MariaDB:
         return self
 
     def stop(self) -> None:
+        if self._counter is not None:
+            self._counter.close()
+            self._counter = None
         if self.process is None:
             return
         self.process.send_signal(signal.SIGTERM)
@@ -90,6 +94,7 @@ class MariaDB:
 
     def crash(self) -> None:
         """kill -9: no shutdown, InnoDB recovers from its log on the next start."""
+        self._counter = None
         self.process.kill()
         self.process.wait()
         self.process = None
@@ -104,6 +109,21 @@ class MariaDB:
     def socket_store(self, database: str) -> str:
         return (f"mysql://{USER}@localhost/{database}?socket={self.socket}"
                 f"&password_file={self.password_file}")
+
+    def statements(self) -> int:
+        """How many statements clients have sent the server so far (its global `Questions`
+        count), less those these calls sent: the difference of two calls is what ran in
+        between. Each call sends one statement on a connection kept for counting."""
+        import pymysql
+
+        if self._counter is None:
+            self._counter = pymysql.connect(unix_socket=self.socket, user="root",
+                                            autocommit=True)
+            self._counted = 0
+        with self._counter.cursor() as cursor:
+            cursor.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
+            self._counted += 1
+            return int(cursor.fetchone()[1]) - self._counted
 
     def execute(self, *statements: str) -> list:
         """Run SQL as root over the socket; the rows of the last statement."""
