@@ -8,8 +8,8 @@ through MLMD. Only how they are sent differs. MLMD's client sends one statement 
 per check, each a round trip to the server: per artifact it reads the type and the stored
 artifact back, rewrites each changed property as a DELETE and an INSERT, then asks for
 last_insert_id; about 25 statements per block a grant charges. Here one grant is one
-transaction of about ten statements whatever the number of blocks: each table's rows go in one
-multi-row statement.
+transaction of 15 statements, its reads included, whatever the number of blocks: each table's
+rows go in one multi-row statement (tests/sage_access/test_mysql_commit.py counts them).
 
 Concurrency. The artifacts a change updates (a grant's blocks) are first locked (`SELECT ...
 FOR UPDATE` on their version property, in id order, so two writers never wait on each other in

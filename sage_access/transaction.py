@@ -15,6 +15,10 @@ reconnects and raises CommitUnknown, since the call may have committed. Each wri
 (a grant: its execution, uniquely named `grant-<id>`, with the id kept across attempts); only if
 it is absent does the attempt run again. So a grant is never charged twice: the second commit of
 the same `grant-<id>` would be refused by the unique name in any case.
+
+On MySQL a grant runs in a transaction of its own instead (`session`, mysql_commit.py): the
+same rows, its blocks read locked, about 15 statements in all where ML Metadata's calls send
+about 25 per block. The version names still act as above against writers using MLMD's calls.
 """
 from __future__ import annotations
 
