@@ -151,13 +151,14 @@ class Transaction:
     def __init__(self, cursor):
         self._cursor = cursor
 
-    def get_artifacts_by_external_ids(self, external_ids: Sequence[str]) -> list[pb.Artifact]:
-        """MLMD's call of that name (an empty list where MLMD raises NotFoundError). The
-        artifacts found and their properties are locked until the transaction ends (a grant
-        reads its blocks so: no other writer changes them in between), in external id order,
-        so two transactions never wait on each other in a cycle. Under READ COMMITTED, an id
-        not found locks nothing (no gap lock)."""
-        return self._artifacts("`external_id`", external_ids, lock=True)
+    def get_artifacts_by_external_ids(self, external_ids: Sequence[str],
+                                      lock: bool = False) -> list[pb.Artifact]:
+        """MLMD's call of that name (an empty list where MLMD raises NotFoundError). With
+        `lock`, the artifacts found and their properties are locked until the transaction ends
+        (a grant reads its blocks so: no other writer changes them in between), in external id
+        order, so two transactions never wait on each other in a cycle; under READ COMMITTED
+        an id not found locks nothing (no gap lock)."""
+        return self._artifacts("`external_id`", external_ids, lock)
 
     def get_artifacts_by_id(self, artifact_ids: Sequence[int]) -> list[pb.Artifact]:
         return self._artifacts("`id`", artifact_ids, False)
