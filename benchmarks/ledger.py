@@ -6,7 +6,8 @@
   (grants overlap: optimistic concurrency makes the loser redo its work) and, `_own_blocks`,
   each process on 5 blocks of its own (no conflicts: what the backend's locking allows);
 * median latency of a 30-block grant with 10 and with 10,000 blocks registered;
-* median latency of the same grant after 2,000 earlier charges on those blocks (history growth);
+* median latency of the same grant after 2,000 earlier charges on those blocks (history growth;
+  `--charges N` for another number, 0 to leave it out);
 * the CPU time one such grant costs, client and database server together (`cpu_ms_per_grant_*`):
   unlike wall-clock figures, it hardly depends on what else loads the machine;
 * on MySQL, the SQL statements one such grant sends (`sql_statements_per_grant_*`, the server's
@@ -110,10 +111,11 @@ def throughput(path: str, processes: int, seconds: float, own_blocks: bool) -> f
 
 
 def measure(new_store, many: int, seconds: float, server_pid: Optional[int] = None,
-            processes_counts=PROCESSES, statements: Optional[Callable[[], int]] = None) -> dict:
+            processes_counts=PROCESSES, statements: Optional[Callable[[], int]] = None,
+            charges: int = 2000) -> dict:
     """The figures on stores made by `new_store(name)` (a path or a mysql:// spec; the
     database server's process id and a count of the statements it ran, if there is one), with
-    throughput for each of `processes_counts`."""
+    throughput for each of `processes_counts`, and latency after `charges` charges (none: 0)."""
     result = {}
     for blocks in (10, many):
         ledger = build(new_store(f"latency{blocks}"), blocks)
@@ -130,10 +132,13 @@ def measure(new_store, many: int, seconds: float, server_pid: Optional[int] = No
                 grant_latencies_ms(ledger, ids, 10)
                 result[f"sql_statements_per_grant_{width}_blocks_of_{blocks}"] = (
                     statements() - before) / 10
-            grant_latencies_ms(ledger, ids, 1900)
-            result[f"median_grant_ms_{width}_blocks_of_{blocks}_after_2000_charges"] = round(
+            if not charges:
+                continue
+            made = 5 + 50 + 100 + (10 if statements is not None else 0)  # the charges above
+            grant_latencies_ms(ledger, ids, max(0, charges - made))
+            result[f"median_grant_ms_{width}_blocks_of_{blocks}_after_{charges}_charges"] = round(
                 statistics.median(grant_latencies_ms(ledger, ids, 50)), 2)
-            result[f"cpu_ms_per_grant_{width}_blocks_of_{blocks}_after_2000_charges"] = round(
+            result[f"cpu_ms_per_grant_{width}_blocks_of_{blocks}_after_{charges}_charges"] = round(
                 grant_cpu_ms(ledger, ids, 100, server_pid), 2)
     for processes in processes_counts:  # a fresh ledger each: every run starts from the same history
         for own_blocks, label in ((False, ""), (True, "_own_blocks")):
@@ -157,6 +162,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--processes", default=",".join(map(str, PROCESSES)),
                         help="numbers of processes to measure throughput with (default %(default)s)")
+    parser.add_argument("--charges", type=int, default=2000,
+                        help="latency after this many charges of the 30 blocks (0: not measured)")
     args = parser.parse_args()
     processes = tuple(int(count) for count in args.processes.split(","))
     many = 1000 if args.quick else 10_000
@@ -166,7 +173,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         if args.backend == "sqlite":
             result.update(measure(lambda name: os.path.join(directory, f"{name}.sqlite"),
-                                  many, seconds, processes_counts=processes))
+                                  many, seconds, processes_counts=processes,
+                                  charges=args.charges))
         else:
             sys.path.insert(0, str(REPO_ROOT / "tests"))
             from support.mariadb import MariaDB
@@ -174,7 +182,7 @@ def main() -> None:
             server = MariaDB(Path(directory) / "mariadb").start()
             try:
                 result.update(measure(server.store, many, seconds, server.process.pid,
-                                      processes, server.statements))
+                                      processes, server.statements, args.charges))
             finally:
                 server.stop()
     result["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
