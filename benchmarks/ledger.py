@@ -34,15 +34,19 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from sage_tfx.sage_access import BlockIds, BlockLedger
+from sage_tfx.sage_access.ledger import NewBlock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROCESSES = (1, 4, 8, 16)
 
 
 def build(path: str, blocks: int, ceiling: float = 1e9) -> BlockLedger:
+    """A ledger of `blocks` blocks, registered 500 at a time (the blocks are the same as added
+    one by one; on MySQL that took minutes at 10,000)."""
     ledger = BlockLedger.create(path, min_request_epsilon=1e-6)
-    for index in range(blocks):
-        ledger.add_block(f"b{index:05d}", ceiling, 0.5)
+    for first in range(0, blocks, 500):
+        ledger.add_blocks([NewBlock(f"b{index:05d}", ceiling, 0.5)
+                           for index in range(first, min(blocks, first + 500))])
     return ledger
 
 
