@@ -86,8 +86,11 @@ class MySQLCommits:
         if self._connection is None:
             # READ COMMITTED: a plain read in a transaction sees what committed before it (the
             # change that made a block's version, committed before its row lock was granted).
+            from pymysql.constants import CLIENT
+
             self._connection = until_reachable(lambda: self.spec.pymysql_connection(
                 database=self.spec.database, autocommit=False,
+                client_flag=CLIENT.MULTI_STATEMENTS,
                 init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"))
         return self._connection
 
@@ -112,8 +115,10 @@ class MySQLCommits:
         connection = self._connect()
         try:
             with connection.cursor() as cursor:
-                yield Transaction(cursor)
-            connection.commit()
+                transaction = Transaction(cursor)
+                yield transaction
+            if not transaction.committed:
+                connection.commit()
         except (pymysql.err.InterfaceError, ConnectionError) as error:
             self._lost(error)
         except pymysql.MySQLError as error:
@@ -150,6 +155,9 @@ class Transaction:
 
     def __init__(self, cursor):
         self._cursor = cursor
+        # {artifact id: its version property} of the artifacts read locked so far.
+        self._locked: dict[int, int] = {}
+        self.committed = False  # put_execution commits
 
     def get_artifacts_by_external_ids(self, external_ids: Sequence[str],
                                       lock: bool = False) -> list[pb.Artifact]:
@@ -183,6 +191,8 @@ class Transaction:
                     last_update_time_since_epoch=updated))
             if key is not None:
                 _set_value(found[artifact_id], key, custom, value)
+            if lock and key == "version" and custom:
+                self._locked[artifact_id] = value[0]
         return list(found.values())
 
     def get_executions_by_id(self, execution_ids: Sequence[int]) -> list[pb.Execution]:
@@ -224,68 +234,77 @@ class Transaction:
                       contexts: Sequence[pb.Context], read: Mapping[int, pb.Artifact],
                       version_key: str) -> int:
         """What MLMD's `put_execution(execution, artifact_and_events, contexts,
-        reuse_context_if_already_exist=True)` writes; the new execution's id. Artifacts with an
-        id are updates of `read[id]` (the artifact as read, whose custom property `version_key`
-        each update moves: locked and compared first, AbortedError if it moved); artifacts
-        without one are created."""
+        reuse_context_if_already_exist=True)` writes, then COMMIT: the transaction's last act;
+        the new execution's id. Artifacts with an id are updates of `read[id]` (the artifact as
+        read, whose custom property `version_key` each update moves: an artifact this
+        transaction did not read locked is locked now and compared, AbortedError if it moved);
+        artifacts without one are created.
+
+        Every row goes in one round trip: the statements are sent together (MySQL's
+        multi-statements), the ids the server assigns passed on in session variables, and
+        COMMIT last; the server stops at the first statement that fails (a unique name
+        taken), leaving the transaction to be rolled back whole."""
         cursor = self._cursor
         now = _now_ms()
         updated = [a for a, _ in artifact_and_events if a.HasField("id")]
         created = [a for a, _ in artifact_and_events if not a.HasField("id")]
-        if updated:
-            # Lock the updated artifacts' versions (in id order), then compare.
-            ids = sorted(a.id for a in updated)
+        unlocked = sorted(a.id for a in updated if a.id not in self._locked)
+        if unlocked:
             cursor.execute(
                 "SELECT `artifact_id`, `int_value` FROM `ArtifactProperty` WHERE `artifact_id` "
-                f"IN ({_placeholders(ids)}) AND `name` = %s AND "
+                f"IN ({_placeholders(unlocked)}) AND `name` = %s AND "
                 "`is_custom_property` = 1 ORDER BY `artifact_id` FOR UPDATE",
-                (*ids, version_key))
-            stored = dict(cursor.fetchall())
-            for artifact_id in ids:
-                expected = read[artifact_id].custom_properties[version_key].int_value
-                if stored.get(artifact_id) != expected:
-                    raise mlmd_errors.AbortedError(
-                        f"artifact {artifact_id} moved past version {expected}")
-        cursor.execute(
-            "INSERT INTO `Execution` (`type_id`, `last_known_state`, `name`, `external_id`, "
-            "`create_time_since_epoch`, `last_update_time_since_epoch`) "
-            "VALUES (%s, %s, %s, %s, %s, %s)",
-            (execution.type_id, execution.last_known_state if execution.HasField(
-                "last_known_state") else None, execution.name or None,
-             execution.external_id or None, now, now))
-        execution_id = cursor.lastrowid
-        context_ids = [_context_id(cursor, context, now) for context in contexts]
+                (*unlocked, version_key))
+            self._locked.update(cursor.fetchall())
+        for artifact in updated:
+            expected = read[artifact.id].custom_properties[version_key].int_value
+            if self._locked.get(artifact.id) != expected:
+                raise mlmd_errors.AbortedError(
+                    f"artifact {artifact.id} moved past version {expected}")
+        batch = _Batch()
+        batch.add("INSERT INTO `Execution` (`type_id`, `last_known_state`, `name`, "
+                  "`external_id`, `create_time_since_epoch`, `last_update_time_since_epoch`) "
+                  "VALUES (%s, %s, %s, %s, %s, %s)",
+                  execution.type_id, execution.last_known_state if execution.HasField(
+                      "last_known_state") else None, execution.name or None,
+                  execution.external_id or None, now, now)
+        batch.add("SET @sage_execution = LAST_INSERT_ID()")
+        context_ids = []
+        for index, context in enumerate(contexts):
+            if context.HasField("id"):
+                context_ids.append(context.id)
+                continue
+            # MLMD's reuse_context_if_already_exist; LAST_INSERT_ID(id) makes an existing row's
+            # id the statement's insert id.
+            if context.properties or context.custom_properties:
+                raise ValueError("mysql_commit creates contexts without properties only")
+            batch.add("INSERT INTO `Context` (`type_id`, `name`, `external_id`, "
+                      "`create_time_since_epoch`, `last_update_time_since_epoch`) "
+                      "VALUES (%s, %s, %s, %s, %s) "
+                      "ON DUPLICATE KEY UPDATE `id` = LAST_INSERT_ID(`id`)",
+                      context.type_id, context.name, context.external_id or None, now, now)
+            batch.add(f"SET @sage_context{index} = LAST_INSERT_ID()")
+            context_ids.append(_Variable(f"@sage_context{index}"))
         execution_properties, _ = _changed_properties(execution, pb.Execution())
-        if execution_properties:
-            cursor.executemany(
-                "INSERT INTO `ExecutionProperty` (`execution_id`, `name`, `is_custom_property`, "
-                f"{_VALUE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s)",
-                [(execution_id, key, 1, *value) for key, value in execution_properties])
-        if context_ids:
-            cursor.executemany("INSERT INTO `Association` (`context_id`, `execution_id`) "
-                               "VALUES (%s, %s)",
-                               [(context_id, execution_id) for context_id in context_ids])
+        batch.rows("INSERT INTO `ExecutionProperty` (`execution_id`, `name`, "
+                   f"`is_custom_property`, {_VALUE_COLUMNS}) VALUES",
+                   [(_EXECUTION, key, 1, *value) for key, value in execution_properties])
+        batch.rows("INSERT INTO `Association` (`context_id`, `execution_id`) VALUES",
+                   [(context_id, _EXECUTION) for context_id in context_ids])
         ids = {id(a): a.id for a in updated}
-        if created:
-            for artifact in created:
-                if artifact.properties:
-                    raise ValueError("mysql_commit writes custom properties only")
-            cursor.executemany(
-                "INSERT INTO `Artifact` (`type_id`, `uri`, `state`, `name`, `external_id`, "
-                "`create_time_since_epoch`, `last_update_time_since_epoch`) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                [(a.type_id, a.uri, a.state if a.HasField("state") else None, a.name or None,
-                  a.external_id or None, now, now) for a in created])
-            # Their ids, by their unique (type, name): ids of a multi-row insert are consecutive
-            # only under some auto-increment lock modes.
-            types = sorted({a.type_id for a in created})
-            cursor.execute(
-                f"SELECT `id`, `type_id`, `name` FROM `Artifact` WHERE `type_id` IN "
-                f"({_placeholders(types)}) AND `name` IN ({_placeholders(created)})",
-                (*types, *[a.name for a in created]))
-            by_name = {(type_id, name): artifact_id for artifact_id, type_id, name in cursor}
-            for artifact in created:
-                ids[id(artifact)] = by_name[(artifact.type_id, artifact.name)]
+        for artifact in created:
+            if artifact.properties:
+                raise ValueError("mysql_commit writes custom properties only")
+        batch.rows("INSERT INTO `Artifact` (`type_id`, `uri`, `state`, `name`, `external_id`, "
+                   "`create_time_since_epoch`, `last_update_time_since_epoch`) VALUES",
+                   [(a.type_id, a.uri, a.state if a.HasField("state") else None,
+                     a.name or None, a.external_id or None, now, now) for a in created])
+        for index, artifact in enumerate(created):
+            # Ids by the unique (type, name): a multi-row insert's ids are consecutive only
+            # under some auto-increment lock modes.
+            batch.add(f"SET @sage_artifact{index} = (SELECT `id` FROM `Artifact` WHERE "
+                      "`type_id` = %s AND `name` = %s)", artifact.type_id, artifact.name)
+            ids[id(artifact)] = _Variable(f"@sage_artifact{index}")
         changed, removed = [], []
         for artifact in updated:
             before = read[artifact.id]
@@ -298,38 +317,82 @@ class Transaction:
         for artifact in created:
             values, _ = _changed_properties(artifact, pb.Artifact())
             changed += [(ids[id(artifact)], key, 1, *value) for key, value in values]
-        if changed:
-            # Each property row is replaced whole (a property may change its kind).
-            cursor.executemany(
-                "INSERT INTO `ArtifactProperty` (`artifact_id`, `name`, `is_custom_property`, "
-                f"{_VALUE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE "
-                "`int_value` = VALUES(`int_value`), `double_value` = VALUES(`double_value`), "
-                "`string_value` = VALUES(`string_value`), `byte_value` = NULL, "
-                "`proto_value` = NULL, `bool_value` = NULL", changed)
-        if removed:
-            cursor.executemany("DELETE FROM `ArtifactProperty` WHERE `artifact_id` = %s AND "
-                               "`name` = %s AND `is_custom_property` = 1", removed)
+        # Each property row is replaced whole (a property may change its kind).
+        batch.rows("INSERT INTO `ArtifactProperty` (`artifact_id`, `name`, `is_custom_property`, "
+                   f"{_VALUE_COLUMNS}) VALUES", changed,
+                   "ON DUPLICATE KEY UPDATE `int_value` = VALUES(`int_value`), "
+                   "`double_value` = VALUES(`double_value`), "
+                   "`string_value` = VALUES(`string_value`), `byte_value` = NULL, "
+                   "`proto_value` = NULL, `bool_value` = NULL")
+        for artifact_id, key in removed:
+            batch.add("DELETE FROM `ArtifactProperty` WHERE `artifact_id` = %s AND `name` = %s "
+                      "AND `is_custom_property` = 1", artifact_id, key)
         if updated:
-            cursor.execute(
-                "UPDATE `Artifact` SET `last_update_time_since_epoch` = %s WHERE `id` IN "
-                f"({_placeholders(updated)})", (now, *[a.id for a in updated]))
+            batch.add("UPDATE `Artifact` SET `last_update_time_since_epoch` = %s WHERE `id` IN "
+                      f"({_placeholders(updated)})", now, *[a.id for a in updated])
         for _, event in artifact_and_events:
             if event.path.steps or event.HasField("artifact_id") or event.HasField(
                     "execution_id"):
                 raise ValueError("mysql_commit writes events without paths or ids")
-        cursor.executemany(
-            "INSERT INTO `Event` (`artifact_id`, `execution_id`, `type`, "
-            "`milliseconds_since_epoch`) VALUES (%s, %s, %s, %s)",
-            [(ids[id(artifact)], execution_id, event.type, now)
-             for artifact, event in artifact_and_events])
-        if context_ids:
-            # An artifact already attributed to a context (a block, to its ledger) keeps its row.
-            cursor.executemany(
-                "INSERT INTO `Attribution` (`context_id`, `artifact_id`) VALUES (%s, %s) "
-                "ON DUPLICATE KEY UPDATE `context_id` = `context_id`",
-                [(context_id, ids[id(artifact)]) for context_id in context_ids
-                 for artifact, _ in artifact_and_events])
+        batch.rows("INSERT INTO `Event` (`artifact_id`, `execution_id`, `type`, "
+                   "`milliseconds_since_epoch`) VALUES",
+                   [(ids[id(artifact)], _EXECUTION, event.type, now)
+                    for artifact, event in artifact_and_events])
+        # An artifact already attributed to a context (a block, to its ledger) keeps its row.
+        batch.rows("INSERT INTO `Attribution` (`context_id`, `artifact_id`) VALUES",
+                   [(context_id, ids[id(artifact)]) for context_id in context_ids
+                    for artifact, _ in artifact_and_events],
+                   "ON DUPLICATE KEY UPDATE `context_id` = `context_id`")
+        batch.add("SELECT @sage_execution")
+        batch.add("COMMIT")
+        execution_id = batch.run(cursor)
+        self.committed = True
         return execution_id
+
+
+class _Variable(str):
+    """A session variable the batch set (an id the server assigned), written as is."""
+
+
+_EXECUTION = _Variable("@sage_execution")
+
+
+class _Batch:
+    """Statements sent to the server together (one round trip), their values escaped by
+    PyMySQL; a _Variable is written as its name."""
+
+    def __init__(self):
+        self._statements: list[str] = []
+        self._values: list = []
+
+    def add(self, statement: str, *values) -> None:
+        self._statements.append(statement)
+        self._values.extend(values)
+
+    def rows(self, head: str, rows: Sequence[tuple], tail: str = "") -> None:
+        """`head` followed by the rows as a multi-row VALUES list (nothing for no rows)."""
+        if not rows:
+            return
+        rendered, values = [], []
+        for row in rows:
+            rendered.append("(" + ", ".join(value if isinstance(value, _Variable) else "%s"
+                                            for value in row) + ")")
+            values += [value for value in row if not isinstance(value, _Variable)]
+        self.add(f"{head} {', '.join(rendered)} {tail}".rstrip(), *values)
+
+    def run(self, cursor) -> int:
+        """Send the batch; the value of its last result set (the server stops at the first
+        statement that fails, whose error is raised here)."""
+        cursor.execute(";\n".join(self._statements), tuple(self._values))
+        last = None
+        while True:
+            row = cursor.fetchone() if cursor.description else None
+            if row is not None:
+                last = row[0]
+            if not cursor.nextset():
+                return last
+
+
 def _placeholders(values: Sequence) -> str:
     return ", ".join(["%s"] * len(values))
 
@@ -349,19 +412,3 @@ def _set_value(node, key: str, custom: int, value: list) -> None:
         target.double_value = double_value
     elif string_value is not None:
         target.string_value = string_value
-
-
-def _context_id(cursor, context: pb.Context, now: int) -> int:
-    """The id of `context`, created (without properties) if it has none and its (type, name)
-    does not exist yet: MLMD's `reuse_context_if_already_exist`."""
-    if context.HasField("id"):
-        return context.id
-    if context.properties or context.custom_properties:
-        raise ValueError("mysql_commit creates contexts without properties only")
-    # LAST_INSERT_ID(id) makes the existing row's id the statement's insert id.
-    cursor.execute(
-        "INSERT INTO `Context` (`type_id`, `name`, `external_id`, `create_time_since_epoch`, "
-        "`last_update_time_since_epoch`) VALUES (%s, %s, %s, %s, %s) "
-        "ON DUPLICATE KEY UPDATE `id` = LAST_INSERT_ID(`id`)",
-        (context.type_id, context.name, context.external_id or None, now, now))
-    return cursor.lastrowid

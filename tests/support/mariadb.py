@@ -9,6 +9,7 @@ kill -9 (the data directory survives; `start()` again recovers it). `store(datab
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -17,7 +18,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import portpicker
 
@@ -53,7 +54,6 @@ class MariaDB:
         self.port: Optional[int] = None
         self.process: Optional[subprocess.Popen] = None
         self._databases = itertools.count()
-        self._counter = None  # statements()' connection
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> "MariaDB":
@@ -79,9 +79,6 @@ class MariaDB:
         return self
 
     def stop(self) -> None:
-        if self._counter is not None:
-            self._counter.close()
-            self._counter = None
         if self.process is None:
             return
         self.process.send_signal(signal.SIGTERM)
@@ -94,7 +91,6 @@ class MariaDB:
 
     def crash(self) -> None:
         """kill -9: no shutdown, InnoDB recovers from its log on the next start."""
-        self._counter = None
         self.process.kill()
         self.process.wait()
         self.process = None
@@ -110,20 +106,22 @@ class MariaDB:
         return (f"mysql://{USER}@localhost/{database}?socket={self.socket}"
                 f"&password_file={self.password_file}")
 
-    def statements(self) -> int:
-        """How many statements clients have sent the server so far (its global `Questions`
-        count), less those these calls sent: the difference of two calls is what ran in
-        between. Each call sends one statement on a connection kept for counting."""
-        import pymysql
-
-        if self._counter is None:
-            self._counter = pymysql.connect(unix_socket=self.socket, user="root",
-                                            autocommit=True)
-            self._counted = 0
-        with self._counter.cursor() as cursor:
-            cursor.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
-            self._counted += 1
-            return int(cursor.fetchone()[1]) - self._counted
+    @contextlib.contextmanager
+    def round_trips(self) -> Iterator[list]:
+        """Counts the queries clients send the server inside the block, each a round trip (a
+        batch of statements sent together is one), from the server's general log: the list it
+        yields holds the count once the block ends. Nothing else may use the server meanwhile."""
+        counted = []
+        self.execute("SET GLOBAL log_output = 'TABLE'", "TRUNCATE TABLE mysql.general_log",
+                     "SET GLOBAL general_log = 1")
+        try:
+            yield counted
+        finally:
+            # This connection's own statements are not counted.
+            counted.append(self.execute(
+                "SET GLOBAL general_log = 0",
+                "SELECT COUNT(*) FROM mysql.general_log WHERE command_type = 'Query' "
+                "AND thread_id <> CONNECTION_ID()")[0][0])
 
     def execute(self, *statements: str) -> list:
         """Run SQL as root over the socket; the rows of the last statement."""
