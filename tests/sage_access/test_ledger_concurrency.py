@@ -122,7 +122,12 @@ def test_a_database_server_killed_mid_grants_loses_no_grant_and_charges_none_twi
         store = server.store()
         make_store(store, epsilon=1000.0, delta=1e-3)  # no block runs out: all are granted
         workers = [start_worker(store, seed, 150, "no-drain") for seed in range(4)]
-        time.sleep(3.0)
+        # Mid-grants: once the workers have started granting (on a loaded machine, starting
+        # them took more than the 3 s this test used to wait, and a worker whose first
+        # connection finds the server down exits, by design).
+        deadline = time.monotonic() + 120
+        while len(BlockLedger(store).grant_records()) < 8 and time.monotonic() < deadline:
+            time.sleep(0.2)
         server.crash()
         time.sleep(1.0)
         server.start()
