@@ -1,4 +1,4 @@
-"""A ledger change on ML Metadata's MySQL schema in one transaction of a few statements.
+"""A ledger change on ML Metadata's MySQL schema in one transaction of a few round trips.
 
 ML Metadata stays the store of record: the rows written here are the rows MLMD's own
 `put_execution` writes (the same tables, columns and values, in MLMD's schema version
@@ -8,14 +8,16 @@ through MLMD. Only how they are sent differs. MLMD's client sends one statement 
 per check, each a round trip to the server: per artifact it reads the type and the stored
 artifact back, rewrites each changed property as a DELETE and an INSERT, then asks for
 last_insert_id; about 25 statements per block a grant charges. Here one grant is one
-transaction of 15 statements, its reads included, whatever the number of blocks: each table's
-rows go in one multi-row statement (tests/sage_access/test_mysql_commit.py counts them).
+transaction of 6 round trips, its reads included, whatever the number of blocks: each table's
+rows go in one multi-row statement, and every write with the COMMIT in one batch
+(tests/sage_access/test_mysql_commit.py counts them).
 
-Concurrency. The artifacts a change updates (a grant's blocks) are first locked (`SELECT ...
-FOR UPDATE` on their version property, in id order, so two writers never wait on each other in
-a cycle) and their version compared with the version the change was computed from; if one
-moved, the change is rolled back and raises AbortedError, which the ledger treats as a conflict
-(re-read and retry, transaction.py). The unique names (BlockVersion `<block>/v<n>`, `grant-<id>`)
+Concurrency. The artifacts a change updates (a grant's blocks) are locked before it writes:
+read locked in the transaction (`SELECT ... FOR UPDATE`, in external id order, so two writers
+never wait on each other in a cycle), or, if they were read elsewhere (a window's blocks,
+chosen through MLMD), locked when it writes and their version compared with the version the
+change was computed from; if one moved, the change is rolled back and raises AbortedError,
+which the ledger treats as a conflict (re-read and retry, transaction.py). The unique names (BlockVersion `<block>/v<n>`, `grant-<id>`)
 still refuse a second writer of the same version, as with MLMD's own calls (AlreadyExistsError),
 so writers using either path exclude each other. InnoDB deadlock victims and lock-wait timeouts
 are rolled back whole and raise AbortedError too.
