@@ -8,7 +8,7 @@ through MLMD. Only how they are sent differs. MLMD's client sends one statement 
 per check, each a round trip to the server: per artifact it reads the type and the stored
 artifact back, rewrites each changed property as a DELETE and an INSERT, then asks for
 last_insert_id; about 25 statements per block a grant charges. Here one grant is one
-transaction of 6 round trips, its reads included, whatever the number of blocks: each table's
+transaction of 5 round trips, its reads included, whatever the number of blocks: each table's
 rows go in one multi-row statement, and every write with the COMMIT in one batch
 (tests/sage_access/test_mysql_commit.py counts them).
 

@@ -111,17 +111,26 @@ class MariaDB:
         """Counts the queries clients send the server inside the block, each a round trip (a
         batch of statements sent together is one), from the server's general log: the list it
         yields holds the count once the block ends. Nothing else may use the server meanwhile."""
+        import pymysql
+
         counted = []
-        self.execute("SET GLOBAL log_output = 'TABLE'", "TRUNCATE TABLE mysql.general_log",
-                     "SET GLOBAL general_log = 1")
+        # One connection switches the log on and off and counts: its own queries are not
+        # counted.
+        connection = pymysql.connect(unix_socket=self.socket, user="root", autocommit=True)
         try:
-            yield counted
+            with connection.cursor() as cursor:
+                for statement in ("SET GLOBAL log_output = 'TABLE'",
+                                  "TRUNCATE TABLE mysql.general_log", "SET GLOBAL general_log = 1"):
+                    cursor.execute(statement)
+                try:
+                    yield counted
+                finally:
+                    cursor.execute("SET GLOBAL general_log = 0")
+                    cursor.execute("SELECT COUNT(*) FROM mysql.general_log WHERE command_type = "
+                                   "'Query' AND thread_id <> CONNECTION_ID()")
+                    counted.append(cursor.fetchone()[0])
         finally:
-            # This connection's own statements are not counted.
-            counted.append(self.execute(
-                "SET GLOBAL general_log = 0",
-                "SELECT COUNT(*) FROM mysql.general_log WHERE command_type = 'Query' "
-                "AND thread_id <> CONNECTION_ID()")[0][0])
+            connection.close()
 
     def execute(self, *statements: str) -> list:
         """Run SQL as root over the socket; the rows of the last statement."""
