@@ -12,6 +12,7 @@ available (`float_at_most`) can be requested.
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from typing import Iterable, Optional
@@ -36,10 +37,17 @@ def exact_fraction(value) -> Fraction:
         return value
     text = exact_decimal(value) if isinstance(value, float) else str(value)
     try:
-        fraction = Fraction(text)
+        return _parsed(text)
     except (ValueError, ZeroDivisionError):
         raise BadRequest(f"not a finite number: {value!r}") from None
-    return fraction
+
+
+# A grant decodes and re-encodes every budget of the blocks it charges, mostly the same few
+# texts ("0.0", a ceiling, a request): parsing each once saves most of a grant's Python time.
+# Fractions are immutable, so sharing them is safe.
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> Fraction:
+    return Fraction(text)
 
 
 def exact_vector(values: Iterable) -> np.ndarray:
@@ -53,7 +61,11 @@ def exact_vector(values: Iterable) -> np.ndarray:
 def exact_text(value) -> str:
     """The text that `exact_fraction` reads back as exactly `value`: a plain decimal ("0.95",
     "1e-06" for a double's own decimal) when it terminates within 40 places, else "p/q"."""
-    value = exact_fraction(value)
+    return _text(exact_fraction(value))
+
+
+@functools.lru_cache(maxsize=4096)  # as _parsed: the same few budgets, over and over
+def _text(value: Fraction) -> str:
     as_double = float(value)
     if math.isfinite(as_double) and exact_fraction(as_double) == value:
         return exact_decimal(as_double)

@@ -312,17 +312,19 @@ class BlockLedger:
             still_waiting = [p for p in waiting if p != pipeline]
             changes = self._transactions.ledger_version(state, "finish_pipeline",
                                                         waiting=json.dumps(still_waiting))
+            released = []
             for artifact in self._records.live_blocks_newest_first(page=500):
                 block = self._to_state(artifact)
                 if pipeline not in block.reservations:
                     continue
-                released = allocation.release(block, pipeline, still_waiting)
+                released.append(allocation.release(block, pipeline, still_waiting))
                 version = get_property(artifact, "version") + 1
-                changes.append((self._write_state(artifact, released), input_event()))
+                changes.append((self._write_state(artifact, released[-1]), input_event()))
                 changes.append((self._transactions.block_version(block.block_id, version),
                                 output_event()))
             self._transactions.commit(
-                UPDATE_TYPE, {"kind": "finish_pipeline", "pipeline": pipeline}, changes)
+                UPDATE_TYPE, {"kind": "finish_pipeline", "pipeline": pipeline,
+                              "balances": lineage.recorded_balances(released)}, changes)
 
         self._transactions.retrying(
             attempt, lambda: None if pipeline in self.waiting_pipelines() else True)
@@ -373,8 +375,12 @@ class BlockLedger:
         grant_id = uuid.uuid4().hex
 
         def attempt() -> Grant:
-            chosen = self._choose(selector, demand, pipeline)
-            lineage.check_balances(self._records, self.accounting, chosen)
+            with self._transactions.session() as session:
+                return charge(session)
+
+        def charge(session) -> Grant:
+            chosen = self._choose(selector, demand, pipeline, session)
+            lineage.check_balances(self._records, self.accounting, chosen, session)
             if require_data:
                 _check_data([block for _, block in chosen])
             grant = Grant(grant_id=grant_id, context=self.context,
@@ -383,21 +389,23 @@ class BlockLedger:
                           delta=budget.delta, rdp_curve=budget.rdp_curve, pipeline=pipeline,
                           execution_id=-1,  # known once committed, below
                           split=split, events=recorded_events)
-            changes = []
+            changes, charged = [], []
             for artifact, block in chosen:
                 version = get_property(artifact, "version") + 1
-                charged = allocation.charge(block, demand, pipeline, self.accounting,
-                                            self._min_demand)
-                changes.append((self._write_state(artifact, charged), input_event()))
+                charged.append(allocation.charge(block, demand, pipeline, self.accounting,
+                                                 self._min_demand))
+                changes.append((self._write_state(artifact, charged[-1]), input_event()))
                 changes.append((self._transactions.block_version(block.block_id, version),
                                 output_event()))
             if data_uri is not None:
                 changes.append((self._records.data_record(grant.grant_id, data_uri,
                                                           "BlockLedger"), output_event()))
             execution_id = self._transactions.commit(
-                GRANT_TYPE, self._records.grant_properties(grant, run_id, demand, front_door,
-                                                         request_text), changes,
-                run_contexts, name=f"grant-{grant.grant_id}")
+                GRANT_TYPE, dict(self._records.grant_properties(grant, run_id, demand, front_door,
+                                                              request_text),
+                                 balances=lineage.recorded_balances(charged)), changes,
+                run_contexts, name=f"grant-{grant.grant_id}",
+                read={artifact.id: artifact for artifact, _ in chosen}, session=session)
             return dataclasses.replace(grant, execution_id=execution_id)
 
         def committed() -> Optional[Grant]:
@@ -414,11 +422,15 @@ class BlockLedger:
                              f"split {split} does not name")
         return self.accounting.grant_demand(budget, split, events, additional_delta)
 
-    def _choose(self, selector, demand: np.ndarray,
-                pipeline: Optional[str]) -> list[tuple[pb.Artifact, BlockState]]:
-        """The selected blocks (artifact and decoded state) that can all pay, or an error."""
+    def _choose(self, selector, demand: np.ndarray, pipeline: Optional[str],
+                session=None) -> list[tuple[pb.Artifact, BlockState]]:
+        """The selected blocks (artifact and decoded state) that can all pay, or an error.
+        Named blocks are read in the grant's `session` (Transactions.session: on MySQL they
+        stay locked until it commits); a window's are read from the store (MLMD's filter
+        query), and the commit then refuses any whose version moved since."""
         if isinstance(selector, BlockIds):
-            chosen = [(a, self._to_state(a)) for a in self._records.block_artifacts(selector.ids)]
+            chosen = [(a, self._to_state(a))
+                      for a in self._records.block_artifacts(selector.ids, session)]
             elsewise = [block.block_id for _, block in chosen if selector.data_format
                         and not holds(block, selector.data_format)]
             if elsewise:

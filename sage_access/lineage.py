@@ -1,13 +1,13 @@
 """Audit and lineage of a BlockLedger: the grant history, its re-derivation, and run contexts.
 
 Reads the whole history (operators, the CLI, tests); on the grant path only `check_balances`,
-which reads the history of the blocks a grant charges.
+which reads the last change of each block a grant charges.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 from ml_metadata import errors as mlmd_errors
@@ -16,6 +16,7 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BalanceTampered
+from sage_tfx.sage_access.exact import exact_vector
 from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, GRANT_TYPE, KFP_RUN_CONTEXT_TYPE,
                                           LEDGER_CONTEXT_TYPE,
                                           RUN_CONTEXT_TYPE, TFX_RUN_CONTEXT_TYPE, Grant,
@@ -128,41 +129,117 @@ def audit(records: LedgerRecords, accounting, blocks: list[BlockState]) -> Audit
         for block_id in named:
             charged.setdefault(block_id, []).append(demand)
     for block in blocks:
-        problems += balance_problems(block, charged.get(block.block_id, []), accounting)
+        history = charged.get(block.block_id, [])
+        problems += balance_problems(block, sum(history, accounting.zero()), len(history),
+                                     accounting)
     return Audit(problems, len(blocks), len(grants))
 
 
-def balance_problems(block: BlockState, history: list[np.ndarray], accounting) -> list[str]:
-    """Where `block`'s stored balance disagrees with `history`, the demands of the grants that
-    charged it (audit's per-block checks; `check_balances` runs them before every grant)."""
+def balance_problems(block: BlockState, total: np.ndarray, charges: int,
+                     accounting) -> list[str]:
+    """Where `block`'s stored balance disagrees with `total` and `charges`, what the grants that
+    charged it add up to (audit's per-block checks; `check_balances` runs them before every
+    grant)."""
     problems = []
-    total = sum(history, accounting.zero())
-    # Within 1e-9: a ledger written before budgets were exact summed doubles.
-    if not np.allclose(total.astype(float), block.spent.astype(float), rtol=1e-9, atol=0):
+    # Equal, or within 1e-9: a ledger written before budgets were exact summed doubles.
+    if not (np.array_equal(total, block.spent) or np.allclose(
+            total.astype(float), block.spent.astype(float), rtol=1e-9, atol=0)):
         problems.append(f"block {block.block_id}: spent {encode_vector(block.spent)} but its "
                         f"grants sum to {encode_vector(total)}")
-    if len(history) != block.charges:
+    if charges != block.charges:
         problems.append(f"block {block.block_id}: {block.charges} charges counted, "
-                        f"{len(history)} grants name it")
+                        f"{charges} grants name it")
     if not accounting.fits(accounting.zero(), block.spent, block.capacity):
         problems.append(f"block {block.block_id}: spent {encode_vector(block.spent)} is above "
                         "its ceiling")
     return problems
 
 
+def recorded_balances(blocks: Sequence[BlockState]) -> str:
+    """The `balances` property of a change that versions `blocks`: each block's spent and
+    number of charges once the change is made, which `check_balances` compares the stored
+    balance with (the running sum of the grants, carried from change to change)."""
+    return json.dumps({block.block_id: [json.loads(encode_vector(block.spent)), block.charges]
+                       for block in blocks})
+
+
 def check_balances(records: LedgerRecords, accounting,
-                   chosen: list[tuple[pb.Artifact, BlockState]]) -> None:
+                   chosen: list[tuple[pb.Artifact, BlockState]], reader=None) -> None:
     """Before a grant charges the `chosen` blocks (artifact as read, decoded state): each stored
     balance must be what the grants recorded on it add up to, or the grant is refused
     (BalanceTampered, nothing charged). A balance is a materialised sum that anyone able to
-    write the store can overwrite (set `spent` back to 0 and the block pays again); the Grant
-    executions linked to the block are the record it must agree with. Reads one block's
-    history only (its INPUT events), not the whole ledger as `audit` does.
+    write the store can overwrite (set `spent` back to 0 and the block pays again); the
+    ledger's own history is the record it must agree with.
+
+    Bounded, whatever the history's length: every change of a block creates its next version
+    record `<block>/v<n>` (transaction.py) and records on its execution the block's balance
+    after it (`balances`: the previous one plus the grant's demand, computed by the writer that
+    holds version n-1; a new block starts at zero). So the stored balance of version n must be
+    the one recorded by the change that created `v<n>`, and `v<n+1>` must not exist: a balance
+    rewritten alone disagrees with the record; one rolled back with its version (or a store
+    restored from a partial backup) finds a later version, or none and then its history. `audit` checks the chain
+    itself (each block's balance against the sum of all its grants). A block whose version
+    record is not found by its external id (written before version records had one; or
+    removed) or whose last change recorded no balance (written before changes did) is checked
+    against its whole history, as `audit` does.
 
     A grant committed by another writer after `chosen` was read shows in the history but not in
     the balance read: if a block's version has moved since, the grant would conflict anyway
-    (transaction.py), so this raises Conflict and the request re-reads."""
-    store = records.store
+    (transaction.py), so this raises Conflict and the request re-reads. `reader`: where to read
+    (default: the store; the grant's MySQL transaction, see Transactions.session)."""
+    store = reader or records.store
+    names = {}
+    for artifact, block in chosen:
+        version = get_property(artifact, "version")
+        names[f"version:{records.version_name(block.block_id, version)}"] = (
+            block.block_id, "current")
+        names[f"version:{records.version_name(block.block_id, version + 1)}"] = (
+            block.block_id, "next")
+    versions = records.by_external_ids(list(names), store)
+    found = {names[a.external_id]: a.id for a in versions}
+    creators = {event.artifact_id: event.execution_id
+                for event in store.get_events_by_artifact_ids([a.id for a in versions])
+                if event.type == pb.Event.OUTPUT} if versions else {}
+    changes = {execution.id: execution for execution in store.get_executions_by_id(
+        sorted(set(creators.values())))} if creators else {}
+    problems, unrecorded = [], []
+    for artifact, block in chosen:
+        if (block.block_id, "next") in found:
+            problems.append(f"block {block.block_id}: a later version than its stored one "
+                            f"(v{get_property(artifact, 'version')}) exists")
+            continue
+        change = changes.get(creators.get(found.get((block.block_id, "current"))))
+        recorded = None if change is None else json.loads(
+            get_property(change, "balances", "{}")).get(block.block_id)
+        if recorded is not None:
+            total, charges = exact_vector(recorded[0]), recorded[1]
+        elif change is not None and get_property(change, "kind") == "add_block":
+            total, charges = accounting.zero(), 0
+        else:  # a version recorded before versions had external ids and changes balances
+            unrecorded.append((artifact, block))
+            continue
+        problems += balance_problems(block, total, charges, accounting)
+    problems += _history_problems(records, accounting, unrecorded, store)
+    if not problems:
+        return
+    versions = {artifact.id: get_property(artifact, "version") for artifact, _ in chosen}
+    if any(get_property(artifact, "version") != versions[artifact.id]
+           for artifact in store.get_artifacts_by_id(list(versions))):
+        raise Conflict("a block changed while its balance was checked")
+    raise BalanceTampered(
+        f"ledger {records.context!r}: the stored balance of a block disagrees with the grants "
+        f"recorded on it, so the store was written outside sage-tfx; nothing was charged. "
+        f"{'; '.join(problems)}. Run `sage-tfx ledger audit` and restore the store from a "
+        "trusted copy")
+
+
+def _history_problems(records: LedgerRecords, accounting,
+                      chosen: list[tuple[pb.Artifact, BlockState]], store) -> list[str]:
+    """`balance_problems` of the `chosen` blocks against their whole history (the Grant
+    executions that took each as an INPUT), read from `store`: for blocks whose last change
+    recorded no balance."""
+    if not chosen:
+        return []
     by_id = {artifact.id: block for artifact, block in chosen}
     # A grant takes each block it charges as an INPUT (ledger.request); so does a finished
     # pipeline's release of its reservations (an update, not a grant: skipped).
@@ -176,19 +253,9 @@ def check_balances(records: LedgerRecords, accounting,
         if event.execution_id in grants:
             history[event.artifact_id].append(
                 decode_vector(get_property(grants[event.execution_id], "demand")))
-    problems = [problem for artifact_id, block in by_id.items()
-                for problem in balance_problems(block, history[artifact_id], accounting)]
-    if not problems:
-        return
-    versions = {artifact.id: get_property(artifact, "version") for artifact, _ in chosen}
-    if any(get_property(artifact, "version") != versions[artifact.id]
-           for artifact in store.get_artifacts_by_id(list(by_id))):
-        raise Conflict("a block changed while its balance was checked")
-    raise BalanceTampered(
-        f"ledger {records.context!r}: the stored balance of a block disagrees with the grants "
-        f"recorded on it, so the store was written outside sage-tfx; nothing was charged. "
-        f"{'; '.join(problems)}. Run `sage-tfx ledger audit` and restore the store from a "
-        "trusted copy")
+    return [problem for artifact_id, block in by_id.items()
+            for problem in balance_problems(block, sum(history[artifact_id], accounting.zero()),
+                                            len(history[artifact_id]), accounting)]
 
 
 def latest_change(records: LedgerRecords) -> int:

@@ -234,9 +234,15 @@ class LedgerRecords:
             raise BadRequest(f"no ledger context {context!r} in this store; run `init` first")
 
     # ----------------------------------------------------------------- ledger state
-    def by_external_ids(self, external_ids: list[str]) -> list[pb.Artifact]:
+    def by_external_ids(self, external_ids: list[str], reader=None,
+                        lock: bool = False) -> list[pb.Artifact]:
+        """The artifacts with these external ids, read from `reader` (default: the store; or a
+        MySQL transaction of Transactions.session, which with `lock` keeps them locked until
+        it commits)."""
         try:
-            return self.store.get_artifacts_by_external_ids(external_ids)
+            if lock and reader is not None:
+                return reader.get_artifacts_by_external_ids(external_ids, lock=True)
+            return (reader or self.store).get_artifacts_by_external_ids(external_ids)
         except mlmd_errors.NotFoundError:  # MLMD raises instead of returning nothing
             return []
 
@@ -247,13 +253,20 @@ class LedgerRecords:
         return found[0]
 
     # ----------------------------------------------------------------- blocks
-    def block_artifacts(self, block_ids: Sequence[str]) -> list[pb.Artifact]:
+    def block_artifacts(self, block_ids: Sequence[str], reader=None) -> list[pb.Artifact]:
+        """The blocks' artifacts, in the order of `block_ids` (locked in a MySQL transaction
+        `reader`); BadRequest naming those this ledger does not have."""
         external = [f"block:{self.context}/{b}" for b in block_ids]
-        found = {get_property(a, "block_id"): a for a in self.by_external_ids(external)}
+        found = {get_property(a, "block_id"): a
+                 for a in self.by_external_ids(external, reader, lock=True)}
         unknown = [b for b in block_ids if b not in found]
         if unknown:
             raise BadRequest(f"unknown block(s) in ledger {self.context!r}: {', '.join(unknown)}")
         return [found[b] for b in block_ids]
+
+    def version_name(self, block_id: str, version: int) -> str:
+        """The unique name of a block's BlockVersion record `version` (transaction.py)."""
+        return f"{self.context}/{block_id}/v{version}"
 
     def block_exists(self, block_id: str) -> bool:
         return bool(self.by_external_ids([f"block:{self.context}/{block_id}"]))

@@ -35,7 +35,7 @@ import sqlite3
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, TypeVar, Union
 
 import grpc
 from ml_metadata import errors as mlmd_errors
@@ -61,6 +61,9 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 UNIX_SOCKET_SCHEME = "grpc+unix://"
 # How long a gRPC call may wait for an MLMD server before the store counts as unreachable.
 GRPC_TIMEOUT_SECONDS = 30
+
+
+T = TypeVar("T")
 
 
 class StoreRefused(BadRequest):
@@ -108,6 +111,19 @@ class MySQLStore:
         except OSError as error:
             raise StoreRefused(f"store {self}: cannot read the password file: "
                                f"{error.strerror}") from None
+
+    def pymysql_connection(self, **options):
+        """A PyMySQL connection to the server (StoreUnreachable if it cannot be made), utf8mb4;
+        `options` are PyMySQL's (database, autocommit, ...)."""
+        import pymysql  # only MySQL stores need it
+
+        try:
+            return pymysql.connect(host=self.host, port=self.port, user=self.user,
+                                   password=self.password(), unix_socket=self.socket,
+                                   connect_timeout=10, charset="utf8mb4", **options)
+        except pymysql.MySQLError as error:
+            raise StoreUnreachable(f"store {self}: cannot connect to the MySQL server "
+                                   f"({error.args[-1]})") from None
 
     def config(self, create_database: bool = True) -> metadata_store_pb2.ConnectionConfig:
         config = metadata_store_pb2.ConnectionConfig()
@@ -338,9 +354,24 @@ def is_lock_error(error: Exception) -> bool:
     return any(sign in text for sign in ("locked", "busy", "deadlock", "lock wait timeout"))
 
 
-def _connection_lost(error: Exception) -> bool:
+def connection_lost(error: Exception) -> bool:
     text = str(error).lower()
     return any(symptom in text for symptom in _CONNECTION_LOST)
+
+
+def until_reachable(open_connection: Callable[[], T]) -> T:
+    """`open_connection()`, tried again while it raises StoreUnreachable (the server restarting)
+    for up to MYSQL_RECONNECT_SECONDS, then StoreUnreachable."""
+    deadline = time.monotonic() + MYSQL_RECONNECT_SECONDS
+    pause = 0.1
+    while True:
+        try:
+            return open_connection()
+        except StoreUnreachable:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 2.0)
 
 
 class ReconnectingMySQLStore(metadata_store.MetadataStore):
@@ -355,7 +386,7 @@ class ReconnectingMySQLStore(metadata_store.MetadataStore):
     def __init__(self, spec: MySQLStore, read_only: bool = False):
         # Not MetadataStore.__init__: it logs the ConnectionConfig (with the password) at DEBUG.
         self.spec = spec
-        self._read_only = read_only
+        self.read_only = read_only
         self._config = None
         self._max_num_retries = 5
         self._service_client_wrapper = None
@@ -363,7 +394,7 @@ class ReconnectingMySQLStore(metadata_store.MetadataStore):
         self._open()
 
     def _open(self) -> None:
-        config = self.spec.config(create_database=not self._read_only)
+        config = self.spec.config(create_database=not self.read_only)
         try:
             self._metadata_store = mlmd_cc.CreateMetadataStore(
                 config.SerializeToString(),
@@ -378,20 +409,11 @@ class ReconnectingMySQLStore(metadata_store.MetadataStore):
 
     def _reconnect(self) -> None:
         self._metadata_store = None  # the dead connection goes with its object
-        deadline = time.monotonic() + MYSQL_RECONNECT_SECONDS
-        pause = 0.1
-        while True:
-            try:
-                return self._open()
-            except StoreUnreachable:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(2 * pause, 2.0)
+        until_reachable(self._open)
 
     def _call_method(self, method_name, request, response) -> None:
         reading = method_name.startswith("Get")
-        if self._read_only and not reading:
+        if self.read_only and not reading:
             raise StoreRefused(f"store {self.spec} is opened read-only: {method_name} refused")
         deadline = time.monotonic() + MYSQL_RECONNECT_SECONDS
         while True:
@@ -403,7 +425,7 @@ class ReconnectingMySQLStore(metadata_store.MetadataStore):
                 if reading and is_lock_error(error) and time.monotonic() < deadline:
                     time.sleep(random.uniform(0, 0.02))  # a deadlock victim: read again
                     continue
-                if not _connection_lost(error):
+                if not connection_lost(error):
                     raise
             self._reconnect()
             if not reading:
@@ -415,15 +437,7 @@ def inspect_mysql(store: MySQLStore) -> str:
     """What the database `store` names is, read in a read-only session: "absent", "empty",
     "mlmd" (ML Metadata without a sage-tfx ledger) or "ledger". StoreRefused for a database
     holding other tables; StoreUnreachable if the server cannot be reached or refuses us."""
-    import pymysql  # only MySQL stores need it
-
-    try:
-        connection = pymysql.connect(host=store.host, port=store.port, user=store.user,
-                                     password=store.password(), unix_socket=store.socket,
-                                     connect_timeout=10, charset="utf8mb4")
-    except pymysql.MySQLError as error:
-        raise StoreUnreachable(f"store {store}: cannot connect to the MySQL server "
-                               f"({error.args[-1]})") from None
+    connection = store.pymysql_connection()
     with contextlib.closing(connection), connection.cursor() as cursor:
         cursor.execute("SET SESSION TRANSACTION READ ONLY")
         cursor.execute("SELECT count(*) FROM information_schema.schemata WHERE schema_name = %s",

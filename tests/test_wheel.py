@@ -29,8 +29,12 @@ import pytest
 from support import REPO_ROOT
 
 # What a build must not copy from the clone: environments, outputs, caches.
-_NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", ".lockenv", "out", "build", "*.egg-info",
-                                     "__pycache__", ".pytest_cache", ".hypothesis")
+_NOT_SOURCE_NAMES = (".git", ".venv", ".lockenv", "out", "build", "*.egg-info", "__pycache__",
+                     ".pytest_cache", ".hypothesis")
+_NOT_SOURCE = shutil.ignore_patterns(*_NOT_SOURCE_NAMES)
+# What a fresh clone lacks until `make web`: the ledger page's chart library (setup.py).
+_CHART_LIBRARY = [f"sage_access/web/node_modules/plotly.js-basic-dist-min/{name}"
+                  for name in ("package.json", "plotly-basic.min.js", "LICENSE")]
 PLOTLY = "sage_tfx/sage_access/web/node_modules/plotly.js-basic-dist-min/plotly-basic.min.js"
 
 
@@ -65,6 +69,56 @@ def _lock_pins() -> dict[str, str]:
             if match:
                 pins[match[1]] = match[2]
     return pins
+
+
+def _fresh_clone(tmp_path):
+    """A copy of the clone's sources as `git clone` gives them: without node_modules."""
+    source = tmp_path / "source"
+    shutil.copytree(REPO_ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE_NAMES,
+                                                                     "node_modules"))
+    return source
+
+
+def _build(source, kind: str, out):
+    """setuptools' PEP 517 build of a wheel or an sdist of `source` into `out` (what pip and
+    `python -m build` call, without an isolated environment)."""
+    return subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                           f"build_meta.build_{kind}(sys.argv[1])", str(out)], cwd=source,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("kind", ["wheel", "sdist"])
+def test_a_build_from_a_fresh_clone_stops_and_says_how_to_get_the_chart_library(tmp_path, kind):
+    """Without `make web` the wheel was built without the ledger page's chart library (setup.cfg
+    takes it from node_modules, which a clone lacks), and `ledger serve` then would not start."""
+    source = _fresh_clone(tmp_path)
+    built = _build(source, kind, tmp_path / "dist")
+    assert built.returncode != 0
+    assert "chart library is missing" in built.stderr and "make web" in built.stderr
+    assert not list((tmp_path / "dist").glob("sage_tfx-*"))
+
+
+def test_an_sdist_holds_the_chart_library_and_builds_a_wheel_that_does(tmp_path):
+    """With the library in place (files standing in for what `make web` installs), the sdist
+    carries it, so a wheel built from the sdist alone holds it too."""
+    source = _fresh_clone(tmp_path)
+    for path in _CHART_LIBRARY:
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        (source / path).write_text("{}\n" if path.endswith(".json") else "// stand-in\n")
+    built = _build(source, "sdist", tmp_path / "dist")
+    assert built.returncode == 0, built.stderr[-3000:]
+    [archive] = (tmp_path / "dist").glob("sage_tfx-*.tar.gz")
+    unpacked = tmp_path / "unpacked"
+    shutil.unpack_archive(archive, unpacked)
+    [from_sdist] = unpacked.iterdir()
+    assert all((from_sdist / path).is_file() for path in _CHART_LIBRARY)
+    built = _build(from_sdist, "wheel", tmp_path / "wheel")
+    assert built.returncode == 0, built.stderr[-3000:]
+    [wheel] = (tmp_path / "wheel").glob("sage_tfx-*.whl")
+    with zipfile.ZipFile(wheel) as contents:
+        names = set(contents.namelist())
+    assert all(f"sage_tfx/{path}" in names for path in _CHART_LIBRARY)
+    assert "sage_tfx/setup.py" not in names
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,13 @@ def start_worker(store: str, seed: int, requests: int, *options: str,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def wait_for_grants(store: str, count: int, seconds: float = 120) -> None:
+    """Until the ledger holds `count` grants (the workers have started granting)."""
+    deadline = time.monotonic() + seconds
+    while len(BlockLedger(store).grant_records()) < count and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def assert_consistent(store: str, committed: list[dict]) -> None:
     ledger = BlockLedger(store)
     assert ledger.audit().problems == []
@@ -92,8 +99,12 @@ def test_killed_processes_leave_every_grant_whole_or_absent(store_path):
     rng = np.random.default_rng(7)
     committed = []
     for round_index in range(4):
+        granted = len(BlockLedger(store).grant_records())
         workers = [start_worker(store, 100 * round_index + seed, 400) for seed in range(4)]
-        time.sleep(float(rng.uniform(1.5, 3.0)))
+        # Killed mid-grants: a while after they started granting (on a loaded machine starting
+        # them took longer than the 1.5-3 s this test used to wait, and nothing was granted).
+        wait_for_grants(store, granted + 4)
+        time.sleep(float(rng.uniform(0.5, 1.5)))
         for worker in workers:
             os.kill(worker.pid, signal.SIGKILL)
         for worker in workers:
@@ -122,7 +133,10 @@ def test_a_database_server_killed_mid_grants_loses_no_grant_and_charges_none_twi
         store = server.store()
         make_store(store, epsilon=1000.0, delta=1e-3)  # no block runs out: all are granted
         workers = [start_worker(store, seed, 150, "no-drain") for seed in range(4)]
-        time.sleep(3.0)
+        # Mid-grants: once the workers have started granting (on a loaded machine, starting
+        # them took more than the 3 s this test used to wait, and a worker whose first
+        # connection finds the server down exits, by design).
+        wait_for_grants(store, 8)
         server.crash()
         time.sleep(1.0)
         server.start()

@@ -9,6 +9,7 @@ kill -9 (the data directory survives; `start()` again recovers it). `store(datab
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -17,7 +18,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import portpicker
 
@@ -104,6 +105,32 @@ class MariaDB:
     def socket_store(self, database: str) -> str:
         return (f"mysql://{USER}@localhost/{database}?socket={self.socket}"
                 f"&password_file={self.password_file}")
+
+    @contextlib.contextmanager
+    def round_trips(self) -> Iterator[list]:
+        """Counts the queries clients send the server inside the block, each a round trip (a
+        batch of statements sent together is one), from the server's general log: the list it
+        yields holds the count once the block ends. Nothing else may use the server meanwhile."""
+        import pymysql
+
+        counted = []
+        # One connection switches the log on and off and counts: its own queries are not
+        # counted.
+        connection = pymysql.connect(unix_socket=self.socket, user="root", autocommit=True)
+        try:
+            with connection.cursor() as cursor:
+                for statement in ("SET GLOBAL log_output = 'TABLE'",
+                                  "TRUNCATE TABLE mysql.general_log", "SET GLOBAL general_log = 1"):
+                    cursor.execute(statement)
+                try:
+                    yield counted
+                finally:
+                    cursor.execute("SET GLOBAL general_log = 0")
+                    cursor.execute("SELECT COUNT(*) FROM mysql.general_log WHERE command_type = "
+                                   "'Query' AND thread_id <> CONNECTION_ID()")
+                    counted.append(cursor.fetchone()[0])
+        finally:
+            connection.close()
 
     def execute(self, *statements: str) -> list:
         """Run SQL as root over the socket; the rows of the last statement."""

@@ -1,0 +1,416 @@
+"""A ledger change on ML Metadata's MySQL schema in one transaction of a few round trips.
+
+ML Metadata stays the store of record: the rows written here are the rows MLMD's own
+`put_execution` writes (the same tables, columns and values, in MLMD's schema version
+`SCHEMA_VERSION`, checked when connecting; tests/sage_access/test_mysql_commit.py compares the
+two row by row), so every MLMD client reads them as its own, and the ledger reads them back
+through MLMD. Only how they are sent differs. MLMD's client sends one statement per row and
+per check, each a round trip to the server: per artifact it reads the type and the stored
+artifact back, rewrites each changed property as a DELETE and an INSERT, then asks for
+last_insert_id; about 25 statements per block a grant charges. Here one grant is one
+transaction of 5 round trips, its reads included, whatever the number of blocks: each table's
+rows go in one multi-row statement, and every write with the COMMIT in one batch
+(tests/sage_access/test_mysql_commit.py counts them).
+
+Concurrency. The artifacts a change updates (a grant's blocks) are locked before it writes:
+read locked in the transaction (`SELECT ... FOR UPDATE`, in external id order, so two writers
+never wait on each other in a cycle), or, if they were read elsewhere (a window's blocks,
+chosen through MLMD), locked when it writes and their version compared with the version the
+change was computed from; if one moved, the change is rolled back and raises AbortedError,
+which the ledger treats as a conflict (re-read and retry, transaction.py). The unique names (BlockVersion `<block>/v<n>`, `grant-<id>`)
+still refuse a second writer of the same version, as with MLMD's own calls (AlreadyExistsError),
+so writers using either path exclude each other. InnoDB deadlock victims and lock-wait timeouts
+are rolled back whole and raise AbortedError too.
+
+Crashes. A transaction is all or nothing in InnoDB: a client killed mid-change leaves nothing
+(the server rolls back its connection's transaction); a lost connection raises CommitUnknown,
+and the caller resolves the change's fate from the ledger (transaction.Transactions.retrying).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator, Mapping, Optional, Sequence
+
+from ml_metadata import errors as mlmd_errors
+from ml_metadata.proto import metadata_store_pb2 as pb
+
+from sage_tfx.sage_access.store import (CommitUnknown, MySQLStore, connection_lost,
+                                        until_reachable)
+
+# ML Metadata 1.17's MySQL schema, the one whose rows this module writes.
+SCHEMA_VERSION = 10
+# MySQL client and server error numbers: a duplicate unique key; a deadlock victim or a lock
+# wait timed out (the statement or transaction was rolled back).
+_DUPLICATE_KEY = 1062
+_ROLLED_BACK = (1205, 1213)
+_VALUE_COLUMNS = "`int_value`, `double_value`, `string_value`"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _value(value: pb.Value) -> tuple:
+    """(int_value, double_value, string_value) of a custom property, as MLMD stores it."""
+    kind = value.WhichOneof("value")
+    if kind == "int_value":
+        return value.int_value, None, None
+    if kind == "double_value":
+        return None, value.double_value, None
+    if kind == "string_value":
+        return None, None, value.string_value
+    raise ValueError(f"a property of kind {kind} is not written by mysql_commit")
+
+
+def _changed_properties(node, before) -> tuple[list, list]:
+    """The custom properties of `node` that differ from `before`'s (an empty node for a new one):
+    ([(name, value columns)], [names removed])."""
+    if node.properties:
+        raise ValueError("mysql_commit writes custom properties only")
+    old = {key: _value(value) for key, value in before.custom_properties.items()}
+    new = {key: _value(value) for key, value in node.custom_properties.items()}
+    return ([(key, value) for key, value in sorted(new.items()) if old.get(key) != value],
+            sorted(set(old) - set(new)))
+
+
+class MySQLCommits:
+    """Ledger changes read and written straight in ML Metadata's tables on MySQL, one
+    transaction each (see the module's docstring). `available()` is False when the database's
+    MLMD schema is not the version this module writes: the ledger then uses MLMD's own calls."""
+
+    def __init__(self, spec: MySQLStore):
+        self.spec = spec
+        self._connection = None
+        self._schema_matches: Optional[bool] = None
+
+    def _connect(self):
+        if self._connection is None:
+            # READ COMMITTED: a plain read in a transaction sees what committed before it (the
+            # change that made a block's version, committed before its row lock was granted).
+            from pymysql.constants import CLIENT
+
+            self._connection = until_reachable(lambda: self.spec.pymysql_connection(
+                database=self.spec.database, autocommit=False,
+                client_flag=CLIENT.MULTI_STATEMENTS,
+                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"))
+        return self._connection
+
+    def available(self) -> bool:
+        if self._schema_matches is None:
+            connection = self._connect()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT MAX(`schema_version`) FROM `MLMDEnv`")
+                self._schema_matches = cursor.fetchone()[0] == SCHEMA_VERSION
+            connection.rollback()  # it only read
+        return self._schema_matches
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator["Transaction"]:
+        """One MySQL transaction, committed when the block ends and rolled back if it raises.
+        MySQL's errors come out as ML Metadata's: AlreadyExistsError for a unique name taken,
+        AbortedError for a deadlock victim, a lock wait timed out or an updated artifact whose
+        version moved (nothing written in all three); CommitUnknown when the connection was
+        lost (the COMMIT may have reached the server)."""
+        import pymysql
+
+        connection = self._connect()
+        try:
+            with connection.cursor() as cursor:
+                transaction = Transaction(cursor)
+                yield transaction
+            if not transaction.committed:
+                connection.commit()
+        except (pymysql.err.InterfaceError, ConnectionError) as error:
+            self._lost(error)
+        except pymysql.MySQLError as error:
+            if connection_lost(error):
+                self._lost(error)
+            code = error.args[0] if error.args else None
+            connection.rollback()
+            if code == _DUPLICATE_KEY:
+                raise mlmd_errors.AlreadyExistsError(f"mysql_commit: {error.args[-1]}") from None
+            if code in _ROLLED_BACK:
+                raise mlmd_errors.AbortedError(f"mysql_commit: {error.args[-1]}") from None
+            raise
+        except BaseException:  # nothing half-written stays in the transaction
+            connection.rollback()
+            raise
+
+    def _lost(self, error: Exception) -> None:
+        """The connection is gone (or in an unknown state): drop it and say the commit's fate is
+        unknown (a COMMIT may have reached the server before the connection broke)."""
+        try:
+            self._connection.close()
+        except Exception:  # already closed by the error
+            pass
+        self._connection = None
+        raise CommitUnknown(f"a ledger change on {self.spec} lost its connection ({error}); "
+                            "it may or may not have committed") from None
+
+
+class Transaction:
+    """Reads and one write in a MySQL transaction (MySQLCommits.transaction). Its reads have
+    ML Metadata's names and answers (`get_artifacts_by_external_ids`, ...), so the ledger's
+    code reads through it as through an MLMD store; events are read without their paths (the
+    ledger writes none)."""
+
+    def __init__(self, cursor):
+        self._cursor = cursor
+        # {artifact id: its version property} of the artifacts read locked so far.
+        self._locked: dict[int, int] = {}
+        self.committed = False  # put_execution commits
+
+    def get_artifacts_by_external_ids(self, external_ids: Sequence[str],
+                                      lock: bool = False) -> list[pb.Artifact]:
+        """MLMD's call of that name (an empty list where MLMD raises NotFoundError). With
+        `lock`, the artifacts found and their properties are locked until the transaction ends
+        (a grant reads its blocks so: no other writer changes them in between), in external id
+        order, so two transactions never wait on each other in a cycle; under READ COMMITTED
+        an id not found locks nothing (no gap lock)."""
+        return self._artifacts("`external_id`", external_ids, lock)
+
+    def get_artifacts_by_id(self, artifact_ids: Sequence[int]) -> list[pb.Artifact]:
+        return self._artifacts("`id`", artifact_ids, False)
+
+    def _artifacts(self, column: str, keys: Sequence, lock: bool) -> list[pb.Artifact]:
+        if not keys:
+            return []
+        self._cursor.execute(
+            "SELECT A.`id`, A.`type_id`, A.`uri`, A.`state`, A.`name`, A.`external_id`, "
+            "A.`create_time_since_epoch`, A.`last_update_time_since_epoch`, P.`name`, "
+            f"P.`is_custom_property`, P.{_VALUE_COLUMNS.replace(', ', ', P.')} "
+            "FROM `Artifact` AS A LEFT JOIN `ArtifactProperty` AS P ON P.`artifact_id` = A.`id` "
+            f"WHERE A.{column} IN ({_placeholders(keys)}) ORDER BY A.{column}"
+            + (" FOR UPDATE" if lock else ""), tuple(keys))
+        found: dict[int, pb.Artifact] = {}
+        for (artifact_id, type_id, uri, state, name, external_id, created, updated,
+             key, custom, *value) in self._cursor.fetchall():
+            if artifact_id not in found:
+                found[artifact_id] = pb.Artifact(**_set_fields(
+                    id=artifact_id, type_id=type_id, uri=uri or None, state=state, name=name,
+                    external_id=external_id, create_time_since_epoch=created,
+                    last_update_time_since_epoch=updated))
+            if key is not None:
+                _set_value(found[artifact_id], key, custom, value)
+            if lock and key == "version" and custom:
+                self._locked[artifact_id] = value[0]
+        return list(found.values())
+
+    def get_executions_by_id(self, execution_ids: Sequence[int]) -> list[pb.Execution]:
+        if not execution_ids:
+            return []
+        self._cursor.execute(
+            "SELECT E.`id`, E.`type_id`, E.`last_known_state`, E.`name`, E.`external_id`, "
+            "E.`create_time_since_epoch`, E.`last_update_time_since_epoch`, P.`name`, "
+            f"P.`is_custom_property`, P.{_VALUE_COLUMNS.replace(', ', ', P.')} "
+            "FROM `Execution` AS E LEFT JOIN `ExecutionProperty` AS P "
+            "ON P.`execution_id` = E.`id` "
+            f"WHERE E.`id` IN ({_placeholders(execution_ids)}) ORDER BY E.`id`",
+            tuple(execution_ids))
+        found: dict[int, pb.Execution] = {}
+        for (execution_id, type_id, state, name, external_id, created, updated,
+             key, custom, *value) in self._cursor.fetchall():
+            if execution_id not in found:
+                found[execution_id] = pb.Execution(**_set_fields(
+                    id=execution_id, type_id=type_id, last_known_state=state, name=name,
+                    external_id=external_id, create_time_since_epoch=created,
+                    last_update_time_since_epoch=updated))
+            if key is not None:
+                _set_value(found[execution_id], key, custom, value)
+        return list(found.values())
+
+    def get_events_by_artifact_ids(self, artifact_ids: Sequence[int]) -> list[pb.Event]:
+        if not artifact_ids:
+            return []
+        self._cursor.execute(
+            "SELECT `artifact_id`, `execution_id`, `type`, `milliseconds_since_epoch` FROM "
+            f"`Event` WHERE `artifact_id` IN ({_placeholders(artifact_ids)}) ORDER BY `id`",
+            tuple(artifact_ids))
+        return [pb.Event(artifact_id=artifact_id, execution_id=execution_id, type=kind,
+                         milliseconds_since_epoch=time_ms)
+                for artifact_id, execution_id, kind, time_ms in self._cursor.fetchall()]
+
+    def put_execution(self, execution: pb.Execution,
+                      artifact_and_events: Sequence[tuple[pb.Artifact, pb.Event]],
+                      contexts: Sequence[pb.Context], read: Mapping[int, pb.Artifact],
+                      version_key: str) -> int:
+        """What MLMD's `put_execution(execution, artifact_and_events, contexts,
+        reuse_context_if_already_exist=True)` writes, then COMMIT: the transaction's last act;
+        the new execution's id. Artifacts with an id are updates of `read[id]` (the artifact as
+        read, whose custom property `version_key` each update moves: an artifact this
+        transaction did not read locked is locked now and compared, AbortedError if it moved);
+        artifacts without one are created.
+
+        Every row goes in one round trip: the statements are sent together (MySQL's
+        multi-statements), the ids the server assigns passed on in session variables, and
+        COMMIT last; the server stops at the first statement that fails (a unique name
+        taken), leaving the transaction to be rolled back whole."""
+        cursor = self._cursor
+        now = _now_ms()
+        updated = [a for a, _ in artifact_and_events if a.HasField("id")]
+        created = [a for a, _ in artifact_and_events if not a.HasField("id")]
+        unlocked = sorted(a.id for a in updated if a.id not in self._locked)
+        if unlocked:
+            cursor.execute(
+                "SELECT `artifact_id`, `int_value` FROM `ArtifactProperty` WHERE `artifact_id` "
+                f"IN ({_placeholders(unlocked)}) AND `name` = %s AND "
+                "`is_custom_property` = 1 ORDER BY `artifact_id` FOR UPDATE",
+                (*unlocked, version_key))
+            self._locked.update(cursor.fetchall())
+        for artifact in updated:
+            expected = read[artifact.id].custom_properties[version_key].int_value
+            if self._locked.get(artifact.id) != expected:
+                raise mlmd_errors.AbortedError(
+                    f"artifact {artifact.id} moved past version {expected}")
+        batch = _Batch()
+        batch.add("INSERT INTO `Execution` (`type_id`, `last_known_state`, `name`, "
+                  "`external_id`, `create_time_since_epoch`, `last_update_time_since_epoch`) "
+                  "VALUES (%s, %s, %s, %s, %s, %s)",
+                  execution.type_id, execution.last_known_state if execution.HasField(
+                      "last_known_state") else None, execution.name or None,
+                  execution.external_id or None, now, now)
+        batch.add("SET @sage_execution = LAST_INSERT_ID()")
+        context_ids = []
+        for index, context in enumerate(contexts):
+            if context.HasField("id"):
+                context_ids.append(context.id)
+                continue
+            # MLMD's reuse_context_if_already_exist; LAST_INSERT_ID(id) makes an existing row's
+            # id the statement's insert id.
+            if context.properties or context.custom_properties:
+                raise ValueError("mysql_commit creates contexts without properties only")
+            batch.add("INSERT INTO `Context` (`type_id`, `name`, `external_id`, "
+                      "`create_time_since_epoch`, `last_update_time_since_epoch`) "
+                      "VALUES (%s, %s, %s, %s, %s) "
+                      "ON DUPLICATE KEY UPDATE `id` = LAST_INSERT_ID(`id`)",
+                      context.type_id, context.name, context.external_id or None, now, now)
+            batch.add(f"SET @sage_context{index} = LAST_INSERT_ID()")
+            context_ids.append(_Variable(f"@sage_context{index}"))
+        execution_properties, _ = _changed_properties(execution, pb.Execution())
+        batch.rows("INSERT INTO `ExecutionProperty` (`execution_id`, `name`, "
+                   f"`is_custom_property`, {_VALUE_COLUMNS}) VALUES",
+                   [(_EXECUTION, key, 1, *value) for key, value in execution_properties])
+        batch.rows("INSERT INTO `Association` (`context_id`, `execution_id`) VALUES",
+                   [(context_id, _EXECUTION) for context_id in context_ids])
+        ids = {id(a): a.id for a in updated}
+        for artifact in created:
+            if artifact.properties:
+                raise ValueError("mysql_commit writes custom properties only")
+        batch.rows("INSERT INTO `Artifact` (`type_id`, `uri`, `state`, `name`, `external_id`, "
+                   "`create_time_since_epoch`, `last_update_time_since_epoch`) VALUES",
+                   [(a.type_id, a.uri, a.state if a.HasField("state") else None,
+                     a.name or None, a.external_id or None, now, now) for a in created])
+        for index, artifact in enumerate(created):
+            # Ids by the unique (type, name): a multi-row insert's ids are consecutive only
+            # under some auto-increment lock modes.
+            batch.add(f"SET @sage_artifact{index} = (SELECT `id` FROM `Artifact` WHERE "
+                      "`type_id` = %s AND `name` = %s)", artifact.type_id, artifact.name)
+            ids[id(artifact)] = _Variable(f"@sage_artifact{index}")
+        changed, removed = [], []
+        for artifact in updated:
+            before = read[artifact.id]
+            for field in ("type_id", "uri", "state", "name", "external_id"):
+                if getattr(artifact, field) != getattr(before, field):
+                    raise ValueError(f"mysql_commit updates custom properties only ({field})")
+            values, gone = _changed_properties(artifact, before)
+            changed += [(artifact.id, key, 1, *value) for key, value in values]
+            removed += [(artifact.id, key) for key in gone]
+        for artifact in created:
+            values, _ = _changed_properties(artifact, pb.Artifact())
+            changed += [(ids[id(artifact)], key, 1, *value) for key, value in values]
+        # Each property row is replaced whole (a property may change its kind).
+        batch.rows("INSERT INTO `ArtifactProperty` (`artifact_id`, `name`, `is_custom_property`, "
+                   f"{_VALUE_COLUMNS}) VALUES", changed,
+                   "ON DUPLICATE KEY UPDATE `int_value` = VALUES(`int_value`), "
+                   "`double_value` = VALUES(`double_value`), "
+                   "`string_value` = VALUES(`string_value`), `byte_value` = NULL, "
+                   "`proto_value` = NULL, `bool_value` = NULL")
+        for artifact_id, key in removed:
+            batch.add("DELETE FROM `ArtifactProperty` WHERE `artifact_id` = %s AND `name` = %s "
+                      "AND `is_custom_property` = 1", artifact_id, key)
+        if updated:
+            batch.add("UPDATE `Artifact` SET `last_update_time_since_epoch` = %s WHERE `id` IN "
+                      f"({_placeholders(updated)})", now, *[a.id for a in updated])
+        for _, event in artifact_and_events:
+            if event.path.steps or event.HasField("artifact_id") or event.HasField(
+                    "execution_id"):
+                raise ValueError("mysql_commit writes events without paths or ids")
+        batch.rows("INSERT INTO `Event` (`artifact_id`, `execution_id`, `type`, "
+                   "`milliseconds_since_epoch`) VALUES",
+                   [(ids[id(artifact)], _EXECUTION, event.type, now)
+                    for artifact, event in artifact_and_events])
+        # An artifact already attributed to a context (a block, to its ledger) keeps its row.
+        batch.rows("INSERT INTO `Attribution` (`context_id`, `artifact_id`) VALUES",
+                   [(context_id, ids[id(artifact)]) for context_id in context_ids
+                    for artifact, _ in artifact_and_events],
+                   "ON DUPLICATE KEY UPDATE `context_id` = `context_id`")
+        batch.add("SELECT @sage_execution")
+        batch.add("COMMIT")
+        execution_id = batch.run(cursor)
+        self.committed = True
+        return execution_id
+
+
+class _Variable(str):
+    """A session variable the batch set (an id the server assigned), written as is."""
+
+
+_EXECUTION = _Variable("@sage_execution")
+
+
+class _Batch:
+    """Statements sent to the server together (one round trip), their values escaped by
+    PyMySQL; a _Variable is written as its name."""
+
+    def __init__(self):
+        self._statements: list[str] = []
+        self._values: list = []
+
+    def add(self, statement: str, *values) -> None:
+        self._statements.append(statement)
+        self._values.extend(values)
+
+    def rows(self, head: str, rows: Sequence[tuple], tail: str = "") -> None:
+        """`head` followed by the rows as a multi-row VALUES list (nothing for no rows)."""
+        if not rows:
+            return
+        rendered, values = [], []
+        for row in rows:
+            rendered.append("(" + ", ".join(value if isinstance(value, _Variable) else "%s"
+                                            for value in row) + ")")
+            values += [value for value in row if not isinstance(value, _Variable)]
+        self.add(f"{head} {', '.join(rendered)} {tail}".rstrip(), *values)
+
+    def run(self, cursor) -> int:
+        """Send the batch; the value of its last result set (the server stops at the first
+        statement that fails, whose error is raised here)."""
+        cursor.execute(";\n".join(self._statements), tuple(self._values))
+        last = None
+        while True:
+            row = cursor.fetchone() if cursor.description else None
+            if row is not None:
+                last = row[0]
+            if not cursor.nextset():
+                return last
+
+
+def _placeholders(values: Sequence) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+def _set_fields(**fields) -> dict:
+    """The fields of a row that are not NULL (an MLMD proto leaves the others unset)."""
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _set_value(node, key: str, custom: int, value: list) -> None:
+    """Set property `key` of `node` (an MLMD proto) from its row's value columns."""
+    target = (node.custom_properties if custom else node.properties)[key]
+    int_value, double_value, string_value = value
+    if int_value is not None:
+        target.int_value = int_value
+    elif double_value is not None:
+        target.double_value = double_value
+    elif string_value is not None:
+        target.string_value = string_value
