@@ -27,6 +27,7 @@ from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
+from sage_tfx.components.util.stand_in_cache import check_once
 from sage_tfx.components.util.user_module import RecordDecoder, UserModule
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.exact import custom_value, set_exact_property
@@ -175,8 +176,14 @@ class Executor(base_executor.BaseExecutor):
         # Before any record is read: the module's code on public stand-in batches, through
         # this run's decoder (the transform graph, which the preflight did not have, included),
         # with one DP-SGD step on a model of its own. A failure there depends on no record, so
-        # its cause is named (clipping.Refused, recorded with the failed step).
-        stand_in.check_module(module, decoder)
+        # its cause is named (clipping.Refused, recorded with the failed step). Without a
+        # transform graph it is the preflight's check: once per process and module
+        # (util/stand_in_cache.py); with one, it reads this run's graph and runs every time.
+        if decoder.transform_output is None:
+            check_once("DP-SGD stand-in check", exec_properties.get("module_file"), "records",
+                       lambda: stand_in.check_module(module, decoder))
+        else:
+            stand_in.check_module(module, decoder)
         key_variable = exec_properties.get("encryption_key_env")
         encrypted = bool(samples.get_int_custom_property(sample_keys.ENCRYPTED))
         if encrypted and not key_variable:
