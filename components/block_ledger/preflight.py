@@ -81,7 +81,7 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
             if check.trainer is not None:
                 trainer_preflight(check.trainer, check.sampling, epsilon, delta, split)
                 if trains_with_dp_sgd(check.trainer):
-                    _refuse_unclippable_model(module, check.trainer)
+                    _refuse_unclippable_model(module, check.module_file, check.trainer)
         except (ValueError, RuntimeError, TypeError) as error:
             raise BadRequest(f"{refusal}: {error}") from error
         except Exception as error:  # the user's module raised while it was imported
@@ -89,7 +89,7 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
                              f"{type(error).__name__}: {error}") from error
 
 
-def _refuse_unclippable_model(module, trainer: Mapping) -> None:
+def _refuse_unclippable_model(module, module_file: str, trainer: Mapping) -> None:
     """DP-SGD's checks on the module's model and loss, on public stand-in batches built from
     its feature_spec (dp_trainer.stand_in.check_module: no batch normalisation, no state a
     step keeps, no example depending on another, a loss taken per example, and one whole
@@ -97,11 +97,18 @@ def _refuse_unclippable_model(module, trainer: Mapping) -> None:
     failure is named before the charge. With a transform graph (not made yet) the stand-ins
     are the model's declared inputs (its named Inputs: names, dtypes, shapes). Also
     DP-SGD's step kernels load (step_ops: compiled on first use, so a machine without a C++
-    compiler is named here, not after the charge)."""
+    compiler is named here, not after the charge). The stand-in check runs once per process
+    and module (util/stand_in_cache.py); DPTrainer's own, without a transform graph, is the
+    same check."""
     from sage_tfx.components.dp_trainer import stand_in, step_ops  # DP-SGD only
+    from sage_tfx.components.util.stand_in_cache import check_once
 
     step_ops.library()
-    stand_in.check_module(module, transform_pending=bool(trainer.get("transform_graph")))
+    transform_pending = bool(trainer.get("transform_graph"))
+    # The check reads the module (its bytes, and model_fn naming its builder) and whether the
+    # transform graph is pending: all in the key.
+    check_once("DP-SGD stand-in check", module_file, (transform_pending, trainer.get("model_fn")),
+               lambda: stand_in.check_module(module, transform_pending=transform_pending))
 
 
 def _statistics_plan(check: Check, epsilon: float, delta: float, split: Mapping[str, float],
@@ -128,6 +135,7 @@ def _transform_audit(check: Check, epsilon: float, delta: float, split: Mapping[
     pass runs on public stand-in records (stand_in_pass)."""
     from sage_tfx.components.dp_transform.executor import (check_planned_event, load_module,
                                                            plan_transform, stand_in_pass)
+    from sage_tfx.components.util.stand_in_cache import check_once
     from sage_tfx.sage_access.accounting import split_share
 
     if check.transform_step not in split:
@@ -138,4 +146,9 @@ def _transform_audit(check: Check, epsilon: float, delta: float, split: Mapping[
                           *split_share(epsilon, delta, split, check.transform_step))
     check_planned_event(events.get(check.transform_step), plan,
                         f"step {check.transform_step!r}")
-    stand_in_pass(preprocessing_fn, feature_spec, plan)
+    # Once per process, module, raw feature spec and plan (util/stand_in_cache.py): the spec
+    # may come from a schema file, outside the module's bytes. The pass reads the plan's shares
+    # and deltas; its planned releases' values are draws on stand-ins it never reads.
+    check_once("DPTransform stand-in pass", check.module_file,
+               (repr(sorted(feature_spec.items())), dataclasses.replace(plan, releases=())),
+               lambda: stand_in_pass(preprocessing_fn, feature_spec, plan))

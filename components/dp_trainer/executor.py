@@ -27,6 +27,7 @@ from sage_tfx.components.oblivious_sample_gen.sampling import plan
 from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import require_grant
 from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
+from sage_tfx.components.util.stand_in_cache import check_once
 from sage_tfx.components.util.user_module import RecordDecoder, UserModule, declared_inputs
 from sage_tfx.sage_access.errors import BadRequest
 from sage_tfx.sage_access.exact import custom_value, set_exact_property
@@ -192,8 +193,15 @@ class Executor(base_executor.BaseExecutor):
         # Before any record is read: the module's code on public stand-in batches, decoded as
         # this run decodes (the transform graph, which the preflight did not have, included),
         # with one DP-SGD step on a model of its own. A failure there depends on no record, so
-        # its cause is named (clipping.Refused, recorded with the failed step).
-        stand_in.check_module(module, transform_output)
+        # its cause is named (clipping.Refused, recorded with the failed step). Without a
+        # transform graph it is the preflight's check: once per process, module and model_fn
+        # (util/stand_in_cache.py); with one, it reads this run's graph and runs every time.
+        if transform_output is None:
+            check_once("DP-SGD stand-in check", exec_properties.get("module_file"),
+                       (False, exec_properties.get("model_fn")),
+                       lambda: stand_in.check_module(module))
+        else:
+            stand_in.check_module(module, transform_output)
         if exec_properties.get("seed") is not None:
             # Tests only: the user's initializers draw from the global seeds, fix them too.
             tf.keras.utils.set_random_seed(int(exec_properties["seed"]))

@@ -14,6 +14,7 @@ from sage_tfx.sage_access import BlockLedger
 from sage_tfx.sage_access.errors import BadRequest, BudgetExhausted
 
 from support import TRIP_MODULE
+from support.calls import recorded_calls
 
 
 @pytest.mark.parametrize("selector, refusal", [
@@ -311,6 +312,59 @@ def test_a_transform_that_would_fail_on_its_records_is_refused_before_the_charge
                                    "InvalidArgumentError: StringToNumberOp"}[case]
     with pytest.raises(BadRequest, match="refused before the charge.*DPTransform: .*" + message):
         preflight.run([check], 1.0, 1e-7, {"transform": "0.5", "training": "0.5"})
+
+
+def test_a_stand_in_check_that_passed_is_made_once_per_process_and_module(tmp_path,
+                                                                          monkeypatch):
+    """DP-SGD's stand-in check costs seconds and reads no record: one that passed is not made
+    again in the process for the same module bytes (util/stand_in_cache.py). A module file
+    that changed is checked afresh, and a refused one is refused every time."""
+    from sage_tfx.components.block_ledger import preflight
+    from sage_tfx.components.dp_trainer import stand_in
+    from sage_tfx.components.util import stand_in_cache
+
+    monkeypatch.setattr(stand_in_cache, "_passed", set())
+    checked = recorded_calls(monkeypatch, stand_in, "check_module")
+    module = _trip_module_with(tmp_path, "build_model = trip.build_model\n")
+    [trainer, _] = preflight.parse(_training_dag(module, gamma=0.1).exec_properties[
+        preflight.PROPERTY])
+    split = {"sampling_count": 0.05, "training": 0.8, "validation": 0.15}
+    for _ in range(2):
+        preflight.run([trainer], 1.0, 1e-7, split)
+    assert len(checked) == 1
+    _trip_module_with(tmp_path, "def build_model():\n"  # the same file, now mixing examples
+                                "    return tf.keras.Sequential([tf.keras.Input((1,)), "
+                                "tf.keras.layers.Lambda(lambda x: x - tf.reduce_mean(x, 0)), "
+                                "tf.keras.layers.Dense(1)])\n")
+    for _ in range(2):
+        with pytest.raises(BadRequest, match="the model: an example's output depends on other"):
+            preflight.run([trainer], 1.0, 1e-7, split)
+    assert len(checked) == 3
+
+
+@pytest.mark.slow  # two Beam runs on stand-in records
+def test_a_transform_stand_in_pass_that_passed_is_made_once_per_process_module_and_plan(
+        tmp_path, monkeypatch):
+    """DPTransform's stand-in pass (a whole Beam run) reads the module and its plan, no record:
+    one that passed is not made again in the process for the same module bytes and plan
+    (util/stand_in_cache.py); another transform budget is another plan, checked afresh."""
+    from sage_tfx.components.block_ledger import preflight
+    from sage_tfx.components.dp_transform import executor as transform_executor
+    from sage_tfx.components.util import stand_in_cache
+
+    monkeypatch.setattr(stand_in_cache, "_passed", set())
+    passes = recorded_calls(monkeypatch, transform_executor, "stand_in_pass")
+    module = _bad_module(tmp_path, (
+        "import tensorflow as tf\n"
+        "from sage_tfx.components.dp_transform import tft\n"
+        "CLAMP_BOUNDS = {'x': (0.0, 10.0)}\n"
+        "def feature_spec(): return {'x': tf.io.FixedLenFeature([], tf.float32)}\n"
+        "def preprocessing_fn(inputs): return {'x': tft.scale_to_z_score(inputs['x'])}\n"))
+    check = preflight.Check(component="DPTransform", module_file=module, purpose="transform",
+                            transform_step="transform")
+    for epsilon in (1.0, 1.0, 2.0):
+        preflight.run([check], epsilon, 1e-7, {"transform": "0.5", "training": "0.5"})
+    assert [plan.epsilon for _, _, plan in passes] == [0.5, 1.0]
 
 
 def _ram_examples(uri: str) -> None:

@@ -18,7 +18,7 @@ from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 from tfx.types import artifact_utils, standard_artifacts
 
 from sage_tfx.components import PrivateExamples
-from sage_tfx.components.dp_trainer import DPTrainer, dp_sgd
+from sage_tfx.components.dp_trainer import DPTrainer, dp_sgd, stand_in
 from sage_tfx.components.dp_trainer import executor as trainer_executor
 from sage_tfx.components.dp_trainer.adassp import adassp
 from sage_tfx.components.dp_trainer.calibrate import (CalibrationError, calibrate,
@@ -26,10 +26,12 @@ from sage_tfx.components.dp_trainer.calibrate import (CalibrationError, calibrat
 from sage_tfx.components.oblivious_sample_gen import ObliviousSampleGen, accounting
 from sage_tfx.components.oblivious_sample_gen.sampling import samples_poisson, samples_swo
 from sage_tfx.components.privacy_grant import GrantError
+from sage_tfx.components.util import stand_in_cache
 from sage_tfx.sage_access import BlockLedger, connect
 from sage_tfx.sage_access.errors import BadRequest
 
 from support import TRIP_MODULE
+from support.calls import recorded_calls
 from support.ingest import ingest_and_grant
 
 KEY_VARIABLE = "SAGE_TEST_TRAINER_KEY"
@@ -107,10 +109,16 @@ def test_trainer_pipeline_and_refusals(tmp_path, monkeypatch):
     linear = DPTrainer(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                        module_file=TRIP_MODULE, mode="adassp", feature_bound=5.0, label_bound=400.0,
                        grant_step="linear", seed=5).with_id("linear")
+    # DP-SGD's stand-in check of the module: made once for both DP-SGD trainers, in the
+    # BlockLedger's preflight and in DPTrainer (no transform graph: the same check, which
+    # reads no record; util/stand_in_cache.py).
+    monkeypatch.setattr(stand_in_cache, "_passed", set())
+    checked = recorded_calls(monkeypatch, stand_in, "check_module")
     LocalDagRunner().run(pipeline.Pipeline(
         pipeline_name="training", pipeline_root=os.path.join(root, "pipeline"),
         components=[gen, grant, sampler, trainer, poisson, poisson_trainer, linear],
         metadata_connection_config=metadata.sqlite_metadata_connection_config(store_path)))
+    assert len(checked) == 1
 
     store = connect(store_path)
     models = {m.get_string_custom_property("sampling_scheme") or "adassp": m
