@@ -163,6 +163,7 @@ def test_the_wheel_holds_every_package_and_the_assets(installed):
         assert package.replace(".", "/") + "/__init__.py" in names, package
     for asset in (PLOTLY, "sage_tfx/sage_access/web/static/index.html",
                   "sage_tfx/examples/taxi/taxi_module.py",
+                  "sage_tfx/examples/tfx_taxi/taxi_utils_native_keras.diff",
                   "sage_tfx/examples/taxi/workloads/hour_area_payment.json",
                   "sage_tfx/examples/taxi/workloads/trip_durations.json",
                   "sage_tfx/components/dp_trainer/step_kernels.cc"):

@@ -208,14 +208,16 @@ class Executor(base_executor.BaseExecutor):
         keras_model = module.build_model()
         loss = module.training_loss(keras_model)
         # The model's compiled optimizer (a TFX module's Adam) never runs: DP-SGD's updates are
-        # plain SGD on the noised clipped sum (dp_sgd.make_dp_step). Public facts only.
+        # plain SGD on the noised clipped sum (dp_sgd.make_dp_step). Said when the user compiled
+        # the model (what they asked for is not what runs); public facts only.
         optimizer = getattr(keras_model, "optimizer", None)
-        console.report("DPTrainer DP-SGD: loss %s per example (%s)%s", type(loss).__name__,
-                       "the module's loss()" if module.loss is not None
-                       else "the model's compiled loss",
-                       "" if optimizer is None else f"; the compiled optimizer "
-                       f"{type(optimizer).__name__} is replaced by DP-SGD's plain SGD on "
-                       "noised clipped gradients")
+        if module.loss is None or optimizer is not None:
+            console.report("DPTrainer DP-SGD: loss %s per example (%s)%s", type(loss).__name__,
+                           "the module's loss()" if module.loss is not None
+                           else "the model's compiled loss",
+                           "" if optimizer is None else f"; the compiled optimizer "
+                           f"{type(optimizer).__name__} is replaced by DP-SGD's plain SGD on "
+                           "noised clipped gradients")
         decoder = RecordDecoder(module, transform_output, None if module.model_inputs is not None
                                 else declared_inputs(keras_model))
         key_variable = exec_properties.get("encryption_key_env")
