@@ -18,13 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
 
 import sage_tfx  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow loads)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kubeflow_run import SAGE, ledger_server, run_local  # noqa: E402
 
 
 def _grant(ledger) -> dict:
@@ -59,37 +61,24 @@ def kubeflow_job(workdir: str) -> dict:
     from sage_tfx.sage_access.accounting import AccountingMode
 
     months = TaxiStream.load().release(MIN_WINDOW["dp_sgd"], os.path.join(workdir, "data"))
-    server = subprocess.Popen([sys.executable, "-m", "sage_tfx.sage_access.grpc_server",
-                               "--store", os.path.join(workdir, "ledger.sqlite"),
-                               "--host", "127.0.0.1"], stdout=subprocess.PIPE, text=True)
-    try:
-        store = re.match(r"listening on (\S+)", server.stdout.readline())[1]
+    with ledger_server(workdir) as store:
         BlockLedger.create(store, accounting=AccountingMode.BASIC, min_request_epsilon=0.05)
-        sage = [sys.executable, "-m", "sage_tfx.cli"]
         job, root = os.path.join(workdir, "job.json"), os.path.join(workdir, "root")
         started = time.monotonic()
-        subprocess.run([*sage, "compile", "--kubeflow", "--out", job, "--image", "local",
+        subprocess.run([*SAGE, "compile", "--kubeflow", "--out", job, "--image", "local",
                         "--pipeline-root", root, "--data-root", os.path.join(workdir, "data"),
                         "--mode", "dp_sgd", "--first-month", months[0], "--last-month",
                         months[-1], "--ledger-store", store], check=True, capture_output=True)
         compiled = time.monotonic()
-        ran = subprocess.run([*sage, "kubeflow", "run-local", job, "--pipeline-root", root],
-                             capture_output=True, text=True)
-        finished = time.monotonic()
-        tasks = {name: float(seconds) for name, seconds in
-                 re.findall(r"^  (\w+): done in ([\d.]+) s$", ran.stdout, re.M)}
+        ran = run_local(job, root)
         blessed = [os.path.join(directory, "output_metadata.json")
                    for directory, _, _ in os.walk(root)
                    if directory.endswith(os.path.join(".local", "SLAedValidator"))]
         outcome = (json.load(open(blessed[0]))["artifacts"]["blessing"]["artifacts"][0]
-                   ["metadata"]["outcome"] if blessed and ran.returncode == 0 else
-                   f"failed (exit {ran.returncode})")
-        return {"compile_seconds": round(compiled - started, 1),
-                "run_seconds": round(finished - compiled, 1), "task_seconds": tasks,
+                   ["metadata"]["outcome"] if blessed and ran["exit"] == 0 else
+                   f"failed (exit {ran['exit']})")
+        return {"compile_seconds": round(compiled - started, 1), **ran,
                 "outcome": outcome, "grant": _grant(BlockLedger(store))}
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def main() -> int:

@@ -165,6 +165,18 @@ def test_the_dp_models_held_out_auc_is_at_least_0_9_of_the_model_fitted_without_
     assert aucs["ratio"] >= 0.9, aucs
 
 
+def test_the_benchmark_reads_records_for_its_aucs_only_on_a_ledger_for_tests(tmp_path):
+    """The held-out AUCs read the block records without DP: on a user's ledger (not created for
+    tests) the benchmark refuses before it reads anything."""
+    from sage_tfx.sage_access import BlockLedger
+    from sage_tfx.sage_access.errors import BadRequest
+
+    store = str(tmp_path / "metadata.sqlite")
+    BlockLedger.create(store)
+    with pytest.raises(BadRequest, match="ledger for tests"):
+        _benchmark().held_out_aucs(store, str(tmp_path / "no-model"), EPOCHS, SEED)
+
+
 @pytest.mark.slow
 def test_the_pushed_model_serves_raw_records_missing_features_as_training_read_them(local_run):
     """TFX's serving_default over raw tf.Examples: a record without features the model reads
