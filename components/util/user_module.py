@@ -159,23 +159,26 @@ def as_input(name: str, feature, spec: tf.TensorSpec) -> tf.Tensor:
     floats 0 (record_rule.finite), cast to the Input's dtype (a float clamped to an integer
     dtype's range first: the cast of a value beyond it differs by CPU) and reshaped to
     [batch, *spec.shape] (a feature of shape [batch] feeds an Input of shape (1,)). A feature
-    of another number of values per example than the Input's is refused (statically when its
-    shape is known), not reshaped into another batch size ([B, 2] into (1,) as [2B, 1])."""
+    of another number of values per example than the Input's is refused before the charge, not
+    reshaped into another batch size ([B, 2] into (1,) as [2B, 1]). When that number is known
+    only when the graph runs (a dense view of a variable-length feature, whose width is the
+    batch's longest record), each example is fitted to the Input: its first values, zero-padded.
+    An assertion there would let one record's length fail the run after its charge; the fit
+    reads each example alone, so no record moves another one's input."""
     if not isinstance(feature, tf.Tensor):
         raise ValueError(f"the model's Input {name!r} is fed a {type(feature).__name__}: "
                          "make the feature dense (a FixedLenFeature, or densify it in the "
                          "preprocessing_fn)")
     value = finite(feature)
     size, per_example = spec.shape.num_elements(), value.shape[1:].num_elements()
-    mismatch = (f"the feature {name!r} has {{}} values per example (shape {value.shape[1:]}) "
-                f"and the model's Input {name!r} takes {size} (shape {spec.shape}): shape the "
-                "feature as the Input, or define model_inputs(features)")
     if per_example is not None and per_example != size:
-        raise ValueError(mismatch.format(per_example))
-    if per_example is None:  # known only when run: the reshape below must keep the batch
-        with tf.control_dependencies([tf.debugging.assert_equal(
-                tf.reduce_prod(tf.shape(value)[1:]), size, message=mismatch.format("another number of"))]):
-            value = tf.identity(value)
+        raise ValueError(
+            f"the feature {name!r} has {per_example} values per example (shape "
+            f"{value.shape[1:]}) and the model's Input {name!r} takes {size} (shape "
+            f"{spec.shape}): shape the feature as the Input, or define model_inputs(features)")
+    if per_example is None:
+        rows = tf.reshape(value, [tf.shape(value)[0], -1])[:, :size]
+        value = tf.pad(rows, [[0, 0], [0, size - tf.shape(rows)[1]]])
     if value.dtype.is_floating and spec.dtype.is_integer:
         value = tf.clip_by_value(tf.cast(value, tf.float64), *_integer_range(spec.dtype))
     return finite(tf.reshape(tf.cast(value, spec.dtype), [-1, *spec.shape]))

@@ -301,10 +301,13 @@ def test_each_named_input_reads_its_feature_cast_and_reshaped_the_same_on_every_
     assert labels.numpy().tolist() == [1.0] * 5 + [0.0]
 
 
-def test_a_feature_of_another_number_of_values_than_its_input_is_refused_not_reshaped(tmp_path):
+def test_another_number_of_values_than_the_input_is_refused_or_fitted_per_example_when_run(tmp_path):
     """A feature of 2 values per example read by an Input of shape (1,) would reshape [B, 2]
-    into [2B, 1], another batch size: refused, naming the feature and the Input, statically
-    when the feature's shape is known and when the graph runs otherwise."""
+    into [2B, 1], another batch size: refused before anything runs, naming the feature and the
+    Input. When the width is known only when the graph runs (a densified variable-length
+    feature: the batch's longest record sets it), nothing may fail after the charge: each
+    example is fitted alone (its first values, zero-padded), so a long record neither stops
+    the run nor moves another example's input."""
     from sage_tfx.components.util.user_module import RecordDecoder, as_input
 
     module = _module_file(tmp_path, add=(
@@ -320,7 +323,10 @@ def test_a_feature_of_another_number_of_values_than_its_input_is_refused_not_res
     unknown = tf.function(lambda value: as_input("trip_miles_xf", value,
                                                  tf.TensorSpec([1], tf.float32)),
                           input_signature=[tf.TensorSpec([None, None], tf.float32)])
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"the feature .*trip_miles_xf.* has "
-                       r"another number of values per example .*Input .*trip_miles_xf.* takes 1"):
-        unknown(tf.zeros([3, 2]))
-    assert unknown(tf.zeros([3, 1])).shape == (3, 1)
+    batch = tf.constant([[1.0, 0.0], [2.0, 7.0], [3.0, 0.0]])  # one record of 2 values
+    assert unknown(batch).numpy().tolist() == [[1.0], [2.0], [3.0]]
+    assert unknown(batch[:, :1]).numpy().tolist() == [[1.0], [2.0], [3.0]]
+    wide = tf.function(lambda value: as_input("trip_miles_xf", value,
+                                              tf.TensorSpec([3], tf.float32)),
+                       input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    assert wide(batch).numpy().tolist() == [[1.0, 0.0, 0.0], [2.0, 7.0, 0.0], [3.0, 0.0, 0.0]]
