@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from sage_tfx.dp_statistics import cells
 from sage_tfx.dp_statistics.aggregation import aggregators
 from sage_tfx.dp_statistics.aggregation.budget import (BOUNDS_STEP_PREFIX, BudgetPlan,
                                                        bounds_inferred_by_step)
@@ -91,11 +92,11 @@ def numeric_column(frame: pd.DataFrame, column: str) -> np.ndarray:
     """The column as doubles. The refusal depends on the column's type only (the schema, the
     same on neighbouring tables): in an untyped (object) column a value that is not a number
     is NULL (NaN, skipped by the aggregates), since refusing the query because of one row
-    would reveal that the row is there."""
+    would reveal that the row is there. Such a column is read cell by cell (cells.numbers:
+    pandas' to_numeric reads a large integer differently once another cell is a fraction)."""
     series = frame[column]
     if pd.api.types.is_object_dtype(series.dtype):
-        return pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64,
-                                                               na_value=np.nan)
+        return cells.numbers(series)
     if not (pd.api.types.is_numeric_dtype(series.dtype)
             or pd.api.types.is_bool_dtype(series.dtype)):
         raise _not_numeric(column, series.dtype)

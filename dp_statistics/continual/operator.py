@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from sage_tfx.dp_statistics.aggregation.aggregators import stable_argsort
+from sage_tfx.dp_statistics.aggregation.local import numeric_column
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamStatistic
@@ -88,8 +89,7 @@ def clean_batch(batch: pd.DataFrame, statistic: StreamStatistic, grid: float,
         units, keys = units[valid], keys[valid]
     if statistic is StreamStatistic.COUNT:
         return units, keys, np.ones(len(units))
-    values = bounded(pd.to_numeric(batch["value"], errors="coerce").to_numpy(np.float64)[valid],
-                     -bound, bound)
+    values = bounded(numeric_column(batch, "value")[valid], -bound, bound)
     return units, keys, np.clip(round_to_grid(values, grid), -bound, bound)
 
 

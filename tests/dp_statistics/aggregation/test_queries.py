@@ -174,3 +174,18 @@ def test_count_of_a_column_counts_the_rows_where_it_is_set_with_count_stars_nois
     rows = relation.evaluate(checked, lambda _: table)
     released = run(rows, notes_query, plan(notes_query, 1e4, 0.0))
     assert np.allclose(released.table["notes"], [2, 1], atol=0.3)
+
+
+def test_a_text_column_is_read_cell_by_cell_so_one_cell_moves_no_other_value():
+    """An untyped column's numbers are each a function of their own cell: pandas' to_numeric
+    (the old reader) read integers above 2^53 exactly until one other cell was a fraction, then
+    moved 818 of these 2,000 by a unit in the last place. Text that is no number is NULL."""
+    from sage_tfx.dp_statistics.aggregation.local import numeric_column
+
+    integers = [str(v) for v in np.random.default_rng(0).integers(2**53, 2**62, 2000)]
+    alone = numeric_column(pd.DataFrame({"v": pd.Series(integers, dtype=object)}), "v")
+    beside = numeric_column(pd.DataFrame({"v": pd.Series(integers + ["0.5", "n/a"],
+                                                         dtype=object)}), "v")
+    assert alone.tolist() == [float(int(v)) for v in integers]
+    assert beside[:-2].tolist() == alone.tolist()
+    assert beside[-2] == 0.5 and np.isnan(beside[-1])

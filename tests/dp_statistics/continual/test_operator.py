@@ -9,7 +9,7 @@ from sage_tfx.dp_statistics.continual import operator, tree
 from sage_tfx.dp_statistics.continual.budget import plan
 from sage_tfx.dp_statistics.continual.tree import NEVER
 from sage_tfx.mechanisms.keyed import KeyedGaussian
-from sage_tfx.dp_statistics.continual.spec import StreamQuery
+from sage_tfx.dp_statistics.continual.spec import StreamQuery, StreamStatistic
 from sage_tfx.dp_statistics.continual.state import WindowState, sorted_unique
 
 KEY = bytes(range(32))  # fixed noise in tests only
@@ -224,3 +224,19 @@ def test_sorted_unique_is_numpys_unique():
         ours, numpys = sorted_unique(values), np.unique(values)
         np.testing.assert_array_equal(ours, numpys)
         assert ours.dtype == numpys.dtype
+
+
+def test_a_text_value_column_is_read_cell_by_cell_so_one_cell_moves_no_other_value():
+    """A micro-batch's untyped value column: each value a function of its own cell (pandas'
+    to_numeric moved large integers once another cell was a fraction); text that is no number
+    is a bad record (0)."""
+    integers = [str(v) for v in np.random.default_rng(0).integers(2**53, 2**62, 200)]
+
+    def values(cells):
+        batch = pd.DataFrame({"unit": np.arange(len(cells)), "key": ["k"] * len(cells),
+                              "value": pd.Series(cells, dtype=object)})
+        return operator.clean_batch(batch, StreamStatistic.SUM, grid=0.5, bound=2.0**63)[2]
+
+    alone, beside = values(integers), values(integers + ["0.5", "n/a"])
+    assert alone.tolist() == [float(int(v)) for v in integers]
+    assert beside[:-2].tolist() == alone.tolist() and beside[-2:].tolist() == [0.5, 0.0]
