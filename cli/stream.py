@@ -203,6 +203,6 @@ def _stream(args) -> int:
     print(json.dumps({"grant_id": state.grant_id, "blocks": list(state.blocks),
                       "epsilon": args.epsilon, "delta": args.delta,
                       "micro_batches": args.micro_batches,
-                      "guarantee": state.guarantee().sentence(),
+                      "guarantee": state.guarantee(ledger.for_tests).sentence(),
                       "out": os.path.abspath(args.out)}))
     return 0

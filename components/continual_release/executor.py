@@ -127,21 +127,22 @@ class Executor(base_executor.BaseExecutor):
         write_grant(artifact_utils.get_single_instance(output_dict["grant"]),
                     ledger.find_grant(state.grant_id), store)
         statistics = artifact_utils.get_single_instance(output_dict["statistics"])
-        self._publish(statistics, query, window, state, os.path.join(directory, RELEASES_DIR))
+        self._publish(statistics, query, window, state, os.path.join(directory, RELEASES_DIR),
+                      ledger.for_tests)
         record_released(ledger, query, state, _CONSUMER, statistics.uri)  # written: last
 
     @staticmethod
     def _publish(target, query: StreamQuery, window: sources.Window, state,
-                 releases: str) -> None:
+                 releases: str, ledger_for_tests: bool) -> None:
         """The latest trigger's release as DPStatistics (release.csv and .parquet, every
-        trigger so far under triggers/), with its guarantee."""
+        trigger so far under triggers/), with its guarantee (as the ledger records it)."""
         os.makedirs(target.uri, exist_ok=True)
         if os.path.isdir(releases):
             shutil.copytree(releases, os.path.join(target.uri, "triggers"), dirs_exist_ok=True)
         latest = os.path.join(releases, f"release-{state.step:06d}.csv")
         table = pd.read_csv(latest, dtype={"key": str}) if state.step and os.path.exists(
             latest) else pd.DataFrame({"key": [], "value": [], "updated": []})
-        guarantee = state.guarantee()
+        guarantee = state.guarantee(ledger_for_tests)
         release.write_csv(table, os.path.join(target.uri, "release.csv"), guarantee)
         release.write_parquet(table, os.path.join(target.uri, "release.parquet"), guarantee)
         trigger_time = window.trigger_times(query.micro_batches)[state.step - 1] \

@@ -63,16 +63,18 @@ class ReleaseSink(local.CsvDirectorySink):
     recomputed after a crash rewrites the same bits (keyed noise). `grant` holds the window's
     grant id and blocks (set when the engine charges, or from the resumed state)."""
 
-    def __init__(self, directory: str, query, window: Window, grant: dict, mechanism: str):
+    def __init__(self, directory: str, query, window: Window, grant: dict, mechanism: str,
+                 for_tests: bool):
         super().__init__(directory)
         self.query, self.window, self.grant = query, window, grant
-        self.mechanism = mechanism
+        self.mechanism, self.for_tests = mechanism, for_tests
 
     def __call__(self, release) -> None:
         super().__call__(release)
         query = self.query
         trigger = self.window.trigger_times(query.micro_batches)[release.step - 1]
-        guarantee = query.guarantee(self.grant["blocks"], self.grant["id"], self.mechanism)
+        guarantee = query.guarantee(self.grant["blocks"], self.grant["id"], self.mechanism,
+                                    self.for_tests)
         line = {"trigger": int(release.step), "micro_batches": query.micro_batches,
                 "trigger_time": dt.datetime.fromtimestamp(trigger, dt.timezone.utc).isoformat(),
                 **guarantee.to_json(), "csv": os.path.basename(self.path(release.step))}
@@ -98,14 +100,14 @@ def resumable_state(ledger, state_dir: str, window: Window, budget) -> Optional[
 
 def run_window(ledger, query, window: Window, records: Records, state_dir: str,
                release_dir: str, *, consumer: str, through_step: Optional[int] = None,
-               pipeline: Optional[str] = None, run_id: Optional[str] = None,
-               noise_key: Optional[bytes] = None) -> WindowState:
+               pipeline: Optional[str] = None, run_id: Optional[str] = None) -> WindowState:
     """Run the window's micro-batches up to `through_step` (default: all T) on `records`,
     charging the window's grant first unless `state_dir` already holds it. Without
     `through_step` every micro-batch 1..T is given to the engine, which keeps the ones a
     previous run took (records of `records` for them are late, dropped: local.py); with it (a
     live stream that goes on) only the ones after the saved state's step, and the state is
-    saved at the end. `noise_key`: tests only."""
+    saved at the end. The noise key is always fresh (drawn when the grant is charged): a
+    fixed one is for the engine's own tests (local.run_local), never through a ledger."""
     budget = budget_of(query)
     total = query.micro_batches
     last = total if through_step is None else through_step
@@ -133,12 +135,12 @@ def run_window(ledger, query, window: Window, records: Records, state_dir: str,
         grant.update(id=granted.grant_id, blocks=granted.blocks)
         return granted.grant_id, granted.blocks
 
-    sink = ReleaseSink(release_dir, query, window, grant, budget.statement)
+    sink = ReleaseSink(release_dir, query, window, grant, budget.statement, ledger.for_tests)
     try:
         with console.progress("continual release", total, unit="trigger", start=done) as bar:
             state = local.run_local(
                 query, budget, batches, state_dir, sink, charge=charge, progress=bar.update,
-                noise_key=noise_key, complete_window=last == total, granted=pin_triggers,
+                complete_window=last == total, granted=pin_triggers,
                 # A live stream stops between triggers: every step is saved, so the next run
                 # needs none of this run's records. A whole window is a replay of records in
                 # hand: its micro-batches are taken REPLAY_TAKE_AHEAD at a time (one sync).
@@ -183,4 +185,4 @@ def record_released(ledger, query, state: WindowState, front_door: str,
     if state.step == query.micro_batches and state.grant_id is not None:
         window_grants.record_window_released(
             ledger, state.grant_id, front_door, os.path.abspath(release_dir),
-            state.guarantee())
+            state.guarantee(ledger.for_tests))

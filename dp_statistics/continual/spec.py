@@ -102,13 +102,14 @@ class StreamQuery:
                 raise QueryError(f"unknown column(s) {missing}; the input has {sorted(have)}")
 
     def guarantee(self, blocks: Iterable[str], grant_id: Optional[str],
-                  mechanism: Optional[str] = None) -> Guarantee:
+                  mechanism: Optional[str] = None, for_tests: bool = False) -> Guarantee:
         """What every release of the window states: all records of one unit within the
         window's blocks (a unit's records in other blocks are paid for by those blocks), and
-        which mechanism ran (StreamBudget.statement) when the caller knows the budget."""
+        which mechanism ran (StreamBudget.statement) when the caller knows the budget;
+        `for_tests`: the grant's ledger was created for tests (Guarantee says what that means)."""
         return Guarantee(self.epsilon, self.delta, GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ,
                          self.unit_column, grant_id, tuple(str(block) for block in blocks),
-                         mechanism)
+                         mechanism, for_tests=for_tests)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -314,9 +314,10 @@ class WindowState:
                    PairTable(), CodeTable(), _key_columns(0), budget.index(selection=True),
                    budget.index(selection=False))
 
-    def guarantee(self):
-        """The Guarantee every release of this window states, with the mechanism that runs."""
-        return self.query.guarantee(self.blocks, self.grant_id, self.budget.statement)
+    def guarantee(self, for_tests: bool = False):
+        """The Guarantee every release of this window states, with the mechanism that runs;
+        `for_tests`: the grant's ledger was created for tests."""
+        return self.query.guarantee(self.blocks, self.grant_id, self.budget.statement, for_tests)
 
     @property
     def n_keys(self) -> int:

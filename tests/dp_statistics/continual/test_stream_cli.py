@@ -385,3 +385,27 @@ def test_every_release_lists_its_keys_in_key_order(ledger, store_path, tmp_path)
     for trigger in range(1, 5):
         release = pd.read_csv(out / f"release-{trigger:06d}.csv")
         assert list(release["key"]) == ["alpha", "zeta"], trigger
+
+
+@pytest.mark.parametrize("for_tests", [False, True])
+def test_every_trigger_states_the_guarantee_the_ledger_records(store_path, tmp_path, capsys,
+                                                               for_tests):
+    """Each release-T.json states the window's guarantee as the ledger records it: on a ledger
+    created for tests, that the guarantee then does not hold for noise a fixed seed drew."""
+    BlockLedger.create(store_path, for_tests=for_tests)
+    ledger = BlockLedger(store_path)
+    for block, start, end in (("s.2013-01", "2013-01-01", "2013-02-01"),
+                              ("s.2013-02", "2013-02-01", "2013-03-01")):
+        ledger.add_block(block, 10.0, 1e-4, f"{start}T00:00:00+00:00", f"{end}T00:00:00+00:00")
+    out = tmp_path / "out"
+    assert stream(store_path, out, "--contribution-limit", "8",
+                  input_path=write_stream(tmp_path / "stream.csv")) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    [grant] = ledger.grant_records()
+    recorded = grant["steps"]["continual_release"]["guarantee"]
+    assert ("ledger created for tests" in recorded) is for_tests
+    assert summary["guarantee"] == recorded
+    for trigger in range(1, 5):
+        line = json.loads((out / f"release-{trigger:06d}.json").read_text())
+        assert line["ledger_for_tests"] is for_tests
+        assert line["guarantee"] == recorded
