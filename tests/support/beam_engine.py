@@ -9,7 +9,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from sage_tfx.dp_statistics.aggregation import Aggregate, AggregateKind, AggregationQuery
 from sage_tfx.dp_statistics.aggregation.beam import (AccumulateTransform, GatherAccumulated,
-                                                     _records, run_transform)
+                                                     _batches, run_transform)
 
 
 def conformance_frame() -> pd.DataFrame:
@@ -44,16 +44,17 @@ def accumulate_with_beam(rows, query, plan, seed=None, options=None):
     them, for rows as aggregate_with_beam takes them (a pyarrow.Table, a pandas frame or
     dicts). Draws the DP bounds' noise when the query infers bounds. ``options``: pipeline
     arguments (DirectRunner without)."""
-    records, schema = _records(rows, query)
-    return run_transform(records, AccumulateTransform(query, plan, seed)
+    batches, schema = _batches(rows, query)
+    return run_transform(batches, AccumulateTransform(query, plan, seed, batched=True)
                          | GatherAccumulated(query, schema), _options(options))
 
 
 def accumulate_files_with_beam(paths, query, plan, seed=None, options=None):
     """As accumulate_with_beam, the rows (dicts) read from JSON-lines files (one bundle per
     file) and redistributed by a Reshuffle before the engine sees them."""
-    read = (beam.io.ReadAllFromText() | beam.Map(json.loads) | beam.Reshuffle())
-    return run_transform(list(paths), read | AccumulateTransform(query, plan, seed)
+    read = (beam.FlatMap(list) | beam.io.ReadAllFromText() | beam.Map(json.loads)
+            | beam.Reshuffle())
+    return run_transform([list(paths)], read | AccumulateTransform(query, plan, seed)
                          | GatherAccumulated(query), _options(options))
 
 
