@@ -487,10 +487,10 @@ class _Prepare(beam.DoFn):
                 _object_array([repr([])] * len(keep))
         rows = _Rows(unit, partition,
                      {c: _value_column(_column(batch, c), c in presence) for c in columns},
-                     texts).take(index)
-        for bucket, members in _by_bucket(rows.unit.hashes(), self._buckets):
+                     texts)
+        for bucket, members in _by_bucket(unit.take(index).hashes(), self._buckets):
             UNIT_SHUFFLE_ELEMENTS.inc()
-            yield bucket, rows.take(members)
+            yield bucket, rows.take(index[members])
 
 
 def _keyed_rng(seed: int, stage: int, key) -> np.random.Generator:
@@ -631,7 +631,7 @@ class AccumulateTransform(beam.PTransform):
     shuffles group by: the parallelism of the stages after them."""
 
     def __init__(self, query: AggregationQuery, plan: BudgetPlan, seed: Optional[int] = None,
-                 batched: bool = False, buckets: int = 64):
+                 batched: bool = False, buckets: int = 16):
         super().__init__()
         query.check()
         check_plan(query, plan)
