@@ -139,12 +139,56 @@ def beam_runner(arguments: list[str]):
     return run
 
 
+def pipeline_dp_beam_runner(arguments: list[str]):
+    """``run(frame, epsilon, delta)`` of PipelineDP's BeamBackend with these pipeline arguments:
+    the query of ``run_pipeline_dp``, its rows (tuples) handed to the workers as the Beam
+    engine's are (``run_transform``: pickled chunks of 10^5 rows, read by the workers), its
+    result gathered into one list."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from sage_tfx.dp_statistics.aggregation.beam import _CHUNK_ROWS, run_transform
+
+    class PipelineDPAggregate(beam.PTransform):
+        def __init__(self, epsilon: float, delta: float):
+            super().__init__()
+            self._epsilon, self._delta = epsilon, delta
+
+        def expand(self, chunks):
+            import pipeline_dp
+
+            accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=self._epsilon,
+                                                           total_delta=self._delta)
+            engine = pipeline_dp.DPEngine(accountant, pipeline_dp.BeamBackend())
+            result = engine.aggregate(chunks | "Rows" >> beam.FlatMap(list),
+                                      pipeline_dp_params("laplace", False),
+                                      pipeline_dp_extractors())
+            accountant.compute_budgets()
+            return result | "Gather" >> beam.combiners.ToList()
+
+    def run(frame: pd.DataFrame, epsilon: float, delta: float) -> tuple[pd.DataFrame, float]:
+        rows = list(frame[["user", "partition", "value"]].itertuples(index=False, name=None))
+        clock = Clock()
+        released = run_transform([rows[start:start + _CHUNK_ROWS]
+                                  for start in range(0, len(rows), _CHUNK_ROWS)],
+                                 PipelineDPAggregate(epsilon, delta), PipelineOptions(arguments))
+        elapsed = clock.read()
+        table = pd.DataFrame([(key, m.count, m.sum, m.mean) for key, m in released],
+                             columns=["partition", *METRICS]).set_index("partition")
+        return table, elapsed
+    return run
+
+
 @contextlib.contextmanager
 def beam_arguments(runner: str, workers: int):
     """The pipeline arguments of ``runner`` with ``workers`` workers, its services running, and
-    a function returning the CPU seconds each process has used so far."""
-    if runner == "direct":
-        yield ([f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"],
+    a function returning the CPU seconds each process has used so far. ``direct``: the
+    DirectRunner in this process (1 worker) or with ``workers`` worker processes
+    (multi-processing mode); ``direct-processes``: in that mode even for 1 worker (the same
+    per-job costs as for 2, to compare the two)."""
+    if runner in ("direct", "direct-processes"):
+        mode = "in_memory" if runner == "direct" and workers == 1 else "multi_processing"
+        yield ([f"--direct_num_workers={workers}", f"--direct_running_mode={mode}"],
                _driver_cpu)
         return
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -164,6 +208,25 @@ def _driver_cpu() -> dict:
     return {"driver": times.user + times.system + times.children_user + times.children_system}
 
 
+def pipeline_dp_params(noise: str, quantiles: bool):
+    import pipeline_dp
+
+    return pipeline_dp.AggregateParams(
+        noise_kind=pipeline_dp.NoiseKind(noise),
+        metrics=([pipeline_dp.Metrics.PERCENTILE(50)] if quantiles else
+                 [pipeline_dp.Metrics.COUNT, pipeline_dp.Metrics.SUM, pipeline_dp.Metrics.MEAN]),
+        max_partitions_contributed=MAX_PARTITIONS, max_contributions_per_partition=MAX_ROWS,
+        min_value=LOW, max_value=HIGH)
+
+
+def pipeline_dp_extractors():
+    import pipeline_dp
+
+    return pipeline_dp.DataExtractors(privacy_id_extractor=lambda row: row[0],
+                                      partition_extractor=lambda row: row[1],
+                                      value_extractor=lambda row: row[2])
+
+
 def run_pipeline_dp(frame: pd.DataFrame, epsilon: float, delta: float, noise: str = "laplace",
                     quantiles: bool = False) -> tuple[pd.DataFrame, float]:
     import pipeline_dp
@@ -172,15 +235,7 @@ def run_pipeline_dp(frame: pd.DataFrame, epsilon: float, delta: float, noise: st
     clock = Clock()
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
     engine = pipeline_dp.DPEngine(accountant, pipeline_dp.LocalBackend())
-    params = pipeline_dp.AggregateParams(
-        noise_kind=pipeline_dp.NoiseKind(noise),
-        metrics=([pipeline_dp.Metrics.PERCENTILE(50)] if quantiles else
-                 [pipeline_dp.Metrics.COUNT, pipeline_dp.Metrics.SUM, pipeline_dp.Metrics.MEAN]),
-        max_partitions_contributed=MAX_PARTITIONS, max_contributions_per_partition=MAX_ROWS,
-        min_value=LOW, max_value=HIGH)
-    extractors = pipeline_dp.DataExtractors(privacy_id_extractor=lambda row: row[0],
-                                            partition_extractor=lambda row: row[1],
-                                            value_extractor=lambda row: row[2])
+    params, extractors = pipeline_dp_params(noise, quantiles), pipeline_dp_extractors()
     result = engine.aggregate(rows, params, extractors)
     accountant.compute_budgets()
     released = list(result)
@@ -229,31 +284,65 @@ def measure(run, frame, exact, epsilon, delta, repeats) -> tuple[dict, pd.Index]
 
 
 def compare_engines(args, frame: pd.DataFrame, exact: pd.DataFrame, report: dict) -> None:
-    """--engine beam: the Beam engine on ``args.runner`` against the local engine."""
+    """--engine beam: the Beam engine on ``args.runner`` against PipelineDP's BeamBackend on the
+    same runner (unless --no-pipeline-dp) and against the local engine, alternated run by run
+    (both Beam jobs see the same load); medians, and the ratio of each pair of runs."""
     report.update(runner=args.runner, workers=args.workers)
+    systems = {"beam": None, "pipeline_dp_beam": None, "local": run_sage}
+    if args.no_pipeline_dp:
+        del systems["pipeline_dp_beam"]
     with beam_arguments(args.runner, args.workers) as (arguments, cpu_seconds):
-        run_beam = beam_runner(arguments)
-        _, (fixed, _) = run_beam(frame.iloc[:1000], args.epsilon, args.delta)  # wall clock
-        before = cpu_seconds()
-        report["beam"], _ = measure(run_beam, frame, exact, args.epsilon, args.delta,
-                                    args.repeats)
-        after = cpu_seconds()
+        systems["beam"] = beam_runner(arguments)
+        if "pipeline_dp_beam" in systems:
+            systems["pipeline_dp_beam"] = pipeline_dp_beam_runner(arguments)
+        _, (fixed, _) = systems["beam"](frame.iloc[:1000], args.epsilon, args.delta)  # wall
+        runs = {name: [] for name in systems}
+        for _ in range(args.repeats):
+            for name, run in systems.items():
+                before = cpu_seconds()
+                table, (wall, _) = run(frame, args.epsilon, args.delta)
+                after = cpu_seconds()
+                # CPU seconds of every process (this one, the runner's workers and services)
+                runs[name].append((table, wall, {process: after[process] - before[process]
+                                                 for process in after}))
+    for name, entries in runs.items():
+        walls = [wall for _, wall, _ in entries]
+        cpus = [sum(cpu.values()) for _, _, cpu in entries]
+        report[name] = {
+            "rows_per_second": len(frame) / float(np.median(walls)),
+            "seconds": float(np.median(walls)), "walls": walls,
+            "cpu_seconds": float(np.median(cpus)),
+            "rows_per_cpu_second": len(frame) / float(np.median(cpus)),
+            "cpu_seconds_by_process": {process: float(np.median([cpu[process]
+                                                                 for _, _, cpu in entries]))
+                                       for process in entries[0][2]},
+            "partitions_kept": float(np.mean([len(table) for table, _, _ in entries])),
+            "rmse": {metric: float(np.mean([rmse(table, exact, table.index)[metric]
+                                            for table, _, _ in entries])) for metric in METRICS}}
     report["beam"]["fixed_seconds"] = fixed
-    # where the time went: CPU seconds per process over the measured runs
-    report["beam"]["cpu_seconds"] = {name: (after[name] - before[name]) / args.repeats
-                                     for name in after}
-    report["local"], _ = measure(run_sage, frame, exact, args.epsilon, args.delta, args.repeats)
     report["beam_over_local"] = (report["beam"]["rows_per_second"]
                                  / report["local"]["rows_per_second"])
+    if "pipeline_dp_beam" in runs:
+        pairs = list(zip(runs["beam"], runs["pipeline_dp_beam"]))
+        report["pairs"] = [{"wall_ratio": theirs[1] / ours[1],
+                            "cpu_ratio": sum(theirs[2].values()) / sum(ours[2].values())}
+                           for ours, theirs in pairs]
+        for ratio in ("wall_ratio", "cpu_ratio"):
+            report[f"beam_over_pipeline_dp_{ratio}"] = float(np.median(
+                [pair[ratio] for pair in report["pairs"]]))
     if args.json:
         print(json.dumps(report))
         return
-    for name in ("beam", "local"):
+    for name in runs:
         entry = report[name]
-        print(f"{name:6s} {entry['rows_per_second']:12,.0f} rows/s  {entry['seconds']:8.1f} s  "
-              f"kept {entry['partitions_kept']:8.1f}")
+        print(f"{name:16s} {entry['rows_per_second']:12,.0f} rows/s  {entry['seconds']:8.1f} s  "
+              f"CPU {entry['cpu_seconds']:8.1f} s  kept {entry['partitions_kept']:8.1f}")
     print(f"beam: {args.runner} runner, {args.workers} worker(s), fixed cost "
           f"{fixed:.1f} s per job; beam_over_local {report['beam_over_local']:.3f}")
+    if "pairs" in report:
+        print(f"beam over PipelineDP's BeamBackend, median of the pairs: wall "
+              f"{report['beam_over_pipeline_dp_wall_ratio']:.1f}x, CPU "
+              f"{report['beam_over_pipeline_dp_cpu_ratio']:.1f}x")
 
 
 def main() -> None:
@@ -262,8 +351,12 @@ def main() -> None:
     parser.add_argument("--engine", choices=("compare", "beam"), default="compare",
                         help="compare: the local engine against PipelineDP (the default); "
                              "beam: the Beam engine against the local engine")
-    parser.add_argument("--runner", choices=("portable", "direct"), default="portable",
-                        help="with --engine beam: Beam's runner")
+    parser.add_argument("--runner", choices=("portable", "direct", "direct-processes"),
+                        default="portable",
+                        help="with --engine beam: Beam's runner (direct: in this process for "
+                             "1 worker, else worker processes; direct-processes: always)")
+    parser.add_argument("--no-pipeline-dp", action="store_true",
+                        help="with --engine beam: leave PipelineDP's BeamBackend out")
     parser.add_argument("--workers", type=int, default=1,
                         help="with --engine beam: SDK worker processes per job")
     parser.add_argument("--rows", type=int, default=10 ** 6)
