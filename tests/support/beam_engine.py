@@ -32,6 +32,21 @@ CONFORMANCE_QUERY = AggregationQuery(
     max_partitions_contributed=3, max_contributions_per_partition=4)
 
 
+def heavy_rows() -> list[dict]:
+    """30 units, each in 8 partitions with 6 rows per partition: under C_u = 3 and m = 4 both
+    sampling steps drop something, so the sums depend on the sampling's randomness."""
+    rng = np.random.default_rng(11)
+    return [{"area": f"a{key}", "uid": unit, "fare": float(rng.uniform(0, 40))}
+            for unit in range(30) for key in rng.choice(12, size=8, replace=False)
+            for _ in range(6)]
+
+
+HEAVY_QUERY = AggregationQuery(("area",), "uid",
+                               (Aggregate.count(), Aggregate(AggregateKind.SUM, "fare", 0, 50),
+                                Aggregate.median("fare", 0, 40)),
+                               max_partitions_contributed=3, max_contributions_per_partition=4)
+
+
 def sorted_by_keys(accumulated, query=CONFORMANCE_QUERY):
     """(keys, accumulators) in the order of the keys: engines list partitions in any order."""
     order = accumulated.keys.sort_values(list(query.group_by)).index.to_numpy()
