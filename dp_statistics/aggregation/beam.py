@@ -707,14 +707,14 @@ class GatherAccumulated(beam.PTransform):
 class AggregateTransform(beam.PTransform):
     """rows (dicts; ``batched``: batches of rows, AccumulateTransform) -> one Release: ``query``
     at ``plan``'s budget (local.aggregate's contract, ``intervals`` included). ``seed`` fixes
-    the sampling for tests only."""
+    the sampling for tests only; ``buckets``: AccumulateTransform's."""
 
     def __init__(self, query: AggregationQuery, plan: BudgetPlan,
                  unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ,
                  seed: Optional[int] = None, schema: Optional[pa.Schema] = None,
-                 intervals: bool = False, batched: bool = False):
+                 intervals: bool = False, batched: bool = False, buckets: int = 16):
         super().__init__()
-        self._accumulate = AccumulateTransform(query, plan, seed, batched)
+        self._accumulate = AccumulateTransform(query, plan, seed, batched, buckets)
         self._query, self._plan, self._unit, self._schema = query, plan, unit, schema
         self._intervals = intervals
 
@@ -830,10 +830,11 @@ def _accumulated(parts: list, query: AggregationQuery, inferred: dict,
 def aggregate_with_beam(rows, query: AggregationQuery, plan: BudgetPlan,
                         unit: GuaranteeUnit = GuaranteeUnit.UNIT_WITHIN_BLOCKS_READ, *,
                         options: Optional[beam.options.pipeline_options.PipelineOptions] = None,
-                        seed: Optional[int] = None, intervals: bool = False):
+                        seed: Optional[int] = None, intervals: bool = False,
+                        buckets: int = 16):
     """Run :class:`AggregateTransform` on ``rows`` (a pyarrow.Table, a pandas frame or an
     iterable of dicts) in a pipeline of its own (DirectRunner unless ``options`` say
     otherwise); the Release."""
     batches, schema = _batches(rows, query)
     return run_transform(batches, AggregateTransform(query, plan, unit, seed, schema, intervals,
-                                                     batched=True), options)
+                                                     batched=True, buckets=buckets), options)
