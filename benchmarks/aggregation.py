@@ -5,7 +5,8 @@ or (``--engine beam``) its Beam engine against its local engine (issue 32).
                                      [--repeats R] [--json] [--data longtail|taxi]
                                      [--noise laplace|gaussian] [--selection-weight W]
                                      [--quantiles]
-    python benchmarks/aggregation.py --engine beam [--runner portable|direct] [--workers W] ...
+    python benchmarks/aggregation.py --engine beam [--runner portable|direct|direct-processes]
+                                     [--workers W] [--no-pipeline-dp] ...
 
 Query: per partition COUNT(*), SUM(value) and MEAN(value), each row clamped into [0, 50], at most
 C_u = 4 partitions per user and m = 2 rows per user and partition, Laplace noise (``--noise``:
@@ -39,17 +40,24 @@ sub-second run's wall clock is mostly waiting for a core, which a minute-long ru
 out).
 PipelineDP is a benchmark-only dependency (requirements/benchmark.txt).
 
-With ``--engine beam``: the same query and data through ``aggregate_with_beam`` (rows handed
-over as dicts, as DPAggregate does) on the portable runner (Beam's job service and a worker pool
-started for the run, W workers per job: tests/support/portable_runner.py) or the DirectRunner
-(W workers in multi-processing mode), and through the local engine. Printed: each engine's
-``rows_per_second`` and ``seconds`` (wall clock of the whole call: for Beam that includes
-submitting the job, starting the workers and the hand-back of the result), Beam's
-``fixed_seconds`` (the same call on 1,000 rows: the per-job cost independent of the data), and
-``beam_over_local`` (the ratio of the two throughputs), and Beam's ``cpu_seconds`` per run by
-process: ``driver`` (this one: rows to dicts, pickling them into the job), ``job_service`` (the
-portable runner's: it runs every shuffle and moves each element to and from the workers) and
-``workers`` (the worker pool and its workers: the DoFns).
+With ``--engine beam``: the same query and data through ``aggregate_with_beam`` (the frame
+handed over in batches of 10^5 rows, as DPAggregate hands over its table), through PipelineDP
+0.3.1's BeamBackend on the same runner and budget (its rows handed over the same way, as
+tuples; ``--no-pipeline-dp`` leaves it out), and through the local engine, alternated run by
+run so that all see the same load. Runners: the portable runner (Beam's job service and a
+worker pool started for the run, W workers per job: tests/support/portable_runner.py), the
+DirectRunner (``direct``: in this process for 1 worker, else W worker processes;
+``direct-processes``: worker processes even for 1, to compare 1 and 2 workers at the same
+per-job costs). Printed per system: ``rows_per_second`` and ``seconds`` (medians of the wall
+clock of the whole call: for Beam that includes building and submitting the job, starting the
+workers and the hand-back of the result), ``cpu_seconds`` (median CPU seconds of every process
+of the run) and ``cpu_seconds_by_process``: ``driver`` (this one: pickling the batches; on the
+DirectRunner also the runner and its shuffles), ``workers`` (the DoFns: the DirectRunner's
+worker processes, or the portable runner's worker pool and its workers) and ``job_service``
+(the portable runner's: every shuffle, and every element to and from the workers); Beam's
+``fixed_seconds`` (the same call on 1,000 rows); ``beam_over_local`` (throughput ratio); and
+with PipelineDP, ``pairs`` (per pair of runs, PipelineDP's wall and CPU seconds over ours) and
+their medians ``beam_over_pipeline_dp_wall_ratio`` and ``_cpu_ratio``.
 """
 import argparse
 import contextlib
@@ -203,9 +211,11 @@ def beam_arguments(runner: str, workers: int):
 
 
 def _driver_cpu() -> dict:
-    """This process's CPU seconds (with its finished children: the DirectRunner's workers)."""
+    """This process's CPU seconds, and its finished children's (the DirectRunner's worker
+    processes in multi-processing mode)."""
     times = os.times()
-    return {"driver": times.user + times.system + times.children_user + times.children_system}
+    return {"driver": times.user + times.system,
+            "workers": times.children_user + times.children_system}
 
 
 def pipeline_dp_params(noise: str, quantiles: bool):
