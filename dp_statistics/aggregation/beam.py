@@ -373,7 +373,7 @@ def _by_bucket(hashes: np.ndarray, buckets: int):
 @dataclasses.dataclass(frozen=True)
 class _Rows:
     """Rows in arrays: their unit's and partition's classes, the value columns read as doubles,
-    and (a seeded run only) each row's `_values_text`."""
+    and (a seeded run only) the repr of each row's values read (as a dict row holds them)."""
     unit: _Classes
     partition: list
     values: dict
@@ -458,8 +458,9 @@ UNIT_SHUFFLE_ELEMENTS = Metrics.counter("sage_tfx.aggregation.beam", "unit_shuff
 
 class _Prepare(beam.DoFn):
     """A batch of rows -> the rows to aggregate, split by their unit's bucket: (bucket, _Rows).
-    Which rows: as `wanted` had it row by row (a unit that is not null; text keys and unit
-    representable, identifiers.py; with public partitions, a listed partition's rows)."""
+    Which rows, each by its own content (local.representable_rows' rule): a unit that is not
+    null, text keys and unit representable (identifiers.py), and with public partitions a
+    listed partition."""
 
     def __init__(self, query: AggregationQuery, public: Optional[set], buckets: int,
                  seeded: bool):
@@ -472,16 +473,15 @@ class _Prepare(beam.DoFn):
         keep = ~unit.is_null() & unit.representable()
         for column in partition:
             keep &= column.representable()
-        if self._public is not None:
-            codes, count = _partition_codes(partition)
+        if self._public is not None and len(keep):
+            codes, _ = _partition_codes(partition)
             first = local.first_occurrences(codes)
             classes = zip(*(column.take(first).class_values() for column in partition))
-            keep &= np.array([key in self._public for key in classes], dtype=bool)[codes] \
-                if count else keep
+            keep &= np.array([key in self._public for key in classes], dtype=bool)[codes]
         index = np.flatnonzero(keep)
         presence, columns = presence_columns(query), value_columns(query)
         texts = None
-        if self._seeded:  # `_values_text` of each row, for the keyed sampling's canonical order
+        if self._seeded:  # the repr of each row's values read, `_keyed_pairs`' canonical order
             read = [_python_values(_column(batch, c)) for c in columns]
             texts = _object_array(repr(list(values)) for values in zip(*read)) if read else \
                 _object_array([repr([])] * len(keep))
@@ -503,7 +503,7 @@ def _keyed_rng(seed: int, stage: int, key) -> np.random.Generator:
 def _keyed_pairs(rows: _Rows, unit_codes: np.ndarray, partition_codes: np.ndarray,
                  max_partitions: int, seed: int) -> local.KeptPairs:
     """Steps 1-2 of a seeded run (tests only), the same sample on any runner and split: each
-    pair's rows in the `_values_text` order (rows equal there are interchangeable), then in
+    pair's rows in the order of their values' repr (rows equal there are interchangeable), then in
     the order of a permutation drawn from the pair's own generator (stage 1, key (partition
     class, unit class)); each unit's pairs in the order of their partition class's repr, the
     first C_u of a permutation from the unit's own generator (stage 2, key its class)."""
