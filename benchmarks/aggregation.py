@@ -293,6 +293,12 @@ def measure(run, frame, exact, epsilon, delta, repeats) -> tuple[dict, pd.Index]
             }, runs
 
 
+def _mean_or_none(values: list):
+    """The mean of the runs' values that exist (a run that kept no partition has no RMSE)."""
+    values = [value for value in values if value is not None]
+    return float(np.mean(values)) if values else None
+
+
 def compare_engines(args, frame: pd.DataFrame, exact: pd.DataFrame, report: dict) -> None:
     """--engine beam: the Beam engine on ``args.runner`` against PipelineDP's BeamBackend on the
     same runner (unless --no-pipeline-dp) and against the local engine, alternated run by run
@@ -327,8 +333,8 @@ def compare_engines(args, frame: pd.DataFrame, exact: pd.DataFrame, report: dict
                                                                  for _, _, cpu in entries]))
                                        for process in entries[0][2]},
             "partitions_kept": float(np.mean([len(table) for table, _, _ in entries])),
-            "rmse": {metric: float(np.mean([rmse(table, exact, table.index)[metric]
-                                            for table, _, _ in entries])) for metric in METRICS}}
+            "rmse": {metric: _mean_or_none([rmse(table, exact, table.index)[metric]
+                                            for table, _, _ in entries]) for metric in METRICS}}
     report["beam"]["fixed_seconds"] = fixed
     report["beam_over_local"] = (report["beam"]["rows_per_second"]
                                  / report["local"]["rows_per_second"])
