@@ -5,7 +5,8 @@ or (``--engine beam``) its Beam engine against its local engine (issue 32).
                                      [--repeats R] [--json] [--data longtail|taxi]
                                      [--noise laplace|gaussian] [--selection-weight W]
                                      [--quantiles]
-    python benchmarks/aggregation.py --engine beam [--runner portable|direct] [--workers W] ...
+    python benchmarks/aggregation.py --engine beam [--runner portable|direct|direct-processes]
+                                     [--workers W] [--no-pipeline-dp] ...
 
 Query: per partition COUNT(*), SUM(value) and MEAN(value), each row clamped into [0, 50], at most
 C_u = 4 partitions per user and m = 2 rows per user and partition, Laplace noise (``--noise``:
@@ -39,17 +40,24 @@ sub-second run's wall clock is mostly waiting for a core, which a minute-long ru
 out).
 PipelineDP is a benchmark-only dependency (requirements/benchmark.txt).
 
-With ``--engine beam``: the same query and data through ``aggregate_with_beam`` (rows handed
-over as dicts, as DPAggregate does) on the portable runner (Beam's job service and a worker pool
-started for the run, W workers per job: tests/support/portable_runner.py) or the DirectRunner
-(W workers in multi-processing mode), and through the local engine. Printed: each engine's
-``rows_per_second`` and ``seconds`` (wall clock of the whole call: for Beam that includes
-submitting the job, starting the workers and the hand-back of the result), Beam's
-``fixed_seconds`` (the same call on 1,000 rows: the per-job cost independent of the data), and
-``beam_over_local`` (the ratio of the two throughputs), and Beam's ``cpu_seconds`` per run by
-process: ``driver`` (this one: rows to dicts, pickling them into the job), ``job_service`` (the
-portable runner's: it runs every shuffle and moves each element to and from the workers) and
-``workers`` (the worker pool and its workers: the DoFns).
+With ``--engine beam``: the same query and data through ``aggregate_with_beam`` (the frame
+handed over in batches of 10^5 rows, as DPAggregate hands over its table), through PipelineDP
+0.3.1's BeamBackend on the same runner and budget (its rows handed over the same way, as
+tuples; ``--no-pipeline-dp`` leaves it out), and through the local engine, alternated run by
+run so that all see the same load. Runners: the portable runner (Beam's job service and a
+worker pool started for the run, W workers per job: tests/support/portable_runner.py), the
+DirectRunner (``direct``: in this process for 1 worker, else W worker processes;
+``direct-processes``: worker processes even for 1, to compare 1 and 2 workers at the same
+per-job costs). Printed per system: ``rows_per_second`` and ``seconds`` (medians of the wall
+clock of the whole call: for Beam that includes building and submitting the job, starting the
+workers and the hand-back of the result), ``cpu_seconds`` (median CPU seconds of every process
+of the run) and ``cpu_seconds_by_process``: ``driver`` (this one: pickling the batches; on the
+DirectRunner also the runner and its shuffles), ``workers`` (the DoFns: the DirectRunner's
+worker processes, or the portable runner's worker pool and its workers) and ``job_service``
+(the portable runner's: every shuffle, and every element to and from the workers); Beam's
+``fixed_seconds`` (the same call on 1,000 rows); ``beam_over_local`` (throughput ratio); and
+with PipelineDP, ``pairs`` (per pair of runs, PipelineDP's wall and CPU seconds over ours) and
+their medians ``beam_over_pipeline_dp_wall_ratio`` and ``_cpu_ratio``.
 """
 import argparse
 import contextlib
@@ -139,12 +147,56 @@ def beam_runner(arguments: list[str]):
     return run
 
 
+def pipeline_dp_beam_runner(arguments: list[str]):
+    """``run(frame, epsilon, delta)`` of PipelineDP's BeamBackend with these pipeline arguments:
+    the query of ``run_pipeline_dp``, its rows (tuples) handed to the workers as the Beam
+    engine's are (``run_transform``: pickled chunks of 10^5 rows, read by the workers), its
+    result gathered into one list."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from sage_tfx.dp_statistics.aggregation.beam import _CHUNK_ROWS, run_transform
+
+    class PipelineDPAggregate(beam.PTransform):
+        def __init__(self, epsilon: float, delta: float):
+            super().__init__()
+            self._epsilon, self._delta = epsilon, delta
+
+        def expand(self, chunks):
+            import pipeline_dp
+
+            accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=self._epsilon,
+                                                           total_delta=self._delta)
+            engine = pipeline_dp.DPEngine(accountant, pipeline_dp.BeamBackend())
+            result = engine.aggregate(chunks | "Rows" >> beam.FlatMap(list),
+                                      pipeline_dp_params("laplace", False),
+                                      pipeline_dp_extractors())
+            accountant.compute_budgets()
+            return result | "Gather" >> beam.combiners.ToList()
+
+    def run(frame: pd.DataFrame, epsilon: float, delta: float) -> tuple[pd.DataFrame, float]:
+        rows = list(frame[["user", "partition", "value"]].itertuples(index=False, name=None))
+        clock = Clock()
+        released = run_transform([rows[start:start + _CHUNK_ROWS]
+                                  for start in range(0, len(rows), _CHUNK_ROWS)],
+                                 PipelineDPAggregate(epsilon, delta), PipelineOptions(arguments))
+        elapsed = clock.read()
+        table = pd.DataFrame([(key, m.count, m.sum, m.mean) for key, m in released],
+                             columns=["partition", *METRICS]).set_index("partition")
+        return table, elapsed
+    return run
+
+
 @contextlib.contextmanager
 def beam_arguments(runner: str, workers: int):
     """The pipeline arguments of ``runner`` with ``workers`` workers, its services running, and
-    a function returning the CPU seconds each process has used so far."""
-    if runner == "direct":
-        yield ([f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"],
+    a function returning the CPU seconds each process has used so far. ``direct``: the
+    DirectRunner in this process (1 worker) or with ``workers`` worker processes
+    (multi-processing mode); ``direct-processes``: in that mode even for 1 worker (the same
+    per-job costs as for 2, to compare the two)."""
+    if runner in ("direct", "direct-processes"):
+        mode = "in_memory" if runner == "direct" and workers == 1 else "multi_processing"
+        yield ([f"--direct_num_workers={workers}", f"--direct_running_mode={mode}"],
                _driver_cpu)
         return
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -159,9 +211,30 @@ def beam_arguments(runner: str, workers: int):
 
 
 def _driver_cpu() -> dict:
-    """This process's CPU seconds (with its finished children: the DirectRunner's workers)."""
+    """This process's CPU seconds, and its finished children's (the DirectRunner's worker
+    processes in multi-processing mode)."""
     times = os.times()
-    return {"driver": times.user + times.system + times.children_user + times.children_system}
+    return {"driver": times.user + times.system,
+            "workers": times.children_user + times.children_system}
+
+
+def pipeline_dp_params(noise: str, quantiles: bool):
+    import pipeline_dp
+
+    return pipeline_dp.AggregateParams(
+        noise_kind=pipeline_dp.NoiseKind(noise),
+        metrics=([pipeline_dp.Metrics.PERCENTILE(50)] if quantiles else
+                 [pipeline_dp.Metrics.COUNT, pipeline_dp.Metrics.SUM, pipeline_dp.Metrics.MEAN]),
+        max_partitions_contributed=MAX_PARTITIONS, max_contributions_per_partition=MAX_ROWS,
+        min_value=LOW, max_value=HIGH)
+
+
+def pipeline_dp_extractors():
+    import pipeline_dp
+
+    return pipeline_dp.DataExtractors(privacy_id_extractor=lambda row: row[0],
+                                      partition_extractor=lambda row: row[1],
+                                      value_extractor=lambda row: row[2])
 
 
 def run_pipeline_dp(frame: pd.DataFrame, epsilon: float, delta: float, noise: str = "laplace",
@@ -172,15 +245,7 @@ def run_pipeline_dp(frame: pd.DataFrame, epsilon: float, delta: float, noise: st
     clock = Clock()
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
     engine = pipeline_dp.DPEngine(accountant, pipeline_dp.LocalBackend())
-    params = pipeline_dp.AggregateParams(
-        noise_kind=pipeline_dp.NoiseKind(noise),
-        metrics=([pipeline_dp.Metrics.PERCENTILE(50)] if quantiles else
-                 [pipeline_dp.Metrics.COUNT, pipeline_dp.Metrics.SUM, pipeline_dp.Metrics.MEAN]),
-        max_partitions_contributed=MAX_PARTITIONS, max_contributions_per_partition=MAX_ROWS,
-        min_value=LOW, max_value=HIGH)
-    extractors = pipeline_dp.DataExtractors(privacy_id_extractor=lambda row: row[0],
-                                            partition_extractor=lambda row: row[1],
-                                            value_extractor=lambda row: row[2])
+    params, extractors = pipeline_dp_params(noise, quantiles), pipeline_dp_extractors()
     result = engine.aggregate(rows, params, extractors)
     accountant.compute_budgets()
     released = list(result)
@@ -228,32 +293,72 @@ def measure(run, frame, exact, epsilon, delta, repeats) -> tuple[dict, pd.Index]
             }, runs
 
 
+def _mean_or_none(values: list):
+    """The mean of the runs' values that exist (a run that kept no partition has no RMSE)."""
+    values = [value for value in values if value is not None]
+    return float(np.mean(values)) if values else None
+
+
 def compare_engines(args, frame: pd.DataFrame, exact: pd.DataFrame, report: dict) -> None:
-    """--engine beam: the Beam engine on ``args.runner`` against the local engine."""
+    """--engine beam: the Beam engine on ``args.runner`` against PipelineDP's BeamBackend on the
+    same runner (unless --no-pipeline-dp) and against the local engine, alternated run by run
+    (both Beam jobs see the same load); medians, and the ratio of each pair of runs."""
     report.update(runner=args.runner, workers=args.workers)
+    systems = {"beam": None, "pipeline_dp_beam": None, "local": run_sage}
+    if args.no_pipeline_dp:
+        del systems["pipeline_dp_beam"]
     with beam_arguments(args.runner, args.workers) as (arguments, cpu_seconds):
-        run_beam = beam_runner(arguments)
-        _, (fixed, _) = run_beam(frame.iloc[:1000], args.epsilon, args.delta)  # wall clock
-        before = cpu_seconds()
-        report["beam"], _ = measure(run_beam, frame, exact, args.epsilon, args.delta,
-                                    args.repeats)
-        after = cpu_seconds()
+        systems["beam"] = beam_runner(arguments)
+        if "pipeline_dp_beam" in systems:
+            systems["pipeline_dp_beam"] = pipeline_dp_beam_runner(arguments)
+        _, (fixed, _) = systems["beam"](frame.iloc[:1000], args.epsilon, args.delta)  # wall
+        runs = {name: [] for name in systems}
+        for _ in range(args.repeats):
+            for name, run in systems.items():
+                before = cpu_seconds()
+                table, (wall, _) = run(frame, args.epsilon, args.delta)
+                after = cpu_seconds()
+                # CPU seconds of every process (this one, the runner's workers and services)
+                runs[name].append((table, wall, {process: after[process] - before[process]
+                                                 for process in after}))
+    for name, entries in runs.items():
+        walls = [wall for _, wall, _ in entries]
+        cpus = [sum(cpu.values()) for _, _, cpu in entries]
+        report[name] = {
+            "rows_per_second": len(frame) / float(np.median(walls)),
+            "seconds": float(np.median(walls)), "walls": walls,
+            "cpu_seconds": float(np.median(cpus)),
+            "rows_per_cpu_second": len(frame) / float(np.median(cpus)),
+            "cpu_seconds_by_process": {process: float(np.median([cpu[process]
+                                                                 for _, _, cpu in entries]))
+                                       for process in entries[0][2]},
+            "partitions_kept": float(np.mean([len(table) for table, _, _ in entries])),
+            "rmse": {metric: _mean_or_none([rmse(table, exact, table.index)[metric]
+                                            for table, _, _ in entries]) for metric in METRICS}}
     report["beam"]["fixed_seconds"] = fixed
-    # where the time went: CPU seconds per process over the measured runs
-    report["beam"]["cpu_seconds"] = {name: (after[name] - before[name]) / args.repeats
-                                     for name in after}
-    report["local"], _ = measure(run_sage, frame, exact, args.epsilon, args.delta, args.repeats)
     report["beam_over_local"] = (report["beam"]["rows_per_second"]
                                  / report["local"]["rows_per_second"])
+    if "pipeline_dp_beam" in runs:
+        pairs = list(zip(runs["beam"], runs["pipeline_dp_beam"]))
+        report["pairs"] = [{"wall_ratio": theirs[1] / ours[1],
+                            "cpu_ratio": sum(theirs[2].values()) / sum(ours[2].values())}
+                           for ours, theirs in pairs]
+        for ratio in ("wall_ratio", "cpu_ratio"):
+            report[f"beam_over_pipeline_dp_{ratio}"] = float(np.median(
+                [pair[ratio] for pair in report["pairs"]]))
     if args.json:
         print(json.dumps(report))
         return
-    for name in ("beam", "local"):
+    for name in runs:
         entry = report[name]
-        print(f"{name:6s} {entry['rows_per_second']:12,.0f} rows/s  {entry['seconds']:8.1f} s  "
-              f"kept {entry['partitions_kept']:8.1f}")
+        print(f"{name:16s} {entry['rows_per_second']:12,.0f} rows/s  {entry['seconds']:8.1f} s  "
+              f"CPU {entry['cpu_seconds']:8.1f} s  kept {entry['partitions_kept']:8.1f}")
     print(f"beam: {args.runner} runner, {args.workers} worker(s), fixed cost "
           f"{fixed:.1f} s per job; beam_over_local {report['beam_over_local']:.3f}")
+    if "pairs" in report:
+        print(f"beam over PipelineDP's BeamBackend, median of the pairs: wall "
+              f"{report['beam_over_pipeline_dp_wall_ratio']:.1f}x, CPU "
+              f"{report['beam_over_pipeline_dp_cpu_ratio']:.1f}x")
 
 
 def main() -> None:
@@ -262,8 +367,12 @@ def main() -> None:
     parser.add_argument("--engine", choices=("compare", "beam"), default="compare",
                         help="compare: the local engine against PipelineDP (the default); "
                              "beam: the Beam engine against the local engine")
-    parser.add_argument("--runner", choices=("portable", "direct"), default="portable",
-                        help="with --engine beam: Beam's runner")
+    parser.add_argument("--runner", choices=("portable", "direct", "direct-processes"),
+                        default="portable",
+                        help="with --engine beam: Beam's runner (direct: in this process for "
+                             "1 worker, else worker processes; direct-processes: always)")
+    parser.add_argument("--no-pipeline-dp", action="store_true",
+                        help="with --engine beam: leave PipelineDP's BeamBackend out")
     parser.add_argument("--workers", type=int, default=1,
                         help="with --engine beam: SDK worker processes per job")
     parser.add_argument("--rows", type=int, default=10 ** 6)

@@ -124,22 +124,32 @@ def factorize(values) -> tuple[np.ndarray, int]:
     return np.asarray(codes, dtype=np.int64), len(uniques)
 
 
+def combined_codes(columns: list[tuple[np.ndarray, int]]) -> np.ndarray:
+    """The codes 0..k-1 of the distinct tuples of several columns, given each column's
+    ``factorize`` (codes, distinct count)."""
+    codes = None
+    for column_codes, distinct in columns:
+        # Re-factorizing the combined code keeps it below the row count (no overflow).
+        codes = column_codes if codes is None else factorize(
+            codes * max(distinct, 1) + column_codes)[0]
+    return np.asarray(codes, dtype=np.int64)
+
+
+def first_occurrences(codes: np.ndarray) -> np.ndarray:
+    """For codes 0..k-1: the position of each code's first occurrence."""
+    first = np.empty(int(codes.max()) + 1 if codes.size else 0, dtype=np.int64)
+    first[codes[::-1]] = np.arange(codes.size)[::-1]  # the last write, the first occurrence, wins
+    return first
+
+
 def partition_codes(frame: pd.DataFrame,
                     query: AggregationQuery) -> tuple[np.ndarray, pd.DataFrame]:
     """Each row's partition index (-1: not a public partition) and the partitions' keys, in
     their columns' types. `frame` holds representable keys only (`representable_rows`), so
     grouping is by the whole value (pandas' Arrow-backed and numeric factorize are exact)."""
     keys_frame = frame[list(query.group_by)]
-    codes = None
-    for column in query.group_by:
-        column_codes, distinct = factorize(keys_frame[column])
-        # Re-factorizing the combined code keeps it below the row count (no overflow).
-        codes = column_codes if codes is None else factorize(
-            codes * max(distinct, 1) + column_codes)[0]
-    codes = np.asarray(codes, dtype=np.int64)
-    first = np.empty(int(codes.max()) + 1 if codes.size else 0, dtype=np.int64)
-    first[codes[::-1]] = np.arange(codes.size)[::-1]  # the last write, the first occurrence, wins
-    keys = keys_frame.iloc[first].reset_index(drop=True)
+    codes = combined_codes([factorize(keys_frame[column]) for column in query.group_by])
+    keys = keys_frame.iloc[first_occurrences(codes)].reset_index(drop=True)
     if SelectionRule(query.selection) is not SelectionRule.PUBLIC:
         for column in query.group_by:
             if pd.api.types.is_float_dtype(keys[column].dtype):
@@ -170,6 +180,52 @@ class Accumulated:
     bounds_events: dict
 
 
+@dataclasses.dataclass(frozen=True)
+class KeptPairs:
+    """Steps 1-2's outcome (aggregators.bound_contributions) as steps 3 and the DP bounds read
+    it: the kept pairs' rows in pair order (``order``: the input index of each), each row's
+    pair and rank in it, and per kept pair its partition code and how many pairs its unit kept.
+    Both engines make it (the Beam engine once per bucket of units)."""
+    order: np.ndarray
+    pair_of_row: np.ndarray
+    rank_in_pair: np.ndarray
+    pair_partition: np.ndarray
+    partitions_of_unit: np.ndarray
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.pair_partition)
+
+
+def keep_pairs(unit_codes: np.ndarray, partition_codes: np.ndarray, n_partitions: int,
+               max_partitions_contributed: int, rng: np.random.Generator) -> KeptPairs:
+    """Steps 1 and 2 over rows given by their unit and partition codes."""
+    pairs = aggregators.bound_contributions(unit_codes, partition_codes, n_partitions,
+                                            max_partitions_contributed, rng)
+    kept_row = pairs.pair_kept[pairs.pair_of_row]
+    pair_index = np.cumsum(pairs.pair_kept) - 1
+    kept_unit = pairs.pair_unit[pairs.pair_kept]
+    return KeptPairs(pairs.row_order[kept_row], pair_index[pairs.pair_of_row[kept_row]],
+                     pairs.rank_in_pair[kept_row], pairs.pair_partition[pairs.pair_kept],
+                     np.bincount(kept_unit)[kept_unit])
+
+
+def bounds_histogram(query: AggregationQuery, aggregate_spec, kept: KeptPairs,
+                     ordered: dict) -> np.ndarray:
+    """The log histogram the aggregate's DP bounds are inferred from, over ``kept``'s pairs
+    (``ordered``: the value columns in ``kept.order``); histograms of disjoint pairs add."""
+    return aggregators.log_histogram(aggregators.bounds_input(
+        aggregate_spec, kept.pair_of_row, kept.rank_in_pair, kept.n_pairs,
+        ordered[aggregate_spec.column], query.max_contributions_per_partition))
+
+
+def contributions(query: AggregationQuery, bounds: dict, kept: KeptPairs,
+                  ordered: dict) -> np.ndarray:
+    """Step 3: the kept pairs' (n_pairs, width) contribution vectors."""
+    return aggregators.pair_contributions(query, bounds, kept.pair_of_row, kept.rank_in_pair,
+                                          kept.n_pairs, ordered, kept.partitions_of_unit)
+
+
 def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
                rng: np.random.Generator) -> Accumulated:
     """Steps 1-3 of aggregators.py (and the DP bounds) on a checked frame."""
@@ -182,14 +238,8 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
     codes, keys = partition_codes(frame, query)
     rows = owned & (codes >= 0)
     unit_codes, _ = factorize(frame[query.unit_column].to_numpy()[rows])
-    pairs = aggregators.bound_contributions(unit_codes, codes[rows], len(keys),
-                                            query.max_partitions_contributed, rng)
-    kept_row = pairs.pair_kept[pairs.pair_of_row]
-    pair_index = np.cumsum(pairs.pair_kept) - 1
-    pair_of_row = pair_index[pairs.pair_of_row[kept_row]]
-    rank_in_pair = pairs.rank_in_pair[kept_row]
-    n_pairs = int(pairs.pair_kept.sum())
-    order = np.flatnonzero(rows)[pairs.row_order[kept_row]]
+    kept = keep_pairs(unit_codes, codes[rows], len(keys), query.max_partitions_contributed, rng)
+    order = np.flatnonzero(rows)[kept.order]
     ordered = {c: values[order] for c, values in columns.items()}
 
     bounds = {a.output_name: (a.low, a.high) for a in query.aggregates
@@ -197,19 +247,12 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
     bounds_events = {}
     for aggregate_spec in bounds_inferred_by_step(query):
         name = aggregate_spec.output_name
-        values = aggregators.bounds_input(aggregate_spec, pair_of_row, rank_in_pair, n_pairs,
-                                          ordered[aggregate_spec.column],
-                                          query.max_contributions_per_partition)
         bounds[name], bounds_events[BOUNDS_STEP_PREFIX + name] = aggregators.infer_bounds(
-            query, aggregate_spec, plan, aggregators.log_histogram(values))
+            query, aggregate_spec, plan, bounds_histogram(query, aggregate_spec, kept, ordered))
 
-    kept_unit = pairs.pair_unit[pairs.pair_kept]
-    partitions_of_unit = np.bincount(kept_unit)[kept_unit]
-    contributions = aggregators.pair_contributions(query, bounds, pair_of_row, rank_in_pair,
-                                                   n_pairs, ordered, partitions_of_unit)
-    accumulators = aggregators.sum_by_partition(pairs.pair_partition[pairs.pair_kept],
-                                                contributions, len(keys),
-                                                aggregators.layout(query).signed)
+    accumulators = aggregators.sum_by_partition(kept.pair_partition,
+                                                contributions(query, bounds, kept, ordered),
+                                                len(keys), aggregators.layout(query).signed)
     return Accumulated(keys, accumulators, bounds, bounds_events)
 
 

@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from support.beam_engine import (CONFORMANCE_QUERY, accumulate_files_with_beam,
-                                 accumulate_with_beam, conformance_frame, sorted_by_keys)
+from support.beam_engine import (CONFORMANCE_QUERY, HEAVY_QUERY, accumulate_files_with_beam,
+                                 accumulate_with_beam, conformance_frame, heavy_rows,
+                                 sorted_by_keys)
 
 from sage_tfx.dp_statistics.aggregation import Aggregate, AggregateKind, AggregationQuery, plan
 from sage_tfx.dp_statistics.aggregation import local
@@ -54,21 +55,6 @@ def test_two_workers_select_the_partitions_the_local_engine_selects(portable_run
     assert list(beam_release.events) == list(local_release.events)
 
 
-def _heavy_rows() -> list[dict]:
-    """30 units, each in 8 partitions with 6 rows per partition: under C_u = 3 and m = 4 both
-    sampling steps drop something, so the sums depend on the sampling's randomness."""
-    rng = np.random.default_rng(11)
-    return [{"area": f"a{key}", "uid": unit, "fare": float(rng.uniform(0, 40))}
-            for unit in range(30) for key in rng.choice(12, size=8, replace=False)
-            for _ in range(6)]
-
-
-HEAVY_QUERY = AggregationQuery(("area",), "uid",
-                               (Aggregate.count(), Aggregate(AggregateKind.SUM, "fare", 0, 50),
-                                Aggregate.median("fare", 0, 40)),
-                               max_partitions_contributed=3, max_contributions_per_partition=4)
-
-
 def _write_shuffled(rows, directory, files: int, seed: int) -> list[str]:
     order = np.random.default_rng(seed).permutation(len(rows))
     paths = [str(directory / f"rows-{seed}-{index}.jsonl") for index in range(files)]
@@ -82,7 +68,7 @@ def test_a_seeded_run_does_not_depend_on_how_the_input_was_split(portable_runner
     """The same rows and seed: in one ordered Create on the DirectRunner, in 3 shuffled files on
     the DirectRunner, and in 5 files shuffled otherwise and redistributed among 2 workers; the
     pre-noise sums are equal (up to the order of float additions)."""
-    rows, budget = _heavy_rows(), plan(HEAVY_QUERY, 1.0, 1e-6)
+    rows, budget = heavy_rows(), plan(HEAVY_QUERY, 1.0, 1e-6)
     runs = [accumulate_with_beam(rows, HEAVY_QUERY, budget, seed=7),
             accumulate_files_with_beam(_write_shuffled(rows, tmp_path, 3, seed=1),
                                        HEAVY_QUERY, budget, seed=7),

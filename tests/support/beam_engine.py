@@ -9,7 +9,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from sage_tfx.dp_statistics.aggregation import Aggregate, AggregateKind, AggregationQuery
 from sage_tfx.dp_statistics.aggregation.beam import (AccumulateTransform, GatherAccumulated,
-                                                     _records, run_transform)
+                                                     _batches, run_transform)
 
 
 def conformance_frame() -> pd.DataFrame:
@@ -32,6 +32,21 @@ CONFORMANCE_QUERY = AggregationQuery(
     max_partitions_contributed=3, max_contributions_per_partition=4)
 
 
+def heavy_rows() -> list[dict]:
+    """30 units, each in 8 partitions with 6 rows per partition: under C_u = 3 and m = 4 both
+    sampling steps drop something, so the sums depend on the sampling's randomness."""
+    rng = np.random.default_rng(11)
+    return [{"area": f"a{key}", "uid": unit, "fare": float(rng.uniform(0, 40))}
+            for unit in range(30) for key in rng.choice(12, size=8, replace=False)
+            for _ in range(6)]
+
+
+HEAVY_QUERY = AggregationQuery(("area",), "uid",
+                               (Aggregate.count(), Aggregate(AggregateKind.SUM, "fare", 0, 50),
+                                Aggregate.median("fare", 0, 40)),
+                               max_partitions_contributed=3, max_contributions_per_partition=4)
+
+
 def sorted_by_keys(accumulated, query=CONFORMANCE_QUERY):
     """(keys, accumulators) in the order of the keys: engines list partitions in any order."""
     order = accumulated.keys.sort_values(list(query.group_by)).index.to_numpy()
@@ -44,16 +59,17 @@ def accumulate_with_beam(rows, query, plan, seed=None, options=None):
     them, for rows as aggregate_with_beam takes them (a pyarrow.Table, a pandas frame or
     dicts). Draws the DP bounds' noise when the query infers bounds. ``options``: pipeline
     arguments (DirectRunner without)."""
-    records, schema = _records(rows, query)
-    return run_transform(records, AccumulateTransform(query, plan, seed)
+    batches, schema = _batches(rows, query)
+    return run_transform(batches, AccumulateTransform(query, plan, seed, batched=True)
                          | GatherAccumulated(query, schema), _options(options))
 
 
 def accumulate_files_with_beam(paths, query, plan, seed=None, options=None):
     """As accumulate_with_beam, the rows (dicts) read from JSON-lines files (one bundle per
     file) and redistributed by a Reshuffle before the engine sees them."""
-    read = (beam.io.ReadAllFromText() | beam.Map(json.loads) | beam.Reshuffle())
-    return run_transform(list(paths), read | AccumulateTransform(query, plan, seed)
+    read = (beam.FlatMap(list) | beam.io.ReadAllFromText() | beam.Map(json.loads)
+            | beam.Reshuffle())
+    return run_transform([list(paths)], read | AccumulateTransform(query, plan, seed)
                          | GatherAccumulated(query), _options(options))
 
 
