@@ -45,6 +45,7 @@ its event for the step.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
@@ -175,9 +176,13 @@ def _accounted(event: dp_event.DpEvent, delta: float) -> float:
     return float(accountant.get_epsilon(delta))
 
 
+@functools.lru_cache(maxsize=64)
 def plan_search(parameters: SearchParameters, epsilon: float, delta: float) -> SearchPlan:
     """The noise and events of a search on an (epsilon, delta) share (module docstring);
-    CalibrationError (a BadRequest) when the share cannot pay for it."""
+    CalibrationError (a BadRequest) when the share cannot pay for it. A few seconds of RDP
+    accounting (the selection's bound at every order), made by the grant's planning, the
+    BlockLedger's preflight and the executor alike: kept per process (a pure function of public
+    values)."""
     if not epsilon > 0 or not 0.0 < delta < 1.0:
         raise CalibrationError(f"DPTuner needs epsilon > 0 and delta in (0, 1), got "
                                f"({epsilon}, {delta})")

@@ -197,7 +197,7 @@ def test_the_pipeline_tunes_then_trains_with_the_best_setting(tmp_path):
     store_path = os.path.join(root, "metadata.sqlite")
     gen, grant = ingest_and_grant(root, store_path, block_epsilon=4.0, epsilon=4.0, delta=1e-6,
                                   split={"tuning": 0.5, "training": 0.5})
-    search = {"gamma": 0.25, "epochs": 1, "trials_mean": 2.0, "metric": "loss",
+    search = {"gamma": 0.1, "epochs": 1, "trials_mean": 2.0, "metric": "loss",
               "loss_bound": 1e6}
     tuner = DPTuner(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
                     module_file=TRIP_MODULE, l2_norm_clip=1.0, seed=5, **search)
