@@ -30,3 +30,43 @@ def test_the_tuning_share_comes_out_of_training_exactly():
     check_split(split)  # sums to exactly 1
     with pytest.raises(BadRequest, match="tuning_share"):
         Policy(tuning_share=1.0).check()
+
+
+def _spec(**tuning):
+    import dataclasses
+
+    from sage_tfx.examples.taxi.pipeline import dp_sgd_spec
+
+    return dataclasses.replace(dp_sgd_spec(), tuning={"gamma": 0.02, "epochs": 1,
+                                                      "metric": "loss", "loss_bound": 0.25,
+                                                      **tuning})
+
+
+def test_an_iteration_that_tunes_runs_dptuner_on_its_tuning_step_before_dptrainer():
+    import json
+
+    from sage_tfx.pipelines.adaptive import build_iteration
+
+    spec = _spec()
+    built = build_iteration(spec, "tuned", "/nonexistent", "/nonexistent.sqlite", window=24,
+                            epsilon=1.0, run_iteration=1, tuning_share=0.25)
+    by_id = {component.id: component for component in built.components}
+    grant, tuner, trainer = by_id["BlockLedger"], by_id["DPTuner"], by_id["DPTrainer"]
+    assert json.loads(grant.exec_properties["split"])["tuning"] == "0.1125"  # 0.25 of 0.45
+    assert json.loads(grant.exec_properties["step_mechanisms"])["tuning"]["mechanism"] == \
+        "dp_tuning"
+    assert trainer.inputs["hyperparameters"].producer_component_id == tuner.id
+    assert tuner.exec_properties["l2_norm_clip"] == spec.trainer["l2_norm_clip"]
+    # Without tuning, a released setting is carried as DPTrainer's parameters; no tuning step.
+    carried = build_iteration(spec, "carried", "/nonexistent", "/nonexistent.sqlite", window=24,
+                              epsilon=1.0, run_iteration=2,
+                              setting={"learning_rate": 0.2, "l2_norm_clip": 1.0})
+    by_id = {component.id: component for component in carried.components}
+    assert "DPTuner" not in by_id and "tuning" not in json.loads(
+        by_id["BlockLedger"].exec_properties["split"])
+    assert by_id["DPTrainer"].exec_properties["learning_rate"] == 0.2
+
+
+def test_a_bad_tuning_spec_is_refused_before_anything_is_charged():
+    with pytest.raises(BadRequest, match="holdout_fraction must lie in"):
+        _spec(holdout_fraction=1.5).check()
