@@ -97,15 +97,20 @@ def test_the_charge_is_the_events_the_grant_records():
     """The grant's step records the plan's event (privacy_grant.planned_event for the
     'dp_tuning' mechanism DPTuner.step_mechanism() names), and an rdp ledger charges its curve:
     the charge is the event's, not one trial's."""
-    split = {"tuning": 0.5, "training": 0.5}
-    mechanism = {"tuning": PARAMETERS.as_mechanism()}
-    events = step_events(mechanism, split, 4.0, 1e-6, AccountingMode.RDP)
-    plan = tuning.plan_search(PARAMETERS, 2.0, 5e-7)
+    from sage_tfx.sage_access import BlockLedger
+    from sage_tfx.sage_access.ledger import BlockIds
+
+    split = {"tuning": 1.0}
+    events = step_events({"tuning": PARAMETERS.as_mechanism()}, split, 2.0, 1e-6,
+                         AccountingMode.RDP)
+    plan = tuning.plan_search(PARAMETERS, 2.0, 1e-6)
     assert events["tuning"] == plan.event
-    orders = (2.0, 4.0, 8.0, 16.0, 32.0)
-    charged = rdp_curve_of([events["tuning"]], orders)
-    one_trial = rdp_curve_of([plan.trial_event], orders)
-    assert np.all(charged > one_trial)
+    ledger = BlockLedger.create(":memory:", accounting="rdp", min_request_epsilon=0.01)
+    ledger.add_block("b0", 10.0, 1e-5, start="2024-01-01")
+    ledger.request(BlockIds(["b0"]), epsilon=2.0, delta=1e-6, split=split, events=events)
+    charged = np.asarray(ledger.block("b0").spent)
+    assert np.allclose(charged, rdp_curve_of([plan.event], ledger.orders))
+    assert np.all(charged > rdp_curve_of([plan.trial_event], ledger.orders))  # not one trial's
 
 
 def _check(tuner_fn, module_file=TUNER_MODULE, **given):
