@@ -60,6 +60,8 @@ from sage_tfx.components.dp_transform import DPTransform
 from sage_tfx.components.dp_tuner import DPTuner
 from sage_tfx.components.dp_tuner import executor as tuner_keys
 from sage_tfx.components.dp_tuner.search_space import read_best_hyperparameters
+from sage_tfx.components.dp_tuner.tuning import (DEFAULT_GRANT_STEP as TUNING_STEP,
+                                                 SearchParameters, plan_search)
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
 from sage_tfx.components.privacy_grant import Mechanism, step_events
@@ -68,7 +70,7 @@ from sage_tfx.pipelines.local import latest_run, run_local
 from sage_tfx.pipelines.policy import (Policy, PolicyName, Tuned, after_retry, split_with_tuning,
                                        tune_next)
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
-from sage_tfx.sage_access.accounting import AccountingMode, check_split
+from sage_tfx.sage_access.accounting import AccountingMode, check_split, split_share
 from sage_tfx.sage_access.ledger import EXAMPLES
 from sage_tfx.validators import constants as blessing_keys
 from sage_tfx.validators.component import SLAedValidator
@@ -396,6 +398,15 @@ def _preflight(spec: IterationSpec, epsilon: float, split: Mapping) -> None:
     except ValueError as error:
         raise BadRequest(f"DP-SGD cannot train at epsilon {epsilon:g} (its grant step's share); "
                          f"nothing was charged for it: {error}") from error
+    if TUNING_STEP in split:
+        # The search's calibration on its share: Papernot-Steinke's selection adds a fixed RDP
+        # overhead (ln E[K], ln 1/gamma terms), so a small tuning share cannot pay for it.
+        try:
+            plan_search(SearchParameters.of(spec.tuning),
+                        *split_share(epsilon, spec.delta, check_split(split), TUNING_STEP))
+        except ValueError as error:
+            raise BadRequest(f"DPTuner cannot tune at epsilon {epsilon:g} (its grant step's "
+                             f"share); nothing was charged for it: {error}") from error
 
 
 def _line(iteration: Iteration, metric: Metric) -> str:

@@ -70,3 +70,15 @@ def test_an_iteration_that_tunes_runs_dptuner_on_its_tuning_step_before_dptraine
 def test_a_bad_tuning_spec_is_refused_before_anything_is_charged():
     with pytest.raises(BadRequest, match="holdout_fraction must lie in"):
         _spec(holdout_fraction=1.5).check()
+
+
+def test_a_tuning_share_too_small_for_the_search_is_refused_before_its_grant():
+    """Papernot-Steinke's selection costs a fixed RDP overhead: at epsilon 1 with a quarter of
+    the training share (0.1125, delta 1e-7 x 0.1125) no noise pays for it; the driver refuses
+    before the BlockLedger runs."""
+    from sage_tfx.pipelines.adaptive import _preflight, iteration_split
+
+    spec = _spec(score_fraction=0.3, trials_mean=2.0)
+    with pytest.raises(BadRequest, match="DPTuner cannot tune at epsilon 1 .*nothing was charged"):
+        _preflight(spec, 1.0, iteration_split(spec, 0.25))
+    _preflight(spec, 8.0, iteration_split(spec, 0.5))
