@@ -13,8 +13,9 @@ alternating order so both arms see the same load:
 * untuned: DP-SGD (DPTrainer's code: samples_swo, calibrate, dp_sgd.train) on the whole training
   share with the default setting;
 * tuned: DPTuner's search (dp_tuner.tuning.search) on --tuning-share of the training share over
-  learning rates {0.02, 0.05, 0.2, 0.5} x clip {0.5, 1.0}, then DP-SGD on the rest with the
-  released best setting. The total epsilon per block is the same.
+  the taxi module's tuner_fn space (learning rates {0.02, 0.05, 0.2, 0.5} x clip {0.5, 1.0}),
+  then DP-SGD on the rest with the released best setting. The total epsilon per block is the
+  same.
 
 Held-out metric: the mean squared error (hours^2) on the held-out trips, exact (public data;
 the pipeline's validator would release it with DP). Not the pipeline's: the DP transform's
@@ -41,6 +42,7 @@ import tensorflow as tf
 from sage_tfx.components.dp_trainer import dp_sgd
 from sage_tfx.components.dp_trainer.calibrate import calibrate
 from sage_tfx.components.dp_tuner import tuning
+from sage_tfx.components.dp_tuner.search_space import load_candidates
 from sage_tfx.components.oblivious_sample_gen.sampling import samples_swo
 from sage_tfx.components.util.user_module import UserModule
 from sage_tfx.examples.taxi import pipeline as taxi
@@ -49,8 +51,6 @@ from sage_tfx.examples.taxi.stream import TaxiStream
 from sage_tfx.sage_access.accounting import split_share
 
 DEFAULT = {"learning_rate": 0.05, "l2_norm_clip": 0.5}  # examples/taxi dp_sgd_spec
-CANDIDATES = [{"learning_rate": rate, "l2_norm_clip": clip}
-              for rate in (0.02, 0.05, 0.2, 0.5) for clip in (0.5, 1.0)]
 SAMPLE_SIZE = 128
 TYPICAL_SPEED_SCALED = taxi_module.TYPICAL_SPEED_MPH / taxi_module.MAX_SPEED_MPH
 
@@ -105,6 +105,7 @@ def main(argv=None) -> int:
     logging.getLogger("absl").setLevel(logging.ERROR)
 
     module = UserModule.load(taxi.MODULE_FILE, "benchmark", ("build_model",))
+    candidates = load_candidates(taxi.MODULE_FILE, "tuner_fn")
     train_x, train_y, eval_x, eval_y = taxi_rows(args.months, np.random.default_rng(0))
     epsilon, delta = split_share(args.epsilon, taxi.BLOCK_DELTA / 10, taxi.DP_SGD_SPLIT,
                                  "training")
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
             else:
                 started = time.monotonic()
                 best, _ = tuning.search(module, tf.constant(train_x), tf.constant(train_y),
-                                        CANDIDATES, plan, run_seed)
+                                        candidates, plan, run_seed)
                 search_seconds.append(time.monotonic() - started)
                 released.append({"setting": best.settings, "dp_score": best.score})
                 model = train(module, train_x, train_y, best.settings, epsilon - tune_epsilon,
