@@ -67,7 +67,7 @@ def test_the_number_of_trials_does_not_depend_on_the_data(monkeypatch):
     """K and the candidates come from the generator before any trial, and no record stops the
     loop: on neighbouring datasets (one record removed) the same seed runs the same trials."""
     tried = _recorded_trials(monkeypatch)
-    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 3.0})
+    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 1.5})
     plan = tuning.plan_search(parameters, 4.0, 1e-6)
     runs = []
     for n in (200, 199):
