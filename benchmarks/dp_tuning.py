@@ -27,7 +27,6 @@ cost of tuning as a fraction of the training share, the search's wall seconds, a
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import statistics

@@ -46,7 +46,6 @@ its event for the step.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
