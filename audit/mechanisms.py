@@ -948,9 +948,19 @@ def private_selection_outputs(trials: int, seed: Optional[int] = None, *,
     from the OS CSPRNG. broken=True is the best of exactly 4 trials accounted as one trial:
     its privacy loss on {every score <= 0} is 4 epsilon (P[best <= 0] = 2^-4 on D), far
     above the one trial's epsilon it claims."""
+    from sage_tfx.mechanisms.private_selection import private_selection
+
+    def select(scores, trial_event, law, rng) -> float:
+        return private_selection(1, scores, trial_event, law, rng).value.score
+
+    return _selection_outputs(select, trials, seed, broken)
+
+
+def _selection_outputs(select, trials: int, seed: Optional[int], broken: bool) -> Outputs:
+    """The released score of `select(scores, trial_event, law, rng)` over `trials` runs on D (a
+    Laplace count of 0) and D' (of 1), with the audit's law (tuning_law(broken))."""
     from dp_accounting import LaplaceDpEvent
 
-    from sage_tfx.mechanisms.private_selection import private_selection
     from sage_tfx.randomness import secret_rng
 
     rng, law = secret_rng(seed), tuning_law(broken)
@@ -958,9 +968,25 @@ def private_selection_outputs(trials: int, seed: Optional[int] = None, *,
     outputs = []
     for count in (0.0, 1.0):
         scores = _LaplaceScores(count)
-        outputs.append(np.array([private_selection(1, scores, trial_event, law, rng).value.score
+        outputs.append(np.array([select(scores, trial_event, law, rng)
                                  for _ in range(trials)]))
     return outputs[0], outputs[1]
+
+
+def dp_tuner_outputs(trials: int, seed: Optional[int] = None, *,
+                     broken: bool = False) -> Outputs:
+    """private_selection_outputs through DPTuner's own selection (dp_tuner.tuning.select_best:
+    what its search releases, the best candidate's DP score), on the same Laplace trials (one
+    candidate's DP-SGD run would cost seconds a trial; the selection is what this audits: the
+    trials are any DP mechanism with the accounted event). Claims: tuning_claimed_epsilon."""
+    from sage_tfx.components.dp_tuner.tuning import select_best
+
+    candidates = [{"learning_rate": 1.0}]
+
+    def select(scores, trial_event, law, rng) -> float:
+        return select_best(candidates, scores, trial_event, law, rng)[0].score
+
+    return _selection_outputs(select, trials, seed, broken)
 
 
 def shipped() -> dict[str, MechanismAudit]:
@@ -1033,5 +1059,8 @@ def shipped() -> dict[str, MechanismAudit]:
                        private_selection_outputs,
                        "private selection for tuning: the best of K ~ geometric (mean 4) "
                        f"Laplace scores (epsilon {TUNING_TRIAL_EPSILON} each), a count of 0 vs "
-                       "1, the released best score")]
+                       "1, the released best score"),
+        MechanismAudit("dp_tuner", tuning_claimed_epsilon(), TUNING_DELTA, dp_tuner_outputs,
+                       "DPTuner's selection (dp_tuner.tuning.select_best) on the same Laplace "
+                       "trials, the released best score")]
     return {audit.name: audit for audit in audits}

@@ -25,6 +25,13 @@ derivation), so the run's ACCEPT (or REJECT) is wrong with probability at most
 (1 - confidence) / 2 over all its iterations, the spec's confidence read as the run's. Each
 ACCEPT states it: the blessing's `guarantee`, the driver's report and AdaptiveResult.message.
 
+Tuning. With `IterationSpec.tuning` (DPTuner's parameters) and `Policy.tuning_share` f > 0, an
+iteration may tune before it trains: its grant moves f of the training share to a "tuning" step
+(policy.split_with_tuning), DPTuner runs a private selection there (components/dp_tuner) and
+DPTrainer trains with the released best setting. The setting is public, so later iterations
+train with it for free; policy.tune_next decides from the DP values released (the tuner's DP
+score, the validator's DP metric and interval) whether an iteration tunes again.
+
 Every iteration's grant charges (epsilon, delta) with the split declared once in the spec
 ({"transform": f1, "training": f2, "validation": f3}), recorded in its PrivacyGrant. Sage's
 guarantee for the adaptive loop is the block ledger's: each block's filter admits a grant only
@@ -32,6 +39,7 @@ while the block's total stays within its ceiling, whatever the loop chose adapti
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -47,16 +55,22 @@ from sage_tfx.components.block_ledger import BlockLedger as BlockLedgerComponent
 from sage_tfx.choices import Choice
 from sage_tfx.components.dp_trainer import DPTrainer, TrainerMode, preflight
 from sage_tfx.components.dp_trainer import constants as model_keys
-from sage_tfx.components.dp_trainer.parameters import DEFAULT_MODE
+from sage_tfx.components.dp_trainer.parameters import DEFAULT_MODE, TUNABLE
 from sage_tfx.components.dp_transform import DPTransform
+from sage_tfx.components.dp_tuner import DPTuner
+from sage_tfx.components.dp_tuner import executor as tuner_keys
+from sage_tfx.components.dp_tuner.search_space import read_best_hyperparameters
+from sage_tfx.components.dp_tuner.tuning import (DEFAULT_GRANT_STEP as TUNING_STEP,
+                                                 SearchParameters, plan_search)
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.oblivious_sample_gen.accounting import COUNT_STEP
 from sage_tfx.components.privacy_grant import Mechanism, step_events
 from sage_tfx.components.util.user_module import is_module_path
 from sage_tfx.pipelines.local import latest_run, run_local
-from sage_tfx.pipelines.policy import Policy, PolicyName, after_retry
+from sage_tfx.pipelines.policy import (Policy, PolicyName, Tuned, after_retry, split_with_tuning,
+                                       tune_next)
 from sage_tfx.sage_access import BadRequest, BlockLedger, connect
-from sage_tfx.sage_access.accounting import AccountingMode, check_split
+from sage_tfx.sage_access.accounting import AccountingMode, check_split, split_share
 from sage_tfx.sage_access.ledger import EXAMPLES
 from sage_tfx.validators import constants as blessing_keys
 from sage_tfx.validators.component import SLAedValidator
@@ -81,7 +95,8 @@ class IterationSpec:
     """What one iteration runs. `trainer` holds DPTrainer's keyword arguments (mode, epochs, ...);
     `sampling` ObliviousSampleGen's (scheme, sample_size or gamma, epochs) for mode dp_sgd;
     `validation` SLAedValidator's (metric, target, confidence, loss_bound); in run_adaptive
-    `confidence` is the whole run's (module docstring)."""
+    `confidence` is the whole run's (module docstring). `tuning` DPTuner's (tuner_fn, gamma,
+    epochs, trials_mean, metric, ...), for iterations that tune (Policy.tuning_share)."""
     module_file: str
     trainer: Mapping
     validation: Mapping
@@ -90,6 +105,7 @@ class IterationSpec:
     delta: float = 1e-7
     sampling: Optional[Mapping] = None
     seed: Optional[int] = None  # tests only: fixes the noise of every component
+    tuning: Optional[Mapping] = None
 
     def check(self) -> None:
         """Refuse a spec that cannot run, before anything is charged."""
@@ -110,7 +126,8 @@ class IterationSpec:
         # what the metric can reach); build one DAG without running it.
         try:
             build_iteration(self, "check", "/nonexistent", "/nonexistent.sqlite", window=1,
-                            epsilon=1.0, run_iteration=1)
+                            epsilon=1.0, run_iteration=1,
+                            tuning_share=0.5 if self.tuning is not None else 0.0)
         except BadRequest:
             raise
         except ValueError as error:
@@ -121,15 +138,18 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
                     epsilon: float, ledger_pipeline: Optional[str] = None,
                     metadata_config=None, ingest: Optional[BlockExampleGen] = None,
                     push_to: Optional[str] = None,
-                    run_iteration: Optional[int] = None) -> pipeline.Pipeline:
+                    run_iteration: Optional[int] = None, tuning_share: float = 0.0,
+                    setting: Optional[Mapping[str, float]] = None) -> pipeline.Pipeline:
     """The TFX pipeline of one iteration: a grant of (epsilon, spec.delta) on the `window` most
     recent blocks that can pay it, then transform, (sample,) train, validate, push (to
     `push_to`, default root/pushed). With `ingest`, new blocks are ingested first. With
     `run_iteration` k, it is iteration k of a privacy-adaptive run (the validator tests at
-    iteration k's share of the run's confidence); without, its test stands alone."""
+    iteration k's share of the run's confidence); without, its test stands alone. With
+    `tuning_share` > 0 it tunes first (module docstring); else `setting` (a released best
+    setting) overrides the trainer's learning_rate / l2_norm_clip."""
     seed = spec.seed
     grant = BlockLedgerComponent(ledger_store=ledger_store, epsilon=epsilon, delta=spec.delta,
-                                 window=window, split=spec.split,
+                                 window=window, split=iteration_split(spec, tuning_share),
                                  step_mechanisms=step_mechanisms(spec),
                                  pipeline_name=ledger_pipeline or name,
                                  new_blocks=ingest.outputs["examples"] if ingest else None)
@@ -142,9 +162,18 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
                                      **spec.sampling)
         components.append(sampler)
         train_on = sampler.outputs["samples"]
+    trainer_options = {**spec.trainer, **(setting or {})}
+    if tuning_share > 0:
+        tuner = DPTuner(examples=examples, grant=grant_channel, module_file=spec.module_file,
+                        transform_graph=transform.outputs["transform_graph"], seed=seed,
+                        model_fn=spec.trainer.get("model_fn"),
+                        **{name: spec.trainer.get(name) for name in TUNABLE},
+                        **spec.tuning)
+        components.append(tuner)
+        trainer_options["hyperparameters"] = tuner.outputs["best_hyperparameters"]
     trainer = DPTrainer(examples=train_on, grant=grant_channel, module_file=spec.module_file,
                         transform_graph=transform.outputs["transform_graph"], seed=seed,
-                        **spec.trainer)
+                        **trainer_options)
     validator = SLAedValidator(model=trainer.outputs["model"], examples=examples,
                                grant=grant_channel, module_file=spec.module_file,
                                transform_graph=transform.outputs["transform_graph"],
@@ -156,6 +185,12 @@ def build_iteration(spec: IterationSpec, name: str, root: str, ledger_store: str
     components += [trainer, validator, pusher]
     return pipeline.Pipeline(pipeline_name=name, pipeline_root=os.path.join(root, "runs"),
                              components=components, metadata_connection_config=metadata_config)
+
+
+def iteration_split(spec: IterationSpec, tuning_share: float) -> dict:
+    """The iteration's split: the spec's, or with tuning_share of training moved to tuning."""
+    return (split_with_tuning(spec.split, tuning_share) if tuning_share > 0
+            else dict(spec.split))
 
 
 def step_mechanisms(spec: IterationSpec) -> dict[str, dict]:
@@ -204,6 +239,7 @@ class Iteration:
     target: float
     confidence: float  # the level of this iteration's bounds (its share of the run's)
     guarantee: str  # the validator's statement of the run-level guarantee
+    tuned: Optional[Tuned] = None  # what DPTuner released, when this iteration tuned
 
 
 @dataclass
@@ -270,6 +306,9 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
     ledger.register_pipeline(name)
     iterations: list[Iteration] = []
     window, epsilon = policy.min_window, policy.initial_epsilon
+    setting: Optional[dict] = None  # the last released best setting (public), carried
+    tuning_share = policy.tuning_share if spec.tuning is not None else 0.0
+    higher_is_better = Metric(spec.validation["metric"]) == Metric.ACCURACY
     try:
         while len(iterations) < policy.max_iterations:
             if policy.name == PolicyName.AGGRESSIVE:
@@ -283,12 +322,19 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 report(f"  waiting for data: block {', '.join(arrived)} arrived")
                 if policy.name == PolicyName.AGGRESSIVE:
                     epsilon = _largest_payable_epsilon(ledger, window, spec, name)
-            _preflight(spec, epsilon)
+            tunes = tune_next(tuning_share, iterations[-1].tuned if iterations else None,
+                              setting is not None, higher_is_better)
+            share = tuning_share if tunes else 0.0
+            _preflight(spec, epsilon, iteration_split(spec, share))
             run_local(build_iteration(spec, name, root, ledger_store, window, epsilon,
                                       metadata_config=metadata_config,
-                                      run_iteration=len(iterations) + 1), report=report)
+                                      run_iteration=len(iterations) + 1, tuning_share=share,
+                                      setting=setting), report=report)
             run_artifacts = _latest_run_artifacts(store, name)
             [blessing] = run_artifacts["ModelBlessing"]
+            released = _tuned(run_artifacts.get("HyperParameters", [])) if tunes else None
+            if released is not None:
+                setting = released[0]
             grant_blocks = _grant_blocks(store, blessing)
             iteration = Iteration(
                 number=len(iterations) + 1, window=window, epsilon=epsilon, blocks=grant_blocks,
@@ -299,9 +345,16 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
                 target=float(_property(blessing, blessing_keys.TARGET)),
                 confidence=float(_property(blessing, blessing_keys.CONFIDENCE)),
                 guarantee=_property(blessing, blessing_keys.GUARANTEE))
+            if released is not None:
+                iteration = dataclasses.replace(iteration, tuned=Tuned(
+                    released[0], released[1], iteration.dp_metric, iteration.lower_bound,
+                    iteration.upper_bound))
             iterations.append(iteration)
             metric = Metric(_property(blessing, blessing_keys.METRIC))
             report(_line(iteration, metric))
+            if iteration.tuned is not None:
+                report(f"  tuned first: best setting {dict(iteration.tuned.setting)} (DP "
+                       f"{metric} {iteration.tuned.dp_score:.4g} on the tuner's held-out share)")
             if iteration.outcome == Outcome.ACCEPT:
                 report(f"  guarantee: {iteration.guarantee}")
                 return AdaptiveResult(ACCEPTED, iterations,
@@ -326,16 +379,34 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
         ledger.finish_pipeline(name)
 
 
-def _preflight(spec: IterationSpec, epsilon: float) -> None:
+def _tuned(artifacts: list) -> Optional[tuple[dict, float]]:
+    """(best setting, its DP score) from the run's HyperParameters artifact."""
+    if not artifacts:
+        return None
+    [artifact] = artifacts
+    return (read_best_hyperparameters(artifact.uri),
+            float(_property(artifact, tuner_keys.DP_SCORE)))
+
+
+def _preflight(spec: IterationSpec, epsilon: float, split: Mapping) -> None:
     """Refuse, before the grant is charged, an iteration that DPTrainer would refuse after it,
     deciding only from public values (issue 16 §1: whether the driver goes on must not depend
     on the data). A block without Examples is never in the window: the driver plans, and the
     BlockLedger grants, windows of blocks holding Examples only (RecentWindow's data_format)."""
     try:
-        preflight(spec.trainer, spec.sampling, epsilon, spec.delta, check_split(spec.split))
+        preflight(spec.trainer, spec.sampling, epsilon, spec.delta, check_split(split))
     except ValueError as error:
         raise BadRequest(f"DP-SGD cannot train at epsilon {epsilon:g} (its grant step's share); "
                          f"nothing was charged for it: {error}") from error
+    if TUNING_STEP in split:
+        # The search's calibration on its share: Papernot-Steinke's selection adds a fixed RDP
+        # overhead (ln E[K], ln 1/gamma terms), so a small tuning share cannot pay for it.
+        try:
+            plan_search(SearchParameters.of(spec.tuning),
+                        *split_share(epsilon, spec.delta, check_split(split), TUNING_STEP))
+        except ValueError as error:
+            raise BadRequest(f"DPTuner cannot tune at epsilon {epsilon:g} (its grant step's "
+                             f"share); nothing was charged for it: {error}") from error
 
 
 def _line(iteration: Iteration, metric: Metric) -> str:

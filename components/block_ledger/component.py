@@ -100,6 +100,21 @@ def refuse_seed_before_charge(grant: channel.Channel, seeded_by: str) -> None:
     _append_to_producer(grant, FIXED_SEEDS, seeded_by)
 
 
+def record_step_mechanism(grant: channel.Channel, step: str, mechanism: Mapping) -> None:
+    """Have the BlockLedger that produces `grant` record `mechanism`'s event for `step` (its
+    step_mechanisms entry, privacy_grant.planned_event), so the grant charges what the consumer
+    will run. ValueError if the BlockLedger names another mechanism for the step. A grant from
+    elsewhere is left alone: its consumer checks the recorded event (GrantInfo.check_event)."""
+    if isinstance(grant, channel.OutputChannel) and isinstance(grant.producer_component,
+                                                                 BlockLedger):
+        properties = grant.producer_component.exec_properties
+        mechanisms = json.loads(properties.get("step_mechanisms") or "{}")
+        if mechanisms.get(step, mechanism) != mechanism:
+            raise ValueError(f"the BlockLedger records {mechanisms[step]} for step {step!r}; "
+                             f"its consumer runs {mechanism}")
+        properties["step_mechanisms"] = json.dumps({**mechanisms, step: dict(mechanism)})
+
+
 def _append_to_producer(grant: channel.Channel, name: str, value) -> None:
     """Append `value` to the JSON list in execution parameter `name` of the BlockLedger that
     produces `grant` (nothing for a grant from elsewhere)."""

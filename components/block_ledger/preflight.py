@@ -43,6 +43,8 @@ class Check:
     schema_file: Optional[str] = None
     # DPStatisticsGen's parameters: its features' bounds and options (dp_statistics_gen).
     statistics: Optional[Mapping] = None
+    # DPTuner's parameters: its tuner_fn's space and its search plan (dp_tuner.executor).
+    tuning: Optional[Mapping] = None
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "module_needs": list(self.module_needs)}
@@ -78,6 +80,11 @@ def run(checks: Sequence[Check], epsilon: float, delta: float,
                 continue
             module = UserModule.load(check.module_file, check.purpose, check.module_needs,
                                      model_fn=(check.trainer or {}).get("model_fn"))
+            if check.tuning is not None:
+                from sage_tfx.components.dp_tuner.executor import preflight as tuner_preflight
+
+                tuner_preflight(check.module_file, {**check.tuning, **check.trainer},
+                                epsilon, delta, split, events or {})
             if check.trainer is not None:
                 trainer_preflight(check.trainer, check.sampling, epsilon, delta, split)
                 if trains_with_dp_sgd(check.trainer):

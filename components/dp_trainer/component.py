@@ -13,7 +13,7 @@ from sage_tfx.components.block_ledger.component import (check_before_charge,
 from sage_tfx.components.dag_guard import PrivateExamples
 from sage_tfx.components.dp_trainer import executor
 from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
-                                                       TrainerMode, module_needs)
+                                                       TUNABLE, TrainerMode, module_needs)
 from sage_tfx.components.oblivious_sample_gen.component import ObliviousSampleGen
 from sage_tfx.components.privacy_grant import PrivacyGrant
 
@@ -39,6 +39,9 @@ class DPTrainerSpec(component_spec.ComponentSpec):
         "grant": component_spec.ChannelParameter(type=PrivacyGrant),
         "transform_graph": component_spec.ChannelParameter(
             type=standard_artifacts.TransformGraph, optional=True),
+        # TFX's Trainer input of the name: DPTuner's (or TFX's Tuner's) best_hyperparameters.
+        "hyperparameters": component_spec.ChannelParameter(
+            type=standard_artifacts.HyperParameters, optional=True),
     }
     OUTPUTS = {
         "model": component_spec.ChannelParameter(type=standard_artifacts.Model),
@@ -51,6 +54,11 @@ class DPTrainer(base_component.BaseComponent):
     `grant_step` share of (epsilon, delta). `model_fn` names the module's function that builds
     the Keras model (default build_model; a TFX module's, e.g. "_build_keras_model"; its
     `run_fn` is not called).
+
+    `hyperparameters` (optional) is a HyperParameters artifact, as TFX's Trainer takes it:
+    DPTuner's best_hyperparameters (or TFX's Tuner's file format): its values of
+    `learning_rate` and `l2_norm_clip` replace the parameters of those names (which may then be
+    left out); another name in it is refused before any record is read.
 
     mode 'dp_sgd': `examples` are ObliviousSampleGen's samples; the noise multiplier is
     calibrated so that the accounted (epsilon, delta) of the sampling that ran, for the steps
@@ -87,12 +95,15 @@ class DPTrainer(base_component.BaseComponent):
                  label_offset: Optional[float] = None,
                  transform_graph: Optional[channel.Channel] = None,
                  encryption_key_env: Optional[str] = None, seed: Optional[int] = None,
-                 model_fn: Optional[str] = None):
+                 model_fn: Optional[str] = None,
+                 hyperparameters: Optional[channel.Channel] = None):
         mode = TrainerMode.parse(mode, "trainer mode")
         needed = (("l2_norm_clip", l2_norm_clip), ("learning_rate", learning_rate)) \
             if mode == TrainerMode.DP_SGD \
             else (("feature_bound", feature_bound), ("label_bound", label_bound))
-        missing = [name for name, value in needed if value is None]
+        # The hyperparameters' values (learning_rate, l2_norm_clip) arrive at run time.
+        missing = [name for name, value in needed if value is None
+                   and not (hyperparameters is not None and name in TUNABLE)]
         if missing:
             raise ValueError(f"mode {mode.value!r} needs {missing}")
         super().__init__(spec=DPTrainerSpec(
@@ -103,6 +114,7 @@ class DPTrainer(base_component.BaseComponent):
             label_bound=label_bound, label_offset=label_offset,
             encryption_key_env=encryption_key_env, seed=seed,
             examples=examples, grant=grant, transform_graph=transform_graph,
+            hyperparameters=hyperparameters,
             model=channel.Channel(type=standard_artifacts.Model),
             model_run=channel.Channel(type=standard_artifacts.ModelRun)))
         sampler = (examples.producer_component if isinstance(examples, channel.OutputChannel)

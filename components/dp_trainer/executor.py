@@ -19,7 +19,8 @@ from sage_tfx.components.dp_trainer import adassp as adassp_lib
 from sage_tfx.components.dp_trainer import constants as model_keys
 from sage_tfx.components.dp_trainer import dp_sgd, stand_in
 from sage_tfx.components.dp_trainer.parameters import (DEFAULT_GRANT_STEP, DEFAULT_MODE,
-                                                       TrainerMode, calibrate_run, module_needs)
+                                                       TUNABLE, TrainerMode, calibrate_run,
+                                                       module_needs)
 from sage_tfx.components.oblivious_sample_gen import accounting, samples_io
 from sage_tfx.components.oblivious_sample_gen import constants as sample_keys
 from sage_tfx.components.oblivious_sample_gen.descriptor import SamplingDescriptor, Scheme
@@ -135,6 +136,18 @@ class Executor(base_executor.BaseExecutor):
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         grant = require_grant(input_dict["grant"], [examples])
         grant.refuse_fixed_seed("DPTrainer", exec_properties.get("seed"))
+        if input_dict.get("hyperparameters"):
+            # (Imported here: DPTuner's package builds on this one's component.)
+            from sage_tfx.components.dp_tuner.search_space import read_best_hyperparameters
+
+            # As TFX's Trainer: the one file of the HyperParameters artifact (public: the tuner
+            # released it under its own grant step), read before any share is consumed.
+            exec_properties = {**exec_properties, **read_best_hyperparameters(
+                artifact_utils.get_single_uri(input_dict["hyperparameters"]))}
+        unset = [name for name in TUNABLE if exec_properties.get(name) is None]
+        if mode == TrainerMode.DP_SGD and unset:
+            raise ValueError(f"DP-SGD needs {unset}: give them, or hyperparameters holding them "
+                             "(nothing of the training share was consumed)")
         step = exec_properties.get("grant_step") or DEFAULT_GRANT_STEP
         epsilon, delta = grant.share(step)
         with grant.releasing(step, "DPTrainer component") as charged:

@@ -36,6 +36,10 @@ MODULE_NEEDS = {TrainerMode.DP_SGD: (DEFAULT_MODEL_FN,),
 def module_needs(mode: TrainerMode, transform_graph: bool) -> tuple[str, ...]:
     """What DPTrainer in `mode` needs of its module, with or without a TransformGraph."""
     return (*MODULE_NEEDS[mode], *raw_spec_needs(transform_graph))
+# DP-SGD's settings a HyperParameters artifact may set (DPTuner tunes them): public, and
+# neither moves DP-SGD's privacy event (the noise is sigma * C: the clip norm scales signal and
+# noise alike).
+TUNABLE = ("learning_rate", "l2_norm_clip")
 DEFAULT_GRANT_STEP = "training"  # the step of the grant's split that pays for training
 
 # Poisson sampling's steps and accounting depend on gamma and the epochs only (sampling.py,

@@ -18,6 +18,7 @@ class Mechanism(Choice):
     LAPLACE = "laplace"
     DP_SGD = "dp_sgd"
     DP_TRANSFORM = "dp_transform"
+    DP_TUNING = "dp_tuning"
 
 
 MECHANISMS = Mechanism.values()
@@ -34,6 +35,9 @@ def planned_event(mechanism: Mapping[str, Any], epsilon: float, delta: float):
       events of the DP analyzers of the module's preprocessing_fn, each on its share (traced,
       no data: dp_transform.executor.plan_transform); their delta spent outside events
       (vocabularies' partition selection) is `planned_additional_delta`'s;
+    * dp_tuning (DPTuner.step_mechanism(): its public search parameters): the search's event,
+      Compose(count, RepeatAndSelect(one trial's event, E[K], eta)) at the calibrated noise
+      (dp_tuner/tuning.py: no delta outside it, so an rdp ledger charges its curve);
     * dp_sgd: None. Its steps depend on the sampling: SWO and shuffling on the data's size,
       Poisson on a truncation probability that adds a delta an RDP curve cannot carry, so an
       rdp ledger refuses it (a basic ledger charges its (epsilon, delta) share).
@@ -49,6 +53,9 @@ def planned_event(mechanism: Mapping[str, Any], epsilon: float, delta: float):
         return pure_dp_event(epsilon)
     if name == Mechanism.DP_TRANSFORM:
         return _transform_plan(mechanism, epsilon, delta).event
+    if name == Mechanism.DP_TUNING:
+        from sage_tfx.components.dp_tuner import tuning
+        return tuning.plan_search(tuning.SearchParameters.of(mechanism), epsilon, delta).event
     return None  # Mechanism.DP_SGD
 
 

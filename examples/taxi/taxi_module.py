@@ -67,3 +67,9 @@ def build_model():
 
 def loss():
     return tf.keras.losses.MeanSquaredError()
+
+
+def tuner_fn(fn_args):
+    """DPTuner's space (TFX's tuner_fn; a dict of values: keras-tuner is not installed): DP-SGD's
+    learning rate and clip norm around the example's (0.05, 0.5)."""
+    return {"learning_rate": [0.02, 0.05, 0.2, 0.5], "l2_norm_clip": [0.5, 1.0]}

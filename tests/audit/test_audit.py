@@ -142,6 +142,17 @@ def test_private_selection_is_below_its_accounted_epsilon_and_best_of_fixed_k_is
                        delta) > mechanisms.tuning_claimed_epsilon(broken=True)
 
 
+def test_the_tuners_selection_is_below_its_accounted_epsilon_and_best_of_fixed_k_is_caught():
+    """The audit of mechanisms/private_selection.py run through DPTuner's selection
+    (audit adapter dp_tuner_outputs): same claims, same broken variant (the best of exactly 4
+    trials accounted as one trial), caught (see tests/audit/test_audit.py's figures)."""
+    delta = mechanisms.TUNING_DELTA
+    assert coverage_bound(mechanisms.dp_tuner_outputs(3_000, seed=1), delta) <= \
+        mechanisms.tuning_claimed_epsilon()
+    assert lower_bound(mechanisms.dp_tuner_outputs(3_000, seed=2, broken=True), delta) > \
+        mechanisms.tuning_claimed_epsilon(broken=True)
+
+
 def test_adassp_is_below_its_claim():
     # The sum of its three noisy statistics: 0.87-1.02 of 4 (no half-noise test: the
     # adapter's docstring says why).

@@ -8,6 +8,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
 
 # Files the code under test loads by path: a DPTrainer module file and worker processes.
 TRIP_MODULE = os.path.join(_HERE, "trip_module.py")
+TUNER_MODULE = os.path.join(_HERE, "tuner_module.py")  # DPTuner's easy seeded problem
 # TFX's taxi template, its Transform and Trainer halves (DPTransform's, DPTrainer's modules).
 TFX_TRANSFORM_MODULE = os.path.join(_HERE, "tfx_taxi_transform.py")
 TFX_TRAINER_MODULE = os.path.join(_HERE, "tfx_taxi_trainer.py")

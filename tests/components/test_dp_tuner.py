@@ -1,0 +1,237 @@
+"""DPTuner: private selection over DP-SGD trials (components/dp_tuner)."""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from dp_accounting import dp_event
+
+from sage_tfx.components.block_ledger import preflight
+from sage_tfx.components.dp_tuner import search_space, tuning
+from sage_tfx.components.privacy_grant import step_events
+from sage_tfx.components.util.user_module import UserModule
+from sage_tfx.sage_access.accounting import rdp_curve_of, AccountingMode
+from sage_tfx.sage_access.errors import BadRequest
+
+from support import TUNER_MODULE
+
+# Every trial: 2 epochs x 20 Poisson steps (gamma 0.05); a small share keeps the test fast.
+PARAMETERS = tuning.SearchParameters.of({"gamma": 0.05, "epochs": 2, "trials_mean": 3.0})
+GOOD, BAD = {"learning_rate": 2.0, "l2_norm_clip": 1.0}, {"learning_rate": 1e-4, "l2_norm_clip": 1.0}
+
+
+def _problem(n=1500, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 2)).astype(np.float32)
+    labels = (x.sum(axis=1) > 0).astype(np.float32).reshape(-1, 1)
+    return tf.constant(x), tf.constant(labels)
+
+
+def _module():
+    return UserModule.load(TUNER_MODULE, "DPTuner", ("build_model",))
+
+
+def _recorded_trials(monkeypatch):
+    """The candidates the selection tries (test instrumentation only: nothing in the component
+    records them)."""
+    tried = []
+    real = tuning.private_selection
+
+    def recording(candidates, run_trial, trial_event, law, rng=None):
+        def run(index):
+            tried.append(index)
+            return run_trial(index)
+        return real(candidates, run, trial_event, law, rng)
+
+    monkeypatch.setattr(tuning, "private_selection", recording)
+    return tried
+
+
+def test_the_search_picks_the_clearly_better_setting(monkeypatch):
+    """Seed 3 of the selection's generator draws K = 3 trials trying both candidates (asserted).
+    The good learning rate reaches accuracy ~0.97 on the held-out share, the bad one ~0.5; the
+    DP score's noise (Laplace count and sum at epsilon 0.8 / 2 each, ~450 held-out records) is
+    ~0.01: a false failure needs noise of 0.4, probability below 1e-12."""
+    tried = _recorded_trials(monkeypatch)
+    inputs, labels = _problem()
+    plan = tuning.plan_search(PARAMETERS, 8.0, 1e-6)
+    best, event = tuning.search(_module(), inputs, labels, [BAD, GOOD], plan, seed=3)
+    assert set(tried) == {0, 1}
+    assert best.settings == GOOD
+    assert 0.85 < best.score <= 1.0
+    assert event == plan.event
+
+
+def test_the_number_of_trials_does_not_depend_on_the_data(monkeypatch):
+    """K and the candidates come from the generator before any trial, and no record stops the
+    loop: on neighbouring datasets (one record removed) the same seed runs the same trials."""
+    tried = _recorded_trials(monkeypatch)
+    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 1.5})
+    plan = tuning.plan_search(parameters, 4.0, 1e-6)
+    runs = []
+    for n in (200, 199):
+        inputs, labels = _problem(n)
+        tried.clear()
+        tuning.search(_module(), inputs, labels, [BAD, GOOD], plan, seed=11)
+        runs.append(list(tried))
+    assert runs[0] == runs[1] and len(runs[0]) >= 1
+
+
+def test_the_plan_spends_the_share_and_its_event_is_repeat_and_select():
+    plan = tuning.plan_search(PARAMETERS, 2.0, 1e-6)
+    assert 0.98 * 2.0 <= plan.epsilon <= 2.0
+    count, selection = plan.event.events
+    assert isinstance(selection, dp_event.RepeatAndSelectDpEvent)
+    assert selection.event == plan.trial_event and selection.shape == 1.0
+    assert selection.mean == pytest.approx(3.0)
+    # Less noise would overspend: the calibration is the smallest noise that fits.
+    cheaper = tuning._events(PARAMETERS, PARAMETERS.law, plan.count_epsilon, plan.score_epsilon,
+                             plan.noise_multiplier * 0.98)[1]
+    assert tuning._accounted(cheaper, 1e-6) > 2.0
+    with pytest.raises(BadRequest, match="cannot pay"):
+        tuning.plan_search(PARAMETERS, 1e-3, 1e-9)
+
+
+def test_the_charge_is_the_events_the_grant_records():
+    """The grant's step records the plan's event (privacy_grant.planned_event for the
+    'dp_tuning' mechanism DPTuner.step_mechanism() names), and an rdp ledger charges its curve:
+    the charge is the event's, not one trial's."""
+    from sage_tfx.sage_access import BlockLedger
+    from sage_tfx.sage_access.ledger import BlockIds
+
+    split = {"tuning": 1.0}
+    events = step_events({"tuning": PARAMETERS.as_mechanism()}, split, 2.0, 1e-6,
+                         AccountingMode.RDP)
+    plan = tuning.plan_search(PARAMETERS, 2.0, 1e-6)
+    assert events["tuning"] == plan.event
+    ledger = BlockLedger.create(":memory:", accounting="rdp", min_request_epsilon=0.01)
+    ledger.add_block("b0", 10.0, 1e-5, start="2024-01-01")
+    ledger.request(BlockIds(["b0"]), epsilon=2.0, delta=1e-6, split=split, events=events)
+    charged = np.asarray(ledger.block("b0").spent)
+    assert np.allclose(charged, rdp_curve_of([plan.event], ledger.orders))
+    assert np.all(charged > rdp_curve_of([plan.trial_event], ledger.orders))  # not one trial's
+
+
+def _check(tuner_fn, module_file=TUNER_MODULE, **given):
+    return preflight.Check(
+        component="DPTuner", module_file=module_file, purpose="dp_sgd",
+        module_needs=("build_model", "feature_spec"), legacy_keras=True,
+        trainer={"mode": "dp_sgd", "model_fn": None, "grant_step": "tuning",
+                 "transform_graph": False},
+        tuning={"tuner_fn": tuner_fn, "custom_config": {}, "learning_rate": None,
+                "l2_norm_clip": 1.0, "grant_step": "tuning", "gamma": 0.05, "epochs": 2,
+                "trials_mean": 3.0, **given})
+
+
+@pytest.mark.parametrize("tuner_fn, module_file, cause", [
+    ("empty_tuner_fn", TUNER_MODULE, "no candidate setting"),
+    ("unknown_name_tuner_fn", TUNER_MODULE, r"unknown hyperparameter name\(s\) \['dropout'\]"),
+    ("no_such_fn", TUNER_MODULE, "defines no function 'no_such_fn'"),
+    ("tuner_fn", "/nonexistent/module.py", "does not exist"),
+])
+def test_refusals_come_before_the_charge(tuner_fn, module_file, cause):
+    """What the BlockLedger runs before it charges (preflight.run, the DPTuner's Check): a bad
+    module, an empty space or an unknown name is refused there, nothing charged."""
+    split = {"tuning": 0.5, "training": 0.5}
+    events = step_events({"tuning": PARAMETERS.as_mechanism()}, split, 4.0, 1e-6, "basic")
+    with pytest.raises(BadRequest, match=f"refused before the charge.*{cause}"):
+        preflight.run([_check(tuner_fn, module_file)], 4.0, 1e-6, split, events)
+
+
+def test_the_check_before_the_charge_passes_a_good_space_on_a_grant_recording_the_search():
+    split = {"tuning": 0.5, "training": 0.5}
+    events = step_events({"tuning": PARAMETERS.as_mechanism()}, split, 4.0, 1e-6, "basic")
+    preflight.run([_check("tuner_fn")], 4.0, 1e-6, split, events)
+    with pytest.raises(BadRequest, match="step_mechanism"):
+        preflight.run([_check("tuner_fn")], 4.0, 1e-6, split, {})
+
+
+def test_spaces_and_the_released_file(tmp_path):
+    grid = search_space.candidates_from({"learning_rate": [0.1, 1.0], "l2_norm_clip": [0.5]})
+    assert grid == [{"learning_rate": 0.1, "l2_norm_clip": 0.5},
+                    {"learning_rate": 1.0, "l2_norm_clip": 0.5}]
+
+    class Choice:  # KerasTuner's, as its get_config() describes it (keras-tuner not installed)
+        def __init__(self, name, values):
+            self.config = {"name": name, "values": values}
+
+        def get_config(self):
+            return self.config
+
+    class Float(Choice):
+        pass
+
+    def tuner_result(*space):
+        oracle = type("Oracle", (), {"hyperparameters": type("HP", (), {"space": space})})
+        return type("TunerFnResult", (), {"tuner": type("Tuner", (), {"oracle": oracle}),
+                                          "fit_kwargs": {}})
+    assert search_space.candidates_from(tuner_result(Choice("learning_rate", [0.5, 1]))) == \
+        [{"learning_rate": 0.5}, {"learning_rate": 1.0}]
+    with pytest.raises(BadRequest, match="no finite set"):
+        search_space.candidates_from(tuner_result(Float("learning_rate", None)))
+    # The released file: TFX's name and KerasTuner's config, the best values only.
+    search_space.write_best_hyperparameters(str(tmp_path), grid, grid[1])
+    assert os.listdir(tmp_path) == ["best_hyperparameters.txt"]
+    config = json.loads((tmp_path / "best_hyperparameters.txt").read_text())
+    assert config["values"] == grid[1]
+    assert [entry["config"]["name"] for entry in config["space"]] == ["learning_rate",
+                                                                      "l2_norm_clip"]
+    assert search_space.read_best_hyperparameters(str(tmp_path)) == grid[1]
+
+
+@pytest.mark.slow
+def test_the_pipeline_tunes_then_trains_with_the_best_setting(tmp_path):
+    """BlockLedger -> DPTuner -> (ObliviousSampleGen ->) DPTrainer(hyperparameters=...) on
+    LocalDagRunner: the grant records and charges the search's event for its tuning step, the
+    released artifact holds TFX's best_hyperparameters.txt with one candidate's values and DP
+    facts only, and DPTrainer trains with that candidate's learning rate."""
+    from tfx.orchestration import metadata, pipeline
+    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+    from tfx.types import artifact_utils, standard_artifacts
+
+    from sage_tfx.components.dp_trainer import DPTrainer
+    from sage_tfx.components.dp_tuner import DPTuner
+    from sage_tfx.components.oblivious_sample_gen import ObliviousSampleGen
+    from sage_tfx.sage_access import BlockLedger, connect
+
+    from support import TRIP_MODULE
+    from support.ingest import ingest_and_grant
+
+    root = str(tmp_path)
+    store_path = os.path.join(root, "metadata.sqlite")
+    gen, grant = ingest_and_grant(root, store_path, block_epsilon=4.0, epsilon=4.0, delta=1e-6,
+                                  split={"tuning": 0.5, "training": 0.5})
+    search = {"gamma": 0.1, "epochs": 1, "trials_mean": 2.0, "metric": "loss",
+              "loss_bound": 1e6}
+    tuner = DPTuner(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                    module_file=TRIP_MODULE, l2_norm_clip=1.0, seed=5, **search)
+    sampler = ObliviousSampleGen(examples=grant.outputs["examples"], grant=grant.outputs["grant"],
+                                 scheme="swo", sample_size=8, epochs=1, seed=3, public_size=48)
+    trainer = DPTrainer(examples=sampler.outputs["samples"], grant=grant.outputs["grant"],
+                        module_file=TRIP_MODULE,
+                        hyperparameters=tuner.outputs["best_hyperparameters"], seed=4)
+    LocalDagRunner().run(pipeline.Pipeline(
+        pipeline_name="tuning", pipeline_root=os.path.join(root, "pipeline"),
+        components=[gen, grant, tuner, sampler, trainer],
+        metadata_connection_config=metadata.sqlite_metadata_connection_config(store_path)))
+
+    store = connect(store_path)
+    [best] = [artifact_utils.deserialize_artifact(
+        store.get_artifact_type("HyperParameters"), a)
+        for a in store.get_artifacts_by_type("HyperParameters")]
+    assert os.listdir(best.uri) == ["best_hyperparameters.txt"]
+    values = search_space.read_best_hyperparameters(best.uri)
+    assert values in ({"learning_rate": 1e-4, "l2_norm_clip": 1.0},
+                      {"learning_rate": 0.05, "l2_norm_clip": 1.0})
+    assert set(best.mlmd_artifact.custom_properties) - {"tfx_version", "is_external"} == {
+        "dp_score", "metric", "dp_epsilon", "dp_delta", "noise_multiplier", "trials_mean",
+        "trials_shape"}
+    plan = tuning.plan_search(tuning.SearchParameters.of(search), 2.0, 5e-7)
+    ledger = BlockLedger(store_path)
+    [grant_artifact] = store.get_artifacts_by_type("sage_tfx.PrivacyGrant")
+    record = ledger.find_grant(grant_artifact.custom_properties["grant_id"].string_value)
+    assert ledger.grant_event(record, "tuning") == plan.event
+    [model] = store.get_artifacts_by_type(standard_artifacts.Model.TYPE_NAME)
+    assert float(model.custom_properties["learning_rate"].string_value) == \
+        values["learning_rate"]
