@@ -40,18 +40,18 @@ DP_SGD_SPLIT = {"transform": 0.1, "sampling_count": 0.05, "training": 0.45,
 # months at epsilon 0.25-0.5 (4 of 12 runs), on 24 months at 0.25 (1 run in about 12). On 24
 # months at 0.5 its lower bound stayed at most 0.0164 in 16 runs, far below the target; it
 # ACCEPTed in 12 and RETRYed in 4 (then ACCEPT at 1).
-# AdaSSP starts on 24 months at epsilon 1. Under the run-level SLA (iteration k tests at
-# confidence 1 - 0.05 * 6 / (pi^2 k^2)) no model can be accepted on 12 months: least squares
-# without privacy has test loss 0.0208 on 2013 (the naive model 0.0259), and the validator's
-# upper bound lies at least 0.011 above the loss on a 12-month test split (Bernstein's term
-# dominates), above 0.026. The old start (12 months at 0.25) spent 1.75 of every 2013 block on
-# three such iterations, then had one chance, 24 months (2014-15) at 1 as iteration 4; a RETRY
-# there (the brief's run; about 2 runs in 5 of a simulation of the driver on the same blocks and
-# splits) ended in TIMEOUT: no 48 blocks could pay 1. Starting at 24 months and epsilon 1 keeps
-# a second chance, 48 months at 1 (the first 24 still hold 1), and a doubling to 0.5 -> 1 on 24
-# would not (it leaves 0.5 on them). Simulated, 300 runs each: ACCEPT in 300 (231 at iteration
-# 1, 69 at iteration 2), against 62 in 100 for the old start (3 REJECTs at 12 months, epsilon
-# 0.25); measured with the real driver: see docs/pipelines.md.
+# AdaSSP starts on 24 months at epsilon 1. Under the run-level SLA no model can be accepted on
+# 12 months: least squares without privacy has test loss 0.0208 on 2013 (the naive model
+# 0.0259), and Bernstein's term alone lifts its upper bound to 0.0282 at iteration 1 (confidence
+# 0.9696), above 0.026 before any DP correction. The old start, 12 months at 0.25, spent 1.75
+# of every 2013 block on three such iterations, then had one chance, 24 months (2014-15) at 1 as
+# iteration 4 (confidence 0.9981); a RETRY there (DP loss 0.02006 in a measured run) ended in
+# TIMEOUT: no 48 blocks could pay 1. Starting on 24 months at 1 keeps a second chance, 48
+# months at 1, which the first 24 can still pay (doubling 0.5 -> 1 on them would leave 0.5).
+# Simulated (the trainer and validator functions on the demo's blocks and splits under the
+# driver's rules, unseeded), 300 runs each: the new start ACCEPTed in 300 (228 at iteration 1,
+# 72 at iteration 2); the old one in 162 (all at iteration 4), with 136 TIMEOUTs and 2 REJECTs
+# (12 months at 0.25). Runs of the real driver: docs/pipelines.md.
 MIN_WINDOW = {TrainerMode.ADASSP: 24, TrainerMode.DP_SGD: 24}
 INITIAL_EPSILON = {TrainerMode.ADASSP: 1.0, TrainerMode.DP_SGD: 0.5}
 
