@@ -460,7 +460,8 @@ class _NoisyMoments:
 
 def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     """AVG / VAR from noisy (rows, centred sum[, centred squares]) (LLSY16, module docstring):
-    AVG = mid + t S / max(N, 1), clamped to [L, U], t the shrinkage (mean_shrinkage); with
+    AVG = mid + its centred estimate (mean_estimate: pooled over the released groups, or
+    shrunk towards the midpoint), clamped to [L, U]; with
     mean = mid + S / max(N, 1), clamped, var = (Q / N + h^2 / 2) - (S / N)^2,
     clamped to [0, h^2]; STDDEV its square root. Returns (values, events of the noisy sums,
     the noisy moments, the stated accuracy as a call not yet made: `release` makes it only
@@ -475,10 +476,11 @@ def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
                             _law(query, centred, m * half))
     count = np.maximum(rows.value, 1.0)
     if aggregate.kind is AggregateKind.AVG:
-        shrinkage = mean_shrinkage(rows.value, half, moments.rows_law, moments.sum_law)
-        mean = np.clip(mid + shrinkage * centred.value / count, low, high)
+        centred_mean, error = mean_estimate(rows.value, centred.value, half, moments.rows_law,
+                                            moments.sum_law)
+        mean = np.clip(mid + centred_mean, low, high)
         return mean, [rows.event, centred.event], moments, functools.partial(
-            accuracy.mean, mean, shrinkage, rows.value, centred.value, mid, low, high,
+            accuracy.mean, mean, error, rows.value, centred.value, mid, low, high,
             moments.rows_law, moments.sum_law)
     mean = np.clip(mid + centred.value / count, low, high)
     squares = _noisy(query, accumulators[:, block.start + 2], m * half ** 2 / 2.0, *budgets[2])
@@ -515,6 +517,81 @@ def mean_shrinkage(rows: np.ndarray, half: float, rows_law: accuracy.NoiseLaw,
     spread = (sum_law.stddev ** 2 + half ** 2 * rows_law.stddev ** 2) / count ** 2
     with np.errstate(over="ignore", invalid="ignore"):
         return half ** 2 / (half ** 2 + spread)
+
+
+# Fewer released groups than this: too few to estimate how their means spread (the moment
+# equation below has k - 1 degrees of freedom), so each mean is shrunk towards the midpoint alone.
+POOLING_MIN_GROUPS = 10
+# The least spread tau^2 the pooling assumes, as a fraction of h^2: (h / 100)^2, so that no group
+# is replaced by the pooled mean outright (t_i > 0) when the moment equation finds no spread.
+_POOLING_MIN_SPREAD = 1e-4
+_BISECTIONS = 60
+
+
+def mean_estimate(rows: np.ndarray, centred: np.ndarray, half: float,
+                  rows_law: accuracy.NoiseLaw, sum_law: accuracy.NoiseLaw
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """AVG's centred estimate (the mean minus the midpoint, before clamping) of each released
+    group from its noisy count N_i = n_i + e_N and centred sum S_i = n_i mu_i + e_S, and the
+    estimate's stated root mean squared error (accuracy.mean). Post-processing: it reads the
+    released groups' noisy sums and public parameters only (h, the noise laws), so it costs
+    no budget and leaves the guarantee as it is.
+
+    Pooled over the groups (Fay and Herriot 1979, the empirical Bayes estimator of small-area
+    statistics), with k >= POOLING_MIN_GROUPS released groups. Each group's ratio
+    r_i = S_i / max(N_i, 1) is, to first order (mean_shrinkage), mu_i + (e_S - mu_i e_N) / n_i:
+    its noise variance is v_i = (sd_S^2 + T^2 sd_N^2) / N_i^2 with the groups' pooled mean T
+    standing for mu_i. Say the groups' means spread around T with variance tau^2. The linear
+    predictor of mu_i from r_i with least mean squared error (over that spread and the noise)
+    is T + t_i (r_i - T), t_i = tau^2 / (tau^2 + v_i), of error t_i v_i: a group whose noise is
+    small against the spread (a large group) keeps its own ratio (t_i ~ 1), a group whose
+    ratio is mostly noise reads mostly the pooled mean. T and tau^2 are estimated from the
+    noisy sums: T = sum S_i / sum N_i (clamped into [-h, h]), the mean of all the groups'
+    rows, whose noise has variance V_T = k (sd_S^2 + T^2 sd_N^2) / (sum N_i)^2 (not Fay and
+    Herriot's mean of the r_i weighted by 1 / (tau^2 + v_i): v_i reads the noisy count, so a
+    group whose count noise is high gets a high weight and a ratio pulled towards 0, which
+    biases such a mean towards the midpoint when the counts are mostly noise); tau^2 the root
+    of Paule and Mandel's moment equation sum (r_i - T)^2 / (tau^2 + v_i) = k - 1 (the left
+    side decreases in tau^2; bisection), held within [_POOLING_MIN_SPREAD h^2, h^2]: means
+    within [-h, h] spread by at most h^2. Stated error: sqrt(t_i v_i + (1 - t_i)^2 V_T), the
+    error of the predictor under that model, capped at h (accuracy.mean).
+
+    What it changes against a per-group estimator: a group's released mean depends on the
+    other groups' noisy sums (post-processing of one release, as any function of it may), and
+    a small group is pulled towards the others' mean: one whose mean lies far from the rest
+    gets an error near (1 - t_i) |mu_i - T|. When the groups' means differ, the moment
+    equation finds a large tau^2 and every t_i is near 1. With fewer groups, or none with
+    count, the minimax shrinkage towards the midpoint (mean_shrinkage: T = 0 and tau^2 = h^2
+    with v's worst case) of each group alone."""
+    count = np.maximum(rows, 1.0)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        ratio = centred / count
+        if rows.size < POOLING_MIN_GROUPS or not np.all(np.isfinite(ratio)):
+            shrinkage = mean_shrinkage(rows, half, rows_law, sum_law)
+            spread = (sum_law.stddev ** 2 + half ** 2 * rows_law.stddev ** 2) / count ** 2
+            return shrinkage * ratio, np.sqrt(shrinkage * spread)
+        total = max(float(rows.sum()), 1.0)
+        centre = float(np.clip(centred.sum() / total, -half, half))
+        noise = (sum_law.stddev ** 2 + centre ** 2 * rows_law.stddev ** 2) / count ** 2
+
+        def moment(tau2: float) -> float:
+            return float(np.sum((ratio - centre) ** 2 / (tau2 + noise)))
+
+        low, high = _POOLING_MIN_SPREAD * half ** 2, half ** 2
+        if moment(low) <= rows.size - 1:
+            tau2 = low
+        elif moment(high) >= rows.size - 1:
+            tau2 = high
+        else:
+            for _ in range(_BISECTIONS):
+                middle = (low + high) / 2.0
+                low, high = (middle, high) if moment(middle) > rows.size - 1 else (low, middle)
+            tau2 = low
+        shrinkage = tau2 / (tau2 + noise)
+        centre_variance = rows.size * (sum_law.stddev ** 2
+                                       + centre ** 2 * rows_law.stddev ** 2) / total ** 2
+        error = np.sqrt(shrinkage * noise + (1.0 - shrinkage) ** 2 * centre_variance)
+        return centre + shrinkage * (ratio - centre), error
 
 
 def tree_total(noisy_nodes: np.ndarray) -> np.ndarray:
