@@ -261,21 +261,24 @@ def test_equal_keys_keep_their_shuffled_order_on_both_sorting_paths():
 
     keys = np.random.default_rng(0).integers(0, 3, 200)
     for keys in (keys, np.where(keys == 2, 2 ** 60, keys)):
-        order = _random_grouping(keys, _IdentityShuffle())
+        order, ordered = _random_grouping(keys, _IdentityShuffle())
         assert np.array_equal(order, np.argsort(keys, kind="stable"))
+        assert np.array_equal(ordered, keys[order]) and ordered.dtype == keys.dtype
 
 
 def test_stable_argsort_is_numpys_stable_argsort():
     """Contribution bounding ranks rows through stable_argsort (the streaming operator's
     kept_mask ranks a unit's records in arrival order): the stable argsort's permutation,
     repeated and negative values included, and where a packed value would not fit in 64 bits."""
-    from sage_tfx.dp_statistics.aggregation.aggregators import stable_argsort
+    from sage_tfx.dp_statistics.aggregation.aggregators import stable_argsort, stable_sort
 
     rng = np.random.default_rng(3)
     for values in (rng.integers(0, 40, 3000), rng.integers(-6, 6, 50), np.zeros(0, np.int64),
                    np.array([2 ** 62, 1, 2 ** 62, 0]), np.array([-2 ** 62, 2 ** 62, 0, -2 ** 62]),
                    rng.integers(0, 3, 9).astype(np.int32), np.array([5])):
         assert np.array_equal(stable_argsort(values), np.argsort(values, kind="stable"))
+        order, ordered = stable_sort(values)
+        assert np.array_equal(ordered, values[order]) and ordered.dtype == values.dtype
 
 
 # --- issue 29: sums cannot become infinite ---------------------------------------------------
