@@ -172,7 +172,9 @@ class Accumulated:
 def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
                rng: np.random.Generator) -> Accumulated:
     """Steps 1-3 of aggregators.py (and the DP bounds) on a checked frame."""
-    frame = frame[representable_rows(frame, query)]  # a copy: its index can be reset in place
+    representable = representable_rows(frame, query)
+    # a copy whose index can be reset in place (shallow when every row stays: no column copied)
+    frame = frame.copy(deep=False) if representable.all() else frame[representable]
     frame.index = pd.RangeIndex(len(frame))  # (reset_index would copy every column again)
     presence = presence_columns(query)
     columns = {c: np.where(frame[c].notna().to_numpy(), 1.0, np.nan) if c in presence
@@ -183,12 +185,9 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
     unit_codes, _ = factorize(frame[query.unit_column].to_numpy()[rows])
     pairs = aggregators.bound_contributions(unit_codes, codes[rows], len(keys),
                                             query.max_partitions_contributed, rng)
-    kept_row = pairs.pair_kept[pairs.pair_of_row]
-    pair_index = np.cumsum(pairs.pair_kept) - 1
-    pair_of_row = pair_index[pairs.pair_of_row[kept_row]]
-    rank_in_pair = pairs.rank_in_pair[kept_row]
-    n_pairs = int(pairs.pair_kept.sum())
-    order = np.flatnonzero(rows)[pairs.row_order[kept_row]]
+    pair_of_row, rank_in_pair, order, n_pairs = read_rows(query, pairs)
+    if not rows.all():
+        order = np.flatnonzero(rows)[order]
     ordered = {c: values[order] for c, values in columns.items()}
 
     bounds = {a.output_name: (a.low, a.high) for a in query.aggregates
@@ -210,6 +209,27 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
                                                 contributions, len(keys),
                                                 aggregators.layout(query).signed)
     return Accumulated(keys, accumulators, bounds, bounds_events)
+
+
+def read_rows(query: AggregationQuery, pairs: aggregators.BoundedPairs
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The rows step 3 reads, in pair order: each row's index among the kept pairs, its rank in
+    its pair, its position in the bounded input (an index into ``pairs.row_order``'s rows), and
+    the number of kept pairs. Rows of pairs the unit dropped are left out; so are the rows
+    beyond a pair's first m (rank >= m) unless an aggregate reads every row of a pair (a
+    unit-scoped SUM: the unit's total, and its bounds' input). Leaving out rows that
+    pair_contributions and bounds_input skip (they read ranks < m only) changes no value: the
+    rows kept are in the same order, so every sum adds the same terms in the same order."""
+    wanted = pairs.pair_kept[pairs.pair_of_row]
+    if not any(a.kind is AggregateKind.SUM and not a.bounds_rows for a in query.aggregates):
+        wanted &= pairs.rank_in_pair < query.max_contributions_per_partition
+    pair_of_row = pairs.pair_of_row
+    if not pairs.pair_kept.all():
+        pair_of_row = (np.cumsum(pairs.pair_kept) - 1)[pair_of_row]
+    n_pairs = int(np.count_nonzero(pairs.pair_kept))
+    if wanted.all():
+        return pair_of_row, pairs.rank_in_pair, pairs.row_order, n_pairs
+    return pair_of_row[wanted], pairs.rank_in_pair[wanted], pairs.row_order[wanted], n_pairs
 
 
 def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: Accumulated,
