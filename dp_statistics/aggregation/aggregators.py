@@ -178,11 +178,15 @@ def stable_sort(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if (int(values.max()) - low).bit_length() + position_bits > 64:
         order = np.argsort(values, kind="stable")
         return order, values[order]
-    packed = np.sort(((values.astype(np.int64) - low).astype(np.uint64)
-                      << np.uint64(position_bits)) | np.arange(count, dtype=np.uint64))
-    ordered = (packed >> np.uint64(position_bits)).astype(np.int64) + low
-    return ((packed & np.uint64((1 << position_bits) - 1)).astype(np.int64),
-            ordered.astype(values.dtype, copy=False))
+    # (value - min) >= 0 fits in 64 - b bits: its int64 bits read as uint64 are its value
+    packed = np.subtract(values, low, dtype=np.int64).view(np.uint64)
+    packed <<= np.uint64(position_bits)
+    packed |= np.arange(count, dtype=np.uint64)
+    packed.sort()
+    ordered = (packed >> np.uint64(position_bits)).view(np.int64)
+    ordered += low
+    packed &= np.uint64((1 << position_bits) - 1)
+    return packed.view(np.int64), ordered.astype(values.dtype, copy=False)
 
 
 def _random_grouping(keys: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -198,7 +202,8 @@ def bound_contributions(unit_codes: np.ndarray, partition_codes: np.ndarray, n_p
                         max_partitions_contributed: int,
                         rng: np.random.Generator) -> BoundedPairs:
     """Steps 1 and 2 of the module docstring, vectorised over all rows."""
-    pair_key = unit_codes.astype(np.int64) * n_partitions + partition_codes.astype(np.int64)
+    pair_key = np.multiply(unit_codes, n_partitions, dtype=np.int64)
+    pair_key += partition_codes
     row_order, sorted_key = _random_grouping(pair_key, rng)
     pair_of_row, rank_in_pair = _group_ranks(sorted_key)
     pair_key = sorted_key[rank_in_pair == 0]
@@ -230,7 +235,9 @@ def present_values(values: np.ndarray, low: float, high: float) -> tuple[np.ndar
     BigQuery) and the values clamped into [low, high], 0 where not set (an infinity is a value:
     it clamps to the nearer bound)."""
     present = ~np.isnan(values)
-    clamped = mechanisms.bounded(np.clip(np.where(present, values, low), low, high), low, high)
+    # finite and within [low, high]: NaN was replaced, infinities clamp (mechanisms.bounded's
+    # contract, without its second pass)
+    clamped = np.clip(np.where(present, values, low), low, high)
     return present, np.where(present, clamped, 0.0)
 
 
