@@ -220,13 +220,15 @@ def read_rows(query: AggregationQuery, pairs: aggregators.BoundedPairs
     unit-scoped SUM: the unit's total, and its bounds' input). Leaving out rows that
     pair_contributions and bounds_input skip (they read ranks < m only) changes no value: the
     rows kept are in the same order, so every sum adds the same terms in the same order."""
-    wanted = pairs.pair_kept[pairs.pair_of_row]
+    n_pairs = int(np.count_nonzero(pairs.pair_kept))
+    every_pair = n_pairs == pairs.pair_kept.size
+    wanted = (np.ones(pairs.pair_of_row.size, dtype=bool) if every_pair
+              else pairs.pair_kept[pairs.pair_of_row])
     if not any(a.kind is AggregateKind.SUM and not a.bounds_rows for a in query.aggregates):
         wanted &= pairs.rank_in_pair < query.max_contributions_per_partition
     pair_of_row = pairs.pair_of_row
-    if not pairs.pair_kept.all():
+    if not every_pair:
         pair_of_row = (np.cumsum(pairs.pair_kept) - 1)[pair_of_row]
-    n_pairs = int(np.count_nonzero(pairs.pair_kept))
     if wanted.all():
         return pair_of_row, pairs.rank_in_pair, pairs.row_order, n_pairs
     return pair_of_row[wanted], pairs.rank_in_pair[wanted], pairs.row_order[wanted], n_pairs
