@@ -350,3 +350,41 @@ def test_factorize_labels_the_same_groups_as_pandas_and_integers_by_value():
         assert len(set(zip(codes.tolist(), expected.tolist()))) == distinct
     assert factorize(np.array([3, 1, 2, 1]))[0].tolist() == [2, 0, 1, 0]  # by value
     assert factorize(np.array([30, 10, 20, 10]))[0].tolist() == [0, 1, 2, 1]  # span 20 > 16
+
+
+@pytest.mark.parametrize("scope", [BoundsScope.ROW, BoundsScope.UNIT])
+def test_the_rows_the_local_engine_reads_give_the_contributions_of_every_kept_row(scope):
+    """local.read_rows leaves out the rows step 3 skips (beyond a pair's first m, unless a
+    unit-scoped SUM reads every row): the contribution vectors are bit for bit those of every
+    row of the kept pairs, NULLs and pairs the unit dropped included."""
+    from sage_tfx.dp_statistics.aggregation import local
+
+    rng = np.random.default_rng(11)
+    units, partitions = rng.integers(0, 40, 3000), rng.integers(0, 30, 3000)
+    values = rng.normal(5.0, 4.0, 3000)
+    values[::7] = np.nan
+    query = AggregationQuery(
+        ("key",), "uid", (Aggregate.count(), Aggregate.count("x", name="n"),
+                          Aggregate(AggregateKind.SUM, "x", -2.0, 12.0, scope=scope),
+                          Aggregate(AggregateKind.AVG, "x", 0.0, 10.0),
+                          Aggregate.median("x", 0.0, 10.0)),
+        max_partitions_contributed=3, max_contributions_per_partition=2)
+    bounds = {a.output_name: (a.low, a.high) for a in query.aggregates if a.bounded}
+    pairs = aggregators.bound_contributions(units, partitions, 30, 3, secret_rng(0))
+    assert not pairs.pair_kept.all()  # some unit dropped pairs
+    kept_pairs = pairs.pair_kept.sum()
+    partitions_of_unit = np.bincount(pairs.pair_unit[pairs.pair_kept])[
+        pairs.pair_unit[pairs.pair_kept]]
+
+    def contributions(pair_of_row, rank_in_pair, order):
+        return aggregators.pair_contributions(query, bounds, pair_of_row, rank_in_pair,
+                                              kept_pairs, {"x": values[order]},
+                                              partitions_of_unit)
+
+    every = pairs.pair_kept[pairs.pair_of_row]
+    expected = contributions((np.cumsum(pairs.pair_kept) - 1)[pairs.pair_of_row[every]],
+                             pairs.rank_in_pair[every], pairs.row_order[every])
+    pair_of_row, rank_in_pair, order, n_pairs = local.read_rows(query, pairs)
+    assert n_pairs == kept_pairs
+    assert (rank_in_pair < 2).all() == (scope is BoundsScope.ROW)
+    assert np.array_equal(contributions(pair_of_row, rank_in_pair, order), expected)
