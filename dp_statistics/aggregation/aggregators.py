@@ -208,10 +208,16 @@ def bound_contributions(unit_codes: np.ndarray, partition_codes: np.ndarray, n_p
     pair_of_row, rank_in_pair = _group_ranks(sorted_key)
     pair_key = sorted_key[rank_in_pair == 0]
     pair_unit, pair_partition = np.divmod(pair_key, n_partitions)
-    by_unit, units_in_order = _random_grouping(pair_unit, rng)
-    _, rank_in_unit = _group_ranks(units_in_order)
-    pair_kept = np.empty(pair_key.size, dtype=bool)
-    pair_kept[by_unit] = rank_in_unit < max_partitions_contributed
+    if pair_unit.size == 0 or np.bincount(pair_unit).max() <= max_partitions_contributed:
+        # No unit has more pairs than it keeps: all are kept whatever their order, so the
+        # order is not drawn (the law is the same; a seeded run's bits too, since the caller
+        # draws nothing from ``rng`` after this call: local.accumulate).
+        pair_kept = np.ones(pair_key.size, dtype=bool)
+    else:
+        by_unit, units_in_order = _random_grouping(pair_unit, rng)
+        _, rank_in_unit = _group_ranks(units_in_order)
+        pair_kept = np.empty(pair_key.size, dtype=bool)
+        pair_kept[by_unit] = rank_in_unit < max_partitions_contributed
     return BoundedPairs(row_order, pair_of_row, rank_in_pair, pair_unit, pair_partition,
                         pair_kept)
 

@@ -388,3 +388,17 @@ def test_the_rows_the_local_engine_reads_give_the_contributions_of_every_kept_ro
     assert n_pairs == kept_pairs
     assert (rank_in_pair < 2).all() == (scope is BoundsScope.ROW)
     assert np.array_equal(contributions(pair_of_row, rank_in_pair, order), expected)
+
+
+def test_units_within_their_bound_keep_every_pair_without_a_draw():
+    """When no unit has more than C_u pairs, every pair is kept whatever the order, and
+    bound_contributions draws only the rows' order (one permutation): local.accumulate draws
+    nothing after it, so a seeded run's bits are those of drawing the pairs' order too."""
+    units, partitions = np.repeat(np.arange(50), 6), np.tile(np.repeat(np.arange(3), 2), 50)
+    rng, reference = np.random.default_rng(4), np.random.default_rng(4)
+    pairs = aggregators.bound_contributions(units, partitions, 3, 3, rng)
+    assert pairs.pair_kept.all() and pairs.pair_kept.size == 150
+    reference.permutation(units.size)
+    assert rng.bit_generator.state == reference.bit_generator.state
+    dropping = aggregators.bound_contributions(units, partitions, 3, 2, np.random.default_rng(4))
+    assert dropping.pair_kept.sum() == 100
