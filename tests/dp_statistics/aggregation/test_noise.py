@@ -142,6 +142,102 @@ def test_avg_var_and_stddev_follow_the_noisy_count_sum_and_squares_law():
     np.testing.assert_allclose(table["avg_x"], np.clip(mid + estimate, LOW, HIGH), rtol=1e-9)
 
 
+def test_quantiles_follow_the_noisy_tree_law():
+    """Every tree count gets Laplace noise at C H m / epsilon (a row is in one bucket per
+    level); a tree at a third of that noise is rejected."""
+    budget, release = _run((Aggregate.median("x", LOW, HIGH),), epsilon=20.0)
+    counts = np.bincount(aggregators.tree_nodes(ROW_VALUES, LOW, HIGH).ravel(),
+                         minlength=aggregators.QUANTILE_TREE_NODES).astype(float)
+    scale = C * aggregators.QUANTILE_LEVELS * M / budget.step("median_x").epsilon
+    rng = np.random.default_rng(1)
+    noisy = counts + rng.laplace(0, scale, (20_000, counts.size))
+    oracle = aggregators.quantile_from_tree(noisy, 0.5, LOW, HIGH)
+    assert stats.ks_2samp(release.table["median_x"], oracle).pvalue > P_VALUE
+    broken = aggregators.quantile_from_tree(
+        counts + rng.laplace(0, scale / 3, (20_000, counts.size)), 0.5, LOW, HIGH)
+    assert stats.ks_2samp(release.table["median_x"], broken).pvalue < P_VALUE
+
+
+def test_a_quantile_of_a_large_partition_is_within_a_bucket_and_noise():
+    rng = np.random.default_rng(2)
+    frame = pd.DataFrame({"key": 0, "uid": np.arange(20_000), "x": rng.uniform(0, 100, 20_000)})
+    query = AggregationQuery(("key",), "uid", (Aggregate.median("x", 0.0, 100.0),
+                                               Aggregate.minimum("x", 0.0, 100.0),
+                                               Aggregate.maximum("x", 0.0, 100.0)),
+                             selection=SelectionRule.PUBLIC, public_partitions=((0,),))
+    table = aggregate(frame, query, plan(query, 3.0, 0.0)).table
+    # Laplace scale 4 * 8 / 1 = 32 per bucket of ~312 values: the median's cumulative noise over
+    # 32 buckets has sd ~ 256, i.e. < 1.3 buckets (2 of 100); |error| < 6 fails w.p. < 1e-6.
+    assert abs(table["median_x"][0] - 50.0) < 6.0
+    assert table["min_x"][0] < 6.0 and table["max_x"][0] > 94.0
+
+
+def _own_partitions(units: int) -> pd.DataFrame:
+    """Each unit alone in C partitions of its own (one row each)."""
+    return pd.DataFrame({"key": np.arange(units * C), "uid": np.repeat(np.arange(units), C)})
+
+
+@pytest.mark.parametrize("rule", [SelectionRule.LAPLACE_THRESHOLD,
+                                  SelectionRule.GAUSSIAN_THRESHOLD,
+                                  SelectionRule.TRUNCATED_GEOMETRIC])
+def test_a_units_own_partitions_are_released_at_most_with_the_selection_delta(rule):
+    units, delta = 2000, 0.02
+    query = AggregationQuery(("key",), "uid", (Aggregate.count_distinct(),),
+                             max_partitions_contributed=C, selection=rule)
+    release = aggregate(_own_partitions(units), query, plan(query, 1.0, delta))
+    exposed = release.table["key"].floordiv(C).nunique()  # units with a partition shown
+    allowed = release.additional_delta
+    assert allowed <= delta
+    assert exposed <= stats.binom.isf(1e-6, units, allowed)
+
+
+def test_a_threshold_set_too_low_is_caught(monkeypatch):
+    """Deliberately broken: tau 6 lower than the derivation's (4.5 times the keep rate)."""
+    original = selection_module.laplace_threshold_tau
+    monkeypatch.setattr(selection_module, "laplace_threshold_tau",
+                        lambda **kwargs: original(**kwargs) - 6)
+    units = 2000
+    query = AggregationQuery(("key",), "uid", (Aggregate.count_distinct(),),
+                             max_partitions_contributed=C,
+                             selection=SelectionRule.LAPLACE_THRESHOLD)
+    release = aggregate(_own_partitions(units), query, plan(query, 1.0, 0.02))
+    exposed = release.table["key"].floordiv(C).nunique()
+    # expected ~ 170 against a bound of ~ 70; it stays under it with probability < 1e-6
+    assert exposed > stats.binom.isf(1e-6, units, release.additional_delta)
+
+
+def test_the_weighted_selection_releases_keep_bits_only_and_values_are_drawn_apart(
+        monkeypatch):
+    """The weighted Gaussian's noise (mechanisms/keyed.py, not OpenDP) may only decide which
+    partitions are kept (selection.weighted_gaussian_selection says why): with every partition
+    far above the threshold, two runs whose selection noise has different keys release the same
+    values, all drawn by the (here seeded) OpenDP-based mechanisms, COUNT(DISTINCT) included
+    as a step of its own; the selection returns no noisy value."""
+    from sage_tfx.mechanisms import additive
+    from sage_tfx.mechanisms.keyed import KEY_BYTES, KeyedGaussian
+    from support.seeded_noise import seeded_measurement
+
+    frame = pd.DataFrame({"key": np.repeat(np.arange(5), 400), "uid": np.arange(2000),
+                          "x": np.linspace(0.0, 10.0, 2000)})
+    query = AggregationQuery(("key",), "uid", (
+        Aggregate(AggregateKind.COUNT_DISTINCT, name="units"),
+        Aggregate(AggregateKind.AVG, "x", LOW, HIGH, name="mean")),
+        selection=SelectionRule.WEIGHTED_GAUSSIAN)
+    budget = plan(query, 1.0, 1e-6)
+    assert "units" in [step.name for step in budget.steps]  # not read off the selection
+    released = []
+    for key_byte, measurement in ((1, seeded_measurement()), (2, seeded_measurement())):
+        monkeypatch.setattr(selection_module.KeyedGaussian, "fresh", classmethod(
+            lambda cls, key=bytes([key_byte]) * KEY_BYTES: KeyedGaussian(key)))
+        monkeypatch.setattr(additive, "_measurement", measurement)  # the same seed each run
+        released.append(aggregate(frame, query, budget, seed=1).table)
+    pd.testing.assert_frame_equal(released[0], released[1])
+    assert len(released[0]) == 5
+    kept = selection_module.weighted_gaussian_selection(
+        np.full(3, 100.0), max_partitions_per_unit=4, epsilon=1.0, delta=1e-6).value
+    assert kept.keep.all() and kept.noisy_unit_counts is None
+
+
 # --- AVG's budget split and its shrinkage (issue 48) --------------------------------------------
 
 def test_avgs_count_gets_41_hundredths_of_its_budget_and_its_sum_the_rest():
