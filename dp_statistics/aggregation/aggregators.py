@@ -582,9 +582,9 @@ def mean_estimate(rows: np.ndarray, centred: np.ndarray, half: float,
     other groups' noisy sums (post-processing of one release, as any function of it may), and
     a small group is pulled towards the others' mean: one whose mean lies far from the rest
     gets an error near (1 - t_i) |mu_i - T|. When the groups' means differ, the moment
-    equation finds a large tau^2 and every t_i is near 1. With fewer groups, or none with
-    count, the minimax shrinkage towards the midpoint (mean_shrinkage: T = 0 and tau^2 = h^2
-    with v's worst case) of each group alone."""
+    equation finds a large tau^2 and every t_i is near 1. With fewer groups (or a ratio that is
+    not finite: sums saturated at spec.MAX_MAGNITUDE), the minimax shrinkage towards the
+    midpoint (mean_shrinkage: T = 0 and tau^2 = h^2 with v's worst case) of each group alone."""
     count = np.maximum(rows, 1.0)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         ratio = centred / count
