@@ -687,6 +687,65 @@ def avg_outputs(trials: int, seed: Optional[int] = None, *, part: str = "sum",
     return outputs[0], outputs[1]
 
 
+# --- DP SQL's AVG pooled over the released groups (aggregators.mean_estimate) ---
+
+AVG_POOLED_GROUPS, AVG_POOLED_UNITS = 12, 20  # public groups; background units (1 row) in each
+
+
+def avg_pooled_outputs(trials: int, seed: Optional[int] = None, *,
+                       epsilon: float = AVG_EPSILON, broken: Optional[str] = None) -> Outputs:
+    """The released AVG of group 1 of AVG_POOLED_GROUPS public groups (bounds [0, 10], C_u = 1,
+    m = 8), each holding AVG_POOLED_UNITS units of one row at 2, on D and on D' = D plus one
+    unit with 2 m rows at the upper bound 10 in group 0. Group 1's rows are the same on both
+    sides: its released mean moves only through the pooling (aggregators.mean_estimate reads
+    every group's noisy count and centred sum), which is post-processing of AVG's two noisy
+    sums, so the output is epsilon-DP, epsilon AVG's whole step (count and sum composed).
+
+    One real release (local.release_accumulated) per trial: the pooling is over one
+    release's groups, so a batch of trials in one release would pool across trials. Bounding
+    and accumulation run once per side (``seed``: their sampling; the unit's rows are alike).
+
+    broken = "exact_sums" is the deliberately broken variant of the tests: the estimator is
+    handed the groups' pre-noise counts and centred sums (the accumulators) instead of the
+    noisy ones, so group 1's mean is a function of the data alone and moves with the unit."""
+    import pandas as pd
+    from sage_tfx.dp_statistics import aggregation
+    from sage_tfx.dp_statistics.aggregation import aggregators, local
+
+    if broken not in (None, "exact_sums"):
+        raise ValueError(f"unknown broken variant {broken!r}")
+    query = aggregation.AggregationQuery(
+        ("key",), "uid", (aggregation.Aggregate(aggregation.AggregateKind.AVG, "x", 0.0, AVG_HIGH,
+                                                name="mean"),),
+        max_partitions_contributed=1, max_contributions_per_partition=AVG_ROWS,
+        selection=aggregation.SelectionRule.PUBLIC,
+        public_partitions=tuple((k,) for k in range(AVG_POOLED_GROUPS)))
+    budget = aggregation.plan(query, epsilon, 0.0)
+    block = aggregators.layout(query).blocks["mean"]
+    background = AVG_POOLED_GROUPS * AVG_POOLED_UNITS
+    outputs = []
+    for unit_rows in (0, 2 * AVG_ROWS):
+        frame = pd.DataFrame({
+            "key": np.concatenate([np.repeat(np.arange(AVG_POOLED_GROUPS), AVG_POOLED_UNITS),
+                                   np.zeros(unit_rows, np.int64)]),
+            "uid": [f"b{i}" for i in range(background)] + ["u"] * unit_rows,
+            "x": np.concatenate([np.full(background, 2.0), np.full(unit_rows, AVG_HIGH)])})
+        once = local.accumulate(frame, query, budget, np.random.default_rng(seed))
+        exact = (once.accumulators[:, block.start], once.accumulators[:, block.start + 1])
+
+        def exact_sums(original):
+            return lambda rows, centred, *rest: original(*exact, *rest)
+
+        patch = (_patched(aggregators, "mean_estimate", exact_sums) if broken
+                 else contextlib.nullcontext())
+        with patch:
+            released = [local.release_accumulated(query, budget, once, "unit").table
+                        for _ in range(trials)]
+        outputs.append(np.array([table.loc[table["key"] == 1, "mean"].iloc[0]
+                                 for table in released]))
+    return outputs[0], outputs[1]
+
+
 # --- the DP-SQLP streaming operator (sage_tfx.dp_statistics.continual), one trigger ---
 
 STREAM_EPSILON, STREAM_DELTA = 1.0, 1e-5
@@ -1045,6 +1104,10 @@ def shipped() -> dict[str, MechanismAudit]:
                          f"DP SQL's AVG: its noisy {part} ({share:g} of its epsilon), a unit "
                          "with 16 rows at the upper bound vs absent (one public group)")
           for part, share in AVG_PARTS.items()],
+        MechanismAudit("dp_sql_avg_pooled", AVG_EPSILON, 0.0, avg_pooled_outputs,
+                       "DP SQL's AVG pooled over its groups: another group's released mean, "
+                       "a unit with 16 rows at the upper bound vs absent (12 public groups)",
+                       vectorised=False),
         MechanismAudit("dp_sqlp_stream", STREAM_EPSILON, STREAM_DELTA, streaming_outputs,
                        "DP-SQLP streaming operator: one trigger, COUNT(*), a unit with "
                        f"{STREAM_UNIT_RECORDS} records in a key (C = {STREAM_CONTRIBUTION_LIMIT}) "

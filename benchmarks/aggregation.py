@@ -34,7 +34,9 @@ runs, input already in memory in each library's own form: a pandas frame, a list
 ``rmse`` per metric over the partitions it kept (against the exact, unbounded statistic; the
 contribution bounds' bias is most of it), ``rmse_common`` over the partitions both kept,
 ``partitions_kept``, each averaged over the R runs, and ``process_seconds`` (this process's
-CPU seconds for the same call, median); ``throughput_ratio`` (ours / PipelineDP's, wall
+CPU seconds for the same call, median); the two systems run alternately, one run each per
+round, so that both see the same load (``load_average``: the machine's as the runs ended);
+``throughput_ratio`` (ours / PipelineDP's, wall
 clock) and ``cpu_throughput_ratio`` (the same in CPU seconds: on a loaded machine a
 sub-second run's wall clock is mostly waiting for a core, which a minute-long run averages
 out).
@@ -278,10 +280,27 @@ class Clock:
         return time.perf_counter() - self._wall, time.process_time() - self._cpu
 
 
-def measure(run, frame, exact, epsilon, delta, repeats) -> tuple[dict, pd.Index]:
-    """``repeats`` runs of one system: the median throughput, and RMSE and partitions kept
-    averaged over the runs (one run's errors are dominated by its own sampling and noise)."""
+def measure(run, frame, exact, epsilon, delta, repeats) -> tuple[dict, list]:
+    """``repeats`` runs of one system, summarised (`summarise`)."""
     runs = [run(frame, epsilon, delta) for _ in range(repeats)]
+    return summarise(runs, frame, exact), runs
+
+
+def measure_alternating(systems: dict, frame, exact, epsilon, delta, repeats
+                        ) -> dict[str, tuple[dict, list]]:
+    """``repeats`` rounds, each running every system once in turn (so that all see the same
+    load on a shared machine), each system's runs summarised (`summarise`)."""
+    runs = {name: [] for name in systems}
+    for _ in range(repeats):
+        for name, run in systems.items():
+            runs[name].append(run(frame, epsilon, delta))
+    return {name: (summarise(runs[name], frame, exact), runs[name]) for name in systems}
+
+
+def summarise(runs: list, frame, exact) -> dict:
+    """One system's runs: the median throughput (wall clock and CPU seconds), and RMSE and
+    partitions kept averaged over the runs (one run's errors are dominated by its own sampling
+    and noise)."""
     seconds = float(np.median([wall for _, (wall, _) in runs]))
     cpu_seconds = float(np.median([cpu for _, (_, cpu) in runs]))
     metrics = list(runs[0][0].columns)
@@ -290,7 +309,7 @@ def measure(run, frame, exact, epsilon, delta, repeats) -> tuple[dict, pd.Index]
             "partitions_kept": float(np.mean([len(table) for table, _ in runs])),
             "rmse": {metric: float(np.mean([rmse(table, exact, table.index)[metric]
                                             for table, _ in runs])) for metric in metrics},
-            }, runs
+            }
 
 
 def _mean_or_none(values: list):
@@ -396,13 +415,14 @@ def main() -> None:
     if args.engine == "beam":
         compare_engines(args, frame, exact, report)
         return
-    runs = {}
     ours = functools.partial(run_sage, noise=args.noise, quantiles=args.quantiles,
                              selection_weight=args.selection_weight)
     theirs = functools.partial(run_pipeline_dp, noise=args.noise, quantiles=args.quantiles)
-    for name, run in (("sage_tfx", ours), ("pipeline_dp", theirs)):
-        report[name], runs[name] = measure(run, frame, exact, args.epsilon, args.delta,
-                                           args.repeats)
+    measured = measure_alternating({"sage_tfx": ours, "pipeline_dp": theirs}, frame, exact,
+                                   args.epsilon, args.delta, args.repeats)
+    runs = {name: system_runs for name, (_, system_runs) in measured.items()}
+    report.update({name: summary for name, (summary, _) in measured.items()})
+    report["load_average"] = os.getloadavg()  # the machine's load as the runs ended
     # the partitions both kept, run by run
     for name in runs:
         report[name]["rmse_common"] = {metric: float(np.mean([

@@ -19,10 +19,13 @@ Method per aggregate (confidence 1 - alpha, alpha = 0.05):
 * AVG: the noisy count N and centred sum S each within their 1 - alpha/2 intervals (union
   bound, probability >= 1 - alpha); the interval is the range of mid + s / n over that box,
   clamped into [L, U] ([L, U] itself when the box reaches n <= 0), widened to the released
-  mean where its shrinkage towards the midpoint took it outside. Conservative (coverage >=
-  95%). Its "stddev" is the released mean's root mean squared error bound sqrt(t v) / N,
-  v = sd_S^2 + h^2 sd_N^2, t the shrinkage (aggregators.mean_shrinkage: to first order, whatever
-  the true mean in [L, U]), capped at h = (U - L) / 2.
+  mean where its estimator (pooled over the groups, or shrunk towards the midpoint) took it
+  outside. Conservative (coverage >= 95%, whatever the estimator: the box is of the group's own
+  noisy sums). Its "stddev" is the error its estimator states (aggregators.mean_estimate):
+  with 10 or more groups the pooled predictor's, sqrt(t_i v_i + (1 - t_i)^2 / sum w), under its
+  model of the groups' spread; with fewer the midpoint shrinkage's bound sqrt(t v) / N,
+  v = sd_S^2 + h^2 sd_N^2 (aggregators.mean_shrinkage: to first order, whatever the true mean in
+  [L, U]); capped at h = (U - L) / 2.
 * VAR, STDDEV: the same box over (N, S, Q) at 1 - alpha/3 each, the range of
   Q/n + h^2/2 - (s/n)^2 over it (the extremes lie at the corners, at s = 0, or at the
   stationary point n = 2 s^2 / Q), clamped into [0, h^2] (STDDEV: its square root).
@@ -129,10 +132,10 @@ def _box(value: np.ndarray, law: NoiseLaw, alpha: float) -> tuple[np.ndarray, np
 
 
 @_total
-def mean(estimate: np.ndarray, shrinkage: np.ndarray, rows: np.ndarray, centred: np.ndarray,
+def mean(estimate: np.ndarray, error: np.ndarray, rows: np.ndarray, centred: np.ndarray,
          mid: float, low: float, high: float, rows_law: NoiseLaw, sum_law: NoiseLaw):
-    """AVG's stddev and interval (module docstring); ``estimate`` the released mean, shrunk
-    by ``shrinkage`` (aggregators.mean_shrinkage)."""
+    """AVG's stddev and interval (module docstring); ``estimate`` the released mean, ``error``
+    its root mean squared error as its estimator states it (aggregators.mean_estimate)."""
     n_low, n_high = _box(rows, rows_law, ALPHA / 2)
     s_low, s_high = _box(centred, sum_law, ALPHA / 2)
     positive = n_low > 0
@@ -143,11 +146,7 @@ def mean(estimate: np.ndarray, shrinkage: np.ndarray, rows: np.ndarray, centred:
                         estimate)
     ci_high = np.maximum(np.where(positive, np.clip(mid + corners.max(axis=0), low, high), high),
                          estimate)
-    count = np.maximum(rows, 1.0)
-    half = (high - low) / 2.0
-    spread = (sum_law.stddev ** 2 + half ** 2 * rows_law.stddev ** 2) / count ** 2
-    stddev = np.minimum(np.sqrt(shrinkage * spread), half)
-    return _columns(stddev, ci_low, ci_high, len(rows))
+    return _columns(np.minimum(error, (high - low) / 2.0), ci_low, ci_high, len(rows))
 
 
 @_total

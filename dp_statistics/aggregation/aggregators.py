@@ -159,45 +159,65 @@ def _group_ranks(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def stable_argsort(values: np.ndarray) -> np.ndarray:
-    """np.argsort(values, kind="stable") for integers, the same permutation, faster: the sort
-    of the distinct packed values (value - min) * 2^b + position, whose low b bits are then the
-    permutation. numpy sorts integers several times faster than it argsorts them stably (10
-    against 140 ms at 10^6, 27 against 65 us at 2,000). The stable argsort itself where a packed
-    value would not fit in 64 bits."""
+    """np.argsort(values, kind="stable") for integers, the same permutation (stable_sort)."""
+    return stable_sort(values)[0]
+
+
+def stable_sort(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(np.argsort(values, kind="stable"), the values in that order) for integers, faster: the
+    sort of the distinct packed values (value - min) * 2^b + position, whose low b bits are
+    then the permutation and whose high bits the sorted values (no gather of the values by the
+    permutation). numpy sorts integers several times faster than it argsorts them stably (10
+    against 140 ms at 10^6, 27 against 65 us at 2,000). The stable argsort itself where a
+    packed value would not fit in 64 bits."""
     count = len(values)
     if count == 0:
-        return np.argsort(values, kind="stable")
+        return np.argsort(values, kind="stable"), values
     low = int(values.min())
     position_bits = max((count - 1).bit_length(), 1)
     if (int(values.max()) - low).bit_length() + position_bits > 64:
-        return np.argsort(values, kind="stable")
-    packed = ((values.astype(np.int64) - low).astype(np.uint64) << np.uint64(position_bits)) | (
-        np.arange(count, dtype=np.uint64))
-    return (np.sort(packed) & np.uint64((1 << position_bits) - 1)).astype(np.int64)
+        order = np.argsort(values, kind="stable")
+        return order, values[order]
+    # (value - min) >= 0 fits in 64 - b bits: its int64 bits read as uint64 are its value
+    packed = np.subtract(values, low, dtype=np.int64).view(np.uint64)
+    packed <<= np.uint64(position_bits)
+    packed |= np.arange(count, dtype=np.uint64)
+    packed.sort()
+    ordered = (packed >> np.uint64(position_bits)).view(np.int64)
+    ordered += low
+    packed &= np.uint64((1 << position_bits) - 1)
+    return packed.view(np.int64), ordered.astype(values.dtype, copy=False)
 
 
-def _random_grouping(keys: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A permutation that sorts integer ``keys`` and orders equal keys uniformly at random: a
-    stable sort of a uniformly shuffled array, so equal keys keep their shuffled order (no ties
-    to break: the order depends on nothing but the shuffle)."""
+def _random_grouping(keys: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A permutation that sorts integer ``keys`` and orders equal keys uniformly at random (a
+    stable sort of a uniformly shuffled array, so equal keys keep their shuffled order: no ties
+    to break, the order depends on nothing but the shuffle), and the keys in that order."""
     shuffled = rng.permutation(keys.size)
-    return shuffled[stable_argsort(keys[shuffled])]
+    order, ordered = stable_sort(keys[shuffled])
+    return shuffled[order], ordered
 
 
 def bound_contributions(unit_codes: np.ndarray, partition_codes: np.ndarray, n_partitions: int,
                         max_partitions_contributed: int,
                         rng: np.random.Generator) -> BoundedPairs:
     """Steps 1 and 2 of the module docstring, vectorised over all rows."""
-    pair_key = unit_codes.astype(np.int64) * n_partitions + partition_codes.astype(np.int64)
-    row_order = _random_grouping(pair_key, rng)
-    sorted_key = pair_key[row_order]
+    pair_key = np.multiply(unit_codes, n_partitions, dtype=np.int64)
+    pair_key += partition_codes
+    row_order, sorted_key = _random_grouping(pair_key, rng)
     pair_of_row, rank_in_pair = _group_ranks(sorted_key)
     pair_key = sorted_key[rank_in_pair == 0]
-    pair_unit, pair_partition = pair_key // n_partitions, pair_key % n_partitions
-    by_unit = _random_grouping(pair_unit, rng)
-    _, rank_in_unit = _group_ranks(pair_unit[by_unit])
-    pair_kept = np.empty(pair_key.size, dtype=bool)
-    pair_kept[by_unit] = rank_in_unit < max_partitions_contributed
+    pair_unit, pair_partition = np.divmod(pair_key, n_partitions)
+    if pair_unit.size == 0 or np.bincount(pair_unit).max() <= max_partitions_contributed:
+        # No unit has more pairs than it keeps: all are kept whatever their order, so the
+        # order is not drawn (the law is the same; a seeded run's bits too, since the caller
+        # draws nothing from ``rng`` after this call: local.accumulate).
+        pair_kept = np.ones(pair_key.size, dtype=bool)
+    else:
+        by_unit, units_in_order = _random_grouping(pair_unit, rng)
+        _, rank_in_unit = _group_ranks(units_in_order)
+        pair_kept = np.empty(pair_key.size, dtype=bool)
+        pair_kept[by_unit] = rank_in_unit < max_partitions_contributed
     return BoundedPairs(row_order, pair_of_row, rank_in_pair, pair_unit, pair_partition,
                         pair_kept)
 
@@ -205,8 +225,8 @@ def bound_contributions(unit_codes: np.ndarray, partition_codes: np.ndarray, n_p
 def rows_per_unit(unit_codes: np.ndarray, max_rows: int, rng: np.random.Generator) -> np.ndarray:
     """The input indices (ascending) of at most `max_rows` rows of each unit, chosen uniformly
     among that unit's rows (the bound the matrix mechanism's data vector needs, max_rows 1)."""
-    order = _random_grouping(unit_codes.astype(np.int64), rng)
-    _, rank_in_unit = _group_ranks(unit_codes[order])
+    order, units_in_order = _random_grouping(unit_codes.astype(np.int64), rng)
+    _, rank_in_unit = _group_ranks(units_in_order)
     return np.sort(order[rank_in_unit < max_rows])
 
 
@@ -221,7 +241,9 @@ def present_values(values: np.ndarray, low: float, high: float) -> tuple[np.ndar
     BigQuery) and the values clamped into [low, high], 0 where not set (an infinity is a value:
     it clamps to the nearer bound)."""
     present = ~np.isnan(values)
-    clamped = mechanisms.bounded(np.clip(np.where(present, values, low), low, high), low, high)
+    # finite and within [low, high]: NaN was replaced, infinities clamp (mechanisms.bounded's
+    # contract, without its second pass)
+    clamped = np.clip(np.where(present, values, low), low, high)
     return present, np.where(present, clamped, 0.0)
 
 
@@ -460,7 +482,8 @@ class _NoisyMoments:
 
 def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
     """AVG / VAR from noisy (rows, centred sum[, centred squares]) (LLSY16, module docstring):
-    AVG = mid + t S / max(N, 1), clamped to [L, U], t the shrinkage (mean_shrinkage); with
+    AVG = mid + its centred estimate (mean_estimate: pooled over the released groups, or
+    shrunk towards the midpoint), clamped to [L, U]; with
     mean = mid + S / max(N, 1), clamped, var = (Q / N + h^2 / 2) - (S / N)^2,
     clamped to [0, h^2]; STDDEV its square root. Returns (values, events of the noisy sums,
     the noisy moments, the stated accuracy as a call not yet made: `release` makes it only
@@ -475,10 +498,11 @@ def _mean_and_square(query, accumulators, block, plan, aggregate, low, high):
                             _law(query, centred, m * half))
     count = np.maximum(rows.value, 1.0)
     if aggregate.kind is AggregateKind.AVG:
-        shrinkage = mean_shrinkage(rows.value, half, moments.rows_law, moments.sum_law)
-        mean = np.clip(mid + shrinkage * centred.value / count, low, high)
+        centred_mean, error = mean_estimate(rows.value, centred.value, half, moments.rows_law,
+                                            moments.sum_law)
+        mean = np.clip(mid + centred_mean, low, high)
         return mean, [rows.event, centred.event], moments, functools.partial(
-            accuracy.mean, mean, shrinkage, rows.value, centred.value, mid, low, high,
+            accuracy.mean, mean, error, rows.value, centred.value, mid, low, high,
             moments.rows_law, moments.sum_law)
     mean = np.clip(mid + centred.value / count, low, high)
     squares = _noisy(query, accumulators[:, block.start + 2], m * half ** 2 / 2.0, *budgets[2])
@@ -515,6 +539,81 @@ def mean_shrinkage(rows: np.ndarray, half: float, rows_law: accuracy.NoiseLaw,
     spread = (sum_law.stddev ** 2 + half ** 2 * rows_law.stddev ** 2) / count ** 2
     with np.errstate(over="ignore", invalid="ignore"):
         return half ** 2 / (half ** 2 + spread)
+
+
+# Fewer released groups than this: too few to estimate how their means spread (the moment
+# equation below has k - 1 degrees of freedom), so each mean is shrunk towards the midpoint alone.
+POOLING_MIN_GROUPS = 10
+# The least spread tau^2 the pooling assumes, as a fraction of h^2: (h / 100)^2, so that no group
+# is replaced by the pooled mean outright (t_i > 0) when the moment equation finds no spread.
+_POOLING_MIN_SPREAD = 1e-4
+_BISECTIONS = 60
+
+
+def mean_estimate(rows: np.ndarray, centred: np.ndarray, half: float,
+                  rows_law: accuracy.NoiseLaw, sum_law: accuracy.NoiseLaw
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """AVG's centred estimate (the mean minus the midpoint, before clamping) of each released
+    group from its noisy count N_i = n_i + e_N and centred sum S_i = n_i mu_i + e_S, and the
+    estimate's stated root mean squared error (accuracy.mean). Post-processing: it reads the
+    released groups' noisy sums and public parameters only (h, the noise laws), so it costs
+    no budget and leaves the guarantee as it is.
+
+    Pooled over the groups (Fay and Herriot 1979, the empirical Bayes estimator of small-area
+    statistics), with k >= POOLING_MIN_GROUPS released groups. Each group's ratio
+    r_i = S_i / max(N_i, 1) is, to first order (mean_shrinkage), mu_i + (e_S - mu_i e_N) / n_i:
+    its noise variance is v_i = (sd_S^2 + T^2 sd_N^2) / N_i^2 with the groups' pooled mean T
+    standing for mu_i. Say the groups' means spread around T with variance tau^2. The linear
+    predictor of mu_i from r_i with least mean squared error (over that spread and the noise)
+    is T + t_i (r_i - T), t_i = tau^2 / (tau^2 + v_i), of error t_i v_i: a group whose noise is
+    small against the spread (a large group) keeps its own ratio (t_i ~ 1), a group whose
+    ratio is mostly noise reads mostly the pooled mean. T and tau^2 are estimated from the
+    noisy sums: T = sum S_i / sum N_i (clamped into [-h, h]), the mean of all the groups'
+    rows, whose noise has variance V_T = k (sd_S^2 + T^2 sd_N^2) / (sum N_i)^2 (not Fay and
+    Herriot's mean of the r_i weighted by 1 / (tau^2 + v_i): v_i reads the noisy count, so a
+    group whose count noise is high gets a high weight and a ratio pulled towards 0, which
+    biases such a mean towards the midpoint when the counts are mostly noise); tau^2 the root
+    of Paule and Mandel's moment equation sum (r_i - T)^2 / (tau^2 + v_i) = k - 1 (the left
+    side decreases in tau^2; bisection), held within [_POOLING_MIN_SPREAD h^2, h^2]: means
+    within [-h, h] spread by at most h^2. Stated error: sqrt(t_i v_i + (1 - t_i)^2 V_T), the
+    error of the predictor under that model, capped at h (accuracy.mean).
+
+    What it changes against a per-group estimator: a group's released mean depends on the
+    other groups' noisy sums (post-processing of one release, as any function of it may), and
+    a small group is pulled towards the others' mean: one whose mean lies far from the rest
+    gets an error near (1 - t_i) |mu_i - T|. When the groups' means differ, the moment
+    equation finds a large tau^2 and every t_i is near 1. With fewer groups (or a ratio that is
+    not finite: sums saturated at spec.MAX_MAGNITUDE), the minimax shrinkage towards the
+    midpoint (mean_shrinkage: T = 0 and tau^2 = h^2 with v's worst case) of each group alone."""
+    count = np.maximum(rows, 1.0)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        ratio = centred / count
+        if rows.size < POOLING_MIN_GROUPS or not np.all(np.isfinite(ratio)):
+            shrinkage = mean_shrinkage(rows, half, rows_law, sum_law)
+            spread = (sum_law.stddev ** 2 + half ** 2 * rows_law.stddev ** 2) / count ** 2
+            return shrinkage * ratio, np.sqrt(shrinkage * spread)
+        total = max(float(rows.sum()), 1.0)
+        centre = float(np.clip(centred.sum() / total, -half, half))
+        noise = (sum_law.stddev ** 2 + centre ** 2 * rows_law.stddev ** 2) / count ** 2
+
+        def moment(tau2: float) -> float:
+            return float(np.sum((ratio - centre) ** 2 / (tau2 + noise)))
+
+        low, high = _POOLING_MIN_SPREAD * half ** 2, half ** 2
+        if moment(low) <= rows.size - 1:
+            tau2 = low
+        elif moment(high) >= rows.size - 1:
+            tau2 = high
+        else:
+            for _ in range(_BISECTIONS):
+                middle = (low + high) / 2.0
+                low, high = (middle, high) if moment(middle) > rows.size - 1 else (low, middle)
+            tau2 = low
+        shrinkage = tau2 / (tau2 + noise)
+        centre_variance = rows.size * (sum_law.stddev ** 2
+                                       + centre ** 2 * rows_law.stddev ** 2) / total ** 2
+        error = np.sqrt(shrinkage * noise + (1.0 - shrinkage) ** 2 * centre_variance)
+        return centre + shrinkage * (ratio - centre), error
 
 
 def tree_total(noisy_nodes: np.ndarray) -> np.ndarray:

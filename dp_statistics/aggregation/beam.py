@@ -555,7 +555,7 @@ class _BoundUnits(beam.DoFn):
         unit_codes, _ = rows.unit.factorize()
         partition_codes, count = _partition_codes(rows.partition)
         maximum = self._query.max_partitions_contributed
-        kept = (local.keep_pairs(unit_codes, partition_codes, count, maximum, self._rng)
+        kept = (local.keep_pairs(self._query, unit_codes, partition_codes, count, self._rng)
                 if self._seed is None else
                 _keyed_pairs(rows, unit_codes, partition_codes, maximum, self._seed))
         yield _Kept([c.widest(partition_codes, count) for c in rows.partition], kept,

@@ -197,16 +197,15 @@ class KeptPairs:
         return len(self.pair_partition)
 
 
-def keep_pairs(unit_codes: np.ndarray, partition_codes: np.ndarray, n_partitions: int,
-               max_partitions_contributed: int, rng: np.random.Generator) -> KeptPairs:
-    """Steps 1 and 2 over rows given by their unit and partition codes."""
+def keep_pairs(query: AggregationQuery, unit_codes: np.ndarray, partition_codes: np.ndarray,
+               n_partitions: int, rng: np.random.Generator) -> KeptPairs:
+    """Steps 1 and 2 over rows given by their unit and partition codes: the kept pairs, and of
+    their rows those step 3 and the DP bounds read (read_rows)."""
     pairs = aggregators.bound_contributions(unit_codes, partition_codes, n_partitions,
-                                            max_partitions_contributed, rng)
-    kept_row = pairs.pair_kept[pairs.pair_of_row]
-    pair_index = np.cumsum(pairs.pair_kept) - 1
+                                            query.max_partitions_contributed, rng)
+    pair_of_row, rank_in_pair, order, _ = read_rows(query, pairs)
     kept_unit = pairs.pair_unit[pairs.pair_kept]
-    return KeptPairs(pairs.row_order[kept_row], pair_index[pairs.pair_of_row[kept_row]],
-                     pairs.rank_in_pair[kept_row], pairs.pair_partition[pairs.pair_kept],
+    return KeptPairs(order, pair_of_row, rank_in_pair, pairs.pair_partition[pairs.pair_kept],
                      np.bincount(kept_unit)[kept_unit])
 
 
@@ -229,7 +228,9 @@ def contributions(query: AggregationQuery, bounds: dict, kept: KeptPairs,
 def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
                rng: np.random.Generator) -> Accumulated:
     """Steps 1-3 of aggregators.py (and the DP bounds) on a checked frame."""
-    frame = frame[representable_rows(frame, query)]  # a copy: its index can be reset in place
+    representable = representable_rows(frame, query)
+    # a copy whose index can be reset in place (shallow when every row stays: no column copied)
+    frame = frame.copy(deep=False) if representable.all() else frame[representable]
     frame.index = pd.RangeIndex(len(frame))  # (reset_index would copy every column again)
     presence = presence_columns(query)
     columns = {c: np.where(frame[c].notna().to_numpy(), 1.0, np.nan) if c in presence
@@ -238,8 +239,8 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
     codes, keys = partition_codes(frame, query)
     rows = owned & (codes >= 0)
     unit_codes, _ = factorize(frame[query.unit_column].to_numpy()[rows])
-    kept = keep_pairs(unit_codes, codes[rows], len(keys), query.max_partitions_contributed, rng)
-    order = np.flatnonzero(rows)[kept.order]
+    kept = keep_pairs(query, unit_codes, codes[rows], len(keys), rng)
+    order = kept.order if rows.all() else np.flatnonzero(rows)[kept.order]
     ordered = {c: values[order] for c, values in columns.items()}
 
     bounds = {a.output_name: (a.low, a.high) for a in query.aggregates
@@ -254,6 +255,29 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
                                                 contributions(query, bounds, kept, ordered),
                                                 len(keys), aggregators.layout(query).signed)
     return Accumulated(keys, accumulators, bounds, bounds_events)
+
+
+def read_rows(query: AggregationQuery, pairs: aggregators.BoundedPairs
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The rows step 3 reads, in pair order: each row's index among the kept pairs, its rank in
+    its pair, its position in the bounded input (an index into ``pairs.row_order``'s rows), and
+    the number of kept pairs. Rows of pairs the unit dropped are left out; so are the rows
+    beyond a pair's first m (rank >= m) unless an aggregate reads every row of a pair (a
+    unit-scoped SUM: the unit's total, and its bounds' input). Leaving out rows that
+    pair_contributions and bounds_input skip (they read ranks < m only) changes no value: the
+    rows kept are in the same order, so every sum adds the same terms in the same order."""
+    n_pairs = int(np.count_nonzero(pairs.pair_kept))
+    every_pair = n_pairs == pairs.pair_kept.size
+    wanted = (np.ones(pairs.pair_of_row.size, dtype=bool) if every_pair
+              else pairs.pair_kept[pairs.pair_of_row])
+    if not any(a.kind is AggregateKind.SUM and not a.bounds_rows for a in query.aggregates):
+        wanted &= pairs.rank_in_pair < query.max_contributions_per_partition
+    pair_of_row = pairs.pair_of_row
+    if not every_pair:
+        pair_of_row = (np.cumsum(pairs.pair_kept) - 1)[pair_of_row]
+    if wanted.all():
+        return pair_of_row, pairs.rank_in_pair, pairs.row_order, n_pairs
+    return pair_of_row[wanted], pairs.rank_in_pair[wanted], pairs.row_order[wanted], n_pairs
 
 
 def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: Accumulated,

@@ -261,21 +261,24 @@ def test_equal_keys_keep_their_shuffled_order_on_both_sorting_paths():
 
     keys = np.random.default_rng(0).integers(0, 3, 200)
     for keys in (keys, np.where(keys == 2, 2 ** 60, keys)):
-        order = _random_grouping(keys, _IdentityShuffle())
+        order, ordered = _random_grouping(keys, _IdentityShuffle())
         assert np.array_equal(order, np.argsort(keys, kind="stable"))
+        assert np.array_equal(ordered, keys[order]) and ordered.dtype == keys.dtype
 
 
 def test_stable_argsort_is_numpys_stable_argsort():
     """Contribution bounding ranks rows through stable_argsort (the streaming operator's
     kept_mask ranks a unit's records in arrival order): the stable argsort's permutation,
     repeated and negative values included, and where a packed value would not fit in 64 bits."""
-    from sage_tfx.dp_statistics.aggregation.aggregators import stable_argsort
+    from sage_tfx.dp_statistics.aggregation.aggregators import stable_argsort, stable_sort
 
     rng = np.random.default_rng(3)
     for values in (rng.integers(0, 40, 3000), rng.integers(-6, 6, 50), np.zeros(0, np.int64),
                    np.array([2 ** 62, 1, 2 ** 62, 0]), np.array([-2 ** 62, 2 ** 62, 0, -2 ** 62]),
                    rng.integers(0, 3, 9).astype(np.int32), np.array([5])):
         assert np.array_equal(stable_argsort(values), np.argsort(values, kind="stable"))
+        order, ordered = stable_sort(values)
+        assert np.array_equal(ordered, values[order]) and ordered.dtype == values.dtype
 
 
 # --- issue 29: sums cannot become infinite ---------------------------------------------------
@@ -347,3 +350,55 @@ def test_factorize_labels_the_same_groups_as_pandas_and_integers_by_value():
         assert len(set(zip(codes.tolist(), expected.tolist()))) == distinct
     assert factorize(np.array([3, 1, 2, 1]))[0].tolist() == [2, 0, 1, 0]  # by value
     assert factorize(np.array([30, 10, 20, 10]))[0].tolist() == [0, 1, 2, 1]  # span 20 > 16
+
+
+@pytest.mark.parametrize("scope", [BoundsScope.ROW, BoundsScope.UNIT])
+def test_the_rows_the_local_engine_reads_give_the_contributions_of_every_kept_row(scope):
+    """local.read_rows leaves out the rows step 3 skips (beyond a pair's first m, unless a
+    unit-scoped SUM reads every row): the contribution vectors are bit for bit those of every
+    row of the kept pairs, NULLs and pairs the unit dropped included."""
+    from sage_tfx.dp_statistics.aggregation import local
+
+    rng = np.random.default_rng(11)
+    units, partitions = rng.integers(0, 40, 3000), rng.integers(0, 30, 3000)
+    values = rng.normal(5.0, 4.0, 3000)
+    values[::7] = np.nan
+    query = AggregationQuery(
+        ("key",), "uid", (Aggregate.count(), Aggregate.count("x", name="n"),
+                          Aggregate(AggregateKind.SUM, "x", -2.0, 12.0, scope=scope),
+                          Aggregate(AggregateKind.AVG, "x", 0.0, 10.0),
+                          Aggregate.median("x", 0.0, 10.0)),
+        max_partitions_contributed=3, max_contributions_per_partition=2)
+    bounds = {a.output_name: (a.low, a.high) for a in query.aggregates if a.bounded}
+    pairs = aggregators.bound_contributions(units, partitions, 30, 3, secret_rng(0))
+    assert not pairs.pair_kept.all()  # some unit dropped pairs
+    kept_pairs = pairs.pair_kept.sum()
+    partitions_of_unit = np.bincount(pairs.pair_unit[pairs.pair_kept])[
+        pairs.pair_unit[pairs.pair_kept]]
+
+    def contributions(pair_of_row, rank_in_pair, order):
+        return aggregators.pair_contributions(query, bounds, pair_of_row, rank_in_pair,
+                                              kept_pairs, {"x": values[order]},
+                                              partitions_of_unit)
+
+    every = pairs.pair_kept[pairs.pair_of_row]
+    expected = contributions((np.cumsum(pairs.pair_kept) - 1)[pairs.pair_of_row[every]],
+                             pairs.rank_in_pair[every], pairs.row_order[every])
+    pair_of_row, rank_in_pair, order, n_pairs = local.read_rows(query, pairs)
+    assert n_pairs == kept_pairs
+    assert (rank_in_pair < 2).all() == (scope is BoundsScope.ROW)
+    assert np.array_equal(contributions(pair_of_row, rank_in_pair, order), expected)
+
+
+def test_units_within_their_bound_keep_every_pair_without_a_draw():
+    """When no unit has more than C_u pairs, every pair is kept whatever the order, and
+    bound_contributions draws only the rows' order (one permutation): local.accumulate draws
+    nothing after it, so a seeded run's bits are those of drawing the pairs' order too."""
+    units, partitions = np.repeat(np.arange(50), 6), np.tile(np.repeat(np.arange(3), 2), 50)
+    rng, reference = np.random.default_rng(4), np.random.default_rng(4)
+    pairs = aggregators.bound_contributions(units, partitions, 3, 3, rng)
+    assert pairs.pair_kept.all() and pairs.pair_kept.size == 150
+    reference.permutation(units.size)
+    assert rng.bit_generator.state == reference.bit_generator.state
+    dropping = aggregators.bound_contributions(units, partitions, 3, 2, np.random.default_rng(4))
+    assert dropping.pair_kept.sum() == 100
