@@ -29,6 +29,7 @@ and the caller resolves the change's fate from the ledger (transaction.Transacti
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from typing import Iterator, Mapping, Optional, Sequence
 
@@ -68,16 +69,19 @@ def _changed_properties(node, before) -> tuple[list, list]:
     ([(name, value columns)], [names removed])."""
     if node.properties:
         raise ValueError("mysql_commit writes custom properties only")
-    old = {key: _value(value) for key, value in before.custom_properties.items()}
-    new = {key: _value(value) for key, value in node.custom_properties.items()}
-    return ([(key, value) for key, value in sorted(new.items()) if old.get(key) != value],
+    old, new = before.custom_properties, node.custom_properties
+    # Compared as protos (in C); only what changed is converted (`key in old` first: indexing
+    # a proto map adds the key).
+    return ([(key, _value(value)) for key, value in sorted(new.items())
+             if key not in old or old[key] != value],
             sorted(set(old) - set(new)))
 
 
 class MySQLCommits:
     """Ledger changes read and written straight in ML Metadata's tables on MySQL, one
     transaction each (see the module's docstring). `available()` is False when the database's
-    MLMD schema is not the version this module writes: the ledger then uses MLMD's own calls."""
+    MLMD schema is not the version this module writes, or the server lacks the JSON functions
+    its reads use: the ledger then uses MLMD's own calls."""
 
     def __init__(self, spec: MySQLStore):
         self.spec = spec
@@ -88,20 +92,31 @@ class MySQLCommits:
         if self._connection is None:
             # READ COMMITTED: a plain read in a transaction sees what committed before it (the
             # change that made a block's version, committed before its row lock was granted).
+            # MariaDB cuts a JSON_ARRAYAGG (a node's properties, _properties) at
+            # group_concat_max_len (1 MB by default): lifted to what a packet can carry.
             from pymysql.constants import CLIENT
 
             self._connection = until_reachable(lambda: self.spec.pymysql_connection(
                 database=self.spec.database, autocommit=False,
                 client_flag=CLIENT.MULTI_STATEMENTS,
-                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"))
+                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+                             "SET SESSION group_concat_max_len = @@max_allowed_packet"))
         return self._connection
 
     def available(self) -> bool:
+        import pymysql
+
         if self._schema_matches is None:
             connection = self._connect()
             with connection.cursor() as cursor:
                 cursor.execute("SELECT MAX(`schema_version`) FROM `MLMDEnv`")
                 self._schema_matches = cursor.fetchone()[0] == SCHEMA_VERSION
+                try:  # reads need JSON_ARRAYAGG: MySQL 5.7.22 and later, MariaDB 10.5 and later
+                    cursor.execute("SELECT JSON_ARRAYAGG(1)")
+                except pymysql.MySQLError as error:
+                    if connection_lost(error):
+                        raise
+                    self._schema_matches = False
             connection.rollback()  # it only read
         return self._schema_matches
 
@@ -164,61 +179,36 @@ class Transaction:
     def get_artifacts_by_external_ids(self, external_ids: Sequence[str],
                                       lock: bool = False) -> list[pb.Artifact]:
         """MLMD's call of that name (an empty list where MLMD raises NotFoundError). With
-        `lock`, the artifacts found and their properties are locked until the transaction ends
-        (a grant reads its blocks so: no other writer changes them in between), in external id
-        order, so two transactions never wait on each other in a cycle; under READ COMMITTED
-        an id not found locks nothing (no gap lock)."""
-        return self._artifacts("`external_id`", external_ids, lock)
+        `lock`, the artifacts found are locked until the transaction ends (a grant reads its
+        blocks so: no other writer changes them in between; every writer here locks the
+        artifact rows it updates before writing them), in external id order (the unique
+        index's, which the IN list is read in), so two transactions never wait on each other
+        in a cycle; under READ COMMITTED an id not found locks nothing (no gap lock)."""
+        if not external_ids:
+            return []
+        self._cursor.execute(_ARTIFACTS.format(
+            where=f"A.`external_id` IN ({_placeholders(external_ids)})",
+            order="A.`external_id`", lock=" FOR UPDATE" if lock else ""), tuple(external_ids))
+        found = _artifacts(self._cursor.fetchall())
+        if lock:
+            self._locked.update((artifact.id, artifact.custom_properties["version"].int_value)
+                                for artifact in found if "version" in artifact.custom_properties)
+        return found
 
     def get_artifacts_by_id(self, artifact_ids: Sequence[int]) -> list[pb.Artifact]:
-        return self._artifacts("`id`", artifact_ids, False)
-
-    def _artifacts(self, column: str, keys: Sequence, lock: bool) -> list[pb.Artifact]:
-        if not keys:
+        if not artifact_ids:
             return []
-        self._cursor.execute(
-            "SELECT A.`id`, A.`type_id`, A.`uri`, A.`state`, A.`name`, A.`external_id`, "
-            "A.`create_time_since_epoch`, A.`last_update_time_since_epoch`, P.`name`, "
-            f"P.`is_custom_property`, P.{_VALUE_COLUMNS.replace(', ', ', P.')} "
-            "FROM `Artifact` AS A LEFT JOIN `ArtifactProperty` AS P ON P.`artifact_id` = A.`id` "
-            f"WHERE A.{column} IN ({_placeholders(keys)}) ORDER BY A.{column}"
-            + (" FOR UPDATE" if lock else ""), tuple(keys))
-        found: dict[int, pb.Artifact] = {}
-        for (artifact_id, type_id, uri, state, name, external_id, created, updated,
-             key, custom, *value) in self._cursor.fetchall():
-            if artifact_id not in found:
-                found[artifact_id] = pb.Artifact(**_set_fields(
-                    id=artifact_id, type_id=type_id, uri=uri or None, state=state, name=name,
-                    external_id=external_id, create_time_since_epoch=created,
-                    last_update_time_since_epoch=updated))
-            if key is not None:
-                _set_value(found[artifact_id], key, custom, value)
-            if lock and key == "version" and custom:
-                self._locked[artifact_id] = value[0]
-        return list(found.values())
+        self._cursor.execute(_ARTIFACTS.format(
+            where=f"A.`id` IN ({_placeholders(artifact_ids)})", order="A.`id`", lock=""),
+            tuple(artifact_ids))
+        return _artifacts(self._cursor.fetchall())
 
     def get_executions_by_id(self, execution_ids: Sequence[int]) -> list[pb.Execution]:
         if not execution_ids:
             return []
-        self._cursor.execute(
-            "SELECT E.`id`, E.`type_id`, E.`last_known_state`, E.`name`, E.`external_id`, "
-            "E.`create_time_since_epoch`, E.`last_update_time_since_epoch`, P.`name`, "
-            f"P.`is_custom_property`, P.{_VALUE_COLUMNS.replace(', ', ', P.')} "
-            "FROM `Execution` AS E LEFT JOIN `ExecutionProperty` AS P "
-            "ON P.`execution_id` = E.`id` "
-            f"WHERE E.`id` IN ({_placeholders(execution_ids)}) ORDER BY E.`id`",
-            tuple(execution_ids))
-        found: dict[int, pb.Execution] = {}
-        for (execution_id, type_id, state, name, external_id, created, updated,
-             key, custom, *value) in self._cursor.fetchall():
-            if execution_id not in found:
-                found[execution_id] = pb.Execution(**_set_fields(
-                    id=execution_id, type_id=type_id, last_known_state=state, name=name,
-                    external_id=external_id, create_time_since_epoch=created,
-                    last_update_time_since_epoch=updated))
-            if key is not None:
-                _set_value(found[execution_id], key, custom, value)
-        return list(found.values())
+        self._cursor.execute(_EXECUTIONS.format(
+            where=f"E.`id` IN ({_placeholders(execution_ids)})"), tuple(execution_ids))
+        return _executions(self._cursor.fetchall())
 
     def get_events_by_artifact_ids(self, artifact_ids: Sequence[int]) -> list[pb.Event]:
         if not artifact_ids:
@@ -230,6 +220,33 @@ class Transaction:
         return [pb.Event(artifact_id=artifact_id, execution_id=execution_id, type=kind,
                          milliseconds_since_epoch=time_ms)
                 for artifact_id, execution_id, kind, time_ms in self._cursor.fetchall()]
+
+    def get_artifacts_and_creators_by_external_ids(
+            self, external_ids: Sequence[str]) -> tuple[list[pb.Artifact], dict]:
+        """The artifacts with these external ids (get_artifacts_by_external_ids) and {artifact
+        id: the execution that has an OUTPUT event on it, the last one if several} in one
+        round trip: what `get_artifacts_by_external_ids`, `get_events_by_artifact_ids` and
+        `get_executions_by_id` answer in three (lineage.check_balances reads the records of
+        the blocks' last changes so)."""
+        if not external_ids:
+            return [], {}
+        found = f"A.`external_id` IN ({_placeholders(external_ids)})"
+        outputs = ("SELECT V.`artifact_id`, V.`execution_id` FROM `Event` AS V JOIN `Artifact` "
+                   f"AS A ON A.`id` = V.`artifact_id` WHERE {found} AND V.`type` = "
+                   f"{pb.Event.OUTPUT}")
+        self._cursor.execute(";\n".join((
+            _ARTIFACTS.format(where=found, order="A.`external_id`", lock=""),
+            f"{outputs} ORDER BY V.`id`",
+            _EXECUTIONS.format(where=f"E.`id` IN (SELECT `execution_id` FROM ({outputs}) AS O)"))),
+            tuple(external_ids) * 3)
+        artifacts = _artifacts(self._cursor.fetchall())
+        self._cursor.nextset()
+        creators = dict(self._cursor.fetchall())
+        self._cursor.nextset()
+        executions = {execution.id: execution
+                      for execution in _executions(self._cursor.fetchall())}
+        return artifacts, {artifact_id: executions[execution_id]
+                           for artifact_id, execution_id in creators.items()}
 
     def put_execution(self, execution: pb.Execution,
                       artifact_and_events: Sequence[tuple[pb.Artifact, pb.Event]],
@@ -251,19 +268,19 @@ class Transaction:
         updated = [a for a, _ in artifact_and_events if a.HasField("id")]
         created = [a for a, _ in artifact_and_events if not a.HasField("id")]
         unlocked = sorted(a.id for a in updated if a.id not in self._locked)
-        if unlocked:
+        if unlocked:  # locked as a named read locks them: the artifact's row first
             cursor.execute(
-                "SELECT `artifact_id`, `int_value` FROM `ArtifactProperty` WHERE `artifact_id` "
-                f"IN ({_placeholders(unlocked)}) AND `name` = %s AND "
-                "`is_custom_property` = 1 ORDER BY `artifact_id` FOR UPDATE",
-                (*unlocked, version_key))
+                "SELECT A.`id`, P.`int_value` FROM `Artifact` AS A LEFT JOIN `ArtifactProperty` "
+                "AS P ON P.`artifact_id` = A.`id` AND P.`name` = %s AND "
+                f"P.`is_custom_property` = 1 WHERE A.`id` IN ({_placeholders(unlocked)}) "
+                "ORDER BY A.`id` FOR UPDATE", (version_key, *unlocked))
             self._locked.update(cursor.fetchall())
         for artifact in updated:
             expected = read[artifact.id].custom_properties[version_key].int_value
             if self._locked.get(artifact.id) != expected:
                 raise mlmd_errors.AbortedError(
                     f"artifact {artifact.id} moved past version {expected}")
-        batch = _Batch()
+        batch = _Batch(cursor.connection)
         batch.add("INSERT INTO `Execution` (`type_id`, `last_known_state`, `name`, "
                   "`external_id`, `create_time_since_epoch`, `last_update_time_since_epoch`) "
                   "VALUES (%s, %s, %s, %s, %s, %s)",
@@ -301,11 +318,15 @@ class Transaction:
                    "`create_time_since_epoch`, `last_update_time_since_epoch`) VALUES",
                    [(a.type_id, a.uri, a.state if a.HasField("state") else None,
                      a.name or None, a.external_id or None, now, now) for a in created])
-        for index, artifact in enumerate(created):
+        if created:
             # Ids by the unique (type, name): a multi-row insert's ids are consecutive only
-            # under some auto-increment lock modes.
-            batch.add(f"SET @sage_artifact{index} = (SELECT `id` FROM `Artifact` WHERE "
-                      "`type_id` = %s AND `name` = %s)", artifact.type_id, artifact.name)
+            # under some auto-increment lock modes. One statement for all (one per artifact
+            # cost the server a statement's overhead each, 0.1 ms).
+            batch.add("SET " + ", ".join(
+                f"@sage_artifact{index} = (SELECT `id` FROM `Artifact` WHERE `type_id` = %s "
+                "AND `name` = %s)" for index in range(len(created))),
+                *[value for artifact in created for value in (artifact.type_id, artifact.name)])
+        for index, artifact in enumerate(created):
             ids[id(artifact)] = _Variable(f"@sage_artifact{index}")
         changed, removed = [], []
         for artifact in updated:
@@ -360,32 +381,42 @@ _EXECUTION = _Variable("@sage_execution")
 
 
 class _Batch:
-    """Statements sent to the server together (one round trip), their values escaped by
-    PyMySQL; a _Variable is written as its name."""
+    """Statements sent to the server together (one round trip), their values written in as
+    SQL literals as PyMySQL escapes them (a _Variable as its name). Rendered here rather than
+    by PyMySQL's `execute(query, args)`, whose dispatch per value cost a grant's client more
+    than building its rows (about 1,500 values for 30 blocks)."""
 
-    def __init__(self):
+    def __init__(self, connection):
         self._statements: list[str] = []
-        self._values: list = []
+        self._escape = connection.escape  # what PyMySQL's mogrify renders each value with
+
+    def _sql(self, value) -> str:
+        kind = type(value)
+        if kind is int:
+            return str(value)
+        if value is None:
+            return "NULL"
+        if kind is _Variable:
+            return value
+        return self._escape(value)  # strings (the server's escaping mode), floats, ...
 
     def add(self, statement: str, *values) -> None:
-        self._statements.append(statement)
-        self._values.extend(values)
+        """`statement`, its %s placeholders replaced by `values`."""
+        self._statements.append(statement % tuple(map(self._sql, values)))
 
     def rows(self, head: str, rows: Sequence[tuple], tail: str = "") -> None:
         """`head` followed by the rows as a multi-row VALUES list (nothing for no rows)."""
         if not rows:
             return
-        rendered, values = [], []
-        for row in rows:
-            rendered.append("(" + ", ".join(value if isinstance(value, _Variable) else "%s"
-                                            for value in row) + ")")
-            values += [value for value in row if not isinstance(value, _Variable)]
-        self.add(f"{head} {', '.join(rendered)} {tail}".rstrip(), *values)
+        sql = self._sql
+        self._statements.append(
+            f"{head} " + ", ".join("(" + ", ".join(map(sql, row)) + ")" for row in rows)
+            + (f" {tail}" if tail else ""))
 
     def run(self, cursor) -> int:
         """Send the batch; the value of its last result set (the server stops at the first
         statement that fails, whose error is raised here)."""
-        cursor.execute(";\n".join(self._statements), tuple(self._values))
+        cursor.execute(";\n".join(self._statements))
         last = None
         while True:
             row = cursor.fetchone() if cursor.description else None
@@ -399,18 +430,74 @@ def _placeholders(values: Sequence) -> str:
     return ", ".join(["%s"] * len(values))
 
 
-def _set_fields(**fields) -> dict:
-    """The fields of a row that are not NULL (an MLMD proto leaves the others unset)."""
-    return {key: value for key, value in fields.items() if value is not None}
+# A node's rows as one row per node: its columns, then its properties as one JSON array of
+# [name, is_custom_property, int_value, double_value, string_value] (NULL for none), so a block of
+# 15 properties costs the client one row and one json.loads instead of 15 rows of 13 columns
+# (the most CPU a grant cost the client). JSON keeps each value as the text protocol sends it:
+# a double in the server's round-trip form (checked exactly in
+# tests/sage_access/test_mysql_commit.py), a string escaped and read back whole.
+def _properties(table: str, key: str, node: str) -> str:
+    return ("(SELECT JSON_ARRAYAGG(JSON_ARRAY(P.`name`, P.`is_custom_property`, P.`int_value`, "
+            f"P.`double_value`, P.`string_value`)) FROM `{table}` AS P "
+            f"WHERE P.`{key}` = {node}.`id`)")
 
 
-def _set_value(node, key: str, custom: int, value: list) -> None:
-    """Set property `key` of `node` (an MLMD proto) from its row's value columns."""
-    target = (node.custom_properties if custom else node.properties)[key]
-    int_value, double_value, string_value = value
-    if int_value is not None:
-        target.int_value = int_value
-    elif double_value is not None:
-        target.double_value = double_value
-    elif string_value is not None:
-        target.string_value = string_value
+_ARTIFACTS = ("SELECT A.`id`, A.`type_id`, A.`uri`, A.`state`, A.`name`, A.`external_id`, "
+              "A.`create_time_since_epoch`, A.`last_update_time_since_epoch`, "
+              + _properties("ArtifactProperty", "artifact_id", "A") + " FROM `Artifact` AS A WHERE {where} ORDER BY {order}{lock}")
+_EXECUTIONS = ("SELECT E.`id`, E.`type_id`, E.`last_known_state`, E.`name`, E.`external_id`, "
+               "E.`create_time_since_epoch`, E.`last_update_time_since_epoch`, "
+               + _properties("ExecutionProperty", "execution_id", "E")
+               + " FROM `Execution` AS E WHERE {where} ORDER BY E.`id`")
+
+
+def _artifacts(rows) -> list[pb.Artifact]:
+    """The artifacts of _ARTIFACTS's rows (fields NULL in the row are left unset, as MLMD
+    leaves them)."""
+    found = []
+    for (artifact_id, type_id, uri, state, name, external_id, created, updated,
+         properties) in rows:
+        artifact = pb.Artifact(id=artifact_id, type_id=type_id,
+                               create_time_since_epoch=created,
+                               last_update_time_since_epoch=updated)
+        if uri:
+            artifact.uri = uri
+        if state is not None:
+            artifact.state = state
+        if name is not None:
+            artifact.name = name
+        if external_id is not None:
+            artifact.external_id = external_id
+        found.append(_with_properties(artifact, properties))
+    return found
+
+
+def _executions(rows) -> list[pb.Execution]:
+    """The executions of _EXECUTIONS's rows (as _artifacts)."""
+    found = []
+    for (execution_id, type_id, state, name, external_id, created, updated,
+         properties) in rows:
+        execution = pb.Execution(id=execution_id, type_id=type_id,
+                                 create_time_since_epoch=created,
+                                 last_update_time_since_epoch=updated)
+        if state is not None:
+            execution.last_known_state = state
+        if name is not None:
+            execution.name = name
+        if external_id is not None:
+            execution.external_id = external_id
+        found.append(_with_properties(execution, properties))
+    return found
+
+
+def _with_properties(node, properties: Optional[str]):
+    """`node` with the properties of its JSON array (_properties; None: it has none)."""
+    for key, custom, int_value, double_value, string_value in json.loads(properties or "[]"):
+        target = (node.custom_properties if custom else node.properties)[key]
+        if int_value is not None:
+            target.int_value = int_value
+        elif double_value is not None:
+            target.double_value = double_value
+        elif string_value is not None:
+            target.string_value = string_value
+    return node
