@@ -92,15 +92,20 @@ class MySQLCommits:
         if self._connection is None:
             # READ COMMITTED: a plain read in a transaction sees what committed before it (the
             # change that made a block's version, committed before its row lock was granted).
-            # MariaDB cuts a JSON_ARRAYAGG (a node's properties, _properties) at
+            # MariaDB cuts a JSON_ARRAYAGG (an artifact's properties, _ARTIFACTS) at
             # group_concat_max_len (1 MB by default): lifted to what a packet can carry.
+            # Every read here is by a unique key (an IN list of external ids or ids), so the
+            # optimizer's index statistics (one row a value) replace its dives into the index
+            # for each value (eq_range_index_dive_limit = 1), which cost the server more than
+            # the reads (0.4 ms for a grant's 60 version names).
             from pymysql.constants import CLIENT
 
             self._connection = until_reachable(lambda: self.spec.pymysql_connection(
                 database=self.spec.database, autocommit=False,
                 client_flag=CLIENT.MULTI_STATEMENTS,
                 init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
-                             "SET SESSION group_concat_max_len = @@max_allowed_packet"))
+                             "SET SESSION group_concat_max_len = @@max_allowed_packet, "
+                             "eq_range_index_dive_limit = 1"))
         return self._connection
 
     def available(self) -> bool:
@@ -204,11 +209,30 @@ class Transaction:
         return _artifacts(self._cursor.fetchall())
 
     def get_executions_by_id(self, execution_ids: Sequence[int]) -> list[pb.Execution]:
+        # A row per property, unlike artifacts (_ARTIFACTS): a grant's execution holds long
+        # strings (its balances, its request), which JSON costs the server more to escape
+        # than the client to read as rows.
         if not execution_ids:
             return []
-        self._cursor.execute(_EXECUTIONS.format(
-            where=f"E.`id` IN ({_placeholders(execution_ids)})"), tuple(execution_ids))
-        return _executions(self._cursor.fetchall())
+        self._cursor.execute(
+            "SELECT E.`id`, E.`type_id`, E.`last_known_state`, E.`name`, E.`external_id`, "
+            "E.`create_time_since_epoch`, E.`last_update_time_since_epoch`, P.`name`, "
+            "P.`is_custom_property`, P.`int_value`, P.`double_value`, P.`string_value` "
+            "FROM `Execution` AS E LEFT JOIN `ExecutionProperty` AS P "
+            "ON P.`execution_id` = E.`id` "
+            f"WHERE E.`id` IN ({_placeholders(execution_ids)}) ORDER BY E.`id`",
+            tuple(execution_ids))
+        found: dict[int, pb.Execution] = {}
+        for (execution_id, type_id, state, name, external_id, created, updated,
+             key, custom, *value) in self._cursor.fetchall():
+            if execution_id not in found:
+                found[execution_id] = _node(pb.Execution(
+                    id=execution_id, type_id=type_id, create_time_since_epoch=created,
+                    last_update_time_since_epoch=updated), last_known_state=state, name=name,
+                    external_id=external_id)
+            if key is not None:
+                _set_value(found[execution_id], key, custom, *value)
+        return list(found.values())
 
     def get_events_by_artifact_ids(self, artifact_ids: Sequence[int]) -> list[pb.Event]:
         if not artifact_ids:
@@ -221,32 +245,20 @@ class Transaction:
                          milliseconds_since_epoch=time_ms)
                 for artifact_id, execution_id, kind, time_ms in self._cursor.fetchall()]
 
-    def get_artifacts_and_creators_by_external_ids(
-            self, external_ids: Sequence[str]) -> tuple[list[pb.Artifact], dict]:
-        """The artifacts with these external ids (get_artifacts_by_external_ids) and {artifact
-        id: the execution that has an OUTPUT event on it, the last one if several} in one
-        round trip: what `get_artifacts_by_external_ids`, `get_events_by_artifact_ids` and
-        `get_executions_by_id` answer in three (lineage.check_balances reads the records of
-        the blocks' last changes so)."""
+    def get_creators_by_external_ids(self, external_ids: Sequence[str]) -> dict:
+        """{external id: the id of the execution with an OUTPUT event on that artifact (the
+        last one if several; None for none)} of the artifacts found with these external ids:
+        in one round trip what `get_artifacts_by_external_ids` and
+        `get_events_by_artifact_ids` answer in two (lineage.check_balances reads the records
+        of the blocks' last changes so)."""
         if not external_ids:
-            return [], {}
-        found = f"A.`external_id` IN ({_placeholders(external_ids)})"
-        outputs = ("SELECT V.`artifact_id`, V.`execution_id` FROM `Event` AS V JOIN `Artifact` "
-                   f"AS A ON A.`id` = V.`artifact_id` WHERE {found} AND V.`type` = "
-                   f"{pb.Event.OUTPUT}")
-        self._cursor.execute(";\n".join((
-            _ARTIFACTS.format(where=found, order="A.`external_id`", lock=""),
-            f"{outputs} ORDER BY V.`id`",
-            _EXECUTIONS.format(where=f"E.`id` IN (SELECT `execution_id` FROM ({outputs}) AS O)"))),
-            tuple(external_ids) * 3)
-        artifacts = _artifacts(self._cursor.fetchall())
-        self._cursor.nextset()
-        creators = dict(self._cursor.fetchall())
-        self._cursor.nextset()
-        executions = {execution.id: execution
-                      for execution in _executions(self._cursor.fetchall())}
-        return artifacts, {artifact_id: executions[execution_id]
-                           for artifact_id, execution_id in creators.items()}
+            return {}
+        self._cursor.execute(
+            "SELECT A.`external_id`, V.`execution_id` FROM `Artifact` AS A LEFT JOIN `Event` "
+            f"AS V ON V.`artifact_id` = A.`id` AND V.`type` = {pb.Event.OUTPUT} "
+            f"WHERE A.`external_id` IN ({_placeholders(external_ids)}) ORDER BY V.`id`",
+            tuple(external_ids))
+        return dict(self._cursor.fetchall())
 
     def put_execution(self, execution: pb.Execution,
                       artifact_and_events: Sequence[tuple[pb.Artifact, pb.Event]],
@@ -430,74 +442,50 @@ def _placeholders(values: Sequence) -> str:
     return ", ".join(["%s"] * len(values))
 
 
-# A node's rows as one row per node: its columns, then its properties as one JSON array of
-# [name, is_custom_property, int_value, double_value, string_value] (NULL for none), so a block of
-# 15 properties costs the client one row and one json.loads instead of 15 rows of 13 columns
-# (the most CPU a grant cost the client). JSON keeps each value as the text protocol sends it:
-# a double in the server's round-trip form (checked exactly in
-# tests/sage_access/test_mysql_commit.py), a string escaped and read back whole.
-def _properties(table: str, key: str, node: str) -> str:
-    return ("(SELECT JSON_ARRAYAGG(JSON_ARRAY(P.`name`, P.`is_custom_property`, P.`int_value`, "
-            f"P.`double_value`, P.`string_value`)) FROM `{table}` AS P "
-            f"WHERE P.`{key}` = {node}.`id`)")
-
-
+# An artifact's rows as one row: its columns, then its properties as one JSON array of
+# [name, is_custom_property, int_value, double_value, string_value] (null for NULL), so a block
+# of 15 properties costs the client one row and one json.loads instead of 15 rows of 13 columns
+# (the most CPU a grant cost the client; the server spends a little more). JSON carries each
+# value as the text protocol does: a double in the server's round-trip form, a string escaped
+# and read back whole (tests/sage_access/test_mysql_commit.py compares them with MLMD's reads).
 _ARTIFACTS = ("SELECT A.`id`, A.`type_id`, A.`uri`, A.`state`, A.`name`, A.`external_id`, "
               "A.`create_time_since_epoch`, A.`last_update_time_since_epoch`, "
-              + _properties("ArtifactProperty", "artifact_id", "A") + " FROM `Artifact` AS A WHERE {where} ORDER BY {order}{lock}")
-_EXECUTIONS = ("SELECT E.`id`, E.`type_id`, E.`last_known_state`, E.`name`, E.`external_id`, "
-               "E.`create_time_since_epoch`, E.`last_update_time_since_epoch`, "
-               + _properties("ExecutionProperty", "execution_id", "E")
-               + " FROM `Execution` AS E WHERE {where} ORDER BY E.`id`")
+              "(SELECT JSON_ARRAYAGG(JSON_ARRAY(P.`name`, P.`is_custom_property`, "
+              "P.`int_value`, P.`double_value`, P.`string_value`)) FROM `ArtifactProperty` AS P "
+              "WHERE P.`artifact_id` = A.`id`) FROM `Artifact` AS A "
+              "WHERE {where} ORDER BY {order}{lock}")
 
 
 def _artifacts(rows) -> list[pb.Artifact]:
-    """The artifacts of _ARTIFACTS's rows (fields NULL in the row are left unset, as MLMD
-    leaves them)."""
+    """The artifacts of _ARTIFACTS's rows."""
     found = []
     for (artifact_id, type_id, uri, state, name, external_id, created, updated,
          properties) in rows:
-        artifact = pb.Artifact(id=artifact_id, type_id=type_id,
-                               create_time_since_epoch=created,
-                               last_update_time_since_epoch=updated)
-        if uri:
-            artifact.uri = uri
-        if state is not None:
-            artifact.state = state
-        if name is not None:
-            artifact.name = name
-        if external_id is not None:
-            artifact.external_id = external_id
-        found.append(_with_properties(artifact, properties))
+        artifact = _node(pb.Artifact(id=artifact_id, type_id=type_id,
+                                     create_time_since_epoch=created,
+                                     last_update_time_since_epoch=updated),
+                         uri=uri or None, state=state, name=name, external_id=external_id)
+        for key, custom, *value in json.loads(properties or "[]"):
+            _set_value(artifact, key, custom, *value)
+        found.append(artifact)
     return found
 
 
-def _executions(rows) -> list[pb.Execution]:
-    """The executions of _EXECUTIONS's rows (as _artifacts)."""
-    found = []
-    for (execution_id, type_id, state, name, external_id, created, updated,
-         properties) in rows:
-        execution = pb.Execution(id=execution_id, type_id=type_id,
-                                 create_time_since_epoch=created,
-                                 last_update_time_since_epoch=updated)
-        if state is not None:
-            execution.last_known_state = state
-        if name is not None:
-            execution.name = name
-        if external_id is not None:
-            execution.external_id = external_id
-        found.append(_with_properties(execution, properties))
-    return found
-
-
-def _with_properties(node, properties: Optional[str]):
-    """`node` with the properties of its JSON array (_properties; None: it has none)."""
-    for key, custom, int_value, double_value, string_value in json.loads(properties or "[]"):
-        target = (node.custom_properties if custom else node.properties)[key]
-        if int_value is not None:
-            target.int_value = int_value
-        elif double_value is not None:
-            target.double_value = double_value
-        elif string_value is not None:
-            target.string_value = string_value
+def _node(node, **fields):
+    """`node` (an MLMD proto) with those of `fields` that are not NULL set (MLMD leaves the
+    others unset)."""
+    for key, value in fields.items():
+        if value is not None:
+            setattr(node, key, value)
     return node
+
+
+def _set_value(node, key: str, custom: int, int_value, double_value, string_value) -> None:
+    """Set property `key` of `node` (an MLMD proto) from its row's value columns."""
+    target = (node.custom_properties if custom else node.properties)[key]
+    if int_value is not None:
+        target.int_value = int_value
+    elif double_value is not None:
+        target.double_value = double_value
+    elif string_value is not None:
+        target.string_value = string_value
