@@ -104,8 +104,7 @@ class MySQLCommits:
                 database=self.spec.database, autocommit=False,
                 client_flag=CLIENT.MULTI_STATEMENTS,
                 init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
-                             "SET SESSION group_concat_max_len = @@max_allowed_packet, "
-                             "eq_range_index_dive_limit = 1"))
+                             "SET SESSION group_concat_max_len = @@max_allowed_packet"))
         return self._connection
 
     def available(self) -> bool:
@@ -188,23 +187,32 @@ class Transaction:
         blocks so: no other writer changes them in between; every writer here locks the
         artifact rows it updates before writing them), in external id order (the unique
         index's, which the IN list is read in), so two transactions never wait on each other
-        in a cycle; under READ COMMITTED an id not found locks nothing (no gap lock)."""
+        in a cycle; under READ COMMITTED an id not found locks nothing (no gap lock).
+
+        Locked first, then read, in one round trip: a read that is not a locking read sees
+        what had committed when its statement began (READ COMMITTED), so a statement that
+        waited for a lock would read the properties the lock's holder then changed."""
         if not external_ids:
             return []
-        self._cursor.execute(_ARTIFACTS.format(
-            where=f"A.`external_id` IN ({_placeholders(external_ids)})",
-            order="A.`external_id`", lock=" FOR UPDATE" if lock else ""), tuple(external_ids))
+        where = f"A.`external_id` IN ({_placeholders(external_ids)})"
+        read = _ARTIFACTS.format(where=where, order="A.`external_id`")
+        if not lock:
+            self._cursor.execute(read, tuple(external_ids))
+            return _artifacts(self._cursor.fetchall())
+        self._cursor.execute(f"SELECT A.`id` FROM `Artifact` AS A WHERE {where} "
+                             f"ORDER BY A.`external_id` FOR UPDATE;\n{read}",
+                             tuple(external_ids) * 2)
+        self._cursor.nextset()
         found = _artifacts(self._cursor.fetchall())
-        if lock:
-            self._locked.update((artifact.id, artifact.custom_properties["version"].int_value)
-                                for artifact in found if "version" in artifact.custom_properties)
+        self._locked.update((artifact.id, artifact.custom_properties["version"].int_value)
+                            for artifact in found if "version" in artifact.custom_properties)
         return found
 
     def get_artifacts_by_id(self, artifact_ids: Sequence[int]) -> list[pb.Artifact]:
         if not artifact_ids:
             return []
         self._cursor.execute(_ARTIFACTS.format(
-            where=f"A.`id` IN ({_placeholders(artifact_ids)})", order="A.`id`", lock=""),
+            where=f"A.`id` IN ({_placeholders(artifact_ids)})", order="A.`id`"),
             tuple(artifact_ids))
         return _artifacts(self._cursor.fetchall())
 
@@ -453,7 +461,7 @@ _ARTIFACTS = ("SELECT A.`id`, A.`type_id`, A.`uri`, A.`state`, A.`name`, A.`exte
               "(SELECT JSON_ARRAYAGG(JSON_ARRAY(P.`name`, P.`is_custom_property`, "
               "P.`int_value`, P.`double_value`, P.`string_value`)) FROM `ArtifactProperty` AS P "
               "WHERE P.`artifact_id` = A.`id`) FROM `Artifact` AS A "
-              "WHERE {where} ORDER BY {order}{lock}")
+              "WHERE {where} ORDER BY {order}")
 
 
 def _artifacts(rows) -> list[pb.Artifact]:
