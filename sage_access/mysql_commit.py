@@ -194,19 +194,22 @@ class Transaction:
         waited for a lock would read the properties the lock's holder then changed."""
         if not external_ids:
             return []
-        where = f"A.`external_id` IN ({_placeholders(external_ids)})"
+        where = f"A.`external_id` IN ({self._literals(external_ids)})"
         read = _ARTIFACTS.format(where=where, order="A.`external_id`")
         if not lock:
-            self._cursor.execute(read, tuple(external_ids))
+            self._cursor.execute(read)
             return _artifacts(self._cursor.fetchall())
         self._cursor.execute(f"SELECT A.`id` FROM `Artifact` AS A WHERE {where} "
-                             f"ORDER BY A.`external_id` FOR UPDATE;\n{read}",
-                             tuple(external_ids) * 2)
+                             f"ORDER BY A.`external_id` FOR UPDATE;\n{read}")
         self._cursor.nextset()
         found = _artifacts(self._cursor.fetchall())
         self._locked.update((artifact.id, artifact.custom_properties["version"].int_value)
                             for artifact in found if "version" in artifact.custom_properties)
         return found
+
+    def _literals(self, values: Sequence) -> str:
+        escape = self._cursor.connection.escape
+        return ", ".join(_literal(value, escape) for value in values)
 
     def get_artifacts_by_id(self, artifact_ids: Sequence[int]) -> list[pb.Artifact]:
         if not artifact_ids:
@@ -236,10 +239,10 @@ class Transaction:
             if execution_id not in found:
                 found[execution_id] = _node(pb.Execution(
                     id=execution_id, type_id=type_id, create_time_since_epoch=created,
-                    last_update_time_since_epoch=updated), last_known_state=state, name=name,
-                    external_id=external_id)
+                    last_update_time_since_epoch=updated), last_known_state=state,
+                    name=_read_text(name), external_id=_read_text(external_id))
             if key is not None:
-                _set_value(found[execution_id], key, custom, *value)
+                _set_value(found[execution_id], _read_text(key), custom, *value)
         return list(found.values())
 
     def get_events_by_artifact_ids(self, artifact_ids: Sequence[int]) -> list[pb.Event]:
@@ -264,9 +267,9 @@ class Transaction:
         self._cursor.execute(
             "SELECT A.`external_id`, V.`execution_id` FROM `Artifact` AS A LEFT JOIN `Event` "
             f"AS V ON V.`artifact_id` = A.`id` AND V.`type` = {pb.Event.OUTPUT} "
-            f"WHERE A.`external_id` IN ({_placeholders(external_ids)}) ORDER BY V.`id`",
-            tuple(external_ids))
-        return dict(self._cursor.fetchall())
+            f"WHERE A.`external_id` IN ({self._literals(external_ids)}) ORDER BY V.`id`")
+        return {_read_text(external_id): execution_id
+                for external_id, execution_id in self._cursor.fetchall()}
 
     def put_execution(self, execution: pb.Execution,
                       artifact_and_events: Sequence[tuple[pb.Artifact, pb.Event]],
@@ -402,23 +405,16 @@ _EXECUTION = _Variable("@sage_execution")
 
 class _Batch:
     """Statements sent to the server together (one round trip), their values written in as
-    SQL literals as PyMySQL escapes them (a _Variable as its name). Rendered here rather than
-    by PyMySQL's `execute(query, args)`, whose dispatch per value cost a grant's client more
-    than building its rows (about 1,500 values for 30 blocks)."""
+    SQL literals (`_literal`). Rendered here rather than by PyMySQL's `execute(query, args)`,
+    whose dispatch per value cost a grant's client more than building its rows (about 1,500
+    values for 30 blocks)."""
 
     def __init__(self, connection):
         self._statements: list[str] = []
-        self._escape = connection.escape  # what PyMySQL's mogrify renders each value with
+        self._escape = connection.escape
 
     def _sql(self, value) -> str:
-        kind = type(value)
-        if kind is int:
-            return str(value)
-        if value is None:
-            return "NULL"
-        if kind is _Variable:
-            return value
-        return self._escape(value)  # strings (the server's escaping mode), floats, ...
+        return _literal(value, self._escape)
 
     def add(self, statement: str, *values) -> None:
         """`statement`, its %s placeholders replaced by `values`."""
@@ -444,6 +440,50 @@ class _Batch:
                 last = row[0]
             if not cursor.nextset():
                 return last
+
+
+# ML Metadata's C++ client talks to MySQL in latin1 (its connection's default character set): it
+# sends a string's UTF-8 bytes, which the server takes for latin1 characters and stores as such
+# in the utf8mb4 columns, and it reads them back the same way. So that every client reads the
+# same text, a string is written here as ML Metadata writes it (its UTF-8 bytes as a latin1
+# literal) and read back through the same mapping (tests/sage_access/test_mysql_commit.py
+# compares both with ML Metadata's). ASCII, all the ledger's own names, is the same either way.
+# MariaDB's and MySQL's latin1 is Windows-1252 with its 5 undefined bytes as the C1 controls of
+# the same numbers.
+def _latin1_character(byte: int) -> str:
+    try:
+        return bytes([byte]).decode("cp1252")
+    except UnicodeDecodeError:
+        return chr(byte)
+
+
+_LATIN1_BYTES = {ord(_latin1_character(byte)): chr(byte) for byte in range(256)}
+
+
+def _literal(value, escape) -> str:
+    """`value` as an SQL literal: PyMySQL's `escape`, without its dispatch for ints and None, and
+    a non-ASCII string as ML Metadata's client sends it."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if value is None:
+        return "NULL"
+    if kind is _Variable:
+        return value
+    if kind is str and not value.isascii():
+        return f"_latin1 X'{value.encode('utf-8').hex()}'"
+    return escape(value)  # ASCII strings (in the server's escaping mode), floats, ...
+
+
+def _read_text(text: Optional[str]) -> Optional[str]:
+    """A string column as ML Metadata's client reads it (`_literal`): a value that its bytes
+    in latin1 do not decode from UTF-8 (written by some other client) is given as stored."""
+    if text is None or text.isascii():
+        return text
+    try:
+        return text.translate(_LATIN1_BYTES).encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return text
 
 
 def _placeholders(values: Sequence) -> str:
@@ -472,9 +512,10 @@ def _artifacts(rows) -> list[pb.Artifact]:
         artifact = _node(pb.Artifact(id=artifact_id, type_id=type_id,
                                      create_time_since_epoch=created,
                                      last_update_time_since_epoch=updated),
-                         uri=uri or None, state=state, name=name, external_id=external_id)
+                         uri=_read_text(uri), state=state, name=_read_text(name),
+                         external_id=_read_text(external_id))
         for key, custom, *value in json.loads(properties or "[]"):
-            _set_value(artifact, key, custom, *value)
+            _set_value(artifact, _read_text(key), custom, *value)
         found.append(artifact)
     return found
 
@@ -496,4 +537,4 @@ def _set_value(node, key: str, custom: int, int_value, double_value, string_valu
     elif double_value is not None:
         target.double_value = double_value
     elif string_value is not None:
-        target.string_value = string_value
+        target.string_value = _read_text(string_value)
