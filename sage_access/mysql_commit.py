@@ -1,26 +1,38 @@
 """A ledger change on ML Metadata's MySQL schema in one transaction of a few round trips.
 
 ML Metadata stays the store of record: the rows written here are the rows MLMD's own
-`put_execution` writes (the same tables, columns and values, in MLMD's schema version
-`SCHEMA_VERSION`, checked when connecting; tests/sage_access/test_mysql_commit.py compares the
-two row by row), so every MLMD client reads them as its own, and the ledger reads them back
-through MLMD. Only how they are sent differs. MLMD's client sends one statement per row and
-per check, each a round trip to the server: per artifact it reads the type and the stored
-artifact back, rewrites each changed property as a DELETE and an INSERT, then asks for
-last_insert_id; about 25 statements per block a grant charges. Here one grant is one
-transaction of 5 round trips, its reads included, whatever the number of blocks: each table's
-rows go in one multi-row statement, and every write with the COMMIT in one batch
-(tests/sage_access/test_mysql_commit.py counts them).
+`put_execution` writes (the same tables, columns and values, text beyond ASCII stored as MLMD's
+latin1 client stores it; in MLMD's schema version `SCHEMA_VERSION`, checked when connecting;
+tests/sage_access/test_mysql_commit.py compares the two row by row), so every MLMD client reads
+them as its own, and the ledger reads them back through MLMD. Only how they are sent differs.
+MLMD's client sends one statement per row and per check, each a round trip to the server: per
+artifact it reads the type and the stored artifact back, rewrites each changed property as a
+DELETE and an INSERT, then asks for last_insert_id; about 25 statements per block a grant
+charges. Here a grant on named blocks is one transaction of 4 round trips, its reads included,
+whatever the number of blocks: its blocks locked and read; the records of their last changes
+with the ids of the changes that made them; those changes; then every write and the COMMIT in
+one batch, each table's rows in one multi-row statement (the server runs as many statements
+for 30 blocks as for 1; tests/sage_access/test_mysql_commit.py counts both).
 
-Concurrency. The artifacts a change updates (a grant's blocks) are locked before it writes:
-read locked in the transaction (`SELECT ... FOR UPDATE`, in external id order, so two writers
-never wait on each other in a cycle), or, if they were read elsewhere (a window's blocks,
-chosen through MLMD), locked when it writes and their version compared with the version the
-change was computed from; if one moved, the change is rolled back and raises AbortedError,
-which the ledger treats as a conflict (re-read and retry, transaction.py). The unique names (BlockVersion `<block>/v<n>`, `grant-<id>`)
-still refuse a second writer of the same version, as with MLMD's own calls (AlreadyExistsError),
-so writers using either path exclude each other. InnoDB deadlock victims and lock-wait timeouts
-are rolled back whole and raise AbortedError too.
+Cost. What a grant costs is mostly CPU, the client's Python and the server's statements, not
+the round trips (a fraction of a millisecond each on one machine). So an artifact's properties
+are read as one JSON array per artifact (one row, one json.loads, where a row per property of
+13 columns through PyMySQL's pure-Python protocol was the largest share of a grant's client
+CPU), values are rendered into the batch without PyMySQL's per-value dispatch, and statements
+whose number grew with the blocks are one statement each (docs/measurements.md has the figures).
+
+Concurrency. The artifacts a change updates (a grant's blocks) are locked before it writes,
+their Artifact rows always, so every two writers of one artifact exclude each other: read
+locked in the transaction (`SELECT ... FOR UPDATE`, in external id order, so two writers never
+wait on each other in a cycle; then read in a statement of its own, which sees what the
+previous holder of a lock committed), or, if they were read elsewhere (a window's blocks, chosen
+through MLMD), locked when it writes and their version compared with the version the change was
+computed from; if one moved, the change is rolled back and raises AbortedError, which the ledger
+treats as a conflict (re-read and retry, transaction.py). A grant that waits for another's lock
+therefore re-runs nothing. The unique names (BlockVersion `<block>/v<n>`, `grant-<id>`) still
+refuse a second writer of the same version, as with MLMD's own calls (AlreadyExistsError), so
+writers using either path exclude each other. InnoDB deadlock victims and lock-wait timeouts are
+rolled back whole and raise AbortedError too.
 
 Crashes. A transaction is all or nothing in InnoDB: a client killed mid-change leaves nothing
 (the server rolls back its connection's transaction); a lost connection raises CommitUnknown,
