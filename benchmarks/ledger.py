@@ -4,7 +4,9 @@
 
 * grants/second with 1, 4, 8 and 16 processes granting at once: 5 random blocks of the same 30
   (grants overlap: optimistic concurrency makes the loser redo its work) and, `_own_blocks`,
-  each process on 5 blocks of its own (no conflicts: what the backend's locking allows);
+  each process on 5 blocks of its own (no conflicts: what the backend's locking allows); and
+  how many attempts were re-run per grant (`retries_per_grant_*`: a concurrent writer won, or
+  the database rolled back a deadlock or a lock wait);
 * median latency of a 30-block grant with 10 and with 10,000 blocks registered;
 * median latency of the same grant after 2,000 earlier charges on those blocks (history growth;
   `--charges N` for another number, 0 to leave it out);
@@ -85,7 +87,7 @@ def _join(barrier) -> None:
     _start_together = barrier
 
 
-def _worker(args) -> tuple[int, float]:
+def _worker(args) -> tuple[int, float, int]:
     """Grants of 5 blocks for `seconds`: random ones of the ledger's (overlapping other
     workers'), or with `own_blocks` the worker's own 5 (no conflicts). Starts when every worker
     has opened the ledger, so process start-up (seconds on a loaded machine) is not counted."""
@@ -102,17 +104,21 @@ def _worker(args) -> tuple[int, float]:
         chosen = ids[5 * seed:5 * seed + 5] if own_blocks else rng.sample(ids, 5)
         ledger.request(BlockIds(chosen), epsilon=1e-3, delta=0)
         done += 1
-    return done, time.monotonic() - started
+    return done, time.monotonic() - started, ledger.retries
 
 
-def throughput(path: str, processes: int, seconds: float, own_blocks: bool) -> float:
-    """Grants per second of `processes` workers granting at once (the sum of their rates)."""
+def throughput(path: str, processes: int, seconds: float,
+               own_blocks: bool) -> tuple[float, float]:
+    """Grants per second of `processes` workers granting at once (the sum of their rates), and
+    the attempts re-run per grant (a concurrent writer won, or a deadlock or lock wait was
+    rolled back: BlockLedger.retries)."""
     context = multiprocessing.get_context("spawn")
     with context.Pool(processes, initializer=_join,
                       initargs=(context.Barrier(processes),)) as pool:
         rates = pool.map(_worker, [(path, seed, seconds, own_blocks)
                                    for seed in range(processes)])
-    return sum(done / elapsed for done, elapsed in rates)
+    return (sum(done / elapsed for done, elapsed, _ in rates),
+            sum(retries for *_, retries in rates) / max(1, sum(done for done, *_ in rates)))
 
 
 def measure(new_store, many: int, seconds: float, server_pid: Optional[int] = None,
@@ -151,7 +157,9 @@ def measure(new_store, many: int, seconds: float, server_pid: Optional[int] = No
             build(store, 5 * max(PROCESSES) if own_blocks else 30)
             key = f"grants_per_second_{processes}_processes{label}"
             try:
-                result[key] = round(throughput(store, processes, seconds, own_blocks), 1)
+                rate, retries = throughput(store, processes, seconds, own_blocks)
+                result[key] = round(rate, 1)
+                result[f"retries_per_grant_{processes}_processes{label}"] = round(retries, 3)
             except Exception as error:  # a backend that cannot take this many writers: say how
                 result[key] = None
                 result[f"error_{processes}_processes{label}"] = f"{type(error).__name__}: {error}"

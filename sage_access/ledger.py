@@ -147,6 +147,13 @@ class BlockLedger:
         return self._store
 
     @property
+    def retries(self) -> int:
+        """How many times this ledger object re-ran a change because a concurrent writer
+        committed first or the store rolled it back (a lock wait, a deadlock): what
+        overlapping writers cost each other (benchmarks/ledger.py reports it)."""
+        return self._transactions.retries
+
+    @property
     def orders(self) -> tuple[float, ...]:
         """RDP orders on which grants give their curves."""
         return self.accounting.orders

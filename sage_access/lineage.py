@@ -195,20 +195,18 @@ def check_balances(records: LedgerRecords, accounting,
             block.block_id, "current")
         names[f"version:{records.version_name(block.block_id, version + 1)}"] = (
             block.block_id, "next")
-    versions = records.by_external_ids(list(names), store)
-    found = {names[a.external_id]: a.id for a in versions}
-    creators = {event.artifact_id: event.execution_id
-                for event in store.get_events_by_artifact_ids([a.id for a in versions])
-                if event.type == pb.Event.OUTPUT} if versions else {}
-    changes = {execution.id: execution for execution in store.get_executions_by_id(
-        sorted(set(creators.values())))} if creators else {}
+    creators = _creators(records, list(names), store)
+    found = {names[external_id]: creator for external_id, creator in creators.items()}
+    creating = sorted({creator for creator in creators.values() if creator is not None})
+    changes = {execution.id: execution
+               for execution in store.get_executions_by_id(creating)} if creating else {}
     problems, unrecorded = [], []
     for artifact, block in chosen:
         if (block.block_id, "next") in found:
             problems.append(f"block {block.block_id}: a later version than its stored one "
                             f"(v{get_property(artifact, 'version')}) exists")
             continue
-        change = changes.get(creators.get(found.get((block.block_id, "current"))))
+        change = changes.get(found.get((block.block_id, "current")))
         recorded = None if change is None else json.loads(
             get_property(change, "balances", "{}")).get(block.block_id)
         if recorded is not None:
@@ -231,6 +229,19 @@ def check_balances(records: LedgerRecords, accounting,
         f"recorded on it, so the store was written outside sage-tfx; nothing was charged. "
         f"{'; '.join(problems)}. Run `sage-tfx ledger audit` and restore the store from a "
         "trusted copy")
+
+
+def _creators(records: LedgerRecords, external_ids: list[str], store) -> dict:
+    """{external id: the id of the execution that created the artifact (its OUTPUT event), or
+    None} of the artifacts found with these external ids, read from `store`: in one round trip
+    from a MySQL transaction (mysql_commit.Transaction), in two MLMD calls elsewhere."""
+    if hasattr(store, "get_creators_by_external_ids"):
+        return store.get_creators_by_external_ids(external_ids)
+    artifacts = records.by_external_ids(external_ids, store)
+    creators = {event.artifact_id: event.execution_id
+                for event in store.get_events_by_artifact_ids([a.id for a in artifacts])
+                if event.type == pb.Event.OUTPUT} if artifacts else {}
+    return {artifact.external_id: creators.get(artifact.id) for artifact in artifacts}
 
 
 def _history_problems(records: LedgerRecords, accounting,

@@ -1,26 +1,38 @@
 """A ledger change on ML Metadata's MySQL schema in one transaction of a few round trips.
 
 ML Metadata stays the store of record: the rows written here are the rows MLMD's own
-`put_execution` writes (the same tables, columns and values, in MLMD's schema version
-`SCHEMA_VERSION`, checked when connecting; tests/sage_access/test_mysql_commit.py compares the
-two row by row), so every MLMD client reads them as its own, and the ledger reads them back
-through MLMD. Only how they are sent differs. MLMD's client sends one statement per row and
-per check, each a round trip to the server: per artifact it reads the type and the stored
-artifact back, rewrites each changed property as a DELETE and an INSERT, then asks for
-last_insert_id; about 25 statements per block a grant charges. Here one grant is one
-transaction of 5 round trips, its reads included, whatever the number of blocks: each table's
-rows go in one multi-row statement, and every write with the COMMIT in one batch
-(tests/sage_access/test_mysql_commit.py counts them).
+`put_execution` writes (the same tables, columns and values, text beyond ASCII stored as MLMD's
+latin1 client stores it; in MLMD's schema version `SCHEMA_VERSION`, checked when connecting;
+tests/sage_access/test_mysql_commit.py compares the two row by row), so every MLMD client reads
+them as its own, and the ledger reads them back through MLMD. Only how they are sent differs.
+MLMD's client sends one statement per row and per check, each a round trip to the server: per
+artifact it reads the type and the stored artifact back, rewrites each changed property as a
+DELETE and an INSERT, then asks for last_insert_id; about 25 statements per block a grant
+charges. Here a grant on named blocks is one transaction of 4 round trips, its reads included,
+whatever the number of blocks: its blocks locked and read; the records of their last changes
+with the ids of the changes that made them; those changes; then every write and the COMMIT in
+one batch, each table's rows in one multi-row statement (the server runs as many statements
+for 30 blocks as for 1; tests/sage_access/test_mysql_commit.py counts both).
 
-Concurrency. The artifacts a change updates (a grant's blocks) are locked before it writes:
-read locked in the transaction (`SELECT ... FOR UPDATE`, in external id order, so two writers
-never wait on each other in a cycle), or, if they were read elsewhere (a window's blocks,
-chosen through MLMD), locked when it writes and their version compared with the version the
-change was computed from; if one moved, the change is rolled back and raises AbortedError,
-which the ledger treats as a conflict (re-read and retry, transaction.py). The unique names (BlockVersion `<block>/v<n>`, `grant-<id>`)
-still refuse a second writer of the same version, as with MLMD's own calls (AlreadyExistsError),
-so writers using either path exclude each other. InnoDB deadlock victims and lock-wait timeouts
-are rolled back whole and raise AbortedError too.
+Cost. What a grant costs is mostly CPU, the client's Python and the server's statements, not
+the round trips (a fraction of a millisecond each on one machine). So an artifact's properties
+are read as one JSON array per artifact (one row, one json.loads, where a row per property of
+13 columns through PyMySQL's pure-Python protocol was the largest share of a grant's client
+CPU), values are rendered into the batch without PyMySQL's per-value dispatch, and statements
+whose number grew with the blocks are one statement each (docs/measurements.md has the figures).
+
+Concurrency. The artifacts a change updates (a grant's blocks) are locked before it writes,
+their Artifact rows always, so every two writers of one artifact exclude each other: read
+locked in the transaction (`SELECT ... FOR UPDATE`, in external id order, so two writers never
+wait on each other in a cycle; then read in a statement of its own, which sees what the
+previous holder of a lock committed), or, if they were read elsewhere (a window's blocks, chosen
+through MLMD), locked when it writes and their version compared with the version the change was
+computed from; if one moved, the change is rolled back and raises AbortedError, which the ledger
+treats as a conflict (re-read and retry, transaction.py). A grant that waits for another's lock
+therefore re-runs nothing. The unique names (BlockVersion `<block>/v<n>`, `grant-<id>`) still
+refuse a second writer of the same version, as with MLMD's own calls (AlreadyExistsError), so
+writers using either path exclude each other. InnoDB deadlock victims and lock-wait timeouts are
+rolled back whole and raise AbortedError too.
 
 Crashes. A transaction is all or nothing in InnoDB: a client killed mid-change leaves nothing
 (the server rolls back its connection's transaction); a lost connection raises CommitUnknown,
@@ -29,6 +41,7 @@ and the caller resolves the change's fate from the ledger (transaction.Transacti
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from typing import Iterator, Mapping, Optional, Sequence
 
@@ -68,16 +81,19 @@ def _changed_properties(node, before) -> tuple[list, list]:
     ([(name, value columns)], [names removed])."""
     if node.properties:
         raise ValueError("mysql_commit writes custom properties only")
-    old = {key: _value(value) for key, value in before.custom_properties.items()}
-    new = {key: _value(value) for key, value in node.custom_properties.items()}
-    return ([(key, value) for key, value in sorted(new.items()) if old.get(key) != value],
+    old, new = before.custom_properties, node.custom_properties
+    # Compared as protos (in C); only what changed is converted (`key in old` first: indexing
+    # a proto map adds the key).
+    return ([(key, _value(value)) for key, value in sorted(new.items())
+             if key not in old or old[key] != value],
             sorted(set(old) - set(new)))
 
 
 class MySQLCommits:
     """Ledger changes read and written straight in ML Metadata's tables on MySQL, one
     transaction each (see the module's docstring). `available()` is False when the database's
-    MLMD schema is not the version this module writes: the ledger then uses MLMD's own calls."""
+    MLMD schema is not the version this module writes, or the server lacks the JSON functions
+    its reads use: the ledger then uses MLMD's own calls."""
 
     def __init__(self, spec: MySQLStore):
         self.spec = spec
@@ -88,20 +104,35 @@ class MySQLCommits:
         if self._connection is None:
             # READ COMMITTED: a plain read in a transaction sees what committed before it (the
             # change that made a block's version, committed before its row lock was granted).
+            # MariaDB cuts a JSON_ARRAYAGG (an artifact's properties, _ARTIFACTS) at
+            # group_concat_max_len (1 MB by default): lifted to what a packet can carry.
+            # Every read here is by a unique key (an IN list of external ids or ids), so the
+            # optimizer's index statistics (one row a value) replace its dives into the index
+            # for each value (eq_range_index_dive_limit = 1), which cost the server more than
+            # the reads (0.4 ms for a grant's 60 version names).
             from pymysql.constants import CLIENT
 
             self._connection = until_reachable(lambda: self.spec.pymysql_connection(
                 database=self.spec.database, autocommit=False,
                 client_flag=CLIENT.MULTI_STATEMENTS,
-                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"))
+                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+                             "SET SESSION group_concat_max_len = @@max_allowed_packet"))
         return self._connection
 
     def available(self) -> bool:
+        import pymysql
+
         if self._schema_matches is None:
             connection = self._connect()
             with connection.cursor() as cursor:
                 cursor.execute("SELECT MAX(`schema_version`) FROM `MLMDEnv`")
                 self._schema_matches = cursor.fetchone()[0] == SCHEMA_VERSION
+                try:  # reads need JSON_ARRAYAGG: MySQL 5.7.22 and later, MariaDB 10.5 and later
+                    cursor.execute("SELECT JSON_ARRAYAGG(1)")
+                except pymysql.MySQLError as error:
+                    if connection_lost(error):
+                        raise
+                    self._schema_matches = False
             connection.rollback()  # it only read
         return self._schema_matches
 
@@ -164,46 +195,52 @@ class Transaction:
     def get_artifacts_by_external_ids(self, external_ids: Sequence[str],
                                       lock: bool = False) -> list[pb.Artifact]:
         """MLMD's call of that name (an empty list where MLMD raises NotFoundError). With
-        `lock`, the artifacts found and their properties are locked until the transaction ends
-        (a grant reads its blocks so: no other writer changes them in between), in external id
-        order, so two transactions never wait on each other in a cycle; under READ COMMITTED
-        an id not found locks nothing (no gap lock)."""
-        return self._artifacts("`external_id`", external_ids, lock)
+        `lock`, the artifacts found are locked until the transaction ends (a grant reads its
+        blocks so: no other writer changes them in between; every writer here locks the
+        artifact rows it updates before writing them), in external id order (the unique
+        index's, which the IN list is read in), so two transactions never wait on each other
+        in a cycle; under READ COMMITTED an id not found locks nothing (no gap lock).
+
+        Locked first, then read, in one round trip: a read that is not a locking read sees
+        what had committed when its statement began (READ COMMITTED), so a statement that
+        waited for a lock would read the properties the lock's holder then changed."""
+        if not external_ids:
+            return []
+        where = f"A.`external_id` IN ({self._literals(external_ids)})"
+        read = _ARTIFACTS.format(where=where, order="A.`external_id`")
+        if not lock:
+            self._cursor.execute(read)
+            return _artifacts(self._cursor.fetchall())
+        self._cursor.execute(f"SELECT A.`id` FROM `Artifact` AS A WHERE {where} "
+                             f"ORDER BY A.`external_id` FOR UPDATE;\n{read}")
+        self._cursor.nextset()
+        found = _artifacts(self._cursor.fetchall())
+        self._locked.update((artifact.id, artifact.custom_properties["version"].int_value)
+                            for artifact in found if "version" in artifact.custom_properties)
+        return found
+
+    def _literals(self, values: Sequence) -> str:
+        escape = self._cursor.connection.escape
+        return ", ".join(_literal(value, escape) for value in values)
 
     def get_artifacts_by_id(self, artifact_ids: Sequence[int]) -> list[pb.Artifact]:
-        return self._artifacts("`id`", artifact_ids, False)
-
-    def _artifacts(self, column: str, keys: Sequence, lock: bool) -> list[pb.Artifact]:
-        if not keys:
+        if not artifact_ids:
             return []
-        self._cursor.execute(
-            "SELECT A.`id`, A.`type_id`, A.`uri`, A.`state`, A.`name`, A.`external_id`, "
-            "A.`create_time_since_epoch`, A.`last_update_time_since_epoch`, P.`name`, "
-            f"P.`is_custom_property`, P.{_VALUE_COLUMNS.replace(', ', ', P.')} "
-            "FROM `Artifact` AS A LEFT JOIN `ArtifactProperty` AS P ON P.`artifact_id` = A.`id` "
-            f"WHERE A.{column} IN ({_placeholders(keys)}) ORDER BY A.{column}"
-            + (" FOR UPDATE" if lock else ""), tuple(keys))
-        found: dict[int, pb.Artifact] = {}
-        for (artifact_id, type_id, uri, state, name, external_id, created, updated,
-             key, custom, *value) in self._cursor.fetchall():
-            if artifact_id not in found:
-                found[artifact_id] = pb.Artifact(**_set_fields(
-                    id=artifact_id, type_id=type_id, uri=uri or None, state=state, name=name,
-                    external_id=external_id, create_time_since_epoch=created,
-                    last_update_time_since_epoch=updated))
-            if key is not None:
-                _set_value(found[artifact_id], key, custom, value)
-            if lock and key == "version" and custom:
-                self._locked[artifact_id] = value[0]
-        return list(found.values())
+        self._cursor.execute(_ARTIFACTS.format(
+            where=f"A.`id` IN ({_placeholders(artifact_ids)})", order="A.`id`"),
+            tuple(artifact_ids))
+        return _artifacts(self._cursor.fetchall())
 
     def get_executions_by_id(self, execution_ids: Sequence[int]) -> list[pb.Execution]:
+        # A row per property, unlike artifacts (_ARTIFACTS): a grant's execution holds long
+        # strings (its balances, its request), which JSON costs the server more to escape
+        # than the client to read as rows.
         if not execution_ids:
             return []
         self._cursor.execute(
             "SELECT E.`id`, E.`type_id`, E.`last_known_state`, E.`name`, E.`external_id`, "
             "E.`create_time_since_epoch`, E.`last_update_time_since_epoch`, P.`name`, "
-            f"P.`is_custom_property`, P.{_VALUE_COLUMNS.replace(', ', ', P.')} "
+            "P.`is_custom_property`, P.`int_value`, P.`double_value`, P.`string_value` "
             "FROM `Execution` AS E LEFT JOIN `ExecutionProperty` AS P "
             "ON P.`execution_id` = E.`id` "
             f"WHERE E.`id` IN ({_placeholders(execution_ids)}) ORDER BY E.`id`",
@@ -212,12 +249,12 @@ class Transaction:
         for (execution_id, type_id, state, name, external_id, created, updated,
              key, custom, *value) in self._cursor.fetchall():
             if execution_id not in found:
-                found[execution_id] = pb.Execution(**_set_fields(
-                    id=execution_id, type_id=type_id, last_known_state=state, name=name,
-                    external_id=external_id, create_time_since_epoch=created,
-                    last_update_time_since_epoch=updated))
+                found[execution_id] = _node(pb.Execution(
+                    id=execution_id, type_id=type_id, create_time_since_epoch=created,
+                    last_update_time_since_epoch=updated), last_known_state=state,
+                    name=_read_text(name), external_id=_read_text(external_id))
             if key is not None:
-                _set_value(found[execution_id], key, custom, value)
+                _set_value(found[execution_id], _read_text(key), custom, *value)
         return list(found.values())
 
     def get_events_by_artifact_ids(self, artifact_ids: Sequence[int]) -> list[pb.Event]:
@@ -230,6 +267,21 @@ class Transaction:
         return [pb.Event(artifact_id=artifact_id, execution_id=execution_id, type=kind,
                          milliseconds_since_epoch=time_ms)
                 for artifact_id, execution_id, kind, time_ms in self._cursor.fetchall()]
+
+    def get_creators_by_external_ids(self, external_ids: Sequence[str]) -> dict:
+        """{external id: the id of the execution with an OUTPUT event on that artifact (the
+        last one if several; None for none)} of the artifacts found with these external ids:
+        in one round trip what `get_artifacts_by_external_ids` and
+        `get_events_by_artifact_ids` answer in two (lineage.check_balances reads the records
+        of the blocks' last changes so)."""
+        if not external_ids:
+            return {}
+        self._cursor.execute(
+            "SELECT A.`external_id`, V.`execution_id` FROM `Artifact` AS A LEFT JOIN `Event` "
+            f"AS V ON V.`artifact_id` = A.`id` AND V.`type` = {pb.Event.OUTPUT} "
+            f"WHERE A.`external_id` IN ({self._literals(external_ids)}) ORDER BY V.`id`")
+        return {_read_text(external_id): execution_id
+                for external_id, execution_id in self._cursor.fetchall()}
 
     def put_execution(self, execution: pb.Execution,
                       artifact_and_events: Sequence[tuple[pb.Artifact, pb.Event]],
@@ -251,19 +303,19 @@ class Transaction:
         updated = [a for a, _ in artifact_and_events if a.HasField("id")]
         created = [a for a, _ in artifact_and_events if not a.HasField("id")]
         unlocked = sorted(a.id for a in updated if a.id not in self._locked)
-        if unlocked:
+        if unlocked:  # locked as a named read locks them: the artifact's row first
             cursor.execute(
-                "SELECT `artifact_id`, `int_value` FROM `ArtifactProperty` WHERE `artifact_id` "
-                f"IN ({_placeholders(unlocked)}) AND `name` = %s AND "
-                "`is_custom_property` = 1 ORDER BY `artifact_id` FOR UPDATE",
-                (*unlocked, version_key))
+                "SELECT A.`id`, P.`int_value` FROM `Artifact` AS A LEFT JOIN `ArtifactProperty` "
+                "AS P ON P.`artifact_id` = A.`id` AND P.`name` = %s AND "
+                f"P.`is_custom_property` = 1 WHERE A.`id` IN ({_placeholders(unlocked)}) "
+                "ORDER BY A.`id` FOR UPDATE", (version_key, *unlocked))
             self._locked.update(cursor.fetchall())
         for artifact in updated:
             expected = read[artifact.id].custom_properties[version_key].int_value
             if self._locked.get(artifact.id) != expected:
                 raise mlmd_errors.AbortedError(
                     f"artifact {artifact.id} moved past version {expected}")
-        batch = _Batch()
+        batch = _Batch(cursor.connection)
         batch.add("INSERT INTO `Execution` (`type_id`, `last_known_state`, `name`, "
                   "`external_id`, `create_time_since_epoch`, `last_update_time_since_epoch`) "
                   "VALUES (%s, %s, %s, %s, %s, %s)",
@@ -301,11 +353,15 @@ class Transaction:
                    "`create_time_since_epoch`, `last_update_time_since_epoch`) VALUES",
                    [(a.type_id, a.uri, a.state if a.HasField("state") else None,
                      a.name or None, a.external_id or None, now, now) for a in created])
-        for index, artifact in enumerate(created):
+        if created:
             # Ids by the unique (type, name): a multi-row insert's ids are consecutive only
-            # under some auto-increment lock modes.
-            batch.add(f"SET @sage_artifact{index} = (SELECT `id` FROM `Artifact` WHERE "
-                      "`type_id` = %s AND `name` = %s)", artifact.type_id, artifact.name)
+            # under some auto-increment lock modes. One statement for all (one per artifact
+            # cost the server a statement's overhead each, 0.1 ms).
+            batch.add("SET " + ", ".join(
+                f"@sage_artifact{index} = (SELECT `id` FROM `Artifact` WHERE `type_id` = %s "
+                "AND `name` = %s)" for index in range(len(created))),
+                *[value for artifact in created for value in (artifact.type_id, artifact.name)])
+        for index, artifact in enumerate(created):
             ids[id(artifact)] = _Variable(f"@sage_artifact{index}")
         changed, removed = [], []
         for artifact in updated:
@@ -360,32 +416,35 @@ _EXECUTION = _Variable("@sage_execution")
 
 
 class _Batch:
-    """Statements sent to the server together (one round trip), their values escaped by
-    PyMySQL; a _Variable is written as its name."""
+    """Statements sent to the server together (one round trip), their values written in as
+    SQL literals (`_literal`). Rendered here rather than by PyMySQL's `execute(query, args)`,
+    whose dispatch per value cost a grant's client more than building its rows (about 1,500
+    values for 30 blocks)."""
 
-    def __init__(self):
+    def __init__(self, connection):
         self._statements: list[str] = []
-        self._values: list = []
+        self._escape = connection.escape
+
+    def _sql(self, value) -> str:
+        return _literal(value, self._escape)
 
     def add(self, statement: str, *values) -> None:
-        self._statements.append(statement)
-        self._values.extend(values)
+        """`statement`, its %s placeholders replaced by `values`."""
+        self._statements.append(statement % tuple(map(self._sql, values)))
 
     def rows(self, head: str, rows: Sequence[tuple], tail: str = "") -> None:
         """`head` followed by the rows as a multi-row VALUES list (nothing for no rows)."""
         if not rows:
             return
-        rendered, values = [], []
-        for row in rows:
-            rendered.append("(" + ", ".join(value if isinstance(value, _Variable) else "%s"
-                                            for value in row) + ")")
-            values += [value for value in row if not isinstance(value, _Variable)]
-        self.add(f"{head} {', '.join(rendered)} {tail}".rstrip(), *values)
+        sql = self._sql
+        self._statements.append(
+            f"{head} " + ", ".join("(" + ", ".join(map(sql, row)) + ")" for row in rows)
+            + (f" {tail}" if tail else ""))
 
     def run(self, cursor) -> int:
         """Send the batch; the value of its last result set (the server stops at the first
         statement that fails, whose error is raised here)."""
-        cursor.execute(";\n".join(self._statements), tuple(self._values))
+        cursor.execute(";\n".join(self._statements))
         last = None
         while True:
             row = cursor.fetchone() if cursor.description else None
@@ -395,22 +454,99 @@ class _Batch:
                 return last
 
 
+# ML Metadata's C++ client talks to MySQL in latin1 (its connection's default character set): it
+# sends a string's UTF-8 bytes, which the server takes for latin1 characters and stores as such
+# in the utf8mb4 columns, and it reads them back the same way. So that every client reads the
+# same text, a string is written here as ML Metadata writes it (its UTF-8 bytes as a latin1
+# literal) and read back through the same mapping (tests/sage_access/test_mysql_commit.py
+# compares both with ML Metadata's). ASCII, all the ledger's own names, is the same either way.
+# MariaDB's and MySQL's latin1 is Windows-1252 with its 5 undefined bytes as the C1 controls of
+# the same numbers.
+def _latin1_character(byte: int) -> str:
+    try:
+        return bytes([byte]).decode("cp1252")
+    except UnicodeDecodeError:
+        return chr(byte)
+
+
+_LATIN1_BYTES = {ord(_latin1_character(byte)): chr(byte) for byte in range(256)}
+
+
+def _literal(value, escape) -> str:
+    """`value` as an SQL literal: PyMySQL's `escape`, without its dispatch for ints and None, and
+    a non-ASCII string as ML Metadata's client sends it."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if value is None:
+        return "NULL"
+    if kind is _Variable:
+        return value
+    if kind is str and not value.isascii():
+        return f"_latin1 X'{value.encode('utf-8').hex()}'"
+    return escape(value)  # ASCII strings (in the server's escaping mode), floats, ...
+
+
+def _read_text(text: Optional[str]) -> Optional[str]:
+    """A string column as ML Metadata's client reads it (`_literal`): a value that its bytes
+    in latin1 do not decode from UTF-8 (written by some other client) is given as stored."""
+    if text is None or text.isascii():
+        return text
+    try:
+        return text.translate(_LATIN1_BYTES).encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return text
+
+
 def _placeholders(values: Sequence) -> str:
     return ", ".join(["%s"] * len(values))
 
 
-def _set_fields(**fields) -> dict:
-    """The fields of a row that are not NULL (an MLMD proto leaves the others unset)."""
-    return {key: value for key, value in fields.items() if value is not None}
+# An artifact's rows as one row: its columns, then its properties as one JSON array of
+# [name, is_custom_property, int_value, double_value, string_value] (null for NULL), so a block
+# of 15 properties costs the client one row and one json.loads instead of 15 rows of 13 columns
+# (the most CPU a grant cost the client; the server spends a little more). JSON carries each
+# value as the text protocol does: a double in the server's round-trip form, a string escaped
+# and read back whole (tests/sage_access/test_mysql_commit.py compares them with MLMD's reads).
+_ARTIFACTS = ("SELECT A.`id`, A.`type_id`, A.`uri`, A.`state`, A.`name`, A.`external_id`, "
+              "A.`create_time_since_epoch`, A.`last_update_time_since_epoch`, "
+              "(SELECT JSON_ARRAYAGG(JSON_ARRAY(P.`name`, P.`is_custom_property`, "
+              "P.`int_value`, P.`double_value`, P.`string_value`)) FROM `ArtifactProperty` AS P "
+              "WHERE P.`artifact_id` = A.`id`) FROM `Artifact` AS A "
+              "WHERE {where} ORDER BY {order}")
 
 
-def _set_value(node, key: str, custom: int, value: list) -> None:
+def _artifacts(rows) -> list[pb.Artifact]:
+    """The artifacts of _ARTIFACTS's rows."""
+    found = []
+    for (artifact_id, type_id, uri, state, name, external_id, created, updated,
+         properties) in rows:
+        artifact = _node(pb.Artifact(id=artifact_id, type_id=type_id,
+                                     create_time_since_epoch=created,
+                                     last_update_time_since_epoch=updated),
+                         uri=_read_text(uri), state=state, name=_read_text(name),
+                         external_id=_read_text(external_id))
+        for key, custom, *value in json.loads(properties or "[]"):
+            _set_value(artifact, _read_text(key), custom, *value)
+        found.append(artifact)
+    return found
+
+
+def _node(node, **fields):
+    """`node` (an MLMD proto) with those of `fields` that are not NULL set (MLMD leaves the
+    others unset)."""
+    for key, value in fields.items():
+        if value is not None:
+            setattr(node, key, value)
+    return node
+
+
+def _set_value(node, key: str, custom: int, int_value, double_value, string_value) -> None:
     """Set property `key` of `node` (an MLMD proto) from its row's value columns."""
     target = (node.custom_properties if custom else node.properties)[key]
-    int_value, double_value, string_value = value
     if int_value is not None:
         target.int_value = int_value
     elif double_value is not None:
         target.double_value = double_value
     elif string_value is not None:
-        target.string_value = string_value
+        target.string_value = _read_text(string_value)
