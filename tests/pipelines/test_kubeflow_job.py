@@ -98,6 +98,11 @@ def test_the_compiled_taxi_job_accepts_and_charges_as_the_demo(cluster, first_jo
     # ACCEPT: the validator blessed the model and the Pusher pushed it.
     assert _blessing(tmp, run_id)["metadata"]["outcome"] == "ACCEPT"
     assert os.listdir(tmp / "root" / "serving")
+    # No Beam task built an sdist of TFX for its workers (components/util/beam_executor.py).
+    logs = [log.read_text() for log in
+            (tmp / "root" / "sage-taxi" / run_id / ".local").glob("*/log.txt")]
+    assert len(logs) == 7
+    assert not [log for log in logs if "Attempting to infer TFX Python dependency" in log]
     # The demo's first DP-SGD iteration: its window of the 24 months, its epsilon, the spec's
     # delta and split, one grant, every block charged that much (basic composition).
     ledger = BlockLedger(store)
