@@ -35,7 +35,9 @@ SEEDED_TASKS = os.path.join(TESTS, "support", "seeded_tasks")
 
 
 def _cli(*args, timeout=1800):
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([SEEDED_TASKS, TESTS]))
+    # Ahead of the caller's own PYTHONPATH (a worktree's sage_tfx), which the tasks keep.
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [SEEDED_TASKS, TESTS, *filter(None, [os.environ.get("PYTHONPATH")])]))
     return subprocess.run([sys.executable, "-m", "sage_tfx.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=environment)
 
