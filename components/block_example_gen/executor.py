@@ -30,10 +30,10 @@ import apache_beam as beam
 import pyarrow.compute as pc
 import tensorflow as tf
 from google.protobuf.message import DecodeError
-from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components.block_example_gen import constants as block_keys
+from sage_tfx.components.util.beam_executor import BeamExecutor
 from sage_tfx.components.util.examples_io import SPLITS, EVAL_SPLIT, TRAIN_SPLIT
 from sage_tfx.dp_statistics.cells import unix_seconds
 from sage_tfx.dp_statistics.ingest import header_of, text_csv, typed_cells
@@ -209,7 +209,7 @@ class _WriteBlockSplit(beam.DoFn):
         _write_records(os.path.join(directory, DATA_FILE), records)
 
 
-class Executor(base_beam_executor.BaseBeamExecutor):
+class Executor(BeamExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:

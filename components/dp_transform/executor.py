@@ -17,7 +17,6 @@ import tensorflow_transform as tft
 import tensorflow_transform.beam as tft_beam
 from tensorflow_transform import analyzer_nodes, impl_helper
 from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
-from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 from tfx_bsl.public import tfxio
 
@@ -28,6 +27,7 @@ from sage_tfx.components.dp_transform.analyzers import (DPTransformError, Transf
 from sage_tfx.release import GuaranteeUnit
 from sage_tfx.components.privacy_grant import EXAMPLES_GRANT_ID, carry_grant, require_grant
 from sage_tfx.components.record_rule import RecordRuleError, check_spec, sanitise_record
+from sage_tfx.components.util.beam_executor import BeamExecutor
 from sage_tfx.components.util.examples_io import SPLITS, TRAIN_SPLIT
 from sage_tfx.components.util.stand_ins import cause, stand_in_records
 from sage_tfx.components.util.user_module import import_module_file
@@ -251,7 +251,7 @@ def _split_pattern(examples, split: str) -> str:
     return os.path.join(artifact_utils.get_split_uri([examples], split), "*")
 
 
-class Executor(base_beam_executor.BaseBeamExecutor):
+class Executor(BeamExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:

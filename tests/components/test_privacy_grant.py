@@ -16,6 +16,8 @@ from sage_tfx.components.privacy_grant import (GrantError, PrivacyGrant, carry_g
 from sage_tfx.sage_access import BadRequest, BlockLedger
 from sage_tfx.sage_access.accounting import check_split
 
+from support.share_claim import claim
+
 SPLIT = {"transform": 0.1, "training": 0.5, "validation": 0.4}
 
 
@@ -94,22 +96,12 @@ def test_a_second_consumer_of_the_same_share_is_refused(granted):
         require_grant([grant], [examples]).share("validation")
 
 
-def _claim(store_path, grant_id, step, queue):
-    from sage_tfx.sage_access import BlockLedger as Ledger
-    ledger = Ledger(store_path)
-    try:
-        ledger.use_share(ledger.find_grant(grant_id), step, f"pid-{os.getpid()}")
-        queue.put("won")
-    except BadRequest:
-        queue.put("refused")
-
-
 @pytest.mark.slow
 def test_concurrent_consumers_of_one_share_exactly_one_wins(granted, store_path):
     grant, _ = granted
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    workers = [context.Process(target=_claim, args=(store_path, grant.get_string_custom_property(
+    workers = [context.Process(target=claim, args=(store_path, grant.get_string_custom_property(
         "grant_id"), "training", queue)) for _ in range(4)]
     for worker in workers:
         worker.start()

@@ -2,11 +2,10 @@
 PrivacyGrant type accepted, and the ledger pointed at Kubeflow's ML Metadata over gRPC."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from sage_tfx.cli import main
 from sage_tfx.examples.taxi.pipeline import INITIAL_EPSILON, MIN_WINDOW
 from sage_tfx.pipelines.kubeflow import KUBEFLOW_LEDGER_STORE
 
@@ -21,19 +20,39 @@ TAXI = [*REQUIRED, "--data-root", "gs://bucket/taxi/new-months"]
 FIRST_PIPELINE = os.path.join(REPO_ROOT, "examples", "first_pipeline.py")
 
 
-def _compile(tmp_path, *extra, options=TAXI):
-    out = tmp_path / "taxi.json"
-    completed = subprocess.run([sys.executable, "-m", "sage_tfx.cli", "compile", "--kubeflow",
-                                "--out", str(out), *options, *extra],
-                               capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "wrote" in completed.stdout
-    return json.loads(out.read_text())
+@pytest.fixture
+def compile_with(capsys):
+    """`sage-tfx compile --kubeflow ARGS` -> (exit code, stdout, stderr), run in this process
+    as tests/pipelines/test_kubeflow_job.py compiles: TFX is imported once per test process, not
+    once per compile (each compile in its own process spent about 8 s of CPU importing TFX);
+    argparse's refusals exit 2 as the console script does."""
+    def run(*args):
+        capsys.readouterr()
+        try:
+            code = main(["compile", "--kubeflow", *args])
+        except SystemExit as exit:
+            code = exit.code
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run
+
+
+@pytest.fixture
+def compile_job(tmp_path, compile_with):
+    """Compile (REQUIRED and the taxi example's --data-root unless `options` says otherwise)
+    and return the job."""
+    def run(*extra, options=TAXI):
+        out = tmp_path / "taxi.json"
+        code, stdout, stderr = compile_with("--out", str(out), *options, *extra)
+        assert code == 0, stderr[-3000:]
+        assert "wrote" in stdout
+        return json.loads(out.read_text())
+    return run
 
 
 @pytest.mark.slow
-def test_compiles_the_taxi_pipeline(tmp_path):
-    job = _compile(tmp_path)
+def test_compiles_the_taxi_pipeline(compile_job):
+    job = compile_job()
     spec = job["pipelineSpec"]
     assert set(spec["components"]) == COMPONENTS
     assert set(spec["root"]["dag"]["tasks"]) == COMPONENTS
@@ -51,8 +70,8 @@ def test_compiles_the_taxi_pipeline(tmp_path):
 
 
 @pytest.mark.slow
-def test_dp_sgd_mode_adds_the_sampler(tmp_path):
-    job = _compile(tmp_path, "--mode", "dp_sgd")
+def test_dp_sgd_mode_adds_the_sampler(compile_job):
+    job = compile_job("--mode", "dp_sgd")
     assert set(job["pipelineSpec"]["components"]) == COMPONENTS | {"ObliviousSampleGen"}
     # Without --window/--epsilon, the grant is DP-SGD's first iteration, as the demo runs it.
     grant = job["pipelineSpec"]["root"]["dag"]["tasks"]["BlockLedger"]["inputs"]["parameters"]
@@ -67,58 +86,52 @@ def test_dp_sgd_mode_adds_the_sampler(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_grant_that_cannot_run_is_refused_at_compile_time(tmp_path):
+def test_a_grant_that_cannot_run_is_refused_at_compile_time(tmp_path, compile_with):
     out = tmp_path / "taxi.json"
     for option, message in (("--window", "window must be a positive number of blocks, got 0"),
                             ("--epsilon", "epsilon must be a positive number, got 0.0")):
-        completed = subprocess.run([sys.executable, "-m", "sage_tfx.cli", "compile", "--kubeflow",
-                                    "--out", str(out), *TAXI, option, "0"],
-                                   capture_output=True, text=True, timeout=300)
-        assert completed.returncode == 2, completed.stderr[-3000:]
-        assert message in completed.stderr
+        code, _, stderr = compile_with("--out", str(out), *TAXI, option, "0")
+        assert code == 2, stderr[-3000:]
+        assert message in stderr
         assert not out.exists()
 
 
 @pytest.mark.slow
-def test_compiles_a_user_pipeline_module(tmp_path):
+def test_compiles_a_user_pipeline_module(compile_job):
     """--pipeline-module: the plain-Pipeline example of docs/pipelines.md compiles as it is."""
-    job = _compile(tmp_path, "--pipeline-module", FIRST_PIPELINE + ":training_pipeline",
+    job = compile_job("--pipeline-module", FIRST_PIPELINE + ":training_pipeline",
                    options=REQUIRED)
     assert set(job["pipelineSpec"]["root"]["dag"]["tasks"]) == {
         "BlockLedger", "ObliviousSampleGen", "DPTrainer", "SLAedValidator", "Pusher"}
     assert job["runtimeConfig"]["gcsOutputDirectory"] == "gs://bucket/sage"
 
 
-def test_no_silent_placeholders_and_no_directories_created(tmp_path):
-    def compile_with(*args):
-        return subprocess.run([sys.executable, "-m", "sage_tfx.cli", "compile", "--kubeflow",
-                               *args], capture_output=True, text=True, timeout=300)
-
+def test_no_silent_placeholders_and_no_directories_created(tmp_path, compile_with):
     out = str(tmp_path / "job.json")
     for missing in ("--image", "--pipeline-root"):
         args = list(TAXI)
         del args[args.index(missing):args.index(missing) + 2]
-        completed = compile_with("--out", out, *args)
-        assert completed.returncode == 2 and missing in completed.stderr
-    completed = compile_with("--out", out, *REQUIRED)
-    assert completed.returncode == 2 and "--data-root" in completed.stderr
+        code, _, stderr = compile_with("--out", out, *args)
+        assert code == 2 and missing in stderr
+    code, _, stderr = compile_with("--out", out, *REQUIRED)
+    assert code == 2 and "--data-root" in stderr
     for store in (str(tmp_path / "ledger.sqlite"), "grpc://no-port"):  # pods reach it over gRPC
-        completed = compile_with("--out", out, *TAXI, "--ledger-store", store)
-        assert completed.returncode == 2, completed.stderr
-        assert "--ledger-store" in completed.stderr or "grpc://HOST:PORT" in completed.stderr
+        code, _, stderr = compile_with("--out", out, *TAXI, "--ledger-store", store)
+        assert code == 2, stderr
+        assert "--ledger-store" in stderr or "grpc://HOST:PORT" in stderr
     nested = tmp_path / "absent" / "dir" / "job.json"
-    completed = compile_with("--out", str(nested), *TAXI)
-    assert completed.returncode == 2 and "does not exist" in completed.stderr
+    code, _, stderr = compile_with("--out", str(nested), *TAXI)
+    assert code == 2 and "does not exist" in stderr
     assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.slow
-def test_the_taxi_job_ingests_the_months_it_is_given(tmp_path):
+def test_the_taxi_job_ingests_the_months_it_is_given(compile_job):
     """Blocks are immutable, so a job compiled for the whole sample can run once: each later
     run is compiled for the new months it ingests."""
     from sage_tfx.components.block_example_gen import month_schedule
 
-    job = _compile(tmp_path, "--first-month", "2017-01", "--last-month", "2017-03")
+    job = compile_job("--first-month", "2017-01", "--last-month", "2017-03")
     ingest = json.dumps(job["pipelineSpec"]["root"]["dag"]["tasks"]["BlockExampleGen"]["inputs"])
     start, end = month_schedule("2017-01", "2017-03")
     assert str(start) in ingest and str(end) in ingest
@@ -160,10 +173,11 @@ def _strings(value):
 
 
 @pytest.mark.slow
-def test_the_compiled_job_names_no_file_of_the_compiling_machine(tmp_path):
+def test_the_compiled_job_names_no_file_of_the_compiling_machine(tmp_path, compile_with,
+                                                                compile_job):
     """Issue 29 item 11: the cluster's containers have the image, not this machine's files; a
     job naming the repository's module file would fail in DPTrainer after the grant."""
-    job = _compile(tmp_path)
+    job = compile_job()
     local = [s for s in _strings(job) if s.startswith((REPO_ROOT, str(tmp_path)))]
     assert local == []
     trainer = job["pipelineSpec"]["root"]["dag"]["tasks"]["DPTrainer"]["inputs"]["parameters"]
@@ -172,10 +186,8 @@ def test_the_compiled_job_names_no_file_of_the_compiling_machine(tmp_path):
     # A path of this machine given to the CLI is refused before anything is written.
     from sage_tfx.examples.taxi.pipeline import MODULE_FILE
     out = tmp_path / "refused.json"
-    completed = subprocess.run([sys.executable, "-m", "sage_tfx.cli", "compile", "--kubeflow",
-                                "--out", str(out), *TAXI, "--module-file", MODULE_FILE],
-                               capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 2 and "is a path on this machine" in completed.stderr
+    code, _, stderr = compile_with("--out", str(out), *TAXI, "--module-file", MODULE_FILE)
+    assert code == 2 and "is a path on this machine" in stderr
     assert not out.exists()
 
 
@@ -222,14 +234,15 @@ def test_custom_artifact_types_import_from_their_type_names():
 
 
 @pytest.mark.slow
-def test_a_compiled_seed_reaches_the_grant_which_refuses_it_on_a_ledger_not_for_tests(tmp_path):
+def test_a_compiled_seed_reaches_the_grant_which_refuses_it_on_a_ledger_not_for_tests(
+        compile_job):
     """`compile --seed` (tests only; issue 45, item 5): the job's BlockLedger task carries the
     seeded components, and its executor refuses them before the charge unless the ledger was
     created for tests (tests/components/test_block_ledger.py runs that executor)."""
-    job = _compile(tmp_path, "--mode", "dp_sgd", "--seed", "6")
+    job = compile_job("--mode", "dp_sgd", "--seed", "6")
     grant = job["pipelineSpec"]["root"]["dag"]["tasks"]["BlockLedger"]["inputs"]["parameters"]
     seeded = json.loads(grant["fixed_seeds"]["runtimeValue"]["constant"])
     assert sorted(seeded) == ["DPTrainer seed 6", "ObliviousSampleGen seed 6"]
-    unseeded = _compile(tmp_path, "--mode", "dp_sgd")
+    unseeded = compile_job("--mode", "dp_sgd")
     assert "fixed_seeds" not in unseeded["pipelineSpec"]["root"]["dag"]["tasks"]["BlockLedger"][
         "inputs"]["parameters"]

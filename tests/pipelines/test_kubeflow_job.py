@@ -35,7 +35,9 @@ SEEDED_TASKS = os.path.join(TESTS, "support", "seeded_tasks")
 
 
 def _cli(*args, timeout=1800):
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([SEEDED_TASKS, TESTS]))
+    # Ahead of the caller's own PYTHONPATH (a worktree's sage_tfx), which the tasks keep.
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [SEEDED_TASKS, TESTS, *filter(None, [os.environ.get("PYTHONPATH")])]))
     return subprocess.run([sys.executable, "-m", "sage_tfx.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=environment)
 
@@ -98,6 +100,11 @@ def test_the_compiled_taxi_job_accepts_and_charges_as_the_demo(cluster, first_jo
     # ACCEPT: the validator blessed the model and the Pusher pushed it.
     assert _blessing(tmp, run_id)["metadata"]["outcome"] == "ACCEPT"
     assert os.listdir(tmp / "root" / "serving")
+    # No Beam task built an sdist of TFX for its workers (components/util/beam_executor.py).
+    logs = [log.read_text() for log in
+            (tmp / "root" / "sage-taxi" / run_id / ".local").glob("*/log.txt")]
+    assert len(logs) == 7
+    assert not [log for log in logs if "Attempting to infer TFX Python dependency" in log]
     # The demo's first DP-SGD iteration: its window of the 24 months, its epsilon, the spec's
     # delta and split, one grant, every block charged that much (basic composition).
     ledger = BlockLedger(store)

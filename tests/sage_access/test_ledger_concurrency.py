@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -36,6 +37,39 @@ def wait_for_grants(store: str, count: int, seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
     while len(BlockLedger(store).grant_records()) < count and time.monotonic() < deadline:
         time.sleep(0.2)
+
+
+class PrintedGrants:
+    """The lines `workers` print (one JSON line per grant they saw committed), read as they come,
+    so a test waits on the workers' own output rather than polling the ledger (on SQLite, a poll
+    waited for the writers' locks and saw grants seconds late). Their stderr (the refusals) is
+    drained too, so no worker blocks on a full pipe."""
+
+    def __init__(self, workers: list[subprocess.Popen]):
+        self._lines: list[str] = []
+        self._printed = threading.Condition()
+        self._readers = [threading.Thread(target=self._read, args=(worker.stdout,))
+                         for worker in workers]
+        self._readers += [threading.Thread(target=worker.stderr.read) for worker in workers]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stdout) -> None:
+        for line in stdout:
+            with self._printed:
+                self._lines.append(line)
+                self._printed.notify_all()
+
+    def wait_for(self, count: int, seconds: float = 120) -> None:
+        with self._printed:
+            self._printed.wait_for(lambda: len(self._lines) >= count, seconds)
+
+    def committed(self) -> list[dict]:
+        """After the workers are gone: the grants they printed whole (a worker killed mid-print
+        leaves a line that is not one)."""
+        for reader in self._readers:
+            reader.join()
+        return [json.loads(line) for line in self._lines if line.rstrip("\n").endswith("}")]
 
 
 def assert_consistent(store: str, committed: list[dict]) -> None:
@@ -94,22 +128,28 @@ def test_four_racing_processes_spend_each_ceiling_exactly(store_path):
 
 @pytest.mark.slow
 def test_killed_processes_leave_every_grant_whole_or_absent(store_path):
+    """Four rounds of four workers, each round SIGKILLed while they grant. A round is killed after
+    its workers printed a random number of grants (4-29), then a random 0-0.25 s more (a grant
+    takes about 0.1 s, so the kill lands anywhere in one). The count bounds what a round spends,
+    about 40 of the ~180 grants the blocks hold, whatever the machine's speed: every round is
+    killed mid-grants. (Killing a fixed 0.5-1.5 s after the ledger showed grants spent every block
+    in the first round on a quiet machine, and the later rounds waited out the 120 s deadline for
+    grants that could no longer come: 248 s.)"""
     store = store_path
     make_store(store)
     rng = np.random.default_rng(7)
     committed = []
     for round_index in range(4):
-        granted = len(BlockLedger(store).grant_records())
         workers = [start_worker(store, 100 * round_index + seed, 400) for seed in range(4)]
-        # Killed mid-grants: a while after they started granting (on a loaded machine starting
-        # them took longer than the 1.5-3 s this test used to wait, and nothing was granted).
-        wait_for_grants(store, granted + 4)
-        time.sleep(float(rng.uniform(0.5, 1.5)))
+        printed = PrintedGrants(workers)
+        printed.wait_for(int(rng.integers(4, 30)))
+        time.sleep(float(rng.uniform(0, 0.25)))
+        assert all(worker.poll() is None for worker in workers)  # still granting when killed
         for worker in workers:
             os.kill(worker.pid, signal.SIGKILL)
         for worker in workers:
-            out, _ = worker.communicate()
-            committed += [json.loads(line) for line in out.splitlines() if line.endswith("}")]
+            worker.wait()
+        committed += printed.committed()
         assert BlockLedger(store).audit().problems == []
     expected, blocks = assert_consistent(store, committed)
     # A grant may commit after its worker printed nothing (killed between commit and print), so
