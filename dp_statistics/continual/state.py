@@ -115,6 +115,11 @@ class CodeTable:
             self._size += len(new)
         return codes[inverse]
 
+    def __reduce__(self):
+        """Pickled as its values (the hash table is rebuilt): beam.py keeps tables in Beam
+        state, which a runner encodes."""
+        return CodeTable, (self.values,)
+
     def sort_order(self, codes: np.ndarray) -> np.ndarray:
         """The permutation of `codes` that sorts their values, as pd.Index(values).argsort()
         (the values are distinct, so there is one). An integer table sorts its values as
@@ -208,18 +213,29 @@ class PairTable:
     def count_once(self, codes: np.ndarray, rounds: np.ndarray) -> np.ndarray:
         """For distinct pair `codes` whose key is in round `rounds`: True where the unit was not
         yet counted for the key in that round; records them all as counted in it."""
+        return self.replace(codes, rounds) != rounds
+
+    def replace(self, codes: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Store `values` for the distinct pair `codes`; returns what each held before (-1 for
+        a pair never stored). (beam.py's stage 1 stores the last step a unit kept a record of
+        a key, where the local engine stores the last round it was counted in.)"""
         slots = self._slots.lookup(codes)
         seen = slots >= 0
         previous = np.full(len(codes), -1, dtype=np.int64)
         previous[seen] = self._rounds[slots[seen]]
-        self._rounds[slots[seen]] = rounds[seen]
+        self._rounds[slots[seen]] = values[seen]
         new = ~seen
         if new.any():
             size = len(self._slots)
             self._slots.insert(codes[new])
             self._codes = _grown(self._codes, size, codes[new])
-            self._rounds = _grown(self._rounds, size, rounds[new])
-        return previous != rounds
+            self._rounds = _grown(self._rounds, size, values[new])
+        return previous
+
+    def __reduce__(self):
+        """Pickled as its arrays (pandas' hash table is rebuilt): beam.py keeps tables in Beam
+        state, which a runner encodes."""
+        return PairTable, self.to_arrays()
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         size = len(self._slots)
@@ -311,7 +327,7 @@ class WindowState:
     def fresh(cls, query: StreamQuery, budget: StreamBudget, noise_key: bytes) -> "WindowState":
         check_budget(query, budget)
         return cls(query, budget, bytes(noise_key), CodeTable(), np.zeros(0, np.int32),
-                   PairTable(), CodeTable(), _key_columns(0), budget.index(selection=True),
+                   PairTable(), CodeTable(), key_columns(0), budget.index(selection=True),
                    budget.index(selection=False))
 
     def guarantee(self):
@@ -329,22 +345,8 @@ class WindowState:
     def add_keys(self, count: int) -> np.ndarray:
         """Room for `count` keys just coded; returns their codes (columns at their defaults)."""
         first = len(self.keys) - count
-        needed = len(self.keys)
-        capacity = len(self.columns["round"])
-        if needed > capacity:
-            grown = _key_columns(max(needed, 2 * capacity, 1024))
-            for name, array in self.columns.items():
-                grown[name][:first] = array[:first]
-            self.columns = grown
-        return np.arange(first, needed)
-
-    def grow_units(self) -> None:
-        """Room in ``used`` for every coded unit (new units start at 0)."""
-        needed = len(self.units)
-        if needed > len(self.used):
-            grown = np.zeros(max(needed, 2 * len(self.used), 1024), np.int32)
-            grown[:len(self.used)] = self.used
-            self.used = grown
+        self.columns = grown_key_columns(self.columns, first, len(self.keys))
+        return np.arange(first, len(self.keys))
 
     def schedule(self, codes: np.ndarray, due: np.ndarray) -> None:
         """Index keys by predicted release step (Algorithm 4's secondary index). Entries are
@@ -410,7 +412,7 @@ class WindowState:
         budget = StreamBudget(**meta["budget"])
         units, keys = CodeTable.from_arrays(arrays, "unit"), CodeTable.from_arrays(arrays, "key")
         n_keys = len(keys)
-        columns = _key_columns(n_keys)
+        columns = key_columns(n_keys)
         for name in KEY_COLUMNS:
             columns[name][:] = arrays[f"key_{name}"]
 
@@ -466,9 +468,22 @@ def _write_npz(out, arrays: dict[str, np.ndarray]) -> None:
                 member.write(memoryview(array.reshape(-1)).cast("B"))
 
 
-def _key_columns(capacity: int) -> dict[str, np.ndarray]:
+def key_columns(capacity: int) -> dict[str, np.ndarray]:
     return {name: np.full(capacity, fill, dtype=dtype)
             for name, (dtype, fill) in KEY_COLUMNS.items()}
+
+
+def grown_key_columns(columns: dict[str, np.ndarray], size: int,
+                      needed: int) -> dict[str, np.ndarray]:
+    """`columns` (their first `size` rows live) with room for `needed` rows, the new ones at
+    their defaults (capacity doubled as needed)."""
+    capacity = len(columns["round"])
+    if needed <= capacity:
+        return columns
+    grown = key_columns(max(needed, 2 * capacity, 1024))
+    for name, array in columns.items():
+        grown[name][:size] = array[:size]
+    return grown
 
 
 def check_budget(query: StreamQuery, budget: StreamBudget) -> None:
