@@ -62,8 +62,8 @@ class CodeTable:
     """Values (unit ids or keys) -> dense codes 0, 1, ... in order of first appearance.
 
     Integer values (or integral floats: a column with a missing value is float) go through a C
-    hash table (Int64Map), vectorised; any other value switches the table to a dict of Python
-    scalars (one lookup per distinct value of a micro-batch)."""
+    hash table (Int64Map), vectorised; any other value switches the table to pandas' C hash
+    table of Python objects (the one under factorize: equality as a dict's), vectorised too."""
 
     def __init__(self, values: Optional[np.ndarray] = None):
         values = np.asarray(values if values is not None else [], dtype=object)
@@ -71,8 +71,7 @@ class CodeTable:
         self._size = len(values)
         integers = _as_int64(values)
         self._ints: Optional[Int64Map] = Int64Map(integers) if integers is not None else None
-        self._dict: Optional[dict] = None if integers is not None else {
-            v: code for code, v in enumerate(values.tolist())}
+        self._objects = None if integers is not None else _object_table(values)
 
     def __len__(self) -> int:
         return self._size
@@ -87,26 +86,27 @@ class CodeTable:
         uniques = np.asarray(uniques)
         integers = _as_int64(uniques) if self._ints is not None else None
         if self._ints is not None and integers is None and len(uniques):
-            self._dict = {v: code for code, v in enumerate(self.values.tolist())}
+            self._objects = _object_table(self.values)
             self._ints = None
         if self._ints is not None:
             codes = self._ints.lookup(integers)
             new = np.flatnonzero(codes < 0)
             codes[new] = self._ints.insert(integers[new])
         else:
-            lookup = self._dict.get
-            codes = np.fromiter((lookup(v, -1) for v in uniques.tolist()), np.int64,
-                                len(uniques))
+            uniques = uniques.astype(object)
+            codes = self._objects.lookup(uniques)
             new = np.flatnonzero(codes < 0)
-            kinds = {_kind(v) for v in uniques[new].tolist()} | (
+            all_strings = pd.api.types.infer_dtype(uniques[new], skipna=False) in (
+                "string", "empty") and (not self._size or isinstance(self._values[0], str))
+            kinds = {"string"} if all_strings else {_kind(v) for v in uniques[new].tolist()} | (
                 {_kind(self._values[0])} if self._size else set())
             if len(kinds) > 1 or kinds - {"number", "string", "bool"}:
                 raise QueryError(f"unit and key values must be all numbers, all strings or all "
                                  f"booleans "
                                  f"(they are stored without pickle); this stream mixes "
                                  f"{sorted(kinds)}, e.g. {uniques[new][:3].tolist()}")
-            codes[new] = np.arange(self._size, self._size + len(new))
-            self._dict.update(zip(uniques[new].tolist(), codes[new].tolist()))
+            codes[new] = self._objects.get_labels(uniques[new], hashtable.ObjectVector(),
+                                                  self._size, -1)
         if len(new):
             # Integers are kept as integers (an integral float key is released as an integer,
             # the same before and after a restart).
@@ -165,6 +165,13 @@ class CodeTable:
             len(offsets) - 1, pa.py_buffer(offsets.tobytes()),
             pa.py_buffer(arrays[f"{what}_utf8"].tobytes()))
         return cls(strings.to_numpy(zero_copy_only=False).astype(object))
+
+
+def _object_table(values: np.ndarray) -> "hashtable.PyObjectHashTable":
+    """pandas' C hash table from each of the distinct `values` to its position."""
+    table = hashtable.PyObjectHashTable(max(len(values), 1024))
+    table.map_locations(np.asarray(values, dtype=object))
+    return table
 
 
 class Int64Map:
