@@ -12,7 +12,8 @@ Batches and shards. Records travel as numpy columns, never one element per recor
 turns each bundle (and each RecordBatch) into one batch per (unit shard, micro-batch), and every
 keyed stage is keyed by a *shard* (a public function of the unit's or key's text alone, ``shard_of``:
 SipHash of its UTF-8 bytes modulo ``shards``) and holds the tables of all its units or keys, so
-each shuffle carries at most one batch per (shard, step) and each stage runs the local engine's
+the unit shuffle carries at most one batch per (input bundle or RecordBatch, unit shard, step),
+the key shuffle one per (step, unit shard, key shard), and each stage runs the local engine's
 vectorised kernels over a shard's arrays (operator.py: ``clean_batch``,
 ``bound_contributions``, ``first_rounds``, ``evaluate_keys``, ``tree_ids``), the same calls
 ``operator.step`` makes over the whole window. Rows are independent in those kernels (a unit's

@@ -253,9 +253,10 @@ def test_workers_can_read_the_noise_key_from_a_file_instead_of_the_job_graph(tmp
 
 
 def test_the_stages_carry_batches_and_release_the_local_bits_for_any_sharding(tmp_path):
-    """Issue 47: records cross each shuffle as batches, at most one per (shard, step) however
-    many records and bundles, and the releases are the local engine's bits whatever the number
-    of shards (a seeded stream of 3,000 records in RecordBatches of 250: several bundles per
+    """Issue 47: records cross each shuffle as batches: into the unit shuffle at most one per
+    (input batch, unit shard), into the key shuffle at most one per (step, unit shard, key
+    shard), however many records; and the releases are the local engine's bits whatever the number
+    of shards (a seeded stream of 1,200 records in RecordBatches of 100: several bundles per
     micro-batch)."""
     from apache_beam.testing.test_stream import TestStream
     from apache_beam.transforms.window import TimestampedValue
@@ -264,14 +265,14 @@ def test_the_stages_carry_batches_and_release_the_local_bits_for_any_sharding(tm
                                                        BoundUnitContributions, RecordBatch)
 
     rng = np.random.default_rng(47)
-    rows, shards, steps = 3000, 3, 4
+    rows, shards, steps = 1200, 3, 4
     query = StreamQuery(key_column="k", unit_column="u", time_column="t", value_column="v",
                         value_bound=4.0, contribution_limit=3, micro_batches=steps,
                         epsilon=20.0, delta=1e-3)
     budget = plan(20.0, 1e-3, steps, 3, 4.0)
     batches = MicroBatches(Window(("w",), ((0.0, 40.0),)), steps)
     times = np.sort(rng.uniform(0, 40, rows))
-    records = list(zip((f"u{u}" for u in rng.integers(0, 400, rows)),
+    records = list(zip((f"u{u}" for u in rng.integers(0, 200, rows)),
                        (f"k{k}" for k in rng.zipf(1.5, rows) % 60),
                        rng.integers(-5, 6, rows).astype(float), times))
     local_releases = []
@@ -280,12 +281,15 @@ def test_the_stages_carry_batches_and_release_the_local_bits_for_any_sharding(tm
     final = local_releases[-1]
     assert final.updated.sum() > 10  # the stream releases keys at the last trigger
 
+    elements = []  # the input's RecordBatches
+
     def as_batches():
         stream, columns = TestStream(), list(zip(*records))
         for step in range(1, steps + 1):
             inside = np.flatnonzero([batches.step_of(t) == step for t in times])
-            for low in range(0, len(inside), 250):
-                part = inside[low:low + 250]
+            for low in range(0, len(inside), 100):
+                part = inside[low:low + 100]
+                elements.append(part)
                 stream = stream.add_elements([TimestampedValue(RecordBatch.of(
                     *(np.asarray(column, dtype=object)[part] for column in columns[:3]),
                     times[part], part), float(times[part[0]]))])
@@ -296,7 +300,7 @@ def test_the_stages_carry_batches_and_release_the_local_bits_for_any_sharding(tm
     def shuffled(pipeline):
         """What crosses the unit shuffle and the key shuffle, and the releases."""
         source = pipeline | as_batches()
-        unit_batches = source | BatchByUnitShard(batches, shards)
+        unit_batches = source | beam.ParDo(BatchByUnitShard(batches, shards))
         key_batches = (unit_batches | beam.WindowInto(batches.beam_window)
                        | beam.ParDo(BoundUnitContributions(batches, query, budget, shards)))
         releases = source | "Release" >> ContinualReleaseTransform(query, budget, batches,
@@ -308,9 +312,9 @@ def test_the_stages_carry_batches_and_release_the_local_bits_for_any_sharding(tm
     unit_batches = [e for kind, e in out if kind == "unit"]
     key_batches = [e for kind, e in out if kind == "key"]
     assert sum(len(records.units) for _, (_, records) in unit_batches) == rows
-    assert len(unit_batches) <= shards * steps < rows / 100
+    assert len(unit_batches) <= len(elements) * shards < rows / 20
     assert {shard for shard, _ in unit_batches} == set(range(shards))
-    assert len(key_batches) <= shards * steps
+    assert len(key_batches) <= steps * shards * shards
     assert sum(len(batch.keys) for _, batch in key_batches) > len(key_batches)
 
     def bits(pairs):
