@@ -102,7 +102,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, NamedTuple, Optional, Tuple, Union
+from typing import Any, Iterable, Iterator, NamedTuple, Tuple, Union
 
 import apache_beam as beam
 import numpy as np
