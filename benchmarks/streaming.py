@@ -8,6 +8,20 @@
         [--mechanism tree|factorization|auto] [--noise-seed N] [--no-baseline-2] [--json]
     python benchmarks/streaming.py --latency [--latency-micro-batches 1000,300,100,30,10]
         [--users U ...] [--json]
+    python benchmarks/streaming.py --beam [--repeats N] [--shards S] [--bundle-rows R]
+        [--users U ...] [--json]
+
+``--beam`` (issue 47): the Beam engine (dp_statistics/continual/beam.py, on the streaming
+DirectRunner fed by a TestStream that replays the stream's micro-batches) against the local engine
+(local.run_local, as ``sage-tfx stream`` replays a window) on the same stream, query and noise
+key, runs alternated ``--repeats`` times so both see the same load; medians of wall and CPU
+seconds (this process's, every thread) and records per CPU second. Both get the unit and key
+ids as text (what sources.py reads from a file); the local engine's integer-id fast path is
+measured beside (``local_integer_ids``). The final releases must be the same bits
+(``same_bits``). Run with a checkout of the engine before issue 47 on PYTHONPATH, the Beam
+engine is fed one StreamRecord per record (its only input then). The streaming DirectRunner runs
+one process: its 1-worker figure is the only one (no multi-worker streaming runner runs here:
+tests/conformance/test_continual.py).
 
 The stream (streaming_data.py): Zipf-Mandelbrot records per user and keys, records uniform over
 one day, split into B micro-batches of equal event-time width. The query is the paper's
@@ -69,6 +83,8 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
+import pickle
 import tempfile
 import time
 from typing import Optional
@@ -295,6 +311,161 @@ def dropped_by_rows_per_key(stream: Stream, contribution_limit: int, rows_per_ke
     return int(np.maximum(per_pair - rows_per_key, 0).sum())
 
 
+# --- the Beam engine against the local engine (issue 47) ----------------------------------
+
+def _text_ids(stream: Stream) -> tuple[np.ndarray, np.ndarray]:
+    return stream.user.astype(str).astype(object), stream.key.astype(str).astype(object)
+
+
+def _timed(run) -> tuple[object, float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = run()
+    return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def run_local_engine(stream: Stream, units: np.ndarray, keys: np.ndarray,
+                     query: spec.StreamQuery, budget, batches, key: bytes):
+    """The final release of local.run_local over the stream's micro-batches (a replay)."""
+    steps = batches.window.micro_batch_of(stream.time, query.micro_batches)
+    ends = np.searchsorted(steps, np.arange(1, query.micro_batches + 1), side="right")
+    frames = ((step, pd.DataFrame({"unit": units[begin:end], "key": keys[begin:end]}))
+              for step, (begin, end) in enumerate(zip(np.r_[0, ends[:-1]], ends), start=1))
+    last = []
+    with tempfile.TemporaryDirectory(prefix="dp-sqlp-state-") as state_dir:
+        local.run_local(query, budget, frames, state_dir, lambda r: last.__setitem__(
+            slice(None), [r]), noise_key=key, take_ahead=local.REPLAY_TAKE_AHEAD)
+    return {str(k): np.float64(v).tobytes() for k, v in zip(last[0].keys, last[0].values)}
+
+
+def run_beam_engine(stream: Stream, units: np.ndarray, keys: np.ndarray,
+                    query: spec.StreamQuery, budget, batches, key: bytes, shards: int,
+                    bundle_rows: int):
+    """The final release of the Beam engine on the streaming DirectRunner: a TestStream
+    replaying each micro-batch, the watermark stepping through each trigger's stage instants.
+    The batched engine reads blocks: the stream is written as Arrow files of at most
+    ``bundle_rows`` records (not timed, as the local engine's input is in memory), the
+    TestStream carries their paths and a ``ReadBlock`` step reads each into a RecordBatch (a
+    TestStream carrying the records themselves pickles and bz2-compresses all of them into the
+    pipeline proto: 23 of 60 s at 10^6 records, a cost of the test source, not of the engine).
+    An engine without RecordBatch gets one StreamRecord per record."""
+    import apache_beam as beam
+    import pyarrow as pa
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import TimestampedValue
+
+    from sage_tfx.dp_statistics.continual import beam as engine
+
+    batched = hasattr(engine, "RecordBatch")
+    steps = batches.window.micro_batch_of(stream.time, query.micro_batches)
+    ends = np.searchsorted(steps, np.arange(1, query.micro_batches + 1), side="right")
+    replay = TestStream()
+    blocks = tempfile.TemporaryDirectory(prefix="dp-sqlp-blocks-")
+    for step, (begin, end) in enumerate(zip(np.r_[0, ends[:-1]], ends), start=1):
+        if batched:
+            elements = []
+            for low in range(begin, end, bundle_rows):
+                high = min(low + bundle_rows, end)
+                path = os.path.join(blocks.name, f"{low}.arrow")
+                with pa.OSFile(path, "wb") as sink:
+                    table = pa.table({"unit": units[low:high], "key": keys[low:high],
+                                      "time": stream.time[low:high],
+                                      "order": np.arange(low, high)})
+                    with pa.ipc.new_file(sink, table.schema) as writer:
+                        writer.write_table(table)
+                elements.append(TimestampedValue(path, float(stream.time[low])))
+        else:
+            elements = [TimestampedValue(engine.StreamRecord(units[i], keys[i], 0.0, i),
+                                         float(stream.time[i])) for i in range(begin, end)]
+        if elements:
+            replay = replay.add_elements(elements)
+        for stage in range(engine.STAGES):
+            replay = replay.advance_watermark_to(batches.trigger_timestamp(step, stage))
+    options = PipelineOptions([])
+    options.view_as(StandardOptions).streaming = True
+    with tempfile.TemporaryDirectory() as directory:
+        path = f"{directory}/updates.pickle"
+
+        def save(update):  # one append (O_APPEND: whole) per released key and trigger
+            descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(descriptor, pickle.dumps(tuple(update)))
+            finally:
+                os.close(descriptor)
+
+        transform = (engine.ContinualReleaseTransform(query, budget, batches, key,
+                                                      shards or engine.DEFAULT_SHARDS)
+                     if batched else engine.ContinualReleaseTransform(query, budget, batches, key))
+        def read_block(path):
+            with pa.memory_map(path) as source:
+                table = pa.ipc.open_file(source).read_all()
+            return engine.RecordBatch.of(
+                table["unit"].to_numpy(), table["key"].to_numpy(), np.zeros(len(table)),
+                table["time"].to_numpy(), table["order"].to_numpy())
+
+        with beam.Pipeline(options=options) as pipeline:
+            records = pipeline | replay.advance_watermark_to_infinity()
+            if batched:
+                records = records | "ReadBlock" >> beam.Map(read_block)
+            _ = records | transform | beam.Map(save)
+        blocks.cleanup()
+        updates = []
+        if os.path.exists(path):
+            with open(path, "rb") as source:
+                while source.peek(1):
+                    updates.append(engine.ReleaseUpdate(*pickle.load(source)))
+    final = engine.histograms(updates, query.micro_batches)[-1]
+    return {str(k): np.float64(v).tobytes() for k, v in final.items()}
+
+
+def beam_vs_local(args: argparse.Namespace) -> dict:
+    from sage_tfx.dp_statistics.continual.beam import MicroBatches
+    from sage_tfx.dp_statistics.continual.sources import Window
+    from streaming_data import WINDOW_SECONDS
+
+    stream = generate(args.users, args.keys, args.mean_records_per_user, args.seed)
+    units, keys = _text_ids(stream)
+    query = stream_query(args.epsilon, args.delta, args.micro_batches, args.contribution_limit,
+                         args.mechanism)
+    dp_budget = stream_budget.plan(args.epsilon, args.delta, args.micro_batches,
+                                   args.contribution_limit, mechanism=args.mechanism)
+    batches = MicroBatches(Window(("day",), ((0.0, WINDOW_SECONDS),)), args.micro_batches)
+    key = noise_key(args.noise_seed if args.noise_seed is not None else 0)
+    systems = {
+        "beam": lambda: run_beam_engine(stream, units, keys, query, dp_budget, batches, key,
+                                        args.shards, args.bundle_rows),
+        "local": lambda: run_local_engine(stream, units, keys, query, dp_budget, batches, key),
+        "local_integer_ids": lambda: run_local_engine(stream, stream.user, stream.key, query,
+                                                      dp_budget, batches, key)}
+    runs = {name: [] for name in systems}
+    releases = {}
+    for _ in range(args.repeats):  # alternated: every system sees the same load
+        for name, run in systems.items():
+            releases[name], wall, cpu = _timed(run)
+            runs[name].append((wall, cpu))
+    report = {"config": {"users": args.users, "keys": args.keys, "records": len(stream),
+                         "micro_batches": args.micro_batches,
+                         "contribution_limit": args.contribution_limit,
+                         "mechanism": str(dp_budget.mechanism), "shards": args.shards,
+                         "bundle_rows": args.bundle_rows, "repeats": args.repeats,
+                         "runner": "DirectRunner (streaming, one process)"},
+              "same_bits": releases["beam"] == releases["local"] == releases[
+                  "local_integer_ids"],
+              "keys_released": len(releases["local"])}
+    for name, timings in runs.items():
+        wall = float(np.median([w for w, _ in timings]))
+        cpu = float(np.median([c for _, c in timings]))
+        report[name] = {"wall_s": wall, "cpu_s": cpu, "records_per_s": len(stream) / wall,
+                        "records_per_cpu_s": len(stream) / cpu,
+                        "wall_s_runs": [w for w, _ in timings],
+                        "cpu_s_runs": [c for _, c in timings]}
+    report["beam_over_local_per_cpu_s"] = (report["beam"]["records_per_cpu_s"]
+                                           / report["local"]["records_per_cpu_s"])
+    report["beam_over_local_integer_ids_per_cpu_s"] = (
+        report["beam"]["records_per_cpu_s"] / report["local_integer_ids"]["records_per_cpu_s"])
+    return report
+
+
 # --- the command -----------------------------------------------------------------------------
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -336,6 +507,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--noise-seed", type=int, default=None,
                         help="derive DP-SQLP's noise key from this seed (the same noise streams "
                              "for two runs; default: a fresh key)")
+    parser.add_argument("--beam", action="store_true",
+                        help="instead: the Beam engine against the local engine (issue 47)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="--beam: alternated runs of each engine (medians reported)")
+    parser.add_argument("--shards", type=int, default=None,
+                        help="--beam: the Beam engine's unit and key shards (default: its own)")
+    parser.add_argument("--bundle-rows", type=int, default=100_000,
+                        help="--beam: records per RecordBatch the replay emits")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     for name in ("users", "keys", "contribution_limit", "micro_batches",
@@ -462,6 +641,9 @@ def print_latency(report: dict) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.beam:
+        print(json.dumps(beam_vs_local(args)))
+        return
     report = latency(args) if args.latency else benchmark(args)
     if args.json:
         print(json.dumps(report))

@@ -50,7 +50,8 @@ from sage_tfx.dp_statistics.aggregation.local import numeric_column
 from sage_tfx.dp_statistics.aggregation.spec import QueryError
 from sage_tfx.dp_statistics.continual.budget import StreamBudget
 from sage_tfx.dp_statistics.continual.spec import StreamStatistic
-from sage_tfx.dp_statistics.continual.state import PairTable, WindowState, sorted_unique
+from sage_tfx.dp_statistics.continual.state import (CodeTable, PairTable, WindowState,
+                                                    sorted_unique)
 from sage_tfx.dp_statistics.continual.tree import NEVER, TreeIndex, round_to_grid
 from sage_tfx.mechanisms.bounding import bounded
 from sage_tfx.mechanisms.keyed import KeyedGaussian
@@ -138,6 +139,14 @@ def released_values(values: TreeIndex, noise: KeyedGaussian, rows: np.ndarray, s
     return released_true + round_to_grid(noise_at, grid)
 
 
+def first_rounds(selection: TreeIndex, noise: KeyedGaussian, key_codes: np.ndarray,
+                 micro_batches: int) -> np.ndarray:
+    """The rows of new keys' round-1 selection trees (over the whole window: it starts at step
+    0, before the key's first record)."""
+    return selection.add(noise, tree_ids(key_codes, np.ones(len(key_codes)), micro_batches),
+                         np.full(len(key_codes), micro_batches))
+
+
 def start_rounds(selection: TreeIndex, noise: KeyedGaussian, key_codes: np.ndarray,
                  rounds: np.ndarray, step: int,
                  micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
@@ -184,12 +193,72 @@ def next_evaluation(due: np.ndarray, released: np.ndarray, step: int,
     return np.where(final, micro_batches, due).astype(np.int64)
 
 
-def _sum_by_code(codes: np.ndarray, weights: Optional[np.ndarray] = None):
+def sum_by_code(codes: np.ndarray, weights: Optional[np.ndarray] = None):
     """(distinct codes, per-code sum of weights or count), codes sorted."""
     if weights is None:
         return np.unique(codes, return_counts=True)
     distinct, inverse = np.unique(codes, return_inverse=True)
     return distinct, np.bincount(inverse, weights=weights, minlength=len(distinct))
+
+
+def bound_contributions(units: CodeTable, used: np.ndarray, unit_values: np.ndarray,
+                        limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Design step 1 on a table of units (all of a window's, or one shard's: beam.py): each
+    record's unit code, which records are kept (``kept_mask``: the unit's first C of the
+    window, `unit_values` in arrival order) and ``used`` (kept records per unit code,
+    capacity-grown) counting them."""
+    unit_codes = units.encode(unit_values)
+    if len(units) > len(used):
+        grown = np.zeros(max(len(units), 2 * len(used), 1024), np.int32)
+        grown[:len(used)] = used
+        used = grown
+    keep = kept_mask(unit_codes, used, limit)
+    kept_units, kept_counts = sum_by_code(unit_codes[keep])
+    used[kept_units] += kept_counts.astype(np.int32)
+    return unit_codes, keep, used
+
+
+def evaluate_keys(columns: dict[str, np.ndarray], selection: TreeIndex, values: TreeIndex,
+                  noise: KeyedGaussian, evaluated: np.ndarray, t: int, micro_batches: int,
+                  grid: float, codes: Optional[np.ndarray] = None) -> tuple[np.ndarray,
+                                                                          np.ndarray]:
+    """Design steps 3-6 at trigger `t` for the key rows `evaluated` (sorted, distinct) of
+    per-key `columns` (state.KEY_COLUMNS, their `count` and `buffer` already holding step t's
+    records) and their trees: selection, release, new rounds and prediction. `codes[row]` is a
+    row's key code, the one its noise streams are named by (tree_ids); None: the row is the
+    code (the local engine's one table; beam.py's stage 4 holds one shard's keys). Returns the
+    rows released at t and each evaluated row's next evaluation step (also in `due`)."""
+    def code(rows: np.ndarray) -> np.ndarray:
+        return rows if codes is None else codes[rows]
+
+    selected, due = select_and_predict(selection, noise, columns["selection_row"][evaluated],
+                                       columns["origin"][evaluated], t,
+                                       columns["count"][evaluated])
+    chosen = evaluated[selected]
+    without_value_tree = chosen[columns["value_row"][chosen] < 0]
+    columns["value_row"][without_value_tree] = values.add(
+        noise, tree_ids(code(without_value_tree), np.zeros(len(without_value_tree)),
+                        micro_batches),
+        np.full(len(without_value_tree), micro_batches))
+    # The final pane: at the last trigger every key released before releases too
+    # (next_evaluation woke them all).
+    flushed = (evaluated[~selected & (columns["value_row"][evaluated] >= 0)]
+               if t == micro_batches else evaluated[:0])
+    releasing = sorted_unique(np.concatenate([chosen, flushed]))
+    columns["released_true"][releasing] += columns["buffer"][releasing]
+    columns["released_value"][releasing] = released_values(
+        values, noise, columns["value_row"][releasing], t,
+        columns["released_true"][releasing], grid)
+    columns["buffer"][releasing] = 0.0
+    columns["round"][chosen] += 1
+    columns["origin"][chosen] = t
+    columns["count"][chosen] = 0
+    rows, due[selected] = start_rounds(selection, noise, code(chosen), columns["round"][chosen],
+                                       t, micro_batches)
+    columns["selection_row"][chosen] = rows
+    due = next_evaluation(due, columns["value_row"][evaluated] >= 0, t, micro_batches)
+    columns["due"][evaluated] = due
+    return releasing, due
 
 
 def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> TriggerRelease:
@@ -205,60 +274,28 @@ def step(state: WindowState, budget: StreamBudget, batch: pd.DataFrame) -> Trigg
     units, keys, values = clean_batch(batch, query.statistic, grid, bound)
 
     # 1. Contribution bounding over the window.
-    unit_codes = state.units.encode(units)
-    state.grow_units()
-    keep = kept_mask(unit_codes, state.used, query.contribution_limit)
-    kept_units, kept_counts = _sum_by_code(unit_codes[keep])
-    state.used[kept_units] += kept_counts.astype(np.int32)
+    unit_codes, keep, state.used = bound_contributions(state.units, state.used, units,
+                                                       query.contribution_limit)
     unit_codes, keys, values = unit_codes[keep], keys[keep], values[keep]
 
     # 2-3. Only kept records make a key appear; a new key's round-1 tree starts at step 0.
     known = state.n_keys
     key_codes = state.keys.encode(keys)
     new_keys = state.add_keys(state.n_keys - known)
-    if len(new_keys):
-        state.columns["selection_row"][new_keys] = state.selection.add(
-            noise, tree_ids(new_keys, np.ones(len(new_keys)), query.micro_batches),
-            np.full(len(new_keys), query.micro_batches))
-    touched, sums = _sum_by_code(key_codes, values)
+    state.columns["selection_row"][new_keys] = first_rounds(state.selection, noise, new_keys,
+                                                            query.micro_batches)
+    touched, sums = sum_by_code(key_codes, values)
     state.columns["buffer"][touched] += sums
     pairs = sorted_unique(PairTable.pair_codes(unit_codes, key_codes))
     pair_keys = pairs & 0xFFFFFFFF
     fresh = state.pairs.count_once(pairs, state.columns["round"][pair_keys])
-    counted, new_users = _sum_by_code(pair_keys[fresh])
+    counted, new_users = sum_by_code(pair_keys[fresh])
     state.columns["count"][counted] += new_users
 
     # 3-6. Evaluate the keys with kept records and the keys predicted to cross at t.
     evaluated = sorted_unique(np.concatenate([touched, state.take_due(t)]))
-    columns = state.columns
-    selected, due = select_and_predict(state.selection, noise,
-                                       columns["selection_row"][evaluated],
-                                       columns["origin"][evaluated], t,
-                                       columns["count"][evaluated])
-    chosen = evaluated[selected]
-    without_value_tree = chosen[columns["value_row"][chosen] < 0]
-    columns["value_row"][without_value_tree] = state.values.add(
-        noise, tree_ids(without_value_tree, np.zeros(len(without_value_tree)),
-                        query.micro_batches),
-        np.full(len(without_value_tree), query.micro_batches))
-    # The final pane: at the last trigger every key released before releases too
-    # (next_evaluation woke them all).
-    flushed = (evaluated[~selected & (columns["value_row"][evaluated] >= 0)]
-               if t == query.micro_batches else evaluated[:0])
-    releasing = sorted_unique(np.concatenate([chosen, flushed]))
-    columns["released_true"][releasing] += columns["buffer"][releasing]
-    columns["released_value"][releasing] = released_values(
-        state.values, noise, columns["value_row"][releasing], t,
-        columns["released_true"][releasing], grid)
-    columns["buffer"][releasing] = 0.0
-    columns["round"][chosen] += 1
-    columns["origin"][chosen] = t
-    columns["count"][chosen] = 0
-    rows, due[selected] = start_rounds(state.selection, noise, chosen, columns["round"][chosen],
-                                       t, query.micro_batches)
-    columns["selection_row"][chosen] = rows
-    due = next_evaluation(due, columns["value_row"][evaluated] >= 0, t, query.micro_batches)
-    columns["due"][evaluated] = due
+    releasing, due = evaluate_keys(state.columns, state.selection, state.values, noise,
+                                   evaluated, t, query.micro_batches, grid)
     state.schedule(evaluated, due)
     state.step = t
 

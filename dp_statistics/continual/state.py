@@ -62,8 +62,8 @@ class CodeTable:
     """Values (unit ids or keys) -> dense codes 0, 1, ... in order of first appearance.
 
     Integer values (or integral floats: a column with a missing value is float) go through a C
-    hash table (Int64Map), vectorised; any other value switches the table to a dict of Python
-    scalars (one lookup per distinct value of a micro-batch)."""
+    hash table (Int64Map), vectorised; any other value switches the table to pandas' C hash
+    table of Python objects (the one under factorize: equality as a dict's), vectorised too."""
 
     def __init__(self, values: Optional[np.ndarray] = None):
         values = np.asarray(values if values is not None else [], dtype=object)
@@ -71,8 +71,7 @@ class CodeTable:
         self._size = len(values)
         integers = _as_int64(values)
         self._ints: Optional[Int64Map] = Int64Map(integers) if integers is not None else None
-        self._dict: Optional[dict] = None if integers is not None else {
-            v: code for code, v in enumerate(values.tolist())}
+        self._objects = None if integers is not None else _object_table(values)
 
     def __len__(self) -> int:
         return self._size
@@ -87,26 +86,27 @@ class CodeTable:
         uniques = np.asarray(uniques)
         integers = _as_int64(uniques) if self._ints is not None else None
         if self._ints is not None and integers is None and len(uniques):
-            self._dict = {v: code for code, v in enumerate(self.values.tolist())}
+            self._objects = _object_table(self.values)
             self._ints = None
         if self._ints is not None:
             codes = self._ints.lookup(integers)
             new = np.flatnonzero(codes < 0)
             codes[new] = self._ints.insert(integers[new])
         else:
-            lookup = self._dict.get
-            codes = np.fromiter((lookup(v, -1) for v in uniques.tolist()), np.int64,
-                                len(uniques))
+            uniques = uniques.astype(object)
+            codes = self._objects.lookup(uniques)
             new = np.flatnonzero(codes < 0)
-            kinds = {_kind(v) for v in uniques[new].tolist()} | (
+            all_strings = pd.api.types.infer_dtype(uniques[new], skipna=False) in (
+                "string", "empty") and (not self._size or isinstance(self._values[0], str))
+            kinds = {"string"} if all_strings else {_kind(v) for v in uniques[new].tolist()} | (
                 {_kind(self._values[0])} if self._size else set())
             if len(kinds) > 1 or kinds - {"number", "string", "bool"}:
                 raise QueryError(f"unit and key values must be all numbers, all strings or all "
                                  f"booleans "
                                  f"(they are stored without pickle); this stream mixes "
                                  f"{sorted(kinds)}, e.g. {uniques[new][:3].tolist()}")
-            codes[new] = np.arange(self._size, self._size + len(new))
-            self._dict.update(zip(uniques[new].tolist(), codes[new].tolist()))
+            codes[new] = self._objects.get_labels(uniques[new], hashtable.ObjectVector(),
+                                                  self._size, -1)
         if len(new):
             # Integers are kept as integers (an integral float key is released as an integer,
             # the same before and after a restart).
@@ -114,6 +114,11 @@ class CodeTable:
             self._values = _grown(self._values, self._size, added.astype(object))
             self._size += len(new)
         return codes[inverse]
+
+    def __reduce__(self):
+        """Pickled as its values (the hash table is rebuilt): beam.py keeps tables in Beam
+        state, which a runner encodes."""
+        return CodeTable, (self.values,)
 
     def sort_order(self, codes: np.ndarray) -> np.ndarray:
         """The permutation of `codes` that sorts their values, as pd.Index(values).argsort()
@@ -162,6 +167,13 @@ class CodeTable:
         return cls(strings.to_numpy(zero_copy_only=False).astype(object))
 
 
+def _object_table(values: np.ndarray) -> "hashtable.PyObjectHashTable":
+    """pandas' C hash table from each of the distinct `values` to its position."""
+    table = hashtable.PyObjectHashTable(max(len(values), 1024))
+    table.map_locations(np.asarray(values, dtype=object))
+    return table
+
+
 class Int64Map:
     """int64 -> dense slot (0, 1, ... in insertion order), vectorised: pandas' C hash table
     (khash; the engine under pd.Index and factorize), used directly because pd.Index would have
@@ -208,18 +220,29 @@ class PairTable:
     def count_once(self, codes: np.ndarray, rounds: np.ndarray) -> np.ndarray:
         """For distinct pair `codes` whose key is in round `rounds`: True where the unit was not
         yet counted for the key in that round; records them all as counted in it."""
+        return self.replace(codes, rounds) != rounds
+
+    def replace(self, codes: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Store `values` for the distinct pair `codes`; returns what each held before (-1 for
+        a pair never stored). (beam.py's stage 1 stores the last step a unit kept a record of
+        a key, where the local engine stores the last round it was counted in.)"""
         slots = self._slots.lookup(codes)
         seen = slots >= 0
         previous = np.full(len(codes), -1, dtype=np.int64)
         previous[seen] = self._rounds[slots[seen]]
-        self._rounds[slots[seen]] = rounds[seen]
+        self._rounds[slots[seen]] = values[seen]
         new = ~seen
         if new.any():
             size = len(self._slots)
             self._slots.insert(codes[new])
             self._codes = _grown(self._codes, size, codes[new])
-            self._rounds = _grown(self._rounds, size, rounds[new])
-        return previous != rounds
+            self._rounds = _grown(self._rounds, size, values[new])
+        return previous
+
+    def __reduce__(self):
+        """Pickled as its arrays (pandas' hash table is rebuilt): beam.py keeps tables in Beam
+        state, which a runner encodes."""
+        return PairTable, self.to_arrays()
 
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         size = len(self._slots)
@@ -311,7 +334,7 @@ class WindowState:
     def fresh(cls, query: StreamQuery, budget: StreamBudget, noise_key: bytes) -> "WindowState":
         check_budget(query, budget)
         return cls(query, budget, bytes(noise_key), CodeTable(), np.zeros(0, np.int32),
-                   PairTable(), CodeTable(), _key_columns(0), budget.index(selection=True),
+                   PairTable(), CodeTable(), key_columns(0), budget.index(selection=True),
                    budget.index(selection=False))
 
     def guarantee(self, for_tests: bool = False):
@@ -330,22 +353,8 @@ class WindowState:
     def add_keys(self, count: int) -> np.ndarray:
         """Room for `count` keys just coded; returns their codes (columns at their defaults)."""
         first = len(self.keys) - count
-        needed = len(self.keys)
-        capacity = len(self.columns["round"])
-        if needed > capacity:
-            grown = _key_columns(max(needed, 2 * capacity, 1024))
-            for name, array in self.columns.items():
-                grown[name][:first] = array[:first]
-            self.columns = grown
-        return np.arange(first, needed)
-
-    def grow_units(self) -> None:
-        """Room in ``used`` for every coded unit (new units start at 0)."""
-        needed = len(self.units)
-        if needed > len(self.used):
-            grown = np.zeros(max(needed, 2 * len(self.used), 1024), np.int32)
-            grown[:len(self.used)] = self.used
-            self.used = grown
+        self.columns = grown_key_columns(self.columns, first, len(self.keys))
+        return np.arange(first, len(self.keys))
 
     def schedule(self, codes: np.ndarray, due: np.ndarray) -> None:
         """Index keys by predicted release step (Algorithm 4's secondary index). Entries are
@@ -411,7 +420,7 @@ class WindowState:
         budget = StreamBudget(**meta["budget"])
         units, keys = CodeTable.from_arrays(arrays, "unit"), CodeTable.from_arrays(arrays, "key")
         n_keys = len(keys)
-        columns = _key_columns(n_keys)
+        columns = key_columns(n_keys)
         for name in KEY_COLUMNS:
             columns[name][:] = arrays[f"key_{name}"]
 
@@ -467,9 +476,22 @@ def _write_npz(out, arrays: dict[str, np.ndarray]) -> None:
                 member.write(memoryview(array.reshape(-1)).cast("B"))
 
 
-def _key_columns(capacity: int) -> dict[str, np.ndarray]:
+def key_columns(capacity: int) -> dict[str, np.ndarray]:
     return {name: np.full(capacity, fill, dtype=dtype)
             for name, (dtype, fill) in KEY_COLUMNS.items()}
+
+
+def grown_key_columns(columns: dict[str, np.ndarray], size: int,
+                      needed: int) -> dict[str, np.ndarray]:
+    """`columns` (their first `size` rows live) with room for `needed` rows, the new ones at
+    their defaults (capacity doubled as needed)."""
+    capacity = len(columns["round"])
+    if needed <= capacity:
+        return columns
+    grown = key_columns(max(needed, 2 * capacity, 1024))
+    for name, array in columns.items():
+        grown[name][:size] = array[:size]
+    return grown
 
 
 def check_budget(query: StreamQuery, budget: StreamBudget) -> None:

@@ -67,8 +67,19 @@ def _beam_key_steps(records, query=QUERY, batches=BATCHES):
     out = collect(lambda pipeline: (
         pipeline | replay(records, batches)
         | AggregateContributions(query, budget, batches))[0])
-    assert len(out) == len({(key, s.step) for key, s in out}), "one KeyStep per key and step"
-    return {(key, s.step): (s.value, dict(s.previous_steps).get(0, 0)) for key, s in out}
+    return _by_key_and_step(out)
+
+
+def _by_key_and_step(key_steps):
+    """{(key, step): (kept total, units new to the key)} of stage 2's sharded KeySteps."""
+    out = {}
+    for _, batch in key_steps:
+        for index, key in enumerate(batch.keys):
+            assert (key, batch.step) not in out, "one KeyStep row per key and step"
+            first_time = batch.previous.steps[batch.previous.key_index == index] == 0
+            out[(key, batch.step)] = (batch.values[index], int(
+                batch.previous.units[batch.previous.key_index == index][first_time].sum()))
+    return out
 
 
 def test_stage_one_bounds_units_and_stage_two_counts_new_users_per_key():
@@ -109,7 +120,7 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch,
     evaluate = operator.select_and_predict
 
     def counted(selection, noise, rows, origins, step, counts):
-        evaluations.append(step)
+        evaluations.extend([step] * len(rows))
         return evaluate(selection, noise, rows, origins, step, counts)
     monkeypatch.setattr(operator, "select_and_predict", counted)
 
@@ -130,9 +141,10 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch,
         assert bits(updated) == bits((u.key, u.value) for u in updates if u.step == release.step)
         assert bits(zip(release.keys, release.values)) == bits(histogram.items())
     # pre-noise: each key's kept total (released or buffered) is the same in both engines
+    kept_by_step = _by_key_and_step(key_steps)
     beam_totals = {}
-    for key, key_step in key_steps:
-        beam_totals[key] = beam_totals.get(key, 0.0) + key_step.value
+    for (key, _), (value, _) in kept_by_step.items():
+        beam_totals[key] = beam_totals.get(key, 0.0) + value
     local_totals = dict(zip(state.keys.values, state.column("buffer")
                             + state.column("released_true")))
     assert beam_totals == local_totals
@@ -144,7 +156,7 @@ def test_the_beam_and_local_engines_release_the_same_bits(tmp_path, monkeypatch,
     assert max(Counter(u.key for u in updates).values()) >= 2
     # Algorithm 4: a key is evaluated at a step only if it has kept records there or is due
     # there, and a due evaluation releases it; nothing scans the keys without records
-    kept = {(key_step.step, key) for key, key_step in key_steps}
+    kept = {(step, key) for key, step in kept_by_step}
     woken = {(u.step, u.key) for u in updates} - kept
     assert Counter(evaluations) == Counter(step for step, _ in kept | woken)
     first_seen = {}
@@ -182,7 +194,8 @@ def test_a_late_record_of_a_micro_batch_its_unit_has_processed_is_dropped():
     out = collect(lambda pipeline: (
         pipeline | stream.advance_watermark_to_infinity()
         | AggregateContributions(QUERY, budget, BATCHES))[0])
-    assert {(key, s.step): s.value for key, s in out} == {("a", 1): 1.0, ("a", 2): 4.0}
+    assert {k: value for k, (value, _) in _by_key_and_step(out).items()} == {
+        ("a", 1): 1.0, ("a", 2): 4.0}
 
 
 def test_a_bounded_input_is_refused_when_the_pipeline_is_built():
@@ -199,17 +212,20 @@ def _evaluate_keys(late: bool, noise_key=NOISE_KEY):
     from apache_beam.testing.test_stream import TestStream
     from apache_beam.transforms.window import TimestampedValue
 
-    from sage_tfx.dp_statistics.continual.beam import EvaluateKeys, KeyStep
+    from sage_tfx.dp_statistics.continual.beam import EvaluateKeys, KeyStep, PreviousSteps
+
+    def key_step(step, value):  # key "a": `value` and 40 units new to it
+        return KeyStep(step, np.array(["a"], dtype=object), np.array([value]),
+                       PreviousSteps(np.array([0]), np.array([0]), np.array([40])))
 
     budget = plan(20.0, 1e-3, 3, 2, 4.0)
     at = float(BATCHES.trigger_timestamp(2))
     stream = TestStream().add_elements([
-        TimestampedValue(("a", ("code", 0)), at),
-        TimestampedValue(("a", ("step", KeyStep(2, 3.0, ((0, 40),)))), at)])
+        TimestampedValue((0, ("codes", (np.array(["a"], dtype=object), np.array([0])))), at),
+        TimestampedValue((0, ("step", key_step(2, 3.0))), at)])
     stream = stream.advance_watermark_to(BATCHES.trigger_timestamp(2, 3))
     if late:
-        stream = stream.add_elements(
-            [TimestampedValue(("a", ("step", KeyStep(1, 4.0, ((0, 40),)))), at)])
+        stream = stream.add_elements([TimestampedValue((0, ("step", key_step(1, 4.0))), at)])
     return sorted(collect(lambda pipeline: (
         pipeline | stream.advance_watermark_to_infinity()
         | beam.WindowInto(BATCHES.beam_window)
@@ -234,3 +250,75 @@ def test_workers_can_read_the_noise_key_from_a_file_instead_of_the_job_graph(tmp
         _read_noise_key(str(path))
     with pytest.raises(ValueError, match="cannot be read"):
         _read_noise_key(str(tmp_path / "missing.key"))
+
+
+def test_the_stages_carry_batches_and_release_the_local_bits(tmp_path):
+    """Issue 47: records cross each shuffle as batches: into the unit shuffle at most one per
+    (input batch, unit shard), into the key shuffle at most one per (step, unit shard, key
+    shard), however many records; and the releases are the local engine's bits, here with 3
+    shards (test_the_beam_and_local_engines_release_the_same_bits: with the default 8). A seeded
+    stream of 1,200 records in RecordBatches of 100: several bundles per micro-batch."""
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import TimestampedValue
+
+    from sage_tfx.dp_statistics.continual.beam import (STAGES, BatchByUnitShard,
+                                                       BoundUnitContributions, RecordBatch)
+
+    rng = np.random.default_rng(47)
+    rows, shards, steps = 1200, 3, 4
+    query = StreamQuery(key_column="k", unit_column="u", time_column="t", value_column="v",
+                        value_bound=4.0, contribution_limit=3, micro_batches=steps,
+                        epsilon=20.0, delta=1e-3)
+    budget = plan(20.0, 1e-3, steps, 3, 4.0)
+    batches = MicroBatches(Window(("w",), ((0.0, 40.0),)), steps)
+    times = np.sort(rng.uniform(0, 40, rows))
+    records = list(zip((f"u{u}" for u in rng.integers(0, 200, rows)),
+                       (f"k{k}" for k in rng.zipf(1.5, rows) % 60),
+                       rng.integers(-5, 6, rows).astype(float), times))
+    local_releases = []
+    local.run_local(query, budget, local_batches(records, batches), str(tmp_path),
+                    local_releases.append, noise_key=NOISE_KEY)
+    final = local_releases[-1]
+    assert final.updated.sum() > 10  # the stream releases keys at the last trigger
+
+    elements = []  # the input's RecordBatches
+
+    def as_batches():
+        stream, columns = TestStream(), list(zip(*records))
+        for step in range(1, steps + 1):
+            inside = np.flatnonzero([batches.step_of(t) == step for t in times])
+            for low in range(0, len(inside), 100):
+                part = inside[low:low + 100]
+                elements.append(part)
+                stream = stream.add_elements([TimestampedValue(RecordBatch.of(
+                    *(np.asarray(column, dtype=object)[part] for column in columns[:3]),
+                    times[part], part), float(times[part[0]]))])
+            for stage in range(STAGES):
+                stream = stream.advance_watermark_to(batches.trigger_timestamp(step, stage))
+        return stream.advance_watermark_to_infinity()
+
+    def shuffled(pipeline):
+        """What crosses the unit shuffle and the key shuffle, and the releases."""
+        source = pipeline | as_batches()
+        unit_batches = source | beam.ParDo(BatchByUnitShard(batches, shards))
+        key_batches = (unit_batches | beam.WindowInto(batches.beam_window)
+                       | beam.ParDo(BoundUnitContributions(batches, query, budget, shards)))
+        releases = source | "Release" >> ContinualReleaseTransform(query, budget, batches,
+                                                                   NOISE_KEY, shards)
+        return ((unit_batches | "Unit" >> beam.Map(lambda e: ("unit", e)),
+                 key_batches | "Key" >> beam.Map(lambda e: ("key", e)),
+                 releases | "Out" >> beam.Map(lambda e: ("release", e))) | beam.Flatten())
+    out = collect(shuffled)
+    unit_batches = [e for kind, e in out if kind == "unit"]
+    key_batches = [e for kind, e in out if kind == "key"]
+    assert sum(len(records.units) for _, (_, records) in unit_batches) == rows
+    assert len(unit_batches) <= len(elements) * shards < rows / 20
+    assert {shard for shard, _ in unit_batches} == set(range(shards))
+    assert len(key_batches) <= steps * shards * shards
+    assert sum(len(batch.keys) for _, batch in key_batches) > len(key_batches)
+
+    def bits(pairs):
+        return sorted((str(key), np.float64(value).tobytes()) for key, value in pairs)
+    expected = bits(zip(final.keys, final.values))
+    assert bits(histograms([e for kind, e in out if kind == "release"], steps)[-1].items()) \
+        == expected
