@@ -144,7 +144,7 @@ class StreamRecord(NamedTuple):
 
 class RecordBatch(NamedTuple):
     """Records as columns of equal length (one element for many records; a source that reads
-    blocks emits these): unit, key, value (numbers or anything pd.to_numeric reads; ignored
+    blocks emits these): unit, key, value (numbers, or text read cell by cell; ignored
     for COUNT), event time in seconds, and input order (distinct across the input). Its Beam
     timestamp must not be later than its earliest event time."""
     units: np.ndarray
