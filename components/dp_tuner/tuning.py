@@ -34,7 +34,8 @@ The mechanism, on the n records of the grant's training split (decoded as DPTrai
    mechanisms each satisfying a Renyi bound under the same coupled neighbours satisfies it:
    Renyi divergence is jointly quasi-convex).
 4. Released: the best candidate and its DP score only; K, the other trials, their scores and
-   candidates, n_hat and the held-out size are written and logged nowhere.
+   candidates, n_hat and the held-out size are written and logged nowhere, and nothing is
+   logged, warned or printed while the trials run (`_silenced`: the log cannot count them).
 
 Calibration: the noise multiplier sigma is the smallest (dp-accounting's calibrate_dp_mechanism)
 whose search event spends at most the step's (epsilon, delta) by the RDP accountant; with no
@@ -45,7 +46,11 @@ its event for the step.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
+import os
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -288,12 +293,35 @@ def search(module, inputs, labels, candidates: Sequence[Mapping[str, float]], pl
         return Release(release.dp_mean, dp_event.ComposedDpEvent(
             [dp_sgd_event(parameters, plan.noise_multiplier), release.event]))
 
-    best, event = select_best(candidates, run_trial, plan.trial_event, parameters.law,
-                              selection_rng,
-                              higher_is_better=parameters.metric == Metric.ACCURACY)
+    with _silenced():
+        best, event = select_best(candidates, run_trial, plan.trial_event, parameters.law,
+                                  selection_rng,
+                                  higher_is_better=parameters.metric == Metric.ACCURACY)
     if event != plan.event.events[1]:
         raise RuntimeError("the selection ran another event than the plan's; nothing released")
     return best, plan.event
+
+
+@contextlib.contextmanager
+def _silenced():
+    """Nothing logged, warned or printed while the trials run. Every trial builds a model and
+    traces DP-SGD's tf.functions anew, and code run once per trial may log once per trial, or
+    once at the 5th (TensorFlow's retracing detector: "5 out of the last 5 calls ..."), or
+    print (the user's build_model): a log whose length or content depends on K would release
+    the secret K (module docstring, 4). So for the selection's duration every Python logging
+    record (any logger, any level: logging.disable), warning and write to sys.stdout /
+    sys.stderr is dropped, and what the search leaves there is the same for every K.
+    Process-wide for that time: the executor runs nothing else meanwhile. An exception still
+    propagates (it is raised, not logged)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(), open(os.devnull, "w") as discarded, \
+                contextlib.redirect_stdout(discarded), contextlib.redirect_stderr(discarded):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
 
 
 def dp_sgd_event(parameters: SearchParameters, noise_multiplier: float) -> dp_event.DpEvent:

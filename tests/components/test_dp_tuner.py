@@ -235,3 +235,40 @@ def test_the_pipeline_tunes_then_trains_with_the_best_setting(tmp_path):
     [model] = store.get_artifacts_by_type(standard_artifacts.Model.TYPE_NAME)
     assert float(model.custom_properties["learning_rate"].string_value) == \
         values["learning_rate"]
+
+
+def _seed_with_trials(law, wanted):
+    """A seed of the selection's generator (search's `seed`) whose K is `wanted`."""
+    from sage_tfx.randomness import secret_rng
+    return next(seed for seed in range(1000) if law.draw(secret_rng(seed)) == wanted)
+
+
+def test_the_searchs_log_does_not_depend_on_the_number_of_trials(caplog, capfd):
+    """K is secret: a search with K = 1 and one with K = 7 (same data) leave the same records
+    in Python's logging (the root's and TensorFlow's logger), on stdout and on stderr. On main
+    TensorFlow's retracing detector logged the NoiseBuffer's per-trial traces once K >= 5."""
+    import logging
+
+    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
+    plan = tuning.plan_search(parameters, 8.0, 1e-6)
+    inputs, labels = _problem(100)
+    seeds = [_seed_with_trials(parameters.law, k) for k in (1, 7)]
+    tuning.search(_module(), inputs, labels, [BAD, GOOD], plan, seed=seeds[0])  # first traces
+    tf_records = []
+    handler = logging.Handler()
+    handler.emit = tf_records.append
+    tf.get_logger().addHandler(handler)
+    logs = []
+    try:
+        for seed in seeds:
+            capfd.readouterr()
+            caplog.clear()
+            tf_records.clear()
+            with caplog.at_level(logging.DEBUG):
+                tuning.search(_module(), inputs, labels, [BAD, GOOD], plan, seed=seed)
+            out, err = capfd.readouterr()
+            logs.append(([(r.name, r.levelno, r.getMessage()) for r in caplog.records],
+                         [(r.levelno, r.getMessage()) for r in tf_records], out, err))
+    finally:
+        tf.get_logger().removeHandler(handler)
+    assert logs[0] == logs[1]
