@@ -271,6 +271,21 @@ def search(module, inputs, labels, candidates: Sequence[Mapping[str, float]], pl
     rows = np.broadcast_to(np.arange(n, dtype=np.int32), (parameters.steps, n))
     labels_array = labels.numpy()
 
+    def held_out_sum(model) -> float:
+        """The held-out share's sum of the per-example metric (bounded losses for a loss). With
+        no record (n = 0) the sum is 0 like any empty sum, and the score is released the same
+        way (Laplace noise on a count of 0): per_example_metric needs at least one row."""
+        if n == 0:
+            return 0.0
+        outputs = np.concatenate([
+            model(dp_sgd.gather_rows(inputs, tf.range(start, min(start + 4096, n))),
+                  training=False).numpy()
+            for start in range(0, n, 4096)])
+        values = per_example_metric(parameters.metric, module, labels_array, outputs)
+        if parameters.metric == Metric.LOSS:
+            values = _bounded_losses(values, parameters.value_range)
+        return float(values[held_out].sum())
+
     def run_trial(index: int) -> Release:
         settings = candidates[index]
         config = dp_sgd.DPSGDConfig(plan.noise_multiplier, settings["l2_norm_clip"],
@@ -281,14 +296,7 @@ def search(module, inputs, labels, candidates: Sequence[Mapping[str, float]], pl
         model = module.build_model()
         dp_sgd.train(model, module.training_loss(model), inputs, labels, step_plan, config,
                      seed=None if seed is None else int(rng.integers(2 ** 31)))
-        outputs = np.concatenate([
-            model(dp_sgd.gather_rows(inputs, tf.range(start, min(start + 4096, n))),
-                  training=False).numpy()
-            for start in range(0, n, 4096)]) if n else np.zeros((0, 1), np.float32)
-        values = per_example_metric(parameters.metric, module, labels_array, outputs)
-        if parameters.metric == Metric.LOSS:
-            values = _bounded_losses(values, parameters.value_range)
-        release = DPMeanRelease.of_sum(int(held_out.sum()), float(values[held_out].sum()),
+        release = DPMeanRelease.of_sum(int(held_out.sum()), held_out_sum(model),
                                        parameters.value_range, plan.score_epsilon)
         return Release(release.dp_mean, dp_event.ComposedDpEvent(
             [dp_sgd_event(parameters, plan.noise_multiplier), release.event]))

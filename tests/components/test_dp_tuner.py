@@ -272,3 +272,18 @@ def test_the_searchs_log_does_not_depend_on_the_number_of_trials(caplog, capfd):
     finally:
         tf.get_logger().removeHandler(handler)
     assert logs[0] == logs[1]
+
+
+@pytest.mark.parametrize("metric", [{}, {"metric": "loss", "loss_bound": 2.0}])
+def test_an_empty_or_one_record_split_releases_like_any_other(metric):
+    """After the charge nothing may fail on the data: with no record (n = 0: an empty training
+    part and an empty held-out share) and with one, the search releases a candidate and a DP
+    score in range (on main n = 0 raised ValueError in the per-example metric)."""
+    parameters = tuning.SearchParameters.of(
+        {"gamma": 0.25, "epochs": 1, "trials_mean": 2.0, **metric})
+    plan = tuning.plan_search(parameters, 4.0, 1e-6)
+    for n in (0, 1):
+        inputs, labels = _problem(n)
+        best, event = tuning.search(_module(), inputs, labels, [BAD, GOOD], plan, seed=5)
+        assert best.settings in (BAD, GOOD) and event == plan.event
+        assert 0.0 <= best.score <= parameters.value_range
