@@ -243,6 +243,26 @@ def select_best(candidates: Sequence[Mapping[str, float]], run_trial: Callable[[
     return Best(dict(candidates[selected.candidate]), sign * selected.score), release.event
 
 
+class PoissonWeights:
+    """A trial's StepPlan.weights: step j's weights (1 for a training record in step j's
+    Poisson sample, each with probability gamma independently, else 0), drawn from `rng` when
+    run_steps reads weights[j], in step order. The same law as drawing every step's at once,
+    in memory for one step (n floats) instead of steps x n (8 GB of uniforms at gamma 0.01,
+    5 epochs, 2M rows): memory that grew with n and the steps was a cost, not a release, but
+    one a search could fail on after the charge."""
+
+    def __init__(self, rng: np.random.Generator, training: np.ndarray, gamma: float):
+        self._rng, self._training, self._gamma = rng, training, gamma
+        self._next = 0
+
+    def __getitem__(self, step: int) -> np.ndarray:
+        if step != self._next:  # each step's draw is fresh: read once, in order
+            raise IndexError(f"step {step}'s weights read out of order (next: {self._next})")
+        self._next += 1
+        return ((self._rng.random(len(self._training)) < self._gamma)
+                & self._training).astype(np.float32)
+
+
 def search(module, inputs, labels, candidates: Sequence[Mapping[str, float]], plan: SearchPlan,
            seed: Optional[int] = None) -> tuple[Best, dp_event.DpEvent]:
     """The search of the module docstring on decoded `inputs` (a tensor or a dict of them) and
@@ -290,12 +310,12 @@ def search(module, inputs, labels, candidates: Sequence[Mapping[str, float]], pl
         settings = candidates[index]
         config = dp_sgd.DPSGDConfig(plan.noise_multiplier, settings["l2_norm_clip"],
                                     settings["learning_rate"])
-        weights = ((rng.random((parameters.steps, n)) < parameters.gamma)
-                   & training).astype(np.float32)
-        step_plan = dp_sgd.StepPlan(rows, weights, normaliser, parameters.epochs)
+        noise_seed = None if seed is None else int(rng.integers(2 ** 31))
+        step_plan = dp_sgd.StepPlan(rows, PoissonWeights(rng, training, parameters.gamma),
+                                    normaliser, parameters.epochs)
         model = module.build_model()
         dp_sgd.train(model, module.training_loss(model), inputs, labels, step_plan, config,
-                     seed=None if seed is None else int(rng.integers(2 ** 31)))
+                     seed=noise_seed)
         release = DPMeanRelease.of_sum(int(held_out.sum()), held_out_sum(model),
                                        parameters.value_range, plan.score_epsilon)
         return Release(release.dp_mean, dp_event.ComposedDpEvent(
