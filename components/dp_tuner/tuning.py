@@ -50,6 +50,7 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
@@ -337,19 +338,27 @@ def _silenced():
     once at the 5th (TensorFlow's retracing detector: "5 out of the last 5 calls ..."), or
     print (the user's build_model): a log whose length or content depends on K would release
     the secret K (module docstring, 4). So for the selection's duration every Python logging
-    record (any logger, any level: logging.disable), warning and write to sys.stdout /
-    sys.stderr is dropped, and what the search leaves there is the same for every K.
-    Process-wide for that time: the executor runs nothing else meanwhile. An exception still
-    propagates (it is raised, not logged)."""
+    record (any logger, any level: logging.disable) and warning is dropped, and so is every
+    write to sys.stdout / sys.stderr and to file descriptors 1 and 2 (TensorFlow's C++ log):
+    what the search leaves there is the same for every K. Process-wide for that time: the
+    executor runs nothing else meanwhile. An exception still propagates (raised, not logged)."""
     previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
-    try:
-        with warnings.catch_warnings(), open(os.devnull, "w") as discarded, \
-                contextlib.redirect_stdout(discarded), contextlib.redirect_stderr(discarded):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
+    with contextlib.ExitStack() as stack:
+        stack.callback(logging.disable, previous)
+        discarded = stack.enter_context(open(os.devnull, "w"))
+        for fd, stream in ((1, "stdout"), (2, "stderr")):
+            getattr(sys, stream).flush()
+            saved = os.dup(fd)
+            stack.callback(os.close, saved)
+            stack.callback(os.dup2, saved, fd)
+            stack.callback(getattr(sys, stream).flush)  # the search's writes go to devnull
+            os.dup2(discarded.fileno(), fd)
+        stack.enter_context(contextlib.redirect_stdout(discarded))
+        stack.enter_context(contextlib.redirect_stderr(discarded))
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        yield
 
 
 def dp_sgd_event(parameters: SearchParameters, noise_multiplier: float) -> dp_event.DpEvent:
