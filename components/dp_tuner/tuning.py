@@ -35,7 +35,9 @@ The mechanism, on the n records of the grant's training split (decoded as DPTrai
    Renyi divergence is jointly quasi-convex).
 4. Released: the best candidate and its DP score only; K, the other trials, their scores and
    candidates, n_hat and the held-out size are written and logged nowhere, and nothing is
-   logged, warned or printed while the trials run (`_silenced`: the log cannot count them).
+   logged, warned or printed while the trials run (`_silenced`: the log cannot count them),
+   and the process state that counts traces and models is restored after them
+   (`_process_state_kept`: the next component in the process cannot count them either).
 
 Calibration: the noise multiplier sigma is the smallest (dp-accounting's calibrate_dp_mechanism)
 whose search event spends at most the step's (epsilon, delta) by the RDP accountant; with no
@@ -322,7 +324,7 @@ def search(module, inputs, labels, candidates: Sequence[Mapping[str, float]], pl
         return Release(release.dp_mean, dp_event.ComposedDpEvent(
             [dp_sgd_event(parameters, plan.noise_multiplier), release.event]))
 
-    with _silenced():
+    with _silenced(), _process_state_kept():
         best, event = select_best(candidates, run_trial, plan.trial_event, parameters.law,
                                   selection_rng,
                                   higher_is_better=parameters.metric == Metric.ACCURACY)
@@ -359,6 +361,52 @@ def _silenced():
         stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore")
         yield
+
+
+def _process_state():
+    """What the trials leave in the process that later code reads and may log or write:
+    TensorFlow's retracing detector (per traced function: recent calls that traced, warnings
+    given) and Keras's name counters (the next layer's name, "dense_7", is in a later model's
+    SavedModel). Both count the trials' models and traces, so after a search they would tell
+    K to the next component run in this process (LocalDagRunner runs them in one). Private
+    state of the pinned TensorFlow and tf_keras (requirements/lock.txt)."""
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+    from tf_keras.src import backend
+
+    return (polymorphic_function._frequent_tracing_detector_manager._detectors,
+            backend.PER_GRAPH_OBJECT_NAME_UIDS, backend.OBSERVED_NAMES)
+
+
+def _detector_state(detector) -> tuple:
+    return (list(detector._calls_per_tracings), detector._call_count,
+            detector._total_warning_count)
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """After the selection the process state _process_state() names is what it was before:
+    the same for every K."""
+    detectors, name_uids, observed = _process_state()
+    detector_states = {key: _detector_state(detector) for key, detector in detectors.items()}
+    uids_before = {graph: dict(uids) for graph, uids in name_uids.items()}
+    observed_before = set(observed)
+    try:
+        yield
+    finally:
+        for key in list(detectors.keys()):
+            if key in detector_states:
+                (detectors[key]._calls_per_tracings, detectors[key]._call_count,
+                 detectors[key]._total_warning_count) = detector_states[key]
+            else:
+                del detectors[key]
+        for graph in list(name_uids.keys()):
+            if graph in uids_before:
+                name_uids[graph].clear()
+                name_uids[graph].update(uids_before[graph])
+            else:
+                del name_uids[graph]
+        observed.clear()
+        observed.update(observed_before)
 
 
 def dp_sgd_event(parameters: SearchParameters, noise_multiplier: float) -> dp_event.DpEvent:

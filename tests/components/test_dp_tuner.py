@@ -243,6 +243,24 @@ def _seed_with_trials(law, wanted):
     return next(seed for seed in range(1000) if law.draw(secret_rng(seed)) == wanted)
 
 
+def test_the_search_leaves_no_count_of_its_trials_in_the_process():
+    """TensorFlow's retracing detector and Keras's layer-name counters would tell K to the
+    next component in the process (its log; its model's layer names): the search leaves both
+    as it found them (on main a K = 7 search left 7 more "dense" names and install's traces)."""
+    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
+    plan = tuning.plan_search(parameters, 8.0, 1e-6)
+    inputs, labels = _problem(50)
+    detectors, name_uids, observed = tuning._process_state()
+
+    def state():
+        return ({key: tuning._detector_state(d) for key, d in detectors.items()},
+                {graph: dict(uids) for graph, uids in name_uids.items()}, set(observed))
+    before = state()
+    tuning.search(_module(), inputs, labels, [BAD, GOOD], plan,
+                  seed=_seed_with_trials(parameters.law, 7))
+    assert state() == before
+
+
 def test_the_searchs_log_does_not_depend_on_the_number_of_trials(caplog, capfd):
     """K is secret: a search with K = 1 and one with K = 7 (same data) leave the same records
     in Python's logging (the root's and TensorFlow's logger), on stdout and on stderr. On main
