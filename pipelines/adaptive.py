@@ -118,6 +118,16 @@ class IterationSpec:
         missing = needed - set(split)
         if missing:
             raise BadRequest(f"the split needs shares for {sorted(missing)}; got {dict(split)}")
+        if self.tuning is not None:
+            # policy.tune_next compares the tuner's DP score with the validator's DP metric,
+            # ranked by the validator's metric: both must be the same metric.
+            tuned, validated = (SearchParameters.of(self.tuning).metric,
+                                Metric(self.validation["metric"]))
+            if tuned != validated:
+                raise BadRequest(f"the tuning's metric {tuned.value!r} differs from the "
+                                 f"validator's {validated.value!r} (DPTuner defaults to "
+                                 "accuracy): give `tuning` the validator's metric (and its "
+                                 "loss_bound for a loss)")
         dp_sgd = (self.trainer.get("mode") or DEFAULT_MODE) == TrainerMode.DP_SGD
         if dp_sgd != (self.sampling is not None):
             raise BadRequest("mode dp_sgd trains on ObliviousSampleGen's samples: give `sampling` "

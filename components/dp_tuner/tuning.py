@@ -34,7 +34,10 @@ The mechanism, on the n records of the grant's training split (decoded as DPTrai
    mechanisms each satisfying a Renyi bound under the same coupled neighbours satisfies it:
    Renyi divergence is jointly quasi-convex).
 4. Released: the best candidate and its DP score only; K, the other trials, their scores and
-   candidates, n_hat and the held-out size are written and logged nowhere.
+   candidates, n_hat and the held-out size are written and logged nowhere, and nothing is
+   logged, warned or printed while the trials run (`_silenced`: the log cannot count them),
+   and the process state that counts traces and models is restored after them
+   (`_process_state_kept`: the next component in the process cannot count them either).
 
 Calibration: the noise multiplier sigma is the smallest (dp-accounting's calibrate_dp_mechanism)
 whose search event spends at most the step's (epsilon, delta) by the RDP accountant; with no
@@ -45,7 +48,12 @@ its event for the step.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
+import os
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -238,6 +246,26 @@ def select_best(candidates: Sequence[Mapping[str, float]], run_trial: Callable[[
     return Best(dict(candidates[selected.candidate]), sign * selected.score), release.event
 
 
+class PoissonWeights:
+    """A trial's StepPlan.weights: step j's weights (1 for a training record in step j's
+    Poisson sample, each with probability gamma independently, else 0), drawn from `rng` when
+    run_steps reads weights[j], in step order. The same law as drawing every step's at once,
+    in memory for one step (n floats) instead of steps x n (8 GB of uniforms at gamma 0.01,
+    5 epochs, 2M rows): memory that grew with n and the steps was a cost, not a release, but
+    one a search could fail on after the charge."""
+
+    def __init__(self, rng: np.random.Generator, training: np.ndarray, gamma: float):
+        self._rng, self._training, self._gamma = rng, training, gamma
+        self._next = 0
+
+    def __getitem__(self, step: int) -> np.ndarray:
+        if step != self._next:  # each step's draw is fresh: read once, in order
+            raise IndexError(f"step {step}'s weights read out of order (next: {self._next})")
+        self._next += 1
+        return ((self._rng.random(len(self._training)) < self._gamma)
+                & self._training).astype(np.float32)
+
+
 def search(module, inputs, labels, candidates: Sequence[Mapping[str, float]], plan: SearchPlan,
            seed: Optional[int] = None) -> tuple[Best, dp_event.DpEvent]:
     """The search of the module docstring on decoded `inputs` (a tensor or a dict of them) and
@@ -266,34 +294,119 @@ def search(module, inputs, labels, candidates: Sequence[Mapping[str, float]], pl
     rows = np.broadcast_to(np.arange(n, dtype=np.int32), (parameters.steps, n))
     labels_array = labels.numpy()
 
+    def held_out_sum(model) -> float:
+        """The held-out share's sum of the per-example metric (bounded losses for a loss). With
+        no record (n = 0) the sum is 0 like any empty sum, and the score is released the same
+        way (Laplace noise on a count of 0): per_example_metric needs at least one row."""
+        if n == 0:
+            return 0.0
+        outputs = np.concatenate([
+            model(dp_sgd.gather_rows(inputs, tf.range(start, min(start + 4096, n))),
+                  training=False).numpy()
+            for start in range(0, n, 4096)])
+        values = per_example_metric(parameters.metric, module, labels_array, outputs)
+        if parameters.metric == Metric.LOSS:
+            values = _bounded_losses(values, parameters.value_range)
+        return float(values[held_out].sum())
+
     def run_trial(index: int) -> Release:
         settings = candidates[index]
         config = dp_sgd.DPSGDConfig(plan.noise_multiplier, settings["l2_norm_clip"],
                                     settings["learning_rate"])
-        weights = ((rng.random((parameters.steps, n)) < parameters.gamma)
-                   & training).astype(np.float32)
-        step_plan = dp_sgd.StepPlan(rows, weights, normaliser, parameters.epochs)
+        noise_seed = None if seed is None else int(rng.integers(2 ** 31))
+        step_plan = dp_sgd.StepPlan(rows, PoissonWeights(rng, training, parameters.gamma),
+                                    normaliser, parameters.epochs)
         model = module.build_model()
         dp_sgd.train(model, module.training_loss(model), inputs, labels, step_plan, config,
-                     seed=None if seed is None else int(rng.integers(2 ** 31)))
-        outputs = np.concatenate([
-            model(dp_sgd.gather_rows(inputs, tf.range(start, min(start + 4096, n))),
-                  training=False).numpy()
-            for start in range(0, n, 4096)]) if n else np.zeros((0, 1), np.float32)
-        values = per_example_metric(parameters.metric, module, labels_array, outputs)
-        if parameters.metric == Metric.LOSS:
-            values = _bounded_losses(values, parameters.value_range)
-        release = DPMeanRelease.of_sum(int(held_out.sum()), float(values[held_out].sum()),
+                     seed=noise_seed)
+        release = DPMeanRelease.of_sum(int(held_out.sum()), held_out_sum(model),
                                        parameters.value_range, plan.score_epsilon)
         return Release(release.dp_mean, dp_event.ComposedDpEvent(
             [dp_sgd_event(parameters, plan.noise_multiplier), release.event]))
 
-    best, event = select_best(candidates, run_trial, plan.trial_event, parameters.law,
-                              selection_rng,
-                              higher_is_better=parameters.metric == Metric.ACCURACY)
+    with _silenced(), _process_state_kept():
+        best, event = select_best(candidates, run_trial, plan.trial_event, parameters.law,
+                                  selection_rng,
+                                  higher_is_better=parameters.metric == Metric.ACCURACY)
     if event != plan.event.events[1]:
         raise RuntimeError("the selection ran another event than the plan's; nothing released")
     return best, plan.event
+
+
+@contextlib.contextmanager
+def _silenced():
+    """Nothing logged, warned or printed while the trials run. Every trial builds a model and
+    traces DP-SGD's tf.functions anew, and code run once per trial may log once per trial, or
+    once at the 5th (TensorFlow's retracing detector: "5 out of the last 5 calls ..."), or
+    print (the user's build_model): a log whose length or content depends on K would release
+    the secret K (module docstring, 4). So for the selection's duration every Python logging
+    record (any logger, any level: logging.disable) and warning is dropped, and so is every
+    write to sys.stdout / sys.stderr and to file descriptors 1 and 2 (TensorFlow's C++ log):
+    what the search leaves there is the same for every K. Process-wide for that time: the
+    executor runs nothing else meanwhile. An exception still propagates (raised, not logged)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    with contextlib.ExitStack() as stack:
+        stack.callback(logging.disable, previous)
+        discarded = stack.enter_context(open(os.devnull, "w"))
+        for fd, stream in ((1, "stdout"), (2, "stderr")):
+            getattr(sys, stream).flush()
+            saved = os.dup(fd)
+            stack.callback(os.close, saved)
+            stack.callback(os.dup2, saved, fd)
+            stack.callback(getattr(sys, stream).flush)  # the search's writes go to devnull
+            os.dup2(discarded.fileno(), fd)
+        stack.enter_context(contextlib.redirect_stdout(discarded))
+        stack.enter_context(contextlib.redirect_stderr(discarded))
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _process_state():
+    """What the trials leave in the process that later code reads and may log or write:
+    TensorFlow's retracing detector (per traced function: recent calls that traced, warnings
+    given) and Keras's name counters (the next layer's name, "dense_7", is in a later model's
+    SavedModel). Both count the trials' models and traces, so after a search they would tell
+    K to the next component run in this process (LocalDagRunner runs them in one). Private
+    state of the pinned TensorFlow and tf_keras (requirements/lock.txt)."""
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+    from tf_keras.src import backend
+
+    return (polymorphic_function._frequent_tracing_detector_manager._detectors,
+            backend.PER_GRAPH_OBJECT_NAME_UIDS, backend.OBSERVED_NAMES)
+
+
+def _detector_state(detector) -> tuple:
+    return (list(detector._calls_per_tracings), detector._call_count,
+            detector._total_warning_count)
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """After the selection the process state _process_state() names is what it was before:
+    the same for every K."""
+    detectors, name_uids, observed = _process_state()
+    detector_states = {key: _detector_state(detector) for key, detector in detectors.items()}
+    uids_before = {graph: dict(uids) for graph, uids in name_uids.items()}
+    observed_before = set(observed)
+    try:
+        yield
+    finally:
+        for key in list(detectors.keys()):
+            if key in detector_states:
+                (detectors[key]._calls_per_tracings, detectors[key]._call_count,
+                 detectors[key]._total_warning_count) = detector_states[key]
+            else:
+                del detectors[key]
+        for graph in list(name_uids.keys()):
+            if graph in uids_before:
+                name_uids[graph].clear()
+                name_uids[graph].update(uids_before[graph])
+            else:
+                del name_uids[graph]
+        observed.clear()
+        observed.update(observed_before)
 
 
 def dp_sgd_event(parameters: SearchParameters, noise_multiplier: float) -> dp_event.DpEvent:

@@ -82,3 +82,19 @@ def test_a_tuning_share_too_small_for_the_search_is_refused_before_its_grant():
     with pytest.raises(BadRequest, match="DPTuner cannot tune at epsilon 1 .*nothing was charged"):
         _preflight(spec, 1.0, iteration_split(spec, 0.25))
     _preflight(spec, 8.0, iteration_split(spec, 0.5))
+
+
+def test_a_tuning_metric_other_than_the_validators_is_refused_before_any_grant():
+    """tune_next compares the tuner's released score with the validator's DP metric: a search
+    scoring accuracy (DPTuner's default) under a loss validator would compare an accuracy with
+    a loss. The spec's check (run before anything is charged) refuses it."""
+    import dataclasses
+
+    spec = _spec()
+    assert spec.validation["metric"] == "loss"
+    spec.check()
+    tuning = {name: value for name, value in spec.tuning.items()
+              if name not in ("metric", "loss_bound")}
+    with pytest.raises(BadRequest, match="tuning's metric 'accuracy' differs from the "
+                                         "validator's 'loss'"):
+        dataclasses.replace(spec, tuning=tuning).check()
