@@ -203,7 +203,7 @@ def keep_pairs(query: AggregationQuery, unit_codes: np.ndarray, partition_codes:
     their rows those step 3 and the DP bounds read (read_rows)."""
     pairs = aggregators.bound_contributions(unit_codes, partition_codes, n_partitions,
                                             query.max_partitions_contributed, rng)
-    pair_of_row, rank_in_pair, order, _ = read_rows(query, pairs)
+    pair_of_row, rank_in_pair, order = read_rows(query, pairs)
     kept_unit = pairs.pair_unit[pairs.pair_kept]
     return KeptPairs(order, pair_of_row, rank_in_pair, pairs.pair_partition[pairs.pair_kept],
                      np.bincount(kept_unit)[kept_unit])
@@ -258,16 +258,14 @@ def accumulate(frame: pd.DataFrame, query: AggregationQuery, plan: BudgetPlan,
 
 
 def read_rows(query: AggregationQuery, pairs: aggregators.BoundedPairs
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows step 3 reads, in pair order: each row's index among the kept pairs, its rank in
-    its pair, its position in the bounded input (an index into ``pairs.row_order``'s rows), and
-    the number of kept pairs. Rows of pairs the unit dropped are left out; so are the rows
+    its pair and its position in the bounded input (an index into ``pairs.row_order``'s rows). Rows of pairs the unit dropped are left out; so are the rows
     beyond a pair's first m (rank >= m) unless an aggregate reads every row of a pair (a
     unit-scoped SUM: the unit's total, and its bounds' input). Leaving out rows that
     pair_contributions and bounds_input skip (they read ranks < m only) changes no value: the
     rows kept are in the same order, so every sum adds the same terms in the same order."""
-    n_pairs = int(np.count_nonzero(pairs.pair_kept))
-    every_pair = n_pairs == pairs.pair_kept.size
+    every_pair = bool(pairs.pair_kept.all())
     wanted = (np.ones(pairs.pair_of_row.size, dtype=bool) if every_pair
               else pairs.pair_kept[pairs.pair_of_row])
     if not any(a.kind is AggregateKind.SUM and not a.bounds_rows for a in query.aggregates):
@@ -276,8 +274,8 @@ def read_rows(query: AggregationQuery, pairs: aggregators.BoundedPairs
     if not every_pair:
         pair_of_row = (np.cumsum(pairs.pair_kept) - 1)[pair_of_row]
     if wanted.all():
-        return pair_of_row, pairs.rank_in_pair, pairs.row_order, n_pairs
-    return pair_of_row[wanted], pairs.rank_in_pair[wanted], pairs.row_order[wanted], n_pairs
+        return pair_of_row, pairs.rank_in_pair, pairs.row_order
+    return pair_of_row[wanted], pairs.rank_in_pair[wanted], pairs.row_order[wanted]
 
 
 def release_accumulated(query: AggregationQuery, plan: BudgetPlan, accumulated: Accumulated,
