@@ -18,11 +18,11 @@ from typing import Any
 
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
-from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
 from sage_tfx import console, release
 from sage_tfx.components.privacy_grant import require_grant
+from sage_tfx.components.util.beam_executor import BeamExecutor
 from sage_tfx.components.util.examples_io import feature_spec, read_rows
 from sage_tfx.dp_statistics.aggregation import frontend, relation, sql
 from sage_tfx.dp_statistics.aggregation.beam import aggregate_with_beam
@@ -46,7 +46,7 @@ def query_inputs(query: str, unit_column: str, columns: dict[str, str]) -> tuple
             {n: schema for n in names})
 
 
-class Executor(base_beam_executor.BaseBeamExecutor):
+class Executor(BeamExecutor):
 
     def Do(self, input_dict: dict[str, list], output_dict: dict[str, list],
            exec_properties: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""The base of sage-tfx's Beam executors (BlockExampleGen, DPTransform): TFX's BaseBeamExecutor
+"""The base of sage-tfx's Beam executors (BlockExampleGen, DPTransform, DPAggregate): TFX's BaseBeamExecutor
 without the stray Beam argument of TFX's Kubeflow V2 entrypoint.
 
 `kubeflow_v2_run_executor` parses its whole argv with `parse_known_args`, so its own program path

@@ -9,9 +9,10 @@ from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_run_executor
 from tfx.utils import dependency_utils
 
 from sage_tfx.components.block_example_gen import executor as block_example_gen
+from sage_tfx.components.dp_aggregate import executor as dp_aggregate
 from sage_tfx.components.dp_transform import executor as dp_transform
 
-EXECUTORS = [block_example_gen.Executor, dp_transform.Executor]
+EXECUTORS = [block_example_gen.Executor, dp_transform.Executor, dp_aggregate.Executor]
 
 
 @pytest.fixture
