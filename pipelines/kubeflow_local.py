@@ -29,11 +29,12 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
 from typing import Callable, Mapping, Optional
+
+from sage_tfx.pipelines.task_processes import TaskProcesses
 
 __all__ = ["JOB_SCHEMA_VERSION", "JobFailed", "JobRefused", "LocalRun", "TaskRun",
            "run_local", "task_order"]
@@ -198,9 +199,21 @@ def run_local(job: Mapping, pipeline_root: str, report: Callable[[str], None] = 
     run_root = f"{pipeline_root.rstrip('/')}/{name}/{run_id}"
     os.makedirs(run_root)
     run = LocalRun(run_id, run_root, [])
-    produced: dict[tuple[str, str], Optional[dict]] = {}
+    os.makedirs(os.path.join(run_root, ".local"))
     environment = _task_environment()
+    commands = [_command(task_name, container, {}) for task_name, (_, container) in plans.items()
+                if container is not None]
     report(f"run {run_id} of {name}: {len(order)} tasks, artifacts under {run_root}")
+    with TaskProcesses(commands, environment, os.path.join(run_root, ".local")) as processes:
+        if processes.why_cold:
+            report(f"  each task starts a fresh interpreter: {processes.why_cold}")
+        _run_tasks(run, order, tasks, plans, processes, report)
+    return run
+
+
+def _run_tasks(run: LocalRun, order: list[str], tasks: Mapping, plans: Mapping,
+               processes: TaskProcesses, report: Callable[[str], None]) -> None:
+    produced: dict[tuple[str, str], Optional[dict]] = {}
     for task_name in order:
         component, container = plans[task_name]
         if container is None:  # a resolver (module docstring)
@@ -209,28 +222,27 @@ def run_local(job: Mapping, pipeline_root: str, report: Callable[[str], None] = 
             report(f"  {task_name}: resolved nothing (run-local writes no ML Metadata for a "
                    "resolver to query)")
             continue
-        scratch = os.path.join(run_root, ".local", task_name)
+        scratch = os.path.join(run.run_root, ".local", task_name)
         os.makedirs(scratch)
-        executor_input = _executor_input(task_name, tasks[task_name], component, run_root,
+        executor_input = _executor_input(task_name, tasks[task_name], component, run.run_root,
                                          scratch, produced)
         command = _command(task_name, container, executor_input)
+        log_path = os.path.join(scratch, "log.txt")
         started = time.monotonic()
-        completed = subprocess.run(command, cwd=scratch, env=environment, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        task = TaskRun(task_name, time.monotonic() - started, completed.returncode,
-                       completed.stdout, CHARGING_EXECUTOR in command)
-        with open(os.path.join(scratch, "log.txt"), "w") as handle:
-            handle.write(completed.stdout)
+        returncode = processes.run(command, scratch, log_path)
+        with open(log_path, errors="replace") as handle:
+            log = handle.read()
+        task = TaskRun(task_name, time.monotonic() - started, returncode, log,
+                       CHARGING_EXECUTOR in command)
         run.tasks.append(task)
-        if completed.returncode != 0:
-            tail = "\n".join(completed.stdout.splitlines()[-LOG_TAIL_LINES:])
-            report(f"  {task_name}: FAILED (exit {completed.returncode}) after "
-                   f"{task.seconds:.1f} s; the end of its log ({scratch}/log.txt):\n{tail}")
+        if returncode != 0:
+            tail = "\n".join(log.splitlines()[-LOG_TAIL_LINES:])
+            report(f"  {task_name}: FAILED (exit {returncode}) after "
+                   f"{task.seconds:.1f} s; the end of its log ({log_path}):\n{tail}")
             raise JobFailed(run)
         task.outputs = _read_outputs(executor_input)
         produced.update({(task_name, key): artifact for key, artifact in task.outputs.items()})
         report(f"  {task_name}: done in {task.seconds:.1f} s")
-    return run
 
 
 def _read_outputs(executor_input: dict) -> dict[str, dict]:
