@@ -162,3 +162,46 @@ def test_the_cli_exit_codes(tmp_path):
                                 str(path), "--pipeline-root", str(tmp_path / "root")],
                                capture_output=True, text=True, timeout=120)
     assert completed.returncode == 2 and "no task started" in completed.stderr
+
+
+def _entrypoint_job(tmp_path, tasks: dict) -> dict:
+    """A job of `tasks` {name: extra arguments}, independent of each other, each running
+    `python -m support.task_entrypoint` (as TFX's tasks run `python -m` its entrypoint)."""
+    job = _job({name: ({}, 0, "x.Executor") for name in tasks})
+    executors = job["pipelineSpec"]["deploymentSpec"]["executors"]
+    for name, extra in tasks.items():
+        executors[f"{name}_executor"]["container"].update(
+            command=["python", "-m", "support.task_entrypoint"],
+            args=["--out", str(tmp_path / f"{name}.json"), *extra])
+    return job
+
+
+def test_tasks_are_forked_processes_of_one_launcher_that_imported_their_imports(tmp_path,
+                                                                               monkeypatch):
+    """Each task is its own process, started as `python -m` starts it (argv, sys.path, cwd,
+    stdin closed, `__main__`), forked from one launcher per job that imported the
+    entrypoint's imports once (pipelines/task_processes.py): a task no longer pays for
+    starting TensorFlow and TFX."""
+    from support import REPO_ROOT
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [os.path.join(REPO_ROOT, "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    run = run_local(_entrypoint_job(tmp_path, {"a": ["--exit", "0"], "b": ["--exit", "0"]}),
+                    str(tmp_path / "root"), report=lambda line: None, run_id="r1")
+    seen = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in "ab"}
+    assert seen["a"]["pid"] != seen["b"]["pid"] and os.getpid() not in \
+        {seen["a"]["parent"], seen["a"]["pid"]}
+    assert seen["a"]["parent"] == seen["b"]["parent"]  # the launcher
+    for name, task in seen.items():
+        assert task["preloaded"] and task["name"] == "__main__"
+        assert task["argv0"].endswith(os.path.join("support", "task_entrypoint.py"))
+        assert task["cwd"] == task["path0"] == str(tmp_path / "root" / "toy" / "r1" / ".local"
+                                                   / name)
+        assert task["stdin"] == ""
+    assert [task.log for task in run.tasks] == ["task output on stdout\n"] * 2
+    # Exit codes and deaths are the task's, as from a fresh process.
+    with pytest.raises(JobFailed, match="task a failed \\(exit 3\\)"):
+        run_local(_entrypoint_job(tmp_path, {"a": ["--exit", "3"]}), str(tmp_path / "root"),
+                  report=lambda line: None, run_id="r2")
+    with pytest.raises(JobFailed, match="task a failed \\(exit -9\\)"):
+        run_local(_entrypoint_job(tmp_path, {"a": ["--exit", "0", "--kill"]}),
+                  str(tmp_path / "root"), report=lambda line: None, run_id="r3")
