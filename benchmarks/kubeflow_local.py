@@ -5,7 +5,8 @@ epsilon 0.5), run two ways on this machine, and whether both charged the ledger 
   then one iteration of the privacy-adaptive driver on LocalDagRunner, in this one process,
   against the ledger's SQLite file;
 * kubeflow: `sage-tfx compile --kubeflow` (the same months, window and epsilon), then
-  `sage-tfx kubeflow run-local`: a process per task (each imports TensorFlow), the ledger over
+  `sage-tfx kubeflow run-local`: a process per task (forked from one launcher that imports
+  TensorFlow and TFX once: pipelines/task_processes.py), the ledger over
   ML Metadata's gRPC service (sage_tfx.sage_access.grpc_server in front of its own file).
 
     python benchmarks/kubeflow_local.py [--workdir out/bench-kubeflow]

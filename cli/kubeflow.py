@@ -1,5 +1,6 @@
 """`sage-tfx kubeflow run-local`: run a compiled PipelineJob here, each task in its own process,
-as Kubeflow Pipelines would (pipelines/kubeflow_local.py). TFX is imported only by the tasks."""
+as Kubeflow Pipelines would (pipelines/kubeflow_local.py). TFX is imported only by the tasks'
+launcher (pipelines/task_processes.py), not by this process."""
 from __future__ import annotations
 
 import json
