@@ -12,6 +12,10 @@ task's log, stdin closed; its exit status is the task's. Nothing the tasks compu
 through the launcher: it forks before any task runs, so each child starts from the state the
 imports left, the state a fresh process reaches after importing the same modules (imports do
 not depend on the task: no task's arguments, directory or data are seen before the fork).
+Forking after the imports is safe here: the launcher then runs its main Python thread only
+(checked with the taxi job's modules: the other threads are native, e.g. jemalloc's background
+thread, idle at the fork), and tests/pipelines/test_kubeflow_job.py runs the taxi jobs this way
+(Beam, TF Transform, Keras DP-SGD, the ledger over gRPC, each in a forked task).
 
 A command that is not this interpreter's `python -m MODULE` or `python -c CODE` runs as a fresh
 process (subprocess), as does every task when the launcher could not start; a launcher that dies
