@@ -22,8 +22,9 @@ the image's, in an empty working directory; the environment is the Dockerfile's
 (TF_USE_LEGACY_KERAS=1); a task whose command is `python -m`/`-c` is forked from one launcher
 process per job that imported the entrypoint's imports and the job's executors first
 (pipelines/task_processes.py: each task still its own process, started as `python -m` starts
-it, without paying seconds of TensorFlow and TFX imports each); the launcher's own MLMD records of the run (executions, the
-system.PipelineRun context) are not written; no caching or retries. The first failing task
+it, without paying seconds of TensorFlow and TFX imports each); the launcher's own MLMD records
+of the run (executions, the system.PipelineRun context) are not written; no caching or
+retries. The first failing task
 stops the job: later tasks never start. Why not `kfp.local`: docs/pipelines.md.
 """
 from __future__ import annotations
