@@ -47,8 +47,10 @@ def _warm_argv(command: list[str], environment: Mapping[str, str]) -> Optional[l
     this interpreter (`python` first on the task's PATH is sys.executable), else None."""
     if len(command) < 3 or command[1] not in ("-m", "-c"):
         return None
+    # The same directory, not only the same binary: a virtual environment is its bin directory.
     program = shutil.which(command[0], path=environment.get("PATH"))
-    if program is None or os.path.realpath(program) != os.path.realpath(sys.executable):
+    if program is None or not os.path.samefile(os.path.dirname(os.path.abspath(program)),
+                                               os.path.dirname(sys.executable)):
         return None
     return command[1:]
 
@@ -91,7 +93,7 @@ class TaskProcesses:
             self._launcher = subprocess.Popen(
                 [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=log, env=self._environment, cwd=directory, text=True)
-        self._launcher.stdin.write(json.dumps(_preload(warm)) + "\n")
+        self._launcher.stdin.write(json.dumps(warm) + "\n")
         self._launcher.stdin.flush()
         if self._launcher.stdout.readline().strip() != "ready":
             self.close()
@@ -190,12 +192,13 @@ def _child(task: Mapping, answers: int) -> None:
 
 
 def _launcher() -> None:
-    """The launcher process: one JSON line of modules to import, "ready", then one JSON task per
-    line, answered with its exit status, until stdin closes."""
+    """The launcher process: one JSON line of the tasks' interpreter arguments (it imports what
+    _preload names for them), "ready", then one JSON task per line, answered with its exit
+    status, until stdin closes."""
     answers = os.dup(1)
     os.dup2(2, 1)  # anything the imports print goes to the launcher's log, not the answers
     requests = sys.stdin
-    for module in json.loads(requests.readline()):
+    for module in _preload(json.loads(requests.readline())):
         try:
             importlib.import_module(module)
         except Exception as error:  # noqa: BLE001 (the task that needs it fails by itself)
