@@ -21,15 +21,19 @@ from typing import Optional
 import dp_accounting
 from dp_accounting import dp_event
 import numpy as np
-import opendp.prelude as dp
 from dp_accounting import mechanism_calibration
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_mechanism
+# OpenDP's own modules, not `opendp.prelude`: the prelude imports OpenDP's extras too
+# (scikit-learn, Polars, ...), CPU that every process drawing noise paid at import, a Beam worker
+# included (docs/measurements.md, issue 47). The functions are the same objects.
+from opendp import domains, measurements, metrics
+from opendp.mod import Measurement, enable_features
 
 from sage_tfx.mechanisms.portable import floor_log2
 from sage_tfx.mechanisms.release import Release
 
-dp.enable_features("contrib")
+enable_features("contrib")
 
 # The lattice sits 50 binary digits below the sensitivity, and OpenDP adds the rounding of every
 # coordinate to it to the sensitivity: size 2**k in L1, sqrt(size) 2**k in L2. The noise scale
@@ -80,17 +84,19 @@ def _lattice_exponent(sensitivity: float) -> int:
 # public parameter set and reused; every invocation still draws fresh noise from the OS CSPRNG.
 @functools.lru_cache(maxsize=256)
 def _measurement(noise: str, atom: str, size: Optional[int], scale: float, k: Optional[int],
-                 sensitivity) -> tuple[dp.Measurement, Optional[float]]:
+                 sensitivity) -> tuple[Measurement, Optional[float]]:
     """OpenDP's ``noise`` ("laplace" / "gaussian") measurement on vectors of ``atom`` ("f64",
     sized, lattice 2**k; or "i64") and its privacy map at ``sensitivity``."""
     if atom == "f64":
-        domain = dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size)
+        domain = domains.vector_domain(domains.atom_domain(T=float, nan=False), size=size)
     else:
-        domain = dp.vector_domain(dp.atom_domain(T="i64"))
+        domain = domains.vector_domain(domains.atom_domain(T="i64"))
     if noise == "laplace":
-        measurement = dp.m.make_laplace(domain, dp.l1_distance(T=atom), scale=scale, k=k)
+        measurement = measurements.make_laplace(domain, metrics.l1_distance(T=atom), scale=scale,
+                                                k=k)
     else:
-        measurement = dp.m.make_gaussian(domain, dp.l2_distance(T=atom), scale=scale, k=k)
+        measurement = measurements.make_gaussian(domain, metrics.l2_distance(T=atom),
+                                                 scale=scale, k=k)
     return measurement, None if sensitivity is None else measurement.map(sensitivity)
 
 

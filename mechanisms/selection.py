@@ -58,8 +58,9 @@ from fractions import Fraction
 from typing import Optional
 
 import numpy as np
-import opendp.prelude as dp
 from dp_accounting import dp_event
+from opendp import domains, measurements, metrics  # not the prelude: additive.py says why
+from opendp.mod import enable_features
 
 from sage_tfx.mechanisms.additive import (_delta, _integers, _positive, discrete_laplace,
                                           gaussian_lattice, gaussian_sigma,
@@ -67,7 +68,7 @@ from sage_tfx.mechanisms.additive import (_delta, _integers, _positive, discrete
 from sage_tfx.mechanisms.keyed import KeyedGaussian
 from sage_tfx.mechanisms.release import Release
 
-dp.enable_features("contrib")
+enable_features("contrib")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,8 +250,8 @@ def _exact_bernoulli(probability: float, size: int) -> np.ndarray:
     ones with f = 2 (1 - p) (exact for p >= 1/2, Sterbenz) give Bernoulli(p) above."""
     ones = probability > 0.5
     flip = 2.0 * (1.0 - probability if ones else probability)
-    measurement = dp.m.make_randomized_response_bitvec(
-        dp.bitvector_domain(max_weight=size), dp.discrete_distance(), f=flip)
+    measurement = measurements.make_randomized_response_bitvec(
+        domains.bitvector_domain(max_weight=size), metrics.discrete_distance(), f=flip)
     bits = np.full(size, ones, dtype=bool)
     noisy = np.frombuffer(measurement(np.packbits(bits).tobytes()), dtype=np.uint8)
     return np.unpackbits(noisy)[:size].astype(bool)

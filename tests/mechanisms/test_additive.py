@@ -142,8 +142,8 @@ def test_a_mechanism_built_with_less_noise_than_calibrated_is_refused(monkeypatc
     # The event is read back from OpenDP's privacy map; if what is built spends more than the
     # calibration (here 2/3 of the scale: 1.5x epsilon, 2/3 of the multiplier), the
     # release must stop rather than return a value with an event that understates it.
-    build = getattr(additive.dp.m, maker)
-    monkeypatch.setattr(additive.dp.m, maker,
+    build = getattr(additive.measurements, maker)
+    monkeypatch.setattr(additive.measurements, maker,
                         lambda *args, scale, **kw: build(*args, scale=scale / 1.5, **kw))
     # Measurements are cached per parameter set: build this one afresh, and drop the weakened
     # one afterwards so no later test reuses it.

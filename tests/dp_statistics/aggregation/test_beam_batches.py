@@ -2,11 +2,16 @@
 shuffle by unit, and the pre-noise sums and the released bits are the local engine's; a seeded
 run samples what it sampled before batching. Beam runs on the DirectRunner, in this process."""
 import hashlib
+import json
+import os
 import pickle
+import subprocess
+import sys
 
 import apache_beam as beam
 import numpy as np
 import pandas as pd
+import pytest
 from apache_beam.metrics.metric import MetricsFilter
 from support.beam_engine import HEAVY_QUERY, accumulate_with_beam, heavy_rows, sorted_by_keys
 from support.seeded_noise import seeded_measurement
@@ -99,3 +104,34 @@ def test_a_seeded_run_samples_the_rows_it_sampled_before_batching():
         tree = np.ascontiguousarray(sums[:, 4:88].astype(np.int64))
         assert hashlib.sha256(tree.tobytes()).hexdigest() == (
             "87e1a903f85336779753971e9839bf0f40997e380e8f75bd7566d07efa979956")
+
+
+WORKER_IMPORTS = r"""
+import json, sys
+import apache_beam.runners.worker.sdk_worker_main  # what a portable runner's worker imports
+import pandas as pd
+from sage_tfx.dp_statistics.aggregation import plan
+from sage_tfx.dp_statistics.aggregation import beam as engine  # what its DoFns unpickle into
+from sage_tfx.dp_statistics.aggregation.local import aggregate
+from sage_tfx.dp_statistics.continual import beam as continual_engine
+from test_beam_batches import QUERY, frame
+# the release step, run by a worker: Laplace and Gaussian noise, the weighted Gaussian selection
+aggregate(frame().head(500), QUERY, plan(QUERY, 1.0, 1e-6))
+print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in
+                        ("sklearn", "polars", "tensorflow") or name.startswith("opendp.extras"))))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter importing Beam and the engine: 5-25 s
+def test_a_beam_worker_imports_only_what_the_engine_and_its_release_use():
+    """Each Beam worker imports the engine's modules when it unpickles the DoFns, once per
+    worker per job: on a portable runner that start-up was most of a small job's CPU (issue 47,
+    docs/measurements.md). OpenDP's prelude pulled in its extras (scikit-learn, Polars, ...),
+    which no DP step uses; the mechanisms import OpenDP's own modules instead. Run in a fresh
+    interpreter, through the release (noise and selection), so a later import counts too."""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(__file__), *sys.path])}
+    result = subprocess.run([sys.executable, "-c", WORKER_IMPORTS], capture_output=True,
+                            text=True, env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
