@@ -204,8 +204,7 @@ def classifier_metrics(model: tf.keras.Model, inputs, labels: np.ndarray) -> dic
 @dataclass
 class Task:
     """One benchmark task: the module, its data (decoded inputs and labels), DPTrainer's
-    training of the untuned default and of a setting, and the held-out metrics (`primary`
-    first; `higher_is_better` for it)."""
+    training of the untuned default and of a setting, and the held-out metrics."""
     name: str
     module: UserModule
     candidates: list
@@ -218,8 +217,7 @@ class Task:
     delta: float
     train: Callable  # (setting, epsilon, delta, seed) -> model
     metrics: Callable  # model -> {name: value}
-    primary: str
-    higher_is_better: bool
+    primary: str  # the metric --oracle reports
     search: dict  # DPTuner's parameters
     facts: dict
 
@@ -227,14 +225,15 @@ class Task:
 def tfx_taxi_task(args) -> Task:
     from sage_tfx.examples.tfx_taxi import pipeline
 
-    module, train_x, train_y, eval_x, eval_y = tfx_taxi_data(os.path.join(args.workdir, "tfx"), args.reuse)
+    module, train_x, train_y, eval_x, eval_y = tfx_taxi_data(os.path.join(args.workdir, "tfx"),
+                                                             args.reuse)
     epsilon, delta = split_share(args.epsilon, pipeline.DELTA, pipeline.SPLIT, "training")
     gamma = pipeline.SAMPLING["gamma"]
     return Task("tfx_taxi", module, candidates_from(TFX_SPACE), dict(pipeline.TRAINER),
                 train_x, train_y, eval_x, eval_y, epsilon, delta,
                 lambda setting, eps, dlt, seed: train(module, train_x, train_y, setting, eps,
                                                       dlt, args.epochs, seed, gamma=gamma),
-                lambda model: classifier_metrics(model, eval_x, eval_y), "auc", True,
+                lambda model: classifier_metrics(model, eval_x, eval_y), "auc",
                 {"metric": "accuracy", "gamma": TFX_TUNE_GAMMA},
                 {"epochs": args.epochs, "sampling_gamma": gamma})
 
@@ -249,7 +248,7 @@ def taxi_task(args) -> Task:
                 epsilon, delta,
                 lambda setting, eps, dlt, seed: train(module, train_x, train_y, setting, eps,
                                                       dlt, args.epochs, seed),
-                lambda model: {"mse": mse(model, eval_x, eval_y)}, "mse", False,
+                lambda model: {"mse": mse(model, eval_x, eval_y)}, "mse",
                 {"metric": "loss", "loss_bound": taxi.LOSS_BOUND, "gamma": 0.02},
                 {"months": args.months, "epochs": args.epochs})
 
