@@ -8,11 +8,12 @@ them as its own, and the ledger reads them back through MLMD. Only how they are 
 MLMD's client sends one statement per row and per check, each a round trip to the server: per
 artifact it reads the type and the stored artifact back, rewrites each changed property as a
 DELETE and an INSERT, then asks for last_insert_id; about 25 statements per block a grant
-charges. Here a grant on named blocks is one transaction of 4 round trips, its reads included,
+charges. Here a grant on named blocks is one transaction of 3 round trips, its reads included,
 whatever the number of blocks: its blocks locked and read; the records of their last changes
-with the ids of the changes that made them; those changes; then every write and the COMMIT in
-one batch, each table's rows in one multi-row statement (the server runs as many statements
-for 30 blocks as for 1; tests/sage_access/test_mysql_commit.py counts both).
+with the changes that made them (of each only the properties the balance check reads); then
+every write and the COMMIT in one batch, each table's rows in one multi-row statement (the
+server runs as many statements for 30 blocks as for 1; tests/sage_access/test_mysql_commit.py
+counts both).
 
 Cost. What a grant costs is mostly CPU, the client's Python and the server's statements, not
 the round trips (a fraction of a millisecond each on one machine). So an artifact's properties
@@ -268,20 +269,35 @@ class Transaction:
                          milliseconds_since_epoch=time_ms)
                 for artifact_id, execution_id, kind, time_ms in self._cursor.fetchall()]
 
-    def get_creators_by_external_ids(self, external_ids: Sequence[str]) -> dict:
-        """{external id: the id of the execution with an OUTPUT event on that artifact (the
-        last one if several; None for none)} of the artifacts found with these external ids:
-        in one round trip what `get_artifacts_by_external_ids` and
-        `get_events_by_artifact_ids` answer in two (lineage.check_balances reads the records
-        of the blocks' last changes so)."""
+    def get_creations_by_external_ids(self, external_ids: Sequence[str],
+                                      keys: Sequence[str]) -> tuple[dict, dict]:
+        """({external id: the id of the execution with an OUTPUT event on that artifact (the
+        last one if several; None for none)} of the artifacts found with these external ids,
+        {execution id: that execution with only its custom properties `keys`}), in one round
+        trip: what `get_artifacts_by_external_ids`, `get_events_by_artifact_ids` and
+        `get_executions_by_id` answer in three (lineage.check_balances reads the records of the
+        blocks' last changes so, and of each change only its `balances` and `kind`: a grant's
+        other properties, its request and events, are long strings it does not need)."""
         if not external_ids:
-            return {}
+            return {}, {}
+        named = f"A.`external_id` IN ({self._literals(external_ids)})"
+        creators = (f"`Artifact` AS A {{join}} `Event` AS V ON V.`artifact_id` = A.`id` AND "
+                    f"V.`type` = {pb.Event.OUTPUT} WHERE {named}")
         self._cursor.execute(
-            "SELECT A.`external_id`, V.`execution_id` FROM `Artifact` AS A LEFT JOIN `Event` "
-            f"AS V ON V.`artifact_id` = A.`id` AND V.`type` = {pb.Event.OUTPUT} "
-            f"WHERE A.`external_id` IN ({self._literals(external_ids)}) ORDER BY V.`id`")
-        return {_read_text(external_id): execution_id
-                for external_id, execution_id in self._cursor.fetchall()}
+            f"SELECT A.`external_id`, V.`execution_id` FROM {creators.format(join='LEFT JOIN')} "
+            "ORDER BY V.`id`;\n"
+            "SELECT P.`execution_id`, P.`name`, P.`int_value`, P.`double_value`, "
+            "P.`string_value` FROM `ExecutionProperty` AS P WHERE P.`execution_id` IN "
+            f"(SELECT V.`execution_id` FROM {creators.format(join='JOIN')}) AND "
+            f"P.`is_custom_property` = 1 AND P.`name` IN ({self._literals(keys)})")
+        found = {_read_text(external_id): execution_id
+                 for external_id, execution_id in self._cursor.fetchall()}
+        self._cursor.nextset()
+        changes = {execution_id: pb.Execution(id=execution_id)
+                   for execution_id in found.values() if execution_id is not None}
+        for execution_id, key, *value in self._cursor.fetchall():
+            _set_value(changes[execution_id], _read_text(key), 1, *value)
+        return found, changes
 
     def put_execution(self, execution: pb.Execution,
                       artifact_and_events: Sequence[tuple[pb.Artifact, pb.Event]],
@@ -401,9 +417,8 @@ class Transaction:
                    [(context_id, ids[id(artifact)]) for context_id in context_ids
                     for artifact, _ in artifact_and_events],
                    "ON DUPLICATE KEY UPDATE `context_id` = `context_id`")
-        batch.add("SELECT @sage_execution")
         batch.add("COMMIT")
-        execution_id = batch.run(cursor)
+        execution_id = batch.run(cursor)  # the Execution's, inserted first
         self.committed = True
         return execution_id
 
@@ -442,16 +457,13 @@ class _Batch:
             + (f" {tail}" if tail else ""))
 
     def run(self, cursor) -> int:
-        """Send the batch; the value of its last result set (the server stops at the first
+        """Send the batch; the id its first statement inserted (the server stops at the first
         statement that fails, whose error is raised here)."""
         cursor.execute(";\n".join(self._statements))
-        last = None
-        while True:
-            row = cursor.fetchone() if cursor.description else None
-            if row is not None:
-                last = row[0]
-            if not cursor.nextset():
-                return last
+        first_id = cursor.lastrowid
+        while cursor.nextset():
+            pass
+        return first_id
 
 
 # ML Metadata's C++ client talks to MySQL in latin1 (its connection's default character set): it
