@@ -17,6 +17,7 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BalanceTampered
 from sage_tfx.sage_access.exact import exact_vector
+from sage_tfx.sage_access.mysql_commit import VersionRecords
 from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, GRANT_TYPE, KFP_RUN_CONTEXT_TYPE,
                                           LEDGER_CONTEXT_TYPE,
                                           RUN_CONTEXT_TYPE, TFX_RUN_CONTEXT_TYPE, Grant,
@@ -191,10 +192,8 @@ def check_balances(records: LedgerRecords, accounting,
     names = {}
     for artifact, block in chosen:
         version = get_property(artifact, "version")
-        names[f"version:{records.version_name(block.block_id, version)}"] = (
-            block.block_id, "current")
-        names[f"version:{records.version_name(block.block_id, version + 1)}"] = (
-            block.block_id, "next")
+        names[records.version_external_id(block.block_id, version)] = (block.block_id, "current")
+        names[records.version_external_id(block.block_id, version + 1)] = (block.block_id, "next")
     creators, changes = _creations(records, list(names), store)
     found = {names[external_id]: creator for external_id, creator in creators.items()}
     problems, unrecorded = [], []
@@ -232,13 +231,26 @@ def check_balances(records: LedgerRecords, accounting,
         "trusted copy")
 
 
+# What check_balances reads of each change that created a block's version.
+_CHANGE_KEYS = ("balances", "kind")
+
+
+def balance_check_reads(records: LedgerRecords) -> VersionRecords:
+    """What `check_balances` reads about the blocks it checks (the records of each block's
+    current and next version, their creators, those creators' `_CHANGE_KEYS`), for a MySQL
+    transaction to read in the round trip that locks the blocks (records.block_artifacts):
+    a grant's reads are then one round trip. The names are records.version_external_id's."""
+    return VersionRecords(prefix=records.version_prefix, key="block_id", infix="/v",
+                          steps=(0, 1), properties=_CHANGE_KEYS)
+
+
 def _creations(records: LedgerRecords, external_ids: list[str], store) -> tuple[dict, dict]:
     """({external id: the id of the execution that created the artifact (its OUTPUT event), or
     None} of the artifacts found with these external ids, {execution id: that execution}), read
     from `store`: in one round trip from a MySQL transaction (mysql_commit.Transaction, which
     reads of each execution only the properties read here), in three MLMD calls elsewhere."""
     if hasattr(store, "get_creations_by_external_ids"):
-        return store.get_creations_by_external_ids(external_ids, ("balances", "kind"))
+        return store.get_creations_by_external_ids(external_ids, _CHANGE_KEYS)
     artifacts = records.by_external_ids(external_ids, store)
     creators = {event.artifact_id: event.execution_id
                 for event in store.get_events_by_artifact_ids([a.id for a in artifacts])

@@ -44,7 +44,8 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Iterator, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from ml_metadata import errors as mlmd_errors
 from ml_metadata.proto import metadata_store_pb2 as pb
@@ -191,10 +192,17 @@ class Transaction:
         self._cursor = cursor
         # {artifact id: its version property} of the artifacts read locked so far.
         self._locked: dict[int, int] = {}
+        # What a locked read with `versions` read beside the artifacts (VersionRecords): the
+        # external ids it covered, the creators found, their executions and properties read.
+        self._covered: set[str] = set()
+        self._creators: dict[str, Optional[int]] = {}
+        self._changes: dict[int, pb.Execution] = {}
+        self._change_keys: tuple[str, ...] = ()
         self.committed = False  # put_execution commits
 
-    def get_artifacts_by_external_ids(self, external_ids: Sequence[str],
-                                      lock: bool = False) -> list[pb.Artifact]:
+    def get_artifacts_by_external_ids(self, external_ids: Sequence[str], lock: bool = False,
+                                      versions: Optional["VersionRecords"] = None
+                                      ) -> list[pb.Artifact]:
         """MLMD's call of that name (an empty list where MLMD raises NotFoundError). With
         `lock`, the artifacts found are locked until the transaction ends (a grant reads its
         blocks so: no other writer changes them in between; every writer here locks the
@@ -204,7 +212,9 @@ class Transaction:
 
         Locked first, then read, in one round trip: a read that is not a locking read sees
         what had committed when its statement began (READ COMMITTED), so a statement that
-        waited for a lock would read the properties the lock's holder then changed."""
+        waited for a lock would read the properties the lock's holder then changed. With
+        `versions`, the same round trip reads the creators of the artifacts' version records
+        (VersionRecords), which `get_creations_by_external_ids` then answers without another."""
         if not external_ids:
             return []
         where = f"A.`external_id` IN ({self._literals(external_ids)})"
@@ -212,12 +222,25 @@ class Transaction:
         if not lock:
             self._cursor.execute(read)
             return _artifacts(self._cursor.fetchall())
-        self._cursor.execute(f"SELECT A.`id` FROM `Artifact` AS A WHERE {where} "
-                             f"ORDER BY A.`external_id` FOR UPDATE;\n{read}")
+        locking = (f"SELECT A.`id` FROM `Artifact` AS A WHERE {where} "
+                   f"ORDER BY A.`external_id` FOR UPDATE;\n{read}")
+        if versions is None:
+            self._cursor.execute(locking)
+        else:
+            names = f"A.`external_id` IN ({versions.names_sql(where.replace('A.', 'B.'), self._literals)})"
+            self._cursor.execute(f"{locking};\n{self._creations_sql(names, versions.properties)}")
         self._cursor.nextset()
         found = _artifacts(self._cursor.fetchall())
         self._locked.update((artifact.id, artifact.custom_properties["version"].int_value)
                             for artifact in found if "version" in artifact.custom_properties)
+        if versions is not None:
+            self._cursor.nextset()
+            creators, changes = self._read_creations()
+            self._covered.update(name for artifact in found
+                                 for name in versions.external_ids(artifact))
+            self._creators.update(creators)
+            self._changes.update(changes)
+            self._change_keys = versions.properties
         return found
 
     def _literals(self, values: Sequence) -> str:
@@ -277,19 +300,34 @@ class Transaction:
         trip: what `get_artifacts_by_external_ids`, `get_events_by_artifact_ids` and
         `get_executions_by_id` answer in three (lineage.check_balances reads the records of the
         blocks' last changes so, and of each change only its `balances` and `kind`: a grant's
-        other properties, its request and events, are long strings it does not need)."""
+        other properties, its request and events, are long strings it does not need). In no
+        round trip when a locked read in this transaction read them already (`versions`):
+        still current, since every writer of those records holds the locks taken then."""
         if not external_ids:
             return {}, {}
-        named = f"A.`external_id` IN ({self._literals(external_ids)})"
+        if set(external_ids) <= self._covered and set(keys) <= set(self._change_keys):
+            creators = {name: self._creators[name] for name in external_ids
+                        if name in self._creators}
+            return creators, {execution_id: self._changes[execution_id]
+                              for execution_id in creators.values() if execution_id is not None}
+        self._cursor.execute(self._creations_sql(
+            f"A.`external_id` IN ({self._literals(external_ids)})", keys))
+        return self._read_creations()
+
+    def _creations_sql(self, named: str, keys: Sequence[str]) -> str:
+        """The two statements `_read_creations` reads: the creators of the artifacts `named`
+        (an SQL condition on `Artifact` AS A), then their executions' custom properties `keys`."""
         creators = (f"`Artifact` AS A {{join}} `Event` AS V ON V.`artifact_id` = A.`id` AND "
                     f"V.`type` = {pb.Event.OUTPUT} WHERE {named}")
-        self._cursor.execute(
-            f"SELECT A.`external_id`, V.`execution_id` FROM {creators.format(join='LEFT JOIN')} "
-            "ORDER BY V.`id`;\n"
-            "SELECT P.`execution_id`, P.`name`, P.`int_value`, P.`double_value`, "
-            "P.`string_value` FROM `ExecutionProperty` AS P WHERE P.`execution_id` IN "
-            f"(SELECT V.`execution_id` FROM {creators.format(join='JOIN')}) AND "
-            f"P.`is_custom_property` = 1 AND P.`name` IN ({self._literals(keys)})")
+        return (f"SELECT A.`external_id`, V.`execution_id` FROM "
+                f"{creators.format(join='LEFT JOIN')} ORDER BY V.`id`;\n"
+                "SELECT P.`execution_id`, P.`name`, P.`int_value`, P.`double_value`, "
+                "P.`string_value` FROM `ExecutionProperty` AS P WHERE P.`execution_id` IN "
+                f"(SELECT V.`execution_id` FROM {creators.format(join='JOIN')}) AND "
+                f"P.`is_custom_property` = 1 AND P.`name` IN ({self._literals(keys)})")
+
+    def _read_creations(self) -> tuple[dict, dict]:
+        """The answer of `get_creations_by_external_ids` from `_creations_sql`'s two results."""
         found = {_read_text(external_id): execution_id
                  for external_id, execution_id in self._cursor.fetchall()}
         self._cursor.nextset()
@@ -421,6 +459,43 @@ class Transaction:
         execution_id = batch.run(cursor)  # the Execution's, inserted first
         self.committed = True
         return execution_id
+
+
+@dataclass(frozen=True)
+class VersionRecords:
+    """The records of an artifact's versions (a block's BlockVersion records), which a locked
+    read of the artifacts reads in the same round trip (Transaction.get_artifacts_by_external_ids):
+    version v of the artifact whose string custom property `key` is k has the external id
+    `{prefix}{k}{infix}{v}`; read are those of v = its int custom property `version` plus each
+    of `steps`, their creators (OUTPUT events) and of each creator the custom properties
+    `properties`."""
+    prefix: str
+    key: str
+    infix: str
+    steps: tuple[int, ...]
+    properties: tuple[str, ...]
+    version: str = "version"
+
+    def external_ids(self, artifact: pb.Artifact) -> list[str]:
+        """The external ids of `artifact`'s version records that `names_sql` names."""
+        properties = artifact.custom_properties
+        if self.key not in properties or self.version not in properties:
+            return []
+        return [f"{self.prefix}{properties[self.key].string_value}{self.infix}"
+                f"{properties[self.version].int_value + step}" for step in self.steps]
+
+    def names_sql(self, where: str, literals: Callable[[Sequence], str]) -> str:
+        """An SQL query of those external ids, of the artifacts (`Artifact` AS B) `where`
+        (`literals`: values as SQL literals, Transaction._literals)."""
+        steps = " UNION ALL ".join(f"SELECT {int(step)}" + (" AS `step`" if not index else "")
+                                   for index, step in enumerate(self.steps))
+        return (f"SELECT CONCAT({literals([self.prefix])}, K.`string_value`, "
+                f"{literals([self.infix])}, N.`int_value` + S.`step`) FROM `Artifact` AS B "
+                "JOIN `ArtifactProperty` AS K ON K.`artifact_id` = B.`id` AND K.`name` = "
+                f"{literals([self.key])} AND K.`is_custom_property` = 1 "
+                "JOIN `ArtifactProperty` AS N ON N.`artifact_id` = B.`id` AND N.`name` = "
+                f"{literals([self.version])} AND N.`is_custom_property` = 1 "
+                f"JOIN ({steps}) AS S WHERE {where}")
 
 
 class _Variable(str):

@@ -137,10 +137,9 @@ class Transactions:
         kind), linked by an OUTPUT event.
         """
         records = self._records
-        name = records.version_name(block, version)
-        # Its external id finds it in one indexed lookup (lineage.check_balances).
-        return pb.Artifact(type_id=records.types[BLOCK_VERSION_TYPE], name=name,
-                           external_id=f"version:{name}")
+        return pb.Artifact(type_id=records.types[BLOCK_VERSION_TYPE],
+                           name=records.version_name(block, version),
+                           external_id=records.version_external_id(block, version))
 
     def ledger_version(self, state: pb.Artifact, kind: str, **changes) -> list:
         """The updated LedgerState plus its unique version record (the compare-and-swap)."""

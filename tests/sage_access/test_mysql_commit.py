@@ -82,9 +82,9 @@ def test_a_grant_writes_the_rows_ml_metadata_writes(mariadb_server, monkeypatch)
 def test_a_grant_on_mysql_costs_a_few_round_trips_whatever_its_blocks(mariadb_server):
     """ML Metadata's put_execution sent about 25 statements per block charged (753 for a grant
     of 30 blocks), each a round trip; in one transaction the round trips do not grow with the
-    blocks: 3 for any grant on named blocks (its blocks locked and read; the records of their
-    last changes with those changes' balances; then every write and the COMMIT in one batch).
-    The session's server runs nothing else meanwhile."""
+    blocks: 2 for any grant on named blocks (its blocks locked and read, with the records of
+    their versions, the changes that made them and those changes' balances; then every write
+    and the COMMIT in one batch). The session's server runs nothing else meanwhile."""
     ledger = BlockLedger.create(mariadb_server.store(), min_request_epsilon=0.001)
     ledger.add_blocks([NewBlock(f"b{index:02d}", 1.0, 1e-6) for index in range(40)])
     counts = {}
@@ -94,7 +94,7 @@ def test_a_grant_on_mysql_costs_a_few_round_trips_whatever_its_blocks(mariadb_se
         with mariadb_server.round_trips() as counted:
             ledger.request(BlockIds(ids), epsilon=0.01, delta=0.0)
         counts[width] = counted[0]
-    assert counts[30] == counts[1] == 3, counts
+    assert counts[30] == counts[1] == 2, counts
 
 
 def test_the_server_runs_as_many_statements_for_30_blocks_as_for_1(mariadb_server):
