@@ -42,6 +42,7 @@ and the caller resolves the change's fate from the ledger (transaction.Transacti
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -334,7 +335,11 @@ class Transaction:
         changes = {execution_id: pb.Execution(id=execution_id)
                    for execution_id in found.values() if execution_id is not None}
         for execution_id, key, *value in self._cursor.fetchall():
-            _set_value(changes[execution_id], _read_text(key), 1, *value)
+            # Under READ COMMITTED the second statement sees what committed after the first
+            # began: a creator it alone found (of artifacts not read locked, a window's blocks)
+            # is not part of the answer.
+            if execution_id in changes:
+                _set_value(changes[execution_id], _read_text(key), 1, *value)
         return found, changes
 
     def put_execution(self, execution: pb.Execution,
@@ -513,10 +518,8 @@ class _Batch:
 
     def __init__(self, connection):
         self._statements: list[str] = []
-        self._escape = connection.escape
-
-    def _sql(self, value) -> str:
-        return _literal(value, self._escape)
+        # A partial (called in C), not a method calling _literal: one Python call per value.
+        self._sql = functools.partial(_literal, escape=connection.escape)
 
     def add(self, statement: str, *values) -> None:
         """`statement`, its %s placeholders replaced by `values`."""
