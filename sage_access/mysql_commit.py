@@ -161,15 +161,34 @@ class MySQLCommits:
             if connection_lost(error):
                 self._lost(error)
             code = error.args[0] if error.args else None
-            connection.rollback()
+            self._roll_back(connection)
             if code == _DUPLICATE_KEY:
                 raise mlmd_errors.AlreadyExistsError(f"mysql_commit: {error.args[-1]}") from None
             if code in _ROLLED_BACK:
                 raise mlmd_errors.AbortedError(f"mysql_commit: {error.args[-1]}") from None
             raise
         except BaseException:  # nothing half-written stays in the transaction
-            connection.rollback()
+            self._roll_back(connection)
             raise
+
+    def _roll_back(self, connection) -> None:
+        """Roll back the open transaction. If the connection is lost meanwhile (the server
+        died), the server rolls it back in any case: the connection is dropped (the next
+        transaction reconnects) and the caller raises what made it roll back (a Conflict is
+        retried) rather than the lost connection."""
+        import pymysql
+
+        try:
+            connection.rollback()
+        except (pymysql.err.InterfaceError, ConnectionError, pymysql.MySQLError) as error:
+            if isinstance(error, pymysql.MySQLError) and not isinstance(
+                    error, pymysql.err.InterfaceError) and not connection_lost(error):
+                raise
+            try:
+                connection.close()
+            except Exception:  # already closed by the error
+                pass
+            self._connection = None
 
     def _lost(self, error: Exception) -> None:
         """The connection is gone (or in an unknown state): drop it and say the commit's fate is

@@ -215,3 +215,31 @@ def test_a_grant_that_waits_for_a_lock_does_not_redo_its_work(mariadb_server, mo
     assert (first.retries, second.retries) == (0, 0)
     assert [float(block.spent[0]) for block in ledger.blocks()] == [0.375] * 3
     assert ledger.audit().problems == []
+
+
+def test_a_transaction_rolled_back_as_the_server_dies_raises_what_rolled_it_back(
+        mariadb_server, monkeypatch):
+    """The server dies while a transaction rolls back (a grant that lost to another writer
+    raised Conflict, as the crash test's kill -9 of MariaDB once hit): the server rolls the
+    transaction back in any case, so what made it roll back comes out (a Conflict is retried,
+    where the lost connection ended the client's process), and the next transaction
+    reconnects."""
+    import pymysql
+
+    store = mariadb_server.store()
+    BlockLedger.create(store)
+    commits = MySQLCommits(parse(store))
+    real_rollback = pymysql.connections.Connection.rollback
+
+    def lost(connection):
+        connection.close()
+        raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+
+    monkeypatch.setattr(pymysql.connections.Connection, "rollback", lost)
+    with pytest.raises(LookupError, match="what rolled it back"):
+        with commits.transaction() as transaction:
+            transaction.get_artifacts_by_external_ids(["state:default"], lock=True)
+            raise LookupError("what rolled it back")
+    monkeypatch.setattr(pymysql.connections.Connection, "rollback", real_rollback)
+    with commits.transaction() as transaction:
+        assert transaction.get_artifacts_by_external_ids(["state:default"], lock=True)
