@@ -8,12 +8,17 @@ them as its own, and the ledger reads them back through MLMD. Only how they are 
 MLMD's client sends one statement per row and per check, each a round trip to the server: per
 artifact it reads the type and the stored artifact back, rewrites each changed property as a
 DELETE and an INSERT, then asks for last_insert_id; about 25 statements per block a grant
-charges. Here a grant on named blocks is one transaction of 3 round trips, its reads included,
-whatever the number of blocks: its blocks locked and read; the records of their last changes
-with the changes that made them (of each only the properties the balance check reads); then
-every write and the COMMIT in one batch, each table's rows in one multi-row statement (the
-server runs as many statements for 30 blocks as for 1; tests/sage_access/test_mysql_commit.py
-counts both).
+charges. Here a grant on named blocks is one transaction of 2 round trips, its reads included,
+whatever the number of blocks: its blocks locked and read, with the records of their versions
+(named by the server from the blocks' properties, VersionRecords), the changes that made them
+and of those only the properties the balance check reads; then every write and the COMMIT in
+one batch, each table's rows in one multi-row statement (the server runs as many statements
+for 30 blocks as for 1; tests/sage_access/test_mysql_commit.py counts both). Round trips
+matter less for their own time than for the locks: a grant holds its blocks' locks from its
+first round trip to its COMMIT, and each round trip inside costs the holder a wake-up on a
+busy machine, while other writers of those blocks wait (8 writers on overlapping blocks granted
+1.2-1.4x as much with the reads in one round trip as in two, at load 11-13, though the server
+spends more CPU on the joined read; docs/measurements.md).
 
 Cost. What a grant costs is mostly CPU, the client's Python and the server's statements, not
 the round trips (a fraction of a millisecond each on one machine). So an artifact's properties

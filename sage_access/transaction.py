@@ -17,7 +17,7 @@ it is absent does the attempt run again. So a grant is never charged twice: the 
 the same `grant-<id>` would be refused by the unique name in any case.
 
 On MySQL a grant runs in a transaction of its own instead (`session`, mysql_commit.py): the
-same rows, its blocks read locked, 3 round trips in all where ML Metadata's calls send about
+same rows, its blocks read locked, 2 round trips in all where ML Metadata's calls send about
 25 per block. The version names still act as above against writers using MLMD's calls.
 """
 from __future__ import annotations
