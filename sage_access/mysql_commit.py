@@ -242,7 +242,8 @@ class Transaction:
         (VersionRecords), which `get_creations_by_external_ids` then answers without another."""
         if not external_ids:
             return []
-        where = f"A.`external_id` IN ({self._literals(external_ids)})"
+        named = f"`external_id` IN ({self._literals(external_ids)})"
+        where = f"A.{named}"
         read = _ARTIFACTS.format(where=where, order="A.`external_id`")
         if not lock:
             self._cursor.execute(read)
@@ -252,8 +253,9 @@ class Transaction:
         if versions is None:
             self._cursor.execute(locking)
         else:
-            names = f"A.`external_id` IN ({versions.names_sql(where.replace('A.', 'B.'), self._literals)})"
-            self._cursor.execute(f"{locking};\n{self._creations_sql(names, versions.properties)}")
+            names = versions.names_sql(f"B.{named}", self._literals)
+            self._cursor.execute(f"{locking};\n" + self._creations_sql(
+                f"A.`external_id` IN ({names})", versions.properties))
         self._cursor.nextset()
         found = _artifacts(self._cursor.fetchall())
         self._locked.update((artifact.id, artifact.custom_properties["version"].int_value)

@@ -84,12 +84,13 @@ def test_a_grant_on_mysql_costs_a_few_round_trips_whatever_its_blocks(mariadb_se
     of 30 blocks), each a round trip; in one transaction the round trips do not grow with the
     blocks: 2 for any grant on named blocks (its blocks locked and read, with the records of
     their versions, the changes that made them and those changes' balances; then every write
-    and the COMMIT in one batch). The session's server runs nothing else meanwhile."""
+    and the COMMIT in one batch). The session's server runs nothing else meanwhile. The block
+    ids hold SQL's table-alias text (`A.`), which the reads' SQL must not rewrite."""
     ledger = BlockLedger.create(mariadb_server.store(), min_request_epsilon=0.001)
-    ledger.add_blocks([NewBlock(f"b{index:02d}", 1.0, 1e-6) for index in range(40)])
+    ledger.add_blocks([NewBlock(f"A.b{index:02d}", 1.0, 1e-6) for index in range(40)])
     counts = {}
     for width in (1, 30):
-        ids = [f"b{index:02d}" for index in range(width)]
+        ids = [f"A.b{index:02d}" for index in range(width)]
         ledger.request(BlockIds(ids), epsilon=0.01, delta=0.0)  # connections opened
         with mariadb_server.round_trips() as counted:
             ledger.request(BlockIds(ids), epsilon=0.01, delta=0.0)
