@@ -436,8 +436,8 @@ class BlockLedger:
         stay locked until it commits); a window's are read from the store (MLMD's filter
         query), and the commit then refuses any whose version moved since."""
         if isinstance(selector, BlockIds):
-            chosen = [(a, self._to_state(a))
-                      for a in self._records.block_artifacts(selector.ids, session)]
+            chosen = [(a, self._to_state(a)) for a in self._records.block_artifacts(
+                selector.ids, session, lineage.balance_check_reads(self._records))]
             elsewise = [block.block_id for _, block in chosen if selector.data_format
                         and not holds(block, selector.data_format)]
             if elsewise:

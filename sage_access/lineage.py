@@ -17,6 +17,7 @@ from ml_metadata.proto import metadata_store_pb2 as pb
 from sage_tfx.sage_access.allocation import BlockState
 from sage_tfx.sage_access.errors import BalanceTampered
 from sage_tfx.sage_access.exact import exact_vector
+from sage_tfx.sage_access.mysql_commit import VersionRecords
 from sage_tfx.sage_access.records import (BLOCK_VERSION_TYPE, GRANT_TYPE, KFP_RUN_CONTEXT_TYPE,
                                           LEDGER_CONTEXT_TYPE,
                                           RUN_CONTEXT_TYPE, TFX_RUN_CONTEXT_TYPE, Grant,
@@ -191,24 +192,23 @@ def check_balances(records: LedgerRecords, accounting,
     names = {}
     for artifact, block in chosen:
         version = get_property(artifact, "version")
-        names[f"version:{records.version_name(block.block_id, version)}"] = (
-            block.block_id, "current")
-        names[f"version:{records.version_name(block.block_id, version + 1)}"] = (
-            block.block_id, "next")
-    creators = _creators(records, list(names), store)
+        names[records.version_external_id(block.block_id, version)] = (block.block_id, "current")
+        names[records.version_external_id(block.block_id, version + 1)] = (block.block_id, "next")
+    creators, changes = _creations(records, list(names), store)
     found = {names[external_id]: creator for external_id, creator in creators.items()}
-    creating = sorted({creator for creator in creators.values() if creator is not None})
-    changes = {execution.id: execution
-               for execution in store.get_executions_by_id(creating)} if creating else {}
     problems, unrecorded = [], []
+    # Each change's balances, parsed once (a grant's last change is often one for all its
+    # blocks, recording them all).
+    balances = {execution_id: json.loads(get_property(change, "balances", "{}"))
+                for execution_id, change in changes.items()}
     for artifact, block in chosen:
         if (block.block_id, "next") in found:
             problems.append(f"block {block.block_id}: a later version than its stored one "
                             f"(v{get_property(artifact, 'version')}) exists")
             continue
-        change = changes.get(found.get((block.block_id, "current")))
-        recorded = None if change is None else json.loads(
-            get_property(change, "balances", "{}")).get(block.block_id)
+        creator = found.get((block.block_id, "current"))
+        change = changes.get(creator)
+        recorded = None if change is None else balances[creator].get(block.block_id)
         if recorded is not None:
             total, charges = exact_vector(recorded[0]), recorded[1]
         elif change is not None and get_property(change, "kind") == "add_block":
@@ -231,17 +231,34 @@ def check_balances(records: LedgerRecords, accounting,
         "trusted copy")
 
 
-def _creators(records: LedgerRecords, external_ids: list[str], store) -> dict:
-    """{external id: the id of the execution that created the artifact (its OUTPUT event), or
-    None} of the artifacts found with these external ids, read from `store`: in one round trip
-    from a MySQL transaction (mysql_commit.Transaction), in two MLMD calls elsewhere."""
-    if hasattr(store, "get_creators_by_external_ids"):
-        return store.get_creators_by_external_ids(external_ids)
+# What check_balances reads of each change that created a block's version.
+_CHANGE_KEYS = ("balances", "kind")
+
+
+def balance_check_reads(records: LedgerRecords) -> VersionRecords:
+    """What `check_balances` reads about the blocks it checks (the records of each block's
+    current and next version, their creators, those creators' `_CHANGE_KEYS`), for a MySQL
+    transaction to read in the round trip that locks the blocks (records.block_artifacts):
+    a grant's reads are then one round trip. The names are records.version_external_id's."""
+    return VersionRecords(prefix=records.version_prefix, key="block_id", infix="/v",
+                          steps=(0, 1), properties=_CHANGE_KEYS)
+
+
+def _creations(records: LedgerRecords, external_ids: list[str], store) -> tuple[dict, dict]:
+    """({external id: the id of the execution that created the artifact (its OUTPUT event), or
+    None} of the artifacts found with these external ids, {execution id: that execution}), read
+    from `store`: in one round trip from a MySQL transaction (mysql_commit.Transaction, which
+    reads of each execution only the properties read here), in three MLMD calls elsewhere."""
+    if hasattr(store, "get_creations_by_external_ids"):
+        return store.get_creations_by_external_ids(external_ids, _CHANGE_KEYS)
     artifacts = records.by_external_ids(external_ids, store)
     creators = {event.artifact_id: event.execution_id
                 for event in store.get_events_by_artifact_ids([a.id for a in artifacts])
                 if event.type == pb.Event.OUTPUT} if artifacts else {}
-    return {artifact.external_id: creators.get(artifact.id) for artifact in artifacts}
+    found = {artifact.external_id: creators.get(artifact.id) for artifact in artifacts}
+    creating = sorted({creator for creator in found.values() if creator is not None})
+    return found, {execution.id: execution
+                   for execution in store.get_executions_by_id(creating)} if creating else {}
 
 
 def _history_problems(records: LedgerRecords, accounting,

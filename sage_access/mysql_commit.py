@@ -8,11 +8,17 @@ them as its own, and the ledger reads them back through MLMD. Only how they are 
 MLMD's client sends one statement per row and per check, each a round trip to the server: per
 artifact it reads the type and the stored artifact back, rewrites each changed property as a
 DELETE and an INSERT, then asks for last_insert_id; about 25 statements per block a grant
-charges. Here a grant on named blocks is one transaction of 4 round trips, its reads included,
-whatever the number of blocks: its blocks locked and read; the records of their last changes
-with the ids of the changes that made them; those changes; then every write and the COMMIT in
+charges. Here a grant on named blocks is one transaction of 2 round trips, its reads included,
+whatever the number of blocks: its blocks locked and read, with the records of their versions
+(named by the server from the blocks' properties, VersionRecords), the changes that made them
+and of those only the properties the balance check reads; then every write and the COMMIT in
 one batch, each table's rows in one multi-row statement (the server runs as many statements
-for 30 blocks as for 1; tests/sage_access/test_mysql_commit.py counts both).
+for 30 blocks as for 1; tests/sage_access/test_mysql_commit.py counts both). Round trips
+matter less for their own time than for the locks: a grant holds its blocks' locks from its
+first round trip to its COMMIT, and each round trip inside costs the holder a wake-up on a
+busy machine, while other writers of those blocks wait (8 writers on overlapping blocks granted
+1.2-1.4x as much with the reads in one round trip as in two, at load 11-13, though the server
+spends more CPU on the joined read; docs/measurements.md).
 
 Cost. What a grant costs is mostly CPU, the client's Python and the server's statements, not
 the round trips (a fraction of a millisecond each on one machine). So an artifact's properties
@@ -41,9 +47,11 @@ and the caller resolves the change's fate from the ledger (transaction.Transacti
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
-from typing import Iterator, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from ml_metadata import errors as mlmd_errors
 from ml_metadata.proto import metadata_store_pb2 as pb
@@ -158,15 +166,34 @@ class MySQLCommits:
             if connection_lost(error):
                 self._lost(error)
             code = error.args[0] if error.args else None
-            connection.rollback()
+            self._roll_back(connection)
             if code == _DUPLICATE_KEY:
                 raise mlmd_errors.AlreadyExistsError(f"mysql_commit: {error.args[-1]}") from None
             if code in _ROLLED_BACK:
                 raise mlmd_errors.AbortedError(f"mysql_commit: {error.args[-1]}") from None
             raise
         except BaseException:  # nothing half-written stays in the transaction
-            connection.rollback()
+            self._roll_back(connection)
             raise
+
+    def _roll_back(self, connection) -> None:
+        """Roll back the open transaction. If the connection is lost meanwhile (the server
+        died), the server rolls it back in any case: the connection is dropped (the next
+        transaction reconnects) and the caller raises what made it roll back (a Conflict is
+        retried) rather than the lost connection."""
+        import pymysql
+
+        try:
+            connection.rollback()
+        except (pymysql.err.InterfaceError, ConnectionError, pymysql.MySQLError) as error:
+            if isinstance(error, pymysql.MySQLError) and not isinstance(
+                    error, pymysql.err.InterfaceError) and not connection_lost(error):
+                raise
+            try:
+                connection.close()
+            except Exception:  # already closed by the error
+                pass
+            self._connection = None
 
     def _lost(self, error: Exception) -> None:
         """The connection is gone (or in an unknown state): drop it and say the commit's fate is
@@ -190,10 +217,17 @@ class Transaction:
         self._cursor = cursor
         # {artifact id: its version property} of the artifacts read locked so far.
         self._locked: dict[int, int] = {}
+        # What a locked read with `versions` read beside the artifacts (VersionRecords): the
+        # external ids it covered, the creators found, their executions and properties read.
+        self._covered: set[str] = set()
+        self._creators: dict[str, Optional[int]] = {}
+        self._changes: dict[int, pb.Execution] = {}
+        self._change_keys: tuple[str, ...] = ()
         self.committed = False  # put_execution commits
 
-    def get_artifacts_by_external_ids(self, external_ids: Sequence[str],
-                                      lock: bool = False) -> list[pb.Artifact]:
+    def get_artifacts_by_external_ids(self, external_ids: Sequence[str], lock: bool = False,
+                                      versions: Optional["VersionRecords"] = None
+                                      ) -> list[pb.Artifact]:
         """MLMD's call of that name (an empty list where MLMD raises NotFoundError). With
         `lock`, the artifacts found are locked until the transaction ends (a grant reads its
         blocks so: no other writer changes them in between; every writer here locks the
@@ -203,20 +237,37 @@ class Transaction:
 
         Locked first, then read, in one round trip: a read that is not a locking read sees
         what had committed when its statement began (READ COMMITTED), so a statement that
-        waited for a lock would read the properties the lock's holder then changed."""
+        waited for a lock would read the properties the lock's holder then changed. With
+        `versions`, the same round trip reads the creators of the artifacts' version records
+        (VersionRecords), which `get_creations_by_external_ids` then answers without another."""
         if not external_ids:
             return []
-        where = f"A.`external_id` IN ({self._literals(external_ids)})"
+        named = f"`external_id` IN ({self._literals(external_ids)})"
+        where = f"A.{named}"
         read = _ARTIFACTS.format(where=where, order="A.`external_id`")
         if not lock:
             self._cursor.execute(read)
             return _artifacts(self._cursor.fetchall())
-        self._cursor.execute(f"SELECT A.`id` FROM `Artifact` AS A WHERE {where} "
-                             f"ORDER BY A.`external_id` FOR UPDATE;\n{read}")
+        locking = (f"SELECT A.`id` FROM `Artifact` AS A WHERE {where} "
+                   f"ORDER BY A.`external_id` FOR UPDATE;\n{read}")
+        if versions is None:
+            self._cursor.execute(locking)
+        else:
+            names = versions.names_sql(f"B.{named}", self._literals)
+            self._cursor.execute(f"{locking};\n" + self._creations_sql(
+                f"A.`external_id` IN ({names})", versions.properties))
         self._cursor.nextset()
         found = _artifacts(self._cursor.fetchall())
         self._locked.update((artifact.id, artifact.custom_properties["version"].int_value)
                             for artifact in found if "version" in artifact.custom_properties)
+        if versions is not None:
+            self._cursor.nextset()
+            creators, changes = self._read_creations()
+            self._covered.update(name for artifact in found
+                                 for name in versions.external_ids(artifact))
+            self._creators.update(creators)
+            self._changes.update(changes)
+            self._change_keys = versions.properties
         return found
 
     def _literals(self, values: Sequence) -> str:
@@ -268,20 +319,54 @@ class Transaction:
                          milliseconds_since_epoch=time_ms)
                 for artifact_id, execution_id, kind, time_ms in self._cursor.fetchall()]
 
-    def get_creators_by_external_ids(self, external_ids: Sequence[str]) -> dict:
-        """{external id: the id of the execution with an OUTPUT event on that artifact (the
-        last one if several; None for none)} of the artifacts found with these external ids:
-        in one round trip what `get_artifacts_by_external_ids` and
-        `get_events_by_artifact_ids` answer in two (lineage.check_balances reads the records
-        of the blocks' last changes so)."""
+    def get_creations_by_external_ids(self, external_ids: Sequence[str],
+                                      keys: Sequence[str]) -> tuple[dict, dict]:
+        """({external id: the id of the execution with an OUTPUT event on that artifact (the
+        last one if several; None for none)} of the artifacts found with these external ids,
+        {execution id: that execution with only its custom properties `keys`}), in one round
+        trip: what `get_artifacts_by_external_ids`, `get_events_by_artifact_ids` and
+        `get_executions_by_id` answer in three (lineage.check_balances reads the records of the
+        blocks' last changes so, and of each change only its `balances` and `kind`: a grant's
+        other properties, its request and events, are long strings it does not need). In no
+        round trip when a locked read in this transaction read them already (`versions`):
+        still current, since every writer of those records holds the locks taken then."""
         if not external_ids:
-            return {}
-        self._cursor.execute(
-            "SELECT A.`external_id`, V.`execution_id` FROM `Artifact` AS A LEFT JOIN `Event` "
-            f"AS V ON V.`artifact_id` = A.`id` AND V.`type` = {pb.Event.OUTPUT} "
-            f"WHERE A.`external_id` IN ({self._literals(external_ids)}) ORDER BY V.`id`")
-        return {_read_text(external_id): execution_id
-                for external_id, execution_id in self._cursor.fetchall()}
+            return {}, {}
+        if set(external_ids) <= self._covered and set(keys) <= set(self._change_keys):
+            creators = {name: self._creators[name] for name in external_ids
+                        if name in self._creators}
+            return creators, {execution_id: self._changes[execution_id]
+                              for execution_id in creators.values() if execution_id is not None}
+        self._cursor.execute(self._creations_sql(
+            f"A.`external_id` IN ({self._literals(external_ids)})", keys))
+        return self._read_creations()
+
+    def _creations_sql(self, named: str, keys: Sequence[str]) -> str:
+        """The two statements `_read_creations` reads: the creators of the artifacts `named`
+        (an SQL condition on `Artifact` AS A), then their executions' custom properties `keys`."""
+        creators = (f"`Artifact` AS A {{join}} `Event` AS V ON V.`artifact_id` = A.`id` AND "
+                    f"V.`type` = {pb.Event.OUTPUT} WHERE {named}")
+        return (f"SELECT A.`external_id`, V.`execution_id` FROM "
+                f"{creators.format(join='LEFT JOIN')} ORDER BY V.`id`;\n"
+                "SELECT P.`execution_id`, P.`name`, P.`int_value`, P.`double_value`, "
+                "P.`string_value` FROM `ExecutionProperty` AS P WHERE P.`execution_id` IN "
+                f"(SELECT V.`execution_id` FROM {creators.format(join='JOIN')}) AND "
+                f"P.`is_custom_property` = 1 AND P.`name` IN ({self._literals(keys)})")
+
+    def _read_creations(self) -> tuple[dict, dict]:
+        """The answer of `get_creations_by_external_ids` from `_creations_sql`'s two results."""
+        found = {_read_text(external_id): execution_id
+                 for external_id, execution_id in self._cursor.fetchall()}
+        self._cursor.nextset()
+        changes = {execution_id: pb.Execution(id=execution_id)
+                   for execution_id in found.values() if execution_id is not None}
+        for execution_id, key, *value in self._cursor.fetchall():
+            # Under READ COMMITTED the second statement sees what committed after the first
+            # began: a creator it alone found (of artifacts not read locked, a window's blocks)
+            # is not part of the answer.
+            if execution_id in changes:
+                _set_value(changes[execution_id], _read_text(key), 1, *value)
+        return found, changes
 
     def put_execution(self, execution: pb.Execution,
                       artifact_and_events: Sequence[tuple[pb.Artifact, pb.Event]],
@@ -401,11 +486,47 @@ class Transaction:
                    [(context_id, ids[id(artifact)]) for context_id in context_ids
                     for artifact, _ in artifact_and_events],
                    "ON DUPLICATE KEY UPDATE `context_id` = `context_id`")
-        batch.add("SELECT @sage_execution")
         batch.add("COMMIT")
-        execution_id = batch.run(cursor)
+        execution_id = batch.run(cursor)  # the Execution's, inserted first
         self.committed = True
         return execution_id
+
+
+@dataclass(frozen=True)
+class VersionRecords:
+    """The records of an artifact's versions (a block's BlockVersion records), which a locked
+    read of the artifacts reads in the same round trip (Transaction.get_artifacts_by_external_ids):
+    version v of the artifact whose string custom property `key` is k has the external id
+    `{prefix}{k}{infix}{v}`; read are those of v = its int custom property `version` plus each
+    of `steps`, their creators (OUTPUT events) and of each creator the custom properties
+    `properties`."""
+    prefix: str
+    key: str
+    infix: str
+    steps: tuple[int, ...]
+    properties: tuple[str, ...]
+    version: str = "version"
+
+    def external_ids(self, artifact: pb.Artifact) -> list[str]:
+        """The external ids of `artifact`'s version records that `names_sql` names."""
+        properties = artifact.custom_properties
+        if self.key not in properties or self.version not in properties:
+            return []
+        return [f"{self.prefix}{properties[self.key].string_value}{self.infix}"
+                f"{properties[self.version].int_value + step}" for step in self.steps]
+
+    def names_sql(self, where: str, literals: Callable[[Sequence], str]) -> str:
+        """An SQL query of those external ids, of the artifacts (`Artifact` AS B) `where`
+        (`literals`: values as SQL literals, Transaction._literals)."""
+        steps = " UNION ALL ".join(f"SELECT {int(step)}" + (" AS `step`" if not index else "")
+                                   for index, step in enumerate(self.steps))
+        return (f"SELECT CONCAT({literals([self.prefix])}, K.`string_value`, "
+                f"{literals([self.infix])}, N.`int_value` + S.`step`) FROM `Artifact` AS B "
+                "JOIN `ArtifactProperty` AS K ON K.`artifact_id` = B.`id` AND K.`name` = "
+                f"{literals([self.key])} AND K.`is_custom_property` = 1 "
+                "JOIN `ArtifactProperty` AS N ON N.`artifact_id` = B.`id` AND N.`name` = "
+                f"{literals([self.version])} AND N.`is_custom_property` = 1 "
+                f"JOIN ({steps}) AS S WHERE {where}")
 
 
 class _Variable(str):
@@ -423,10 +544,8 @@ class _Batch:
 
     def __init__(self, connection):
         self._statements: list[str] = []
-        self._escape = connection.escape
-
-    def _sql(self, value) -> str:
-        return _literal(value, self._escape)
+        # A partial (called in C), not a method calling _literal: one Python call per value.
+        self._sql = functools.partial(_literal, escape=connection.escape)
 
     def add(self, statement: str, *values) -> None:
         """`statement`, its %s placeholders replaced by `values`."""
@@ -442,16 +561,13 @@ class _Batch:
             + (f" {tail}" if tail else ""))
 
     def run(self, cursor) -> int:
-        """Send the batch; the value of its last result set (the server stops at the first
+        """Send the batch; the id its first statement inserted (the server stops at the first
         statement that fails, whose error is raised here)."""
         cursor.execute(";\n".join(self._statements))
-        last = None
-        while True:
-            row = cursor.fetchone() if cursor.description else None
-            if row is not None:
-                last = row[0]
-            if not cursor.nextset():
-                return last
+        first_id = cursor.lastrowid
+        while cursor.nextset():
+            pass
+        return first_id
 
 
 # ML Metadata's C++ client talks to MySQL in latin1 (its connection's default character set): it

@@ -235,13 +235,15 @@ class LedgerRecords:
 
     # ----------------------------------------------------------------- ledger state
     def by_external_ids(self, external_ids: list[str], reader=None,
-                        lock: bool = False) -> list[pb.Artifact]:
+                        lock: bool = False, versions=None) -> list[pb.Artifact]:
         """The artifacts with these external ids, read from `reader` (default: the store; or a
         MySQL transaction of Transactions.session, which with `lock` keeps them locked until
-        it commits)."""
+        it commits, and reads `versions`, mysql_commit.VersionRecords, in the same round
+        trip)."""
         try:
             if lock and reader is not None:
-                return reader.get_artifacts_by_external_ids(external_ids, lock=True)
+                return reader.get_artifacts_by_external_ids(external_ids, lock=True,
+                                                            versions=versions)
             return (reader or self.store).get_artifacts_by_external_ids(external_ids)
         except mlmd_errors.NotFoundError:  # MLMD raises instead of returning nothing
             return []
@@ -253,20 +255,33 @@ class LedgerRecords:
         return found[0]
 
     # ----------------------------------------------------------------- blocks
-    def block_artifacts(self, block_ids: Sequence[str], reader=None) -> list[pb.Artifact]:
+    def block_artifacts(self, block_ids: Sequence[str], reader=None,
+                        versions=None) -> list[pb.Artifact]:
         """The blocks' artifacts, in the order of `block_ids` (locked in a MySQL transaction
-        `reader`); BadRequest naming those this ledger does not have."""
+        `reader`, with their `versions`: by_external_ids); BadRequest naming those this ledger
+        does not have."""
         external = [f"block:{self.context}/{b}" for b in block_ids]
         found = {get_property(a, "block_id"): a
-                 for a in self.by_external_ids(external, reader, lock=True)}
+                 for a in self.by_external_ids(external, reader, lock=True, versions=versions)}
         unknown = [b for b in block_ids if b not in found]
         if unknown:
             raise BadRequest(f"unknown block(s) in ledger {self.context!r}: {', '.join(unknown)}")
         return [found[b] for b in block_ids]
 
     def version_name(self, block_id: str, version: int) -> str:
-        """The unique name of a block's BlockVersion record `version` (transaction.py)."""
+        """The unique name of a block's BlockVersion record `version` (transaction.py); its
+        external id is `version_external_id`'s."""
         return f"{self.context}/{block_id}/v{version}"
+
+    def version_external_id(self, block_id: str, version: int) -> str:
+        """The external id of a block's BlockVersion record `version`, which finds it in one
+        indexed lookup (lineage.check_balances): "version:" and its name."""
+        return f"{self.version_prefix}{block_id}/v{version}"
+
+    @property
+    def version_prefix(self) -> str:
+        """What the external ids of this ledger's BlockVersion records start with."""
+        return f"version:{self.context}/"
 
     def block_exists(self, block_id: str) -> bool:
         return bool(self.by_external_ids([f"block:{self.context}/{block_id}"]))

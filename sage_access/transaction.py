@@ -17,7 +17,7 @@ it is absent does the attempt run again. So a grant is never charged twice: the 
 the same `grant-<id>` would be refused by the unique name in any case.
 
 On MySQL a grant runs in a transaction of its own instead (`session`, mysql_commit.py): the
-same rows, its blocks read locked, 4 round trips in all where ML Metadata's calls send about
+same rows, its blocks read locked, 2 round trips in all where ML Metadata's calls send about
 25 per block. The version names still act as above against writers using MLMD's calls.
 """
 from __future__ import annotations
@@ -137,10 +137,9 @@ class Transactions:
         kind), linked by an OUTPUT event.
         """
         records = self._records
-        name = records.version_name(block, version)
-        # Its external id finds it in one indexed lookup (lineage.check_balances).
-        return pb.Artifact(type_id=records.types[BLOCK_VERSION_TYPE], name=name,
-                           external_id=f"version:{name}")
+        return pb.Artifact(type_id=records.types[BLOCK_VERSION_TYPE],
+                           name=records.version_name(block, version),
+                           external_id=records.version_external_id(block, version))
 
     def ledger_version(self, state: pb.Artifact, kind: str, **changes) -> list:
         """The updated LedgerState plus its unique version record (the compare-and-swap)."""
