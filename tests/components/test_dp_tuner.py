@@ -400,17 +400,22 @@ def test_a_trial_draws_each_steps_poisson_weights_as_the_step_runs(monkeypatch):
     inputs, labels = _problem(n)
     shapes = []
 
-    def counting_train(model, loss, features, labels, step_plan, config, seed=None):
-        class Step:  # DP-SGD's steps are not what this test measures: record what each reads
-            def __call__(self, rows, weights):
-                shapes.append(tuple(weights.shape))
-                return tf.constant(0.0), tf.constant(0.0)
+    class Step:  # DP-SGD's steps are not what this test measures: record what each reads
+        def __call__(self, rows, weights):
+            shapes.append(tuple(weights.shape))
+            return tf.constant(0.0), tf.constant(0.0)
 
-            def materialise(self):
-                pass
-        return dp_sgd.run_steps(Step(), step_plan)
+        def materialise(self):
+            pass
 
-    monkeypatch.setattr(dp_sgd, "train", counting_train)
+    class CountingTraining:
+        def __init__(self, model, loss, features, labels):
+            pass
+
+        def train(self, step_plan, config, seed=None):
+            return dp_sgd.run_steps(Step(), step_plan)
+
+    monkeypatch.setattr(dp_sgd, "RepeatedTraining", CountingTraining)
     tracemalloc.start()
     try:
         tuning.search(_module(), inputs, labels, [BAD, GOOD], plan, seed=2)
