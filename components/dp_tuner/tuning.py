@@ -45,7 +45,7 @@ The mechanism, on the n records of the grant's training split (decoded as DPTrai
    make_dp_step): the Keras name counters and the detector are left as one trial leaves them,
    so the next component in the process cannot count the trials there either. Not covered:
    TensorFlow's process-wide uid counter, which every eager op advances, numbers the
-   functions of a SavedModel written later in the same process (docs/private-selection.md).
+   functions of a SavedModel written later in the same process (the component's README).
 
 Calibration: the noise multiplier sigma is the smallest (dp-accounting's calibrate_dp_mechanism)
 whose search event spends at most the step's (epsilon, delta) by the RDP accountant; with no
