@@ -747,15 +747,15 @@ class RepeatedTraining:
         _check_on_stand_ins(model, loss, features, labels)
         self._model, self._loss, self._features, self._labels = model, loss, features, labels
         self._initial_weights = model.get_weights()
-        self.step: Optional[DPStep] = None  # made on the first run
+        self._step: Optional[DPStep] = None  # made on the first run
 
     def train(self, plan: StepPlan, config: DPSGDConfig, seed: Optional[int] = None) -> int:
         """One run of `train` from the initial weights. Returns the steps that ran."""
         generator = noise_generator(seed)
-        if self.step is None:
-            self.step = make_dp_step(self._model, self._loss, self._features, self._labels,
+        if self._step is None:
+            self._step = make_dp_step(self._model, self._loss, self._features, self._labels,
                                      config, plan.normaliser, generator)
         else:
             self._model.set_weights(self._initial_weights)
-            self.step.restart(config, plan.normaliser, generator)
-        return run_steps(self.step, plan)
+            self._step.restart(config, plan.normaliser, generator)
+        return run_steps(self._step, plan)
