@@ -424,3 +424,67 @@ def test_a_trial_draws_each_steps_poisson_weights_as_the_step_runs(monkeypatch):
         tracemalloc.stop()
     assert shapes and set(shapes) == {(n,)} and len(shapes) % parameters.steps == 0
     assert peak < 30e6, peak
+
+
+def _write_examples(uri, inputs, labels):
+    """The problem's records as BlockExampleGen's train split (GZIP TFRecords of tf.Example)."""
+    os.makedirs(os.path.join(uri, "Split-train"))
+    with tf.io.TFRecordWriter(os.path.join(uri, "Split-train", "data.gz"),
+                              options="GZIP") as writer:
+        for (x1, x2), (label,) in zip(inputs.numpy(), labels.numpy()):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "x1": tf.train.Feature(float_list=tf.train.FloatList(value=[x1])),
+                "x2": tf.train.Feature(float_list=tf.train.FloatList(value=[x2])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+            })).SerializeToString())
+
+
+@pytest.mark.slow
+def test_the_executors_search_leaves_the_same_process_state_whatever_its_trials(
+        tmp_path, caplog, capfd):
+    """The executor's search (search_process.run_search, what Executor.Do runs) with K = 1 and
+    K = 7 trials: TensorFlow's process-wide uid counter (every eager op advances it; a SavedModel
+    written later in the process numbers its functions from it, so DPTrainer's saved_model.pb
+    under LocalDagRunner would depend on K) moves by the same amount in this process, and this
+    process's log, stdout and stderr are the same. Run in this process (the executor before
+    search_process), the counter moved 980 for K = 1 (run first, with the first traces) and
+    1530 for K = 7."""
+    import logging
+
+    from tensorflow.python.framework import ops
+
+    from sage_tfx.components.dp_tuner import search_process
+
+    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
+    plan = tuning.plan_search(parameters, 8.0, 1e-6)
+    seeds, (inputs, labels) = _trials_searches(parameters)
+    examples = str(tmp_path / "examples")
+    _write_examples(examples, inputs, labels)
+    given = {"tuner_fn": "tuner_fn", "custom_config": {}, "l2_norm_clip": 1.0}
+    left = []
+    for seed in seeds:
+        capfd.readouterr()
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            before = ops.uid()
+            best = search_process.run_search(search_process.SearchTask(
+                TUNER_MODULE, given, examples, None, plan, seed))
+            moved = ops.uid() - before
+        assert best.settings in ({"learning_rate": 1e-4, "l2_norm_clip": 1.0},
+                                 {"learning_rate": 2.0, "l2_norm_clip": 1.0})
+        left.append((moved, [(r.name, r.levelno, r.getMessage()) for r in caplog.records],
+                     capfd.readouterr()))
+    assert left[0] == left[1]
+
+
+@pytest.mark.slow
+def test_a_failed_search_process_is_a_clear_error(tmp_path):
+    """The search's process raising (here: Examples without a train split) reaches the
+    executor as SearchFailed naming the cause; nothing is returned."""
+    from sage_tfx.components.dp_tuner import search_process
+
+    plan = tuning.plan_search(PARAMETERS, 2.0, 1e-6)
+    with pytest.raises(search_process.SearchFailed, match="ValueError: .*no 'train' split"):
+        search_process.run_search(search_process.SearchTask(
+            TUNER_MODULE, {"tuner_fn": "tuner_fn", "custom_config": {}, "l2_norm_clip": 1.0},
+            str(tmp_path), None, plan, 1))
