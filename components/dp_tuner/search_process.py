@@ -64,14 +64,19 @@ def run_search(task: SearchTask) -> tuning.Best:
             pass_fds=(child_end,), env=env, close_fds=True)
     finally:
         os.close(child_end)
-    with os.fdopen(results, "rb") as reply:
-        try:
-            child.stdin.write(pickle.dumps(task))
-            child.stdin.close()
-        except BrokenPipeError:
-            pass  # the child died before reading: its status says so below
-        answer = reply.read()
-    status = child.wait()
+    try:
+        with os.fdopen(results, "rb") as reply:
+            try:
+                child.stdin.write(pickle.dumps(task))
+                child.stdin.close()
+            except BrokenPipeError:
+                pass  # the child died before reading: its status says so below
+            answer = reply.read()
+        status = child.wait()
+    except BaseException:  # interrupted: no search outlives its executor
+        child.kill()
+        child.wait()
+        raise
     if not answer:
         raise SearchFailed(f"DPTuner's search process ended with status {status} and no "
                            "result; nothing was released")

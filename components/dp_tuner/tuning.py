@@ -43,9 +43,11 @@ The mechanism, on the n records of the grant's training split (decoded as DPTrai
    trials). A trial creates no model, layer or traced function, and calls the compiled step
    as a concrete function, which TensorFlow's retracing detector does not count (dp_sgd.
    make_dp_step): the Keras name counters and the detector are left as one trial leaves them,
-   so the next component in the process cannot count the trials there either. Not covered:
-   TensorFlow's process-wide uid counter, which every eager op advances, numbers the
-   functions of a SavedModel written later in the same process (the component's README).
+   so the next component in the process cannot count the trials there either. TensorFlow's
+   process-wide uid counter, which every eager op advances and from which a SavedModel written
+   later in the same process numbers its functions, is K's all the same: so the executor runs
+   `search` in a process of its own, which returns the best and its score only
+   (search_process.py).
 
 Calibration: the noise multiplier sigma is the smallest (dp-accounting's calibrate_dp_mechanism)
 whose search event spends at most the step's (epsilon, delta) by the RDP accountant; with no
