@@ -62,6 +62,9 @@ def run_search(task: SearchTask) -> tuning.Best:
              f"child_main; child_main({child_end})"],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(child_end,), env=env, close_fds=True)
+    except BaseException:
+        os.close(results)
+        raise
     finally:
         os.close(child_end)
     try:
