@@ -42,6 +42,12 @@ def add_parser(groups) -> None:
                            "MIN_WINDOW in examples/taxi/pipeline.py)")
     taxi.add_argument("--epsilon", type=float,
                       help="the iteration's epsilon (default: the mode's INITIAL_EPSILON)")
+    taxi.add_argument("--tuning-share", type=float, default=0.0,
+                      help="dp_sgd only: tune first (DPTuner, a private selection of the "
+                           "learning rate and clip norm) on this fraction of the training "
+                           "share; DPTrainer trains with the released best setting. A small "
+                           "share gives noisy trials: e.g. 0.5 with --epsilon 2 (default 0: no "
+                           "tuning)")
     taxi.add_argument("--ledger-store", default=None,
                       help="the ledger's ML Metadata server as the job's pods reach it, "
                            "grpc://HOST:PORT (default: Kubeflow's own, "
@@ -86,8 +92,8 @@ def _taxi_example(args):
     import dataclasses
     import functools
 
-    from sage_tfx.examples.taxi.pipeline import (INITIAL_EPSILON, MIN_WINDOW, SPECS,
-                                                 kubeflow_pipeline)
+    from sage_tfx.examples.taxi.pipeline import (DP_SGD_TUNING, INITIAL_EPSILON, MIN_WINDOW,
+                                                 SPECS, kubeflow_pipeline)
     from sage_tfx.sage_access.store import KUBEFLOW_LEDGER_STORE, parse
     ledger_store = args.ledger_store or KUBEFLOW_LEDGER_STORE
     if isinstance(parse(ledger_store), str):  # parse refuses a malformed grpc:// address
@@ -97,8 +103,27 @@ def _taxi_example(args):
     spec = dataclasses.replace(SPECS[args.mode](args.seed), module_file=args.module_file)
     window = MIN_WINDOW[args.mode] if args.window is None else args.window
     epsilon = INITIAL_EPSILON[args.mode] if args.epsilon is None else args.epsilon
+    tuned = ""
+    if args.tuning_share:
+        spec = dataclasses.replace(spec, tuning=DP_SGD_TUNING)
+        _refuse_untunable(args, spec, epsilon)
+        tuned = f", {args.tuning_share:g} of its training share tuning first"
     build = functools.partial(kubeflow_pipeline, spec, data_root=args.data_root, window=window,
                               epsilon=epsilon, months=(args.first_month, args.last_month),
-                              ledger_store=ledger_store)
-    return build, (f"; a grant of epsilon {epsilon:g} on {window} block(s); ledger at "
+                              ledger_store=ledger_store, tuning_share=args.tuning_share)
+    return build, (f"; a grant of epsilon {epsilon:g} on {window} block(s){tuned}; ledger at "
                    f"{ledger_store}")
+
+
+def _refuse_untunable(args, spec, epsilon: float) -> None:
+    """ValueError, before anything is written, for a --tuning-share the job could not run: not
+    DP-SGD, out of [0, 1), or a share whose search no noise can pay for (the BlockLedger task
+    would refuse it before its charge, after the job started)."""
+    from sage_tfx.pipelines.adaptive import _preflight, iteration_split
+    from sage_tfx.pipelines.policy import Policy
+
+    if args.mode != "dp_sgd":
+        raise ValueError(f"--tuning-share tunes DP-SGD; --mode is {args.mode}")
+    Policy(tuning_share=args.tuning_share).check()
+    spec.check()
+    _preflight(spec, epsilon, iteration_split(spec, args.tuning_share))

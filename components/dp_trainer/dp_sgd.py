@@ -323,25 +323,30 @@ class NoiseBuffer:
     REFILL_DRAWS = 1 << 20  # 4 MiB of float32
 
     def __init__(self, generator: Optional[tf.random.Generator], stddev: float):
-        self._generator = generator
         # In host memory, where the draws are made and the noise op (CPU only) reads them.
         with tf.device("/CPU:0"):
             self._draws = tf.Variable(tf.zeros([0]), shape=tf.TensorShape([None]),
                                       trainable=False)
             self._next = tf.Variable(0, dtype=tf.int64, trainable=False)  # first unread
-        self._size = self._promised = 0  # the buffer's size; draws reserved since its refill
-
-        def draw(key: bytes, size: int) -> np.ndarray:
-            return keyed_gaussian_noise(key, size, stddev)
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
         def install(draws):
             self._draws.assign(draws)
             self._next.assign(0)
 
-        self._draw, self._install = draw, install
+        # Traced here, once, and called as a concrete function: a call neither traces again
+        # nor counts in TensorFlow's retracing detector (make_dp_step says why that matters).
+        self._install = install.get_concrete_function()
         self._worker = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dp-sgd-noise")
+        self.restart(generator, stddev)
+
+    def restart(self, generator: Optional[tf.random.Generator], stddev: float) -> None:
+        """Serve draws from `generator`'s keys at `stddev` from now on, as a new buffer would:
+        nothing drawn before is served again (the unread draws and the fill drawn ahead are
+        dropped unread, a choice made from nothing but the restart)."""
+        self._generator, self._stddev = generator, stddev
+        self._size = self._promised = 0  # the buffer's size; draws reserved since its refill
         # The next fill, drawn ahead: (its size, its draws when done)
         self._ahead: Optional[tuple[int, concurrent.futures.Future]] = None
 
@@ -355,10 +360,10 @@ class NoiseBuffer:
                 self._size, draws = ahead[0], ahead[1].result()
             else:  # the first refill, or one the draws made ahead do not cover (discarded)
                 self._size = needed
-                draws = self._draw(noise_key(self._generator), needed)
+                draws = keyed_gaussian_noise(noise_key(self._generator), needed, self._stddev)
             self._install(_in_place(draws))
             self._ahead = (self._size, self._worker.submit(
-                self._draw, noise_key(self._generator), self._size))
+                keyed_gaussian_noise, noise_key(self._generator), self._size, self._stddev))
             self._promised = 0
         self._promised += most
 
@@ -493,23 +498,50 @@ class TrainingStep:
             self._settle()
 
 
+class DPStep(TrainingStep):
+    """make_dp_step's step, which can also start another run of the same model on the same
+    data (restart)."""
+
+    def __init__(self, step: Callable, materialise: Optional[Callable], settle: Callable,
+                 restart: Callable):
+        super().__init__(step, materialise, settle)
+        self._restart = restart
+
+    def restart(self, config: DPSGDConfig, normaliser: float,
+                generator: Optional[tf.random.Generator]) -> None:
+        """Run with `config`, `normaliser` and noise keys from `generator` from now on, as a
+        step newly made by make_dp_step would (the same draws for the same generator): the
+        optimizer's and the lazy tables' clocks back at 0, nothing drawn before served. Nothing
+        is traced again. The model's weights are the caller's to reset."""
+        self._restart(config, normaliser, generator)
+
+
 def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor,
                  labels: tf.Tensor, config: DPSGDConfig, normaliser: float,
                  generator: Optional[tf.random.Generator],
-                 lazy_noise: bool = True) -> TrainingStep:
+                 lazy_noise: bool = True) -> DPStep:
     """A compiled DP-SGD step: step(rows, weights) -> (weighted loss sum, weight sum), with
     lazy noise on the embedding tables where it is exact (module docstring): call
     step.materialise() before reading the model (run_steps does).
-    lazy_noise=False: every parameter noised at every step (the same law; other draws)."""
+    lazy_noise=False: every parameter noised at every step (the same law; other draws).
+
+    Traced once. The settings (learning rate, normaliser, clip norm, noise) are variables the
+    compiled functions read, or the NoiseBuffer's, not constants traced into them, so that
+    step.restart starts a run with other settings on the same model without a new trace
+    (DPTuner's trials: a trace per run would leave a count of the runs in the process). The
+    variables are float32 like the constants they stand for: the same bits. The compiled
+    functions are called as concrete functions, which TensorFlow's retracing detector does not
+    count (it counts calls per Python function, across every step made in the process, and its
+    warning quotes the count)."""
     require_legacy_keras()
     clipping.public_ids_only(model)
     # lr ((sum + noise) / normaliser) as (lr / normaliser) (sum + noise): one pass over the
     # parameters fewer (the normaliser is public, see the module docstring). Plain SGD
-    # (momentum 0), which lazy noise needs.
-    learning_rate = config.learning_rate / normaliser
-    optimizer = tf.keras.optimizers.SGD(learning_rate)
+    # (momentum 0), which lazy noise needs; its learning rate is a variable.
+    optimizer = tf.keras.optimizers.SGD(config.learning_rate / normaliser)
+    learning_rate = optimizer.learning_rate
     per_example = with_reduction(loss, tf.keras.losses.Reduction.NONE)
-    clip, noise_std = config.l2_norm_clip, config.noise_multiplier * config.l2_norm_clip
+    clip = tf.Variable(config.l2_norm_clip, dtype=tf.float32, trainable=False)
     trainable = model.trainable_variables
     lazy = lazy_tables(model, features) if lazy_noise else []
     lazy_index = {entry.table.ref(): index for index, entry in enumerate(lazy)}
@@ -518,7 +550,7 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
     widths = [entry.table.shape[1] for entry in lazy]
     counts = [entry.table.shape.num_elements() for entry in lazy]
     steps_taken = tf.Variable(0, dtype=tf.int64, trainable=False)
-    noise_draws = NoiseBuffer(generator, noise_std)
+    noise_draws = NoiseBuffer(generator, config.noise_multiplier * config.l2_norm_clip)
 
     def clipped_sum(rows, weights):
         batch_features, batch_labels = gather_rows(features, rows), tf.gather(labels, rows)
@@ -575,11 +607,13 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
             steps_taken.assign_add(1)
         return loss_sum, weight_sum
 
+    compiled_step = step.get_concrete_function()
+
     def reserved_step(rows: tf.Tensor, weights: tf.Tensor):
         batch_rows = rows.shape[0]
         noise_draws.reserve(sum(sizes) + sum(entry.most_touched(batch_rows) * width
                                              for entry, width in zip(lazy, widths)))
-        return step(rows, weights)
+        return compiled_step(rows, weights)
 
     @tf.function
     def materialise():
@@ -589,12 +623,25 @@ def make_dp_step(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf
             every_row = tf.range(entry.table.shape[0], dtype=tf.int64)
             add_pending_noise(entry, every_row, tf.reshape(draws, [-1, width]))
 
+    compiled_materialise = materialise.get_concrete_function() if lazy else None
+
     def reserved_materialise():
         noise_draws.reserve(sum(counts))
-        materialise()
+        compiled_materialise()
 
-    return TrainingStep(reserved_step, reserved_materialise if lazy else None,
-                        noise_draws.settle)
+    def restart(new_config: DPSGDConfig, new_normaliser: float,
+                new_generator: Optional[tf.random.Generator]) -> None:
+        optimizer.learning_rate = new_config.learning_rate / new_normaliser
+        optimizer.iterations.assign(0)  # plain SGD's only state (momentum 0: no slots)
+        clip.assign(new_config.l2_norm_clip)
+        steps_taken.assign(0)
+        for entry in lazy:
+            entry.noised_through.assign(tf.zeros_like(entry.noised_through))
+        noise_draws.restart(new_generator,
+                            new_config.noise_multiplier * new_config.l2_norm_clip)
+
+    return DPStep(reserved_step, reserved_materialise if lazy else None, noise_draws.settle,
+                  restart)
 
 
 def kept_rows(losses: tf.Tensor, gradient_norms: tf.Tensor) -> tf.Tensor:
@@ -670,12 +717,45 @@ def train(model: tf.keras.Model, loss: tf.keras.losses.Loss, features: tf.Tensor
           on_step: Optional[Callable[[int], None]] = None,
           progress: Optional[Callable[[int], None]] = None) -> int:
     """DP-SGD: every step of `plan`, in order (see run_steps). Returns the steps that ran."""
-    from sage_tfx.components.dp_trainer import stand_in  # it builds on this module
-
-    # Again here for models the preflight could not check (no declared inputs): after the
-    # charge, but before any step, on public stand-in batches of the inputs' and labels' specs
-    # (stand_in.py), so the outcome depends on no record.
-    stand_in.check_model_on_specs(model, loss, example_spec(features),
-                                  tf.TensorSpec(labels.shape[1:], labels.dtype))
+    _check_on_stand_ins(model, loss, features, labels)
     return run_steps(make_dp_step(model, loss, features, labels, config, plan.normaliser,
                                   noise_generator(seed)), plan, on_epoch, on_step, progress)
+
+
+def _check_on_stand_ins(model: tf.keras.Model, loss: tf.keras.losses.Loss,
+                        features: tf.Tensor, labels: tf.Tensor) -> None:
+    """Again here for models the preflight could not check (no declared inputs): after the
+    charge, but before any step, on public stand-in batches of the inputs' and labels' specs
+    (stand_in.py), so the outcome depends on no record."""
+    from sage_tfx.components.dp_trainer import stand_in  # it builds on this module
+
+    stand_in.check_model_on_specs(model, loss, example_spec(features),
+                                  tf.TensorSpec(labels.shape[1:], labels.dtype))
+
+
+class RepeatedTraining:
+    """`train` run again and again on one model and one dataset (DPTuner's trials): each run
+    starts from the weights the model had when given, with its own plan, settings and noise,
+    and computes what `train` on a model built with those weights would, draw for draw. The
+    model is checked and the step traced once, on the first run; later runs reset the weights
+    and restart the step (DPStep.restart), so a run adds no trace, no Keras object (no layer
+    or model name) and no count to the process: what the process keeps after several runs is
+    what it keeps after one."""
+
+    def __init__(self, model: tf.keras.Model, loss: tf.keras.losses.Loss,
+                 features: tf.Tensor, labels: tf.Tensor):
+        _check_on_stand_ins(model, loss, features, labels)
+        self._model, self._loss, self._features, self._labels = model, loss, features, labels
+        self._initial_weights = model.get_weights()
+        self._step: Optional[DPStep] = None  # made on the first run
+
+    def train(self, plan: StepPlan, config: DPSGDConfig, seed: Optional[int] = None) -> int:
+        """One run of `train` from the initial weights. Returns the steps that ran."""
+        generator = noise_generator(seed)
+        if self._step is None:
+            self._step = make_dp_step(self._model, self._loss, self._features, self._labels,
+                                     config, plan.normaliser, generator)
+        else:
+            self._model.set_weights(self._initial_weights)
+            self._step.restart(config, plan.normaliser, generator)
+        return run_steps(self._step, plan)

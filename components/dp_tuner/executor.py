@@ -1,6 +1,7 @@
 """DPTuner executor: check the grant, plan the search on the tuning share, run the private
-selection over DP-SGD trials (tuning.py) and write TFX's best_hyperparameters with the best
-setting only."""
+selection over DP-SGD trials (tuning.py) in a process of its own (search_process.py: nothing
+that depends on the number of trials stays in this one) and write TFX's best_hyperparameters
+with the best setting only."""
 from __future__ import annotations
 
 import json
@@ -12,10 +13,9 @@ from tfx.types import artifact_utils
 from sage_tfx import console
 from sage_tfx.components.dp_trainer import stand_in
 from sage_tfx.components.dp_trainer.parameters import TrainerMode, module_needs
-from sage_tfx.components.dp_tuner import search_space, tuning
+from sage_tfx.components.dp_tuner import search_process, search_space, tuning
 from sage_tfx.components.privacy_grant import require_grant
-from sage_tfx.components.util.examples_io import TRAIN_SPLIT, read_split
-from sage_tfx.components.util.user_module import RecordDecoder, UserModule, declared_inputs
+from sage_tfx.components.util.user_module import UserModule
 from sage_tfx.release import GuaranteeUnit
 from sage_tfx.sage_access.exact import set_exact_property
 
@@ -79,31 +79,30 @@ class Executor(base_executor.BaseExecutor):
         has_transform = bool(input_dict.get("transform_graph"))
         with grant.releasing(step, "DPTuner component") as charged:
             epsilon, delta = grant.share(step)
-            module, candidates, parameters = load(
-                exec_properties["module_file"],
-                {**exec_properties,
-                 "custom_config": json.loads(exec_properties.get("custom_config") or "{}")},
-                has_transform)
+            given = {**exec_properties,
+                     "custom_config": json.loads(exec_properties.get("custom_config") or "{}")}
+            module, candidates, parameters = load(exec_properties["module_file"], given,
+                                                  has_transform)
             plan = tuning.plan_search(parameters, epsilon, delta)
             # The ledger charged the event it recorded for this step (privacy_grant.planned_event).
             grant.check_event(step, plan.event)
-            transform_output = None
+            transform_output = transform_graph_uri = None
             if has_transform:
                 import tensorflow_transform as tft
-                transform_output = tft.TFTransformOutput(
-                    artifact_utils.get_single_instance(input_dict["transform_graph"]).uri)
+                transform_graph_uri = artifact_utils.get_single_instance(
+                    input_dict["transform_graph"]).uri
+                transform_output = tft.TFTransformOutput(transform_graph_uri)
             # As DPTrainer: the module's code on public stand-ins before any record is read.
             stand_in.check_module(module, transform_output)
-            decoder = RecordDecoder(module, transform_output,
-                                    None if module.model_inputs is not None
-                                    else declared_inputs(module.build_model()))
-            inputs, labels = decoder.decode(list(read_split(examples.uri, TRAIN_SPLIT).numpy()))
             # Public facts only: no trial, no count, no score but the released one.
             console.report("DPTuner: private selection among %d candidate(s), E[K] = %g trials "
                            "of %d DP-SGD step(s) at noise multiplier %.4g; epsilon %.4g of %.4g",
                            len(candidates), parameters.trials_mean, parameters.steps,
                            plan.noise_multiplier, plan.epsilon, epsilon)
-            best, _ = tuning.search(module, inputs, labels, candidates, plan, seed)
+            # The records are read and the trials run in the search's process only.
+            best = search_process.run_search(search_process.SearchTask(
+                exec_properties["module_file"], given, examples.uri, transform_graph_uri, plan,
+                seed))
             output = artifact_utils.get_single_instance(output_dict["best_hyperparameters"])
             search_space.write_best_hyperparameters(output.uri, candidates, best.settings)
             set_exact_property(output, DP_SCORE, best.score)

@@ -14,7 +14,10 @@ The mechanism, on the n records of the grant's training split (decoded as DPTrai
    depends on no record, and no record can stop the loop early (DP-SGD's failures are decided
    on public stand-ins before the charge; a NaN score ranks last). A trial Q:
    a. draws a candidate uniformly (inside private_selection);
-   b. trains a fresh model with DP-SGD: `steps` = epochs * round(1 / gamma) steps, each on a
+   b. trains the search's model from its initial weights with DP-SGD (dp_sgd.RepeatedTraining:
+      the model is built and the step traced once per search, before any trial; a trial
+      resets the weights and feeds its settings as variables): `steps` = epochs *
+      round(1 / gamma) steps, each on a
       Poisson sample of the training part (every training record in with probability gamma, a
       fresh draw per step and per trial). Every step reads all n rows and masks the others
       (weight 0: zero gradient), so the rows read are public and nothing is truncated or
@@ -27,17 +30,24 @@ The mechanism, on the n records of the grant's training split (decoded as DPTrai
    Q's event is the composition of (b) and (c) (a record is in one part, so this counts it
    twice: conservative), the same for every candidate, as the selection requires.
    The search's event: Compose(count, RepeatAndSelect(Q's event, E[K], eta)).
-   Fresh randomness: each trial draws its own samples, noise and candidate; the held-out bits
-   and n_hat are shared, but both are drawn before the trials, independently of them, so
-   conditional on them the trials are i.i.d. as Papernot-Steinke's Theorem 2 assumes; the held-
-   out bits are data-independent, so averaging over them keeps the bound (a mixture of
+   Fresh randomness: each trial draws its own samples, noise and candidate; the held-out bits,
+   n_hat and the initial weights are shared, but all are drawn before the trials,
+   independently of them, so conditional on them the trials are i.i.d. as Papernot-Steinke's
+   Theorem 2 assumes; the held-out bits and the initial weights (build_model's, public) are
+   data-independent, so averaging over them keeps the bound (a mixture of
    mechanisms each satisfying a Renyi bound under the same coupled neighbours satisfies it:
    Renyi divergence is jointly quasi-convex).
 4. Released: the best candidate and its DP score only; K, the other trials, their scores and
    candidates, n_hat and the held-out size are written and logged nowhere, and nothing is
-   logged, warned or printed while the trials run (`_silenced`: the log cannot count them),
-   and the process state that counts traces and models is restored after them
-   (`_process_state_kept`: the next component in the process cannot count them either).
+   logged, warned or printed while the search runs (`_silenced`: the log cannot count the
+   trials). A trial creates no model, layer or traced function, and calls the compiled step
+   as a concrete function, which TensorFlow's retracing detector does not count (dp_sgd.
+   make_dp_step): the Keras name counters and the detector are left as one trial leaves them,
+   so the next component in the process cannot count the trials there either. TensorFlow's
+   process-wide uid counter, which every eager op advances and from which a SavedModel written
+   later in the same process numbers its functions, is K's all the same: so the executor runs
+   `search` in a process of its own, which returns the best and its score only
+   (search_process.py).
 
 Calibration: the noise multiplier sigma is the smallest (dp-accounting's calibrate_dp_mechanism)
 whose search event spends at most the step's (epsilon, delta) by the RDP accountant; with no
@@ -316,15 +326,16 @@ def search(module, inputs, labels, candidates: Sequence[Mapping[str, float]], pl
         noise_seed = None if seed is None else int(rng.integers(2 ** 31))
         step_plan = dp_sgd.StepPlan(rows, PoissonWeights(rng, training, parameters.gamma),
                                     normaliser, parameters.epochs)
-        model = module.build_model()
-        dp_sgd.train(model, module.training_loss(model), inputs, labels, step_plan, config,
-                     seed=noise_seed)
+        trials.train(step_plan, config, seed=noise_seed)
         release = DPMeanRelease.of_sum(int(held_out.sum()), held_out_sum(model),
                                        parameters.value_range, plan.score_epsilon)
         return Release(release.dp_mean, dp_event.ComposedDpEvent(
             [dp_sgd_event(parameters, plan.noise_multiplier), release.event]))
 
-    with _silenced(), _process_state_kept():
+    with _silenced():
+        # One model and one traced step for the whole search (module docstring, 3b and 4).
+        model = module.build_model()
+        trials = dp_sgd.RepeatedTraining(model, module.training_loss(model), inputs, labels)
         best, event = select_best(candidates, run_trial, plan.trial_event, parameters.law,
                                   selection_rng,
                                   higher_is_better=parameters.metric == Metric.ACCURACY)
@@ -335,11 +346,12 @@ def search(module, inputs, labels, candidates: Sequence[Mapping[str, float]], pl
 
 @contextlib.contextmanager
 def _silenced():
-    """Nothing logged, warned or printed while the trials run. Every trial builds a model and
-    traces DP-SGD's tf.functions anew, and code run once per trial may log once per trial, or
-    once at the 5th (TensorFlow's retracing detector: "5 out of the last 5 calls ..."), or
-    print (the user's build_model): a log whose length or content depends on K would release
-    the secret K (module docstring, 4). So for the selection's duration every Python logging
+    """Nothing logged, warned or printed while the search runs. A trial traces and builds
+    nothing (module docstring, 4), but code runs once per trial that may log, warn or print,
+    once per trial or once at the n-th: the user's loss() and predicted_class (the score's
+    per-example metric), TensorFlow's C++ runtime (its allocator warns of the first few
+    allocations above a tenth of free memory), numpy's warnings. A log whose length or content
+    depends on K would release the secret K. So for the search's duration every Python logging
     record (any logger, any level: logging.disable) and warning is dropped, and so is every
     write to sys.stdout / sys.stderr and to file descriptors 1 and 2 (TensorFlow's C++ log):
     what the search leaves there is the same for every K. Process-wide for that time: the
@@ -361,52 +373,6 @@ def _silenced():
         stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore")
         yield
-
-
-def _process_state():
-    """What the trials leave in the process that later code reads and may log or write:
-    TensorFlow's retracing detector (per traced function: recent calls that traced, warnings
-    given) and Keras's name counters (the next layer's name, "dense_7", is in a later model's
-    SavedModel). Both count the trials' models and traces, so after a search they would tell
-    K to the next component run in this process (LocalDagRunner runs them in one). Private
-    state of the pinned TensorFlow and tf_keras (requirements/lock.txt)."""
-    from tensorflow.python.eager.polymorphic_function import polymorphic_function
-    from tf_keras.src import backend
-
-    return (polymorphic_function._frequent_tracing_detector_manager._detectors,
-            backend.PER_GRAPH_OBJECT_NAME_UIDS, backend.OBSERVED_NAMES)
-
-
-def _detector_state(detector) -> tuple:
-    return (list(detector._calls_per_tracings), detector._call_count,
-            detector._total_warning_count)
-
-
-@contextlib.contextmanager
-def _process_state_kept():
-    """After the selection the process state _process_state() names is what it was before:
-    the same for every K."""
-    detectors, name_uids, observed = _process_state()
-    detector_states = {key: _detector_state(detector) for key, detector in detectors.items()}
-    uids_before = {graph: dict(uids) for graph, uids in name_uids.items()}
-    observed_before = set(observed)
-    try:
-        yield
-    finally:
-        for key in list(detectors.keys()):
-            if key in detector_states:
-                (detectors[key]._calls_per_tracings, detectors[key]._call_count,
-                 detectors[key]._total_warning_count) = detector_states[key]
-            else:
-                del detectors[key]
-        for graph in list(name_uids.keys()):
-            if graph in uids_before:
-                name_uids[graph].clear()
-                name_uids[graph].update(uids_before[graph])
-            else:
-                del name_uids[graph]
-        observed.clear()
-        observed.update(observed_before)
 
 
 def dp_sgd_event(parameters: SearchParameters, noise_multiplier: float) -> dp_event.DpEvent:

@@ -248,22 +248,88 @@ def _seed_with_trials(law, wanted):
     return next(seed for seed in range(1000) if law.draw(secret_rng(seed)) == wanted)
 
 
-def test_the_search_leaves_no_count_of_its_trials_in_the_process():
-    """TensorFlow's retracing detector and Keras's layer-name counters would tell K to the
-    next component in the process (its log; its model's layer names): the search leaves both
-    as it found them (on main a K = 7 search left 7 more "dense" names and install's traces)."""
+def _trials_searches(parameters, ks=(1, 7), n=50):
+    """Seeds of searches with K = each of `ks`, and a problem of n records."""
+    return [_seed_with_trials(parameters.law, k) for k in ks], _problem(n)
+
+
+def test_a_search_builds_its_model_and_traces_dp_sgds_step_once_whatever_its_trials(
+        monkeypatch):
+    """A trial only resets the weights and feeds its settings (learning rate, clip norm, noise)
+    to the machinery built for the search: with K = 7 trials as with K = 1, build_model runs
+    once, make_dp_step once, and DP-SGD's per-example clipping (clipping.OnePass: its Python
+    code runs only while a step or a stand-in check is traced, never in a compiled call) as
+    often. On main every trial built a model and traced a step: 7 of each, 21 OnePass traces
+    against 3."""
+    import dataclasses
+
+    from sage_tfx.components.dp_trainer import clipping, dp_sgd
+
+    counts = {}
+
+    def counting(name, real):
+        def counted(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return real(*args, **kwargs)
+        return counted
+
+    monkeypatch.setattr(dp_sgd, "make_dp_step", counting("make_dp_step", dp_sgd.make_dp_step))
+    monkeypatch.setattr(clipping, "OnePass", counting("OnePass", clipping.OnePass))
+    module = _module()
+    module = dataclasses.replace(module, build_model=counting("build_model", module.build_model))
     parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
     plan = tuning.plan_search(parameters, 8.0, 1e-6)
-    inputs, labels = _problem(50)
-    detectors, name_uids, observed = tuning._process_state()
+    seeds, (inputs, labels) = _trials_searches(parameters)
+    per_search = []
+    for seed in seeds:
+        counts.clear()
+        tuning.search(module, inputs, labels, [BAD, GOOD], plan, seed=seed)
+        per_search.append(dict(counts))
+    assert per_search[0]["build_model"] == per_search[0]["make_dp_step"] == 1
+    assert per_search[1] == per_search[0]
 
-    def state():
-        return ({key: tuning._detector_state(d) for key, d in detectors.items()},
-                {graph: dict(uids) for graph, uids in name_uids.items()}, set(observed))
-    before = state()
-    tuning.search(_module(), inputs, labels, [BAD, GOOD], plan,
-                  seed=_seed_with_trials(parameters.law, 7))
-    assert state() == before
+
+def test_the_search_leaves_no_count_of_its_trials_in_the_process(monkeypatch):
+    """TensorFlow's retracing detector (its warning quotes counts of calls per function) and
+    Keras's layer-name counters (the next model's layer names, in its SavedModel) would tell K
+    to the next component in the process: a K = 1 and a K = 7 search (same data) tell the
+    detector the same calls and advance the name counters alike. Private state of the pinned
+    TensorFlow and tf_keras, read by this test only. (Earlier, a K = 7 search left 7 more
+    "dense" names and 7 traces of the step, then restored these internals afterwards.)"""
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+    from tf_keras.src import backend
+
+    manager = polymorphic_function._FrequentTracingDetectorManager
+    told = []
+
+    def telling(traced, real):
+        def told_one(self, key, *args):
+            told.append((key, traced))
+            return real(self, key, *args)
+        return told_one
+
+    monkeypatch.setattr(manager, "called_with_tracing",
+                        telling(True, manager.called_with_tracing))
+    monkeypatch.setattr(manager, "called_without_tracing",
+                        telling(False, manager.called_without_tracing))
+
+    def name_counters():
+        return {(id(graph), name): count
+                for graph, uids in backend.PER_GRAPH_OBJECT_NAME_UIDS.items()
+                for name, count in uids.items()}
+
+    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
+    plan = tuning.plan_search(parameters, 8.0, 1e-6)
+    seeds, (inputs, labels) = _trials_searches(parameters)
+    left = []
+    for seed in seeds:
+        told.clear()
+        before, observed = name_counters(), len(backend.OBSERVED_NAMES)
+        tuning.search(_module(), inputs, labels, [BAD, GOOD], plan, seed=seed)
+        after = name_counters()
+        left.append((list(told), {key: after[key] - before.get(key, 0) for key in after},
+                     len(backend.OBSERVED_NAMES) - observed))
+    assert left[0] == left[1]
 
 
 def test_the_searchs_log_does_not_depend_on_the_number_of_trials(caplog, capfd):
@@ -334,17 +400,22 @@ def test_a_trial_draws_each_steps_poisson_weights_as_the_step_runs(monkeypatch):
     inputs, labels = _problem(n)
     shapes = []
 
-    def counting_train(model, loss, features, labels, step_plan, config, seed=None):
-        class Step:  # DP-SGD's steps are not what this test measures: record what each reads
-            def __call__(self, rows, weights):
-                shapes.append(tuple(weights.shape))
-                return tf.constant(0.0), tf.constant(0.0)
+    class Step:  # DP-SGD's steps are not what this test measures: record what each reads
+        def __call__(self, rows, weights):
+            shapes.append(tuple(weights.shape))
+            return tf.constant(0.0), tf.constant(0.0)
 
-            def materialise(self):
-                pass
-        return dp_sgd.run_steps(Step(), step_plan)
+        def materialise(self):
+            pass
 
-    monkeypatch.setattr(dp_sgd, "train", counting_train)
+    class CountingTraining:
+        def __init__(self, model, loss, features, labels):
+            pass
+
+        def train(self, step_plan, config, seed=None):
+            return dp_sgd.run_steps(Step(), step_plan)
+
+    monkeypatch.setattr(dp_sgd, "RepeatedTraining", CountingTraining)
     tracemalloc.start()
     try:
         tuning.search(_module(), inputs, labels, [BAD, GOOD], plan, seed=2)
@@ -353,3 +424,67 @@ def test_a_trial_draws_each_steps_poisson_weights_as_the_step_runs(monkeypatch):
         tracemalloc.stop()
     assert shapes and set(shapes) == {(n,)} and len(shapes) % parameters.steps == 0
     assert peak < 30e6, peak
+
+
+def _write_examples(uri, inputs, labels):
+    """The problem's records as BlockExampleGen's train split (GZIP TFRecords of tf.Example)."""
+    os.makedirs(os.path.join(uri, "Split-train"))
+    with tf.io.TFRecordWriter(os.path.join(uri, "Split-train", "data.gz"),
+                              options="GZIP") as writer:
+        for (x1, x2), (label,) in zip(inputs.numpy(), labels.numpy()):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "x1": tf.train.Feature(float_list=tf.train.FloatList(value=[x1])),
+                "x2": tf.train.Feature(float_list=tf.train.FloatList(value=[x2])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+            })).SerializeToString())
+
+
+@pytest.mark.slow
+def test_the_executors_search_leaves_the_same_process_state_whatever_its_trials(
+        tmp_path, caplog, capfd):
+    """The executor's search (search_process.run_search, what Executor.Do runs) with K = 1 and
+    K = 7 trials: TensorFlow's process-wide uid counter (every eager op advances it; a SavedModel
+    written later in the process numbers its functions from it, so DPTrainer's saved_model.pb
+    under LocalDagRunner would depend on K) moves by the same amount in this process, and this
+    process's log, stdout and stderr are the same. Run in this process (the executor before
+    search_process), the counter moved 980 for K = 1 (run first, with the first traces) and
+    1530 for K = 7."""
+    import logging
+
+    from tensorflow.python.framework import ops
+
+    from sage_tfx.components.dp_tuner import search_process
+
+    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
+    plan = tuning.plan_search(parameters, 8.0, 1e-6)
+    seeds, (inputs, labels) = _trials_searches(parameters)
+    examples = str(tmp_path / "examples")
+    _write_examples(examples, inputs, labels)
+    given = {"tuner_fn": "tuner_fn", "custom_config": {}, "l2_norm_clip": 1.0}
+    left = []
+    for seed in seeds:
+        capfd.readouterr()
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            before = ops.uid()
+            best = search_process.run_search(search_process.SearchTask(
+                TUNER_MODULE, given, examples, None, plan, seed))
+            moved = ops.uid() - before
+        assert best.settings in ({"learning_rate": 1e-4, "l2_norm_clip": 1.0},
+                                 {"learning_rate": 2.0, "l2_norm_clip": 1.0})
+        left.append((moved, [(r.name, r.levelno, r.getMessage()) for r in caplog.records],
+                     capfd.readouterr()))
+    assert left[0] == left[1]
+
+
+@pytest.mark.slow
+def test_a_failed_search_process_is_a_clear_error(tmp_path):
+    """The search's process raising (here: Examples without a train split) reaches the
+    executor as SearchFailed naming the cause; nothing is returned."""
+    from sage_tfx.components.dp_tuner import search_process
+
+    plan = tuning.plan_search(PARAMETERS, 2.0, 1e-6)
+    with pytest.raises(search_process.SearchFailed, match="ValueError: .*no 'train' split"):
+        search_process.run_search(search_process.SearchTask(
+            TUNER_MODULE, {"tuner_fn": "tuner_fn", "custom_config": {}, "l2_norm_clip": 1.0},
+            str(tmp_path), None, plan, 1))

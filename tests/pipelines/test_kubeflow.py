@@ -2,6 +2,7 @@
 PrivacyGrant type accepted, and the ledger pointed at Kubeflow's ML Metadata over gRPC."""
 import json
 import os
+import re
 
 import pytest
 
@@ -83,6 +84,51 @@ def test_dp_sgd_mode_adds_the_sampler(compile_job):
     # TFX's Kubeflow V2 entrypoint publishes one artifact per output: one for the whole run.
     ingest = job["pipelineSpec"]["root"]["dag"]["tasks"]["BlockExampleGen"]["inputs"]
     assert ingest["parameters"]["per_block_artifacts"]["runtimeValue"]["constant"] == 0
+
+
+def test_a_tuned_dp_sgd_job_carries_dptuners_best_hyperparameters_into_dptrainer(
+        tmp_path, compile_job, compile_with):
+    """`--tuning-share`: DPTuner (its own task and executor) spends the grant's tuning step,
+    whose event the BlockLedger records (the search's dp_tuning mechanism), and DPTrainer takes
+    DPTuner's best_hyperparameters (TFX's HyperParameters) as its hyperparameters input, whose
+    learning rate and clip norm override DPTrainer's own at run time (as TFX's Trainer)."""
+    job = compile_job("--mode", "dp_sgd", "--epsilon", "2", "--tuning-share", "0.5")
+    spec = job["pipelineSpec"]
+    tasks = spec["root"]["dag"]["tasks"]
+    assert set(tasks) == COMPONENTS | {"ObliviousSampleGen", "DPTuner"}
+    tuner, trainer = tasks["DPTuner"], tasks["DPTrainer"]
+    assert {"BlockLedger", "DPTransform"} <= set(tuner["dependentTasks"])
+    assert "DPTuner" in trainer["dependentTasks"]
+    assert trainer["inputs"]["artifacts"]["hyperparameters"] == {"taskOutputArtifact": {
+        "producerTask": "DPTuner", "outputArtifactKey": "best_hyperparameters"}}
+    assert tuner["inputs"]["artifacts"]["grant"]["taskOutputArtifact"]["producerTask"] == \
+        "BlockLedger"
+    hyperparameters = "title: tfx.HyperParameters\n"
+    assert spec["components"]["DPTuner"]["outputDefinitions"]["artifacts"][
+        "best_hyperparameters"]["artifactType"]["instanceSchema"].startswith(hyperparameters)
+    assert spec["components"]["DPTrainer"]["inputDefinitions"]["artifacts"][
+        "hyperparameters"]["artifactType"]["instanceSchema"].startswith(hyperparameters)
+    executor = spec["deploymentSpec"]["executors"][spec["components"]["DPTuner"][
+        "executorLabel"]]["container"]["args"]
+    assert executor[executor.index("--executor_class_path") + 1] == \
+        "sage_tfx.components.dp_tuner.executor.Executor"
+    constant = {name: value["runtimeValue"]["constant"]
+                for name, value in tuner["inputs"]["parameters"].items()}
+    assert constant["module_file"] == "sage_tfx.examples.taxi.taxi_module"
+    assert constant["grant_step"] == "tuning" and constant["metric"] == "loss"
+    grant = {name: value["runtimeValue"]["constant"]
+             for name, value in tasks["BlockLedger"]["inputs"]["parameters"].items()}
+    split = json.loads(grant["split"])
+    assert (split["tuning"], split["training"]) == ("0.225", "0.225")  # half of 0.45 each
+    assert json.loads(grant["step_mechanisms"])["tuning"]["mechanism"] == "dp_tuning"
+    # What the job could not run is refused before anything is written.
+    out = tmp_path / "refused.json"
+    for options, message in ((("--mode", "adassp", "--tuning-share", "0.5"), "tunes DP-SGD"),
+                             (("--mode", "dp_sgd", "--tuning-share", "1.5"),
+                              r"tuning_share must lie in \[0, 1\)")):
+        code, _, stderr = compile_with("--out", str(out), *TAXI, *options)
+        assert code == 2 and re.search(message, stderr), stderr[-3000:]
+        assert not out.exists()
 
 
 @pytest.mark.slow
