@@ -68,6 +68,15 @@ def test_calibrate_command_prints_the_contract():
     assert bad.returncode == 2 and "sample size" in bad.stderr
 
 
+def test_the_calibrate_command_loads_without_tensorflow():
+    # DP-SGD's calibration is dp_accounting's: TensorFlow's import would cost the command ~10 s.
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, sage_tfx.components.dp_trainer.calibrate; "
+         "print(sorted({'tensorflow', 'tfx', 'apache_beam'} & set(sys.modules)))"],
+        capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
 def test_calibration_refuses_a_budget_too_small_for_one_step():
     descriptor = plan_for_batch("swo", size=1000, batch=1000, epochs=1)
     with pytest.raises(CalibrationError, match="cannot pay for 1 DP-SGD step"):
