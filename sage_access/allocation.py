@@ -26,6 +26,7 @@ The policy:
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
@@ -50,6 +51,20 @@ class BlockState:
     end: Optional[str] = None
     data_uri: Optional[str] = None
     data_format: Optional[str] = None   # ledger.DATA_FORMATS
+
+    @functools.cached_property
+    def reserved(self) -> np.ndarray:
+        """The sum of the remaining (non-negative parts of the) reservations. Summed once per
+        state: a window's planning asks it of every live block for every waiting pipeline, and
+        fraction sums are what those questions cost. A state is never changed in place (`replace`
+        makes a new one), so the sum stays right."""
+        return sum((np.maximum(r, 0) for r in self.reservations.values()),
+                   np.zeros_like(self.capacity))
+
+    @functools.cached_property
+    def free(self) -> np.ndarray:
+        """What nobody holds: capacity - spent - the reservations (allocation.free_budget)."""
+        return self.capacity - self.spent - self.reserved
 
 
 def recipients(waiting: Sequence[str], budget: np.ndarray, min_demand: np.ndarray,
@@ -77,17 +92,21 @@ def new_block(block_id: str, epsilon_ceiling: float, delta_ceiling: float, capac
 
 
 def _reserved_for_others(block: BlockState, pipeline: Optional[str]) -> np.ndarray:
-    return sum((np.maximum(r, 0) for name, r in block.reservations.items() if name != pipeline),
-               np.zeros_like(block.capacity))
+    # Exact (fractions): the total less the pipeline's own part is the sum over the others.
+    if pipeline in block.reservations:
+        return block.reserved - np.maximum(block.reservations[pipeline], 0)
+    return block.reserved
 
 
 def free_budget(block: BlockState) -> np.ndarray:
-    return block.capacity - block.spent - _reserved_for_others(block, None)
+    return block.free
 
 
 def available_to(block: BlockState, pipeline: Optional[str]) -> np.ndarray:
     """What `pipeline` may still draw: its own reservation plus the free budget."""
-    return block.capacity - block.spent - _reserved_for_others(block, pipeline)
+    if pipeline in block.reservations:
+        return block.free + np.maximum(block.reservations[pipeline], 0)
+    return block.free
 
 
 def can_pay(block: BlockState, demand: np.ndarray, pipeline: Optional[str], accounting) -> bool:

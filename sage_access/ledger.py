@@ -21,9 +21,11 @@ later.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import uuid
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -108,6 +110,7 @@ class BlockLedger:
         self.for_tests = bool(get_property(state, "for_tests", 0))
         self._min_demand = self.accounting.demand(
             BudgetRequest(epsilon=self.min_request_epsilon, delta=0.0))
+        self._decoded_states = functools.lru_cache(maxsize=4096)(self._decode_state)
 
     # ----------------------------------------------------------------- creation
     @classmethod
@@ -162,7 +165,19 @@ class BlockLedger:
         return json.loads(get_property(self._records.read_state(), "waiting"))
 
     def _to_state(self, artifact: pb.Artifact) -> BlockState:
-        return self._records.block_state(artifact, self.accounting)
+        # Decoded once per stored content: planning reads every live block again after each
+        # change (a window's grant, then the next pipeline's plan), and decoding the fractions
+        # costs far more than reading. Keyed on the artifact's whole serialized record (id,
+        # properties, update time), so equal keys are equal records, and a record changed in
+        # any way, even behind the ledger's back, is decoded anew (audit sees what is stored).
+        return self._decoded_states(artifact.SerializeToString(deterministic=True))
+
+    def _decode_state(self, record: bytes) -> BlockState:
+        block = self._records.block_state(pb.Artifact.FromString(record), self.accounting)
+        # Shared by every reader of that content: read-only, so no caller can change another's.
+        for vector in (block.capacity, block.spent, *block.reservations.values()):
+            vector.flags.writeable = False
+        return dataclasses.replace(block, reservations=MappingProxyType(dict(block.reservations)))
 
     def _write_state(self, artifact: pb.Artifact, block: BlockState) -> pb.Artifact:
         return self._records.updated_block(artifact, block, self.accounting)

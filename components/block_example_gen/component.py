@@ -8,7 +8,7 @@ from typing import Mapping, Optional, Sequence, Union
 from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, component_spec, standard_artifacts
 
-from sage_tfx.components.block_example_gen import executor
+from sage_tfx.components.block_example_gen import csv_rows, executor
 from sage_tfx.components.dag_guard import PrivateExamples, ProducesPrivateRecords
 
 
@@ -32,7 +32,7 @@ class BlockExampleGenSpec(component_spec.ComponentSpec):
         "per_block_artifacts": component_spec.ExecutionParameter(type=int, optional=True),
         # The CSV columns as a JSON list of names or {name: type} (the table's public schema),
         # checked against every file's header before anything is registered
-        # (executor.check_csv_headers); the types are the features' (executor.FEATURE_KINDS).
+        # (csv_rows.check_csv_headers); the types are the features' (csv_rows.FEATURE_KINDS).
         "columns": component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
@@ -85,7 +85,7 @@ class BlockExampleGen(ProducesPrivateRecords, base_beam_component.BaseBeamCompon
         if not int(schedule_start) < int(schedule_end):
             raise ValueError(f"the schedule [{schedule_start}, {schedule_end}) is empty")
         if columns is not None:
-            names, types = executor.column_types(columns)
+            names, types = csv_rows.column_types(columns)
             if len(set(names)) != len(names) or block_key not in names:
                 raise ValueError(f"columns {names} must name each column once, the block "
                                  f"key {block_key!r} among them")

@@ -8,8 +8,11 @@ import sys
 
 import pytest
 
-READ = ("import sys; from sage_tfx.components.block_example_gen.executor import csv_records; "
-        "sys.stdout.write(''.join(r.hex() + '\\n' for r in csv_records(sys.argv[1])))")
+# The last line says whether reading rows loaded Beam or TFX (csv_rows: TensorFlow alone, which
+# keeps each of these processes to TensorFlow's import).
+READ = ("import sys; from sage_tfx.components.block_example_gen.csv_rows import csv_records; "
+        "sys.stdout.write(''.join(r.hex() + '\\n' for r in csv_records(sys.argv[1]))); "
+        "print('beam or tfx loaded:', bool({'apache_beam', 'tfx'} & set(sys.modules)))")
 
 
 @pytest.mark.slow  # four processes importing TensorFlow
@@ -18,12 +21,16 @@ def test_a_row_is_serialized_to_the_same_bytes_in_every_process(tmp_path):
     columns = [f"c{index}" for index in range(12)]   # enough map entries for order to vary
     rows = [",".join(str(row * 13 + index) for index in range(12)) for row in range(20)]
     path.write_text(",".join(columns) + "\n" + "\n".join(rows) + "\n")
+    # The package under test, wherever it is imported from here (PYTHONPATH, if set).
+    where = {key: os.environ[key] for key in ("PYTHONPATH",) if key in os.environ}
     outputs = {subprocess.run([sys.executable, "-c", READ, str(path)], check=True,
                               capture_output=True, text=True,
-                              env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin"}).stdout
+                              env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin",
+                                   **where}).stdout
                for seed in range(4)}
     assert len(outputs) == 1
-    assert len(next(iter(outputs)).splitlines()) == 20
+    *rows, loaded = next(iter(outputs)).splitlines()
+    assert len(rows) == 20 and loaded == "beam or tfx loaded: False"
 
 
 def _ingest(tmp_path, store_path, files, columns=None):
@@ -219,7 +226,7 @@ def test_one_record_changes_no_other_record_nor_a_column_type(tmp_path, types, e
     itself alone: Python's csv reader took the rest of the file into that record; a byte that
     is not UTF-8 failed the whole ingestion), and every column keeps its feature type (an
     undeclared column is text, whatever its cells hold)."""
-    from sage_tfx.components.block_example_gen.executor import csv_records
+    from sage_tfx.components.block_example_gen.csv_rows import csv_records
 
     from support.neighbouring import one_more
 

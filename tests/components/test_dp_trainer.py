@@ -68,6 +68,17 @@ def test_calibrate_command_prints_the_contract():
     assert bad.returncode == 2 and "sample size" in bad.stderr
 
 
+def test_the_calibrate_and_trace_commands_load_without_tensorflow():
+    # DP-SGD's calibration is dp_accounting's and the sampler's trace is numpy: TensorFlow's
+    # import would cost each command (and its tests' processes) ~10 s of CPU.
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, sage_tfx.components.dp_trainer.calibrate, "
+         "sage_tfx.components.oblivious_sample_gen.trace; "
+         "print(sorted({'tensorflow', 'tfx', 'apache_beam'} & set(sys.modules)))"],
+        capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
 def test_calibration_refuses_a_budget_too_small_for_one_step():
     descriptor = plan_for_batch("swo", size=1000, batch=1000, epochs=1)
     with pytest.raises(CalibrationError, match="cannot pay for 1 DP-SGD step"):

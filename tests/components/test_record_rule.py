@@ -116,7 +116,7 @@ def test_csv_rows_are_read_one_at_a_time_so_one_odd_row_changes_no_other(tmp_pat
     """TFX's CSV reader infers a column's type from every row: one "1.5" in an integer column
     turns the column to floats for every record. BlockExampleGen types each cell alone, and the
     record rule converts exact numbers to the spec's type, so the other records do not move."""
-    from sage_tfx.components.block_example_gen.executor import csv_records
+    from sage_tfx.components.block_example_gen.csv_rows import csv_records
 
     rows = ["trip_start_timestamp,trip_seconds,trip_miles", "1704067200,300,2",
             "1704070800,600,1.5", '1704074400,"900",']

@@ -558,3 +558,22 @@ def test_what_a_denial_calls_available_can_be_granted(request, backend):
     assert available == "0.2833333333333333"
     ledger.request(BlockIds(["b1"]), epsilon=float(available), delta=0, pipeline="p1")
     assert ledger.audit().problems == []
+
+
+def test_planning_decodes_each_stored_block_record_once_and_shares_it_read_only():
+    """Planning re-reads every live block after each change (workload_sim: a window's grant,
+    then the next pipeline's plan); a record read again unchanged is not decoded again. The
+    shared states are read-only, and a changed record is decoded anew (the tamper tests above:
+    a change behind the ledger's back is seen)."""
+    ledger = make_ledger(blocks=3)
+    first = {block.block_id: block for block in ledger.live_blocks()}
+    again = {block.block_id: block for block in ledger.live_blocks()}
+    assert all(again[name] is first[name] for name in first)
+    ledger.request(BlockIds(["b1"]), epsilon=0.3, delta=0)
+    after = {block.block_id: block for block in ledger.live_blocks()}
+    assert after["b0"] is first["b0"] and after["b2"] is first["b2"]
+    assert after["b1"] is not first["b1"] and after["b1"].spent[0] == budget(["0.3"])[0]
+    with pytest.raises(ValueError, match="read-only"):
+        after["b1"].spent[0] = 0
+    with pytest.raises(TypeError):
+        after["b1"].reservations["p"] = budget([1, 0])
