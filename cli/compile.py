@@ -119,11 +119,11 @@ def _refuse_untunable(args, spec, epsilon: float) -> None:
     """ValueError, before anything is written, for a --tuning-share the job could not run: not
     DP-SGD, out of [0, 1), or a share whose search no noise can pay for (the BlockLedger task
     would refuse it before its charge, after the job started)."""
-    from sage_tfx.pipelines.adaptive import _preflight, iteration_split
+    from sage_tfx.pipelines.adaptive import iteration_split, preflight_iteration
     from sage_tfx.pipelines.policy import Policy
 
     if args.mode != "dp_sgd":
         raise ValueError(f"--tuning-share tunes DP-SGD; --mode is {args.mode}")
     Policy(tuning_share=args.tuning_share).check()
     spec.check()
-    _preflight(spec, epsilon, iteration_split(spec, args.tuning_share))
+    preflight_iteration(spec, epsilon, iteration_split(spec, args.tuning_share))

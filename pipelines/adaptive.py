@@ -335,7 +335,7 @@ def run_adaptive(spec: IterationSpec, policy: Policy, name: str, root: str, ledg
             tunes = tune_next(tuning_share, iterations[-1].tuned if iterations else None,
                               setting is not None, higher_is_better)
             share = tuning_share if tunes else 0.0
-            _preflight(spec, epsilon, iteration_split(spec, share))
+            preflight_iteration(spec, epsilon, iteration_split(spec, share))
             run_local(build_iteration(spec, name, root, ledger_store, window, epsilon,
                                       metadata_config=metadata_config,
                                       run_iteration=len(iterations) + 1, tuning_share=share,
@@ -398,7 +398,7 @@ def _tuned(artifacts: list) -> Optional[tuple[dict, float]]:
             float(_property(artifact, tuner_keys.DP_SCORE)))
 
 
-def _preflight(spec: IterationSpec, epsilon: float, split: Mapping) -> None:
+def preflight_iteration(spec: IterationSpec, epsilon: float, split: Mapping) -> None:
     """Refuse, before the grant is charged, an iteration that DPTrainer would refuse after it,
     deciding only from public values (issue 16 §1: whether the driver goes on must not depend
     on the data). A block without Examples is never in the window: the driver plans, and the

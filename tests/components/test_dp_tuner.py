@@ -248,9 +248,12 @@ def _seed_with_trials(law, wanted):
     return next(seed for seed in range(1000) if law.draw(secret_rng(seed)) == wanted)
 
 
-def _trials_searches(parameters, ks=(1, 7), n=50):
-    """Seeds of searches with K = each of `ks`, and a problem of n records."""
-    return [_seed_with_trials(parameters.law, k) for k in ks], _problem(n)
+def _k1_and_k7_searches(n=50):
+    """The plan of a small search (E[K] = 4 on an (8, 1e-6) share), the seeds of its searches
+    with K = 1 and K = 7, and a problem of n records."""
+    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
+    seeds = [_seed_with_trials(parameters.law, k) for k in (1, 7)]
+    return tuning.plan_search(parameters, 8.0, 1e-6), seeds, _problem(n)
 
 
 def test_a_search_builds_its_model_and_traces_dp_sgds_step_once_whatever_its_trials(
@@ -277,9 +280,7 @@ def test_a_search_builds_its_model_and_traces_dp_sgds_step_once_whatever_its_tri
     monkeypatch.setattr(clipping, "OnePass", counting("OnePass", clipping.OnePass))
     module = _module()
     module = dataclasses.replace(module, build_model=counting("build_model", module.build_model))
-    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
-    plan = tuning.plan_search(parameters, 8.0, 1e-6)
-    seeds, (inputs, labels) = _trials_searches(parameters)
+    plan, seeds, (inputs, labels) = _k1_and_k7_searches()
     per_search = []
     for seed in seeds:
         counts.clear()
@@ -318,9 +319,7 @@ def test_the_search_leaves_no_count_of_its_trials_in_the_process(monkeypatch):
                 for graph, uids in backend.PER_GRAPH_OBJECT_NAME_UIDS.items()
                 for name, count in uids.items()}
 
-    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
-    plan = tuning.plan_search(parameters, 8.0, 1e-6)
-    seeds, (inputs, labels) = _trials_searches(parameters)
+    plan, seeds, (inputs, labels) = _k1_and_k7_searches()
     left = []
     for seed in seeds:
         told.clear()
@@ -338,10 +337,7 @@ def test_the_searchs_log_does_not_depend_on_the_number_of_trials(caplog, capfd):
     TensorFlow's retracing detector logged the NoiseBuffer's per-trial traces once K >= 5."""
     import logging
 
-    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
-    plan = tuning.plan_search(parameters, 8.0, 1e-6)
-    inputs, labels = _problem(100)
-    seeds = [_seed_with_trials(parameters.law, k) for k in (1, 7)]
+    plan, seeds, (inputs, labels) = _k1_and_k7_searches(n=100)
     tuning.search(_module(), inputs, labels, [BAD, GOOD], plan, seed=seeds[0])  # first traces
     tf_records = []
     handler = logging.Handler()
@@ -455,9 +451,7 @@ def test_the_executors_search_leaves_the_same_process_state_whatever_its_trials(
 
     from sage_tfx.components.dp_tuner import search_process
 
-    parameters = tuning.SearchParameters.of({"gamma": 0.25, "epochs": 1, "trials_mean": 4.0})
-    plan = tuning.plan_search(parameters, 8.0, 1e-6)
-    seeds, (inputs, labels) = _trials_searches(parameters)
+    plan, seeds, (inputs, labels) = _k1_and_k7_searches()
     examples = str(tmp_path / "examples")
     _write_examples(examples, inputs, labels)
     given = {"tuner_fn": "tuner_fn", "custom_config": {}, "l2_norm_clip": 1.0}

@@ -76,12 +76,12 @@ def test_a_tuning_share_too_small_for_the_search_is_refused_before_its_grant():
     """Papernot-Steinke's selection costs a fixed RDP overhead: at epsilon 1 with a quarter of
     the training share (0.1125, delta 1e-7 x 0.1125) no noise pays for it; the driver refuses
     before the BlockLedger runs."""
-    from sage_tfx.pipelines.adaptive import _preflight, iteration_split
+    from sage_tfx.pipelines.adaptive import iteration_split, preflight_iteration
 
     spec = _spec(score_fraction=0.3, trials_mean=2.0)
     with pytest.raises(BadRequest, match="DPTuner cannot tune at epsilon 1 .*nothing was charged"):
-        _preflight(spec, 1.0, iteration_split(spec, 0.25))
-    _preflight(spec, 8.0, iteration_split(spec, 0.5))
+        preflight_iteration(spec, 1.0, iteration_split(spec, 0.25))
+    preflight_iteration(spec, 8.0, iteration_split(spec, 0.5))
 
 
 def test_a_tuning_metric_other_than_the_validators_is_refused_before_any_grant():
