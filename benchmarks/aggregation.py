@@ -343,11 +343,14 @@ def compare_engines(args, frame: pd.DataFrame, exact: pd.DataFrame, report: dict
     for name, entries in runs.items():
         walls = [wall for _, wall, _ in entries]
         cpus = [sum(cpu.values()) for _, _, cpu in entries]
+        # os.times() counts in clock ticks (10 ms): a run shorter than a tick can read 0 CPU
+        # seconds, and then has no measured rate (None), not a division by zero.
+        cpu_median = float(np.median(cpus))
         report[name] = {
             "rows_per_second": len(frame) / float(np.median(walls)),
             "seconds": float(np.median(walls)), "walls": walls,
-            "cpu_seconds": float(np.median(cpus)),
-            "rows_per_cpu_second": len(frame) / float(np.median(cpus)),
+            "cpu_seconds": cpu_median,
+            "rows_per_cpu_second": len(frame) / cpu_median if cpu_median > 0 else None,
             "cpu_seconds_by_process": {process: float(np.median([cpu[process]
                                                                  for _, _, cpu in entries]))
                                        for process in entries[0][2]},
